@@ -1,0 +1,3 @@
+fn main() {
+    println!("qwen3_aot: not yet implemented");
+}
