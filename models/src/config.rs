@@ -1,0 +1,65 @@
+//! The architecture numbers a decoder-only model file needs, independent of where they came from
+//! (an HF `config.json`, mllm's config, or a synthetic config for benches and snapshots).
+
+/// Shapes and constants of a Qwen3 / Qwen2 / Llama style decoder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TransformerConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    /// RoPE inverse frequencies (`head_dim / 2` values, rope scaling already applied).
+    pub rope_inv_freq: Vec<f32>,
+    /// Rows of the RoPE tables (`mllm_qualcomm_max_length`): positions `0..max_positions`.
+    pub max_positions: usize,
+    pub tie_word_embeddings: bool,
+    /// q/k/v projections carry biases (Qwen2).
+    pub qkv_bias: bool,
+}
+
+impl TransformerConfig {
+    /// Query heads per KV head.
+    pub fn kv_groups(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+
+    /// A small Qwen3 for snapshots and tests: hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16.
+    pub fn tiny_qwen3() -> Self {
+        TransformerConfig {
+            vocab_size: 128,
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 16,
+            rms_norm_eps: 1e-6,
+            rope_inv_freq: crate::rope::default_inv_freq(16, 1_000_000.0),
+            max_positions: 16,
+            tie_word_embeddings: true,
+            qkv_bias: false,
+        }
+    }
+
+    /// Qwen3-1.7B as in mllm's `config_1.7B.json`, with RoPE tables for a 1024 context.
+    pub fn qwen3_1_7b() -> Self {
+        TransformerConfig {
+            vocab_size: 151_936,
+            hidden_size: 2048,
+            intermediate_size: 6144,
+            num_hidden_layers: 28,
+            num_attention_heads: 16,
+            num_key_value_heads: 8,
+            head_dim: 128,
+            rms_norm_eps: 1e-6,
+            rope_inv_freq: crate::rope::default_inv_freq(128, 1_000_000.0),
+            max_positions: 1024,
+            tie_word_embeddings: true,
+            qkv_bias: false,
+        }
+    }
+}

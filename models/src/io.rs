@@ -1,0 +1,37 @@
+//! The graph I/O contract shared by the decoder models (mllm-anchor §8.10), positional:
+//! inputs `ids i32 [1, S]`, `positions i32 [S]`, `mask [1, 1, S, ctx]`, `past_key_0..L-1
+//! [1, Hkv, D, ctx-S]`, `past_value_0..L-1 [1, Hkv, ctx-S, D]`; outputs `logits [1, 1, S, V]`,
+//! `present_key_l [1, Hkv, D, S]`, `present_value_l [1, Hkv, S, D]`.
+
+use crate::config::TransformerConfig;
+use crate::qwen3::{MASK_SCALE, MASK_ZERO_POINT};
+use mllm_dsl::{DType, ParamFormat, QdqAttr, QdqKind, TraceInput};
+
+/// Trace inputs for one chunk size. In the QNN form the mask is uint16 with its compile-time QDQ,
+/// and each past K/V carries its layer's KV QDQ, as mllm's `makeTraceInputs` attaches them.
+pub fn trace_inputs(cfg: &TransformerConfig, chunk: usize, context: usize, format: ParamFormat) -> Vec<TraceInput> {
+    let (kvh, d, past) = (cfg.num_key_value_heads, cfg.head_dim, context - chunk);
+    let mask_dtype = match format {
+        ParamFormat::Float => DType::F32,
+        ParamFormat::QnnW4A16 => DType::U16Asym,
+    };
+    let mut inputs = vec![
+        TraceInput::new("input_ids", [1, chunk], DType::I32),
+        TraceInput::new("position_ids", [chunk], DType::I32),
+        TraceInput::new("causal_mask", [1, 1, chunk, context], mask_dtype).with_qdq(QdqAttr {
+            kind: QdqKind::Global { scale: MASK_SCALE, zero_point: MASK_ZERO_POINT },
+            key: "causal_mask".into(),
+        }),
+    ];
+    let kv = |l: usize, which: &str| QdqAttr {
+        kind: QdqKind::KvCache,
+        key: format!("model.layers.{l}.self_attn.{which}_cast_to_int8_qdq"),
+    };
+    for l in 0..cfg.num_hidden_layers {
+        inputs.push(TraceInput::new(format!("past_key_{l}"), [1, kvh, d, past], DType::U8Sym).with_qdq(kv(l, "k")));
+    }
+    for l in 0..cfg.num_hidden_layers {
+        inputs.push(TraceInput::new(format!("past_value_{l}"), [1, kvh, past, d], DType::U8Sym).with_qdq(kv(l, "v")));
+    }
+    inputs
+}

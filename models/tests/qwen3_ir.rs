@@ -1,0 +1,90 @@
+//! IR snapshots of the tiny Qwen3 (hidden 64, 2 layers, chunk 4, context 16) in the QNN form, per
+//! scope. Review changes with `cargo insta review`; every snapshot must also parse back.
+
+use mllm_dsl::ir::{parse, MAX_LINE};
+use mllm_dsl::prelude::*;
+use mllm_dsl::Program;
+use models::io::trace_inputs;
+use models::qwen3::{Qwen3Attention, Qwen3DecoderLayer, Qwen3ForCausalLM, Qwen3Mlp};
+use models::TransformerConfig;
+
+const CHUNK: usize = 4;
+const CONTEXT: usize = 16;
+const QNN: ParamSource<'static> = ParamSource::Symbolic(ParamFormat::QnnW4A16);
+
+fn snapshot(name: &str, program: &Program) {
+    let text = program.to_string();
+    // Deterministic, readable, and lossless: every snapshot round-trips through the parser.
+    for (i, line) in text.lines().enumerate() {
+        assert!(line.len() <= MAX_LINE, "{name}: line {} has {} chars", i + 1, line.len());
+    }
+    let reparsed = parse(&text).unwrap_or_else(|e| panic!("{name} does not parse back: {e}"));
+    assert_eq!(reparsed, program.canonicalize(), "{name}: parse(print(p)) != p");
+    assert_eq!(reparsed.to_string(), text);
+    insta::with_settings!({
+        snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"),
+        prepend_module_to_snapshot => false,
+        omit_expression => true,
+    }, {
+        insta::assert_snapshot!(name, text);
+    });
+}
+
+fn act(shape: &[usize]) -> TraceInput {
+    TraceInput::new("x", shape.to_vec(), DType::U16Asym)
+}
+
+#[test]
+fn whole_model() {
+    let cfg = TransformerConfig::tiny_qwen3();
+    let mut model = Qwen3ForCausalLM::new(&cfg);
+    model.declare(ParamFormat::QnnW4A16).unwrap();
+    let inputs = trace_inputs(&cfg, CHUNK, CONTEXT, ParamFormat::QnnW4A16);
+    let layers = cfg.num_hidden_layers;
+    let program = trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + layers], &t[3 + layers..])).unwrap();
+    assert!(program.to_string().lines().count() <= 600);
+    snapshot("qwen3__model__trace", &program);
+}
+
+#[test]
+fn mlp_scope() {
+    let cfg = TransformerConfig::tiny_qwen3();
+    let mut mlp = Qwen3Mlp::new(&cfg);
+    mlp.bind("model.layers.0.mlp", &QNN).unwrap();
+    let program = trace(&[act(&[1, CHUNK, 64])], |t| mlp.forward(&t[0])).unwrap();
+    snapshot("qwen3__mlp__trace", &program);
+}
+
+fn attention_inputs(cfg: &TransformerConfig) -> Vec<TraceInput> {
+    let all = trace_inputs(cfg, CHUNK, CONTEXT, ParamFormat::QnnW4A16);
+    let (d, past) = (cfg.head_dim, CONTEXT - CHUNK);
+    vec![
+        act(&[1, CHUNK, cfg.hidden_size]),
+        TraceInput::new("sin", [1, CHUNK, d], DType::U16Asym),
+        TraceInput::new("cos", [1, CHUNK, d], DType::U16Asym),
+        all[2].clone(),
+        all[3].clone(),
+        all[3 + cfg.num_hidden_layers].clone(),
+    ]
+    .into_iter()
+    .inspect(|t| assert!(t.ty.shape.iter().all(|&s| s > 0) && past > 0))
+    .collect()
+}
+
+#[test]
+fn attention_scope() {
+    let cfg = TransformerConfig::tiny_qwen3();
+    let mut attn = Qwen3Attention::new(&cfg);
+    attn.bind("model.layers.0.self_attn", &QNN).unwrap();
+    let program = trace(&attention_inputs(&cfg), |t| attn.forward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5])).unwrap();
+    snapshot("qwen3__attention__trace", &program);
+}
+
+#[test]
+fn decoder_scope() {
+    let cfg = TransformerConfig::tiny_qwen3();
+    let mut layer = Qwen3DecoderLayer::new(&cfg, 1);
+    layer.bind("model.layers.1", &QNN).unwrap();
+    let program = trace(&attention_inputs(&cfg), |t| layer.forward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5])).unwrap();
+    snapshot("qwen3__decoder__trace", &program);
+}
