@@ -1,1 +1,3 @@
-//! backend-cpu
+//! backend-cpu: eager CPU execution of mllm-dsl model files, float and fake-quant.
+
+pub mod kernels;

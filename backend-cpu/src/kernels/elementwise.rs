@@ -1,0 +1,205 @@
+//! Elementwise kernels over numpy-broadcast operands: arithmetic (`add`, `sub`, `mul`, `div`),
+//! `equal` (1.0 / 0.0) and `where_` (select by a condition).
+//!
+//! Equal shapes and single-element operands take direct loops; everything else goes through a
+//! [`BroadcastPlan`] whose innermost run has stride 1 or 0 per operand, so the hot loop is a plain
+//! zip the compiler vectorises. Large outputs are filled in parallel chunks.
+
+use super::shape::{broadcast_shape_for, check_len, numel, BroadcastPlan};
+use super::threads::par_fill;
+use super::KernelError;
+
+/// Outputs smaller than this are computed on the calling thread (memory-bound loops gain little
+/// from a second thread below a few hundred KB).
+const MIN_PARALLEL_LEN: usize = 1 << 16;
+
+/// An arithmetic binary operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+impl BinaryOp {
+    fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+        }
+    }
+}
+
+/// `a op b` with numpy broadcasting; returns the data and the broadcast shape.
+pub fn binary(
+    op: BinaryOp,
+    a: &[f32],
+    a_shape: &[usize],
+    b: &[f32],
+    b_shape: &[usize],
+) -> Result<(Vec<f32>, Vec<usize>), KernelError> {
+    let name = op.name();
+    match op {
+        BinaryOp::Add => broadcast_binary(name, a, a_shape, b, b_shape, |x, y| x + y),
+        BinaryOp::Sub => broadcast_binary(name, a, a_shape, b, b_shape, |x, y| x - y),
+        BinaryOp::Mul => broadcast_binary(name, a, a_shape, b, b_shape, |x, y| x * y),
+        BinaryOp::Div => broadcast_binary(name, a, a_shape, b, b_shape, |x, y| x / y),
+    }
+}
+
+/// `a + b` with broadcasting.
+pub fn add(a: &[f32], a_shape: &[usize], b: &[f32], b_shape: &[usize]) -> BinaryResult {
+    binary(BinaryOp::Add, a, a_shape, b, b_shape)
+}
+
+/// `a - b` with broadcasting.
+pub fn sub(a: &[f32], a_shape: &[usize], b: &[f32], b_shape: &[usize]) -> BinaryResult {
+    binary(BinaryOp::Sub, a, a_shape, b, b_shape)
+}
+
+/// `a * b` with broadcasting.
+pub fn mul(a: &[f32], a_shape: &[usize], b: &[f32], b_shape: &[usize]) -> BinaryResult {
+    binary(BinaryOp::Mul, a, a_shape, b, b_shape)
+}
+
+/// `a / b` with broadcasting (IEEE: x/0 is ±inf or NaN, as in torch).
+pub fn div(a: &[f32], a_shape: &[usize], b: &[f32], b_shape: &[usize]) -> BinaryResult {
+    binary(BinaryOp::Div, a, a_shape, b, b_shape)
+}
+
+/// Output data and shape of a broadcasting kernel.
+pub type BinaryResult = Result<(Vec<f32>, Vec<usize>), KernelError>;
+
+/// `1.0` where `a == b`, else `0.0` (IEEE equality: NaN never equals), with broadcasting.
+pub fn equal(a: &[f32], a_shape: &[usize], b: &[f32], b_shape: &[usize]) -> BinaryResult {
+    broadcast_binary("equal", a, a_shape, b, b_shape, |x, y| {
+        if x == y {
+            1.0
+        } else {
+            0.0
+        }
+    })
+}
+
+/// `cond != 0 ? a : b` elementwise with all three operands broadcast together (torch.where).
+pub fn where_(
+    cond: &[f32],
+    cond_shape: &[usize],
+    a: &[f32],
+    a_shape: &[usize],
+    b: &[f32],
+    b_shape: &[usize],
+) -> BinaryResult {
+    const OP: &str = "where";
+    check_len(OP, "cond", cond, cond_shape)?;
+    check_len(OP, "a", a, a_shape)?;
+    check_len(OP, "b", b, b_shape)?;
+    let ab = broadcast_shape_for(OP, a_shape, b_shape)?;
+    let out_shape = broadcast_shape_for(OP, cond_shape, &ab)?;
+    let mut out = vec![0.0f32; numel(&out_shape)];
+    if out.is_empty() {
+        return Ok((out, out_shape));
+    }
+    let plan = BroadcastPlan::new(&out_shape, [cond_shape, a_shape, b_shape]);
+    let [sc, sa, sb] = plan.inner_strides;
+    par_fill(&mut out, MIN_PARALLEL_LEN, |start, chunk| {
+        plan.for_each_run(start, chunk.len(), |pos, run, [oc, oa, ob]| {
+            for (i, o) in chunk[pos..pos + run].iter_mut().enumerate() {
+                *o = if cond[oc + i * sc] != 0.0 {
+                    a[oa + i * sa]
+                } else {
+                    b[ob + i * sb]
+                };
+            }
+        });
+    });
+    Ok((out, out_shape))
+}
+
+/// Shared driver of the two-operand kernels: validates, broadcasts and fills with `f`.
+pub(crate) fn broadcast_binary<F>(
+    op: &'static str,
+    a: &[f32],
+    a_shape: &[usize],
+    b: &[f32],
+    b_shape: &[usize],
+    f: F,
+) -> BinaryResult
+where
+    F: Fn(f32, f32) -> f32 + Sync + Send,
+{
+    check_len(op, "a", a, a_shape)?;
+    check_len(op, "b", b, b_shape)?;
+    let out_shape = broadcast_shape_for(op, a_shape, b_shape)?;
+    let mut out = vec![0.0f32; numel(&out_shape)];
+    if out.is_empty() {
+        return Ok((out, out_shape));
+    }
+    if a.len() == out.len() && b.len() == out.len() {
+        // Same element count as the output means neither operand is broadcast.
+        par_fill(&mut out, MIN_PARALLEL_LEN, |start, chunk| {
+            let end = start + chunk.len();
+            run_binary(chunk, &a[start..end], 1, &b[start..end], 1, &f);
+        });
+    } else if b.len() == 1 {
+        par_fill(&mut out, MIN_PARALLEL_LEN, |start, chunk| {
+            run_binary(chunk, &a[start..start + chunk.len()], 1, b, 0, &f);
+        });
+    } else if a.len() == 1 {
+        par_fill(&mut out, MIN_PARALLEL_LEN, |start, chunk| {
+            run_binary(chunk, a, 0, &b[start..start + chunk.len()], 1, &f);
+        });
+    } else {
+        let plan = BroadcastPlan::new(&out_shape, [a_shape, b_shape]);
+        let [sa, sb] = plan.inner_strides;
+        par_fill(&mut out, MIN_PARALLEL_LEN, |start, chunk| {
+            plan.for_each_run(start, chunk.len(), |pos, run, [oa, ob]| {
+                run_binary(
+                    &mut chunk[pos..pos + run],
+                    &a[oa..oa + if sa == 0 { 1 } else { run }],
+                    sa,
+                    &b[ob..ob + if sb == 0 { 1 } else { run }],
+                    sb,
+                    &f,
+                );
+            });
+        });
+    }
+    Ok((out, out_shape))
+}
+
+/// One innermost run: each operand is either a full run (stride 1) or a single value (stride 0).
+/// The four cases are separate loops so each vectorises.
+#[inline(always)]
+fn run_binary<F: Fn(f32, f32) -> f32>(
+    out: &mut [f32],
+    a: &[f32],
+    sa: usize,
+    b: &[f32],
+    sb: usize,
+    f: &F,
+) {
+    match (sa, sb) {
+        (0, 0) => out.fill(f(a[0], b[0])),
+        (0, _) => {
+            let x = a[0];
+            for (o, &y) in out.iter_mut().zip(b) {
+                *o = f(x, y);
+            }
+        }
+        (_, 0) => {
+            let y = b[0];
+            for (o, &x) in out.iter_mut().zip(a) {
+                *o = f(x, y);
+            }
+        }
+        _ => {
+            for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+                *o = f(x, y);
+            }
+        }
+    }
+}

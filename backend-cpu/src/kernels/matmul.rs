@@ -1,0 +1,426 @@
+//! Matrix products: batched `matmul` with numpy broadcasting and the `linear` layers, all on the
+//! `gemm` crate.
+//!
+//! Weights are read in place through gemm's strides: `[K, N]` (HWIO 1x1-conv layout) and
+//! `[N, K]` (PyTorch `nn.Linear` layout) cost no transpose copy. A bias is written into the output
+//! first and gemm accumulates onto it, so it costs no extra pass.
+//!
+//! Threading (one level only). A single product either runs as one gemm call with
+//! `Parallelism::Rayon(threads)` or as rayon tasks over contiguous column (N) chunks, each a
+//! single-threaded gemm. gemm's matrix-vector path (M = 1, decode) is single-threaded, so for
+//! M = 1 only the N split uses the second core; `examples/bench_kernels.rs` measures both strategies
+//! and [`LinearStrategy::Auto`] follows those figures. Batched products with at least as many
+//! matrices as threads run one single-threaded gemm per matrix in parallel instead.
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::shape::{broadcast_shape_for, broadcast_strides, check_len, contiguous_strides, numel};
+use super::threads::{current, ThreadCtx};
+use super::KernelError;
+
+/// Below this many multiply-adds a product stays on the calling thread.
+const MIN_PARALLEL_MACS: usize = 1 << 17;
+
+/// Column chunks of the N split are multiples of this many floats (one 64-byte cache line).
+const SPLIT_N_ALIGN: usize = 16;
+
+/// How one matrix product is spread over the configured threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinearStrategy {
+    /// Pick per problem shape, following the measurements in `examples/bench_kernels.rs`.
+    Auto,
+    /// One gemm call with `Parallelism::Rayon(threads)`.
+    GemmThreads,
+    /// Rayon tasks over contiguous N (column) chunks, each running a single-threaded gemm.
+    SplitN,
+}
+
+/// Memory layout of a linear layer's weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// Row-major `[K, N]` (in features x out features), e.g. a HWIO 1x1 conv weight `[1,1,In,Out]`.
+    KN,
+    /// Row-major `[N, K]` (out features x in features), PyTorch `nn.Linear.weight`.
+    NK,
+}
+
+/// `x[M, K] @ W[K, N] (+ bias[N])` with `W` row-major `[K, N]`.
+pub fn linear_kn(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w_kn: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+) -> Result<Vec<f32>, KernelError> {
+    linear_with(
+        WeightLayout::KN,
+        x,
+        m,
+        k,
+        w_kn,
+        n,
+        bias,
+        LinearStrategy::Auto,
+    )
+}
+
+/// `x[M, K] @ W[N, K]^T (+ bias[N])` with `W` row-major `[N, K]` (PyTorch layout), read through
+/// strides without a transposed copy.
+pub fn linear_nk(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w_nk: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+) -> Result<Vec<f32>, KernelError> {
+    linear_with(
+        WeightLayout::NK,
+        x,
+        m,
+        k,
+        w_nk,
+        n,
+        bias,
+        LinearStrategy::Auto,
+    )
+}
+
+/// A linear layer with an explicit weight layout and threading strategy (the bench compares
+/// strategies through this; model code should call [`linear_kn`] or [`linear_nk`]).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_with(
+    layout: WeightLayout,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+    strategy: LinearStrategy,
+) -> Result<Vec<f32>, KernelError> {
+    const OP: &str = "linear";
+    check_len(OP, "x", x, &[m, k])?;
+    let (w_shape, rhs) = match layout {
+        WeightLayout::KN => (
+            [k, n],
+            MatView {
+                data: w,
+                offset: 0,
+                row_stride: n,
+                col_stride: 1,
+            },
+        ),
+        WeightLayout::NK => (
+            [n, k],
+            MatView {
+                data: w,
+                offset: 0,
+                row_stride: 1,
+                col_stride: k,
+            },
+        ),
+    };
+    check_len(OP, "weight", w, &w_shape)?;
+    let mut out = vec![0.0f32; m * n];
+    let accumulate = match bias {
+        Some(bias) => {
+            check_len(OP, "bias", bias, &[n])?;
+            if n > 0 {
+                for row in out.chunks_exact_mut(n) {
+                    row.copy_from_slice(bias);
+                }
+            }
+            true
+        }
+        None => false,
+    };
+    let lhs = MatView {
+        data: x,
+        offset: 0,
+        row_stride: k,
+        col_stride: 1,
+    };
+    let ctx = current();
+    let threads = ctx.for_work(m * n * k, MIN_PARALLEL_MACS);
+    product_into(
+        &ctx,
+        threads,
+        strategy,
+        Dims { m, n, k },
+        &mut out,
+        accumulate,
+        lhs,
+        rhs,
+    );
+    Ok(out)
+}
+
+/// Batched matrix product `[.., M, K] x [.., K, N] -> [.., M, N]` with numpy broadcasting over the
+/// leading (batch) dims, e.g. `[1, H, S, D] x [1, H, D, T]`. As in numpy, a 1-D left operand is a
+/// row vector and a 1-D right operand a column vector, and that dim is dropped from the result.
+pub fn matmul(
+    a: &[f32],
+    a_shape: &[usize],
+    b: &[f32],
+    b_shape: &[usize],
+) -> Result<(Vec<f32>, Vec<usize>), KernelError> {
+    const OP: &str = "matmul";
+    check_len(OP, "a", a, a_shape)?;
+    check_len(OP, "b", b, b_shape)?;
+    for (operand, shape) in [("a", a_shape), ("b", b_shape)] {
+        if shape.is_empty() {
+            return Err(KernelError::RankTooLow {
+                op: OP,
+                operand,
+                shape: shape.to_vec(),
+                min_rank: 1,
+            });
+        }
+    }
+    let (a_batch, m, k_a) = match a_shape {
+        [k] => (&a_shape[..0], 1, *k),
+        [batch @ .., m, k] => (batch, *m, *k),
+        [] => unreachable!("rank checked above"),
+    };
+    let (b_batch, k_b, n) = match b_shape {
+        [k] => (&b_shape[..0], *k, 1),
+        [batch @ .., k, n] => (batch, *k, *n),
+        [] => unreachable!("rank checked above"),
+    };
+    if k_a != k_b {
+        return Err(KernelError::InnerDimMismatch {
+            op: OP,
+            a: a_shape.to_vec(),
+            b: b_shape.to_vec(),
+            k_a,
+            k_b,
+        });
+    }
+    let k = k_a;
+    let out_batch = broadcast_shape_for(OP, a_batch, b_batch)?;
+    let mut out_shape = out_batch.clone();
+    if a_shape.len() >= 2 {
+        out_shape.push(m);
+    }
+    if b_shape.len() >= 2 {
+        out_shape.push(n);
+    }
+    let batches = numel(&out_batch);
+    let mut out = vec![0.0f32; batches * m * n];
+    if out.is_empty() {
+        return Ok((out, out_shape));
+    }
+
+    let a_strides = broadcast_strides(a_batch, &out_batch);
+    let b_strides = broadcast_strides(b_batch, &out_batch);
+    let ctx = current();
+
+    // A right operand shared by every batch, against a left operand with no broadcast batch dims,
+    // is a single [B*M, K] x [K, N] product: one big gemm instead of B small ones.
+    let b_shared = b_strides.iter().all(|&s| s == 0);
+    let a_dense = a_strides == contiguous_strides(&out_batch);
+    if batches > 1 && b_shared && a_dense {
+        let rows = batches * m;
+        let threads = ctx.for_work(rows * n * k, MIN_PARALLEL_MACS);
+        product_into(
+            &ctx,
+            threads,
+            LinearStrategy::Auto,
+            Dims { m: rows, n, k },
+            &mut out,
+            false,
+            MatView::row_major(a, 0, k),
+            MatView::row_major(b, 0, n),
+        );
+        return Ok((out, out_shape));
+    }
+
+    let batch_index = contiguous_strides(&out_batch);
+    let offsets: Vec<(usize, usize)> = (0..batches)
+        .map(|i| {
+            let (mut a_off, mut b_off) = (0, 0);
+            for (d, &step) in batch_index.iter().enumerate() {
+                let idx = (i / step) % out_batch[d];
+                a_off += idx * a_strides[d];
+                b_off += idx * b_strides[d];
+            }
+            (a_off * m * k, b_off * k * n)
+        })
+        .collect();
+    let dims = Dims { m, n, k };
+    let threads = ctx.for_work(batches * m * n * k, MIN_PARALLEL_MACS);
+    if threads > 1 && batches >= threads {
+        // Coarse level: one single-threaded gemm per matrix, matrices spread over the pool.
+        ctx.install(|| {
+            out.par_chunks_mut(m * n)
+                .zip(offsets.par_iter())
+                .for_each(|(dst, &(a_off, b_off))| {
+                    product_into(
+                        &ctx,
+                        1,
+                        LinearStrategy::Auto,
+                        dims,
+                        dst,
+                        false,
+                        MatView::row_major(a, a_off, k),
+                        MatView::row_major(b, b_off, n),
+                    );
+                });
+        });
+    } else {
+        for (dst, &(a_off, b_off)) in out.chunks_exact_mut(m * n).zip(&offsets) {
+            product_into(
+                &ctx,
+                threads,
+                LinearStrategy::Auto,
+                dims,
+                dst,
+                false,
+                MatView::row_major(a, a_off, k),
+                MatView::row_major(b, b_off, n),
+            );
+        }
+    }
+    Ok((out, out_shape))
+}
+
+/// Sizes of one product `[M, K] x [K, N]`.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+/// A read-only strided matrix inside a slice: element `(r, c)` is
+/// `data[offset + r * row_stride + c * col_stride]`.
+#[derive(Clone, Copy)]
+struct MatView<'a> {
+    data: &'a [f32],
+    offset: usize,
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl<'a> MatView<'a> {
+    fn row_major(data: &'a [f32], offset: usize, cols: usize) -> Self {
+        MatView {
+            data,
+            offset,
+            row_stride: cols,
+            col_stride: 1,
+        }
+    }
+
+    /// Asserts (internal invariant, established by the public shape checks) that a `rows x cols`
+    /// view lies inside `data`, which makes the raw-pointer gemm call sound.
+    fn assert_fits(&self, rows: usize, cols: usize) {
+        if rows == 0 || cols == 0 {
+            return;
+        }
+        let last = self.offset + (rows - 1) * self.row_stride + (cols - 1) * self.col_stride;
+        assert!(last < self.data.len(), "matrix view exceeds its slice");
+    }
+}
+
+/// Which strategy `Auto` resolves to for a given shape and thread count.
+fn resolve(strategy: LinearStrategy, dims: Dims, threads: usize) -> LinearStrategy {
+    match strategy {
+        LinearStrategy::Auto if threads > 1 && dims.m == 1 => LinearStrategy::SplitN,
+        LinearStrategy::Auto => LinearStrategy::GemmThreads,
+        other => other,
+    }
+}
+
+/// `dst[M, N] (+)= lhs[M, K] * rhs[K, N]` with `dst` contiguous row-major, using up to `threads`
+/// threads of `ctx` (1 = the calling thread only).
+#[allow(clippy::too_many_arguments)]
+fn product_into(
+    ctx: &ThreadCtx,
+    threads: usize,
+    strategy: LinearStrategy,
+    dims: Dims,
+    dst: &mut [f32],
+    accumulate: bool,
+    lhs: MatView<'_>,
+    rhs: MatView<'_>,
+) {
+    let Dims { m, n, k } = dims;
+    assert_eq!(dst.len(), m * n, "destination size");
+    lhs.assert_fits(m, k);
+    rhs.assert_fits(k, n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst.fill(0.0);
+        }
+        return;
+    }
+    let lhs_ptr = Ptr(lhs.data[lhs.offset..].as_ptr() as *mut f32);
+    let rhs_ptr = Ptr(rhs.data[rhs.offset..].as_ptr() as *mut f32);
+    let dst_ptr = Ptr(dst.as_mut_ptr());
+    let call = |n0: usize, cols: usize, parallelism: Parallelism| {
+        // SAFETY: the views were checked to lie inside their slices; columns n0..n0+cols of dst
+        // (row stride n) are inside `dst`, which is exclusively borrowed, and concurrent calls get
+        // disjoint column ranges.
+        unsafe {
+            gemm::gemm(
+                m,
+                cols,
+                k,
+                dst_ptr.get().add(n0),
+                1,
+                n as isize,
+                accumulate,
+                lhs_ptr.get(),
+                lhs.col_stride as isize,
+                lhs.row_stride as isize,
+                rhs_ptr.get().add(n0 * rhs.col_stride),
+                rhs.col_stride as isize,
+                rhs.row_stride as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            );
+        }
+    };
+    if threads <= 1 {
+        call(0, n, Parallelism::None);
+        return;
+    }
+    match resolve(strategy, dims, threads) {
+        LinearStrategy::SplitN => {
+            let chunk = n.div_ceil(threads).next_multiple_of(SPLIT_N_ALIGN).min(n);
+            let chunks = n.div_ceil(chunk);
+            ctx.install(|| {
+                (0..chunks).into_par_iter().for_each(|c| {
+                    let n0 = c * chunk;
+                    call(n0, chunk.min(n - n0), Parallelism::None);
+                });
+            });
+        }
+        _ => ctx.install(|| call(0, n, Parallelism::Rayon(threads))),
+    }
+}
+
+/// A raw pointer that may cross into rayon tasks; soundness is argued at each use.
+#[derive(Clone, Copy)]
+struct Ptr(*mut f32);
+
+// SAFETY: only used for disjoint writes (dst) or reads of data borrowed for the whole call.
+unsafe impl Send for Ptr {}
+unsafe impl Sync for Ptr {}
+
+impl Ptr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}

@@ -1,0 +1,36 @@
+//! f32 compute kernels of the CPU backend.
+//!
+//! Every tensor is a contiguous row-major `f32` slice with an explicit `&[usize]` shape; kernels
+//! return new buffers (and the output shape when it is not obvious) and report shape problems as
+//! [`KernelError`] instead of panicking. They know nothing about the DSL's tensor or IR types, so
+//! the CPU executor can call them directly and they can be tested and benchmarked in isolation.
+//!
+//! Matrix products run on the `gemm` crate; coarse parallelism runs on a dedicated rayon pool
+//! whose size is set with [`set_num_threads`] (see [`threads`](self::threads) for the policy).
+//! Dims are `isize` so that negative dims (`-1` = last) work wherever torch accepts them.
+
+mod elementwise;
+mod error;
+mod index_select;
+mod matmul;
+mod movement;
+mod permute;
+mod reduce;
+mod rms_norm;
+pub mod shape;
+mod softmax;
+mod threads;
+mod unary;
+
+pub use elementwise::{add, binary, div, equal, mul, sub, where_, BinaryOp, BinaryResult};
+pub use error::KernelError;
+pub use index_select::index_select;
+pub use matmul::{linear_kn, linear_nk, linear_with, matmul, LinearStrategy, WeightLayout};
+pub use movement::{concat, repeat_interleave, slice};
+pub use permute::{permute, transpose};
+pub use reduce::{reduce, ReduceKind};
+pub use rms_norm::rms_norm;
+pub use shape::broadcast_shape;
+pub use softmax::softmax;
+pub use threads::{num_threads, set_num_threads};
+pub use unary::{exp, neg, sigmoid, silu, unary, unary_inplace, UnaryOp};

@@ -1,0 +1,147 @@
+//! The parallelism knob: how many threads the kernels may use, and the dedicated rayon pool they
+//! run in.
+//!
+//! [`set_num_threads`] fixes the count for every later kernel call (gemm gets
+//! `Parallelism::Rayon(n)` and runs inside the same pool), so a bench can compare 1 against 2
+//! threads. Kernels use a single level of parallelism: either rayon over coarse chunks with
+//! single-threaded gemm/loops inside, or one multi-threaded gemm call, never both. Small problems
+//! stay on the calling thread because a rayon dispatch costs microseconds.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use rayon::ThreadPool;
+
+use super::KernelError;
+
+/// The configured count and its pool (`None` when running single-threaded).
+#[derive(Clone)]
+pub(crate) struct ThreadCtx {
+    pub threads: usize,
+    pool: Option<Arc<ThreadPool>>,
+}
+
+static CURRENT: Mutex<Option<ThreadCtx>> = Mutex::new(None);
+
+/// Sets how many threads later kernel calls may use; `0` means the machine's available
+/// parallelism. Builds a dedicated rayon pool of that size when it is more than one.
+pub fn set_num_threads(threads: usize) -> Result<(), KernelError> {
+    let ctx = build_ctx(threads)?;
+    *CURRENT.lock().unwrap_or_else(PoisonError::into_inner) = Some(ctx);
+    Ok(())
+}
+
+/// The number of threads kernels currently use (the machine's available parallelism until
+/// [`set_num_threads`] is called).
+pub fn num_threads() -> usize {
+    current().threads
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn build_ctx(threads: usize) -> Result<ThreadCtx, KernelError> {
+    let threads = if threads == 0 {
+        default_threads()
+    } else {
+        threads
+    };
+    let pool = if threads > 1 {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("mllm-kernels-{i}"))
+            .build()
+            .map_err(|e| KernelError::ThreadPool {
+                threads,
+                reason: e.to_string(),
+            })?;
+        Some(Arc::new(pool))
+    } else {
+        None
+    };
+    Ok(ThreadCtx { threads, pool })
+}
+
+/// The current configuration, created with the default count on first use (single-threaded if
+/// the pool cannot be built).
+pub(crate) fn current() -> ThreadCtx {
+    let mut guard = CURRENT.lock().unwrap_or_else(PoisonError::into_inner);
+    guard
+        .get_or_insert_with(|| {
+            build_ctx(0).unwrap_or(ThreadCtx {
+                threads: 1,
+                pool: None,
+            })
+        })
+        .clone()
+}
+
+impl ThreadCtx {
+    /// Threads worth using for `work` units when parallelism only pays from `min_work` units.
+    pub fn for_work(&self, work: usize, min_work: usize) -> usize {
+        if work < min_work {
+            1
+        } else {
+            self.threads
+        }
+    }
+
+    /// Runs `f` inside the dedicated pool (or directly when single-threaded), so rayon iterators
+    /// and gemm's own rayon tasks in `f` use exactly the configured threads.
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
+    }
+}
+
+/// Fills `out` by calling `fill(start, chunk)` on contiguous chunks, in parallel over the pool when
+/// `out` has at least `min_len` elements and more than one thread is configured.
+pub(crate) fn par_fill(
+    out: &mut [f32],
+    min_len: usize,
+    fill: impl Fn(usize, &mut [f32]) + Sync + Send,
+) {
+    use rayon::prelude::*;
+    let ctx = current();
+    let threads = ctx.for_work(out.len(), min_len);
+    if threads <= 1 {
+        fill(0, out);
+        return;
+    }
+    // A few chunks per thread balance uneven progress; multiples of 64 keep chunks cache-aligned.
+    let chunk = out.len().div_ceil(threads * 4).next_multiple_of(64);
+    ctx.install(|| {
+        out.par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, c)| fill(i * chunk, c));
+    });
+}
+
+/// Like [`par_fill`] but chunks hold whole rows of `row_len` elements: `fill(first_row, chunk)`.
+/// For kernels whose rows are independent (softmax, norms, reductions).
+pub(crate) fn par_fill_rows(
+    out: &mut [f32],
+    row_len: usize,
+    min_len: usize,
+    fill: impl Fn(usize, &mut [f32]) + Sync + Send,
+) {
+    use rayon::prelude::*;
+    if row_len == 0 || out.is_empty() {
+        return;
+    }
+    let rows = out.len() / row_len;
+    let ctx = current();
+    let threads = ctx.for_work(out.len(), min_len);
+    if threads <= 1 || rows < 2 {
+        fill(0, out);
+        return;
+    }
+    let rows_per_chunk = rows.div_ceil(threads * 4);
+    ctx.install(|| {
+        out.par_chunks_mut(rows_per_chunk * row_len)
+            .enumerate()
+            .for_each(|(i, c)| fill(i * rows_per_chunk, c));
+    });
+}
