@@ -192,16 +192,17 @@ impl<T: Copy + Default> KvCache<T> {
                 context_len: self.layout.context_len,
             });
         }
-        let keys = &mut self.keys[layer];
-        for r in 0..rows {
-            let dst = r * stride + n_past;
-            keys[dst..dst + n_update].copy_from_slice(&present_k[r * ar..r * ar + n_update]);
+        let key_rows = self.keys[layer]
+            .chunks_exact_mut(stride)
+            .zip(present_k.chunks_exact(ar));
+        for (dst, src) in key_rows.take(rows) {
+            dst[n_past..n_past + n_update].copy_from_slice(&src[..n_update]);
         }
-        let values = &mut self.values[layer];
-        for h in 0..heads {
-            let dst = (h * stride + n_past) * d;
-            let src = h * ar * d;
-            values[dst..dst + n_update * d].copy_from_slice(&present_v[src..src + n_update * d]);
+        let value_blocks = self.values[layer]
+            .chunks_exact_mut(stride * d)
+            .zip(present_v.chunks_exact(ar * d));
+        for (dst, src) in value_blocks.take(heads) {
+            dst[n_past * d..(n_past + n_update) * d].copy_from_slice(&src[..n_update * d]);
         }
         self.len = self.len.max(n_past + n_update);
         Ok(())

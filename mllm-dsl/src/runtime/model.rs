@@ -86,6 +86,27 @@ pub trait ChunkModel {
     ) -> Result<(), ModelError>;
 }
 
+/// Boxed models (e.g. a backend chosen at run time) are models too.
+impl<M: ChunkModel + ?Sized> ChunkModel for Box<M> {
+    type Kv = M::Kv;
+
+    fn layout(&self) -> ModelLayout {
+        (**self).layout()
+    }
+
+    fn supports_chunk_len(&self, ar: usize) -> bool {
+        (**self).supports_chunk_len(ar)
+    }
+
+    fn run_chunk(
+        &mut self,
+        inputs: &ChunkInputs<'_, Self::Kv>,
+        outputs: &mut ChunkOutputs<Self::Kv>,
+    ) -> Result<(), ModelError> {
+        (**self).run_chunk(inputs, outputs)
+    }
+}
+
 /// Inputs of one chunk. The mask is authoritative: padding rows and unused past columns are masked.
 pub struct ChunkInputs<'a, T> {
     pub(crate) ids: &'a [i32],

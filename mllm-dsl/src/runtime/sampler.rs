@@ -9,8 +9,6 @@
 //! `top_k = 1` is exactly greedy. The RNG is ChaCha20 seeded from a `u64`: the same seed and the
 //! same logits give the same tokens on every platform.
 
-use std::cmp::Ordering;
-
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
@@ -72,8 +70,8 @@ pub fn argmax(logits: &[f32]) -> Result<usize, RuntimeError> {
 #[derive(Debug, Clone)]
 pub struct Sampler {
     mode: Mode,
-    /// Candidate indices, reused across calls.
-    order: Vec<usize>,
+    /// Candidate sort keys (see `candidate_key`), reused across calls.
+    order: Vec<u64>,
     /// Unnormalized probabilities of the candidates in `order`.
     weights: Vec<f64>,
 }
@@ -145,9 +143,14 @@ fn sample_random(
     logits: &[f32],
     p: &RandomSampling,
     u: f64,
-    order: &mut Vec<usize>,
+    order: &mut Vec<u64>,
     weights: &mut Vec<f64>,
 ) -> Result<usize, RuntimeError> {
+    if u32::try_from(logits.len()).is_err() {
+        return Err(RuntimeError::BadLogits {
+            reason: format!("{} logits exceed the u32 token id range", logits.len()),
+        });
+    }
     if let Some(i) = logits
         .iter()
         .position(|v| v.is_nan() || *v == f32::INFINITY)
@@ -156,64 +159,116 @@ fn sample_random(
             reason: format!("{} at vocabulary index {i}", logits[i]),
         });
     }
-    // No NaN, so partial_cmp is total; equal logits order by index.
-    let by_prob = |a: &usize, b: &usize| {
-        logits[*b]
-            .partial_cmp(&logits[*a])
-            .unwrap_or(Ordering::Equal)
-            .then(a.cmp(b))
-    };
-    order.clear();
-    order.extend(0..logits.len());
-    if p.top_k > 0 && p.top_k < order.len() {
-        order.select_nth_unstable_by(p.top_k - 1, by_prob);
-        order.truncate(p.top_k);
-    }
-    order.sort_unstable_by(by_prob);
-    let Some(&top) = order.first() else {
+    let vocab = logits.len();
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if vocab == 0 || max == f32::NEG_INFINITY {
         return Err(RuntimeError::BadLogits {
-            reason: "the logits row is empty".into(),
-        });
-    };
-    let max = logits[top];
-    if max == f32::NEG_INFINITY {
-        return Err(RuntimeError::BadLogits {
-            reason: "every logit is -inf".into(),
+            reason: if vocab == 0 {
+                "the logits row is empty".into()
+            } else {
+                "every logit is -inf".into()
+            },
         });
     }
     // softmax(l / T) up to normalization: exp((l - max) / T), in f64 for the cumulative sums.
     let inv_t = 1.0 / f64::from(p.temperature);
-    weights.clear();
-    weights.extend(
-        order
-            .iter()
-            .map(|&i| ((f64::from(logits[i]) - f64::from(max)) * inv_t).exp()),
-    );
-    let total: f64 = weights.iter().sum();
-    let mut kept = weights.len();
-    if p.top_p < 1.0 {
+    let weight = |i: usize| ((f64::from(logits[i]) - f64::from(max)) * inv_t).exp();
+    let top_k = if p.top_k == 0 {
+        vocab
+    } else {
+        p.top_k.min(vocab)
+    };
+
+    if top_k == vocab && p.top_p >= 1.0 {
+        // Nothing is cut: draw in index order, no sorting needed.
+        weights.clear();
+        weights.extend((0..vocab).map(weight));
+        order.clear();
+        order.extend(0..vocab as u64);
+        return Ok(draw(order, weights, u));
+    }
+
+    // The candidates are the most likely tokens, ordered by (logit desc, index asc). Without top-k
+    // the nucleus is usually small: sort a growing prefix until it reaches top_p of the total.
+    let total_all: f64 = if top_k == vocab {
+        (0..vocab).map(weight).sum()
+    } else {
+        0.0
+    };
+    let mut k = if top_k < vocab { top_k } else { vocab.min(256) };
+    loop {
+        select_most_likely(logits, k, order);
+        weights.clear();
+        weights.extend(order.iter().map(|&key| weight(key_index(key))));
+        if p.top_p >= 1.0 {
+            break;
+        }
+        let total = if top_k < vocab {
+            weights.iter().sum()
+        } else {
+            total_all
+        };
         let target = f64::from(p.top_p) * total;
         let mut cum = 0.0;
-        for (n, w) in weights.iter().enumerate() {
+        if let Some(n) = weights.iter().position(|w| {
             cum += w;
-            if cum >= target {
-                kept = n + 1;
-                break;
-            }
+            cum >= target
+        }) {
+            weights.truncate(n + 1);
+            order.truncate(n + 1);
+            break;
         }
+        if k == top_k {
+            break; // rounding kept the sum just short of the target: keep every candidate
+        }
+        k = (k * 4).min(top_k);
     }
-    let kept_weights = &weights[..kept];
-    let threshold = u * kept_weights.iter().sum::<f64>();
+    Ok(draw(order, weights, u))
+}
+
+/// Fills `order` with the keys of the `k` largest logits, sorted by (logit desc, index asc).
+fn select_most_likely(logits: &[f32], k: usize, order: &mut Vec<u64>) {
+    order.clear();
+    order.extend(logits.iter().enumerate().map(|(i, &l)| candidate_key(l, i)));
+    if k < order.len() {
+        order.select_nth_unstable(k - 1);
+        order.truncate(k);
+    }
+    order.sort_unstable();
+}
+
+/// A u64 whose ascending order is (logit descending, index ascending): the high half is the
+/// logit's bits flipped into descending total order, the low half the index. Sorting plain
+/// integers is several times faster than sorting indices through a comparator.
+fn candidate_key(logit: f32, index: usize) -> u64 {
+    // +0.0 folds -0.0 into 0.0, so they tie like in `argmax`. NaN was rejected earlier.
+    let bits = (logit + 0.0).to_bits();
+    let ascending = if bits & 0x8000_0000 != 0 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    };
+    (u64::from(!ascending) << 32) | index as u64
+}
+
+/// Token index of a candidate key.
+fn key_index(key: u64) -> usize {
+    (key & 0xFFFF_FFFF) as usize
+}
+
+/// Picks the token of `order[n]` where `u * sum(weights)` falls in the `n`-th cumulative interval.
+fn draw(order: &[u64], weights: &[f64], u: f64) -> usize {
+    let threshold = u * weights.iter().sum::<f64>();
     let mut cum = 0.0;
-    for (n, w) in kept_weights.iter().enumerate() {
+    for (n, w) in weights.iter().enumerate() {
         cum += w;
         if threshold < cum {
-            return Ok(order[n]);
+            return key_index(order[n]);
         }
     }
     // Rounding left `threshold` at the very top: take the last candidate with nonzero weight.
-    let last = kept_weights.iter().rposition(|w| *w > 0.0).unwrap_or(0);
-    Ok(order[last])
+    let last = weights.iter().rposition(|w| *w > 0.0).unwrap_or(0);
+    key_index(order[last])
 }
 
 #[cfg(test)]
@@ -344,6 +399,58 @@ mod tests {
         let kept = softmax(&[2.0, 1.5], 4.0);
         assert_eq!((f[0], f[3]), (0.0, 0.0));
         assert!((f[1] - kept[0]).abs() < 0.015, "{f:?} vs {kept:?}");
+    }
+
+    /// Naive top-p: full sort, cut where the cumulative weight reaches top_p of the total.
+    fn naive_top_p(logits: &[f32], t: f64, top_p: f64, u: f64) -> usize {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let w = |i: usize| ((f64::from(logits[i]) - f64::from(max)) / t).exp();
+        let total: f64 = (0..logits.len()).map(w).sum();
+        let mut idx: Vec<usize> = (0..logits.len()).collect();
+        idx.sort_by(|&a, &b| logits[b].partial_cmp(&logits[a]).unwrap().then(a.cmp(&b)));
+        let mut cum = 0.0;
+        let mut kept = Vec::new();
+        for &i in &idx {
+            kept.push(i);
+            cum += w(i);
+            if cum >= top_p * total {
+                break;
+            }
+        }
+        let sum: f64 = kept.iter().map(|&i| w(i)).sum();
+        let mut acc = 0.0;
+        for &i in &kept {
+            acc += w(i);
+            if u * sum < acc {
+                return i;
+            }
+        }
+        *kept.last().unwrap()
+    }
+
+    #[test]
+    fn large_vocab_top_p_matches_full_sort() {
+        // 1000 near-flat logits: a 0.9 nucleus holds hundreds of tokens, more than the first
+        // 256-candidate pass, so the candidate prefix has to grow.
+        let l = logits(77, 1000).iter().map(|x| x / 4.0).collect::<Vec<_>>();
+        for (t, top_p) in [(1.0, 0.9), (0.7, 0.5), (1.0, 0.02)] {
+            let params = RandomSampling {
+                temperature: t,
+                top_k: 0,
+                top_p,
+                seed: 0,
+            };
+            let (mut order, mut weights) = (Vec::new(), Vec::new());
+            for n in 0..500 {
+                let u = (n as f64 + 0.5) / 500.0;
+                let got = sample_random(&l, &params, u, &mut order, &mut weights).unwrap();
+                let want = naive_top_p(&l, f64::from(t), f64::from(top_p), u);
+                assert_eq!(got, want, "t={t} top_p={top_p} u={u}");
+            }
+            if top_p == 0.9 {
+                assert!(order.len() > 256, "nucleus of {} tokens", order.len());
+            }
+        }
     }
 
     #[test]
