@@ -42,6 +42,7 @@
 //! - [`qdq!`] and [`qdq`]: QDQ points and their checkpoint keys.
 //! - [`trace`](mod@trace): recording a [`Program`]; [`ir`]: the program, its printer and parser.
 //! - [`backend`]: what an eager backend implements.
+//! - [`runtime`]: backend-agnostic generation (KV cache, mask, chunked prefill, sampling).
 
 pub mod backend;
 pub mod dtype;
@@ -52,6 +53,7 @@ pub mod module;
 pub mod nn;
 pub mod op;
 pub mod qdq;
+pub mod runtime;
 mod scope;
 pub mod tensor;
 pub mod trace;

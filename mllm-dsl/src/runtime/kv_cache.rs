@@ -1,0 +1,444 @@
+//! The static-shape KV cache of mllm's NPU runtime (`KVCacheManager`), without its full-context
+//! off-by-one.
+//!
+//! Per layer, K is `[Hkv, D, ctx-ar]`: `Hkv*D` rows, one column per position; V is
+//! `[Hkv, ctx-ar, D]`: one `D`-row per position inside each head block. The graph in use reads the
+//! first `Hkv*D*(ctx-ar)` elements of each buffer directly, so the row stride must equal `ctx - ar`
+//! of that graph: 992 for a chunk-32 prefill graph at ctx 1024, 1023 for the decode graph.
+//! [`KvCache::rearrange`] re-strides in place when switching graphs. Buffers hold `ctx - 1` columns,
+//! the widest stride (ar = 1).
+//!
+//! Invariant: columns at or past [`KvCache::len`] hold `T::default()`. A graph that lets masked
+//! columns leak a tiny weight (`rowmin - 20` masking) then sees the same values whatever the cache's
+//! history, which keeps runs reproducible.
+
+use super::error::RuntimeError;
+use super::model::ModelLayout;
+
+/// KV cache of all layers, generic over the stored element (`f32` on CPU, `u8` for QNN).
+#[derive(Debug, Clone)]
+pub struct KvCache<T> {
+    layout: ModelLayout,
+    ar: usize,
+    len: usize,
+    keys: Vec<Vec<T>>,
+    values: Vec<Vec<T>>,
+}
+
+impl<T: Copy + Default> KvCache<T> {
+    /// An empty cache laid out for chunks of `ar` tokens.
+    pub fn new(layout: ModelLayout, ar: usize) -> Result<Self, RuntimeError> {
+        layout.validate()?;
+        layout.check_chunk_len(ar)?;
+        let capacity = layout.kv_elems(layout.context_len - 1);
+        Ok(Self {
+            layout,
+            ar,
+            len: 0,
+            keys: (0..layout.num_layers)
+                .map(|_| vec![T::default(); capacity])
+                .collect(),
+            values: (0..layout.num_layers)
+                .map(|_| vec![T::default(); capacity])
+                .collect(),
+        })
+    }
+
+    /// Chunk length the rows are strided for.
+    pub fn ar(&self) -> usize {
+        self.ar
+    }
+
+    /// Past columns of the current layout, `ctx - ar` (the row stride).
+    pub fn past_cols(&self) -> usize {
+        self.layout.context_len - self.ar
+    }
+
+    /// Positions stored (columns `[0, len)` are valid in every layer that was updated).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Shapes this cache was built for.
+    pub fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
+    /// Past keys of `layer` as the current graph reads them: `[Hkv, D, ctx-ar]`.
+    ///
+    /// # Panics
+    /// If `layer >= num_layers` (a backend bug, not an input error).
+    pub fn past_key(&self, layer: usize) -> &[T] {
+        &self.keys[layer][..self.layout.kv_elems(self.past_cols())]
+    }
+
+    /// Past values of `layer`: `[Hkv, ctx-ar, D]`.
+    ///
+    /// # Panics
+    /// If `layer >= num_layers`.
+    pub fn past_value(&self, layer: usize) -> &[T] {
+        &self.values[layer][..self.layout.kv_elems(self.past_cols())]
+    }
+
+    /// Forgets every stored position (restores the all-default invariant).
+    pub fn clear(&mut self) {
+        let (rows, heads, d, stride) = self.dims();
+        for layer in 0..self.layout.num_layers {
+            for r in 0..rows {
+                self.keys[layer][r * stride..r * stride + self.len].fill(T::default());
+            }
+            for h in 0..heads {
+                let start = h * stride * d;
+                self.values[layer][start..start + self.len * d].fill(T::default());
+            }
+        }
+        self.len = 0;
+    }
+
+    /// Re-strides every buffer for chunks of `new_ar`, keeping the stored positions.
+    ///
+    /// Growing rows (32 -> 1: 992 -> 1023 columns) moves rows from the last to the first, so a
+    /// row's new place never overwrites a row not yet moved; shrinking walks forwards. Fails if the
+    /// stored positions do not fit the new rows.
+    pub fn rearrange(&mut self, new_ar: usize) -> Result<(), RuntimeError> {
+        self.layout.check_chunk_len(new_ar)?;
+        if new_ar == self.ar {
+            return Ok(());
+        }
+        let old_stride = self.past_cols();
+        let new_stride = self.layout.context_len - new_ar;
+        if self.len > new_stride {
+            return Err(RuntimeError::RearrangeLosesData {
+                ar: new_ar,
+                len: self.len,
+                past_cols: new_stride,
+            });
+        }
+        let rows = self.layout.num_kv_heads * self.layout.head_dim;
+        let heads = self.layout.num_kv_heads;
+        let d = self.layout.head_dim;
+        let len = self.len;
+        for layer in 0..self.layout.num_layers {
+            // K: `rows` rows of `len` valid columns; V: `heads` blocks of `len * d` valid elements.
+            restride(&mut self.keys[layer], rows, old_stride, new_stride, len);
+            restride(
+                &mut self.values[layer],
+                heads,
+                old_stride * d,
+                new_stride * d,
+                len * d,
+            );
+        }
+        self.ar = new_ar;
+        Ok(())
+    }
+
+    /// Copies the first `n_update` positions of a chunk's present K `[Hkv, D, ar]` and V
+    /// `[Hkv, ar, D]` into `layer`'s cache at positions `[n_past, n_past + n_update)`.
+    ///
+    /// Unlike mllm (which writes one column past a 1023-wide row at position 1023), a write that
+    /// does not fit the `ctx - ar` past columns is an error.
+    pub fn update(
+        &mut self,
+        layer: usize,
+        present_k: &[T],
+        present_v: &[T],
+        ar: usize,
+        n_past: usize,
+        n_update: usize,
+    ) -> Result<(), RuntimeError> {
+        if layer >= self.layout.num_layers {
+            return Err(RuntimeError::LayerOutOfRange {
+                layer,
+                num_layers: self.layout.num_layers,
+            });
+        }
+        if ar != self.ar {
+            return Err(RuntimeError::CacheChunkMismatch {
+                cache_ar: self.ar,
+                ar,
+            });
+        }
+        if n_update > ar {
+            return Err(RuntimeError::UpdateLongerThanChunk { n_update, ar });
+        }
+        let expected = self.layout.kv_elems(ar);
+        for (tensor, got) in [
+            ("present_key", present_k.len()),
+            ("present_value", present_v.len()),
+        ] {
+            if got != expected {
+                return Err(RuntimeError::TensorSize {
+                    tensor,
+                    layer,
+                    expected,
+                    got,
+                });
+            }
+        }
+        let (rows, heads, d, stride) = self.dims();
+        if n_past + n_update > stride {
+            return Err(RuntimeError::CacheOverflow {
+                layer,
+                n_past,
+                n_update,
+                ar,
+                past_cols: stride,
+                context_len: self.layout.context_len,
+            });
+        }
+        let key_rows = self.keys[layer]
+            .chunks_exact_mut(stride)
+            .zip(present_k.chunks_exact(ar));
+        for (dst, src) in key_rows.take(rows) {
+            dst[n_past..n_past + n_update].copy_from_slice(&src[..n_update]);
+        }
+        let value_blocks = self.values[layer]
+            .chunks_exact_mut(stride * d)
+            .zip(present_v.chunks_exact(ar * d));
+        for (dst, src) in value_blocks.take(heads) {
+            dst[n_past * d..(n_past + n_update) * d].copy_from_slice(&src[..n_update * d]);
+        }
+        self.len = self.len.max(n_past + n_update);
+        Ok(())
+    }
+
+    /// (K rows, heads, head_dim, row stride) of the current layout.
+    fn dims(&self) -> (usize, usize, usize, usize) {
+        let l = &self.layout;
+        (
+            l.num_kv_heads * l.head_dim,
+            l.num_kv_heads,
+            l.head_dim,
+            self.past_cols(),
+        )
+    }
+}
+
+/// Moves `blocks` blocks from stride `old` to stride `new` in place, keeping the first `valid`
+/// elements of each and filling the rest of each new block with the default value.
+fn restride<T: Copy + Default>(buf: &mut [T], blocks: usize, old: usize, new: usize, valid: usize) {
+    let mut move_block = |b: usize| {
+        buf.copy_within(b * old..b * old + valid, b * new);
+        buf[b * new + valid..(b + 1) * new].fill(T::default());
+    };
+    if new > old {
+        // Block b lands at or after its old start, over blocks > b: move those first.
+        (0..blocks).rev().for_each(&mut move_block);
+    } else {
+        // Block b lands at or before its old start, over blocks < b: move those first.
+        (0..blocks).for_each(&mut move_block);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(ctx: usize) -> ModelLayout {
+        ModelLayout {
+            num_layers: 2,
+            num_kv_heads: 3,
+            head_dim: 4,
+            vocab_size: 10,
+            context_len: ctx,
+        }
+    }
+
+    /// Distinct value for every (layer, head, dim, position) of K or V.
+    fn val(kind: u8, layer: usize, h: usize, d: usize, pos: usize) -> u16 {
+        1 + kind as u16 * 5000 + layer as u16 * 1000 + h as u16 * 200 + d as u16 * 40 + pos as u16
+    }
+
+    /// Present K `[H, D, ar]` and V `[H, ar, D]` for positions `start..start+ar`.
+    fn present(l: &ModelLayout, layer: usize, ar: usize, start: usize) -> (Vec<u16>, Vec<u16>) {
+        let (h_n, d_n) = (l.num_kv_heads, l.head_dim);
+        let mut k = vec![0; h_n * d_n * ar];
+        let mut v = vec![0; h_n * d_n * ar];
+        for h in 0..h_n {
+            for d in 0..d_n {
+                for i in 0..ar {
+                    k[(h * d_n + d) * ar + i] = val(0, layer, h, d, start + i);
+                    v[(h * ar + i) * d_n + d] = val(1, layer, h, d, start + i);
+                }
+            }
+        }
+        (k, v)
+    }
+
+    /// Checks every element of the visible past K/V against `val` for positions < len, 0 after.
+    fn assert_contents(cache: &KvCache<u16>, len: usize) {
+        let l = *cache.layout();
+        let s = cache.past_cols();
+        for layer in 0..l.num_layers {
+            let (k, v) = (cache.past_key(layer), cache.past_value(layer));
+            assert_eq!(k.len(), l.num_kv_heads * l.head_dim * s);
+            for h in 0..l.num_kv_heads {
+                for d in 0..l.head_dim {
+                    for c in 0..s {
+                        let (ek, ev) = if c < len {
+                            (val(0, layer, h, d, c), val(1, layer, h, d, c))
+                        } else {
+                            (0, 0)
+                        };
+                        assert_eq!(
+                            k[(h * l.head_dim + d) * s + c],
+                            ek,
+                            "K l{layer} h{h} d{d} c{c}"
+                        );
+                        assert_eq!(
+                            v[(h * s + c) * l.head_dim + d],
+                            ev,
+                            "V l{layer} h{h} d{d} c{c}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn fill(cache: &mut KvCache<u16>, ar: usize, n: usize) {
+        let l = *cache.layout();
+        let mut n_past = 0;
+        while n_past < n {
+            let n_update = ar.min(n - n_past);
+            for layer in 0..l.num_layers {
+                let (k, v) = present(&l, layer, ar, n_past);
+                cache.update(layer, &k, &v, ar, n_past, n_update).unwrap();
+            }
+            n_past += n_update;
+        }
+    }
+
+    #[test]
+    fn update_places_columns_and_rows() {
+        let mut cache = KvCache::<u16>::new(layout(16), 4).unwrap();
+        fill(&mut cache, 4, 7);
+        assert_eq!(cache.len(), 7);
+        assert_contents(&cache, 7);
+    }
+
+    #[test]
+    fn rearrange_preserves_contents_both_ways() {
+        let l = layout(16);
+        let mut cache = KvCache::<u16>::new(l, 4).unwrap();
+        fill(&mut cache, 4, 10);
+        cache.rearrange(1).unwrap(); // 12 -> 15 columns: rows walk backwards
+        assert_eq!(cache.past_cols(), 15);
+        assert_contents(&cache, 10);
+        // Continue the sequence in the decode layout, then shrink back.
+        for layer in 0..l.num_layers {
+            let (k, v) = present(&l, layer, 1, 10);
+            cache.update(layer, &k, &v, 1, 10, 1).unwrap();
+        }
+        cache.rearrange(5).unwrap(); // 15 -> 11 columns: rows walk forwards
+        assert_contents(&cache, 11);
+        cache.rearrange(2).unwrap();
+        assert_contents(&cache, 11);
+    }
+
+    #[test]
+    fn rearrange_works_for_u8_and_refuses_to_drop_positions() {
+        let l = layout(8);
+        let mut cache = KvCache::<u8>::new(l, 1).unwrap();
+        let k: Vec<u8> = (0..12).map(|i| i as u8 + 1).collect();
+        for n_past in 0..6 {
+            for layer in 0..2 {
+                cache.update(layer, &k, &k, 1, n_past, 1).unwrap();
+            }
+        }
+        let before: Vec<u8> = (0..12)
+            .flat_map(|r| cache.past_key(0)[r * 7..r * 7 + 6].to_vec())
+            .collect();
+        let err = cache.rearrange(4).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RuntimeError::RearrangeLosesData {
+                    len: 6,
+                    past_cols: 4,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        cache.rearrange(2).unwrap();
+        let after: Vec<u8> = (0..12)
+            .flat_map(|r| cache.past_key(0)[r * 6..r * 6 + 6].to_vec())
+            .collect();
+        assert_eq!(before, after);
+    }
+
+    #[test]
+    fn update_past_the_row_is_an_error_not_a_silent_write() {
+        // ctx 8, decode layout: 7 past columns. mllm writes position 7 one past the row.
+        let l = layout(8);
+        let mut cache = KvCache::<u16>::new(l, 1).unwrap();
+        let (k, v) = present(&l, 0, 1, 0);
+        cache.update(0, &k, &v, 1, 6, 1).unwrap();
+        let err = cache.update(0, &k, &v, 1, 7, 1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RuntimeError::CacheOverflow {
+                    n_past: 7,
+                    n_update: 1,
+                    past_cols: 7,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // Prefill layout ar = 4: 4 past columns; a 3-token update at 2 does not fit.
+        let mut cache = KvCache::<u16>::new(l, 4).unwrap();
+        let (k, v) = present(&l, 1, 4, 0);
+        assert!(cache.update(1, &k, &v, 4, 2, 3).is_err());
+        cache.update(1, &k, &v, 4, 1, 3).unwrap();
+        assert_eq!(cache.len(), 4);
+    }
+
+    #[test]
+    fn update_rejects_wrong_shapes() {
+        let l = layout(8);
+        let mut cache = KvCache::<u16>::new(l, 4).unwrap();
+        let (k, v) = present(&l, 0, 4, 0);
+        assert!(matches!(
+            cache.update(0, &k, &v, 1, 0, 1),
+            Err(RuntimeError::CacheChunkMismatch { cache_ar: 4, ar: 1 })
+        ));
+        assert!(matches!(
+            cache.update(0, &k[1..], &v, 4, 0, 1),
+            Err(RuntimeError::TensorSize {
+                tensor: "present_key",
+                ..
+            })
+        ));
+        assert!(matches!(
+            cache.update(2, &k, &v, 4, 0, 1),
+            Err(RuntimeError::LayerOutOfRange {
+                layer: 2,
+                num_layers: 2
+            })
+        ));
+        assert!(matches!(
+            cache.update(0, &k, &v, 4, 0, 5),
+            Err(RuntimeError::UpdateLongerThanChunk { .. })
+        ));
+        assert!(KvCache::<u16>::new(l, 0).is_err());
+        assert!(KvCache::<u16>::new(l, 9).is_err());
+    }
+
+    #[test]
+    fn clear_restores_defaults() {
+        let mut cache = KvCache::<u16>::new(layout(16), 4).unwrap();
+        fill(&mut cache, 4, 9);
+        cache.clear();
+        assert!(cache.is_empty());
+        assert_contents(&cache, 0);
+    }
+}

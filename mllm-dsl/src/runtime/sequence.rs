@@ -1,0 +1,196 @@
+//! One sequence's state (KV cache, mask, position) and the protocol for running one chunk of it.
+//!
+//! Running a chunk of `n <= ar` tokens at position `n_past`: switch the cache and mask to the
+//! chunk-`ar` layout if needed, pad the ids with 0 and continue the positions into the padding,
+//! run the model, store the first `n` present K/V columns at `n_past`, open those mask columns,
+//! advance `n_past`. Both prefill and decode go through [`Sequence::run_chunk`].
+//!
+//! Placement rule. A chunk-`ar` graph has `ctx - ar` past columns, so the chunk's past must fit
+//! them (`n_past <= ctx - ar`) and, for the sequence to continue, so must its stored result
+//! (`n_past + n <= ctx - ar`). The only chunk allowed to skip storing is one that ends exactly at
+//! the context length: nothing can follow it. This is where mllm writes one column past the row
+//! (decode at position ctx-1); here that write simply does not happen, and any other overflow is an
+//! error before the model runs.
+
+use super::error::RuntimeError;
+use super::kv_cache::KvCache;
+use super::mask::AttentionMask;
+use super::model::{ChunkInputs, ChunkModel, ChunkOutputs, ModelLayout};
+
+/// KV cache, mask and position of one sequence, plus reusable chunk buffers.
+#[derive(Debug)]
+pub struct Sequence<T> {
+    layout: ModelLayout,
+    cache: KvCache<T>,
+    mask: AttentionMask,
+    n_past: usize,
+    ids: Vec<i32>,
+    positions: Vec<i32>,
+    /// One output buffer per chunk length used so far (typically the prefill length and 1).
+    outputs: Vec<ChunkOutputs<T>>,
+}
+
+impl<T: Copy + Default> Sequence<T> {
+    /// An empty sequence for a model of this layout, laid out for chunks of `ar`.
+    pub fn new(layout: ModelLayout, ar: usize) -> Result<Self, RuntimeError> {
+        let cache = KvCache::new(layout, ar)?;
+        let mut mask = AttentionMask::new(layout.context_len)?;
+        mask.init(ar, 0)?;
+        Ok(Self {
+            layout,
+            cache,
+            mask,
+            n_past: 0,
+            ids: Vec::new(),
+            positions: Vec::new(),
+            outputs: Vec::new(),
+        })
+    }
+
+    /// Positions already run (the next token goes to position `n_past`).
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Shapes of the model this sequence is for.
+    pub fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
+    /// The KV cache.
+    pub fn cache(&self) -> &KvCache<T> {
+        &self.cache
+    }
+
+    /// The attention mask of the current chunk layout.
+    pub fn mask(&self) -> &AttentionMask {
+        &self.mask
+    }
+
+    /// Starts over at position 0, keeping the buffers.
+    pub fn reset(&mut self) -> Result<(), RuntimeError> {
+        self.cache.clear();
+        self.n_past = 0;
+        self.mask.init(self.cache.ar(), 0)
+    }
+
+    /// Whether `n_tokens` tokens at the current position can run as one chunk of `ar`
+    /// (see the placement rule in the module docs).
+    pub fn chunk_fits(&self, ar: usize, n_tokens: usize) -> bool {
+        let ctx = self.layout.context_len;
+        let end = self.n_past + n_tokens;
+        if ar == 0 || ar > ctx || n_tokens == 0 || n_tokens > ar || end > ctx {
+            return false;
+        }
+        let past_cols = ctx - ar;
+        end <= past_cols || (end == ctx && self.n_past <= past_cols)
+    }
+
+    /// Runs `tokens` (1..=ar of them) as one chunk of `ar` and returns the chunk's outputs; rows
+    /// `[0, tokens.len())` of its logits belong to the tokens, the rest to padding.
+    pub fn run_chunk<M>(
+        &mut self,
+        model: &mut M,
+        tokens: &[u32],
+        ar: usize,
+    ) -> Result<&ChunkOutputs<T>, RuntimeError>
+    where
+        M: ChunkModel<Kv = T> + ?Sized,
+    {
+        let ctx = self.layout.context_len;
+        let n = tokens.len();
+        self.layout.check_chunk_len(ar)?;
+        if !model.supports_chunk_len(ar) {
+            return Err(RuntimeError::UnsupportedChunkLen {
+                ar,
+                purpose: "chunk",
+            });
+        }
+        if n == 0 || n > ar {
+            return Err(RuntimeError::ChunkTokenCount { n_tokens: n, ar });
+        }
+        if self.n_past + n > ctx {
+            return Err(RuntimeError::ContextOverflow {
+                n_past: self.n_past,
+                n_tokens: n,
+                context_len: ctx,
+            });
+        }
+        if !self.chunk_fits(ar, n) {
+            return Err(RuntimeError::ChunkDoesNotFit {
+                n_past: self.n_past,
+                n_tokens: n,
+                ar,
+                past_cols: ctx - ar,
+                context_len: ctx,
+            });
+        }
+        if self.cache.ar() != ar {
+            self.cache.rearrange(ar)?;
+        }
+        if self.mask.ar() != ar {
+            self.mask.init(ar, self.n_past)?;
+        }
+
+        self.ids.clear();
+        self.positions.clear();
+        for (i, &id) in tokens.iter().enumerate() {
+            let id32 = i32::try_from(id)
+                .ok()
+                .filter(|_| (id as usize) < self.layout.vocab_size);
+            let Some(id32) = id32 else {
+                return Err(RuntimeError::TokenOutOfVocab {
+                    id,
+                    position: self.n_past + i,
+                    vocab_size: self.layout.vocab_size,
+                });
+            };
+            self.ids.push(id32);
+        }
+        self.ids.resize(ar, 0);
+        // Positions continue into the padding; the placement rule keeps them below ctx.
+        self.positions
+            .extend((self.n_past..self.n_past + ar).map(|p| p as i32));
+
+        let slot = match self.outputs.iter().position(|o| o.ar() == ar) {
+            Some(slot) => slot,
+            None => {
+                self.outputs.push(ChunkOutputs::new(&self.layout, ar));
+                self.outputs.len() - 1
+            }
+        };
+        let inputs = ChunkInputs {
+            ids: &self.ids,
+            positions: &self.positions,
+            mask: &self.mask,
+            cache: &self.cache,
+            n_past: self.n_past,
+            n_valid: n,
+        };
+        let outputs = &mut self.outputs[slot];
+        model
+            .run_chunk(&inputs, outputs)
+            .map_err(|source| RuntimeError::ModelRun {
+                ar,
+                n_past: self.n_past,
+                source,
+            })?;
+
+        if self.n_past + n <= ctx - ar {
+            for layer in 0..self.layout.num_layers {
+                self.cache.update(
+                    layer,
+                    outputs.present_key(layer),
+                    outputs.present_value(layer),
+                    ar,
+                    self.n_past,
+                    n,
+                )?;
+            }
+            self.mask.update(self.n_past, n)?;
+        }
+        // else: the chunk ends at the context length; nothing can attend to it later.
+        self.n_past += n;
+        Ok(&self.outputs[slot])
+    }
+}
