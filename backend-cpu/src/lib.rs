@@ -1,6 +1,8 @@
 //! backend-cpu: eager CPU execution of mllm-dsl model files, float and fake-quant.
 
+pub mod chunk_model;
 pub mod executor;
 pub mod kernels;
 
+pub use chunk_model::CpuChunkModel;
 pub use executor::{CpuBackend, QdqHook};

@@ -45,6 +45,7 @@
 //! - [`runtime`]: backend-agnostic generation (KV cache, mask, chunked prefill, sampling).
 
 pub mod backend;
+pub mod causal_lm;
 pub mod dtype;
 pub mod error;
 pub mod ir;
@@ -59,6 +60,7 @@ pub mod tensor;
 pub mod trace;
 
 pub use backend::{Backend, BackendRef, Storage};
+pub use causal_lm::{CausalLm, DecoderShape};
 pub use dtype::{DType, Device, TensorType};
 pub use error::{CallSite, Error, Result};
 pub use ir::Program;

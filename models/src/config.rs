@@ -1,6 +1,8 @@
 //! The architecture numbers a decoder-only model file needs, independent of where they came from
 //! (an HF `config.json`, mllm's config, or a synthetic config for benches and snapshots).
 
+use mllm_dsl::config::hf::HfConfig;
+
 /// Shapes and constants of a Qwen3 / Qwen2 / Llama style decoder.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TransformerConfig {
@@ -22,6 +24,33 @@ pub struct TransformerConfig {
 }
 
 impl TransformerConfig {
+    /// The architecture of an HF checkpoint, with RoPE tables for positions `0..max_positions`.
+    pub fn from_hf(hf: &HfConfig, max_positions: usize) -> Self {
+        TransformerConfig {
+            vocab_size: hf.vocab_size,
+            hidden_size: hf.hidden_size,
+            intermediate_size: hf.intermediate_size,
+            num_hidden_layers: hf.num_hidden_layers,
+            num_attention_heads: hf.num_attention_heads,
+            num_key_value_heads: hf.num_key_value_heads,
+            head_dim: hf.head_dim,
+            rms_norm_eps: hf.rms_norm_eps as f32,
+            rope_inv_freq: hf.rope_inv_freq(),
+            max_positions,
+            tie_word_embeddings: hf.tie_word_embeddings,
+            qkv_bias: hf.qkv_bias(),
+        }
+    }
+
+    pub fn decoder_shape(&self) -> mllm_dsl::DecoderShape {
+        mllm_dsl::DecoderShape {
+            num_layers: self.num_hidden_layers,
+            num_kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            vocab_size: self.vocab_size,
+        }
+    }
+
     /// Query heads per KV head.
     pub fn kv_groups(&self) -> usize {
         self.num_attention_heads / self.num_key_value_heads

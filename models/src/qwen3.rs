@@ -278,11 +278,30 @@ impl Qwen3Model {
 pub struct Qwen3ForCausalLM {
     model: Qwen3Model,
     lm_head: Conv2d,
+    #[module(skip)]
+    cfg: TransformerConfig,
 }
+
+/// `(logits, new K per layer, new V per layer)`
+type Outputs = (Tensor, Vec<Tensor>, Vec<Tensor>);
 
 impl Qwen3ForCausalLM {
     pub fn new(cfg: &TransformerConfig) -> Self {
-        Qwen3ForCausalLM { model: Qwen3Model::new(cfg), lm_head: Conv2d::new(cfg.hidden_size, cfg.vocab_size) }
+        Qwen3ForCausalLM { model: Qwen3Model::new(cfg), lm_head: Conv2d::new(cfg.hidden_size, cfg.vocab_size), cfg: cfg.clone() }
+    }
+}
+
+impl mllm_dsl::CausalLm for Qwen3ForCausalLM {
+    fn forward(&self, ids: &Tensor, pos: &Tensor, mask: &Tensor, k: &[Tensor], v: &[Tensor]) -> Result<Outputs> {
+        Qwen3ForCausalLM::forward(self, ids, pos, mask, k, v)
+    }
+
+    fn bind_params(&mut self, src: &ParamSource<'_>) -> Result<()> {
+        self.bind("", src)
+    }
+
+    fn shape(&self) -> mllm_dsl::DecoderShape {
+        self.cfg.decoder_shape()
     }
 }
 

@@ -1,0 +1,188 @@
+//! [`CheckpointStore`]: a [`WeightStore`] over a safetensors checkpoint, for HF float checkpoints and
+//! for pymllm's quantized exports alike.
+//!
+//! Layers ask for parameters in the layout the model file uses; the store converts:
+//! - HF linear weights `[out, in]` → the 1×1 conv's HWIO `[1, 1, in, out]`;
+//! - a tied `lm_head.weight` (absent from HF checkpoints) → `model.embed_tokens.weight`;
+//! - pymllm LPBQ weights (int8 nibbles `[1, 1, in, out]` + `scale1` + `scale2`) → their deployed f32
+//!   values `signext4(q) * scale1 * scale2`;
+//! - pymllm uint16 norm / embedding weights and RoPE tables → `(q - zero_point) * scale`.
+
+use crate::checkpoint::{CheckpointError, SafetensorsCheckpoint, StDtype};
+use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
+use mllm_dsl::{BackendRef, Error, Result, Tensor};
+use std::path::Path;
+
+pub struct CheckpointStore {
+    ckpt: SafetensorsCheckpoint,
+    backend: BackendRef,
+    tie_word_embeddings: bool,
+}
+
+/// The key a tied `lm_head.weight` falls back to.
+const EMBED_KEY: &str = "model.embed_tokens.weight";
+
+impl CheckpointStore {
+    pub fn open(dir: impl AsRef<Path>, backend: BackendRef, tie_word_embeddings: bool) -> Result<Self> {
+        let ckpt = SafetensorsCheckpoint::open(dir).map_err(|e| Error::msg(e.to_string()))?;
+        Ok(CheckpointStore { ckpt, backend, tie_word_embeddings })
+    }
+
+    pub fn checkpoint(&self) -> &SafetensorsCheckpoint {
+        &self.ckpt
+    }
+
+    /// Checkpoint tensors no layer asked for (worth a warning: a wrong model file or config).
+    /// Bookkeeping entries of pymllm exports (observer state) are not listed.
+    pub fn unused_keys(&self) -> Vec<String> {
+        self.ckpt
+            .unused_keys()
+            .into_iter()
+            .filter(|k| !is_bookkeeping(k))
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn err(&self, req: &ParamRequest<'_>, e: CheckpointError) -> Error {
+        Error::Weight {
+            key: req.key.to_string(),
+            module_path: req.module_path.to_string(),
+            message: e.requested_by(req.module_path).to_string(),
+        }
+    }
+
+    fn mismatch(&self, req: &ParamRequest<'_>, key: &str, found: &[usize], expected: String) -> Error {
+        Error::Weight {
+            key: req.key.to_string(),
+            module_path: req.module_path.to_string(),
+            message: format!("checkpoint tensor `{key}` has shape {found:?}; expected {expected}"),
+        }
+    }
+
+    fn f32(&self, req: &ParamRequest<'_>, key: &str) -> Result<Vec<f32>> {
+        self.ckpt.read_f32(key).map_err(|e| self.err(req, e))
+    }
+
+    /// `(scale, zero_point)` of a per-tensor uint16 tensor stored by pymllm.
+    fn scale_zp(&self, req: &ParamRequest<'_>, prefix: &str) -> Result<(f32, i32)> {
+        let scale = self.f32(req, &format!("{prefix}.scale"))?;
+        let zp = self.ckpt.read_i32(&format!("{prefix}.zero_point")).map_err(|e| self.err(req, e))?;
+        match (scale.as_slice(), zp.as_slice()) {
+            ([s], [z]) if *s > 0.0 => Ok((*s, *z)),
+            _ => Err(Error::Weight {
+                key: req.key.to_string(),
+                module_path: req.module_path.to_string(),
+                message: format!("`{prefix}.scale` / `.zero_point` must be one positive scale and one zero point"),
+            }),
+        }
+    }
+
+    fn load_data(&self, req: &ParamRequest<'_>) -> Result<Vec<f32>> {
+        let key = if req.key == "lm_head.weight" && self.tie_word_embeddings && !self.ckpt.contains(req.key) {
+            EMBED_KEY
+        } else {
+            req.key
+        };
+        let (dtype, shape) = self.ckpt.info(key).map_err(|e| self.err(req, e))?;
+        let shape = shape.to_vec();
+        let numel: usize = req.shape.iter().product();
+        match (req.role, dtype) {
+            (ParamRole::Conv2dWeight, StDtype::I8) => {
+                let (cin, cout) = (req.shape[2], req.shape[3]);
+                if shape != req.shape {
+                    return Err(self.mismatch(req, key, &shape, format!("{:?} (LPBQ HWIO)", req.shape)));
+                }
+                self.decode_lpbq(req, key, cin, cout)
+            }
+            (ParamRole::Conv2dWeight, _) => {
+                // HF [out, in] → HWIO [1, 1, in, out].
+                let (cin, cout) = (req.shape[2], req.shape[3]);
+                if shape != [cout, cin] && shape != req.shape {
+                    return Err(self.mismatch(req, key, &shape, format!("[{cout}, {cin}] (HF) or {:?} (HWIO)", req.shape)));
+                }
+                let w = self.f32(req, key)?;
+                if shape == req.shape {
+                    return Ok(w);
+                }
+                let mut t = vec![0.0; w.len()];
+                for o in 0..cout {
+                    for i in 0..cin {
+                        t[i * cout + o] = w[o * cin + i];
+                    }
+                }
+                Ok(t)
+            }
+            (_, StDtype::U16) => {
+                if shape.iter().product::<usize>() != numel {
+                    return Err(self.mismatch(req, key, &shape, format!("{:?}", req.shape)));
+                }
+                let prefix = match req.role {
+                    // Tables are pre-quantized with the model's sin/cos QDQ parameters.
+                    ParamRole::RopeTable if key.ends_with("sin_embedding") => "model.sin_embedding_input_qdq.fake_quant".into(),
+                    ParamRole::RopeTable => "model.cos_embedding_input_qdq.fake_quant".into(),
+                    _ => key.trim_end_matches(".weight").to_string(),
+                };
+                let (scale, zp) = self.scale_zp(req, &prefix)?;
+                let q = self.ckpt.read_u16(key).map_err(|e| self.err(req, e))?;
+                Ok(q.iter().map(|&q| (q as i32 - zp) as f32 * scale).collect())
+            }
+            _ => {
+                if shape != req.shape {
+                    return Err(self.mismatch(req, key, &shape, format!("{:?}", req.shape)));
+                }
+                self.f32(req, key)
+            }
+        }
+    }
+
+    /// Deployed LPBQ values: `W[i, o] = signext4(q[i, o]) * scale1[o][i / bs] * scale2[o]`.
+    fn decode_lpbq(&self, req: &ParamRequest<'_>, key: &str, cin: usize, cout: usize) -> Result<Vec<f32>> {
+        let prefix = key.trim_end_matches(".weight");
+        let q = self.ckpt.read_i8(key).map_err(|e| self.err(req, e))?;
+        let s1 = self.ckpt.read_u8(&format!("{prefix}.scale1")).map_err(|e| self.err(req, e))?;
+        let s2 = self.f32(req, &format!("{prefix}.scale2"))?;
+        let bad = |m: String| Error::Weight { key: req.key.to_string(), module_path: req.module_path.to_string(), message: m };
+        if s2.len() != cout || s1.is_empty() || s1.len() % cout != 0 || cin % (s1.len() / cout) != 0 {
+            return Err(bad(format!(
+                "LPBQ scales do not fit [in {cin}, out {cout}]: scale1 has {} values, scale2 {}",
+                s1.len(),
+                s2.len()
+            )));
+        }
+        let blocks = s1.len() / cout;
+        let bs = cin / blocks;
+        let mut w = vec![0.0; cin * cout];
+        for i in 0..cin {
+            for o in 0..cout {
+                let nib = (q[i * cout + o] as u8) & 0x0F;
+                let v = ((nib << 4) as i8 >> 4) as f32;
+                w[i * cout + o] = v * s1[o * blocks + i / bs] as f32 * s2[o];
+            }
+        }
+        Ok(w)
+    }
+}
+
+impl WeightStore for CheckpointStore {
+    fn load(&self, req: &ParamRequest<'_>) -> Result<Tensor> {
+        let data = self.load_data(req)?;
+        Tensor::from_f32(data, req.shape.to_vec(), self.backend.clone())
+    }
+
+    fn contains(&self, key: &str) -> bool {
+        self.ckpt.contains(key)
+    }
+
+    fn backend(&self) -> BackendRef {
+        self.backend.clone()
+    }
+}
+
+/// pymllm exports carry observer state next to the parameters; nothing reads it.
+fn is_bookkeeping(key: &str) -> bool {
+    key.contains("activation_post_process")
+        || key.ends_with("fake_quant_enabled")
+        || key.ends_with("observer_enabled")
+        || key.contains("_concat_observer")
+        || key.ends_with(".eps")
+}

@@ -1,0 +1,76 @@
+//! The model files in float on the CPU against HF transformers' own outputs (fixtures/, see
+//! fixtures/PROVENANCE.md): prompt logits within 1e-4 and identical greedy ids, for prefill chunk
+//! sizes 32, 5 and 1.
+
+use backend_cpu::checkpoint::SafetensorsCheckpoint;
+use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
+use mllm_examples::load_float;
+use std::path::{Path, PathBuf};
+
+const TOLERANCE: f32 = 1e-4;
+const CONTEXT: usize = 64;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)
+}
+
+struct Reference {
+    input_ids: Vec<u32>,
+    logits: Vec<f32>,
+    greedy_ids: Vec<u32>,
+}
+
+fn reference(path: &Path) -> Reference {
+    let r = SafetensorsCheckpoint::open_file(path).unwrap();
+    let ids = |k: &str| r.read_i64(k).unwrap().into_iter().map(|v| v as u32).collect::<Vec<_>>();
+    Reference { input_ids: ids("input_ids"), logits: r.read_f32("logits").unwrap(), greedy_ids: ids("greedy_ids") }
+}
+
+/// Runs the fixture's model on its reference prompt with each chunk size and checks logits and ids.
+fn check(dir: &str, reference_file: &str) {
+    let r = reference(&fixture(dir).join(reference_file));
+    let new_tokens = r.greedy_ids.len() - r.input_ids.len();
+    for chunk in [32, 5, 1] {
+        let loaded = load_float(&fixture(dir), CONTEXT).unwrap();
+        assert!(loaded.unused.is_empty(), "{dir}: unused tensors {:?}", loaded.unused);
+        let cfg = GenerationConfig {
+            max_new_tokens: new_tokens,
+            prefill_chunk: chunk,
+            sampling: Sampling::Greedy,
+            eos_ids: loaded.config.eos_token_ids.clone(),
+            collect_prompt_logits: true,
+        };
+        let out = Generator::new(loaded.model).unwrap().generate(&r.input_ids, &cfg).unwrap();
+        let logits = out.prompt_logits.unwrap();
+        assert_eq!(logits.len(), r.logits.len(), "{dir}: logits size");
+        let max_diff = logits.iter().zip(&r.logits).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(max_diff <= TOLERANCE, "{dir}/{reference_file} chunk {chunk}: max |logits - HF| = {max_diff}");
+        assert_eq!(out.ids, r.greedy_ids[r.input_ids.len()..], "{dir}/{reference_file} chunk {chunk}: greedy ids");
+    }
+}
+
+#[test]
+fn qwen3_f32() {
+    check("qwen3-dev-f32", "reference.safetensors");
+}
+
+#[test]
+fn qwen3_f32_long_prompt_spans_two_chunks() {
+    check("qwen3-dev-f32", "reference_long.safetensors");
+}
+
+#[test]
+fn qwen3_bf16() {
+    // References are f32 computations on the bf16 weights (RoPE frequencies kept in f32).
+    check("qwen3-dev-bf16", "reference_f32rope.safetensors");
+}
+
+#[test]
+fn qwen3_f16() {
+    check("qwen3-dev-f16", "reference.safetensors");
+}
+
+#[test]
+fn qwen3_sharded() {
+    check("qwen3-dev-sharded", "reference.safetensors");
+}
