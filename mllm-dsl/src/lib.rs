@@ -1,1 +1,3 @@
 //! mllm-dsl
+
+pub mod config;
