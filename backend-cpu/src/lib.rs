@@ -1,1 +1,3 @@
 //! backend-cpu
+
+pub mod checkpoint;
