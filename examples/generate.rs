@@ -85,7 +85,12 @@ fn main() -> Result<()> {
         bail!("the prompt is empty");
     }
     let sampling = if args.temperature > 0.0 {
-        Sampling::Random(RandomSampling { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, seed: args.seed })
+        Sampling::Random(RandomSampling {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed: args.seed,
+        })
     } else {
         Sampling::Greedy
     };

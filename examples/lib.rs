@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use backend_cpu::checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
-use backend_cpu::{CpuBackend, CpuChunkModel, CheckpointStore};
+use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel};
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::ParamSource;
 use mllm_dsl::BackendRef;

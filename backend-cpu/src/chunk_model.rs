@@ -67,7 +67,8 @@ impl ChunkModel for CpuChunkModel {
             let (pk, pv) = (inputs.past_key(l), inputs.past_value(l));
             // K rows (kv head, dim) hold one column per position; V heads hold one row per position.
             let k: Vec<f32> = (0..kvh * d).flat_map(|r| pk[r * stride..r * stride + n_past].iter().copied()).collect();
-            let v: Vec<f32> = (0..kvh).flat_map(|h| pv[h * stride * d..(h * stride + n_past) * d].iter().copied()).collect();
+            let v: Vec<f32> =
+                (0..kvh).flat_map(|h| pv[h * stride * d..(h * stride + n_past) * d].iter().copied()).collect();
             keys.push(self.tensor(k, vec![1, kvh, d, n_past], DType::U8Sym)?);
             values.push(self.tensor(v, vec![1, kvh, n_past, d], DType::U8Sym)?);
         }

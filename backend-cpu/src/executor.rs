@@ -70,9 +70,7 @@ impl Backend for CpuBackend {
                 kernels::permute(f32_of(x, "input")?, shape, &perm).map_err(e)?.0
             }
             OpKind::Slice { dim, start, end } => {
-                kernels::slice(f32_of(x, "input")?, shape, *dim as isize, *start as isize, *end as isize)
-                    .map_err(e)?
-                    .0
+                kernels::slice(f32_of(x, "input")?, shape, *dim as isize, *start as isize, *end as isize).map_err(e)?.0
             }
             OpKind::Concat { dim } => {
                 let parts =
@@ -120,15 +118,13 @@ impl Backend for CpuBackend {
                 let (w, k) = (inputs[1], shape[3]);
                 let n = w.shape()[3];
                 let bias = inputs.get(2).map(|b| f32_of(b, "bias")).transpose()?;
-                kernels::linear_kn(f32_of(x, "input")?, x.numel() / k, k, f32_of(w, "weight")?, n, bias)
-                    .map_err(e)?
+                kernels::linear_kn(f32_of(x, "input")?, x.numel() / k, k, f32_of(w, "weight")?, n, bias).map_err(e)?
             }
             OpKind::Linear => {
                 let (w, k) = (inputs[1], *shape.last().unwrap_or(&1));
                 let n = w.shape()[0];
                 let bias = inputs.get(2).map(|b| f32_of(b, "bias")).transpose()?;
-                kernels::linear_nk(f32_of(x, "input")?, x.numel() / k, k, f32_of(w, "weight")?, n, bias)
-                    .map_err(e)?
+                kernels::linear_nk(f32_of(x, "input")?, x.numel() / k, k, f32_of(w, "weight")?, n, bias).map_err(e)?
             }
             OpKind::Reduce { kind, dim, keepdim } => {
                 let kind = match kind {
@@ -140,9 +136,16 @@ impl Backend for CpuBackend {
             }
             OpKind::Where => {
                 let (a, b) = (inputs[1], inputs[2]);
-                kernels::where_(f32_of(x, "condition")?, shape, f32_of(a, "on_true")?, a.shape(), f32_of(b, "on_false")?, b.shape())
-                    .map_err(e)?
-                    .0
+                kernels::where_(
+                    f32_of(x, "condition")?,
+                    shape,
+                    f32_of(a, "on_true")?,
+                    a.shape(),
+                    f32_of(b, "on_false")?,
+                    b.shape(),
+                )
+                .map_err(e)?
+                .0
             }
         };
         if data.len() != out.numel() {

@@ -35,12 +35,7 @@ impl CheckpointStore {
     /// Checkpoint tensors no layer asked for (worth a warning: a wrong model file or config).
     /// Bookkeeping entries of pymllm exports (observer state) are not listed.
     pub fn unused_keys(&self) -> Vec<String> {
-        self.ckpt
-            .unused_keys()
-            .into_iter()
-            .filter(|k| !is_bookkeeping(k))
-            .map(str::to_string)
-            .collect()
+        self.ckpt.unused_keys().into_iter().filter(|k| !is_bookkeeping(k)).map(str::to_string).collect()
     }
 
     fn err(&self, req: &ParamRequest<'_>, e: CheckpointError) -> Error {
@@ -98,7 +93,12 @@ impl CheckpointStore {
                 // HF [out, in] → HWIO [1, 1, in, out].
                 let (cin, cout) = (req.shape[2], req.shape[3]);
                 if shape != [cout, cin] && shape != req.shape {
-                    return Err(self.mismatch(req, key, &shape, format!("[{cout}, {cin}] (HF) or {:?} (HWIO)", req.shape)));
+                    return Err(self.mismatch(
+                        req,
+                        key,
+                        &shape,
+                        format!("[{cout}, {cin}] (HF) or {:?} (HWIO)", req.shape),
+                    ));
                 }
                 let w = self.f32(req, key)?;
                 if shape == req.shape {
@@ -118,7 +118,9 @@ impl CheckpointStore {
                 }
                 let prefix = match req.role {
                     // Tables are pre-quantized with the model's sin/cos QDQ parameters.
-                    ParamRole::RopeTable if key.ends_with("sin_embedding") => "model.sin_embedding_input_qdq.fake_quant".into(),
+                    ParamRole::RopeTable if key.ends_with("sin_embedding") => {
+                        "model.sin_embedding_input_qdq.fake_quant".into()
+                    }
                     ParamRole::RopeTable => "model.cos_embedding_input_qdq.fake_quant".into(),
                     _ => key.trim_end_matches(".weight").to_string(),
                 };
@@ -141,7 +143,11 @@ impl CheckpointStore {
         let q = self.ckpt.read_i8(key).map_err(|e| self.err(req, e))?;
         let s1 = self.ckpt.read_u8(&format!("{prefix}.scale1")).map_err(|e| self.err(req, e))?;
         let s2 = self.f32(req, &format!("{prefix}.scale2"))?;
-        let bad = |m: String| Error::Weight { key: req.key.to_string(), module_path: req.module_path.to_string(), message: m };
+        let bad = |m: String| Error::Weight {
+            key: req.key.to_string(),
+            module_path: req.module_path.to_string(),
+            message: m,
+        };
         if s2.len() != cout || s1.is_empty() || s1.len() % cout != 0 || cin % (s1.len() / cout) != 0 {
             return Err(bad(format!(
                 "LPBQ scales do not fit [in {cin}, out {cout}]: scale1 has {} values, scale2 {}",

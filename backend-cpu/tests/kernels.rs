@@ -2,19 +2,14 @@
 //! accumulation) on pseudo-random inputs of odd sizes, including broadcasting, negative dims and
 //! the error cases. Sizes above the parallel thresholds are included and run with 1 and 2 threads.
 
-use backend_cpu::kernels::{
-    self, BinaryOp, KernelError, LinearStrategy, ReduceKind, UnaryOp, WeightLayout,
-};
+use backend_cpu::kernels::{self, BinaryOp, KernelError, LinearStrategy, ReduceKind, UnaryOp, WeightLayout};
 
 /// Tiny deterministic generator (Knuth's MMIX LCG); values uniform in [-scale, scale).
 struct Lcg(u64);
 
 impl Lcg {
     fn next_f32(&mut self, scale: f32) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let unit = (self.0 >> 40) as f32 / (1u64 << 24) as f32;
         (unit * 2.0 - 1.0) * scale
     }
@@ -64,11 +59,7 @@ fn naive_broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 /// Element of an operand of `shape` seen at output index `out_idx` under broadcasting.
 fn bcast_get(data: &[f32], shape: &[usize], out_idx: &[usize]) -> f32 {
     let lead = out_idx.len() - shape.len();
-    let idx: Vec<usize> = shape
-        .iter()
-        .enumerate()
-        .map(|(d, &s)| if s == 1 { 0 } else { out_idx[lead + d] })
-        .collect();
+    let idx: Vec<usize> = shape.iter().enumerate().map(|(d, &s)| if s == 1 { 0 } else { out_idx[lead + d] }).collect();
     data[ravel(&idx, shape)]
 }
 
@@ -76,10 +67,7 @@ fn assert_close(got: &[f32], want: &[f64], rel: f64, abs: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let tol = abs + rel * w.abs();
-        assert!(
-            (g as f64 - w).abs() <= tol,
-            "{what}: element {i}: got {g}, want {w} (tol {tol})"
-        );
+        assert!((g as f64 - w).abs() <= tol, "{what}: element {i}: got {g}, want {w} (tol {tol})");
     }
 }
 
@@ -92,23 +80,10 @@ fn with_threads(f: impl Fn(usize)) {
 
 // ---------------------------------------------------------------- matmul / linear
 
-fn naive_matmul(
-    a: &[f32],
-    a_shape: &[usize],
-    b: &[f32],
-    b_shape: &[usize],
-) -> (Vec<f64>, Vec<usize>) {
+fn naive_matmul(a: &[f32], a_shape: &[usize], b: &[f32], b_shape: &[usize]) -> (Vec<f64>, Vec<usize>) {
     // Promote 1-D operands as numpy does, compute, then drop the promoted dims.
-    let a_sh: Vec<usize> = if a_shape.len() == 1 {
-        vec![1, a_shape[0]]
-    } else {
-        a_shape.to_vec()
-    };
-    let b_sh: Vec<usize> = if b_shape.len() == 1 {
-        vec![b_shape[0], 1]
-    } else {
-        b_shape.to_vec()
-    };
+    let a_sh: Vec<usize> = if a_shape.len() == 1 { vec![1, a_shape[0]] } else { a_shape.to_vec() };
+    let b_sh: Vec<usize> = if b_shape.len() == 1 { vec![b_shape[0], 1] } else { b_shape.to_vec() };
     let (m, k) = (a_sh[a_sh.len() - 2], a_sh[a_sh.len() - 1]);
     let n = b_sh[b_sh.len() - 1];
     let ab = &a_sh[..a_sh.len() - 2];
@@ -169,13 +144,7 @@ fn matmul_matches_naive_with_broadcasting() {
         with_threads(|t| {
             let (got, shape) = kernels::matmul(&a, a_shape, &b, b_shape).unwrap();
             assert_eq!(shape, want_shape, "{a_shape:?} x {b_shape:?}");
-            assert_close(
-                &got,
-                &want,
-                1e-5,
-                1e-5,
-                &format!("matmul {a_shape:?} x {b_shape:?} threads {t}"),
-            );
+            assert_close(&got, &want, 1e-5, 1e-5, &format!("matmul {a_shape:?} x {b_shape:?} threads {t}"));
         });
     }
 }
@@ -190,42 +159,19 @@ fn matmul_rejects_bad_shapes() {
     ));
     assert!(matches!(
         kernels::matmul(&a, &[3, 5], &b, &[3, 4]),
-        Err(KernelError::DataLength {
-            operand: "a",
-            expected: 15,
-            ..
-        }) | Err(KernelError::InnerDimMismatch { .. })
+        Err(KernelError::DataLength { operand: "a", expected: 15, .. }) | Err(KernelError::InnerDimMismatch { .. })
     ));
     assert!(matches!(
         kernels::matmul(&a, &[3, 4], &b, &[4, 3]),
-        Err(KernelError::DataLength {
-            operand: "a",
-            expected: 12,
-            actual: 15,
-            ..
-        })
+        Err(KernelError::DataLength { operand: "a", expected: 12, actual: 15, .. })
     ));
-    assert!(matches!(
-        kernels::matmul(&[1.0], &[], &b, &[4, 3]),
-        Err(KernelError::RankTooLow { operand: "a", .. })
-    ));
+    assert!(matches!(kernels::matmul(&[1.0], &[], &b, &[4, 3]), Err(KernelError::RankTooLow { operand: "a", .. })));
     let a = vec![0.0; 2 * 3 * 5];
     let b = vec![0.0; 3 * 5 * 2];
-    assert!(matches!(
-        kernels::matmul(&a, &[2, 3, 5], &b, &[3, 5, 2]),
-        Err(KernelError::NotBroadcastable { .. })
-    ));
+    assert!(matches!(kernels::matmul(&a, &[2, 3, 5], &b, &[3, 5, 2]), Err(KernelError::NotBroadcastable { .. })));
 }
 
-fn naive_linear(
-    x: &[f32],
-    m: usize,
-    k: usize,
-    w: &[f32],
-    n: usize,
-    nk: bool,
-    bias: Option<&[f32]>,
-) -> Vec<f64> {
+fn naive_linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, nk: bool, bias: Option<&[f32]>) -> Vec<f64> {
     let mut out = vec![0.0f64; m * n];
     for i in 0..m {
         for j in 0..n {
@@ -243,13 +189,7 @@ fn naive_linear(
 #[test]
 fn linear_matches_naive_for_both_layouts_and_strategies() {
     let mut rng = Lcg(2);
-    for &(m, k, n) in &[
-        (1, 7, 5),
-        (3, 13, 11),
-        (1, 257, 301),
-        (40, 129, 67),
-        (2, 1, 3),
-    ] {
+    for &(m, k, n) in &[(1, 7, 5), (3, 13, 11), (1, 257, 301), (40, 129, 67), (2, 1, 3)] {
         let x = rng.vec(&[m, k], 1.0);
         let w = rng.vec(&[k, n], 1.0);
         let bias = rng.vec(&[n], 1.0);
@@ -258,17 +198,9 @@ fn linear_matches_naive_for_both_layouts_and_strategies() {
             for b in [None, Some(bias.as_slice())] {
                 let want = naive_linear(&x, m, k, &w, n, nk, b);
                 with_threads(|t| {
-                    for strategy in [
-                        LinearStrategy::Auto,
-                        LinearStrategy::GemmThreads,
-                        LinearStrategy::SplitN,
-                    ] {
-                        let got =
-                            kernels::linear_with(layout, &x, m, k, &w, n, b, strategy).unwrap();
-                        let what = format!(
-                            "{layout:?} {strategy:?} m{m} k{k} n{n} bias {} threads {t}",
-                            b.is_some()
-                        );
+                    for strategy in [LinearStrategy::Auto, LinearStrategy::GemmThreads, LinearStrategy::SplitN] {
+                        let got = kernels::linear_with(layout, &x, m, k, &w, n, b, strategy).unwrap();
+                        let what = format!("{layout:?} {strategy:?} m{m} k{k} n{n} bias {} threads {t}", b.is_some());
                         assert_close(&got, &want, 1e-5, 1e-5, &what);
                     }
                     let direct = if nk {
@@ -290,24 +222,13 @@ fn linear_rejects_bad_lengths() {
     assert!(kernels::linear_kn(&x, 2, 3, &w, 4, None).is_ok());
     assert!(matches!(
         kernels::linear_kn(&x, 2, 3, &w, 5, None),
-        Err(KernelError::DataLength {
-            operand: "weight",
-            expected: 15,
-            actual: 12,
-            ..
-        })
+        Err(KernelError::DataLength { operand: "weight", expected: 15, actual: 12, .. })
     ));
     assert!(matches!(
         kernels::linear_nk(&x, 2, 3, &w, 4, Some(&[0.0; 3])),
-        Err(KernelError::DataLength {
-            operand: "bias",
-            ..
-        })
+        Err(KernelError::DataLength { operand: "bias", .. })
     ));
-    assert!(matches!(
-        kernels::linear_kn(&x, 3, 3, &w, 4, None),
-        Err(KernelError::DataLength { operand: "x", .. })
-    ));
+    assert!(matches!(kernels::linear_kn(&x, 3, 3, &w, 4, None), Err(KernelError::DataLength { operand: "x", .. })));
 }
 
 // ---------------------------------------------------------------- elementwise
@@ -375,16 +296,8 @@ fn binary_ops_match_naive_bitwise() {
     assert_eq!(sum, [11.0, 12.0]);
     let (q, _) = kernels::div(&[1.0], &[1], &[4.0, 0.0], &[2]).unwrap();
     assert_eq!(q, [0.25, f32::INFINITY]);
-    assert_eq!(
-        kernels::sub(&[5.0], &[], &[2.0], &[1]).unwrap(),
-        (vec![3.0], vec![1])
-    );
-    assert_eq!(
-        kernels::mul(&[2.0, 3.0], &[2, 1], &[4.0, 5.0], &[2])
-            .unwrap()
-            .0,
-        [8.0, 10.0, 12.0, 15.0]
-    );
+    assert_eq!(kernels::sub(&[5.0], &[], &[2.0], &[1]).unwrap(), (vec![3.0], vec![1]));
+    assert_eq!(kernels::mul(&[2.0, 3.0], &[2, 1], &[4.0, 5.0], &[2]).unwrap().0, [8.0, 10.0, 12.0, 15.0]);
 }
 
 #[test]
@@ -392,27 +305,13 @@ fn binary_rejects_bad_shapes() {
     let a = vec![0.0; 15];
     let b = vec![0.0; 20];
     let err = kernels::add(&a, &[3, 5], &b, &[4, 5]).unwrap_err();
-    assert_eq!(
-        err,
-        KernelError::NotBroadcastable {
-            op: "add",
-            a: vec![3, 5],
-            b: vec![4, 5]
-        }
-    );
+    assert_eq!(err, KernelError::NotBroadcastable { op: "add", a: vec![3, 5], b: vec![4, 5] });
     assert!(err.to_string().contains("[3, 5] and [4, 5]"), "{err}");
     assert!(matches!(
         kernels::mul(&a, &[3, 4], &b, &[4, 5]),
-        Err(KernelError::DataLength {
-            op: "mul",
-            operand: "a",
-            ..
-        })
+        Err(KernelError::DataLength { op: "mul", operand: "a", .. })
     ));
-    assert_eq!(
-        kernels::broadcast_shape(&[2, 1, 7], &[5, 1]).unwrap(),
-        vec![2, 5, 7]
-    );
+    assert_eq!(kernels::broadcast_shape(&[2, 1, 7], &[5, 1]).unwrap(), vec![2, 5, 7]);
     assert_eq!(kernels::broadcast_shape(&[], &[3]).unwrap(), vec![3]);
     assert!(kernels::broadcast_shape(&[2, 3], &[3, 3]).is_err());
 }
@@ -421,29 +320,17 @@ fn binary_rejects_bad_shapes() {
 fn equal_and_where_match_naive() {
     let mut rng = Lcg(4);
     // Values from a small set so that equality actually happens.
-    let small = |rng: &mut Lcg, shape: &[usize]| -> Vec<f32> {
-        (0..numel(shape))
-            .map(|_| rng.next_f32(2.0).round())
-            .collect()
-    };
+    let small =
+        |rng: &mut Lcg, shape: &[usize]| -> Vec<f32> { (0..numel(shape)).map(|_| rng.next_f32(2.0).round()).collect() };
     for &(a_shape, b_shape) in BROADCAST_CASES {
         let a = small(&mut rng, a_shape);
         let b = small(&mut rng, b_shape);
-        let (want, want_shape) =
-            naive_broadcast_map(&a, a_shape, &b, b_shape, |x, y| f32::from(x == y));
+        let (want, want_shape) = naive_broadcast_map(&a, a_shape, &b, b_shape, |x, y| f32::from(x == y));
         with_threads(|_| {
-            assert_eq!(
-                kernels::equal(&a, a_shape, &b, b_shape).unwrap(),
-                (want.clone(), want_shape.clone())
-            );
+            assert_eq!(kernels::equal(&a, a_shape, &b, b_shape).unwrap(), (want.clone(), want_shape.clone()));
         });
     }
-    assert_eq!(
-        kernels::equal(&[f32::NAN], &[1], &[f32::NAN], &[1])
-            .unwrap()
-            .0,
-        [0.0]
-    );
+    assert_eq!(kernels::equal(&[f32::NAN], &[1], &[f32::NAN], &[1]).unwrap().0, [0.0]);
 
     let cases: &[(&[usize], &[usize], &[usize])] = &[
         (&[3, 1, 7], &[5, 1], &[1]),
@@ -469,11 +356,7 @@ fn equal_and_where_match_naive() {
             .collect();
         with_threads(|_| {
             let got = kernels::where_(&cond, c_shape, &a, a_shape, &b, b_shape).unwrap();
-            assert_eq!(
-                got,
-                (want.clone(), shape.clone()),
-                "where {c_shape:?} {a_shape:?} {b_shape:?}"
-            );
+            assert_eq!(got, (want.clone(), shape.clone()), "where {c_shape:?} {a_shape:?} {b_shape:?}");
         });
     }
     assert!(matches!(
@@ -511,13 +394,7 @@ fn unary_ops_match_f64_reference() {
     let want_silu: Vec<f64> = probe.iter().map(|&v| v as f64 * sig(v as f64)).collect();
     assert_close(&kernels::silu(&probe), &want_silu, 4e-7, 0.0, "silu");
     assert_eq!(kernels::neg(&probe), [1.5, -0.25, -3.0]);
-    assert_close(
-        &kernels::exp(&[0.0, 1.0]),
-        &[1.0, std::f64::consts::E],
-        1e-7,
-        0.0,
-        "exp",
-    );
+    assert_close(&kernels::exp(&[0.0, 1.0]), &[1.0, std::f64::consts::E], 1e-7, 0.0, "exp");
     assert_close(&kernels::sigmoid(&[0.0]), &[0.5], 0.0, 0.0, "sigmoid");
 }
 
@@ -580,11 +457,7 @@ fn softmax_matches_f64_reference() {
     }
     assert_eq!(
         kernels::softmax(&[0.0; 6], &[2, 3], 2).unwrap_err(),
-        KernelError::DimOutOfRange {
-            op: "softmax",
-            dim: 2,
-            rank: 2
-        }
+        KernelError::DimOutOfRange { op: "softmax", dim: 2, rank: 2 }
     );
     assert!(kernels::softmax(&[0.0; 6], &[2, 3], -3).is_err());
 }
@@ -605,31 +478,16 @@ fn rms_norm_matches_f64_reference() {
         }
         with_threads(|t| {
             let got = kernels::rms_norm(&x, shape, &w, eps).unwrap();
-            assert_close(
-                &got,
-                &want,
-                2e-6,
-                1e-30,
-                &format!("rms_norm {shape:?} threads {t}"),
-            );
+            assert_close(&got, &want, 2e-6, 1e-30, &format!("rms_norm {shape:?} threads {t}"));
         });
     }
     // eps matters when the row is all zeros: output 0, not NaN.
-    assert_eq!(
-        kernels::rms_norm(&[0.0; 3], &[3], &[1.0; 3], 1e-6).unwrap(),
-        [0.0; 3]
-    );
+    assert_eq!(kernels::rms_norm(&[0.0; 3], &[3], &[1.0; 3], 1e-6).unwrap(), [0.0; 3]);
     assert!(matches!(
         kernels::rms_norm(&[0.0; 6], &[2, 3], &[1.0; 2], 1e-6),
-        Err(KernelError::DataLength {
-            operand: "weight",
-            ..
-        })
+        Err(KernelError::DataLength { operand: "weight", .. })
     ));
-    assert!(matches!(
-        kernels::rms_norm(&[0.0], &[], &[1.0], 1e-6),
-        Err(KernelError::RankTooLow { .. })
-    ));
+    assert!(matches!(kernels::rms_norm(&[0.0], &[], &[1.0], 1e-6), Err(KernelError::RankTooLow { .. })));
 }
 
 #[test]
@@ -649,12 +507,7 @@ fn reduce_matches_naive() {
         let d = norm_dim(dim, shape.len());
         let mut kept = shape.to_vec();
         kept[d] = 1;
-        for kind in [
-            ReduceKind::Sum,
-            ReduceKind::Mean,
-            ReduceKind::Max,
-            ReduceKind::Min,
-        ] {
+        for kind in [ReduceKind::Sum, ReduceKind::Mean, ReduceKind::Max, ReduceKind::Min] {
             let want: Vec<f64> = (0..numel(&kept))
                 .map(|i| {
                     let mut idx = unravel(i, &kept);
@@ -681,47 +534,23 @@ fn reduce_matches_naive() {
                     let (got, got_shape) = kernels::reduce(&x, shape, dim, keepdim, kind).unwrap();
                     assert_eq!(got_shape, want_shape);
                     // f32 sums of up to 301 values in [-4, 4]: a few ulp of the magnitudes involved.
-                    assert_close(
-                        &got,
-                        &want,
-                        1e-5,
-                        1e-4,
-                        &format!("{kind:?} {shape:?} dim {dim} threads {t}"),
-                    );
+                    assert_close(&got, &want, 1e-5, 1e-4, &format!("{kind:?} {shape:?} dim {dim} threads {t}"));
                 });
             }
         }
     }
     let nan = [1.0, f32::NAN, 3.0, 2.0];
-    assert!(kernels::reduce(&nan, &[4], 0, false, ReduceKind::Max)
-        .unwrap()
-        .0[0]
-        .is_nan());
-    assert!(kernels::reduce(&nan, &[2, 2], 0, false, ReduceKind::Min)
-        .unwrap()
-        .0[1]
-        .is_nan());
-    assert_eq!(
-        kernels::reduce(&nan, &[2, 2], 0, false, ReduceKind::Min)
-            .unwrap()
-            .0[0],
-        1.0
-    );
+    assert!(kernels::reduce(&nan, &[4], 0, false, ReduceKind::Max).unwrap().0[0].is_nan());
+    assert!(kernels::reduce(&nan, &[2, 2], 0, false, ReduceKind::Min).unwrap().0[1].is_nan());
+    assert_eq!(kernels::reduce(&nan, &[2, 2], 0, false, ReduceKind::Min).unwrap().0[0], 1.0);
     assert!(matches!(
         kernels::reduce(&[], &[2, 0], 1, false, ReduceKind::Max),
         Err(KernelError::InvalidArgument { op: "reduce", .. })
     ));
-    assert_eq!(
-        kernels::reduce(&[], &[2, 0], 1, false, ReduceKind::Sum).unwrap(),
-        (vec![0.0; 2], vec![2])
-    );
+    assert_eq!(kernels::reduce(&[], &[2, 0], 1, false, ReduceKind::Sum).unwrap(), (vec![0.0; 2], vec![2]));
     assert!(matches!(
         kernels::reduce(&[0.0; 4], &[2, 2], -3, false, ReduceKind::Sum),
-        Err(KernelError::DimOutOfRange {
-            dim: -3,
-            rank: 2,
-            ..
-        })
+        Err(KernelError::DimOutOfRange { dim: -3, rank: 2, .. })
     ));
 }
 
@@ -760,50 +589,26 @@ fn all_perms(n: usize) -> Vec<Vec<usize>> {
 #[test]
 fn permute_matches_naive_for_every_permutation() {
     let mut rng = Lcg(9);
-    for shape in [
-        &[2usize, 3, 5, 7][..],
-        &[1, 3, 1, 7],
-        &[3, 37, 41],
-        &[1, 67, 5, 197],
-    ] {
+    for shape in [&[2usize, 3, 5, 7][..], &[1, 3, 1, 7], &[3, 37, 41], &[1, 67, 5, 197]] {
         let x = rng.vec(shape, 1.0);
         for perm in all_perms(shape.len()) {
             let want = naive_permute(&x, shape, &perm);
             let iperm: Vec<isize> = perm.iter().map(|&p| p as isize).collect();
             with_threads(|t| {
-                assert_eq!(
-                    kernels::permute(&x, shape, &iperm).unwrap(),
-                    want,
-                    "{shape:?} {perm:?} threads {t}"
-                );
+                assert_eq!(kernels::permute(&x, shape, &iperm).unwrap(), want, "{shape:?} {perm:?} threads {t}");
             });
         }
     }
     // Negative dims and transpose.
     let shape = [2usize, 3, 5, 7];
     let x = rng.vec(&shape, 1.0);
-    assert_eq!(
-        kernels::permute(&x, &shape, &[0, -2, 1, -1]).unwrap(),
-        naive_permute(&x, &shape, &[0, 2, 1, 3])
-    );
-    assert_eq!(
-        kernels::transpose(&x, &shape, -1, -2).unwrap(),
-        naive_permute(&x, &shape, &[0, 1, 3, 2])
-    );
-    assert_eq!(
-        kernels::transpose(&x, &shape, 0, 2).unwrap(),
-        naive_permute(&x, &shape, &[2, 1, 0, 3])
-    );
+    assert_eq!(kernels::permute(&x, &shape, &[0, -2, 1, -1]).unwrap(), naive_permute(&x, &shape, &[0, 2, 1, 3]));
+    assert_eq!(kernels::transpose(&x, &shape, -1, -2).unwrap(), naive_permute(&x, &shape, &[0, 1, 3, 2]));
+    assert_eq!(kernels::transpose(&x, &shape, 0, 2).unwrap(), naive_permute(&x, &shape, &[2, 1, 0, 3]));
     for bad in [&[0isize, 1, 2][..], &[0, 1, 1, 3], &[0, 1, 2, 4]] {
-        assert!(matches!(
-            kernels::permute(&x, &shape, bad),
-            Err(KernelError::InvalidPermutation { .. })
-        ));
+        assert!(matches!(kernels::permute(&x, &shape, bad), Err(KernelError::InvalidPermutation { .. })));
     }
-    assert!(matches!(
-        kernels::transpose(&x, &shape, 0, 4),
-        Err(KernelError::DimOutOfRange { dim: 4, .. })
-    ));
+    assert!(matches!(kernels::transpose(&x, &shape, 0, 4), Err(KernelError::DimOutOfRange { dim: 4, .. })));
 }
 
 #[test]
@@ -814,15 +619,7 @@ fn slice_matches_python_semantics() {
     for dim in [0isize, 1, 2, -1] {
         let d = norm_dim(dim, 3);
         let size = shape[d] as isize;
-        for (start, end) in [
-            (0, 1),
-            (1, 4),
-            (-3, -1),
-            (2, 100),
-            (-100, 2),
-            (4, 2),
-            (0, size),
-        ] {
+        for (start, end) in [(0, 1), (1, 4), (-3, -1), (2, 100), (-100, 2), (4, 2), (0, size)] {
             let clamp = |i: isize| (if i < 0 { i + size } else { i }).clamp(0, size) as usize;
             let (s, e) = (clamp(start), clamp(end).max(clamp(start)));
             let mut want_shape = shape.to_vec();
@@ -841,10 +638,7 @@ fn slice_matches_python_semantics() {
             );
         }
     }
-    assert!(matches!(
-        kernels::slice(&x, &shape, 3, 0, 1),
-        Err(KernelError::DimOutOfRange { .. })
-    ));
+    assert!(matches!(kernels::slice(&x, &shape, 3, 0, 1), Err(KernelError::DimOutOfRange { .. })));
 }
 
 #[test]
@@ -862,11 +656,8 @@ fn concat_matches_naive() {
             })
             .collect();
         let datas: Vec<Vec<f32>> = shapes.iter().map(|s| rng.vec(s, 1.0)).collect();
-        let parts: Vec<(&[f32], &[usize])> = datas
-            .iter()
-            .zip(&shapes)
-            .map(|(x, s)| (x.as_slice(), s.as_slice()))
-            .collect();
+        let parts: Vec<(&[f32], &[usize])> =
+            datas.iter().zip(&shapes).map(|(x, s)| (x.as_slice(), s.as_slice())).collect();
         let mut out_shape = vec![3, 5, 7];
         out_shape[d] = sizes.iter().sum();
         let want: Vec<f32> = (0..numel(&out_shape))
@@ -880,38 +671,17 @@ fn concat_matches_naive() {
                 datas[p][ravel(&idx, &shapes[p])]
             })
             .collect();
-        assert_eq!(
-            kernels::concat(&parts, dim).unwrap(),
-            (want, out_shape),
-            "dim {dim}"
-        );
+        assert_eq!(kernels::concat(&parts, dim).unwrap(), (want, out_shape), "dim {dim}");
     }
     let a = [0.0f32; 6];
     let b = [0.0f32; 8];
     assert_eq!(
         kernels::concat(&[(&a, &[2, 3]), (&b, &[2, 4])], 0).unwrap_err(),
-        KernelError::ConcatMismatch {
-            op: "concat",
-            part: 1,
-            shape: vec![2, 4],
-            first: vec![2, 3],
-            dim: 0
-        }
+        KernelError::ConcatMismatch { op: "concat", part: 1, shape: vec![2, 4], first: vec![2, 3], dim: 0 }
     );
-    assert_eq!(
-        kernels::concat(&[(&a, &[2, 3]), (&b, &[2, 4])], 1)
-            .unwrap()
-            .1,
-        vec![2, 7]
-    );
-    assert!(matches!(
-        kernels::concat(&[(&a, &[2, 3]), (&b, &[8])], 1),
-        Err(KernelError::ConcatMismatch { .. })
-    ));
-    assert!(matches!(
-        kernels::concat(&[], 0),
-        Err(KernelError::InvalidArgument { .. })
-    ));
+    assert_eq!(kernels::concat(&[(&a, &[2, 3]), (&b, &[2, 4])], 1).unwrap().1, vec![2, 7]);
+    assert!(matches!(kernels::concat(&[(&a, &[2, 3]), (&b, &[8])], 1), Err(KernelError::ConcatMismatch { .. })));
+    assert!(matches!(kernels::concat(&[], 0), Err(KernelError::InvalidArgument { .. })));
 }
 
 #[test]
@@ -931,20 +701,14 @@ fn repeat_interleave_matches_torch_semantics() {
                     x[ravel(&idx, &shape)]
                 })
                 .collect();
-            assert_eq!(
-                kernels::repeat_interleave(&x, &shape, dim, repeats).unwrap(),
-                (want, out_shape)
-            );
+            assert_eq!(kernels::repeat_interleave(&x, &shape, dim, repeats).unwrap(), (want, out_shape));
         }
     }
     // GQA: heads h0, h1 become h0, h0, h1, h1.
     let kv = [1.0, 2.0, 3.0, 4.0]; // [1, 2, 1, 2]
     assert_eq!(
         kernels::repeat_interleave(&kv, &[1, 2, 1, 2], 1, 2).unwrap(),
-        (
-            vec![1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0],
-            vec![1, 4, 1, 2]
-        )
+        (vec![1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0], vec![1, 4, 1, 2])
     );
 }
 
@@ -956,10 +720,7 @@ fn index_select_matches_naive_and_reports_bad_indices() {
     let ids = [3i64, 0, 10, 3, 7, 1];
     let (out, shape) = kernels::index_select(&table, &[11, 7], 0, &ids, &[2, 3]).unwrap();
     assert_eq!(shape, vec![2, 3, 7]);
-    let want: Vec<f32> = ids
-        .iter()
-        .flat_map(|&i| table[i as usize * 7..i as usize * 7 + 7].to_vec())
-        .collect();
+    let want: Vec<f32> = ids.iter().flat_map(|&i| table[i as usize * 7..i as usize * 7 + 7].to_vec()).collect();
     assert_eq!(out, want);
 
     // RoPE table [1, L, D] gathered on dim 1 by positions [S] -> [1, S, D], and a negative dim.
@@ -968,10 +729,7 @@ fn index_select_matches_naive_and_reports_bad_indices() {
     for dim in [1isize, -2] {
         let (out, shape) = kernels::index_select(&rope, &[1, 9, 5], dim, &pos, &[4]).unwrap();
         assert_eq!(shape, vec![1, 4, 5]);
-        let want: Vec<f32> = pos
-            .iter()
-            .flat_map(|&p| rope[p as usize * 5..p as usize * 5 + 5].to_vec())
-            .collect();
+        let want: Vec<f32> = pos.iter().flat_map(|&p| rope[p as usize * 5..p as usize * 5 + 5].to_vec()).collect();
         assert_eq!(out, want);
     }
 
@@ -989,16 +747,7 @@ fn index_select_matches_naive_and_reports_bad_indices() {
     assert_eq!(out, want);
 
     let err = kernels::index_select(&table, &[11, 7], 0, &[1, 11], &[2]).unwrap_err();
-    assert_eq!(
-        err,
-        KernelError::IndexOutOfRange {
-            op: "index_select",
-            index: 11,
-            position: 1,
-            dim: 0,
-            bound: 11
-        }
-    );
+    assert_eq!(err, KernelError::IndexOutOfRange { op: "index_select", index: 11, position: 1, dim: 0, bound: 11 });
     let msg = err.to_string();
     assert!(msg.contains("index 11") && msg.contains("size 11"), "{msg}");
     assert!(matches!(
@@ -1007,10 +756,7 @@ fn index_select_matches_naive_and_reports_bad_indices() {
     ));
     assert!(matches!(
         kernels::index_select(&table, &[11, 7], 0, &[1, 2], &[3]),
-        Err(KernelError::DataLength {
-            operand: "indices",
-            ..
-        })
+        Err(KernelError::DataLength { operand: "indices", .. })
     ));
 }
 

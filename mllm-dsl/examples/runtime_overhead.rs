@@ -6,18 +6,10 @@
 
 use std::time::Instant;
 
-use mllm_dsl::runtime::{
-    AttentionMask, KvCache, ModelLayout, RandomSampling, RuntimeError, Sampler, Sampling,
-};
+use mllm_dsl::runtime::{AttentionMask, KvCache, ModelLayout, RandomSampling, RuntimeError, Sampler, Sampling};
 
 fn main() -> Result<(), RuntimeError> {
-    let layout = ModelLayout {
-        num_layers: 28,
-        num_kv_heads: 8,
-        head_dim: 128,
-        vocab_size: 151_936,
-        context_len: 1024,
-    };
+    let layout = ModelLayout { num_layers: 28, num_kv_heads: 8, head_dim: 128, vocab_size: 151_936, context_len: 1024 };
     let ctx = layout.context_len;
 
     // Fill 500 positions through the chunk-32 layout, then time the switch to the decode layout.
@@ -25,22 +17,12 @@ fn main() -> Result<(), RuntimeError> {
     let present = vec![7u8; layout.kv_elems(32)];
     for chunk in 0..16 {
         for layer in 0..layout.num_layers {
-            cache.update(
-                layer,
-                &present,
-                &present,
-                32,
-                chunk * 32,
-                32.min(500 - chunk * 32),
-            )?;
+            cache.update(layer, &present, &present, 32, chunk * 32, 32.min(500 - chunk * 32))?;
         }
     }
     let t = Instant::now();
     cache.rearrange(1)?;
-    println!(
-        "rearrange 32 -> 1 (u8, 28 layers, 500 positions): {:.2} ms",
-        ms(t)
-    );
+    println!("rearrange 32 -> 1 (u8, 28 layers, 500 positions): {:.2} ms", ms(t));
 
     let present = vec![9u8; layout.kv_elems(1)];
     let t = Instant::now();
@@ -50,19 +32,15 @@ fn main() -> Result<(), RuntimeError> {
             cache.update(layer, &present, &present, 1, 500 + step, 1)?;
         }
     }
-    println!(
-        "cache update, one decode step (28 layers): {:.1} us",
-        ms(t) * 1000.0 / steps as f64
-    );
+    println!("cache update, one decode step (28 layers): {:.1} us", ms(t) * 1000.0 / steps as f64);
 
     let mut mask = AttentionMask::new(ctx)?;
     let t = Instant::now();
     mask.init(32, 0)?;
     println!("mask init [32, 1024]: {:.1} us", ms(t) * 1000.0);
 
-    let logits: Vec<f32> = (0..layout.vocab_size)
-        .map(|i| ((i as u64).wrapping_mul(2_654_435_761) % 10_007) as f32 / 1000.0)
-        .collect();
+    let logits: Vec<f32> =
+        (0..layout.vocab_size).map(|i| ((i as u64).wrapping_mul(2_654_435_761) % 10_007) as f32 / 1000.0).collect();
     let configs = [
         ("greedy", Sampling::Greedy),
         ("temperature 0.7", random(0.7, 0, 1.0)),
@@ -76,21 +54,13 @@ fn main() -> Result<(), RuntimeError> {
         for _ in 0..n {
             sampler.sample(&logits)?;
         }
-        println!(
-            "sample over 151936 logits, {name}: {:.2} ms",
-            ms(t) / n as f64
-        );
+        println!("sample over 151936 logits, {name}: {:.2} ms", ms(t) / n as f64);
     }
     Ok(())
 }
 
 fn random(temperature: f32, top_k: usize, top_p: f32) -> Sampling {
-    Sampling::Random(RandomSampling {
-        temperature,
-        top_k,
-        top_p,
-        seed: 1,
-    })
+    Sampling::Random(RandomSampling { temperature, top_k, top_p, seed: 1 })
 }
 
 fn ms(t: Instant) -> f64 {

@@ -46,6 +46,7 @@
 
 pub mod backend;
 pub mod causal_lm;
+pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod ir;

@@ -15,8 +15,8 @@
 use std::ops::ControlFlow;
 
 use mllm_dsl::runtime::{
-    argmax, ChunkInputs, ChunkModel, ChunkOutputs, GenerationConfig, Generator, ModelError,
-    ModelLayout, RandomSampling, RuntimeError, Sampling, StopReason, MASK_ATTEND,
+    argmax, ChunkInputs, ChunkModel, ChunkOutputs, GenerationConfig, Generator, ModelError, ModelLayout,
+    RandomSampling, RuntimeError, Sampling, StopReason, MASK_ATTEND,
 };
 
 /// How the mock reads the mask: the CPU's dequantized f32 or the QNN u16 input.
@@ -80,9 +80,7 @@ impl Weights {
     fn new(layout: ModelLayout, seed: u64) -> Self {
         let hid = layout.num_kv_heads * layout.head_dim;
         let per_layer = |k: u64| {
-            (0..layout.num_layers)
-                .map(|l| weights(seed * 1000 + k * 100 + l as u64, hid * hid))
-                .collect::<Vec<_>>()
+            (0..layout.num_layers).map(|l| weights(seed * 1000 + k * 100 + l as u64, hid * hid)).collect::<Vec<_>>()
         };
         Self {
             layout,
@@ -110,28 +108,20 @@ impl Weights {
     }
 
     fn matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
-        w.chunks_exact(x.len())
-            .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
-            .collect()
+        w.chunks_exact(x.len()).map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum()).collect()
     }
 
     /// (q, k, v), each `[hidden]` = heads of `D`.
     fn qkv(&self, layer: usize, h: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-        (
-            Self::matvec(&self.wq[layer], h),
-            Self::matvec(&self.wk[layer], h),
-            Self::matvec(&self.wv[layer], h),
-        )
+        (Self::matvec(&self.wq[layer], h), Self::matvec(&self.wk[layer], h), Self::matvec(&self.wv[layer], h))
     }
 
     /// Softmax attention of one head over visible (k, v) pairs, in the given order.
     fn attend(&self, q: &[f32], visible: &[(Vec<f32>, Vec<f32>)]) -> Vec<f32> {
         let d = q.len();
         let scale = 1.0 / (d as f32).sqrt();
-        let scores: Vec<f32> = visible
-            .iter()
-            .map(|(k, _)| k.iter().zip(q).map(|(a, b)| a * b).sum::<f32>() * scale)
-            .collect();
+        let scores: Vec<f32> =
+            visible.iter().map(|(k, _)| k.iter().zip(q).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
         let total: f32 = exps.iter().sum();
@@ -158,11 +148,7 @@ impl Weights {
 /// Logits of every position of `tokens`, computed directly from the whole sequence.
 fn reference_logits(w: &Weights, tokens: &[u32]) -> Vec<Vec<f32>> {
     let (heads, d) = (w.layout.num_kv_heads, w.layout.head_dim);
-    let mut hs: Vec<Vec<f32>> = tokens
-        .iter()
-        .enumerate()
-        .map(|(p, &t)| w.embed(t as i32, p as i32))
-        .collect();
+    let mut hs: Vec<Vec<f32>> = tokens.iter().enumerate().map(|(p, &t)| w.embed(t as i32, p as i32)).collect();
     for layer in 0..w.layout.num_layers {
         let qkv: Vec<_> = hs.iter().map(|h| w.qkv(layer, h)).collect();
         hs = (0..tokens.len())
@@ -170,9 +156,8 @@ fn reference_logits(w: &Weights, tokens: &[u32]) -> Vec<Vec<f32>> {
                 let mut out = Vec::new();
                 for hd in 0..heads {
                     let r = hd * d..(hd + 1) * d;
-                    let visible: Vec<_> = (0..=p)
-                        .map(|j| (qkv[j].1[r.clone()].to_vec(), qkv[j].2[r.clone()].to_vec()))
-                        .collect();
+                    let visible: Vec<_> =
+                        (0..=p).map(|j| (qkv[j].1[r.clone()].to_vec(), qkv[j].2[r.clone()].to_vec())).collect();
                     out.extend(w.attend(&qkv[p].0[r.clone()], &visible));
                 }
                 w.residual(layer, &hs[p], &out)
@@ -214,14 +199,7 @@ struct ToyTransformer<T> {
 
 impl<T: KvCodec> ToyTransformer<T> {
     fn new(w: Weights, chunk_lens: Option<Vec<usize>>, mask_read: MaskRead) -> Self {
-        Self {
-            w,
-            chunk_lens,
-            mask_read,
-            calls: Vec::new(),
-            fail_at: None,
-            _kv: std::marker::PhantomData,
-        }
+        Self { w, chunk_lens, mask_read, calls: Vec::new(), fail_at: None, _kv: std::marker::PhantomData }
     }
 }
 
@@ -239,11 +217,7 @@ impl<T: KvCodec> ChunkModel for ToyTransformer<T> {
         }
     }
 
-    fn run_chunk(
-        &mut self,
-        inputs: &ChunkInputs<'_, T>,
-        outputs: &mut ChunkOutputs<T>,
-    ) -> Result<(), ModelError> {
+    fn run_chunk(&mut self, inputs: &ChunkInputs<'_, T>, outputs: &mut ChunkOutputs<T>) -> Result<(), ModelError> {
         let ar = inputs.ar();
         if self.fail_at == Some(self.calls.len()) {
             return Err(format!("injected failure at call {}", self.calls.len()).into());
@@ -270,12 +244,8 @@ impl<T: KvCodec> ChunkModel for ToyTransformer<T> {
             }
         }
 
-        let mut hs: Vec<Vec<f32>> = inputs
-            .ids()
-            .iter()
-            .zip(inputs.positions())
-            .map(|(&id, &p)| self.w.embed(id, p))
-            .collect();
+        let mut hs: Vec<Vec<f32>> =
+            inputs.ids().iter().zip(inputs.positions()).map(|(&id, &p)| self.w.embed(id, p)).collect();
         for layer in 0..l.num_layers {
             let (pk, pv) = (inputs.past_key(layer), inputs.past_value(layer));
             if pk.len() != heads * d * past || pv.len() != heads * d * past {
@@ -304,18 +274,12 @@ impl<T: KvCodec> ChunkModel for ToyTransformer<T> {
                             let (k, v): (Vec<f32>, Vec<f32>) = if c < past {
                                 (0..d)
                                     .map(|j| {
-                                        (
-                                            pk[(hd * d + j) * past + c].decode(),
-                                            pv[(hd * past + c) * d + j].decode(),
-                                        )
+                                        (pk[(hd * d + j) * past + c].decode(), pv[(hd * past + c) * d + j].decode())
                                     })
                                     .unzip()
                             } else {
                                 let (_, k, v) = &qkv[c - past];
-                                (
-                                    k[hd * d..(hd + 1) * d].to_vec(),
-                                    v[hd * d..(hd + 1) * d].to_vec(),
-                                )
+                                (k[hd * d..(hd + 1) * d].to_vec(), v[hd * d..(hd + 1) * d].to_vec())
                             };
                             visible.push((k, v));
                         }
@@ -334,20 +298,11 @@ impl<T: KvCodec> ChunkModel for ToyTransformer<T> {
 }
 
 fn layout(ctx: usize) -> ModelLayout {
-    ModelLayout {
-        num_layers: 2,
-        num_kv_heads: 2,
-        head_dim: 4,
-        vocab_size: 40,
-        context_len: ctx,
-    }
+    ModelLayout { num_layers: 2, num_kv_heads: 2, head_dim: 4, vocab_size: 40, context_len: ctx }
 }
 
 fn prompt(len: usize, seed: u64) -> Vec<u32> {
-    weights(seed, len)
-        .iter()
-        .map(|x| ((x + 0.5) * 40.0) as u32 % 40)
-        .collect()
+    weights(seed, len).iter().map(|x| ((x + 0.5) * 40.0) as u32 % 40).collect()
 }
 
 fn greedy(max_new_tokens: usize, prefill_chunk: usize) -> GenerationConfig {
@@ -368,12 +323,8 @@ fn flatten(rows: &[Vec<f32>]) -> Vec<f32> {
 fn prompt_logits_and_greedy_continuation_match_reference_for_any_chunk_size() {
     let ctx = 64;
     let reference_w = Weights::new(layout(ctx), 11);
-    let mut gen = Generator::new(ToyTransformer::<f32>::new(
-        Weights::new(layout(ctx), 11),
-        None,
-        MaskRead::F32,
-    ))
-    .unwrap();
+    let mut gen =
+        Generator::new(ToyTransformer::<f32>::new(Weights::new(layout(ctx), 11), None, MaskRead::F32)).unwrap();
     for len in [1, 5, 13, 32, 33, 40] {
         let p = prompt(len, len as u64);
         let want_logits = flatten(&reference_logits(&reference_w, &p));
@@ -381,17 +332,11 @@ fn prompt_logits_and_greedy_continuation_match_reference_for_any_chunk_size() {
         for chunk in [1, 5, 32] {
             let out = gen.generate(&p, &greedy(12, chunk)).unwrap();
             let got = out.prompt_logits.as_ref().unwrap();
-            assert!(
-                got == &want_logits,
-                "prompt logits differ: len {len}, chunk {chunk}"
-            );
+            assert!(got == &want_logits, "prompt logits differ: len {len}, chunk {chunk}");
             assert_eq!(out.ids, want_ids, "greedy ids: len {len}, chunk {chunk}");
             assert_eq!(out.stop_reason, StopReason::MaxNewTokens);
             let t = out.timings;
-            assert_eq!(
-                (t.prefill_tokens, t.generated_tokens, t.decode_steps),
-                (len, 12, 11)
-            );
+            assert_eq!((t.prefill_tokens, t.generated_tokens, t.decode_steps), (len, 12, 11));
         }
     }
     // The greedy continuation is not trivially constant.
@@ -402,12 +347,8 @@ fn prompt_logits_and_greedy_continuation_match_reference_for_any_chunk_size() {
 #[test]
 fn chunk_plan_pads_last_chunk_and_uses_decode_graph_near_the_end() {
     let ctx = 64;
-    let mut gen = Generator::new(ToyTransformer::<f32>::new(
-        Weights::new(layout(ctx), 3),
-        None,
-        MaskRead::F32,
-    ))
-    .unwrap();
+    let mut gen =
+        Generator::new(ToyTransformer::<f32>::new(Weights::new(layout(ctx), 3), None, MaskRead::F32)).unwrap();
     // 13 tokens in chunks of 5: 5, 5, then 3 padded to 5; then 2 decode runs for 3 ids.
     gen.generate(&prompt(13, 1), &greedy(3, 5)).unwrap();
     assert_eq!(gen.model().calls, [(5, 5), (5, 5), (5, 3), (1, 1), (1, 1)]);
@@ -426,11 +367,7 @@ fn chunk_plan_pads_last_chunk_and_uses_decode_graph_near_the_end() {
 fn qnn_like_model_with_only_32_and_1_graphs_and_u16_mask() {
     let ctx = 128;
     let w = Weights::new(layout(ctx), 5);
-    let model = ToyTransformer::<u32>::new(
-        Weights::new(layout(ctx), 5),
-        Some(vec![32, 1]),
-        MaskRead::U16,
-    );
+    let model = ToyTransformer::<u32>::new(Weights::new(layout(ctx), 5), Some(vec![32, 1]), MaskRead::U16);
     let mut gen = Generator::new(model).unwrap();
     let p = prompt(70, 9);
     let out = gen.generate(&p, &greedy(20, 32)).unwrap();
@@ -441,42 +378,25 @@ fn qnn_like_model_with_only_32_and_1_graphs_and_u16_mask() {
     assert_eq!(gen.model().calls, want);
 
     let err = gen.generate(&p, &greedy(20, 5)).unwrap_err();
-    assert!(
-        matches!(err, RuntimeError::UnsupportedChunkLen { ar: 5, .. }),
-        "{err}"
-    );
-    let only_prefill =
-        ToyTransformer::<u32>::new(Weights::new(layout(ctx), 5), Some(vec![32]), MaskRead::U16);
-    let err = Generator::new(only_prefill)
-        .unwrap()
-        .generate(&p, &greedy(20, 32))
-        .unwrap_err();
-    assert!(
-        matches!(err, RuntimeError::UnsupportedChunkLen { ar: 1, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, RuntimeError::UnsupportedChunkLen { ar: 5, .. }), "{err}");
+    let only_prefill = ToyTransformer::<u32>::new(Weights::new(layout(ctx), 5), Some(vec![32]), MaskRead::U16);
+    let err = Generator::new(only_prefill).unwrap().generate(&p, &greedy(20, 32)).unwrap_err();
+    assert!(matches!(err, RuntimeError::UnsupportedChunkLen { ar: 1, .. }), "{err}");
 }
 
 #[test]
 fn generation_stops_when_the_context_is_full() {
     let ctx = 64;
     let w = Weights::new(layout(ctx), 7);
-    let mut gen = Generator::new(ToyTransformer::<f32>::new(
-        Weights::new(layout(ctx), 7),
-        None,
-        MaskRead::F32,
-    ))
-    .unwrap();
+    let mut gen =
+        Generator::new(ToyTransformer::<f32>::new(Weights::new(layout(ctx), 7), None, MaskRead::F32)).unwrap();
     for (len, chunk) in [(60, 32), (60, 5), (63, 1), (64, 32), (64, 1)] {
         let p = prompt(len, 40 + len as u64);
         let out = gen.generate(&p, &greedy(100, chunk)).unwrap();
         assert_eq!(out.stop_reason, StopReason::ContextFull, "len {len}");
         assert_eq!(len + out.ids.len(), ctx, "len {len}");
         assert_eq!(out.ids, reference_greedy(&w, &p, 100, &[]), "len {len}");
-        assert!(
-            out.prompt_logits.unwrap() == flatten(&reference_logits(&w, &p)),
-            "len {len} chunk {chunk}"
-        );
+        assert!(out.prompt_logits.unwrap() == flatten(&reference_logits(&w, &p)), "len {len} chunk {chunk}");
     }
     // A full-length prompt in chunks of 32 at ctx 64 runs the second half as one chunk-32 run
     // ending exactly at the context, whose K/V is not stored (nothing can follow it).
@@ -489,18 +409,12 @@ fn generation_stops_when_the_context_is_full() {
 fn any_eos_id_stops_and_is_kept() {
     let ctx = 64;
     let w = Weights::new(layout(ctx), 21);
-    let mut gen = Generator::new(ToyTransformer::<f32>::new(
-        Weights::new(layout(ctx), 21),
-        None,
-        MaskRead::F32,
-    ))
-    .unwrap();
+    let mut gen =
+        Generator::new(ToyTransformer::<f32>::new(Weights::new(layout(ctx), 21), None, MaskRead::F32)).unwrap();
     let p = prompt(9, 77);
     let free = reference_greedy(&w, &p, 20, &[]);
     // The first id that differs from all earlier ones, at step >= 2.
-    let k = (2..free.len())
-        .find(|&k| !free[..k].contains(&free[k]))
-        .expect("a fresh id in 20 steps");
+    let k = (2..free.len()).find(|&k| !free[..k].contains(&free[k])).expect("a fresh id in 20 steps");
     let mut config = greedy(20, 4);
     config.eos_ids = vec![1000, free[k]];
     let out = gen.generate(&p, &config).unwrap();
@@ -512,18 +426,10 @@ fn any_eos_id_stops_and_is_kept() {
 #[test]
 fn max_new_tokens_zero_only_runs_the_prompt() {
     let w = Weights::new(layout(32), 2);
-    let mut gen = Generator::new(ToyTransformer::<f32>::new(
-        Weights::new(layout(32), 2),
-        None,
-        MaskRead::F32,
-    ))
-    .unwrap();
+    let mut gen = Generator::new(ToyTransformer::<f32>::new(Weights::new(layout(32), 2), None, MaskRead::F32)).unwrap();
     let p = prompt(10, 3);
     let out = gen.generate(&p, &greedy(0, 4)).unwrap();
-    assert_eq!(
-        (out.ids.len(), out.stop_reason),
-        (0, StopReason::MaxNewTokens)
-    );
+    assert_eq!((out.ids.len(), out.stop_reason), (0, StopReason::MaxNewTokens));
     assert!(out.prompt_logits.unwrap() == flatten(&reference_logits(&w, &p)));
     let mut config = greedy(0, 4);
     config.collect_prompt_logits = false;
@@ -532,44 +438,14 @@ fn max_new_tokens_zero_only_runs_the_prompt() {
 
 #[test]
 fn bad_prompts_are_errors() {
-    let mut gen = Generator::new(ToyTransformer::<f32>::new(
-        Weights::new(layout(16), 2),
-        None,
-        MaskRead::F32,
-    ))
-    .unwrap();
-    assert!(matches!(
-        gen.generate(&[], &greedy(4, 4)),
-        Err(RuntimeError::EmptyPrompt)
-    ));
+    let mut gen = Generator::new(ToyTransformer::<f32>::new(Weights::new(layout(16), 2), None, MaskRead::F32)).unwrap();
+    assert!(matches!(gen.generate(&[], &greedy(4, 4)), Err(RuntimeError::EmptyPrompt)));
     let err = gen.generate(&prompt(17, 1), &greedy(4, 4)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RuntimeError::PromptTooLong {
-                prompt_len: 17,
-                context_len: 16
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, RuntimeError::PromptTooLong { prompt_len: 17, context_len: 16 }), "{err}");
     let err = gen.generate(&[1, 2, 40], &greedy(4, 4)).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RuntimeError::TokenOutOfVocab {
-                id: 40,
-                position: 2,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, RuntimeError::TokenOutOfVocab { id: 40, position: 2, .. }), "{err}");
     let err = gen.generate(&[1, 2], &greedy(4, 0)).unwrap_err();
-    assert!(
-        matches!(err, RuntimeError::InvalidChunkLen { ar: 0, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, RuntimeError::InvalidChunkLen { ar: 0, .. }), "{err}");
 }
 
 #[test]
@@ -579,38 +455,19 @@ fn model_errors_carry_chunk_and_position() {
     let mut gen = Generator::new(model).unwrap();
     let err = gen.generate(&prompt(10, 3), &greedy(5, 4)).unwrap_err();
     // Calls 0..3 are the prefill chunks at 0, 4, 8; call 3 is the first decode step at 10.
-    assert!(
-        matches!(
-            err,
-            RuntimeError::ModelRun {
-                ar: 1,
-                n_past: 10,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, RuntimeError::ModelRun { ar: 1, n_past: 10, .. }), "{err}");
     assert!(err.to_string().contains("injected failure"), "{err}");
 }
 
 #[test]
 fn sampling_is_reproducible_and_top_k_one_is_greedy() {
     let ctx = 64;
-    let mut gen = Generator::new(ToyTransformer::<f32>::new(
-        Weights::new(layout(ctx), 13),
-        None,
-        MaskRead::F32,
-    ))
-    .unwrap();
+    let mut gen =
+        Generator::new(ToyTransformer::<f32>::new(Weights::new(layout(ctx), 13), None, MaskRead::F32)).unwrap();
     let p = prompt(7, 5);
     let sampled = |gen: &mut Generator<_>, seed, top_k| {
         let config = GenerationConfig {
-            sampling: Sampling::Random(RandomSampling {
-                temperature: 3.0,
-                top_k,
-                top_p: 1.0,
-                seed,
-            }),
+            sampling: Sampling::Random(RandomSampling { temperature: 3.0, top_k, top_p: 1.0, seed }),
             ..greedy(30, 4)
         };
         gen.generate(&p, &config).unwrap().ids
@@ -625,12 +482,8 @@ fn sampling_is_reproducible_and_top_k_one_is_greedy() {
 
 #[test]
 fn streaming_callback_sees_each_id_and_can_cancel() {
-    let mut gen = Generator::new(ToyTransformer::<f32>::new(
-        Weights::new(layout(64), 17),
-        None,
-        MaskRead::F32,
-    ))
-    .unwrap();
+    let mut gen =
+        Generator::new(ToyTransformer::<f32>::new(Weights::new(layout(64), 17), None, MaskRead::F32)).unwrap();
     let p = prompt(6, 8);
     let full = gen.generate(&p, &greedy(10, 32)).unwrap().ids;
     let mut seen = Vec::new();

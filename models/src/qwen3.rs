@@ -287,7 +287,11 @@ type Outputs = (Tensor, Vec<Tensor>, Vec<Tensor>);
 
 impl Qwen3ForCausalLM {
     pub fn new(cfg: &TransformerConfig) -> Self {
-        Qwen3ForCausalLM { model: Qwen3Model::new(cfg), lm_head: Conv2d::new(cfg.hidden_size, cfg.vocab_size), cfg: cfg.clone() }
+        Qwen3ForCausalLM {
+            model: Qwen3Model::new(cfg),
+            lm_head: Conv2d::new(cfg.hidden_size, cfg.vocab_size),
+            cfg: cfg.clone(),
+        }
     }
 }
 

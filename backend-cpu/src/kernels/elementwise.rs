@@ -75,13 +75,7 @@ pub type BinaryResult = Result<(Vec<f32>, Vec<usize>), KernelError>;
 
 /// `1.0` where `a == b`, else `0.0` (IEEE equality: NaN never equals), with broadcasting.
 pub fn equal(a: &[f32], a_shape: &[usize], b: &[f32], b_shape: &[usize]) -> BinaryResult {
-    broadcast_binary("equal", a, a_shape, b, b_shape, |x, y| {
-        if x == y {
-            1.0
-        } else {
-            0.0
-        }
-    })
+    broadcast_binary("equal", a, a_shape, b, b_shape, |x, y| if x == y { 1.0 } else { 0.0 })
 }
 
 /// `cond != 0 ? a : b` elementwise with all three operands broadcast together (torch.where).
@@ -108,11 +102,7 @@ pub fn where_(
     par_fill(&mut out, MIN_PARALLEL_LEN, |start, chunk| {
         plan.for_each_run(start, chunk.len(), |pos, run, [oc, oa, ob]| {
             for (i, o) in chunk[pos..pos + run].iter_mut().enumerate() {
-                *o = if cond[oc + i * sc] != 0.0 {
-                    a[oa + i * sa]
-                } else {
-                    b[ob + i * sb]
-                };
+                *o = if cond[oc + i * sc] != 0.0 { a[oa + i * sa] } else { b[ob + i * sb] };
             }
         });
     });
@@ -174,14 +164,7 @@ where
 /// One innermost run: each operand is either a full run (stride 1) or a single value (stride 0).
 /// The four cases are separate loops so each vectorises.
 #[inline(always)]
-fn run_binary<F: Fn(f32, f32) -> f32>(
-    out: &mut [f32],
-    a: &[f32],
-    sa: usize,
-    b: &[f32],
-    sb: usize,
-    f: &F,
-) {
+fn run_binary<F: Fn(f32, f32) -> f32>(out: &mut [f32], a: &[f32], sa: usize, b: &[f32], sb: usize, f: &F) {
     match (sa, sb) {
         (0, 0) => out.fill(f(a[0], b[0])),
         (0, _) => {

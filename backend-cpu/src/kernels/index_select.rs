@@ -24,24 +24,16 @@ pub fn index_select(
         .iter()
         .enumerate()
         .map(|(position, &index)| {
-            usize::try_from(index)
-                .ok()
-                .filter(|&i| i < bound)
-                .ok_or(KernelError::IndexOutOfRange {
-                    op: OP,
-                    index,
-                    position,
-                    dim: d,
-                    bound,
-                })
+            usize::try_from(index).ok().filter(|&i| i < bound).ok_or(KernelError::IndexOutOfRange {
+                op: OP,
+                index,
+                position,
+                dim: d,
+                bound,
+            })
         })
         .collect::<Result<Vec<usize>, _>>()?;
-    let out_shape: Vec<usize> = shape[..d]
-        .iter()
-        .chain(indices_shape)
-        .chain(&shape[d + 1..])
-        .copied()
-        .collect();
+    let out_shape: Vec<usize> = shape[..d].iter().chain(indices_shape).chain(&shape[d + 1..]).copied().collect();
     let mut out = Vec::with_capacity(numel(&out_shape));
     for o in 0..outer {
         let base = o * bound * inner;

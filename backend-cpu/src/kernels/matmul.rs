@@ -54,16 +54,7 @@ pub fn linear_kn(
     n: usize,
     bias: Option<&[f32]>,
 ) -> Result<Vec<f32>, KernelError> {
-    linear_with(
-        WeightLayout::KN,
-        x,
-        m,
-        k,
-        w_kn,
-        n,
-        bias,
-        LinearStrategy::Auto,
-    )
+    linear_with(WeightLayout::KN, x, m, k, w_kn, n, bias, LinearStrategy::Auto)
 }
 
 /// `x[M, K] @ W[N, K]^T (+ bias[N])` with `W` row-major `[N, K]` (PyTorch layout), read through
@@ -76,16 +67,7 @@ pub fn linear_nk(
     n: usize,
     bias: Option<&[f32]>,
 ) -> Result<Vec<f32>, KernelError> {
-    linear_with(
-        WeightLayout::NK,
-        x,
-        m,
-        k,
-        w_nk,
-        n,
-        bias,
-        LinearStrategy::Auto,
-    )
+    linear_with(WeightLayout::NK, x, m, k, w_nk, n, bias, LinearStrategy::Auto)
 }
 
 /// A linear layer with an explicit weight layout and threading strategy (the bench compares
@@ -104,24 +86,8 @@ pub fn linear_with(
     const OP: &str = "linear";
     check_len(OP, "x", x, &[m, k])?;
     let (w_shape, rhs) = match layout {
-        WeightLayout::KN => (
-            [k, n],
-            MatView {
-                data: w,
-                offset: 0,
-                row_stride: n,
-                col_stride: 1,
-            },
-        ),
-        WeightLayout::NK => (
-            [n, k],
-            MatView {
-                data: w,
-                offset: 0,
-                row_stride: 1,
-                col_stride: k,
-            },
-        ),
+        WeightLayout::KN => ([k, n], MatView { data: w, offset: 0, row_stride: n, col_stride: 1 }),
+        WeightLayout::NK => ([n, k], MatView { data: w, offset: 0, row_stride: 1, col_stride: k }),
     };
     check_len(OP, "weight", w, &w_shape)?;
     let mut out = vec![0.0f32; m * n];
@@ -137,24 +103,10 @@ pub fn linear_with(
         }
         None => false,
     };
-    let lhs = MatView {
-        data: x,
-        offset: 0,
-        row_stride: k,
-        col_stride: 1,
-    };
+    let lhs = MatView { data: x, offset: 0, row_stride: k, col_stride: 1 };
     let ctx = current();
     let threads = ctx.for_work(m * n * k, MIN_PARALLEL_MACS);
-    product_into(
-        &ctx,
-        threads,
-        strategy,
-        Dims { m, n, k },
-        &mut out,
-        accumulate,
-        lhs,
-        rhs,
-    );
+    product_into(&ctx, threads, strategy, Dims { m, n, k }, &mut out, accumulate, lhs, rhs);
     Ok(out)
 }
 
@@ -172,12 +124,7 @@ pub fn matmul(
     check_len(OP, "b", b, b_shape)?;
     for (operand, shape) in [("a", a_shape), ("b", b_shape)] {
         if shape.is_empty() {
-            return Err(KernelError::RankTooLow {
-                op: OP,
-                operand,
-                shape: shape.to_vec(),
-                min_rank: 1,
-            });
+            return Err(KernelError::RankTooLow { op: OP, operand, shape: shape.to_vec(), min_rank: 1 });
         }
     }
     let (a_batch, m, k_a) = match a_shape {
@@ -191,13 +138,7 @@ pub fn matmul(
         [] => unreachable!("rank checked above"),
     };
     if k_a != k_b {
-        return Err(KernelError::InnerDimMismatch {
-            op: OP,
-            a: a_shape.to_vec(),
-            b: b_shape.to_vec(),
-            k_a,
-            k_b,
-        });
+        return Err(KernelError::InnerDimMismatch { op: OP, a: a_shape.to_vec(), b: b_shape.to_vec(), k_a, k_b });
     }
     let k = k_a;
     let out_batch = broadcast_shape_for(OP, a_batch, b_batch)?;
@@ -255,20 +196,18 @@ pub fn matmul(
     if threads > 1 && batches >= threads {
         // Coarse level: one single-threaded gemm per matrix, matrices spread over the pool.
         ctx.install(|| {
-            out.par_chunks_mut(m * n)
-                .zip(offsets.par_iter())
-                .for_each(|(dst, &(a_off, b_off))| {
-                    product_into(
-                        &ctx,
-                        1,
-                        LinearStrategy::Auto,
-                        dims,
-                        dst,
-                        false,
-                        MatView::row_major(a, a_off, k),
-                        MatView::row_major(b, b_off, n),
-                    );
-                });
+            out.par_chunks_mut(m * n).zip(offsets.par_iter()).for_each(|(dst, &(a_off, b_off))| {
+                product_into(
+                    &ctx,
+                    1,
+                    LinearStrategy::Auto,
+                    dims,
+                    dst,
+                    false,
+                    MatView::row_major(a, a_off, k),
+                    MatView::row_major(b, b_off, n),
+                );
+            });
         });
     } else {
         for (dst, &(a_off, b_off)) in out.chunks_exact_mut(m * n).zip(&offsets) {
@@ -307,12 +246,7 @@ struct MatView<'a> {
 
 impl<'a> MatView<'a> {
     fn row_major(data: &'a [f32], offset: usize, cols: usize) -> Self {
-        MatView {
-            data,
-            offset,
-            row_stride: cols,
-            col_stride: 1,
-        }
+        MatView { data, offset, row_stride: cols, col_stride: 1 }
     }
 
     /// Asserts (internal invariant, established by the public shape checks) that a `rows x cols`

@@ -38,27 +38,17 @@ pub fn slice(
 
 /// Concatenates `parts` (data, shape) along `dim`; all parts have the same rank and agree on every
 /// other dim.
-pub fn concat(
-    parts: &[(&[f32], &[usize])],
-    dim: isize,
-) -> Result<(Vec<f32>, Vec<usize>), KernelError> {
+pub fn concat(parts: &[(&[f32], &[usize])], dim: isize) -> Result<(Vec<f32>, Vec<usize>), KernelError> {
     const OP: &str = "concat";
     let Some(&(_, first)) = parts.first() else {
-        return Err(KernelError::InvalidArgument {
-            op: OP,
-            reason: "needs at least one part".to_string(),
-        });
+        return Err(KernelError::InvalidArgument { op: OP, reason: "needs at least one part".to_string() });
     };
     let d = normalize_dim(OP, dim, first.len())?;
     let mut total = 0;
     for (i, &(data, shape)) in parts.iter().enumerate() {
         check_len(OP, "part", data, shape)?;
-        let same_elsewhere = shape.len() == first.len()
-            && shape
-                .iter()
-                .zip(first)
-                .enumerate()
-                .all(|(k, (a, b))| k == d || a == b);
+        let same_elsewhere =
+            shape.len() == first.len() && shape.iter().zip(first).enumerate().all(|(k, (a, b))| k == d || a == b);
         if !same_elsewhere {
             return Err(KernelError::ConcatMismatch {
                 op: OP,

@@ -20,21 +20,12 @@ const MIN_PARALLEL_LEN: usize = 1 << 16;
 const TILE: usize = 32;
 
 /// `x.permute(perm)`: output dim `i` is input dim `perm[i]` (negative entries count from the end).
-pub fn permute(
-    x: &[f32],
-    shape: &[usize],
-    perm: &[isize],
-) -> Result<(Vec<f32>, Vec<usize>), KernelError> {
+pub fn permute(x: &[f32], shape: &[usize], perm: &[isize]) -> Result<(Vec<f32>, Vec<usize>), KernelError> {
     permute_for("permute", x, shape, perm)
 }
 
 /// `x.transpose(d0, d1)`: swaps two dims (negative dims count from the end).
-pub fn transpose(
-    x: &[f32],
-    shape: &[usize],
-    d0: isize,
-    d1: isize,
-) -> Result<(Vec<f32>, Vec<usize>), KernelError> {
+pub fn transpose(x: &[f32], shape: &[usize], d0: isize, d1: isize) -> Result<(Vec<f32>, Vec<usize>), KernelError> {
     const OP: &str = "transpose";
     let rank = shape.len();
     let a = normalize_dim(OP, d0, rank)?;
@@ -52,12 +43,7 @@ fn permute_for(
 ) -> Result<(Vec<f32>, Vec<usize>), KernelError> {
     check_len(op, "x", x, shape)?;
     let rank = shape.len();
-    let invalid = || KernelError::InvalidPermutation {
-        op,
-        perm: perm.to_vec(),
-        rank,
-        shape: shape.to_vec(),
-    };
+    let invalid = || KernelError::InvalidPermutation { op, perm: perm.to_vec(), rank, shape: shape.to_vec() };
     if perm.len() != rank {
         return Err(invalid());
     }
@@ -103,14 +89,12 @@ fn permute_for(
         // Split output dim 0: each task permutes a sub-block with dim 0 shortened.
         let per_task = sizes[0].div_ceil(threads * 2);
         ctx.install(|| {
-            out.par_chunks_mut(per_task * outer_block)
-                .enumerate()
-                .for_each(|(t, chunk)| {
-                    let mut sub = sizes.clone();
-                    sub[0] = chunk.len() / outer_block;
-                    let offset = t * per_task * strides[0];
-                    copy_permuted(x, offset, &sub, &strides, chunk);
-                });
+            out.par_chunks_mut(per_task * outer_block).enumerate().for_each(|(t, chunk)| {
+                let mut sub = sizes.clone();
+                sub[0] = chunk.len() / outer_block;
+                let offset = t * per_task * strides[0];
+                copy_permuted(x, offset, &sub, &strides, chunk);
+            });
         });
     } else {
         copy_permuted(x, 0, &sizes, &strides, &mut out);
@@ -126,19 +110,14 @@ fn copy_permuted(src: &[f32], offset: usize, sizes: &[usize], strides: &[usize],
     if strides[last] == 1 {
         // Contiguous innermost run: row copies.
         let run = sizes[last];
-        for_each_index(
-            &sizes[..last],
-            &strides[..last],
-            &out_strides[..last],
-            |s, o| out[o..o + run].copy_from_slice(&src[offset + s..offset + s + run]),
-        );
+        for_each_index(&sizes[..last], &strides[..last], &out_strides[..last], |s, o| {
+            out[o..o + run].copy_from_slice(&src[offset + s..offset + s + run])
+        });
         return;
     }
     let Some(p) = strides[..last].iter().position(|&s| s == 1) else {
         // Not reachable for permutations of contiguous tensors; kept as a correct fallback.
-        for_each_index(sizes, strides, &out_strides, |s, o| {
-            out[o] = src[offset + s]
-        });
+        for_each_index(sizes, strides, &out_strides, |s, o| out[o] = src[offset + s]);
         return;
     };
     // Tiled transpose between output dims p (input-contiguous) and `last` (output-contiguous);
@@ -165,12 +144,7 @@ fn copy_permuted(src: &[f32], offset: usize, sizes: &[usize], strides: &[usize],
 
 /// Calls `visit(a, b)` for every index of `sizes` in row-major order with
 /// `a = sum(idx[d] * a_strides[d])` and `b = sum(idx[d] * b_strides[d])`.
-fn for_each_index(
-    sizes: &[usize],
-    a_strides: &[usize],
-    b_strides: &[usize],
-    mut visit: impl FnMut(usize, usize),
-) {
+fn for_each_index(sizes: &[usize], a_strides: &[usize], b_strides: &[usize], mut visit: impl FnMut(usize, usize)) {
     let total: usize = sizes.iter().product();
     let mut idx = vec![0usize; sizes.len()];
     let (mut a, mut b) = (0usize, 0usize);

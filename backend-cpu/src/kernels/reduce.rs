@@ -33,8 +33,7 @@ pub(crate) fn lane_sum(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
             *a += f(v);
         }
     }
-    let mut total =
-        ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    let mut total = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for &v in tail {
         total += f(v);
     }
@@ -88,18 +87,13 @@ pub fn reduce(
         out_shape.remove(d);
     }
     let mut out = vec![0.0f32; outer * inner];
-    par_fill_rows(
-        &mut out,
-        inner,
-        MIN_PARALLEL_LEN / n.max(1),
-        |first, chunk| {
-            for (r, row) in chunk.chunks_exact_mut(inner).enumerate() {
-                let o = first + r;
-                let block = &x[o * n * inner..(o + 1) * n * inner];
-                reduce_block(block, n, inner, kind, row);
-            }
-        },
-    );
+    par_fill_rows(&mut out, inner, MIN_PARALLEL_LEN / n.max(1), |first, chunk| {
+        for (r, row) in chunk.chunks_exact_mut(inner).enumerate() {
+            let o = first + r;
+            let block = &x[o * n * inner..(o + 1) * n * inner];
+            reduce_block(block, n, inner, kind, row);
+        }
+    });
     Ok((out, out_shape))
 }
 
@@ -115,11 +109,7 @@ fn reduce_block(block: &[f32], n: usize, inner: usize, kind: ReduceKind, out: &m
         return;
     }
     if n == 0 {
-        out.fill(if kind == ReduceKind::Mean {
-            f32::NAN
-        } else {
-            0.0
-        });
+        out.fill(if kind == ReduceKind::Mean { f32::NAN } else { 0.0 });
         return;
     }
     out.copy_from_slice(&block[..inner]);

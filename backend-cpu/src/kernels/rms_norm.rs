@@ -14,21 +14,11 @@ use super::KernelError;
 const MIN_PARALLEL_LEN: usize = 1 << 15;
 
 /// RMSNorm of `x` over its last dim, scaled by `weight` (length = last dim).
-pub fn rms_norm(
-    x: &[f32],
-    shape: &[usize],
-    weight: &[f32],
-    eps: f32,
-) -> Result<Vec<f32>, KernelError> {
+pub fn rms_norm(x: &[f32], shape: &[usize], weight: &[f32], eps: f32) -> Result<Vec<f32>, KernelError> {
     const OP: &str = "rms_norm";
     check_len(OP, "x", x, shape)?;
     let Some(&hidden) = shape.last() else {
-        return Err(KernelError::RankTooLow {
-            op: OP,
-            operand: "x",
-            shape: shape.to_vec(),
-            min_rank: 1,
-        });
+        return Err(KernelError::RankTooLow { op: OP, operand: "x", shape: shape.to_vec(), min_rank: 1 });
     };
     check_len(OP, "weight", weight, &[hidden])?;
     let mut out = vec![0.0f32; x.len()];

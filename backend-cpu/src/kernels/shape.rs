@@ -26,31 +26,15 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
 }
 
 /// Checks that `data` holds exactly the elements `shape` describes.
-pub fn check_len(
-    op: &'static str,
-    operand: &'static str,
-    data: &[f32],
-    shape: &[usize],
-) -> Result<(), KernelError> {
+pub fn check_len(op: &'static str, operand: &'static str, data: &[f32], shape: &[usize]) -> Result<(), KernelError> {
     check_len_of(op, operand, data.len(), shape)
 }
 
 /// [`check_len`] for data of any element type, given its length.
-pub fn check_len_of(
-    op: &'static str,
-    operand: &'static str,
-    len: usize,
-    shape: &[usize],
-) -> Result<(), KernelError> {
+pub fn check_len_of(op: &'static str, operand: &'static str, len: usize, shape: &[usize]) -> Result<(), KernelError> {
     match checked_numel(shape) {
         Some(expected) if expected == len => Ok(()),
-        Some(expected) => Err(KernelError::DataLength {
-            op,
-            operand,
-            shape: shape.to_vec(),
-            expected,
-            actual: len,
-        }),
+        Some(expected) => Err(KernelError::DataLength { op, operand, shape: shape.to_vec(), expected, actual: len }),
         None => Err(KernelError::InvalidArgument {
             op,
             reason: format!("{operand} shape {shape:?} has more elements than usize can count"),
@@ -74,11 +58,7 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>, KernelErr
 }
 
 /// [`broadcast_shape`] reporting errors under the calling kernel's name.
-pub(crate) fn broadcast_shape_for(
-    op: &'static str,
-    a: &[usize],
-    b: &[usize],
-) -> Result<Vec<usize>, KernelError> {
+pub(crate) fn broadcast_shape_for(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>, KernelError> {
     let rank = a.len().max(b.len());
     let mut out = vec![0usize; rank];
     for (i, slot) in out.iter_mut().enumerate() {
@@ -89,13 +69,7 @@ pub(crate) fn broadcast_shape_for(
             (x, y) if x == y => x,
             (1, y) => y,
             (x, 1) => x,
-            _ => {
-                return Err(KernelError::NotBroadcastable {
-                    op,
-                    a: a.to_vec(),
-                    b: b.to_vec(),
-                })
-            }
+            _ => return Err(KernelError::NotBroadcastable { op, a: a.to_vec(), b: b.to_vec() }),
         };
     }
     Ok(out)
@@ -114,15 +88,7 @@ fn dim_from_right(shape: &[usize], from_right: usize) -> usize {
 pub fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
     let own = contiguous_strides(shape);
     let lead = out_shape.len() - shape.len();
-    (0..out_shape.len())
-        .map(|d| {
-            if d < lead || shape[d - lead] == 1 {
-                0
-            } else {
-                own[d - lead]
-            }
-        })
-        .collect()
+    (0..out_shape.len()).map(|d| if d < lead || shape[d - lead] == 1 { 0 } else { own[d - lead] }).collect()
 }
 
 /// Splits `shape` around `dim` into `(outer, size, inner)`: the products of the dims before it,
@@ -167,23 +133,13 @@ impl<const K: usize> BroadcastPlan<K> {
         let (inner, inner_strides) = dims.pop().unwrap_or((1, [0; K]));
         let outer_shape = dims.iter().map(|d| d.0).collect();
         let outer_strides = std::array::from_fn(|k| dims.iter().map(|d| d.1[k]).collect());
-        BroadcastPlan {
-            inner,
-            inner_strides,
-            outer_shape,
-            outer_strides,
-        }
+        BroadcastPlan { inner, inner_strides, outer_shape, outer_strides }
     }
 
     /// Visits the output elements `start..start + len` as runs that stay inside one innermost row.
     /// `visit(pos, run, offsets)` gets the run's position relative to `start`, its length and the
     /// offset of its first element in each operand.
-    pub fn for_each_run(
-        &self,
-        start: usize,
-        len: usize,
-        mut visit: impl FnMut(usize, usize, [usize; K]),
-    ) {
+    pub fn for_each_run(&self, start: usize, len: usize, mut visit: impl FnMut(usize, usize, [usize; K])) {
         if len == 0 {
             return;
         }

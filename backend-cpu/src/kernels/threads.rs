@@ -41,20 +41,13 @@ fn default_threads() -> usize {
 }
 
 fn build_ctx(threads: usize) -> Result<ThreadCtx, KernelError> {
-    let threads = if threads == 0 {
-        default_threads()
-    } else {
-        threads
-    };
+    let threads = if threads == 0 { default_threads() } else { threads };
     let pool = if threads > 1 {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("mllm-kernels-{i}"))
             .build()
-            .map_err(|e| KernelError::ThreadPool {
-                threads,
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| KernelError::ThreadPool { threads, reason: e.to_string() })?;
         Some(Arc::new(pool))
     } else {
         None
@@ -66,14 +59,7 @@ fn build_ctx(threads: usize) -> Result<ThreadCtx, KernelError> {
 /// the pool cannot be built).
 pub(crate) fn current() -> ThreadCtx {
     let mut guard = CURRENT.lock().unwrap_or_else(PoisonError::into_inner);
-    guard
-        .get_or_insert_with(|| {
-            build_ctx(0).unwrap_or(ThreadCtx {
-                threads: 1,
-                pool: None,
-            })
-        })
-        .clone()
+    guard.get_or_insert_with(|| build_ctx(0).unwrap_or(ThreadCtx { threads: 1, pool: None })).clone()
 }
 
 impl ThreadCtx {
@@ -98,11 +84,7 @@ impl ThreadCtx {
 
 /// Fills `out` by calling `fill(start, chunk)` on contiguous chunks, in parallel over the pool when
 /// `out` has at least `min_len` elements and more than one thread is configured.
-pub(crate) fn par_fill(
-    out: &mut [f32],
-    min_len: usize,
-    fill: impl Fn(usize, &mut [f32]) + Sync + Send,
-) {
+pub(crate) fn par_fill(out: &mut [f32], min_len: usize, fill: impl Fn(usize, &mut [f32]) + Sync + Send) {
     use rayon::prelude::*;
     let ctx = current();
     let threads = ctx.for_work(out.len(), min_len);
@@ -113,9 +95,7 @@ pub(crate) fn par_fill(
     // A few chunks per thread balance uneven progress; multiples of 64 keep chunks cache-aligned.
     let chunk = out.len().div_ceil(threads * 4).next_multiple_of(64);
     ctx.install(|| {
-        out.par_chunks_mut(chunk)
-            .enumerate()
-            .for_each(|(i, c)| fill(i * chunk, c));
+        out.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| fill(i * chunk, c));
     });
 }
 
@@ -140,8 +120,6 @@ pub(crate) fn par_fill_rows(
     }
     let rows_per_chunk = rows.div_ceil(threads * 4);
     ctx.install(|| {
-        out.par_chunks_mut(rows_per_chunk * row_len)
-            .enumerate()
-            .for_each(|(i, c)| fill(i * rows_per_chunk, c));
+        out.par_chunks_mut(rows_per_chunk * row_len).enumerate().for_each(|(i, c)| fill(i * rows_per_chunk, c));
     });
 }

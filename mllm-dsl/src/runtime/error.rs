@@ -13,11 +13,7 @@ pub type ModelError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub enum RuntimeError {
     /// A [`ModelLayout`](super::ModelLayout) field is unusable.
     #[error("model layout field `{field}` is {value}; expected {expected}")]
-    InvalidLayout {
-        field: &'static str,
-        value: usize,
-        expected: &'static str,
-    },
+    InvalidLayout { field: &'static str, value: usize, expected: &'static str },
 
     /// A chunk length (`ar`) outside `1..=context_len`.
     #[error("chunk length (ar) {ar} is invalid for context length {context_len}; expected 1..={context_len}")]
@@ -33,26 +29,15 @@ pub enum RuntimeError {
 
     /// The prompt does not fit the model's context.
     #[error("the prompt has {prompt_len} tokens but the model's context holds {context_len}")]
-    PromptTooLong {
-        prompt_len: usize,
-        context_len: usize,
-    },
+    PromptTooLong { prompt_len: usize, context_len: usize },
 
     /// A token id that is not in the vocabulary (or does not fit the graph's i32 id input).
     #[error("token id {id} at sequence position {position} is outside the vocabulary of {vocab_size} ids")]
-    TokenOutOfVocab {
-        id: u32,
-        position: usize,
-        vocab_size: usize,
-    },
+    TokenOutOfVocab { id: u32, position: usize, vocab_size: usize },
 
     /// A sequence step would run past the end of the context.
     #[error("running {n_tokens} more token(s) after {n_past} would exceed the context length {context_len}")]
-    ContextOverflow {
-        n_past: usize,
-        n_tokens: usize,
-        context_len: usize,
-    },
+    ContextOverflow { n_past: usize, n_tokens: usize, context_len: usize },
 
     /// A chunk cannot be placed: its past does not fit the columns of the chunk-`ar` graph, or its
     /// present K/V could not be stored although the sequence continues.
@@ -60,13 +45,7 @@ pub enum RuntimeError {
         "a chunk of {n_tokens} token(s) at position {n_past} does not fit a chunk-{ar} graph with context {context_len} \
          (past columns 0..{past_cols}); run the remainder with a smaller chunk length"
     )]
-    ChunkDoesNotFit {
-        n_past: usize,
-        n_tokens: usize,
-        ar: usize,
-        past_cols: usize,
-        context_len: usize,
-    },
+    ChunkDoesNotFit { n_past: usize, n_tokens: usize, ar: usize, past_cols: usize, context_len: usize },
 
     /// `KvCache::update` would write past the end of a cache row.
     #[error(
@@ -74,14 +53,7 @@ pub enum RuntimeError {
          past columns (context {context_len})",
         end = n_past + n_update
     )]
-    CacheOverflow {
-        layer: usize,
-        n_past: usize,
-        n_update: usize,
-        ar: usize,
-        past_cols: usize,
-        context_len: usize,
-    },
+    CacheOverflow { layer: usize, n_past: usize, n_update: usize, ar: usize, past_cols: usize, context_len: usize },
 
     /// `KvCache::update` was given a chunk of a different length than the layout the cache is in.
     #[error("KV cache is laid out for chunk length {cache_ar} but the present K/V are for chunk length {ar}; call rearrange({ar}) first")]
@@ -101,39 +73,19 @@ pub enum RuntimeError {
 
     /// A present K/V or logits buffer of the wrong size.
     #[error("{tensor} of layer {layer} has {got} elements; expected {expected}")]
-    TensorSize {
-        tensor: &'static str,
-        layer: usize,
-        expected: usize,
-        got: usize,
-    },
+    TensorSize { tensor: &'static str, layer: usize, expected: usize, got: usize },
 
     /// Shrinking the cache rows would drop stored positions.
     #[error("cannot rearrange the KV cache to chunk length {ar}: it holds {len} positions but rows would have only {past_cols} columns")]
-    RearrangeLosesData {
-        ar: usize,
-        len: usize,
-        past_cols: usize,
-    },
+    RearrangeLosesData { ar: usize, len: usize, past_cols: usize },
 
     /// Mask init/update outside the past columns.
     #[error("attention mask {op}: positions {start}..{end} exceed the {past_cols} past columns of a chunk-{ar} mask (context {context_len})")]
-    MaskOutOfRange {
-        op: &'static str,
-        start: usize,
-        end: usize,
-        ar: usize,
-        past_cols: usize,
-        context_len: usize,
-    },
+    MaskOutOfRange { op: &'static str, start: usize, end: usize, ar: usize, past_cols: usize, context_len: usize },
 
     /// A sampling parameter outside its domain.
     #[error("sampling parameter `{field}` is {value}; expected {expected}")]
-    InvalidSampling {
-        field: &'static str,
-        value: String,
-        expected: &'static str,
-    },
+    InvalidSampling { field: &'static str, value: String, expected: &'static str },
 
     /// Logits that cannot be sampled from (NaN, +inf, or every entry -inf).
     #[error("logits cannot be sampled: {reason}")]

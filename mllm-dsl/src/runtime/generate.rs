@@ -160,19 +160,13 @@ impl PromptProcessor {
         let ctx = layout.context_len;
         layout.check_chunk_len(self.chunk_len)?;
         if !model.supports_chunk_len(self.chunk_len) {
-            return Err(RuntimeError::UnsupportedChunkLen {
-                ar: self.chunk_len,
-                purpose: "prefill_chunk",
-            });
+            return Err(RuntimeError::UnsupportedChunkLen { ar: self.chunk_len, purpose: "prefill_chunk" });
         }
         if prompt.is_empty() {
             return Err(RuntimeError::EmptyPrompt);
         }
         if seq.n_past() + prompt.len() > ctx {
-            return Err(RuntimeError::PromptTooLong {
-                prompt_len: seq.n_past() + prompt.len(),
-                context_len: ctx,
-            });
+            return Err(RuntimeError::PromptTooLong { prompt_len: seq.n_past() + prompt.len(), context_len: ctx });
         }
         let vocab = layout.vocab_size;
         let mut prompt_logits = collect_logits.then(|| Vec::with_capacity(prompt.len() * vocab));
@@ -204,11 +198,7 @@ impl PromptProcessor {
                 last_logits = out.logits_row(n - 1).to_vec();
             }
         }
-        Ok(PrefillOutput {
-            last_logits,
-            prompt_logits,
-            chunks,
-        })
+        Ok(PrefillOutput { last_logits, prompt_logits, chunks })
     }
 }
 
@@ -233,10 +223,7 @@ pub struct TokenGenerator {
 impl TokenGenerator {
     /// Stops on any of `eos_ids` or after `max_new_tokens` ids.
     pub fn new(eos_ids: Vec<u32>, max_new_tokens: usize) -> Self {
-        Self {
-            eos_ids,
-            max_new_tokens,
-        }
+        Self { eos_ids, max_new_tokens }
     }
 
     /// Samples from `first_logits` (the last prompt position's), then feeds each new id back
@@ -253,11 +240,7 @@ impl TokenGenerator {
         M: ChunkModel + ?Sized,
     {
         let ctx = seq.layout().context_len;
-        let done = |ids: Vec<u32>, stop_reason, steps| DecodeOutput {
-            ids,
-            stop_reason,
-            steps,
-        };
+        let done = |ids: Vec<u32>, stop_reason, steps| DecodeOutput { ids, stop_reason, steps };
         if self.max_new_tokens == 0 {
             return Ok(done(Vec::new(), StopReason::MaxNewTokens, 0));
         }
@@ -265,10 +248,7 @@ impl TokenGenerator {
             return Ok(done(Vec::new(), StopReason::ContextFull, 0));
         }
         if !model.supports_chunk_len(1) {
-            return Err(RuntimeError::UnsupportedChunkLen {
-                ar: 1,
-                purpose: "decode",
-            });
+            return Err(RuntimeError::UnsupportedChunkLen { ar: 1, purpose: "decode" });
         }
         let mut ids = Vec::new();
         let mut steps = 0;
@@ -329,11 +309,7 @@ impl<M: ChunkModel> Generator<M> {
     }
 
     /// Runs `prompt` and generates from it (a fresh sequence each call).
-    pub fn generate(
-        &mut self,
-        prompt: &[u32],
-        config: &GenerationConfig,
-    ) -> Result<GenerationOutput, RuntimeError> {
+    pub fn generate(&mut self, prompt: &[u32], config: &GenerationConfig) -> Result<GenerationOutput, RuntimeError> {
         self.generate_streaming(prompt, config, |_| ControlFlow::Continue(()))
     }
 
@@ -350,15 +326,9 @@ impl<M: ChunkModel> Generator<M> {
             return Err(RuntimeError::EmptyPrompt);
         }
         if prompt.len() > layout.context_len {
-            return Err(RuntimeError::PromptTooLong {
-                prompt_len: prompt.len(),
-                context_len: layout.context_len,
-            });
+            return Err(RuntimeError::PromptTooLong { prompt_len: prompt.len(), context_len: layout.context_len });
         }
-        if let Some(position) = prompt
-            .iter()
-            .position(|&id| id as usize >= layout.vocab_size)
-        {
+        if let Some(position) = prompt.iter().position(|&id| id as usize >= layout.vocab_size) {
             return Err(RuntimeError::TokenOutOfVocab {
                 id: prompt[position],
                 position,

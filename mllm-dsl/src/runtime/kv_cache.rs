@@ -35,12 +35,8 @@ impl<T: Copy + Default> KvCache<T> {
             layout,
             ar,
             len: 0,
-            keys: (0..layout.num_layers)
-                .map(|_| vec![T::default(); capacity])
-                .collect(),
-            values: (0..layout.num_layers)
-                .map(|_| vec![T::default(); capacity])
-                .collect(),
+            keys: (0..layout.num_layers).map(|_| vec![T::default(); capacity]).collect(),
+            values: (0..layout.num_layers).map(|_| vec![T::default(); capacity]).collect(),
         })
     }
 
@@ -113,11 +109,7 @@ impl<T: Copy + Default> KvCache<T> {
         let old_stride = self.past_cols();
         let new_stride = self.layout.context_len - new_ar;
         if self.len > new_stride {
-            return Err(RuntimeError::RearrangeLosesData {
-                ar: new_ar,
-                len: self.len,
-                past_cols: new_stride,
-            });
+            return Err(RuntimeError::RearrangeLosesData { ar: new_ar, len: self.len, past_cols: new_stride });
         }
         let rows = self.layout.num_kv_heads * self.layout.head_dim;
         let heads = self.layout.num_kv_heads;
@@ -126,13 +118,7 @@ impl<T: Copy + Default> KvCache<T> {
         for layer in 0..self.layout.num_layers {
             // K: `rows` rows of `len` valid columns; V: `heads` blocks of `len * d` valid elements.
             restride(&mut self.keys[layer], rows, old_stride, new_stride, len);
-            restride(
-                &mut self.values[layer],
-                heads,
-                old_stride * d,
-                new_stride * d,
-                len * d,
-            );
+            restride(&mut self.values[layer], heads, old_stride * d, new_stride * d, len * d);
         }
         self.ar = new_ar;
         Ok(())
@@ -153,32 +139,18 @@ impl<T: Copy + Default> KvCache<T> {
         n_update: usize,
     ) -> Result<(), RuntimeError> {
         if layer >= self.layout.num_layers {
-            return Err(RuntimeError::LayerOutOfRange {
-                layer,
-                num_layers: self.layout.num_layers,
-            });
+            return Err(RuntimeError::LayerOutOfRange { layer, num_layers: self.layout.num_layers });
         }
         if ar != self.ar {
-            return Err(RuntimeError::CacheChunkMismatch {
-                cache_ar: self.ar,
-                ar,
-            });
+            return Err(RuntimeError::CacheChunkMismatch { cache_ar: self.ar, ar });
         }
         if n_update > ar {
             return Err(RuntimeError::UpdateLongerThanChunk { n_update, ar });
         }
         let expected = self.layout.kv_elems(ar);
-        for (tensor, got) in [
-            ("present_key", present_k.len()),
-            ("present_value", present_v.len()),
-        ] {
+        for (tensor, got) in [("present_key", present_k.len()), ("present_value", present_v.len())] {
             if got != expected {
-                return Err(RuntimeError::TensorSize {
-                    tensor,
-                    layer,
-                    expected,
-                    got,
-                });
+                return Err(RuntimeError::TensorSize { tensor, layer, expected, got });
             }
         }
         let (rows, heads, d, stride) = self.dims();
@@ -192,15 +164,11 @@ impl<T: Copy + Default> KvCache<T> {
                 context_len: self.layout.context_len,
             });
         }
-        let key_rows = self.keys[layer]
-            .chunks_exact_mut(stride)
-            .zip(present_k.chunks_exact(ar));
+        let key_rows = self.keys[layer].chunks_exact_mut(stride).zip(present_k.chunks_exact(ar));
         for (dst, src) in key_rows.take(rows) {
             dst[n_past..n_past + n_update].copy_from_slice(&src[..n_update]);
         }
-        let value_blocks = self.values[layer]
-            .chunks_exact_mut(stride * d)
-            .zip(present_v.chunks_exact(ar * d));
+        let value_blocks = self.values[layer].chunks_exact_mut(stride * d).zip(present_v.chunks_exact(ar * d));
         for (dst, src) in value_blocks.take(heads) {
             dst[n_past * d..(n_past + n_update) * d].copy_from_slice(&src[..n_update * d]);
         }
@@ -211,12 +179,7 @@ impl<T: Copy + Default> KvCache<T> {
     /// (K rows, heads, head_dim, row stride) of the current layout.
     fn dims(&self) -> (usize, usize, usize, usize) {
         let l = &self.layout;
-        (
-            l.num_kv_heads * l.head_dim,
-            l.num_kv_heads,
-            l.head_dim,
-            self.past_cols(),
-        )
+        (l.num_kv_heads * l.head_dim, l.num_kv_heads, l.head_dim, self.past_cols())
     }
 }
 
@@ -241,13 +204,7 @@ mod tests {
     use super::*;
 
     fn layout(ctx: usize) -> ModelLayout {
-        ModelLayout {
-            num_layers: 2,
-            num_kv_heads: 3,
-            head_dim: 4,
-            vocab_size: 10,
-            context_len: ctx,
-        }
+        ModelLayout { num_layers: 2, num_kv_heads: 3, head_dim: 4, vocab_size: 10, context_len: ctx }
     }
 
     /// Distinct value for every (layer, head, dim, position) of K or V.
@@ -281,21 +238,9 @@ mod tests {
             for h in 0..l.num_kv_heads {
                 for d in 0..l.head_dim {
                     for c in 0..s {
-                        let (ek, ev) = if c < len {
-                            (val(0, layer, h, d, c), val(1, layer, h, d, c))
-                        } else {
-                            (0, 0)
-                        };
-                        assert_eq!(
-                            k[(h * l.head_dim + d) * s + c],
-                            ek,
-                            "K l{layer} h{h} d{d} c{c}"
-                        );
-                        assert_eq!(
-                            v[(h * s + c) * l.head_dim + d],
-                            ev,
-                            "V l{layer} h{h} d{d} c{c}"
-                        );
+                        let (ek, ev) = if c < len { (val(0, layer, h, d, c), val(1, layer, h, d, c)) } else { (0, 0) };
+                        assert_eq!(k[(h * l.head_dim + d) * s + c], ek, "K l{layer} h{h} d{d} c{c}");
+                        assert_eq!(v[(h * s + c) * l.head_dim + d], ev, "V l{layer} h{h} d{d} c{c}");
                     }
                 }
             }
@@ -352,25 +297,11 @@ mod tests {
                 cache.update(layer, &k, &k, 1, n_past, 1).unwrap();
             }
         }
-        let before: Vec<u8> = (0..12)
-            .flat_map(|r| cache.past_key(0)[r * 7..r * 7 + 6].to_vec())
-            .collect();
+        let before: Vec<u8> = (0..12).flat_map(|r| cache.past_key(0)[r * 7..r * 7 + 6].to_vec()).collect();
         let err = cache.rearrange(4).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                RuntimeError::RearrangeLosesData {
-                    len: 6,
-                    past_cols: 4,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, RuntimeError::RearrangeLosesData { len: 6, past_cols: 4, .. }), "{err}");
         cache.rearrange(2).unwrap();
-        let after: Vec<u8> = (0..12)
-            .flat_map(|r| cache.past_key(0)[r * 6..r * 6 + 6].to_vec())
-            .collect();
+        let after: Vec<u8> = (0..12).flat_map(|r| cache.past_key(0)[r * 6..r * 6 + 6].to_vec()).collect();
         assert_eq!(before, after);
     }
 
@@ -382,18 +313,7 @@ mod tests {
         let (k, v) = present(&l, 0, 1, 0);
         cache.update(0, &k, &v, 1, 6, 1).unwrap();
         let err = cache.update(0, &k, &v, 1, 7, 1).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                RuntimeError::CacheOverflow {
-                    n_past: 7,
-                    n_update: 1,
-                    past_cols: 7,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, RuntimeError::CacheOverflow { n_past: 7, n_update: 1, past_cols: 7, .. }), "{err}");
         // Prefill layout ar = 4: 4 past columns; a 3-token update at 2 does not fit.
         let mut cache = KvCache::<u16>::new(l, 4).unwrap();
         let (k, v) = present(&l, 1, 4, 0);
@@ -413,22 +333,13 @@ mod tests {
         ));
         assert!(matches!(
             cache.update(0, &k[1..], &v, 4, 0, 1),
-            Err(RuntimeError::TensorSize {
-                tensor: "present_key",
-                ..
-            })
+            Err(RuntimeError::TensorSize { tensor: "present_key", .. })
         ));
         assert!(matches!(
             cache.update(2, &k, &v, 4, 0, 1),
-            Err(RuntimeError::LayerOutOfRange {
-                layer: 2,
-                num_layers: 2
-            })
+            Err(RuntimeError::LayerOutOfRange { layer: 2, num_layers: 2 })
         ));
-        assert!(matches!(
-            cache.update(0, &k, &v, 4, 0, 5),
-            Err(RuntimeError::UpdateLongerThanChunk { .. })
-        ));
+        assert!(matches!(cache.update(0, &k, &v, 4, 0, 5), Err(RuntimeError::UpdateLongerThanChunk { .. })));
         assert!(KvCache::<u16>::new(l, 0).is_err());
         assert!(KvCache::<u16>::new(l, 9).is_err());
     }

@@ -40,17 +40,9 @@ impl AttentionMask {
     /// A fully masked mask for chunk length 1; call [`init`](Self::init) before use.
     pub fn new(context_len: usize) -> Result<Self, RuntimeError> {
         if context_len < 2 {
-            return Err(RuntimeError::InvalidLayout {
-                field: "context_len",
-                value: context_len,
-                expected: ">= 2",
-            });
+            return Err(RuntimeError::InvalidLayout { field: "context_len", value: context_len, expected: ">= 2" });
         }
-        Ok(Self {
-            context_len,
-            ar: 1,
-            values: vec![MASK_MASKED; context_len],
-        })
+        Ok(Self { context_len, ar: 1, values: vec![MASK_MASKED; context_len] })
     }
 
     /// Rows (chunk length).
@@ -72,10 +64,7 @@ impl AttentionMask {
     /// columns `ctx-ar ..= ctx-ar+i` (causal inside the chunk); everything else is masked.
     pub fn init(&mut self, ar: usize, n_past: usize) -> Result<(), RuntimeError> {
         if ar == 0 || ar > self.context_len {
-            return Err(RuntimeError::InvalidChunkLen {
-                ar,
-                context_len: self.context_len,
-            });
+            return Err(RuntimeError::InvalidChunkLen { ar, context_len: self.context_len });
         }
         let ctx = self.context_len;
         let past_cols = ctx - ar;
@@ -126,11 +115,7 @@ impl AttentionMask {
     /// # Panics
     /// If `row >= ar` or `col >= ctx`.
     pub fn attends(&self, row: usize, col: usize) -> bool {
-        assert!(
-            col < self.context_len,
-            "mask column {col} >= context {}",
-            self.context_len
-        );
+        assert!(col < self.context_len, "mask column {col} >= context {}", self.context_len);
         self.values[row * self.context_len + col] == MASK_ATTEND
     }
 
@@ -210,17 +195,7 @@ mod tests {
         assert_eq!(render(&mask), ["111111"]);
         // Position 5 cannot be stored: the decode graph has only 5 past columns.
         let err = mask.update(5, 1).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                RuntimeError::MaskOutOfRange {
-                    op: "update",
-                    past_cols: 5,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, RuntimeError::MaskOutOfRange { op: "update", past_cols: 5, .. }), "{err}");
         assert!(mask.init(2, 5).is_err());
         assert!(mask.init(0, 0).is_err());
         assert!(mask.init(7, 0).is_err());

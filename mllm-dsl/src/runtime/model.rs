@@ -56,10 +56,7 @@ impl ModelLayout {
     /// Checks that `ar` is a chunk length this context can hold (`1..=ctx`).
     pub fn check_chunk_len(&self, ar: usize) -> Result<(), RuntimeError> {
         if ar == 0 || ar > self.context_len {
-            return Err(RuntimeError::InvalidChunkLen {
-                ar,
-                context_len: self.context_len,
-            });
+            return Err(RuntimeError::InvalidChunkLen { ar, context_len: self.context_len });
         }
         Ok(())
     }
@@ -179,12 +176,8 @@ impl<T: Copy + Default> ChunkOutputs<T> {
             ar,
             vocab_size: layout.vocab_size,
             logits: vec![0.0; ar * layout.vocab_size],
-            present_keys: (0..layout.num_layers)
-                .map(|_| vec![T::default(); kv])
-                .collect(),
-            present_values: (0..layout.num_layers)
-                .map(|_| vec![T::default(); kv])
-                .collect(),
+            present_keys: (0..layout.num_layers).map(|_| vec![T::default(); kv]).collect(),
+            present_values: (0..layout.num_layers).map(|_| vec![T::default(); kv]).collect(),
         }
     }
 
@@ -230,9 +223,6 @@ impl<T: Copy + Default> ChunkOutputs<T> {
 
     /// Present keys and values of `layer`, both writable at once.
     pub fn present_kv_mut(&mut self, layer: usize) -> (&mut [T], &mut [T]) {
-        (
-            &mut self.present_keys[layer],
-            &mut self.present_values[layer],
-        )
+        (&mut self.present_keys[layer], &mut self.present_values[layer])
     }
 }

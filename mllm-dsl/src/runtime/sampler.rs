@@ -38,12 +38,7 @@ pub struct RandomSampling {
 
 impl Default for RandomSampling {
     fn default() -> Self {
-        Self {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
-        }
+        Self { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 }
     }
 }
 
@@ -52,18 +47,14 @@ pub fn argmax(logits: &[f32]) -> Result<usize, RuntimeError> {
     let mut best: Option<(usize, f32)> = None;
     for (i, &v) in logits.iter().enumerate() {
         if v.is_nan() {
-            return Err(RuntimeError::BadLogits {
-                reason: format!("NaN at vocabulary index {i}"),
-            });
+            return Err(RuntimeError::BadLogits { reason: format!("NaN at vocabulary index {i}") });
         }
         match best {
             Some((_, b)) if v <= b => {}
             _ => best = Some((i, v)),
         }
     }
-    best.map(|(i, _)| i).ok_or_else(|| RuntimeError::BadLogits {
-        reason: "the logits row is empty".into(),
-    })
+    best.map(|(i, _)| i).ok_or_else(|| RuntimeError::BadLogits { reason: "the logits row is empty".into() })
 }
 
 /// A token picker with its own RNG state; create one per generation for reproducible output.
@@ -79,10 +70,7 @@ pub struct Sampler {
 #[derive(Debug, Clone)]
 enum Mode {
     Greedy,
-    Random {
-        params: RandomSampling,
-        rng: Box<ChaCha20Rng>,
-    },
+    Random { params: RandomSampling, rng: Box<ChaCha20Rng> },
 }
 
 impl Sampler {
@@ -105,17 +93,10 @@ impl Sampler {
                         expected: "a value in (0, 1]",
                     });
                 }
-                Mode::Random {
-                    params: p.clone(),
-                    rng: Box::new(ChaCha20Rng::seed_from_u64(p.seed)),
-                }
+                Mode::Random { params: p.clone(), rng: Box::new(ChaCha20Rng::seed_from_u64(p.seed)) }
             }
         };
-        Ok(Self {
-            mode,
-            order: Vec::new(),
-            weights: Vec::new(),
-        })
+        Ok(Self { mode, order: Vec::new(), weights: Vec::new() })
     }
 
     /// Picks the next token from one logits row.
@@ -151,33 +132,20 @@ fn sample_random(
             reason: format!("{} logits exceed the u32 token id range", logits.len()),
         });
     }
-    if let Some(i) = logits
-        .iter()
-        .position(|v| v.is_nan() || *v == f32::INFINITY)
-    {
-        return Err(RuntimeError::BadLogits {
-            reason: format!("{} at vocabulary index {i}", logits[i]),
-        });
+    if let Some(i) = logits.iter().position(|v| v.is_nan() || *v == f32::INFINITY) {
+        return Err(RuntimeError::BadLogits { reason: format!("{} at vocabulary index {i}", logits[i]) });
     }
     let vocab = logits.len();
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if vocab == 0 || max == f32::NEG_INFINITY {
         return Err(RuntimeError::BadLogits {
-            reason: if vocab == 0 {
-                "the logits row is empty".into()
-            } else {
-                "every logit is -inf".into()
-            },
+            reason: if vocab == 0 { "the logits row is empty".into() } else { "every logit is -inf".into() },
         });
     }
     // softmax(l / T) up to normalization: exp((l - max) / T), in f64 for the cumulative sums.
     let inv_t = 1.0 / f64::from(p.temperature);
     let weight = |i: usize| ((f64::from(logits[i]) - f64::from(max)) * inv_t).exp();
-    let top_k = if p.top_k == 0 {
-        vocab
-    } else {
-        p.top_k.min(vocab)
-    };
+    let top_k = if p.top_k == 0 { vocab } else { p.top_k.min(vocab) };
 
     if top_k == vocab && p.top_p >= 1.0 {
         // Nothing is cut: draw in index order, no sorting needed.
@@ -190,11 +158,7 @@ fn sample_random(
 
     // The candidates are the most likely tokens, ordered by (logit desc, index asc). Without top-k
     // the nucleus is usually small: sort a growing prefix until it reaches top_p of the total.
-    let total_all: f64 = if top_k == vocab {
-        (0..vocab).map(weight).sum()
-    } else {
-        0.0
-    };
+    let total_all: f64 = if top_k == vocab { (0..vocab).map(weight).sum() } else { 0.0 };
     let mut k = if top_k < vocab { top_k } else { vocab.min(256) };
     loop {
         select_most_likely(logits, k, order);
@@ -203,11 +167,7 @@ fn sample_random(
         if p.top_p >= 1.0 {
             break;
         }
-        let total = if top_k < vocab {
-            weights.iter().sum()
-        } else {
-            total_all
-        };
+        let total = if top_k < vocab { weights.iter().sum() } else { total_all };
         let target = f64::from(p.top_p) * total;
         let mut cum = 0.0;
         if let Some(n) = weights.iter().position(|w| {
@@ -243,11 +203,7 @@ fn select_most_likely(logits: &[f32], k: usize, order: &mut Vec<u64>) {
 fn candidate_key(logit: f32, index: usize) -> u64 {
     // +0.0 folds -0.0 into 0.0, so they tie like in `argmax`. NaN was rejected earlier.
     let bits = (logit + 0.0).to_bits();
-    let ascending = if bits & 0x8000_0000 != 0 {
-        !bits
-    } else {
-        bits | 0x8000_0000
-    };
+    let ascending = if bits & 0x8000_0000 != 0 { !bits } else { bits | 0x8000_0000 };
     (u64::from(!ascending) << 32) | index as u64
 }
 
@@ -276,20 +232,13 @@ mod tests {
     use super::*;
 
     fn random(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> Sampling {
-        Sampling::Random(RandomSampling {
-            temperature,
-            top_k,
-            top_p,
-            seed,
-        })
+        Sampling::Random(RandomSampling { temperature, top_k, top_p, seed })
     }
 
     /// Deterministic pseudo-random logits (no ties in practice).
     fn logits(seed: u64, n: usize) -> Vec<f32> {
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
-        (0..n)
-            .map(|_| (unit_f64(&mut rng) * 8.0 - 4.0) as f32)
-            .collect()
+        (0..n).map(|_| (unit_f64(&mut rng) * 8.0 - 4.0) as f32).collect()
     }
 
     fn frequencies(sampling: &Sampling, logits: &[f32], draws: usize) -> Vec<f64> {
@@ -364,10 +313,7 @@ mod tests {
         let f = frequencies(&random(1.0, 2, 1.0, 5), &l, 40_000);
         let kept = softmax(&[2.0, 1.5], 1.0);
         assert_eq!((f[0], f[2], f[4]), (0.0, 0.0, 0.0), "{f:?}");
-        assert!(
-            (f[1] - kept[0]).abs() < 0.015 && (f[3] - kept[1]).abs() < 0.015,
-            "{f:?}"
-        );
+        assert!((f[1] - kept[0]).abs() < 0.015 && (f[3] - kept[1]).abs() < 0.015, "{f:?}");
     }
 
     #[test]
@@ -378,10 +324,7 @@ mod tests {
         assert_eq!(f, [0.0, 1.0, 0.0]);
         let f = frequencies(&random(1.0, 0, 0.75, 9), &l, 40_000);
         assert_eq!(f[2], 0.0, "{f:?}");
-        assert!(
-            (f[1] - 0.625).abs() < 0.015 && (f[0] - 0.375).abs() < 0.015,
-            "{f:?}"
-        );
+        assert!((f[1] - 0.625).abs() < 0.015 && (f[0] - 0.375).abs() < 0.015, "{f:?}");
         let f = frequencies(&random(1.0, 0, 0.85, 9), &l, 40_000);
         for (got, want) in f.iter().zip([0.3, 0.5, 0.2]) {
             assert!((got - want).abs() < 0.015, "{f:?}");
@@ -434,12 +377,7 @@ mod tests {
         // 256-candidate pass, so the candidate prefix has to grow.
         let l = logits(77, 1000).iter().map(|x| x / 4.0).collect::<Vec<_>>();
         for (t, top_p) in [(1.0, 0.9), (0.7, 0.5), (1.0, 0.02)] {
-            let params = RandomSampling {
-                temperature: t,
-                top_k: 0,
-                top_p,
-                seed: 0,
-            };
+            let params = RandomSampling { temperature: t, top_k: 0, top_p, seed: 0 };
             let (mut order, mut weights) = (Vec::new(), Vec::new());
             for n in 0..500 {
                 let u = (n as f64 + 0.5) / 500.0;

@@ -36,15 +36,7 @@ impl<T: Copy + Default> Sequence<T> {
         let cache = KvCache::new(layout, ar)?;
         let mut mask = AttentionMask::new(layout.context_len)?;
         mask.init(ar, 0)?;
-        Ok(Self {
-            layout,
-            cache,
-            mask,
-            n_past: 0,
-            ids: Vec::new(),
-            positions: Vec::new(),
-            outputs: Vec::new(),
-        })
+        Ok(Self { layout, cache, mask, n_past: 0, ids: Vec::new(), positions: Vec::new(), outputs: Vec::new() })
     }
 
     /// Positions already run (the next token goes to position `n_past`).
@@ -88,12 +80,7 @@ impl<T: Copy + Default> Sequence<T> {
 
     /// Runs `tokens` (1..=ar of them) as one chunk of `ar` and returns the chunk's outputs; rows
     /// `[0, tokens.len())` of its logits belong to the tokens, the rest to padding.
-    pub fn run_chunk<M>(
-        &mut self,
-        model: &mut M,
-        tokens: &[u32],
-        ar: usize,
-    ) -> Result<&ChunkOutputs<T>, RuntimeError>
+    pub fn run_chunk<M>(&mut self, model: &mut M, tokens: &[u32], ar: usize) -> Result<&ChunkOutputs<T>, RuntimeError>
     where
         M: ChunkModel<Kv = T> + ?Sized,
     {
@@ -101,20 +88,13 @@ impl<T: Copy + Default> Sequence<T> {
         let n = tokens.len();
         self.layout.check_chunk_len(ar)?;
         if !model.supports_chunk_len(ar) {
-            return Err(RuntimeError::UnsupportedChunkLen {
-                ar,
-                purpose: "chunk",
-            });
+            return Err(RuntimeError::UnsupportedChunkLen { ar, purpose: "chunk" });
         }
         if n == 0 || n > ar {
             return Err(RuntimeError::ChunkTokenCount { n_tokens: n, ar });
         }
         if self.n_past + n > ctx {
-            return Err(RuntimeError::ContextOverflow {
-                n_past: self.n_past,
-                n_tokens: n,
-                context_len: ctx,
-            });
+            return Err(RuntimeError::ContextOverflow { n_past: self.n_past, n_tokens: n, context_len: ctx });
         }
         if !self.chunk_fits(ar, n) {
             return Err(RuntimeError::ChunkDoesNotFit {
@@ -135,9 +115,7 @@ impl<T: Copy + Default> Sequence<T> {
         self.ids.clear();
         self.positions.clear();
         for (i, &id) in tokens.iter().enumerate() {
-            let id32 = i32::try_from(id)
-                .ok()
-                .filter(|_| (id as usize) < self.layout.vocab_size);
+            let id32 = i32::try_from(id).ok().filter(|_| (id as usize) < self.layout.vocab_size);
             let Some(id32) = id32 else {
                 return Err(RuntimeError::TokenOutOfVocab {
                     id,
@@ -149,8 +127,7 @@ impl<T: Copy + Default> Sequence<T> {
         }
         self.ids.resize(ar, 0);
         // Positions continue into the padding; the placement rule keeps them below ctx.
-        self.positions
-            .extend((self.n_past..self.n_past + ar).map(|p| p as i32));
+        self.positions.extend((self.n_past..self.n_past + ar).map(|p| p as i32));
 
         let slot = match self.outputs.iter().position(|o| o.ar() == ar) {
             Some(slot) => slot,
@@ -168,13 +145,11 @@ impl<T: Copy + Default> Sequence<T> {
             n_valid: n,
         };
         let outputs = &mut self.outputs[slot];
-        model
-            .run_chunk(&inputs, outputs)
-            .map_err(|source| RuntimeError::ModelRun {
-                ar,
-                n_past: self.n_past,
-                source,
-            })?;
+        model.run_chunk(&inputs, outputs).map_err(|source| RuntimeError::ModelRun {
+            ar,
+            n_past: self.n_past,
+            source,
+        })?;
 
         if self.n_past + n <= ctx - ar {
             for layer in 0..self.layout.num_layers {
