@@ -1,1 +1,4 @@
 //! mllm-dsl
+
+pub mod config;
+pub mod quant;

@@ -1,0 +1,3 @@
+//! Configuration files the compiler reads.
+
+pub mod aot;
