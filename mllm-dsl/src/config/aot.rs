@@ -552,7 +552,7 @@ impl AotConfig {
                     });
                 }
             }
-            if in_features % block_size != 0 {
+            if !in_features.is_multiple_of(block_size) {
                 return Err(AotConfigError::BlockSizeDoesNotDivide {
                     op: op.to_string(),
                     field,

@@ -62,7 +62,7 @@ impl LpbqShape {
                 in_features,
             });
         }
-        if in_features % block_size != 0 {
+        if !in_features.is_multiple_of(block_size) {
             return Err(QuantError::BlockSizeDoesNotDivide {
                 block_size,
                 in_features,
@@ -210,10 +210,17 @@ fn quantize_block(w: &[f32], scale: f32, out: &mut [i8]) {
     // Python's `1.0 / scale` on a tensor is `scale.reciprocal() * 1.0`: one f32 division.
     let inv = 1.0f32 / scale;
     for (q, &x) in out.iter_mut().zip(w) {
-        let r = round_half_even(x * inv);
-        *q = r.clamp(LPBQ_QMIN as f32, LPBQ_QMAX as f32) as i8;
+        // |x * inv| <= 7 (plus rounding error) because the scale is at least max|x| / 7, far
+        // inside the range where adding 1.5 * 2^23 rounds half to even exactly. The sum's low
+        // mantissa bits are then the integer itself, which avoids a float-to-int conversion.
+        let biased = (x * inv + ROUNDING_MAGIC).to_bits() as i32 - ROUNDING_MAGIC_BITS;
+        *q = biased.clamp(i32::from(LPBQ_QMIN), i32::from(LPBQ_QMAX)) as i8;
     }
 }
+
+/// 1.5 * 2^23 and its bit pattern (see [`quantize_block`]).
+const ROUNDING_MAGIC: f32 = 12_582_912.0;
+const ROUNDING_MAGIC_BITS: i32 = 0x4B40_0000;
 
 impl LpbqBlockQuant {
     /// mllm's fake-quant weights `[Out][In]`: `q * s` with the fp32 block scale.
@@ -267,27 +274,83 @@ impl LpbqBlockQuant {
     }
 }
 
-/// `[Out][In]` int4 codes to `[In][Out]` low nibbles, in cache-sized tiles, parallel over `In`.
+/// `[Out][In]` int4 codes to `[In][Out]` low nibbles, parallel over groups of `In` rows.
+///
+/// The bulk moves 8x8 byte tiles through registers ([`transpose_8x8`]); ragged edges (a
+/// dimension not a multiple of 8) go element by element.
 fn transpose_to_hwio_nibbles(codes: &[i8], shape: LpbqShape) -> Vec<i8> {
-    const TILE: usize = 64;
+    const ROWS_PER_TASK: usize = 64;
+    const NIBBLES: u64 = 0x0F0F_0F0F_0F0F_0F0F;
     let (n_out, n_in) = (shape.out_features, shape.in_features);
     let mut hwio = vec![0i8; codes.len()];
-    hwio.par_chunks_mut(n_out * TILE)
+    hwio.par_chunks_mut(n_out * ROWS_PER_TASK)
         .enumerate()
         .for_each(|(t, dst)| {
-            let i0 = t * TILE;
+            let i_start = t * ROWS_PER_TASK;
             let rows = dst.len() / n_out;
-            for o0 in (0..n_out).step_by(TILE) {
-                let o1 = (o0 + TILE).min(n_out);
-                for o in o0..o1 {
-                    let src = &codes[o * n_in + i0..o * n_in + i0 + rows];
-                    for (ii, &c) in src.iter().enumerate() {
-                        dst[ii * n_out + o] = c & 0x0F;
+            let full_i = rows - rows % 8;
+            let full_o = n_out - n_out % 8;
+            // Channel blocks outermost: each reads 8 whole cache lines of codes once, and the
+            // 64 destination rows it writes into stay in L1 for the next block.
+            for o0 in (0..full_o).step_by(8) {
+                for di in (0..full_i).step_by(8) {
+                    let i0 = i_start + di;
+                    let mut tile = [0u64; 8];
+                    for (r, word) in tile.iter_mut().enumerate() {
+                        let at = (o0 + r) * n_in + i0;
+                        *word = load_u64(&codes[at..at + 8]);
                     }
+                    let tile = transpose_8x8(tile);
+                    for (c, word) in tile.iter().enumerate() {
+                        let at = (di + c) * n_out + o0;
+                        store_u64(&mut dst[at..at + 8], word & NIBBLES);
+                    }
+                }
+            }
+            // Ragged edges: output channels past the last full tile, input rows past it.
+            for di in 0..rows {
+                let o_from = if di < full_i { full_o } else { 0 };
+                for o in o_from..n_out {
+                    dst[di * n_out + o] = codes[o * n_in + i_start + di] & 0x0F;
                 }
             }
         });
     hwio
+}
+
+fn load_u64(bytes: &[i8]) -> u64 {
+    let mut b = [0u8; 8];
+    for (d, &s) in b.iter_mut().zip(bytes) {
+        *d = s as u8;
+    }
+    u64::from_le_bytes(b)
+}
+
+fn store_u64(bytes: &mut [i8], word: u64) {
+    for (d, s) in bytes.iter_mut().zip(word.to_le_bytes()) {
+        *d = s as i8;
+    }
+}
+
+/// Transposes an 8x8 byte matrix held as eight little-endian rows: out row `c`, byte `r` is
+/// in row `r`, byte `c`. Three rounds swap 1-, 2- and 4-byte sub-blocks across the diagonal.
+#[inline(always)]
+fn transpose_8x8(mut m: [u64; 8]) -> [u64; 8] {
+    const ROUNDS: [(usize, u32, u64); 3] = [
+        (1, 8, 0x00FF_00FF_00FF_00FF),
+        (2, 16, 0x0000_FFFF_0000_FFFF),
+        (4, 32, 0x0000_0000_FFFF_FFFF),
+    ];
+    for (step, shift, mask) in ROUNDS {
+        for r in 0..8 {
+            if r & step == 0 {
+                let t = ((m[r] >> shift) ^ m[r + step]) & mask;
+                m[r + step] ^= t;
+                m[r] ^= t << shift;
+            }
+        }
+    }
+    m
 }
 
 /// Quantizes a row-major `[Out][In]` weight all the way to pymllm's export tensors.
@@ -536,6 +599,38 @@ mod tests {
                 let q = sign_extend_nibble(ex.weight_hwio[i * 8 + o]) as f32;
                 let expect = q * f32::from(ex.scale1[o * 2 + i / 16]) * ex.scale2[o];
                 assert_eq!(dec[o * 32 + i], expect);
+            }
+        }
+    }
+
+    #[test]
+    fn transpose_handles_full_tiles_and_ragged_edges() {
+        for (out, inp) in [
+            (8, 8),
+            (16, 64),
+            (13, 24),
+            (24, 12),
+            (5, 7),
+            (70, 130),
+            (1, 200),
+        ] {
+            let codes: Vec<i8> = (0..out * inp)
+                .map(|k| ((k * 7 + k / 3) % 15) as i8 - 7)
+                .collect();
+            let shape = LpbqShape {
+                out_features: out,
+                in_features: inp,
+                block_size: 1,
+            };
+            let hwio = transpose_to_hwio_nibbles(&codes, shape);
+            for o in 0..out {
+                for i in 0..inp {
+                    assert_eq!(
+                        hwio[i * out + o],
+                        codes[o * inp + i] & 0x0F,
+                        "{out}x{inp} [{o}][{i}]"
+                    );
+                }
             }
         }
     }
