@@ -181,7 +181,7 @@ fn lpbq_reproduces_pymllm_export_for_every_linear() {
             bs,
         )
         .unwrap();
-        assert_eq!(deployed, ours.decode(), "`{op}` deployed weights");
+        assert_eq!(deployed, ours.decode().unwrap(), "`{op}` deployed weights");
 
         // pymllm's nibbles times our fp32 block scales are our fake-quant weights.
         let fq = bq.fake_quant_weights();

@@ -37,12 +37,13 @@ pub const LPBQ_EPS: f32 = EPS_16BIT;
 /// Steps of the 4-bit level-1 scale: `scale2 = max / 16`, and `scale1` reaches 16 itself.
 pub const SCALE1_STEPS: u8 = 16;
 
-/// Dimensions of an LPBQ linear weight.
+/// Dimensions of an LPBQ linear weight; only [`LpbqShape::new`] makes one, so the blocks always
+/// tile the input dimension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LpbqShape {
-    pub out_features: usize,
-    pub in_features: usize,
-    pub block_size: usize,
+    out_features: usize,
+    in_features: usize,
+    block_size: usize,
 }
 
 impl LpbqShape {
@@ -73,6 +74,18 @@ impl LpbqShape {
             in_features,
             block_size,
         })
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
     }
 
     pub fn blocks_per_channel(&self) -> usize {
@@ -371,9 +384,15 @@ impl LpbqExport {
         validate_export(&self.weight_hwio, &self.scale1, &self.scale2, self.shape)
     }
 
-    /// The deployed weight `[Out][In]` (see [`decode_lpbq`]).
-    pub fn decode(&self) -> Vec<f32> {
-        decode_unchecked(&self.weight_hwio, &self.scale1, &self.scale2, self.shape)
+    /// The deployed weight `[Out][In]` (see [`decode_lpbq`]); validates first.
+    pub fn decode(&self) -> Result<Vec<f32>, QuantError> {
+        self.validate()?;
+        Ok(decode_unchecked(
+            &self.weight_hwio,
+            &self.scale1,
+            &self.scale2,
+            self.shape,
+        ))
     }
 }
 
@@ -593,7 +612,7 @@ mod tests {
         let w = synthetic(8 * 32, 7);
         let ex = quantize_lpbq(&w, LpbqShape::new(8, 32, 16).unwrap()).unwrap();
         let dec = decode_lpbq(&ex.weight_hwio, &ex.scale1, &ex.scale2, 32, 8, 16).unwrap();
-        assert_eq!(dec, ex.decode());
+        assert_eq!(dec, ex.decode().unwrap());
         for o in 0..8 {
             for i in 0..32 {
                 let q = sign_extend_nibble(ex.weight_hwio[i * 8 + o]) as f32;

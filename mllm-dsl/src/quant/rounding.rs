@@ -10,6 +10,7 @@ const MAGIC: f32 = 12_582_912.0;
 const MAGIC_LIMIT: f32 = 4_194_304.0;
 
 /// Rounds to the nearest integer, ties to even (C `nearbyint`, `torch.round`). NaN stays NaN.
+/// Small negative inputs may round to `+0.0` instead of `-0.0`; callers convert to integers.
 #[inline(always)]
 pub(crate) fn round_half_even(x: f32) -> f32 {
     if x.abs() < MAGIC_LIMIT {
