@@ -55,6 +55,7 @@ pub mod module;
 pub mod nn;
 pub mod op;
 pub mod qdq;
+pub mod quant;
 pub mod runtime;
 mod scope;
 pub mod tensor;
