@@ -205,7 +205,7 @@ fn rejected_node_is_named_and_handles_are_freed() {
         msg.contains("node `model.proj` (Conv2d) of graph `model.0.s32`"),
         "{msg}"
     );
-    assert!(msg.contains("6001 (a graph error)"), "{msg}");
+    assert!(msg.contains("6001 (graph error)"), "{msg}");
 
     let f = api.functions();
     assert!(

@@ -164,7 +164,7 @@ fn describe_code(handle: u64) -> String {
                 14000..=14999 => "device",
                 _ => return String::new(),
             };
-            return format!(" (a {area} error)");
+            return format!(" ({area} error)");
         }
     };
     format!(" ({name})")
@@ -271,7 +271,7 @@ mod tests {
         };
         assert_eq!(
             e.to_string(),
-            "graphAddNode returned error 6003 (a graph error)"
+            "graphAddNode returned error 6003 (graph error)"
         );
         let e = ApiError::Qnn {
             function: "graphAddNode",
