@@ -53,6 +53,9 @@ pub enum BuildError {
     /// Any other call failed; `step` says what was being done.
     #[error("{step}: {source}")]
     Api { step: String, source: ApiError },
+    /// The announced binary size does not fit in this process's address space.
+    #[error("contextGetBinarySize reported {size} bytes, more than this process can address")]
+    BinaryTooLarge { size: u64 },
     /// The backend wrote more than it announced.
     #[error("contextGetBinary reported {written} bytes written into a buffer of {size}")]
     BinaryOverrun { size: u64, written: u64 },
@@ -146,7 +149,8 @@ impl Session {
         let size = api
             .context_get_binary_size(context)
             .map_err(api_step("querying the context binary size"))?;
-        let mut binary = vec![0u8; usize::try_from(size).expect("a context binary fits in memory")];
+        let len = usize::try_from(size).map_err(|_| BuildError::BinaryTooLarge { size })?;
+        let mut binary = vec![0u8; len];
         let written = api
             .context_get_binary(context, &mut binary)
             .map_err(api_step("serializing the context"))?;

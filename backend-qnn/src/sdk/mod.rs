@@ -37,19 +37,28 @@
 //! # What CI proves without the SDK
 //!
 //! - The call sequence: an insta snapshot of the [`RecordingApi`] log for a two-graph toy
-//!   (`snapshots/qnn__sdk__call_sequence.snap`), plus assertions on ordering, weight sharing
-//!   and error propagation.
-//! - The FFI path, with `--features qnn-sdk` and `QNN_SDK_ROOT` pointing at
-//!   `backend-qnn/tests/cleanroom` (test-only headers written from our own notes, not
-//!   Qualcomm's): bindgen runs, a mock provider (`tests/cleanroom/mock_provider.c`) is built
-//!   as `libQnnHtp.so`, loaded through `SdkApi`, and must log exactly the same calls and
-//!   arguments, decoded from the C structs, as [`RecordingApi`] does for the same graphs.
-//!   This covers provider selection, version checks, struct filling, by-value op configs and
-//!   cleanup order.
+//!   (`snapshots/qnn__sdk__call_sequence.snap`), plus assertions on ordering, weight sharing,
+//!   graph checks and error propagation (`tests/sdk_driver.rs`; plain `cargo test`, no
+//!   libclang needed).
+//! - The FFI path (`tests/sdk_ffi.rs`), run as
+//!   `QNN_SDK_ROOT=$PWD/backend-qnn/tests/cleanroom cargo test -p backend-qnn --features qnn-sdk`
+//!   (CI must first `apt-get install -y libclang-dev` for bindgen, and have a C compiler).
+//!   `tests/cleanroom/include/QNN` holds test-only headers written from our own notes, not
+//!   Qualcomm's. bindgen runs over them, a mock provider (`tests/cleanroom/mock_provider.c`)
+//!   is compiled against the same headers into `lib/x86_64-linux-clang/libQnnHtp.so`, loaded
+//!   through `SdkApi`, and must log exactly the calls and arguments, decoded back from the C
+//!   structs, that [`RecordingApi`] logs for the same graphs, and serialize the same binary,
+//!   which `SystemApi` then reads back. This covers dlopen, provider selection and version
+//!   checks, the versioned table, struct filling (encodings, configs, platform info, by-value
+//!   op configs), buffer lifetimes, error codes and cleanup order; unit tests compare our
+//!   numeric codes and struct sizes with the headers in use.
 //!
 //! Not proven without the SDK: that Qualcomm's HTP backend accepts our graphs (op
-//! constraints, LPBQ packing) and that the clean-room headers match Qualcomm's ABI; the
-//! `#[ignore]`d tests in `tests/sdk_ffi.rs` do that when a real SDK is present.
+//! constraints, LPBQ packing) and that the clean-room headers match Qualcomm's ABI. Building
+//! and testing with a real `QNN_SDK_ROOT` runs the same tests against Qualcomm's headers (the
+//! mock is then compiled against them too), and
+//! `cargo test -p backend-qnn --features qnn-sdk -- --ignored` prepares the toy with the real
+//! `libQnnHtp.so`.
 
 pub mod api;
 pub mod config;

@@ -487,7 +487,7 @@ static void append_graph_configs(Text* t, const QnnGraph_Config_t** configs) {
         text_append(t, "htp.precision(%s)",
                     h->precision == QNN_PRECISION_FLOAT16 ? "FLOAT16" : "FLOAT32");
         break;
-      case QNN_HTP_GRAPH_CONFIG_OPTION_VTCM_SIZE_IN_MB:
+      case 3: /* VTCM_SIZE_IN_MB; older SDKs spell the enumerator QNN_HTP_GRAPH_CONFIG_OPTION_VTCM_SIZE */
         text_append(t, "htp.vtcmSizeInMB(%u)", (unsigned)h->vtcmSizeInMB);
         break;
       case QNN_HTP_GRAPH_CONFIG_OPTION_FOLD_RELU_ACTIVATION_INTO_CONV_OFF:
