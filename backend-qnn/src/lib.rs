@@ -1,1 +1,3 @@
 //! backend-qnn
+
+pub mod sdk;

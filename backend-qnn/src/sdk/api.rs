@@ -1,0 +1,283 @@
+//! The compile-side QNN C API as a Rust trait.
+//!
+//! Each method is one C entry point of the interface table (named in its doc), taking plain
+//! descriptors instead of C structs. [`crate::sdk::RecordingApi`] implements it by logging,
+//! `SdkApi` (feature `qnn-sdk`) by calling a real (or mock) backend library. The driver in
+//! [`crate::sdk::build_context_binary`] is written once against this trait.
+//!
+//! Handles are opaque tokens issued by the implementation; they are only meaningful to the
+//! object that issued them (for the FFI: indices into its own table, so a handle can never
+//! outlive the loaded library).
+
+use std::fmt;
+
+use thiserror::Error;
+
+use super::config::{ContextConfig, DeviceConfig, GraphConfig, LogLevel};
+use super::desc::{Scalar, TensorDesc};
+
+macro_rules! handle {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(pub u32);
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!($prefix, "{}"), self.0)
+            }
+        }
+    };
+}
+
+handle!(
+    /// `Qnn_LogHandle_t`.
+    LogHandle,
+    "log"
+);
+handle!(
+    /// `Qnn_BackendHandle_t`.
+    BackendHandle,
+    "backend"
+);
+handle!(
+    /// `Qnn_DeviceHandle_t`.
+    DeviceHandle,
+    "device"
+);
+handle!(
+    /// `Qnn_ContextHandle_t`.
+    ContextHandle,
+    "context"
+);
+handle!(
+    /// `Qnn_GraphHandle_t` (freed with its context).
+    GraphHandle,
+    "graph"
+);
+
+/// The `id` QNN writes into a tensor at `tensorCreateGraphTensor`; later op configs refer to
+/// the tensor by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(pub u32);
+
+impl fmt::Display for TensorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "id={}", self.0)
+    }
+}
+
+/// A tensor that has been created, as it appears inside an op config.
+#[derive(Debug, Clone, Copy)]
+pub struct BoundTensor<'a> {
+    pub id: TensorId,
+    pub desc: &'a TensorDesc,
+}
+
+/// The value of an op parameter inside an op config.
+#[derive(Debug, Clone, Copy)]
+pub enum BoundParamValue<'a> {
+    Scalar(Scalar),
+    Tensor(BoundTensor<'a>),
+}
+
+/// `Qnn_Param_t`.
+#[derive(Debug, Clone, Copy)]
+pub struct BoundParam<'a> {
+    pub name: &'a str,
+    pub value: BoundParamValue<'a>,
+}
+
+/// `Qnn_OpConfig_t` (version 1): every tensor already created.
+#[derive(Debug, Clone)]
+pub struct OpConfig<'a> {
+    pub name: &'a str,
+    pub package: &'a str,
+    pub op_type: &'a str,
+    pub params: Vec<BoundParam<'a>>,
+    pub inputs: Vec<BoundTensor<'a>>,
+    pub outputs: Vec<BoundTensor<'a>>,
+}
+
+/// Why one API call failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ApiError {
+    /// The backend returned a non-zero `Qnn_ErrorHandle_t`.
+    #[error("{function} returned error {code}{}", describe_code(*.code))]
+    Qnn { function: &'static str, code: u64 },
+    /// The provider's interface table has no entry for this function.
+    #[error("{function} is not provided by this backend (NULL entry in its interface table)")]
+    Unsupported { function: &'static str },
+    /// The call was refused before reaching the backend.
+    #[error("{function}: {reason}")]
+    InvalidArgument {
+        function: &'static str,
+        reason: String,
+    },
+}
+
+impl ApiError {
+    /// The QNN C function that failed.
+    pub fn function(&self) -> &'static str {
+        match self {
+            ApiError::Qnn { function, .. }
+            | ApiError::Unsupported { function }
+            | ApiError::InvalidArgument { function, .. } => function,
+        }
+    }
+
+    /// The 16-bit QNN error code (`QNN_GET_ERROR_CODE`), if the backend returned one.
+    pub fn qnn_code(&self) -> Option<u16> {
+        match self {
+            ApiError::Qnn { code, .. } => Some((code & 0xFFFF) as u16),
+            _ => None,
+        }
+    }
+}
+
+/// Names of the error codes documented in `QnnCommon.h` and friends (qnn-api.md §2.2).
+fn describe_code(handle: u64) -> String {
+    let code = handle & 0xFFFF;
+    let name = match code {
+        1000 => "QNN_COMMON_ERROR_NOT_SUPPORTED",
+        1002 => "QNN_COMMON_ERROR_MEM_ALLOC",
+        1003 => "QNN_COMMON_ERROR_SYSTEM",
+        1004 => "QNN_COMMON_ERROR_INVALID_ARGUMENT",
+        1005 => "QNN_COMMON_ERROR_OPERATION_NOT_PERMITTED",
+        1006 => "QNN_COMMON_ERROR_PLATFORM_NOT_SUPPORTED",
+        1007 => "QNN_COMMON_ERROR_SYSTEM_COMMUNICATION",
+        1008 => "QNN_COMMON_ERROR_INCOMPATIBLE_BINARIES",
+        1009 => "QNN_COMMON_ERROR_LOADING_BINARIES",
+        1010 => "QNN_COMMON_ERROR_RESOURCE_UNAVAILABLE",
+        1100 => "QNN_COMMON_ERROR_GENERAL",
+        7006 => "QNN_TENSOR_ERROR_NAME_HASH_COLLISION",
+        _ => {
+            let area = match code {
+                2000..=2999 => "property",
+                3000..=3999 => "op package",
+                4000..=4999 => "backend",
+                5000..=5999 => "context",
+                6000..=6999 => "graph",
+                7000..=7999 => "tensor",
+                8000..=8999 => "memory",
+                11000..=11999 => "log",
+                14000..=14999 => "device",
+                _ => return String::new(),
+            };
+            return format!(" ({area} error)");
+        }
+    };
+    format!(" ({name})")
+}
+
+/// The compile-side QNN API (mllm-anchor.md §5.7): everything needed to turn graph
+/// descriptions into a serialized context binary.
+///
+/// Implementations must not retain references to arguments beyond the call; the FFI copies
+/// what QNN needs into storage owned by the context.
+pub trait QnnApi {
+    /// `logCreate(callback, maxLogLevel, &log)`.
+    fn log_create(&mut self, level: LogLevel) -> Result<LogHandle, ApiError>;
+
+    /// `backendCreate(log, config = NULL, &backend)`.
+    fn backend_create(&mut self, log: Option<LogHandle>) -> Result<BackendHandle, ApiError>;
+
+    /// `deviceCreate(log, config, &device)`.
+    fn device_create(
+        &mut self,
+        log: Option<LogHandle>,
+        config: &[DeviceConfig],
+    ) -> Result<DeviceHandle, ApiError>;
+
+    /// `contextCreate(backend, device, config, &context)`.
+    fn context_create(
+        &mut self,
+        backend: BackendHandle,
+        device: DeviceHandle,
+        config: &[ContextConfig],
+    ) -> Result<ContextHandle, ApiError>;
+
+    /// `graphCreate(context, name, config, &graph)`.
+    fn graph_create(
+        &mut self,
+        context: ContextHandle,
+        name: &str,
+        config: &[GraphConfig],
+    ) -> Result<GraphHandle, ApiError>;
+
+    /// `tensorCreateGraphTensor(graph, &tensor)`; returns the id the backend assigned.
+    fn tensor_create_graph_tensor(
+        &mut self,
+        graph: GraphHandle,
+        tensor: &TensorDesc,
+    ) -> Result<TensorId, ApiError>;
+
+    /// `backendValidateOpConfig(backend, opConfig)`.
+    fn backend_validate_op_config(
+        &mut self,
+        backend: BackendHandle,
+        op: &OpConfig<'_>,
+    ) -> Result<(), ApiError>;
+
+    /// `graphAddNode(graph, opConfig)`.
+    fn graph_add_node(&mut self, graph: GraphHandle, op: &OpConfig<'_>) -> Result<(), ApiError>;
+
+    /// `graphFinalize(graph, profile = NULL, signal = NULL)`.
+    fn graph_finalize(&mut self, graph: GraphHandle) -> Result<(), ApiError>;
+
+    /// `contextGetBinarySize(context, &size)`.
+    fn context_get_binary_size(&mut self, context: ContextHandle) -> Result<u64, ApiError>;
+
+    /// `contextGetBinary(context, buffer, size, &written)`; returns `written`.
+    fn context_get_binary(
+        &mut self,
+        context: ContextHandle,
+        buffer: &mut [u8],
+    ) -> Result<u64, ApiError>;
+
+    /// `contextFree(context, profile = NULL)`; also invalidates the context's graphs.
+    fn context_free(&mut self, context: ContextHandle) -> Result<(), ApiError>;
+
+    /// `deviceFree(device)`.
+    fn device_free(&mut self, device: DeviceHandle) -> Result<(), ApiError>;
+
+    /// `backendFree(backend)`.
+    fn backend_free(&mut self, backend: BackendHandle) -> Result<(), ApiError>;
+
+    /// `logFree(log)`.
+    fn log_free(&mut self, log: LogHandle) -> Result<(), ApiError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_messages_name_function_and_code() {
+        // Bits above the low 16 are reserved for the backend's internal tracking.
+        let handle = 0xABCD_0000_0000_0000 | 1004;
+        let e = ApiError::Qnn {
+            function: "graphFinalize",
+            code: handle,
+        };
+        assert_eq!(e.qnn_code(), Some(1004));
+        assert_eq!(
+            e.to_string(),
+            format!("graphFinalize returned error {handle} (QNN_COMMON_ERROR_INVALID_ARGUMENT)")
+        );
+        let e = ApiError::Qnn {
+            function: "graphAddNode",
+            code: 6003,
+        };
+        assert_eq!(
+            e.to_string(),
+            "graphAddNode returned error 6003 (graph error)"
+        );
+        let e = ApiError::Qnn {
+            function: "graphAddNode",
+            code: 65000,
+        };
+        assert_eq!(e.to_string(), "graphAddNode returned error 65000");
+        assert_eq!(e.function(), "graphAddNode");
+    }
+}

@@ -1,0 +1,741 @@
+//! Plain-Rust descriptions of what crosses the QNN API: tensors (with their quantization
+//! encodings and static data), op configs and whole graphs.
+//!
+//! These types are deliberately small and independent of the lowering model so that the SDK
+//! layer can be tested on its own; the graph lowering converts into them. Numeric codes are the
+//! ones documented for `QnnTypes.h` (see `shared/research/qnn-api.md` §2.3–2.5), so a
+//! description can be rendered or passed to C without a lookup table elsewhere.
+
+use std::fmt;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+/// `Qnn_DataType_t`: high byte = class, low byte = bit width written in decimal digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum DataType {
+    Int8 = 0x0008,
+    Int16 = 0x0016,
+    Int32 = 0x0032,
+    Int64 = 0x0064,
+    UInt8 = 0x0108,
+    UInt16 = 0x0116,
+    UInt32 = 0x0132,
+    UInt64 = 0x0164,
+    Float16 = 0x0216,
+    Float32 = 0x0232,
+    Float64 = 0x0264,
+    SFixedPoint4 = 0x0304,
+    SFixedPoint8 = 0x0308,
+    SFixedPoint16 = 0x0316,
+    SFixedPoint32 = 0x0332,
+    UFixedPoint4 = 0x0404,
+    UFixedPoint8 = 0x0408,
+    UFixedPoint16 = 0x0416,
+    UFixedPoint32 = 0x0432,
+    Bool8 = 0x0508,
+}
+
+impl DataType {
+    /// Every supported type, in `QnnTypes.h` order.
+    pub const ALL: [DataType; 20] = [
+        DataType::Int8,
+        DataType::Int16,
+        DataType::Int32,
+        DataType::Int64,
+        DataType::UInt8,
+        DataType::UInt16,
+        DataType::UInt32,
+        DataType::UInt64,
+        DataType::Float16,
+        DataType::Float32,
+        DataType::Float64,
+        DataType::SFixedPoint4,
+        DataType::SFixedPoint8,
+        DataType::SFixedPoint16,
+        DataType::SFixedPoint32,
+        DataType::UFixedPoint4,
+        DataType::UFixedPoint8,
+        DataType::UFixedPoint16,
+        DataType::UFixedPoint32,
+        DataType::Bool8,
+    ];
+
+    /// The `Qnn_DataType_t` value.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// Inverse of [`DataType::code`].
+    pub fn from_code(code: u32) -> Option<DataType> {
+        DataType::ALL.into_iter().find(|d| d.code() == code)
+    }
+
+    /// The enumerator name without the `QNN_DATATYPE_` prefix, as used in call logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::Int8 => "INT_8",
+            DataType::Int16 => "INT_16",
+            DataType::Int32 => "INT_32",
+            DataType::Int64 => "INT_64",
+            DataType::UInt8 => "UINT_8",
+            DataType::UInt16 => "UINT_16",
+            DataType::UInt32 => "UINT_32",
+            DataType::UInt64 => "UINT_64",
+            DataType::Float16 => "FLOAT_16",
+            DataType::Float32 => "FLOAT_32",
+            DataType::Float64 => "FLOAT_64",
+            DataType::SFixedPoint4 => "SFIXED_POINT_4",
+            DataType::SFixedPoint8 => "SFIXED_POINT_8",
+            DataType::SFixedPoint16 => "SFIXED_POINT_16",
+            DataType::SFixedPoint32 => "SFIXED_POINT_32",
+            DataType::UFixedPoint4 => "UFIXED_POINT_4",
+            DataType::UFixedPoint8 => "UFIXED_POINT_8",
+            DataType::UFixedPoint16 => "UFIXED_POINT_16",
+            DataType::UFixedPoint32 => "UFIXED_POINT_32",
+            DataType::Bool8 => "BOOL_8",
+        }
+    }
+
+    /// Width of one element in bits; the code's low byte spells it in decimal digits.
+    pub fn bits(self) -> u32 {
+        let low = self.code() & 0xFF;
+        (low >> 4) * 10 + (low & 0xF)
+    }
+
+    /// Fixed-point types carry a quantization encoding; all others must not.
+    pub fn is_fixed_point(self) -> bool {
+        matches!(self.code() >> 8, 0x03 | 0x04)
+    }
+}
+
+impl fmt::Display for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `Qnn_TensorType_t` values this crate creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum TensorType {
+    /// Graph input written by the application.
+    AppWrite = 0,
+    /// Graph output read by the application.
+    AppRead = 1,
+    /// Both written and read by the application.
+    AppReadWrite = 2,
+    /// Intermediate produced and consumed inside the graph.
+    Native = 3,
+    /// Constant data supplied at creation (weights, op parameters).
+    Static = 4,
+    /// Omitted optional input.
+    Null = 5,
+}
+
+impl TensorType {
+    /// The `Qnn_TensorType_t` value.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// The enumerator name without the `QNN_TENSOR_TYPE_` prefix.
+    pub fn name(self) -> &'static str {
+        match self {
+            TensorType::AppWrite => "APP_WRITE",
+            TensorType::AppRead => "APP_READ",
+            TensorType::AppReadWrite => "APP_READWRITE",
+            TensorType::Native => "NATIVE",
+            TensorType::Static => "STATIC",
+            TensorType::Null => "NULL",
+        }
+    }
+}
+
+/// `Qnn_ScaleOffset_t`: `real = scale * (quantized + offset)`, i.e. `offset = -zero_point`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScaleOffset {
+    pub scale: f32,
+    pub offset: i32,
+}
+
+/// `Qnn_BlockwiseExpansion_t` with 8-bit block-scale storage (LPBQ weights).
+///
+/// Per output channel `c` along `axis` there is one float scale/offset; per block `b` of that
+/// channel one small integer multiplier `block_scales[c * num_blocks_per_axis + b]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockwiseExpansion {
+    pub axis: u32,
+    /// One entry per element of `dims[axis]`.
+    pub scale_offsets: Vec<ScaleOffset>,
+    pub num_blocks_per_axis: u32,
+    /// Precision of the block multipliers, e.g. 4 for int4 LPBQ.
+    pub block_scale_bitwidth: u32,
+    /// `dims[axis] * num_blocks_per_axis` multipliers (`blocksScale8`).
+    pub block_scales: Vec<u8>,
+}
+
+/// `Qnn_QuantizeParams_t` encodings used by the lowering.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Encoding {
+    /// Float, integer and bool tensors (`QNN_DEFINITION_UNDEFINED`).
+    Undefined,
+    /// Per-tensor `SCALE_OFFSET` (0).
+    ScaleOffset(ScaleOffset),
+    /// Per-channel `AXIS_SCALE_OFFSET` (1): one entry per element of `dims[axis]`.
+    AxisScaleOffset {
+        axis: u32,
+        scale_offsets: Vec<ScaleOffset>,
+    },
+    /// `BLOCKWISE_EXPANSION` (5).
+    BlockwiseExpansion(BlockwiseExpansion),
+}
+
+impl Encoding {
+    /// The `Qnn_QuantizationEncoding_t` value (`0x7FFFFFFF` for undefined).
+    pub fn code(&self) -> u32 {
+        match self {
+            Encoding::Undefined => 0x7FFF_FFFF,
+            Encoding::ScaleOffset(_) => 0,
+            Encoding::AxisScaleOffset { .. } => 1,
+            Encoding::BlockwiseExpansion(_) => 5,
+        }
+    }
+}
+
+/// Shared, immutable bytes of a static tensor.
+///
+/// QNN reads client buffers until the context is finalized and serialized, so the SDK layer
+/// keeps a clone of this handle alive for the context's lifetime; cloning never copies bytes.
+/// Anything that derefs to bytes can back it (a `Vec<u8>`, a memory map, ...).
+#[derive(Clone)]
+pub struct StaticData(Arc<dyn AsRef<[u8]> + Send + Sync>);
+
+impl StaticData {
+    /// Wraps an owner of bytes without copying them.
+    pub fn from_owner(owner: impl AsRef<[u8]> + Send + Sync + 'static) -> StaticData {
+        StaticData(Arc::new(owner))
+    }
+
+    /// The bytes, in QNN's dense row-major layout.
+    pub fn as_bytes(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+
+    /// Whether two handles share one buffer (cheap identity check before comparing bytes).
+    pub fn ptr_eq(&self, other: &StaticData) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl From<Vec<u8>> for StaticData {
+    fn from(bytes: Vec<u8>) -> StaticData {
+        StaticData::from_owner(bytes)
+    }
+}
+
+impl fmt::Debug for StaticData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StaticData({} bytes)", self.as_bytes().len())
+    }
+}
+
+impl PartialEq for StaticData {
+    fn eq(&self, other: &StaticData) -> bool {
+        self.ptr_eq(other) || self.as_bytes() == other.as_bytes()
+    }
+}
+
+/// One QNN tensor as passed to `tensorCreateGraphTensor`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorDesc {
+    pub name: String,
+    pub tensor_type: TensorType,
+    pub dtype: DataType,
+    pub dims: Vec<u32>,
+    pub encoding: Encoding,
+    /// Present exactly for [`TensorType::Static`] tensors.
+    pub data: Option<StaticData>,
+}
+
+impl TensorDesc {
+    /// Number of elements (product of `dims`; 1 for rank 0).
+    pub fn num_elements(&self) -> u64 {
+        self.dims.iter().map(|&d| u64::from(d)).product()
+    }
+
+    /// Checks everything the C side would otherwise read out of bounds or reject late:
+    /// names, dims, the static-data contract and encoding array lengths.
+    pub fn check(&self) -> Result<(), TensorError> {
+        let err = |problem: String| TensorError {
+            tensor: self.name.clone(),
+            problem,
+        };
+        check_c_name(&self.name).map_err(err)?;
+        if self.dims.contains(&0) {
+            return Err(err(format!("dims {:?} contain a zero extent", self.dims)));
+        }
+        match (&self.tensor_type, &self.data) {
+            (TensorType::Static, None) => return Err(err("STATIC tensor has no data".into())),
+            (TensorType::Static, Some(data)) => self.check_data_len(data).map_err(err)?,
+            (other, Some(_)) => {
+                return Err(err(format!("{} tensor must not carry data", other.name())))
+            }
+            (_, None) => {}
+        }
+        self.check_encoding().map_err(err)
+    }
+
+    fn check_data_len(&self, data: &StaticData) -> Result<(), String> {
+        let numel = self.num_elements();
+        let got = data.as_bytes().len() as u64;
+        let bits = u64::from(self.dtype.bits());
+        if bits == 4 {
+            // The header calls 4-bit types "tightly packed"; mllm stores one nibble per byte.
+            // Both layouts occur in practice, so accept either until the SDK settles it.
+            let packed = numel.div_ceil(2);
+            if got != packed && got != numel {
+                return Err(format!(
+                    "{} data has {got} bytes, expected {packed} (packed) or {numel} (one nibble per byte) for dims {:?}",
+                    self.dtype, self.dims
+                ));
+            }
+        } else if got != numel * bits / 8 {
+            return Err(format!(
+                "{} data has {got} bytes, expected {} for dims {:?}",
+                self.dtype,
+                numel * bits / 8,
+                self.dims
+            ));
+        }
+        if got > u64::from(u32::MAX) {
+            return Err(format!(
+                "data has {got} bytes; QNN client buffers hold at most 4 GiB"
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_encoding(&self) -> Result<(), String> {
+        let fixed = self.dtype.is_fixed_point();
+        match &self.encoding {
+            Encoding::Undefined if fixed => Err(format!(
+                "{} tensor needs a quantization encoding",
+                self.dtype
+            )),
+            Encoding::Undefined => Ok(()),
+            _ if !fixed => Err(format!(
+                "{} tensor must not carry a quantization encoding",
+                self.dtype
+            )),
+            Encoding::ScaleOffset(so) => check_scale("scale", so.scale),
+            Encoding::AxisScaleOffset {
+                axis,
+                scale_offsets,
+            } => {
+                let channels = self.axis_extent(*axis)?;
+                if scale_offsets.len() as u64 != u64::from(channels) {
+                    return Err(format!(
+                        "axisScaleOffset has {} entries, dims[{axis}] is {channels}",
+                        scale_offsets.len()
+                    ));
+                }
+                scale_offsets
+                    .iter()
+                    .try_for_each(|so| check_scale("per-channel scale", so.scale))
+            }
+            Encoding::BlockwiseExpansion(bw) => {
+                let channels = u64::from(self.axis_extent(bw.axis)?);
+                if bw.scale_offsets.len() as u64 != channels {
+                    return Err(format!(
+                        "blockwiseExpansion has {} per-channel scales, dims[{}] is {channels}",
+                        bw.scale_offsets.len(),
+                        bw.axis
+                    ));
+                }
+                if bw.num_blocks_per_axis == 0 {
+                    return Err("blockwiseExpansion numBlocksPerAxis is 0".into());
+                }
+                if !(1..=8).contains(&bw.block_scale_bitwidth) {
+                    return Err(format!(
+                        "blockwiseExpansion blockScaleBitwidth {} does not fit 8-bit block-scale storage",
+                        bw.block_scale_bitwidth
+                    ));
+                }
+                let want = channels * u64::from(bw.num_blocks_per_axis);
+                if bw.block_scales.len() as u64 != want {
+                    return Err(format!(
+                        "blockwiseExpansion has {} block scales, expected dims[{}] * numBlocksPerAxis = {want}",
+                        bw.block_scales.len(),
+                        bw.axis
+                    ));
+                }
+                bw.scale_offsets
+                    .iter()
+                    .try_for_each(|so| check_scale("per-channel scale", so.scale))
+            }
+        }
+    }
+
+    fn axis_extent(&self, axis: u32) -> Result<u32, String> {
+        self.dims.get(axis as usize).copied().ok_or_else(|| {
+            format!(
+                "quantization axis {axis} is out of range for rank {}",
+                self.dims.len()
+            )
+        })
+    }
+}
+
+fn check_scale(what: &str, scale: f32) -> Result<(), String> {
+    if scale.is_finite() && scale > 0.0 {
+        Ok(())
+    } else {
+        Err(format!("{what} {scale} must be finite and > 0"))
+    }
+}
+
+/// Names travel to C as NUL-terminated strings.
+pub(crate) fn check_c_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        Err("name is empty".into())
+    } else if name.contains('\0') {
+        Err(format!("name {name:?} contains a NUL byte"))
+    } else {
+        Ok(())
+    }
+}
+
+/// A tensor description that failed [`TensorDesc::check`].
+#[derive(Debug, Clone, PartialEq, Error)]
+#[error("tensor `{tensor}`: {problem}")]
+pub struct TensorError {
+    pub tensor: String,
+    pub problem: String,
+}
+
+/// `Qnn_Scalar_t`: a typed scalar op parameter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scalar {
+    Bool(bool),
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    U64(u64),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+}
+
+impl Scalar {
+    /// The `dataType` QNN sees for this scalar.
+    pub fn dtype(self) -> DataType {
+        match self {
+            Scalar::Bool(_) => DataType::Bool8,
+            Scalar::U8(_) => DataType::UInt8,
+            Scalar::I8(_) => DataType::Int8,
+            Scalar::U16(_) => DataType::UInt16,
+            Scalar::I16(_) => DataType::Int16,
+            Scalar::U32(_) => DataType::UInt32,
+            Scalar::I32(_) => DataType::Int32,
+            Scalar::U64(_) => DataType::UInt64,
+            Scalar::I64(_) => DataType::Int64,
+            Scalar::F32(_) => DataType::Float32,
+            Scalar::F64(_) => DataType::Float64,
+        }
+    }
+}
+
+/// The value of a named op parameter: a scalar, or a STATIC tensor created for this node.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ParamValue {
+    Scalar(Scalar),
+    Tensor(TensorDesc),
+}
+
+/// `Qnn_Param_t` before its tensor (if any) has been created.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamDesc {
+    pub name: String,
+    pub value: ParamValue,
+}
+
+/// One node of a graph. Inputs and outputs name tensors of the enclosing [`GraphDesc`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpDesc {
+    pub name: String,
+    /// Op package, `qti.aisw` for every built-in op.
+    pub package: String,
+    /// Op type as in `QnnOpDef.h`, e.g. `Conv2d`.
+    pub op_type: String,
+    pub params: Vec<ParamDesc>,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+}
+
+/// The package of QNN's built-in ops.
+pub const QTI_AISW: &str = "qti.aisw";
+
+/// A whole graph: every tensor it uses (params excluded), its I/O order and its nodes in
+/// dependency order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphDesc {
+    /// Graph name, unique within the context (the runtime retrieves graphs by it).
+    pub name: String,
+    pub tensors: Vec<TensorDesc>,
+    /// APP_WRITE tensors in the order the runtime binds them.
+    pub inputs: Vec<String>,
+    /// APP_READ tensors in the order the runtime binds them.
+    pub outputs: Vec<String>,
+    pub nodes: Vec<OpDesc>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(
+        dtype: DataType,
+        dims: &[u32],
+        encoding: Encoding,
+        data: Option<Vec<u8>>,
+    ) -> TensorDesc {
+        TensorDesc {
+            name: "t".into(),
+            tensor_type: if data.is_some() {
+                TensorType::Static
+            } else {
+                TensorType::Native
+            },
+            dtype,
+            dims: dims.to_vec(),
+            encoding,
+            data: data.map(StaticData::from),
+        }
+    }
+
+    #[test]
+    fn data_type_codes_match_qnn_types_h() {
+        // Values as listed in qnn-api.md §2.3 (QnnTypes.h).
+        let expected: [(DataType, u32, u32); 20] = [
+            (DataType::Int8, 0x0008, 8),
+            (DataType::Int16, 0x0016, 16),
+            (DataType::Int32, 0x0032, 32),
+            (DataType::Int64, 0x0064, 64),
+            (DataType::UInt8, 0x0108, 8),
+            (DataType::UInt16, 0x0116, 16),
+            (DataType::UInt32, 0x0132, 32),
+            (DataType::UInt64, 0x0164, 64),
+            (DataType::Float16, 0x0216, 16),
+            (DataType::Float32, 0x0232, 32),
+            (DataType::Float64, 0x0264, 64),
+            (DataType::SFixedPoint4, 0x0304, 4),
+            (DataType::SFixedPoint8, 0x0308, 8),
+            (DataType::SFixedPoint16, 0x0316, 16),
+            (DataType::SFixedPoint32, 0x0332, 32),
+            (DataType::UFixedPoint4, 0x0404, 4),
+            (DataType::UFixedPoint8, 0x0408, 8),
+            (DataType::UFixedPoint16, 0x0416, 16),
+            (DataType::UFixedPoint32, 0x0432, 32),
+            (DataType::Bool8, 0x0508, 8),
+        ];
+        for (dtype, code, bits) in expected {
+            assert_eq!(dtype.code(), code, "{dtype}");
+            assert_eq!(dtype.bits(), bits, "{dtype}");
+            assert_eq!(DataType::from_code(code), Some(dtype));
+        }
+        assert_eq!(
+            DataType::from_code(0x0608),
+            None,
+            "STRING is not a tensor type here"
+        );
+        let fixed: Vec<_> = DataType::ALL
+            .into_iter()
+            .filter(|d| d.is_fixed_point())
+            .collect();
+        assert_eq!(fixed.len(), 8);
+    }
+
+    #[test]
+    fn tensor_type_and_encoding_codes() {
+        assert_eq!(TensorType::AppWrite.code(), 0);
+        assert_eq!(TensorType::AppRead.code(), 1);
+        assert_eq!(TensorType::Native.code(), 3);
+        assert_eq!(TensorType::Static.code(), 4);
+        assert_eq!(TensorType::Null.code(), 5);
+        assert_eq!(Encoding::Undefined.code(), 0x7FFF_FFFF);
+        assert_eq!(
+            Encoding::ScaleOffset(ScaleOffset {
+                scale: 1.0,
+                offset: 0
+            })
+            .code(),
+            0
+        );
+        let axis = Encoding::AxisScaleOffset {
+            axis: 0,
+            scale_offsets: vec![],
+        };
+        assert_eq!(axis.code(), 1);
+    }
+
+    #[test]
+    fn static_data_length_is_checked_per_dtype() {
+        let so = Encoding::ScaleOffset(ScaleOffset {
+            scale: 0.5,
+            offset: -32768,
+        });
+        assert!(tensor(
+            DataType::UFixedPoint16,
+            &[2, 3],
+            so.clone(),
+            Some(vec![0; 12])
+        )
+        .check()
+        .is_ok());
+        let err = tensor(DataType::UFixedPoint16, &[2, 3], so, Some(vec![0; 6]))
+            .check()
+            .unwrap_err();
+        assert!(err.problem.contains("expected 12"), "{err}");
+
+        let so4 = Encoding::ScaleOffset(ScaleOffset {
+            scale: 0.5,
+            offset: 0,
+        });
+        for len in [3, 6] {
+            tensor(
+                DataType::SFixedPoint4,
+                &[2, 3],
+                so4.clone(),
+                Some(vec![0; len]),
+            )
+            .check()
+            .unwrap();
+        }
+        let err = tensor(DataType::SFixedPoint4, &[2, 3], so4, Some(vec![0; 4]))
+            .check()
+            .unwrap_err();
+        assert!(err.problem.contains("expected 3 (packed) or 6"), "{err}");
+    }
+
+    #[test]
+    fn static_contract_and_encoding_presence() {
+        let mut t = tensor(DataType::Float32, &[4], Encoding::Undefined, None);
+        t.tensor_type = TensorType::Static;
+        assert!(t.check().unwrap_err().problem.contains("no data"));
+
+        let mut t = tensor(
+            DataType::Float32,
+            &[4],
+            Encoding::Undefined,
+            Some(vec![0; 16]),
+        );
+        t.tensor_type = TensorType::AppWrite;
+        assert!(t
+            .check()
+            .unwrap_err()
+            .problem
+            .contains("APP_WRITE tensor must not carry data"));
+
+        let t = tensor(DataType::UFixedPoint8, &[4], Encoding::Undefined, None);
+        assert!(t
+            .check()
+            .unwrap_err()
+            .problem
+            .contains("needs a quantization encoding"));
+
+        let so = Encoding::ScaleOffset(ScaleOffset {
+            scale: 1.0,
+            offset: 0,
+        });
+        let t = tensor(DataType::Float16, &[4], so, None);
+        assert!(t.check().unwrap_err().problem.contains("must not carry"));
+
+        let t = tensor(
+            DataType::UFixedPoint8,
+            &[4],
+            Encoding::ScaleOffset(ScaleOffset {
+                scale: 0.0,
+                offset: 0,
+            }),
+            None,
+        );
+        assert!(t
+            .check()
+            .unwrap_err()
+            .problem
+            .contains("scale 0 must be finite and > 0"));
+
+        let mut t = tensor(DataType::Float32, &[4, 0], Encoding::Undefined, None);
+        assert!(t.check().unwrap_err().problem.contains("zero extent"));
+        t.dims = vec![4];
+        t.name = "a\0b".into();
+        assert!(t.check().unwrap_err().problem.contains("NUL"));
+    }
+
+    #[test]
+    fn blockwise_expansion_lengths_follow_dims() {
+        let per_channel = [ScaleOffset {
+            scale: 0.01,
+            offset: 0,
+        }; 8];
+        let bw = |scales: usize, blocks: usize| {
+            Encoding::BlockwiseExpansion(BlockwiseExpansion {
+                axis: 3,
+                scale_offsets: per_channel[..scales].to_vec(),
+                num_blocks_per_axis: 2,
+                block_scale_bitwidth: 4,
+                block_scales: vec![3; blocks],
+            })
+        };
+        // HWIO [1,1,In=32,Out=8], block 16 along In: 2 blocks per output channel.
+        let ok = tensor(
+            DataType::SFixedPoint8,
+            &[1, 1, 32, 8],
+            bw(8, 16),
+            Some(vec![0; 256]),
+        );
+        ok.check().unwrap();
+        let err = tensor(
+            DataType::SFixedPoint8,
+            &[1, 1, 32, 8],
+            bw(7, 16),
+            Some(vec![0; 256]),
+        )
+        .check()
+        .unwrap_err();
+        assert!(
+            err.problem.contains("7 per-channel scales, dims[3] is 8"),
+            "{err}"
+        );
+        let err = tensor(
+            DataType::SFixedPoint8,
+            &[1, 1, 32, 8],
+            bw(8, 15),
+            Some(vec![0; 256]),
+        )
+        .check()
+        .unwrap_err();
+        assert!(
+            err.problem
+                .contains("15 block scales, expected dims[3] * numBlocksPerAxis = 16"),
+            "{err}"
+        );
+        let err = tensor(
+            DataType::SFixedPoint8,
+            &[1, 32, 8],
+            bw(8, 16),
+            Some(vec![0; 256]),
+        )
+        .check()
+        .unwrap_err();
+        assert!(
+            err.problem.contains("axis 3 is out of range for rank 3"),
+            "{err}"
+        );
+    }
+}

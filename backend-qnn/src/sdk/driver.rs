@@ -1,0 +1,509 @@
+//! [`build_context_binary`]: the compile-side call sequence, written once against [`QnnApi`].
+//!
+//! The order follows mllm's QNN AOT environment (mllm-anchor.md §5.7):
+//!
+//! 1. `logCreate` (optional) → `backendCreate` → `deviceCreate(device configs)` →
+//!    `contextCreate(weight sharing)`: ONE context for all graphs.
+//! 2. Per graph, in the given order (e.g. `model.0.s32` then `model.0.s1`):
+//!    `graphCreate(graph configs)`; graph inputs then graph outputs are created first, in
+//!    their declared order (the runtime binds I/O positionally in creation order); then per
+//!    node: tensors on first use (inputs, then outputs), the node's parameter tensors, then
+//!    `backendValidateOpConfig` and `graphAddNode`; finally `graphFinalize`.
+//!    STATIC tensors are created once per context, keyed by name, and reused by later graphs,
+//!    which is what lets prefill and decode graphs share weights.
+//! 3. `contextGetBinarySize` → `contextGetBinary`.
+//! 4. `contextFree` → `deviceFree` → `backendFree` → `logFree`, also after a failure.
+//!
+//! Everything that can be checked without a backend (names, tensor descriptions, I/O lists,
+//! dependency order, conflicting shared weights) is checked before the first call, so bad
+//! input never leaves a half-built context behind.
+
+use std::collections::{HashMap, HashSet};
+
+use thiserror::Error;
+
+use super::api::{
+    ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, DeviceHandle,
+    GraphHandle, LogHandle, OpConfig, QnnApi, TensorId,
+};
+use super::config::{HtpOptions, OptionsError};
+use super::desc::{
+    check_c_name, GraphDesc, OpDesc, ParamValue, TensorDesc, TensorError, TensorType,
+};
+
+/// Why a context binary could not be built.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Options(#[from] OptionsError),
+    /// A graph description is inconsistent; nothing was sent to QNN.
+    #[error("graph `{graph}`: {problem}")]
+    InvalidGraph { graph: String, problem: String },
+    /// A tensor description is invalid; nothing was sent to QNN.
+    #[error("graph `{graph}`: {source}")]
+    InvalidTensor { graph: String, source: TensorError },
+    /// `backendValidateOpConfig` refused a node.
+    #[error("QNN rejected node `{node}` ({op_type}) of graph `{graph}`: {source}")]
+    NodeRejected {
+        graph: String,
+        node: String,
+        op_type: String,
+        source: ApiError,
+    },
+    /// Any other call failed; `step` says what was being done.
+    #[error("{step}: {source}")]
+    Api { step: String, source: ApiError },
+    /// The announced binary size does not fit in this process's address space.
+    #[error("contextGetBinarySize reported {size} bytes, more than this process can address")]
+    BinaryTooLarge { size: u64 },
+    /// The backend wrote more than it announced.
+    #[error("contextGetBinary reported {written} bytes written into a buffer of {size}")]
+    BinaryOverrun { size: u64, written: u64 },
+}
+
+/// Builds one QNN context holding `graphs` for `target` and returns its serialized binary.
+///
+/// All graphs share one context (with `weight_sharing`, STATIC tensors of the same name are
+/// created once and used by every graph). Handles are freed before returning, on success and
+/// on failure; after a failure the first error is returned and cleanup errors are dropped,
+/// since the context is being discarded anyway.
+pub fn build_context_binary(
+    graphs: &[GraphDesc],
+    target: &HtpOptions,
+    api: &mut dyn QnnApi,
+) -> Result<Vec<u8>, BuildError> {
+    target.check()?;
+    check_graphs(graphs)?;
+
+    let mut session = Session::default();
+    let built = session.build(graphs, target, api);
+    let closed = session.close(api);
+    let binary = built?;
+    closed.map_err(|source| BuildError::Api {
+        step: "releasing QNN handles".into(),
+        source,
+    })?;
+    Ok(binary)
+}
+
+/// Handles created so far, released in reverse order by [`Session::close`].
+#[derive(Default)]
+struct Session {
+    log: Option<LogHandle>,
+    backend: Option<BackendHandle>,
+    device: Option<DeviceHandle>,
+    context: Option<ContextHandle>,
+}
+
+fn api_step(step: impl Into<String>) -> impl FnOnce(ApiError) -> BuildError {
+    let step = step.into();
+    move |source| BuildError::Api { step, source }
+}
+
+impl Session {
+    fn build(
+        &mut self,
+        graphs: &[GraphDesc],
+        target: &HtpOptions,
+        api: &mut dyn QnnApi,
+    ) -> Result<Vec<u8>, BuildError> {
+        if let Some(level) = target.log_level {
+            self.log = Some(
+                api.log_create(level)
+                    .map_err(api_step("creating the QNN log"))?,
+            );
+        }
+        let backend = api
+            .backend_create(self.log)
+            .map_err(api_step("creating the QNN backend"))?;
+        self.backend = Some(backend);
+        let device_configs = target.device.device_configs();
+        let device = api
+            .device_create(self.log, &device_configs)
+            .map_err(api_step("creating the HTP device"))?;
+        self.device = Some(device);
+        let context = api
+            .context_create(backend, device, &target.context_configs())
+            .map_err(api_step("creating the QNN context"))?;
+        self.context = Some(context);
+
+        let graph_configs = target.graph.graph_configs();
+        let mut statics: HashMap<&str, TensorId> = HashMap::new();
+        for graph in graphs {
+            let handle = api
+                .graph_create(context, &graph.name, &graph_configs)
+                .map_err(api_step(format!("creating graph `{}`", graph.name)))?;
+            let mut builder = GraphBuilder {
+                api: &mut *api,
+                backend,
+                handle,
+                graph,
+                statics: &mut statics,
+                ids: HashMap::new(),
+            };
+            builder.build()?;
+            api.graph_finalize(handle)
+                .map_err(api_step(format!("finalizing graph `{}`", graph.name)))?;
+        }
+
+        let size = api
+            .context_get_binary_size(context)
+            .map_err(api_step("querying the context binary size"))?;
+        let len = usize::try_from(size).map_err(|_| BuildError::BinaryTooLarge { size })?;
+        let mut binary = vec![0u8; len];
+        let written = api
+            .context_get_binary(context, &mut binary)
+            .map_err(api_step("serializing the context"))?;
+        if written > size {
+            return Err(BuildError::BinaryOverrun { size, written });
+        }
+        binary.truncate(written as usize);
+        Ok(binary)
+    }
+
+    /// Frees every handle in reverse creation order; returns the first failure.
+    fn close(&mut self, api: &mut dyn QnnApi) -> Result<(), ApiError> {
+        let mut first = Ok(());
+        let mut keep = |r: Result<(), ApiError>| {
+            if first.is_ok() {
+                first = r;
+            }
+        };
+        if let Some(c) = self.context.take() {
+            keep(api.context_free(c));
+        }
+        if let Some(d) = self.device.take() {
+            keep(api.device_free(d));
+        }
+        if let Some(b) = self.backend.take() {
+            keep(api.backend_free(b));
+        }
+        if let Some(l) = self.log.take() {
+            keep(api.log_free(l));
+        }
+        first
+    }
+}
+
+/// Creates one graph's tensors and nodes.
+struct GraphBuilder<'g, 's, 'a> {
+    api: &'a mut dyn QnnApi,
+    backend: BackendHandle,
+    handle: GraphHandle,
+    graph: &'g GraphDesc,
+    /// STATIC tensors of the whole context, by name.
+    statics: &'s mut HashMap<&'g str, TensorId>,
+    /// Non-static tensors of this graph, by name.
+    ids: HashMap<&'g str, TensorId>,
+}
+
+impl<'g> GraphBuilder<'g, '_, '_> {
+    fn build(&mut self) -> Result<(), BuildError> {
+        let tensors: HashMap<&str, &TensorDesc> = self
+            .graph
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t))
+            .collect();
+        for name in self.graph.inputs.iter().chain(&self.graph.outputs) {
+            self.ensure(tensors[name.as_str()])?;
+        }
+        for node in &self.graph.nodes {
+            let mut inputs = Vec::with_capacity(node.inputs.len());
+            for name in &node.inputs {
+                let desc = tensors[name.as_str()];
+                inputs.push(BoundTensor {
+                    id: self.ensure(desc)?,
+                    desc,
+                });
+            }
+            let mut outputs = Vec::with_capacity(node.outputs.len());
+            for name in &node.outputs {
+                let desc = tensors[name.as_str()];
+                outputs.push(BoundTensor {
+                    id: self.ensure(desc)?,
+                    desc,
+                });
+            }
+            let mut params = Vec::with_capacity(node.params.len());
+            for p in &node.params {
+                let value = match &p.value {
+                    ParamValue::Scalar(s) => BoundParamValue::Scalar(*s),
+                    ParamValue::Tensor(desc) => BoundParamValue::Tensor(BoundTensor {
+                        id: self.create(desc)?,
+                        desc,
+                    }),
+                };
+                params.push(BoundParam {
+                    name: &p.name,
+                    value,
+                });
+            }
+            let op = OpConfig {
+                name: &node.name,
+                package: &node.package,
+                op_type: &node.op_type,
+                params,
+                inputs,
+                outputs,
+            };
+            self.add_node(node, &op)?;
+        }
+        Ok(())
+    }
+
+    fn add_node(&mut self, node: &OpDesc, op: &OpConfig<'_>) -> Result<(), BuildError> {
+        self.api
+            .backend_validate_op_config(self.backend, op)
+            .map_err(|source| BuildError::NodeRejected {
+                graph: self.graph.name.clone(),
+                node: node.name.clone(),
+                op_type: node.op_type.clone(),
+                source,
+            })?;
+        self.api
+            .graph_add_node(self.handle, op)
+            .map_err(api_step(format!(
+                "adding node `{}` ({}) to graph `{}`",
+                node.name, node.op_type, self.graph.name
+            )))
+    }
+
+    /// The id of `desc`, creating it on first use (STATIC: first use in the context).
+    fn ensure(&mut self, desc: &'g TensorDesc) -> Result<TensorId, BuildError> {
+        let known = if desc.tensor_type == TensorType::Static {
+            self.statics.get(desc.name.as_str())
+        } else {
+            self.ids.get(desc.name.as_str())
+        };
+        if let Some(&id) = known {
+            return Ok(id);
+        }
+        let id = self.create(desc)?;
+        if desc.tensor_type == TensorType::Static {
+            self.statics.insert(&desc.name, id);
+        } else {
+            self.ids.insert(&desc.name, id);
+        }
+        Ok(id)
+    }
+
+    fn create(&mut self, desc: &TensorDesc) -> Result<TensorId, BuildError> {
+        self.api
+            .tensor_create_graph_tensor(self.handle, desc)
+            .map_err(api_step(format!(
+                "creating tensor `{}` in graph `{}`",
+                desc.name, self.graph.name
+            )))
+    }
+}
+
+fn invalid(graph: &GraphDesc, problem: String) -> BuildError {
+    BuildError::InvalidGraph {
+        graph: graph.name.clone(),
+        problem,
+    }
+}
+
+/// Checks everything that can be checked before talking to QNN: names, tensor descriptions,
+/// I/O lists, dependency order and that shared STATIC tensors agree across graphs.
+/// [`build_context_binary`] runs this first.
+pub fn check_graphs(graphs: &[GraphDesc]) -> Result<(), BuildError> {
+    if graphs.is_empty() {
+        return Err(BuildError::InvalidGraph {
+            graph: String::new(),
+            problem: "no graphs to build".into(),
+        });
+    }
+    let mut names = HashSet::new();
+    let mut statics: HashMap<&str, (&str, &TensorDesc)> = HashMap::new();
+    for graph in graphs {
+        check_c_name(&graph.name).map_err(|p| invalid(graph, format!("graph {p}")))?;
+        if !names.insert(graph.name.as_str()) {
+            return Err(invalid(graph, "graph name is used twice".into()));
+        }
+        check_graph(graph)?;
+        for t in graph
+            .tensors
+            .iter()
+            .filter(|t| t.tensor_type == TensorType::Static)
+        {
+            match statics.get(t.name.as_str()) {
+                Some((first, shared)) if *shared != t => {
+                    return Err(invalid(
+                        graph,
+                        format!("STATIC tensor `{}` differs from the one of the same name in graph `{first}`; shared weights must be identical", t.name),
+                    ))
+                }
+                Some(_) => {}
+                None => {
+                    statics.insert(&t.name, (&graph.name, t));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_graph(graph: &GraphDesc) -> Result<(), BuildError> {
+    let mut tensors: HashMap<&str, &TensorDesc> = HashMap::new();
+    for t in &graph.tensors {
+        t.check().map_err(|source| BuildError::InvalidTensor {
+            graph: graph.name.clone(),
+            source,
+        })?;
+        if tensors.insert(&t.name, t).is_some() {
+            return Err(invalid(
+                graph,
+                format!("tensor `{}` is declared twice", t.name),
+            ));
+        }
+    }
+    check_io(
+        graph,
+        &tensors,
+        &graph.inputs,
+        TensorType::AppWrite,
+        "input",
+    )?;
+    check_io(
+        graph,
+        &tensors,
+        &graph.outputs,
+        TensorType::AppRead,
+        "output",
+    )?;
+
+    // Produced-before-consumed, single producer, unique node and param-tensor names.
+    let mut produced: HashSet<&str> = HashSet::new();
+    let mut node_names = HashSet::new();
+    let mut param_tensors = HashSet::new();
+    for node in &graph.nodes {
+        let at = |problem: String| {
+            invalid(
+                graph,
+                format!("node `{}` ({}): {problem}", node.name, node.op_type),
+            )
+        };
+        check_c_name(&node.name).map_err(|p| invalid(graph, format!("node {p}")))?;
+        check_c_name(&node.package).map_err(|p| at(format!("package {p}")))?;
+        check_c_name(&node.op_type).map_err(|p| at(format!("op type {p}")))?;
+        if !node_names.insert(node.name.as_str()) {
+            return Err(at("node name is used twice".into()));
+        }
+        for name in &node.inputs {
+            let t = tensors
+                .get(name.as_str())
+                .ok_or_else(|| at(format!("input `{name}` is not a tensor of the graph")))?;
+            let needs_producer = matches!(t.tensor_type, TensorType::Native | TensorType::AppRead);
+            if needs_producer && !produced.contains(name.as_str()) {
+                return Err(at(format!("input `{name}` is used before a node produces it (nodes must be in dependency order)")));
+            }
+        }
+        for name in &node.outputs {
+            let t = tensors
+                .get(name.as_str())
+                .ok_or_else(|| at(format!("output `{name}` is not a tensor of the graph")))?;
+            if matches!(
+                t.tensor_type,
+                TensorType::AppWrite | TensorType::Static | TensorType::Null
+            ) {
+                return Err(at(format!(
+                    "output `{name}` is a {} tensor",
+                    t.tensor_type.name()
+                )));
+            }
+            if !produced.insert(name.as_str()) {
+                return Err(at(format!(
+                    "output `{name}` is already produced by an earlier node"
+                )));
+            }
+        }
+        let mut param_names = HashSet::new();
+        for p in &node.params {
+            check_c_name(&p.name).map_err(|e| at(format!("param {e}")))?;
+            if !param_names.insert(p.name.as_str()) {
+                return Err(at(format!("param `{}` is given twice", p.name)));
+            }
+            if let ParamValue::Tensor(t) = &p.value {
+                t.check().map_err(|source| BuildError::InvalidTensor {
+                    graph: graph.name.clone(),
+                    source,
+                })?;
+                if t.tensor_type != TensorType::Static {
+                    return Err(at(format!(
+                        "tensor param `{}` must be STATIC, is {}",
+                        p.name,
+                        t.tensor_type.name()
+                    )));
+                }
+                if tensors.contains_key(t.name.as_str()) || !param_tensors.insert(t.name.as_str()) {
+                    return Err(at(format!(
+                        "tensor param `{}` reuses the tensor name `{}`",
+                        p.name, t.name
+                    )));
+                }
+            }
+        }
+    }
+    if let Some(missing) = graph
+        .outputs
+        .iter()
+        .find(|o| !produced.contains(o.as_str()))
+    {
+        return Err(invalid(
+            graph,
+            format!("graph output `{missing}` is not produced by any node"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_io(
+    graph: &GraphDesc,
+    tensors: &HashMap<&str, &TensorDesc>,
+    list: &[String],
+    kind: TensorType,
+    what: &str,
+) -> Result<(), BuildError> {
+    let mut seen = HashSet::new();
+    for name in list {
+        let t = tensors.get(name.as_str()).ok_or_else(|| {
+            invalid(
+                graph,
+                format!("graph {what} `{name}` is not a tensor of the graph"),
+            )
+        })?;
+        if t.tensor_type != kind {
+            return Err(invalid(
+                graph,
+                format!(
+                    "graph {what} `{name}` is {}, expected {}",
+                    t.tensor_type.name(),
+                    kind.name()
+                ),
+            ));
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(invalid(
+                graph,
+                format!("graph {what} `{name}` is listed twice"),
+            ));
+        }
+    }
+    if let Some(t) = graph
+        .tensors
+        .iter()
+        .find(|t| t.tensor_type == kind && !seen.contains(t.name.as_str()))
+    {
+        return Err(invalid(
+            graph,
+            format!(
+                "{} tensor `{}` is missing from the graph {what}s list",
+                kind.name(),
+                t.name
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,149 @@
+//! The real QNN C API behind [`QnnApi`](crate::sdk::QnnApi) (cargo feature `qnn-sdk`).
+//!
+//! - `bindings`: bindgen output for `$QNN_SDK_ROOT/include/QNN`, generated into `OUT_DIR` by
+//!   `build.rs` (never committed), with accessors for the versioned interface tables.
+//! - [`library`]: locating and opening `libQnnHtp.so` / `libQnnSystem.so` with `libloading`
+//!   and selecting a provider whose core API major version equals the bindings' and whose
+//!   minor version is at least the bindings'.
+//! - `marshal`: descriptors → C structs, with every pointed-to buffer owned by an arena.
+//! - [`SdkApi`]: the `QnnApi` implementation; [`SystemApi`]: context-binary metadata.
+
+#[cfg(not(unix))]
+compile_error!("feature `qnn-sdk` loads QNN libraries with dlopen and supports Unix hosts only");
+
+mod bindings;
+pub mod library;
+mod marshal;
+mod sdk_api;
+mod system;
+
+pub use library::{LibraryPaths, LoadError, ProviderInfo, HOST_LIB_DIR, HTP_BACKEND_ID};
+pub use sdk_api::SdkApi;
+pub use system::{BinaryInfo, GraphInfo, SystemApi, TensorInfo};
+
+/// `QNN_SDK_ROOT` at build time: the SDK whose headers the bindings were generated from.
+pub const BINDINGS_SDK_ROOT: &str = env!("BACKEND_QNN_SDK_ROOT");
+
+/// The target triple this crate was built for (used by tests to compile C fixtures).
+pub const BUILD_TARGET: &str = env!("BACKEND_QNN_TARGET");
+
+/// (major, minor) core API version of the headers the bindings were generated from.
+pub const BINDINGS_CORE_API_VERSION: (u32, u32) = bindings::CORE_API_VERSION;
+
+/// (major, minor) system API version of those headers.
+pub const BINDINGS_SYSTEM_API_VERSION: (u32, u32) = bindings::SYSTEM_API_VERSION;
+
+#[cfg(test)]
+// Enumerators are `c_uint` or `c_int` depending on the header; compare them as `u32`.
+#[allow(clippy::unnecessary_cast)]
+mod tests {
+    use super::bindings as b;
+    use crate::sdk::config::HtpArch;
+    use crate::sdk::desc::{DataType, Encoding, TensorType};
+
+    /// Our numeric codes against the enumerators of the headers in use. With a real SDK this
+    /// checks our documented values against Qualcomm's headers.
+    #[test]
+    fn codes_match_the_headers() {
+        let dtypes: [(DataType, u32); 20] = [
+            (DataType::Int8, b::QNN_DATATYPE_INT_8 as u32),
+            (DataType::Int16, b::QNN_DATATYPE_INT_16 as u32),
+            (DataType::Int32, b::QNN_DATATYPE_INT_32 as u32),
+            (DataType::Int64, b::QNN_DATATYPE_INT_64 as u32),
+            (DataType::UInt8, b::QNN_DATATYPE_UINT_8 as u32),
+            (DataType::UInt16, b::QNN_DATATYPE_UINT_16 as u32),
+            (DataType::UInt32, b::QNN_DATATYPE_UINT_32 as u32),
+            (DataType::UInt64, b::QNN_DATATYPE_UINT_64 as u32),
+            (DataType::Float16, b::QNN_DATATYPE_FLOAT_16 as u32),
+            (DataType::Float32, b::QNN_DATATYPE_FLOAT_32 as u32),
+            (DataType::Float64, b::QNN_DATATYPE_FLOAT_64 as u32),
+            (
+                DataType::SFixedPoint4,
+                b::QNN_DATATYPE_SFIXED_POINT_4 as u32,
+            ),
+            (
+                DataType::SFixedPoint8,
+                b::QNN_DATATYPE_SFIXED_POINT_8 as u32,
+            ),
+            (
+                DataType::SFixedPoint16,
+                b::QNN_DATATYPE_SFIXED_POINT_16 as u32,
+            ),
+            (
+                DataType::SFixedPoint32,
+                b::QNN_DATATYPE_SFIXED_POINT_32 as u32,
+            ),
+            (
+                DataType::UFixedPoint4,
+                b::QNN_DATATYPE_UFIXED_POINT_4 as u32,
+            ),
+            (
+                DataType::UFixedPoint8,
+                b::QNN_DATATYPE_UFIXED_POINT_8 as u32,
+            ),
+            (
+                DataType::UFixedPoint16,
+                b::QNN_DATATYPE_UFIXED_POINT_16 as u32,
+            ),
+            (
+                DataType::UFixedPoint32,
+                b::QNN_DATATYPE_UFIXED_POINT_32 as u32,
+            ),
+            (DataType::Bool8, b::QNN_DATATYPE_BOOL_8 as u32),
+        ];
+        for (ours, theirs) in dtypes {
+            assert_eq!(ours.code(), theirs, "{ours}");
+        }
+        assert_eq!(
+            TensorType::AppWrite.code(),
+            b::QNN_TENSOR_TYPE_APP_WRITE as u32
+        );
+        assert_eq!(
+            TensorType::AppRead.code(),
+            b::QNN_TENSOR_TYPE_APP_READ as u32
+        );
+        assert_eq!(TensorType::Native.code(), b::QNN_TENSOR_TYPE_NATIVE as u32);
+        assert_eq!(TensorType::Static.code(), b::QNN_TENSOR_TYPE_STATIC as u32);
+        assert_eq!(TensorType::Null.code(), b::QNN_TENSOR_TYPE_NULL as u32);
+        assert_eq!(
+            Encoding::Undefined.code(),
+            b::QNN_QUANTIZATION_ENCODING_UNDEFINED as u32
+        );
+        assert_eq!(HtpArch::V75.code(), b::QNN_HTP_DEVICE_ARCH_V75 as u32);
+        assert_eq!(HtpArch::V79.code(), b::QNN_HTP_DEVICE_ARCH_V79 as u32);
+        assert_eq!(
+            1,
+            b::QNN_HTP_CONTEXT_CONFIG_OPTION_WEIGHT_SHARING_ENABLED as u32
+        );
+        assert_eq!(
+            3,
+            b::QNN_HTP_GRAPH_OPTIMIZATION_TYPE_FINALIZE_OPTIMIZATION_FLAG as u32
+        );
+        assert_eq!(
+            4,
+            b::QNN_HTP_GRAPH_CONFIG_OPTION_FOLD_RELU_ACTIVATION_INTO_CONV_OFF as u32
+        );
+        assert_eq!(5, b::QNN_QUANTIZATION_ENCODING_BLOCKWISE_EXPANSION as u32);
+    }
+
+    /// LP64 sizes from qnn-api.md §2.6 (measured there with an independent C mirror).
+    #[test]
+    fn struct_sizes_match_the_documented_abi() {
+        use std::mem::size_of;
+        assert_eq!(size_of::<b::Qnn_Tensor_t>(), 144);
+        assert_eq!(size_of::<b::Qnn_TensorV2_t>(), 136);
+        assert_eq!(size_of::<b::Qnn_Param_t>(), 160);
+        assert_eq!(size_of::<b::Qnn_OpConfig_t>(), 80);
+        assert_eq!(size_of::<b::Qnn_BlockwiseExpansion_t>(), 40);
+        assert_eq!(size_of::<b::Qnn_ScaleOffset_t>(), 8);
+        assert_eq!(
+            std::mem::offset_of!(b::QnnInterface_t, __bindgen_anon_1),
+            40
+        );
+        assert_eq!(std::mem::offset_of!(b::CoreTable, graphAddNode), 144);
+        assert_eq!(
+            std::mem::offset_of!(b::CoreTable, tensorCreateGraphTensor),
+            192
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! The SDK-facing half of the QNN backend: turning graph descriptions into an HTP context
+//! binary through Qualcomm's QNN C API.
+//!
+//! # Layers
+//!
+//! - [`desc`] and [`config`]: plain descriptors of tensors (dtype, dims, quantization
+//!   encodings incl. LPBQ blockwise expansion, static data), op configs, graphs, and the HTP
+//!   target (SoC, VTCM, signed PD, precision, O-level, weight sharing).
+//! - [`QnnApi`]: the compile-side C API as a trait, one method per C entry point.
+//! - [`build_context_binary`]: the call sequence (one weight-sharing context, graphs in order,
+//!   tensors on first use, shared STATIC weights created once, validate before add, finalize,
+//!   serialize, free) written once against the trait.
+//! - [`RecordingApi`]: records every call as a readable line and returns fake handles and a
+//!   deterministic fake binary, so the exact sequence is testable without the SDK.
+//! - `SdkApi` (cargo feature `qnn-sdk`): the real thing. `build.rs` runs bindgen over
+//!   `$QNN_SDK_ROOT/include/QNN` (output in `OUT_DIR`, never committed: the headers are under
+//!   Qualcomm's EULA), and `libQnnHtp.so` / `libQnnSystem.so` are opened with `libloading`.
+//!
+//! # Building a context binary with the SDK
+//!
+//! 1. Install the QAIRT SDK and libclang (Debian: `apt-get install libclang-dev`).
+//! 2. Build with the feature and the SDK root (absolute path):
+//!    `QNN_SDK_ROOT=/opt/qcom/aistack/qairt/<ver> cargo build -p backend-qnn --features qnn-sdk`.
+//! 3. At run time the backend library is found at `$QNN_SDK_ROOT/lib/x86_64-linux-clang/`
+//!    (the root seen at build time is the fallback), or pass explicit paths:
+//!
+//! ```ignore
+//! use backend_qnn::sdk::{build_context_binary, HtpOptions, LibraryPaths, SdkApi};
+//! let mut api = SdkApi::load(&LibraryPaths::from_env()?)?;
+//! let binary = build_context_binary(&[prefill, decode], &HtpOptions::sm8650(), &mut api)?;
+//! std::fs::write("qwen3.bin", binary)?;
+//! ```
+//!
+//! [`build_context_binary_with_sdk`] does the same in one call and, in a build without the
+//! feature, returns [`SdkError::NotBuilt`] explaining how to enable it.
+//!
+//! # What CI proves without the SDK
+//!
+//! - The call sequence: an insta snapshot of the [`RecordingApi`] log for a two-graph toy
+//!   (`snapshots/qnn__sdk__call_sequence.snap`), plus assertions on ordering, weight sharing,
+//!   graph checks and error propagation (`tests/sdk_driver.rs`; plain `cargo test`, no
+//!   libclang needed).
+//! - The FFI path (`tests/sdk_ffi.rs`), run as
+//!   `QNN_SDK_ROOT=$PWD/backend-qnn/tests/cleanroom cargo test -p backend-qnn --features qnn-sdk`
+//!   (CI must first `apt-get install -y libclang-dev` for bindgen, and have a C compiler).
+//!   `tests/cleanroom/include/QNN` holds test-only headers written from our own notes, not
+//!   Qualcomm's. bindgen runs over them, a mock provider (`tests/cleanroom/mock_provider.c`)
+//!   is compiled against the same headers into `lib/x86_64-linux-clang/libQnnHtp.so`, loaded
+//!   through `SdkApi`, and must log exactly the calls and arguments, decoded back from the C
+//!   structs, that [`RecordingApi`] logs for the same graphs, and serialize the same binary,
+//!   which `SystemApi` then reads back. This covers dlopen, provider selection and version
+//!   checks, the versioned table, struct filling (encodings, configs, platform info, by-value
+//!   op configs), buffer lifetimes, error codes and cleanup order; unit tests compare our
+//!   numeric codes and struct sizes with the headers in use.
+//!
+//! Not proven without the SDK: that Qualcomm's HTP backend accepts our graphs (op
+//! constraints, LPBQ packing) and that the clean-room headers match Qualcomm's ABI. Building
+//! and testing with a real `QNN_SDK_ROOT` runs the same tests against Qualcomm's headers (the
+//! mock is then compiled against them too), and
+//! `cargo test -p backend-qnn --features qnn-sdk -- --ignored` prepares the toy with the real
+//! `libQnnHtp.so`.
+
+pub mod api;
+pub mod config;
+pub mod desc;
+pub mod driver;
+pub mod recording;
+pub mod render;
+
+pub use api::{
+    ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, DeviceHandle,
+    GraphHandle, LogHandle, OpConfig, QnnApi, TensorId,
+};
+pub use config::{
+    ContextConfig, DeviceConfig, GraphConfig, GraphOptions, HtpArch, HtpDeviceOptions,
+    HtpOptimization, HtpOptions, HtpPlatformInfo, LogLevel, OptionsError, Precision,
+};
+pub use desc::{
+    BlockwiseExpansion, DataType, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar,
+    ScaleOffset, StaticData, TensorDesc, TensorError, TensorType, QTI_AISW,
+};
+pub use driver::{build_context_binary, check_graphs, BuildError};
+pub use recording::{RecordedCall, RecordingApi};
+
+use thiserror::Error;
+
+/// How to get SDK support, for error messages.
+pub const ENABLE_SDK_HINT: &str =
+    "build with --features qnn-sdk and set QNN_SDK_ROOT=/path/to/qairt/<ver> (libclang is needed for bindgen)";
+
+/// Why [`build_context_binary_with_sdk`] failed.
+#[derive(Debug, Error)]
+pub enum SdkError {
+    /// This build has no QNN SDK support.
+    #[error("backend-qnn was built without QNN SDK support: {ENABLE_SDK_HINT}")]
+    NotBuilt,
+    /// The SDK libraries could not be loaded.
+    #[cfg(feature = "qnn-sdk")]
+    #[error(transparent)]
+    Load(#[from] ffi::LoadError),
+    #[error(transparent)]
+    Build(#[from] BuildError),
+}
+
+/// Whether this build can talk to a real QNN backend.
+pub const fn sdk_available() -> bool {
+    cfg!(feature = "qnn-sdk")
+}
+
+/// Builds the context binary with the QNN SDK located through `QNN_SDK_ROOT`.
+///
+/// Without the `qnn-sdk` feature this always returns [`SdkError::NotBuilt`], whose message
+/// says how to enable it; the graphs are still checked so callers see description errors.
+pub fn build_context_binary_with_sdk(
+    graphs: &[GraphDesc],
+    target: &HtpOptions,
+) -> Result<Vec<u8>, SdkError> {
+    #[cfg(feature = "qnn-sdk")]
+    {
+        let mut api = SdkApi::load(&LibraryPaths::from_env()?)?;
+        Ok(build_context_binary(graphs, target, &mut api)?)
+    }
+    #[cfg(not(feature = "qnn-sdk"))]
+    {
+        // Report invalid input as such, so callers fix their graphs before installing an SDK.
+        target.check().map_err(BuildError::from)?;
+        driver::check_graphs(graphs)?;
+        Err(SdkError::NotBuilt)
+    }
+}
+
+#[cfg(feature = "qnn-sdk")]
+pub mod ffi;
+#[cfg(feature = "qnn-sdk")]
+pub use ffi::{LibraryPaths, LoadError, SdkApi, SystemApi};
+
+#[cfg(all(test, not(feature = "qnn-sdk")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_the_feature_the_error_says_how_to_enable_it() {
+        assert!(!sdk_available());
+        let err = build_context_binary_with_sdk(&[], &HtpOptions::sm8650()).unwrap_err();
+        assert!(
+            matches!(err, SdkError::Build(BuildError::InvalidGraph { .. })),
+            "{err}"
+        );
+        let graph = GraphDesc {
+            name: "g".into(),
+            tensors: vec![],
+            inputs: vec![],
+            outputs: vec![],
+            nodes: vec![],
+        };
+        let err = build_context_binary_with_sdk(&[graph], &HtpOptions::sm8650()).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("--features qnn-sdk"), "{msg}");
+        assert!(msg.contains("QNN_SDK_ROOT=/path/to/qairt/<ver>"), "{msg}");
+    }
+}

@@ -1,0 +1,325 @@
+//! The textual call-log format and the fake context binary.
+//!
+//! One line per QNN call: `function(arguments) -> result`. The format is chosen so that the
+//! C mock provider (`tests/cleanroom/mock_provider.c`) can print the same text from the C
+//! structs it receives: integers in decimal, floats like C's `%.8e`, enums by their
+//! `QnnTypes.h` names, long arrays as a short prefix plus an FNV-1a digest. A test under the
+//! `qnn-sdk` feature compares the two logs line by line, which proves the FFI layer passes
+//! exactly what the driver asked for.
+
+use std::fmt::Write as _;
+
+use super::api::{BoundParamValue, BoundTensor, OpConfig};
+use super::config::{ContextConfig, DeviceConfig, GraphConfig};
+use super::desc::{DataType, Encoding, Scalar, ScaleOffset, TensorDesc};
+
+/// How many leading entries of a long array are printed before `...`.
+const PREFIX_LEN: usize = 4;
+
+/// FNV-1a, 64 bit: a digest both Rust and C compute in a few lines.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Formats like C's `printf("%.8e", (double)x)` (glibc): 9 significant digits, exponent with
+/// a sign and at least two digits.
+pub fn c_exp_f32(x: f32) -> String {
+    c_exp(f64::from(x), 8)
+}
+
+/// Formats like C's `printf("%.17e", x)`.
+pub fn c_exp_f64(x: f64) -> String {
+    c_exp(x, 17)
+}
+
+fn c_exp(x: f64, precision: usize) -> String {
+    if x.is_nan() {
+        return if x.is_sign_negative() { "-nan" } else { "nan" }.into();
+    }
+    if x.is_infinite() {
+        return if x < 0.0 { "-inf" } else { "inf" }.into();
+    }
+    // Rust prints `3.00000000e0`; C prints `3.00000000e+00`. Both round the exact binary
+    // value to nearest, ties to even, so only the exponent spelling differs.
+    let rust = format!("{x:.precision$e}");
+    let (mantissa, exponent) = rust.split_once('e').expect("`{:e}` output has an exponent");
+    let exponent: i32 = exponent.parse().expect("`{:e}` exponent is an integer");
+    let sign = if exponent < 0 { '-' } else { '+' };
+    format!("{mantissa}e{sign}{:02}", exponent.unsigned_abs())
+}
+
+fn scale_offsets_bytes(entries: &[ScaleOffset]) -> Vec<u8> {
+    // The in-memory layout of `Qnn_ScaleOffset_t[]` on little-endian targets.
+    entries
+        .iter()
+        .flat_map(|so| {
+            so.scale
+                .to_le_bytes()
+                .into_iter()
+                .chain(so.offset.to_le_bytes())
+        })
+        .collect()
+}
+
+fn write_list<T>(out: &mut String, items: &[T], mut item: impl FnMut(&mut String, &T)) {
+    out.push('[');
+    for (i, entry) in items.iter().take(PREFIX_LEN).enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        item(out, entry);
+    }
+    if items.len() > PREFIX_LEN {
+        out.push_str(", ...");
+    }
+    out.push(']');
+}
+
+fn write_scale_offsets(out: &mut String, entries: &[ScaleOffset]) {
+    let _ = write!(out, "n={}, ", entries.len());
+    write_list(out, entries, |out, so| {
+        let _ = write!(out, "({}, {})", c_exp_f32(so.scale), so.offset);
+    });
+    let _ = write!(out, ", fnv={:016x}", fnv1a64(&scale_offsets_bytes(entries)));
+}
+
+/// `none`, `scaleOffset(...)`, `axisScaleOffset(...)` or `blockwiseExpansion(...)`.
+pub fn encoding(enc: &Encoding) -> String {
+    let mut out = String::new();
+    match enc {
+        Encoding::Undefined => out.push_str("none"),
+        Encoding::ScaleOffset(so) => {
+            let _ = write!(out, "scaleOffset({}, {})", c_exp_f32(so.scale), so.offset);
+        }
+        Encoding::AxisScaleOffset {
+            axis,
+            scale_offsets,
+        } => {
+            let _ = write!(out, "axisScaleOffset(axis={axis}, ");
+            write_scale_offsets(&mut out, scale_offsets);
+            out.push(')');
+        }
+        Encoding::BlockwiseExpansion(bw) => {
+            let _ = write!(out, "blockwiseExpansion(axis={}, ", bw.axis);
+            write_scale_offsets(&mut out, &bw.scale_offsets);
+            let _ = write!(
+                out,
+                ", blocksPerAxis={}, scaleBitwidth={}, storage=8, blockScales(n={}, ",
+                bw.num_blocks_per_axis,
+                bw.block_scale_bitwidth,
+                bw.block_scales.len()
+            );
+            write_list(&mut out, &bw.block_scales, |out, v| {
+                let _ = write!(out, "{v}");
+            });
+            let _ = write!(out, ", fnv={:016x}))", fnv1a64(&bw.block_scales));
+        }
+    }
+    out
+}
+
+fn dims(dims: &[u32]) -> String {
+    let parts: Vec<String> = dims.iter().map(u32::to_string).collect();
+    format!("[{}]", parts.join(","))
+}
+
+/// `{name="x", type=APP_WRITE, dtype=..., dims=[..], quant=..., data=...}`.
+pub fn tensor(t: &TensorDesc) -> String {
+    let data = match &t.data {
+        None => "none".to_string(),
+        Some(d) => format!("{}B fnv={:016x}", d.as_bytes().len(), fnv1a64(d.as_bytes())),
+    };
+    format!(
+        "{{name=\"{}\", type={}, dtype={}, dims={}, quant={}, data={}}}",
+        t.name,
+        t.tensor_type.name(),
+        t.dtype.name(),
+        dims(&t.dims),
+        encoding(&t.encoding),
+        data
+    )
+}
+
+/// `TYPE value`.
+pub fn scalar(s: Scalar) -> String {
+    let value = match s {
+        Scalar::Bool(v) => u8::from(v).to_string(),
+        Scalar::U8(v) => v.to_string(),
+        Scalar::I8(v) => v.to_string(),
+        Scalar::U16(v) => v.to_string(),
+        Scalar::I16(v) => v.to_string(),
+        Scalar::U32(v) => v.to_string(),
+        Scalar::I32(v) => v.to_string(),
+        Scalar::U64(v) => v.to_string(),
+        Scalar::I64(v) => v.to_string(),
+        Scalar::F32(v) => c_exp_f32(v),
+        Scalar::F64(v) => c_exp_f64(v),
+    };
+    format!("{} {value}", s.dtype().name())
+}
+
+fn bound(t: &BoundTensor<'_>) -> String {
+    format!("{} \"{}\"", t.id, t.desc.name)
+}
+
+/// `{name=.., package=.., type=.., params=[..], inputs=[..], outputs=[..]}`.
+pub fn op(op: &OpConfig<'_>) -> String {
+    let params: Vec<String> = op
+        .params
+        .iter()
+        .map(|p| match &p.value {
+            BoundParamValue::Scalar(s) => format!("{}={}", p.name, scalar(*s)),
+            BoundParamValue::Tensor(t) => format!("{}=tensor({})", p.name, bound(t)),
+        })
+        .collect();
+    let inputs: Vec<String> = op.inputs.iter().map(bound).collect();
+    let outputs: Vec<String> = op.outputs.iter().map(bound).collect();
+    format!(
+        "{{name=\"{}\", package=\"{}\", type=\"{}\", params=[{}], inputs=[{}], outputs=[{}]}}",
+        op.name,
+        op.package,
+        op.op_type,
+        params.join(", "),
+        inputs.join(", "),
+        outputs.join(", ")
+    )
+}
+
+pub fn device_configs(configs: &[DeviceConfig]) -> String {
+    let parts: Vec<String> = configs
+        .iter()
+        .map(|c| match c {
+            DeviceConfig::HtpSoc(soc) => format!("htp.soc({soc})"),
+            DeviceConfig::HtpSignedPd(on) => format!("htp.signedPd({})", u8::from(*on)),
+            DeviceConfig::PlatformInfo(p) => format!(
+                "platformInfo(devices=1, cores=1, onChip(vtcmMB={}, soc={}, signedPd={}, dlbc={}, arch={}))",
+                p.vtcm_mb,
+                p.soc_model,
+                u8::from(p.signed_pd_support),
+                u8::from(p.dlbc_support),
+                p.arch
+            ),
+        })
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
+pub fn context_configs(configs: &[ContextConfig]) -> String {
+    let parts: Vec<String> = configs
+        .iter()
+        .map(|c| match c {
+            ContextConfig::HtpWeightSharingEnabled(on) => {
+                format!("htp.weightSharingEnabled({})", u8::from(*on))
+            }
+        })
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
+pub fn graph_configs(configs: &[GraphConfig]) -> String {
+    let parts: Vec<String> = configs
+        .iter()
+        .map(|c| match c {
+            GraphConfig::HtpOptimization { kind, value } => {
+                format!("htp.optimization({}, {})", kind.name(), c_exp_f32(*value))
+            }
+            GraphConfig::HtpPrecision(p) => format!("htp.precision({})", p.name()),
+            GraphConfig::HtpVtcmSizeInMb(mb) => format!("htp.vtcmSizeInMB({mb})"),
+            GraphConfig::HtpFoldReluActivationIntoConvOff(on) => {
+                format!("htp.foldReluActivationIntoConvOff({})", u8::from(*on))
+            }
+        })
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// A graph as it appears in the fake context binary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeGraph {
+    pub name: String,
+    pub nodes: u32,
+    /// (name, dtype, dims) of each APP_WRITE tensor in creation order.
+    pub inputs: Vec<(String, DataType, Vec<u32>)>,
+    /// (name, dtype, dims) of each APP_READ tensor in creation order.
+    pub outputs: Vec<(String, DataType, Vec<u32>)>,
+}
+
+/// First line of the fake context binary produced by the recording API and the mock provider.
+pub const FAKE_BINARY_MAGIC: &str = "QNN-FAKE-CONTEXT-BINARY 1";
+
+/// A deterministic stand-in for a context binary: a text listing of each graph's name, node
+/// count and I/O, the parts of a real binary's metadata the runtime relies on.
+pub fn fake_context_binary(graphs: &[FakeGraph]) -> Vec<u8> {
+    let mut out = format!("{FAKE_BINARY_MAGIC}\n");
+    for g in graphs {
+        let _ = writeln!(out, "graph {} nodes={}", g.name, g.nodes);
+        for (kind, list) in [("in", &g.inputs), ("out", &g.outputs)] {
+            for (name, dtype, d) in list {
+                let d: Vec<String> = d.iter().map(u32::to_string).collect();
+                let _ = writeln!(out, "{kind} {name} {} {}", dtype.name(), d.join("x"));
+            }
+        }
+    }
+    out.into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_style_floats_match_glibc_printf() {
+        // Expected strings printed by glibc's printf("%.8e") / ("%.17e") on this machine.
+        let cases: [(f32, &str); 8] = [
+            (3.0, "3.00000000e+00"),
+            (1.0 / 65535.0, "1.52590219e-05"),
+            (1e-6, "9.99999997e-07"),
+            (0.0, "0.00000000e+00"),
+            (-0.0, "-0.00000000e+00"),
+            (123_456_789.0, "1.23456792e+08"),
+            (1e-40, "9.99994610e-41"),
+            (0.1, "1.00000001e-01"),
+        ];
+        for (x, want) in cases {
+            assert_eq!(c_exp_f32(x), want, "{x:?}");
+        }
+        assert_eq!(c_exp_f64(1e100), "1.00000000000000002e+100");
+        assert_eq!(c_exp_f64(0.1), "1.00000000000000006e-01");
+        assert_eq!(c_exp_f32(f32::NEG_INFINITY), "-inf");
+    }
+
+    #[test]
+    fn fnv1a64_reference_values() {
+        // Published FNV-1a 64 test vectors.
+        assert_eq!(fnv1a64(b""), 0xcbf29ce484222325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63dc4c8601ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn long_arrays_are_abbreviated() {
+        let so: Vec<ScaleOffset> = (1..=6)
+            .map(|i| ScaleOffset {
+                scale: i as f32,
+                offset: -i,
+            })
+            .collect();
+        let text = encoding(&Encoding::AxisScaleOffset {
+            axis: 1,
+            scale_offsets: so.clone(),
+        });
+        let digest = fnv1a64(&scale_offsets_bytes(&so));
+        assert_eq!(
+            text,
+            format!(
+                "axisScaleOffset(axis=1, n=6, [(1.00000000e+00, -1), (2.00000000e+00, -2), (3.00000000e+00, -3), (4.00000000e+00, -4), ...], fnv={digest:016x})"
+            )
+        );
+        assert_eq!(
+            &scale_offsets_bytes(&so[..1]),
+            &[0, 0, 0x80, 0x3f, 0xff, 0xff, 0xff, 0xff]
+        );
+    }
+}

@@ -1,0 +1,78 @@
+/*
+ * TEST-ONLY CLEAN-ROOM HEADER. This is NOT a Qualcomm file and contains no Qualcomm code.
+ *
+ * Written for mllm-dsl's backend-qnn CI from the documented facts collected in
+ * shared/research/qnn-api.md (function names, enumerator values, struct members and their
+ * order); member names that document does not spell out were checked for compatibility only.
+ * It declares just what backend-qnn's FFI layer and its mock provider use, so that the
+ * bindgen + libloading path can be exercised without the QAIRT SDK:
+ *     QNN_SDK_ROOT=$PWD/backend-qnn/tests/cleanroom cargo test -p backend-qnn --features qnn-sdk
+ * Never build against a real QNN backend with it; install the QAIRT SDK and point
+ * QNN_SDK_ROOT at it instead.
+ */
+#ifndef CLEANROOM_QNN_HTP_DEVICE_H
+#define CLEANROOM_QNN_HTP_DEVICE_H
+
+#include "QnnDevice.h"
+
+typedef enum {
+  QNN_HTP_DEVICE_ARCH_NONE = 0,
+  QNN_HTP_DEVICE_ARCH_V68 = 68,
+  QNN_HTP_DEVICE_ARCH_V69 = 69,
+  QNN_HTP_DEVICE_ARCH_V73 = 73,
+  QNN_HTP_DEVICE_ARCH_V75 = 75,
+  QNN_HTP_DEVICE_ARCH_V79 = 79,
+  QNN_HTP_DEVICE_ARCH_V81 = 81,
+  QNN_HTP_DEVICE_ARCH_V85 = 85,
+  QNN_HTP_DEVICE_ARCH_UNKNOWN = 0x7fffffff
+} QnnHtpDevice_Arch_t;
+
+typedef struct {
+  uint32_t deviceId;
+  QnnHtpDevice_Arch_t arch;
+} QnnHtpDevice_Minimum_Arch_t;
+
+typedef struct {
+  uint32_t deviceId;
+  bool useSignedProcessDomain;
+} QnnHtpDevice_UseSignedProcessDomain_t;
+
+typedef enum {
+  QNN_HTP_DEVICE_CONFIG_OPTION_SOC = 0,
+  QNN_HTP_DEVICE_CONFIG_OPTION_ARCH = 1,
+  QNN_HTP_DEVICE_CONFIG_OPTION_SIGNEDPD = 2,
+  QNN_HTP_DEVICE_CONFIG_OPTION_SECUREPD = 3,
+  QNN_HTP_DEVICE_CONFIG_OPTION_UNKNOWN = 0x7fffffff
+} QnnHtpDevice_ConfigOption_t;
+
+typedef struct {
+  QnnHtpDevice_ConfigOption_t option;
+  union {
+    uint32_t socModel;
+    QnnHtpDevice_Minimum_Arch_t arch;
+    QnnHtpDevice_UseSignedProcessDomain_t useSignedProcessDomain;
+  };
+} QnnHtpDevice_CustomConfig_t;
+
+typedef enum {
+  QNN_HTP_DEVICE_TYPE_ON_CHIP = 0,
+  QNN_HTP_DEVICE_TYPE_UNKNOWN = 0x7fffffff
+} QnnHtpDevice_DeviceType_t;
+
+typedef struct {
+  size_t vtcmSize; /* MB */
+  uint32_t socModel;
+  bool signedPdSupport;
+  bool dlbcSupport;
+  QnnHtpDevice_Arch_t arch;
+} QnnHtpDevice_OnChipDeviceInfoExtension_t;
+
+/* What QnnDevice_HardwareDeviceInfoV1_t.deviceInfoExtension points to for HTP. */
+typedef struct _QnnDevice_DeviceInfoExtension_t {
+  QnnHtpDevice_DeviceType_t devType;
+  union {
+    QnnHtpDevice_OnChipDeviceInfoExtension_t onChipDevice;
+  };
+} QnnHtpDevice_DeviceInfoExtension_t;
+
+#endif

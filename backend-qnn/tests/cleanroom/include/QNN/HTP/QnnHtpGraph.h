@@ -1,0 +1,53 @@
+/*
+ * TEST-ONLY CLEAN-ROOM HEADER. This is NOT a Qualcomm file and contains no Qualcomm code.
+ *
+ * Written for mllm-dsl's backend-qnn CI from the documented facts collected in
+ * shared/research/qnn-api.md (function names, enumerator values, struct members and their
+ * order); member names that document does not spell out were checked for compatibility only.
+ * It declares just what backend-qnn's FFI layer and its mock provider use, so that the
+ * bindgen + libloading path can be exercised without the QAIRT SDK:
+ *     QNN_SDK_ROOT=$PWD/backend-qnn/tests/cleanroom cargo test -p backend-qnn --features qnn-sdk
+ * Never build against a real QNN backend with it; install the QAIRT SDK and point
+ * QNN_SDK_ROOT at it instead.
+ */
+#ifndef CLEANROOM_QNN_HTP_GRAPH_H
+#define CLEANROOM_QNN_HTP_GRAPH_H
+
+#include "QnnGraph.h"
+
+typedef enum {
+  QNN_HTP_GRAPH_OPTIMIZATION_TYPE_SCHEDULE_THRESHOLD = 1,
+  QNN_HTP_GRAPH_OPTIMIZATION_TYPE_FINALIZE_RETRIES = 2,
+  QNN_HTP_GRAPH_OPTIMIZATION_TYPE_FINALIZE_OPTIMIZATION_FLAG = 3,
+  QNN_HTP_GRAPH_OPTIMIZATION_TYPE_ENABLE_DLBC = 4,
+  QNN_HTP_GRAPH_OPTIMIZATION_TYPE_UNKNOWN = 0x7fffffff
+} QnnHtpGraph_OptimizationType_t;
+
+typedef struct {
+  QnnHtpGraph_OptimizationType_t type;
+  float floatValue;
+} QnnHtpGraph_OptimizationOption_t;
+
+typedef enum {
+  QNN_HTP_GRAPH_CONFIG_OPTION_OPTIMIZATION = 1,
+  QNN_HTP_GRAPH_CONFIG_OPTION_PRECISION = 2,
+  QNN_HTP_GRAPH_CONFIG_OPTION_VTCM_SIZE_IN_MB = 3,
+  QNN_HTP_GRAPH_CONFIG_OPTION_FOLD_RELU_ACTIVATION_INTO_CONV_OFF = 4,
+  QNN_HTP_GRAPH_CONFIG_OPTION_SHORT_DEPTH_CONV_ON_HMX_OFF = 5,
+  QNN_HTP_GRAPH_CONFIG_OPTION_NUM_HVX_THREADS = 6,
+  QNN_HTP_GRAPH_CONFIG_OPTION_UNKNOWN = 0x7fffffff
+} QnnHtpGraph_ConfigOption_t;
+
+typedef struct {
+  QnnHtpGraph_ConfigOption_t option;
+  union {
+    QnnHtpGraph_OptimizationOption_t optimizationOption;
+    Qnn_Precision_t precision;
+    uint32_t vtcmSizeInMB;
+    bool foldReluActivationIntoConvOff;
+    bool shortDepthConvOnHmxOff;
+    uint64_t numHvxThreads;
+  };
+} QnnHtpGraph_CustomConfig_t;
+
+#endif

@@ -1,0 +1,134 @@
+/*
+ * TEST-ONLY CLEAN-ROOM HEADER. This is NOT a Qualcomm file and contains no Qualcomm code.
+ *
+ * Written for mllm-dsl's backend-qnn CI from the documented facts collected in
+ * shared/research/qnn-api.md (function names, enumerator values, struct members and their
+ * order); member names that document does not spell out were checked for compatibility only.
+ * It declares just what backend-qnn's FFI layer and its mock provider use, so that the
+ * bindgen + libloading path can be exercised without the QAIRT SDK:
+ *     QNN_SDK_ROOT=$PWD/backend-qnn/tests/cleanroom cargo test -p backend-qnn --features qnn-sdk
+ * Never build against a real QNN backend with it; install the QAIRT SDK and point
+ * QNN_SDK_ROOT at it instead.
+ */
+#ifndef CLEANROOM_QNN_SYSTEM_CONTEXT_H
+#define CLEANROOM_QNN_SYSTEM_CONTEXT_H
+
+#include "QnnContext.h"
+#include "QnnDevice.h"
+#include "QnnTypes.h"
+
+typedef void* QnnSystemContext_Handle_t;
+
+typedef enum {
+  QNN_SYSTEM_CONTEXT_GRAPH_INFO_VERSION_1 = 1,
+  QNN_SYSTEM_CONTEXT_GRAPH_INFO_VERSION_2 = 2,
+  QNN_SYSTEM_CONTEXT_GRAPH_INFO_VERSION_3 = 3,
+  QNN_SYSTEM_CONTEXT_GRAPH_INFO_UNDEFINED = 0x7FFFFFFF
+} QnnSystemContext_GraphInfoVersion_t;
+
+typedef struct {
+  const char* graphName;
+  uint32_t numGraphInputs;
+  Qnn_Tensor_t* graphInputs;
+  uint32_t numGraphOutputs;
+  Qnn_Tensor_t* graphOutputs;
+} QnnSystemContext_GraphInfoV1_t;
+
+typedef struct {
+  const char* graphName;
+  uint32_t numGraphInputs;
+  Qnn_Tensor_t* graphInputs;
+  uint32_t numGraphOutputs;
+  Qnn_Tensor_t* graphOutputs;
+  uint32_t numUpdateableTensors;
+  Qnn_Tensor_t* updateableTensors;
+} QnnSystemContext_GraphInfoV2_t;
+
+typedef struct {
+  const char* graphName;
+  uint32_t numGraphInputs;
+  Qnn_Tensor_t* graphInputs;
+  uint32_t numGraphOutputs;
+  Qnn_Tensor_t* graphOutputs;
+  uint32_t numUpdateableTensors;
+  Qnn_Tensor_t* updateableTensors;
+  uint32_t graphBlobInfoSize;
+  void* graphBlobInfo;
+} QnnSystemContext_GraphInfoV3_t;
+
+typedef struct {
+  QnnSystemContext_GraphInfoVersion_t version;
+  union {
+    QnnSystemContext_GraphInfoV1_t graphInfoV1;
+    QnnSystemContext_GraphInfoV2_t graphInfoV2;
+    QnnSystemContext_GraphInfoV3_t graphInfoV3;
+  };
+} QnnSystemContext_GraphInfo_t;
+
+typedef enum {
+  QNN_SYSTEM_CONTEXT_BINARY_INFO_VERSION_1 = 1,
+  QNN_SYSTEM_CONTEXT_BINARY_INFO_VERSION_2 = 2,
+  QNN_SYSTEM_CONTEXT_BINARY_INFO_VERSION_3 = 3,
+  QNN_SYSTEM_CONTEXT_BINARY_INFO_UNDEFINED = 0x7FFFFFFF
+} QnnSystemContext_BinaryInfoVersion_t;
+
+typedef struct {
+  uint32_t backendId;
+  const char* buildId;
+  Qnn_Version_t coreApiVersion;
+  Qnn_Version_t backendApiVersion;
+  const char* socVersion;
+  Qnn_Version_t hwInfoBlobVersion;
+  Qnn_Version_t contextBlobVersion;
+  uint32_t hwInfoBlobSize;
+  void* hwInfoBlob;
+  uint64_t contextBlobSize;
+  uint32_t numContextTensors;
+  Qnn_Tensor_t* contextTensors;
+  uint32_t numGraphs;
+  QnnSystemContext_GraphInfo_t* graphs;
+} QnnSystemContext_BinaryInfoV1_t;
+
+typedef struct {
+  uint32_t backendId;
+  const char* buildId;
+  Qnn_Version_t coreApiVersion;
+  Qnn_Version_t backendApiVersion;
+  const char* socVersion;
+  Qnn_Version_t hwInfoBlobVersion;
+  Qnn_Version_t contextBlobVersion;
+  uint32_t hwInfoBlobSize;
+  void* hwInfoBlob;
+  uint64_t contextBlobSize;
+  uint32_t numContextTensors;
+  Qnn_Tensor_t* contextTensors;
+  uint32_t numGraphs;
+  QnnSystemContext_GraphInfo_t* graphs;
+  QnnDevice_PlatformInfo_t* platformInfo;
+} QnnSystemContext_BinaryInfoV2_t;
+
+typedef struct {
+  uint32_t backendId;
+  const char* buildId;
+  Qnn_Version_t coreApiVersion;
+  Qnn_Version_t backendApiVersion;
+  const char* socVersion;
+  Qnn_Version_t contextBlobVersion;
+  uint64_t contextBlobSize;
+  uint32_t numContextTensors;
+  Qnn_Tensor_t* contextTensors;
+  uint32_t numGraphs;
+  QnnSystemContext_GraphInfo_t* graphs;
+  QnnDevice_PlatformInfo_t* platformInfo;
+} QnnSystemContext_BinaryInfoV3_t;
+
+typedef struct {
+  QnnSystemContext_BinaryInfoVersion_t version;
+  union {
+    QnnSystemContext_BinaryInfoV1_t contextBinaryInfoV1;
+    QnnSystemContext_BinaryInfoV2_t contextBinaryInfoV2;
+    QnnSystemContext_BinaryInfoV3_t contextBinaryInfoV3;
+  };
+} QnnSystemContext_BinaryInfo_t;
+
+#endif
