@@ -5,7 +5,7 @@
 //! error is the same typed [`Error::Op`] in both modes, raised at the user's call with the module path.
 
 use crate::backend::{BackendRef, Storage};
-use crate::dtype::{DType, TensorType};
+use crate::dtype::{fmt_shape, DType, TensorType};
 use crate::error::{CallSite, Error, Result};
 use crate::ir::ValueId;
 use crate::op::{norm_dim, OpKind, ReduceKind};
@@ -180,7 +180,7 @@ impl Tensor {
     #[track_caller]
     pub fn transpose(&self, dim0: i64, dim1: i64) -> Result<Tensor> {
         let site = CallSite::here();
-        let (dim0, dim1) = (self.norm(dim0, site)?, self.norm(dim1, site)?);
+        let (dim0, dim1) = (self.norm("Transpose", dim0, site)?, self.norm("Transpose", dim1, site)?);
         apply(OpKind::Transpose { dim0, dim1 }, &[self], None, site)
     }
 
@@ -192,7 +192,9 @@ impl Tensor {
     #[track_caller]
     pub fn unsqueeze(&self, dim: i64) -> Result<Tensor> {
         let site = CallSite::here();
-        let dim = norm_dim(dim, self.rank() + 1).map_err(|m| op_error("Unsqueeze", site, m))?;
+        // The new dim may be one past the last.
+        let dim = norm_dim(dim, self.rank() + 1)
+            .map_err(|m| op_error("Unsqueeze", site, format!("{m} (shape {})", fmt_shape(self.shape()))))?;
         apply(OpKind::Unsqueeze { dim }, &[self], None, site)
     }
 
@@ -200,7 +202,7 @@ impl Tensor {
     #[track_caller]
     pub fn slice(&self, dim: i64, start: usize, end: usize) -> Result<Tensor> {
         let site = CallSite::here();
-        let dim = self.norm(dim, site)?;
+        let dim = self.norm("Slice", dim, site)?;
         apply(OpKind::Slice { dim, start, end }, &[self], None, site)
     }
 
@@ -209,7 +211,7 @@ impl Tensor {
     pub fn cat(tensors: &[&Tensor], dim: i64) -> Result<Tensor> {
         let site = CallSite::here();
         let first = tensors.first().ok_or_else(|| op_error("Concat", site, "needs at least one tensor".into()))?;
-        let dim = first.norm(dim, site)?;
+        let dim = first.norm("Concat", dim, site)?;
         apply(OpKind::Concat { dim }, tensors, None, site)
     }
 
@@ -217,7 +219,7 @@ impl Tensor {
     #[track_caller]
     pub fn repeat_interleave(&self, times: usize, dim: i64) -> Result<Tensor> {
         let site = CallSite::here();
-        let dim = self.norm(dim, site)?;
+        let dim = self.norm("Repeat", dim, site)?;
         apply(OpKind::Repeat { dim, times }, &[self], None, site)
     }
 
@@ -273,7 +275,7 @@ impl Tensor {
     #[track_caller]
     pub fn softmax(&self, dim: i64) -> Result<Tensor> {
         let site = CallSite::here();
-        let dim = self.norm(dim, site)?;
+        let dim = self.norm("Softmax", dim, site)?;
         apply(OpKind::Softmax { dim }, &[self], None, site)
     }
 
@@ -293,7 +295,8 @@ impl Tensor {
     }
 
     fn reduce(&self, kind: ReduceKind, dim: i64, keepdim: bool, site: CallSite) -> Result<Tensor> {
-        let dim = self.norm(dim, site)?;
+        let op = OpKind::Reduce { kind, dim: 0, keepdim }.type_name();
+        let dim = self.norm(op, dim, site)?;
         apply(OpKind::Reduce { kind, dim, keepdim }, &[self], None, site)
     }
 
@@ -313,7 +316,7 @@ impl Tensor {
     #[track_caller]
     pub fn gather(&self, dim: i64, indices: &Tensor) -> Result<Tensor> {
         let site = CallSite::here();
-        let dim = self.norm(dim, site)?;
+        let dim = self.norm("Gather", dim, site)?;
         apply(OpKind::Gather { dim }, &[self, indices], None, site)
     }
 
@@ -323,8 +326,9 @@ impl Tensor {
         apply(OpKind::Cast { to: dtype }, &[self], None, CallSite::here())
     }
 
-    fn norm(&self, dim: i64, site: CallSite) -> Result<usize> {
-        norm_dim(dim, self.rank()).map_err(|m| op_error("dim", site, m))
+    /// Normalizes a dim argument of `op`; the error names the op and this tensor's shape.
+    fn norm(&self, op: &str, dim: i64, site: CallSite) -> Result<usize> {
+        norm_dim(dim, self.rank()).map_err(|m| op_error(op, site, format!("{m} (shape {})", fmt_shape(self.shape()))))
     }
 }
 

@@ -10,15 +10,26 @@ use std::collections::HashMap;
 /// Parses printed IR.
 pub fn parse(text: &str) -> Result<Program> {
     let tokens = lex(text)?;
-    let mut p = Parser { toks: tokens, pos: 0, prog: Program::default(), ids: HashMap::new(), defined: Vec::new() };
+    let mut p = Parser {
+        toks: tokens,
+        pos: 0,
+        prog: Program::default(),
+        ids: HashMap::new(),
+        defined: Vec::new(),
+        first_mention: Vec::new(),
+    };
     p.expect_sym("main")?;
     let main = p.region()?;
     p.prog.main = main;
     if p.pos < p.toks.len() {
         return Err(p.err("unexpected text after the closing brace of @main"));
     }
-    if let Some((n, _)) = p.ids.iter().find(|(_, id)| !p.defined[id.index()]) {
-        return Err(Error::Parse { line: 0, column: 0, message: format!("value %{n} is used but never defined") });
+    // Report the undefined value mentioned first (not whichever the hash map yields first).
+    let undefined =
+        p.ids.iter().filter(|(_, id)| !p.defined[id.index()]).min_by_key(|(_, id)| p.first_mention[id.index()]);
+    if let Some((n, id)) = undefined {
+        let (line, column) = p.first_mention[id.index()];
+        return Err(Error::Parse { line, column, message: format!("value %{n} is used but never defined") });
     }
     // Ids were handed out in order of first mention; canonical ids follow definition order.
     Ok(p.prog.canonicalize())
@@ -166,11 +177,19 @@ struct Parser {
     /// Printed number → value id.
     ids: HashMap<u32, ValueId>,
     defined: Vec<bool>,
+    /// `(line, column)` where each value was first mentioned, to locate undefined values.
+    first_mention: Vec<(usize, usize)>,
 }
 
 impl Parser {
     fn err(&self, message: impl Into<String>) -> Error {
         let (line, column) = self.toks.get(self.pos).or(self.toks.last()).map_or((0, 0), |t| (t.line, t.col));
+        Error::Parse { line, column, message: message.into() }
+    }
+
+    /// An error at the token just consumed (a bad dtype or device name, not the token after it).
+    fn err_prev(&self, message: impl Into<String>) -> Error {
+        let (line, column) = self.toks.get(self.pos.saturating_sub(1)).map_or((0, 0), |t| (t.line, t.col));
         Error::Parse { line, column, message: message.into() }
     }
 
@@ -275,6 +294,8 @@ impl Parser {
         }
         let id = self.prog.add_value(ValueDef::new(TensorType::new(vec![], DType::F32)));
         self.defined.push(false);
+        // Called right after the `%n` token was consumed.
+        self.first_mention.push(self.toks.get(self.pos.saturating_sub(1)).map_or((0, 0), |t| (t.line, t.col)));
         self.ids.insert(n, id);
         id
     }
@@ -306,9 +327,9 @@ impl Parser {
             self.eat(',');
         }
         self.expect(',')?;
-        let dtype: DType = self.ident()?.parse().map_err(|e: String| self.err(e))?;
+        let dtype: DType = self.ident()?.parse().map_err(|e: String| self.err_prev(e))?;
         self.expect(',')?;
-        let device: Device = self.ident()?.parse().map_err(|e: String| self.err(e))?;
+        let device: Device = self.ident()?.parse().map_err(|e: String| self.err_prev(e))?;
         self.expect('>')?;
         let mut def = ValueDef::new(TensorType { shape, dtype, device });
         if self.peek() == Some(&Tok::Punct('['))
@@ -455,7 +476,7 @@ impl Parser {
                 let symbol = self.sym()?;
                 let device = match self.ident()?.as_str() {
                     "notype" => None,
-                    d => Some(d.parse().map_err(|e: String| self.err(e))?),
+                    d => Some(d.parse().map_err(|e: String| self.err_prev(e))?),
                 };
                 let attrs = if self.peek() == Some(&Tok::Punct('[')) { self.attrs()? } else { Attrs::new() };
                 self.expect('{')?;
@@ -477,7 +498,7 @@ impl Parser {
                 Ok(Node::Return(vals))
             }
             ["tensor", dev, kind @ ("register" | "constant")] => {
-                let device: Device = dev.parse().map_err(|e: String| self.err(e))?;
+                let device: Device = dev.parse().map_err(|e: String| self.err_prev(e))?;
                 let kind = kind.to_string();
                 self.list(false)?;
                 self.expect_arrow()?;
@@ -488,7 +509,7 @@ impl Parser {
                 Ok(if kind == "register" { Node::Register { device, value } } else { Node::Constant { device, value } })
             }
             ["linalg", dev, op] if op.ends_with("Op") => {
-                let device: Device = dev.parse().map_err(|e: String| self.err(e))?;
+                let device: Device = dev.parse().map_err(|e: String| self.err_prev(e))?;
                 let type_name = op.trim_end_matches("Op").to_string();
                 let mut name = None;
                 if self.eat('<') {

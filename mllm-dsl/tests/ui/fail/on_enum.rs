@@ -1,0 +1,9 @@
+use mllm_dsl::prelude::*;
+
+#[module]
+enum Layer {
+    A(Linear),
+    B(Conv2d),
+}
+
+fn main() {}

@@ -1,0 +1,6 @@
+use mllm_dsl::prelude::*;
+
+#[module]
+struct Pair(Linear, Conv2d);
+
+fn main() {}
