@@ -1,1 +1,25 @@
-//! backend-qnn
+//! backend-qnn: the SDK-free half of lowering to Qualcomm QNN (HTP).
+//!
+//! - [`dtype`], [`encoding`]: QNN data types, tensor types and quantization encodings with
+//!   their exact numeric values and integer <-> real mappings.
+//! - [`graph`]: an owned model of one lowered QNN graph plus a builder for lowering passes.
+//! - [`opdef`], [`params`], [`shape`], [`validate`]: the op-definition table and the static
+//!   checks a graph must pass before it is handed to the QNN API.
+//! - [`target`]: the AOT `target_machine` JSON mapped to HTP device / graph / context options.
+//! - [`artifacts`]: QNN Netron JSON, `model.cpp` + `model.bin` for `qnn-model-lib-generator`,
+//!   and a summary, written atomically and deterministically.
+//! - [`interp`]: a CPU reference interpreter with QNN quantization semantics.
+
+pub mod dtype;
+pub mod encoding;
+pub mod graph;
+pub mod opdef;
+pub mod params;
+pub mod shape;
+pub mod validate;
+
+pub use dtype::{DataType, TensorType};
+pub use encoding::{Encoding, Int4Storage, ScaleOffset};
+pub use graph::{GraphBuilder, Param, QnnGraph, QnnNode, QnnTensor, Scalar, StaticData, TensorRef};
+pub use opdef::OpType;
+pub use validate::{validate, ValidationError};
