@@ -75,6 +75,11 @@ impl StaticData {
         &self.0
     }
 
+    /// Another handle on the same bytes (no copy).
+    pub fn shared(&self) -> Arc<[u8]> {
+        Arc::clone(&self.0)
+    }
+
     pub fn len(&self) -> usize {
         self.0.len()
     }

@@ -10,12 +10,16 @@
 //!   and a summary, written atomically and deterministically.
 //! - [`interp`]: a CPU reference interpreter with QNN quantization semantics.
 
+pub mod artifacts;
 pub mod dtype;
 pub mod encoding;
 pub mod graph;
+pub mod interp;
+pub(crate) mod json;
 pub mod opdef;
 pub mod params;
 pub mod shape;
+pub mod target;
 pub mod validate;
 
 pub use dtype::{DataType, TensorType};
