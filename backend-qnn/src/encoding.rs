@@ -332,9 +332,20 @@ impl Encoding {
                 found: codes.len(),
             });
         }
+        self.dequantize_each(dims, |i| codes[i])
+    }
+
+    /// Dequantize the row-major tensor of shape `dims` whose code at flat index `i` is
+    /// `code(i)`; lets callers decode packed static bytes without an intermediate code vector.
+    pub fn dequantize_each(
+        &self,
+        dims: &[u32],
+        code: impl Fn(usize) -> i64,
+    ) -> Result<Vec<f32>, EncodingError> {
+        let numel: usize = dims.iter().map(|&d| d as usize).product();
         match self {
-            Encoding::Undefined => Ok(codes.iter().map(|&q| q as f32).collect()),
-            Encoding::ScaleOffset(so) => Ok(codes.iter().map(|&q| so.dequantize(q)).collect()),
+            Encoding::Undefined => Ok((0..numel).map(|i| code(i) as f32).collect()),
+            Encoding::ScaleOffset(so) => Ok((0..numel).map(|i| so.dequantize(code(i))).collect()),
             Encoding::AxisScaleOffset {
                 axis,
                 scale_offsets,
@@ -345,12 +356,12 @@ impl Encoding {
                 for o in 0..outer {
                     for (c, so) in scale_offsets.iter().enumerate() {
                         let base = (o * channels + c) * inner;
-                        out.extend(codes[base..base + inner].iter().map(|&q| so.dequantize(q)));
+                        out.extend((base..base + inner).map(|i| so.dequantize(code(i))));
                     }
                 }
                 Ok(out)
             }
-            Encoding::BlockwiseExpansion(bw) => dequantize_blockwise(bw, dims, codes),
+            Encoding::BlockwiseExpansion(bw) => dequantize_blockwise(bw, dims, code),
         }
     }
 
@@ -418,10 +429,11 @@ fn check_len(what: &'static str, expected: usize, found: usize) -> Result<(), En
 }
 
 /// `w[.., i, o] = (q + offset_o) * scale2[o] * scale1[o][i / block]`, row-major codes.
+/// `scale2 * scale1` is exact in f64 (24 + 16 mantissa bits), so each weight is rounded once.
 fn dequantize_blockwise(
     bw: &BlockwiseExpansion,
     dims: &[u32],
-    codes: &[i64],
+    code: impl Fn(usize) -> i64,
 ) -> Result<Vec<f32>, EncodingError> {
     let rank = dims.len();
     let block_axis = bw.block_axis(rank).ok_or(EncodingError::BlockwiseLayout {
@@ -441,17 +453,49 @@ fn dequantize_blockwise(
         });
     }
     let block = inputs / nb;
-    // Strides of the two named axes in row-major order; all other axes must be 1 (checked by
-    // the validator; here they simply repeat the pattern).
-    let stride = |axis: usize| -> usize { dims[axis + 1..].iter().map(|&d| d as usize).product() };
-    let (ch_stride, in_stride) = (stride(channel_axis), stride(block_axis));
-    let mut out = vec![0f32; codes.len()];
-    for (flat, (&q, slot)) in codes.iter().zip(out.iter_mut()).enumerate() {
-        let o = (flat / ch_stride) % channels;
-        let i = (flat / in_stride) % inputs;
-        let so = bw.scale_offsets[o];
-        let s1 = bw.block_scales.get(o * nb + i / block);
-        *slot = (f64::from(so.scale) * f64::from(s1) * (q as f64 + f64::from(so.offset))) as f32;
+    let numel: usize = dims.iter().map(|&d| d as usize).product();
+    let combined = |o: usize, b: usize| {
+        f64::from(bw.scale_offsets[o].scale) * f64::from(bw.block_scales.get(o * nb + b))
+    };
+    let offset = |o: usize| f64::from(bw.scale_offsets[o].offset);
+    let mut out = Vec::with_capacity(numel);
+    let others_are_one = dims
+        .iter()
+        .enumerate()
+        .all(|(a, &d)| a == channel_axis || a == block_axis || d == 1);
+    if others_are_one && channel_axis > block_axis {
+        // [.., In, Out]: flat = i * Out + o; refresh the per-channel factors once per block.
+        let mut row = vec![0f64; channels];
+        for i in 0..inputs {
+            if i % block == 0 {
+                for (o, r) in row.iter_mut().enumerate() {
+                    *r = combined(o, i / block);
+                }
+            }
+            for (o, r) in row.iter().enumerate() {
+                out.push((r * (code(i * channels + o) as f64 + offset(o))) as f32);
+            }
+        }
+    } else if others_are_one {
+        // [Out, In]: flat = o * In + i.
+        for o in 0..channels {
+            for b in 0..nb {
+                let s = combined(o, b);
+                for i in b * block..(b + 1) * block {
+                    out.push((s * (code(o * inputs + i) as f64 + offset(o))) as f32);
+                }
+            }
+        }
+    } else {
+        // Other axes repeat the pattern (the validator rejects this layout; kept total).
+        let stride =
+            |axis: usize| -> usize { dims[axis + 1..].iter().map(|&d| d as usize).product() };
+        let (ch_stride, in_stride) = (stride(channel_axis), stride(block_axis));
+        for flat in 0..numel {
+            let o = (flat / ch_stride) % channels;
+            let i = (flat / in_stride) % inputs;
+            out.push((combined(o, i / block) * (code(flat) as f64 + offset(o))) as f32);
+        }
     }
     Ok(out)
 }

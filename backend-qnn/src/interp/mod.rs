@@ -22,9 +22,12 @@ mod value;
 
 pub use value::{TensorValue, Values};
 
+use value::StaticCodes;
+
 use std::collections::HashMap;
 
 use crate::dtype::TensorType;
+use crate::encoding::Int4Storage;
 use crate::graph::{QnnGraph, QnnNode, QnnTensor};
 use crate::opdef::OpType;
 use crate::params::{self, ParamReadError};
@@ -181,19 +184,21 @@ impl<'g> Interpreter<'g> {
             env.insert(name.as_str(), value.clone());
         }
         for (i, node) in graph.nodes.iter().enumerate() {
-            let mut args = Vec::with_capacity(node.inputs.len());
-            for name in &node.inputs {
-                let meta = self.meta(name);
-                args.push(if meta.tensor_type == TensorType::Static {
-                    // Decoded on use so weights are never held twice.
-                    std::borrow::Cow::Owned(TensorValue::from_static(meta, graph.int4_storage)?)
-                } else {
-                    std::borrow::Cow::Borrowed(&env[name.as_str()])
-                });
-            }
-            let args: Vec<&TensorValue> = args.iter().map(|c| c.as_ref()).collect();
+            // Statics stay as bytes until an op needs them, so weights are never held twice.
+            let args: Vec<Operand<'_>> = node
+                .inputs
+                .iter()
+                .map(|name| {
+                    let meta = self.meta(name);
+                    if meta.tensor_type == TensorType::Static {
+                        Operand::Static(meta)
+                    } else {
+                        Operand::Value(&env[name.as_str()])
+                    }
+                })
+                .collect();
             let out_meta = self.meta(&node.outputs[0]);
-            let out = eval(node, &args, out_meta).map_err(|e| match e {
+            let out = eval(node, &args, out_meta, graph.int4_storage).map_err(|e| match e {
                 EvalError::Detail(detail) => InterpError::Op {
                     node: node.name.clone(),
                     op: node.op_type,
@@ -243,16 +248,108 @@ fn emit(out: &QnnTensor, real: &[f32]) -> Result<TensorValue, EvalError> {
     Ok(TensorValue::from_real(out, real)?)
 }
 
-/// Move elements by `map`; codes pass through when the representation is unchanged.
+/// An op input: a computed value, or a static tensor still in its bytes.
+enum Operand<'a> {
+    Value(&'a TensorValue),
+    Static(&'a QnnTensor),
+}
+
+impl Operand<'_> {
+    fn dims(&self) -> &[u32] {
+        match self {
+            Operand::Value(v) => &v.dims,
+            Operand::Static(t) => &t.dims,
+        }
+    }
+
+    fn dtype(&self) -> crate::dtype::DataType {
+        match self {
+            Operand::Value(v) => v.dtype,
+            Operand::Static(t) => t.dtype,
+        }
+    }
+
+    fn encoding(&self) -> &crate::encoding::Encoding {
+        match self {
+            Operand::Value(v) => &v.encoding,
+            Operand::Static(t) => &t.encoding,
+        }
+    }
+
+    fn same_representation(&self, out: &QnnTensor) -> bool {
+        self.dtype() == out.dtype && *self.encoding() == out.encoding
+    }
+
+    /// The whole value (statics decoded).
+    fn value(&self, int4: Int4Storage) -> Result<std::borrow::Cow<'_, TensorValue>, InterpError> {
+        Ok(match self {
+            Operand::Value(v) => std::borrow::Cow::Borrowed(*v),
+            Operand::Static(t) => std::borrow::Cow::Owned(TensorValue::from_static(t, int4)?),
+        })
+    }
+
+    /// Real values; statics are dequantized straight from their bytes (LPBQ expanded from
+    /// integers and block scales as encoded).
+    fn real(&self, int4: Int4Storage) -> Result<Vec<f32>, InterpError> {
+        match self {
+            Operand::Value(v) => v.to_real(),
+            Operand::Static(t) if t.dtype.is_float() => {
+                TensorValue::from_static(t, int4)?.to_real()
+            }
+            Operand::Static(t) => {
+                let codes = StaticCodes::new(t, int4)?;
+                if t.dtype.is_fixed_point() {
+                    t.encoding
+                        .dequantize_each(&t.dims, |i| codes.get(i))
+                        .map_err(|e| InterpError::Value {
+                            tensor: t.name.clone(),
+                            detail: e.to_string(),
+                        })
+                } else {
+                    Ok((0..t.numel() as usize)
+                        .map(|i| codes.get(i) as f32)
+                        .collect())
+                }
+            }
+        }
+    }
+
+    /// Integer codes at the `map` positions (statics decode only those elements).
+    fn codes_at(&self, map: &[usize], int4: Int4Storage) -> Result<Option<Vec<i64>>, InterpError> {
+        Ok(match self {
+            Operand::Value(v) => v.codes().map(|c| map.iter().map(|&i| c[i]).collect()),
+            Operand::Static(t) if t.dtype.is_float() => None,
+            Operand::Static(t) => {
+                let codes = StaticCodes::new(t, int4)?;
+                Some(map.iter().map(|&i| codes.get(i)).collect())
+            }
+        })
+    }
+}
+
+/// Move elements by `map` (identity when `None`); codes pass through when the representation
+/// is unchanged, otherwise values are requantized.
 fn relayout(
-    input: &TensorValue,
+    input: &Operand<'_>,
     map: Option<&[usize]>,
     out: &QnnTensor,
+    int4: Int4Storage,
 ) -> Result<TensorValue, EvalError> {
     if input.same_representation(out) {
-        let values = match map {
-            Some(m) => input.values.take(m),
-            None => input.values.clone(),
+        let identity: Vec<usize>;
+        let map = match map {
+            Some(m) => m,
+            None => {
+                identity = (0..shape::numel(input.dims()) as usize).collect();
+                &identity
+            }
+        };
+        let values = match input.codes_at(map, int4)? {
+            Some(codes) => Values::Codes(codes),
+            None => {
+                let real = input.real(int4)?;
+                Values::Real(map.iter().map(|&i| real[i]).collect())
+            }
         };
         return Ok(TensorValue {
             dtype: out.dtype,
@@ -261,7 +358,7 @@ fn relayout(
             values,
         });
     }
-    let real = input.to_real()?;
+    let real = input.real(int4)?;
     let moved: Vec<f32> = match map {
         Some(m) => m.iter().map(|&i| real[i]).collect(),
         None => real,
@@ -269,14 +366,19 @@ fn relayout(
     emit(out, &moved)
 }
 
-fn eval(node: &QnnNode, args: &[&TensorValue], out: &QnnTensor) -> Result<TensorValue, EvalError> {
-    let real = |i: usize| -> Result<Vec<f32>, EvalError> { Ok(args[i].to_real()?) };
-    let x = args[0];
+fn eval(
+    node: &QnnNode,
+    args: &[Operand<'_>],
+    out: &QnnTensor,
+    int4: Int4Storage,
+) -> Result<TensorValue, EvalError> {
+    let real = |i: usize| -> Result<Vec<f32>, EvalError> { Ok(args[i].real(int4)?) };
+    let x = &args[0];
+    let map_of = |i: usize| kernels::broadcast_map(&out.dims, args[i].dims());
     match node.op_type {
         OpType::ElementWiseAdd | OpType::ElementWiseSubtract | OpType::ElementWiseMultiply => {
             let (a, b) = (real(0)?, real(1)?);
-            let ma = kernels::broadcast_map(&out.dims, &args[0].dims);
-            let mb = kernels::broadcast_map(&out.dims, &args[1].dims);
+            let (ma, mb) = (map_of(0), map_of(1));
             let f: fn(f32, f32) -> f32 = match node.op_type {
                 OpType::ElementWiseAdd => |p, q| p + q,
                 OpType::ElementWiseSubtract => |p, q| p - q,
@@ -294,10 +396,11 @@ fn eval(node: &QnnNode, args: &[&TensorValue], out: &QnnTensor) -> Result<Tensor
                 .collect::<Vec<_>>(),
         ),
         OpType::ElementWiseEqual => {
-            let ma = kernels::broadcast_map(&out.dims, &args[0].dims);
-            let mb = kernels::broadcast_map(&out.dims, &args[1].dims);
-            let same = args[0].dtype == args[1].dtype && args[0].encoding == args[1].encoding;
-            let codes: Vec<i64> = match (same, args[0].codes(), args[1].codes()) {
+            let (ma, mb) = (map_of(0), map_of(1));
+            let same =
+                args[0].dtype() == args[1].dtype() && args[0].encoding() == args[1].encoding();
+            let (va, vb) = (args[0].value(int4)?, args[1].value(int4)?);
+            let codes: Vec<i64> = match (same, va.codes(), vb.codes()) {
                 // Equal codes in one encoding <=> equal reals; avoids float products.
                 (true, Some(a), Some(b)) => ma
                     .iter()
@@ -305,7 +408,7 @@ fn eval(node: &QnnNode, args: &[&TensorValue], out: &QnnTensor) -> Result<Tensor
                     .map(|(&i, &j)| i64::from(a[i] == b[j]))
                     .collect(),
                 _ => {
-                    let (a, b) = (real(0)?, real(1)?);
+                    let (a, b) = (va.to_real()?, vb.to_real()?);
                     ma.iter()
                         .zip(&mb)
                         .map(|(&i, &j)| i64::from(a[i] == b[j]))
@@ -315,22 +418,19 @@ fn eval(node: &QnnNode, args: &[&TensorValue], out: &QnnTensor) -> Result<Tensor
             Ok(TensorValue::from_codes(out, codes)?)
         }
         OpType::ElementWiseSelect => {
-            let cond = args[0]
-                .codes()
-                .ok_or("condition holds no codes".to_string())?;
+            let cond = args[0].value(int4)?;
+            let cond = cond.codes().ok_or("condition holds no codes".to_string())?;
             let (a, b) = (real(1)?, real(2)?);
-            let mc = kernels::broadcast_map(&out.dims, &args[0].dims);
-            let ma = kernels::broadcast_map(&out.dims, &args[1].dims);
-            let mb = kernels::broadcast_map(&out.dims, &args[2].dims);
+            let (mc, ma, mb) = (map_of(0), map_of(1), map_of(2));
             let r: Vec<f32> = (0..mc.len())
                 .map(|k| if cond[mc[k]] != 0 { a[ma[k]] } else { b[mb[k]] })
                 .collect();
             emit(out, &r)
         }
         OpType::Softmax => {
-            let axis = params::int(node, "axis", x.dims.len())? as usize;
+            let axis = params::int(node, "axis", x.dims().len())? as usize;
             let beta = params::float(node, "beta")?;
-            emit(out, &kernels::softmax(&real(0)?, &x.dims, axis, beta))
+            emit(out, &kernels::softmax(&real(0)?, x.dims(), axis, beta))
         }
         OpType::RmsNorm => {
             let axes = params::u32s(node, "axes")?;
@@ -339,42 +439,36 @@ fn eval(node: &QnnNode, args: &[&TensorValue], out: &QnnTensor) -> Result<Tensor
             let beta = if args.len() > 2 { Some(real(2)?) } else { None };
             emit(
                 out,
-                &kernels::rms_norm(&real(0)?, &x.dims, &axes, &gamma, beta.as_deref(), eps),
+                &kernels::rms_norm(&real(0)?, x.dims(), &axes, &gamma, beta.as_deref(), eps),
             )
         }
         OpType::Transpose => {
             let perm = params::u32s(node, "perm")?;
-            relayout(x, Some(&kernels::transpose_map(&x.dims, &perm)), out)
+            relayout(x, Some(&kernels::transpose_map(x.dims(), &perm)), out, int4)
         }
-        OpType::Reshape
-        | OpType::Convert
-        | OpType::Cast
-        | OpType::Quantize
-        | OpType::Dequantize => {
-            if node.op_type == OpType::Reshape {
-                relayout(x, None, out)
-            } else {
-                emit(out, &real(0)?)
-            }
+        OpType::Reshape => relayout(x, None, out, int4),
+        OpType::Convert | OpType::Cast | OpType::Quantize | OpType::Dequantize => {
+            emit(out, &real(0)?)
         }
         OpType::StridedSlice => {
             let ranges = params::i32s(node, "ranges")?;
             let mask = |n: &str| params::int(node, n, 0).map(|v| v as u32);
             let (axes, _) = shape::strided_slice(
-                &x.dims,
+                x.dims(),
                 &ranges,
                 mask("begin_mask")?,
                 mask("end_mask")?,
                 mask("shrink_axes")?,
                 mask("new_axes_mask")?,
             )?;
-            relayout(x, Some(&kernels::slice_map(&x.dims, &axes)), out)
+            relayout(x, Some(&kernels::slice_map(x.dims(), &axes)), out, int4)
         }
         OpType::Gather => {
-            let axis = params::int(node, "axis", x.dims.len())? as i32;
-            let (axis, _) = shape::gather_output(&x.dims, &args[1].dims, axis)?;
-            let dim = x.dims[axis] as i64;
-            let raw = args[1].codes().ok_or("indices hold no codes".to_string())?;
+            let axis = params::int(node, "axis", x.dims().len())? as i32;
+            let (axis, _) = shape::gather_output(x.dims(), args[1].dims(), axis)?;
+            let dim = x.dims()[axis] as i64;
+            let indices = args[1].value(int4)?;
+            let raw = indices.codes().ok_or("indices hold no codes".to_string())?;
             let mut idx = Vec::with_capacity(raw.len());
             for (k, &v) in raw.iter().enumerate() {
                 if !(0..dim).contains(&v) {
@@ -382,27 +476,36 @@ fn eval(node: &QnnNode, args: &[&TensorValue], out: &QnnTensor) -> Result<Tensor
                 }
                 idx.push(v as usize);
             }
-            relayout(x, Some(&kernels::gather_map(&x.dims, axis, &idx)), out)
+            relayout(
+                x,
+                Some(&kernels::gather_map(x.dims(), axis, &idx)),
+                out,
+                int4,
+            )
         }
         OpType::Concat => {
-            let axis = params::int(node, "axis", x.dims.len())? as usize;
+            let axis = params::int(node, "axis", x.dims().len())? as usize;
+            let values = args
+                .iter()
+                .map(|a| a.value(int4))
+                .collect::<Result<Vec<_>, _>>()?;
             if args.iter().all(|a| a.same_representation(out)) {
-                if let Some(parts) = args
+                if let Some(parts) = values
                     .iter()
-                    .map(|a| a.codes().map(|c| (c, a.dims.as_slice())))
+                    .map(|v| v.codes().map(|c| (c, v.dims.as_slice())))
                     .collect::<Option<Vec<_>>>()
                 {
                     return Ok(TensorValue::from_codes(out, kernels::concat(&parts, axis))?);
                 }
             }
-            let reals = args
+            let reals = values
                 .iter()
-                .map(|a| a.to_real())
+                .map(|v| v.to_real())
                 .collect::<Result<Vec<_>, _>>()?;
             let parts: Vec<(&[f32], &[u32])> = reals
                 .iter()
-                .zip(args)
-                .map(|(r, a)| (r.as_slice(), a.dims.as_slice()))
+                .zip(&values)
+                .map(|(r, v)| (r.as_slice(), v.dims.as_slice()))
                 .collect();
             emit(out, &kernels::concat(&parts, axis))
         }
@@ -413,13 +516,26 @@ fn eval(node: &QnnNode, args: &[&TensorValue], out: &QnnTensor) -> Result<Tensor
                 OpType::ReduceMax => Reduce::Max,
                 _ => Reduce::Mean,
             };
-            let (groups_of, groups) = kernels::group_map(&x.dims, &axes);
+            let (groups_of, groups) = kernels::group_map(x.dims(), &axes);
             emit(out, &kernels::reduce(&real(0)?, &groups_of, groups, how))
         }
-        OpType::MatMul => matmul(node, args, out),
+        OpType::MatMul => {
+            let ta = params::flag(node, "transpose_in0")?;
+            let tb = params::flag(node, "transpose_in1")?;
+            let r = matmul(
+                &real(0)?,
+                args[0].dims(),
+                &real(1)?,
+                args[1].dims(),
+                ta,
+                tb,
+                &out.dims,
+            );
+            emit(out, &r)
+        }
         OpType::FullyConnected => {
-            let w = args[1];
-            let (outc, inc) = (w.dims[0] as usize, w.dims[1] as usize);
+            let w = args[1].dims();
+            let (outc, inc) = (w[0] as usize, w[1] as usize);
             let (xr, wr) = (real(0)?, real(1)?);
             let rows = xr.len() / inc;
             let mut r = vec![0f32; rows * outc];
@@ -462,8 +578,8 @@ fn eval(node: &QnnNode, args: &[&TensorValue], out: &QnnTensor) -> Result<Tensor
                 ]
             };
             let geometry = kernels::ConvGeometry {
-                input: d(&x.dims),
-                filter: d(&args[1].dims),
+                input: d(x.dims()),
+                filter: d(args[1].dims()),
                 output: d(&out.dims),
                 stride: [stride[0] as usize, stride[1] as usize],
                 pad_before: [pad[0][0] as usize, pad[1][0] as usize],
@@ -479,27 +595,28 @@ fn eval(node: &QnnNode, args: &[&TensorValue], out: &QnnTensor) -> Result<Tensor
     }
 }
 
+/// Batched `[..., M, K] x [..., K, N]` with broadcast batch dims and optional transposes.
 fn matmul(
-    node: &QnnNode,
-    args: &[&TensorValue],
-    out: &QnnTensor,
-) -> Result<TensorValue, EvalError> {
-    let (a, b) = (args[0], args[1]);
-    let ta = params::flag(node, "transpose_in0")?;
-    let tb = params::flag(node, "transpose_in1")?;
-    let (ar, br) = (a.to_real()?, b.to_real()?);
-    let (ra, rb) = (a.dims.len(), b.dims.len());
-    let (a_rows, a_cols) = (a.dims[ra - 2] as usize, a.dims[ra - 1] as usize);
-    let (b_rows, b_cols) = (b.dims[rb - 2] as usize, b.dims[rb - 1] as usize);
+    ar: &[f32],
+    a_dims: &[u32],
+    br: &[f32],
+    b_dims: &[u32],
+    ta: bool,
+    tb: bool,
+    out_dims: &[u32],
+) -> Vec<f32> {
+    let (ra, rb) = (a_dims.len(), b_dims.len());
+    let (a_rows, a_cols) = (a_dims[ra - 2] as usize, a_dims[ra - 1] as usize);
+    let (b_rows, b_cols) = (b_dims[rb - 2] as usize, b_dims[rb - 1] as usize);
     let (m, k) = if ta {
         (a_cols, a_rows)
     } else {
         (a_rows, a_cols)
     };
     let n = if tb { b_rows } else { b_cols };
-    let batch_dims = &out.dims[..out.dims.len() - 2];
-    let a_batch = kernels::broadcast_map(batch_dims, &a.dims[..ra - 2]);
-    let b_batch = kernels::broadcast_map(batch_dims, &b.dims[..rb - 2]);
+    let batch_dims = &out_dims[..out_dims.len() - 2];
+    let a_batch = kernels::broadcast_map(batch_dims, &a_dims[..ra - 2]);
+    let b_batch = kernels::broadcast_map(batch_dims, &b_dims[..rb - 2]);
     let (a_mat, b_mat) = (a_rows * a_cols, b_rows * b_cols);
     let mut r = vec![0f32; a_batch.len() * m * n];
     for (bi, (&ia, &ib)) in a_batch.iter().zip(&b_batch).enumerate() {
@@ -533,7 +650,7 @@ fn matmul(
         };
         kernels::matmul(&mut r[bi * m * n..(bi + 1) * m * n], a_ref, b_ref, m, n, k);
     }
-    emit(out, &r)
+    r
 }
 
 #[cfg(test)]

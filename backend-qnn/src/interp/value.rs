@@ -28,14 +28,6 @@ impl Values {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// Elements picked by `map` (output index -> source index).
-    pub(crate) fn take(&self, map: &[usize]) -> Values {
-        match self {
-            Values::Real(v) => Values::Real(map.iter().map(|&i| v[i]).collect()),
-            Values::Codes(v) => Values::Codes(map.iter().map(|&i| v[i]).collect()),
-        }
-    }
 }
 
 /// A tensor's contents with the metadata needed to interpret them.
@@ -144,20 +136,9 @@ impl TensorValue {
                     .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
                     .collect(),
             ),
-            DataType::SFixedPoint4 | DataType::UFixedPoint4 => {
-                Values::Codes(int4.decode(bytes, numel, meta.dtype.is_signed()))
-            }
-            dtype => {
-                let width = dtype
-                    .element_bytes()
-                    .ok_or_else(|| err(format!("{dtype} has no element size")))?;
-                let signed = dtype.is_signed();
-                Values::Codes(
-                    bytes
-                        .chunks_exact(width)
-                        .map(|c| decode_int(c, signed))
-                        .collect(),
-                )
+            _ => {
+                let codes = StaticCodes::new(meta, int4)?;
+                Values::Codes((0..numel).map(|i| codes.get(i)).collect())
             }
         };
         Ok(TensorValue {
@@ -195,10 +176,83 @@ impl TensorValue {
             Values::Codes(c) => Ok(c.iter().map(|&v| v as f32).collect()),
         }
     }
+}
 
-    /// True when the values of `self` can be reused for `meta` without conversion.
-    pub(crate) fn same_representation(&self, meta: &QnnTensor) -> bool {
-        self.dtype == meta.dtype && self.encoding == meta.encoding
+/// Reads the integer code of element `i` straight from a static tensor's bytes.
+pub(crate) struct StaticCodes<'a> {
+    bytes: &'a [u8],
+    kind: CodeKind,
+}
+
+#[derive(Clone, Copy)]
+enum CodeKind {
+    Int4 { storage: Int4Storage, signed: bool },
+    Int { width: usize, signed: bool },
+}
+
+impl<'a> StaticCodes<'a> {
+    /// For fixed-point, integer and bool static tensors whose byte count has been checked.
+    pub(crate) fn new(
+        meta: &'a QnnTensor,
+        int4: Int4Storage,
+    ) -> Result<StaticCodes<'a>, InterpError> {
+        let err = |detail: String| InterpError::Value {
+            tensor: meta.name.clone(),
+            detail,
+        };
+        let data = meta
+            .data
+            .as_ref()
+            .ok_or_else(|| err("STATIC tensor has no data".into()))?;
+        let signed = meta.dtype.is_signed();
+        let kind = match meta.dtype {
+            DataType::SFixedPoint4 | DataType::UFixedPoint4 => CodeKind::Int4 {
+                storage: int4,
+                signed,
+            },
+            d if d.is_float() => return Err(err(format!("{d} tensors hold reals, not codes"))),
+            d => CodeKind::Int {
+                width: d
+                    .element_bytes()
+                    .ok_or_else(|| err(format!("{d} has no element size")))?,
+                signed,
+            },
+        };
+        let needed = meta.dtype.storage_bytes(meta.numel(), int4);
+        if needed != Some(data.len() as u64) {
+            return Err(err(format!("{} bytes, expected {needed:?}", data.len())));
+        }
+        Ok(StaticCodes {
+            bytes: data.bytes(),
+            kind,
+        })
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> i64 {
+        match self.kind {
+            CodeKind::Int4 { storage, signed } => {
+                let byte = match storage {
+                    Int4Storage::Packed => self.bytes[i / 2] >> (4 * (i % 2)),
+                    Int4Storage::LowNibble | Int4Storage::Int8Container => self.bytes[i],
+                };
+                match (storage, signed) {
+                    (Int4Storage::Int8Container, true) => i64::from(byte as i8),
+                    (Int4Storage::Int8Container, false) => i64::from(byte),
+                    (_, signed) => {
+                        let n = i64::from(byte & 0x0F);
+                        if signed && n >= 8 {
+                            n - 16
+                        } else {
+                            n
+                        }
+                    }
+                }
+            }
+            CodeKind::Int { width, signed } => {
+                decode_int(&self.bytes[i * width..(i + 1) * width], signed)
+            }
+        }
     }
 }
 
