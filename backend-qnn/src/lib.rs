@@ -3,7 +3,7 @@
 //! - [`dtype`], [`encoding`]: QNN data types, tensor types and quantization encodings with
 //!   their exact numeric values and integer <-> real mappings.
 //! - [`graph`]: an owned model of one lowered QNN graph plus a builder for lowering passes.
-//! - [`opdef`], [`params`], [`shape`], [`validate`]: the op-definition table and the static
+//! - [`opdef`], [`params`], [`shape`], [`mod@validate`]: the op-definition table and the static
 //!   checks a graph must pass before it is handed to the QNN API.
 //! - [`target`]: the AOT `target_machine` JSON mapped to HTP device / graph / context options.
 //! - [`artifacts`]: QNN Netron JSON, `model.cpp` + `model.bin` for `qnn-model-lib-generator`,

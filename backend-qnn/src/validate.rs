@@ -5,7 +5,7 @@
 //!
 //! 1. tensors: unique names (graph and param tensors share one namespace, QNN hashes all names,
 //!    qnn-api.md §2.2 error 7006); no zero dims; `STATIC` exactly when data is present; static
-//!    data size = numel x element size (4-bit per the graph's [`Int4Storage`](crate::encoding::Int4Storage),
+//!    data size = numel x element size (4-bit per the graph's [`Int4Storage`],
 //!    whose byte content is also checked); encodings: fixed-point types need one, other types
 //!    must have none, `scale` finite and > 0, offsets within the dtype's range (offset =
 //!    -zero_point), per-axis counts = `dims[axis]`, and the LPBQ invariants (see

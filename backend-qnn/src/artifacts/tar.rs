@@ -18,7 +18,7 @@ pub struct BinEntry {
     pub data: std::sync::Arc<[u8]>,
 }
 
-/// Byte offset of each member's data within the archive written by [`write`].
+/// Byte offset of each member's data within the archive written by [`write()`].
 pub fn data_offsets(entries: &[BinEntry]) -> Vec<u64> {
     let mut offset = 0u64;
     entries
