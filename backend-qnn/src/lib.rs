@@ -1,3 +1,31 @@
-//! backend-qnn
+//! backend-qnn: the SDK-free half of lowering to Qualcomm QNN (HTP).
+//!
+//! - [`dtype`], [`encoding`]: QNN data types, tensor types and quantization encodings with
+//!   their exact numeric values and integer <-> real mappings.
+//! - [`graph`]: an owned model of one lowered QNN graph plus a builder for lowering passes.
+//! - [`opdef`], [`params`], [`shape`], [`mod@validate`]: the op-definition table and the static
+//!   checks a graph must pass before it is handed to the QNN API.
+//! - [`target`]: the AOT `target_machine` JSON mapped to HTP device / graph / context options.
+//! - [`artifacts`]: QNN Netron JSON, `model.cpp` + `model.bin` for `qnn-model-lib-generator`,
+//!   and a summary, written atomically and deterministically.
+//! - [`interp`]: a CPU reference interpreter with QNN quantization semantics.
+//! - [`sdk`]: the QNN API driver (recording in CI; bindgen + libloading with `--features qnn-sdk`).
 
+pub mod artifacts;
+pub mod dtype;
+pub mod encoding;
+pub mod graph;
+pub mod interp;
+pub(crate) mod json;
+pub mod opdef;
+pub mod params;
 pub mod sdk;
+pub mod shape;
+pub mod target;
+pub mod validate;
+
+pub use dtype::{DataType, TensorType};
+pub use encoding::{Encoding, Int4Storage, ScaleOffset};
+pub use graph::{GraphBuilder, Param, QnnGraph, QnnNode, QnnTensor, Scalar, StaticData, TensorRef};
+pub use opdef::OpType;
+pub use validate::{validate, ValidationError};

@@ -1,5 +1,6 @@
 //! The compile-side call sequence, checked through `RecordingApi` (no SDK needed).
 
+#[path = "sdk_common/mod.rs"]
 mod common;
 
 use backend_qnn::sdk::{

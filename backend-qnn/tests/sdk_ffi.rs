@@ -9,6 +9,7 @@
 
 #![cfg(feature = "qnn-sdk")]
 
+#[path = "sdk_common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;

@@ -1,0 +1,109 @@
+//! Files describing one graph, for inspection and for the QNN converter toolchain:
+//!
+//! - `<graph>.json`: the QNN net.json schema QNN Netron reads ([`netron`], qnn-api.md §6);
+//! - `<graph>.cpp` + `<graph>.bin`: a `model.cpp` / `model.bin` pair in the shape
+//!   `qnn-model-lib-generator` compiles into a model library ([`model_cpp`], [`tar`]);
+//! - `<graph>.summary.txt`: ops by type, tensors by dtype, static bytes, MACs ([`summary`]).
+//!
+//! Every file is written to a temporary name in the target directory and renamed into place,
+//! and the bytes depend only on the graph (no timestamps, no hash-map iteration order).
+
+pub mod model_cpp;
+pub mod netron;
+pub mod summary;
+pub mod symbols;
+pub mod tar;
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use crate::graph::QnnGraph;
+use crate::validate::{validate, ValidationError};
+
+/// Why artifacts could not be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    #[error("graph is invalid: {0}")]
+    Invalid(#[from] ValidationError),
+    #[error("graph name `{name}` cannot be used as a file name: {detail}")]
+    FileName { name: String, detail: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("model.bin entry `{entry}`: {detail}")]
+    Tar { entry: String, detail: String },
+}
+
+/// Where [`write_graph_artifacts`] put each file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArtifactPaths {
+    pub netron_json: PathBuf,
+    pub model_cpp: PathBuf,
+    pub model_bin: PathBuf,
+    pub summary: PathBuf,
+}
+
+/// Validate `graph` and write its four artifacts into `dir` (which must exist).
+pub fn write_graph_artifacts(graph: &QnnGraph, dir: &Path) -> Result<ArtifactPaths, ArtifactError> {
+    validate(graph)?;
+    let stem = file_stem(&graph.name)?;
+    let paths = ArtifactPaths {
+        netron_json: dir.join(format!("{stem}.json")),
+        model_cpp: dir.join(format!("{stem}.cpp")),
+        model_bin: dir.join(format!("{stem}.bin")),
+        summary: dir.join(format!("{stem}.summary.txt")),
+    };
+    let lib = model_cpp::render(graph, stem)?;
+    write_atomic(&paths.netron_json, |w| {
+        w.write_all(netron::render(graph).as_bytes())
+    })?;
+    write_atomic(&paths.model_cpp, |w| w.write_all(lib.cpp.as_bytes()))?;
+    write_atomic(&paths.model_bin, |w| tar::write(w, &lib.bin_entries))?;
+    write_atomic(&paths.summary, |w| {
+        w.write_all(summary::summarize(graph).render().as_bytes())
+    })?;
+    Ok(paths)
+}
+
+fn file_stem(name: &str) -> Result<&str, ArtifactError> {
+    let bad = |detail: &str| ArtifactError::FileName {
+        name: name.to_string(),
+        detail: detail.to_string(),
+    };
+    if name.is_empty() || name == "." || name == ".." {
+        return Err(bad("it is empty or a directory name"));
+    }
+    if name.contains(['/', '\\', '\0']) {
+        return Err(bad("it contains a path separator or NUL"));
+    }
+    Ok(name)
+}
+
+/// Write through `fill` into `<path>.tmp`, flush and sync, then rename over `path`.
+pub fn write_atomic(
+    path: &Path,
+    fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
+) -> Result<(), ArtifactError> {
+    let io = |source| ArtifactError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut tmp_name = path.as_os_str().to_owned();
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp_name);
+    let result = (|| {
+        let mut w = BufWriter::new(File::create(&tmp)?);
+        fill(&mut w)?;
+        let file = w.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(io)
+}

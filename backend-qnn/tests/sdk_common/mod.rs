@@ -1,0 +1,158 @@
+//! A small two-graph model (prefill `model.0.s32`, decode `model.0.s1`) shaped like one Qwen3
+//! block fragment: RmsNorm then an LPBQ 1x1 Conv2d, sharing their weights between graphs.
+
+#![allow(dead_code)]
+
+use backend_qnn::sdk::{
+    BlockwiseExpansion, DataType, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar,
+    ScaleOffset, StaticData, TensorDesc, TensorType, QTI_AISW,
+};
+
+pub const HIDDEN: u32 = 64;
+pub const OUT: u32 = 32;
+pub const BLOCK: u32 = 16;
+
+fn act(name: &str, tensor_type: TensorType, seq: u32, width: u32, scale: f32) -> TensorDesc {
+    TensorDesc {
+        name: name.into(),
+        tensor_type,
+        dtype: DataType::UFixedPoint16,
+        dims: vec![1, 1, seq, width],
+        encoding: Encoding::ScaleOffset(ScaleOffset {
+            scale,
+            offset: -32768,
+        }),
+        data: None,
+    }
+}
+
+fn u32_param(node: &str, param: &str, dims: &[u32], values: &[u32]) -> ParamDesc {
+    ParamDesc {
+        name: param.into(),
+        value: ParamValue::Tensor(TensorDesc {
+            name: format!("{node}.{param}"),
+            tensor_type: TensorType::Static,
+            dtype: DataType::UInt32,
+            dims: dims.to_vec(),
+            encoding: Encoding::Undefined,
+            data: Some(StaticData::from(
+                values
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            )),
+        }),
+    }
+}
+
+/// The norm weight, the fake zero bias and the LPBQ projection weight.
+pub fn shared_weights() -> Vec<TensorDesc> {
+    let gamma: Vec<u8> = (0..HIDDEN)
+        .flat_map(|i| (40_000u16 + 7 * i as u16).to_le_bytes())
+        .collect();
+    let channels = OUT as usize;
+    let blocks = (HIDDEN / BLOCK) as usize;
+    let weight: Vec<u8> = (0..(HIDDEN * OUT) as i32)
+        .map(|i| ((i * 5 % 15) - 7) as i8 as u8)
+        .collect();
+    vec![
+        TensorDesc {
+            name: "model.norm.weight".into(),
+            tensor_type: TensorType::Static,
+            dtype: DataType::UFixedPoint16,
+            dims: vec![HIDDEN],
+            encoding: Encoding::ScaleOffset(ScaleOffset {
+                scale: 1.0 / 65535.0,
+                offset: 0,
+            }),
+            data: Some(StaticData::from(gamma)),
+        },
+        TensorDesc {
+            name: "model.norm_runtime_bias".into(),
+            tensor_type: TensorType::Static,
+            dtype: DataType::UFixedPoint16,
+            dims: vec![HIDDEN],
+            encoding: Encoding::ScaleOffset(ScaleOffset {
+                scale: 0.002,
+                offset: 0,
+            }),
+            data: Some(StaticData::from(vec![0u8; 2 * HIDDEN as usize])),
+        },
+        TensorDesc {
+            name: "model.proj.weight".into(),
+            tensor_type: TensorType::Static,
+            dtype: DataType::SFixedPoint8,
+            dims: vec![1, 1, HIDDEN, OUT],
+            encoding: Encoding::BlockwiseExpansion(BlockwiseExpansion {
+                axis: 3,
+                scale_offsets: (0..channels)
+                    .map(|c| ScaleOffset {
+                        scale: 0.001 * (c + 1) as f32,
+                        offset: 0,
+                    })
+                    .collect(),
+                num_blocks_per_axis: HIDDEN / BLOCK,
+                block_scale_bitwidth: 4,
+                block_scales: (0..channels * blocks).map(|i| (i % 16 + 1) as u8).collect(),
+            }),
+            data: Some(StaticData::from(weight)),
+        },
+    ]
+}
+
+/// `model.0.s{seq}`: x -> RmsNorm -> h -> Conv2d(LPBQ) -> y.
+pub fn toy_graph(seq: u32, weights: &[TensorDesc]) -> GraphDesc {
+    let mut tensors = vec![
+        act("x", TensorType::AppWrite, seq, HIDDEN, 0.001),
+        act("h", TensorType::Native, seq, HIDDEN, 0.002),
+        act("y", TensorType::AppRead, seq, OUT, 0.004),
+    ];
+    tensors.extend(weights.iter().cloned());
+    let norm = OpDesc {
+        name: "model.norm".into(),
+        package: QTI_AISW.into(),
+        op_type: "RmsNorm".into(),
+        params: vec![
+            ParamDesc {
+                name: "epsilon".into(),
+                value: ParamValue::Scalar(Scalar::F32(1e-6)),
+            },
+            u32_param("model.norm", "axes", &[1], &[3]),
+        ],
+        inputs: vec![
+            "x".into(),
+            "model.norm.weight".into(),
+            "model.norm_runtime_bias".into(),
+        ],
+        outputs: vec!["h".into()],
+    };
+    let proj = OpDesc {
+        name: "model.proj".into(),
+        package: QTI_AISW.into(),
+        op_type: "Conv2d".into(),
+        params: vec![
+            u32_param("model.proj", "stride", &[2], &[1, 1]),
+            u32_param("model.proj", "pad_amount", &[2, 2], &[0, 0, 0, 0]),
+            u32_param("model.proj", "dilation", &[2], &[1, 1]),
+            ParamDesc {
+                name: "group".into(),
+                value: ParamValue::Scalar(Scalar::U32(1)),
+            },
+        ],
+        inputs: vec!["h".into(), "model.proj.weight".into()],
+        outputs: vec!["y".into()],
+    };
+    GraphDesc {
+        name: format!("model.0.s{seq}"),
+        tensors,
+        inputs: vec!["x".into()],
+        outputs: vec!["y".into()],
+        nodes: vec![norm, proj],
+    }
+}
+
+/// Prefill then decode, sharing one set of weights.
+pub fn toy_model() -> Vec<GraphDesc> {
+    let weights = shared_weights();
+    vec![toy_graph(32, &weights), toy_graph(1, &weights)]
+}
