@@ -45,10 +45,7 @@ mod qnn_bindings {
         };
         let root = PathBuf::from(root);
         if !root.is_absolute() {
-            fail(&format!(
-                "QNN_SDK_ROOT must be an absolute path, got `{}`",
-                root.display()
-            ));
+            fail(&format!("QNN_SDK_ROOT must be an absolute path, got `{}`", root.display()));
         }
         root
     }
@@ -57,10 +54,7 @@ mod qnn_bindings {
         println!("cargo:rerun-if-env-changed=QNN_SDK_ROOT");
         let root = sdk_root();
         let include = root.join("include").join("QNN");
-        let missing: Vec<&str> = ENTRY_HEADERS
-            .into_iter()
-            .filter(|h| !include.join(h).is_file())
-            .collect();
+        let missing: Vec<&str> = ENTRY_HEADERS.into_iter().filter(|h| !include.join(h).is_file()).collect();
         if !missing.is_empty() {
             fail(&format!(
                 "QNN_SDK_ROOT=`{}` does not look like a QAIRT SDK: missing {} under include/QNN. \
@@ -71,10 +65,7 @@ mod qnn_bindings {
         }
         println!("cargo:rerun-if-changed={}", include.display());
 
-        let wrapper: String = ENTRY_HEADERS
-            .iter()
-            .map(|h| format!("#include \"{h}\"\n"))
-            .collect();
+        let wrapper: String = ENTRY_HEADERS.iter().map(|h| format!("#include \"{h}\"\n")).collect();
         let builder = bindgen::Builder::default()
             .header_contents("backend_qnn_wrapper.h", &wrapper)
             .clang_arg(format!("-I{}", include.display()))
@@ -87,8 +78,7 @@ mod qnn_bindings {
             .layout_tests(true)
             .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
         // bindgen panics when it cannot load libclang; turn that into an actionable message.
-        let generated =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
+        let generated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
         let bindings = match generated {
             Ok(Ok(bindings)) => bindings.to_string(),
             Ok(Err(e)) => fail(&format!("bindgen failed on {}: {e}", include.display())),
@@ -99,27 +89,21 @@ mod qnn_bindings {
         };
 
         let core = interface_table(&bindings, "QnnInterface_t").unwrap_or_else(|e| fail(&e));
-        let system =
-            interface_table(&bindings, "QnnSystemInterface_t").unwrap_or_else(|e| fail(&e));
+        let system = interface_table(&bindings, "QnnSystemInterface_t").unwrap_or_else(|e| fail(&e));
         let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
         write(&out.join("qnn_bindings.rs"), &bindings);
         write(
             &out.join("qnn_tables.rs"),
-            &(core.accessor("core", "QnnInterface_t")
-                + &system.accessor("system", "QnnSystemInterface_t")),
+            &(core.accessor("core", "QnnInterface_t") + &system.accessor("system", "QnnSystemInterface_t")),
         );
         // Lets the FFI layer default to this SDK at run time and the tests build their mock
         // provider against the very headers the bindings came from.
         println!("cargo:rustc-env=BACKEND_QNN_SDK_ROOT={}", root.display());
-        println!(
-            "cargo:rustc-env=BACKEND_QNN_TARGET={}",
-            env::var("TARGET").expect("cargo sets TARGET")
-        );
+        println!("cargo:rustc-env=BACKEND_QNN_TARGET={}", env::var("TARGET").expect("cargo sets TARGET"));
     }
 
     fn write(path: &Path, text: &str) {
-        fs::write(path, text)
-            .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", path.display())));
+        fs::write(path, text).unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", path.display())));
     }
 
     /// The versioned union member holding an interface's function table.
@@ -132,12 +116,7 @@ mod qnn_bindings {
 
     impl Table {
         fn accessor(&self, prefix: &str, interface: &str) -> String {
-            let Table {
-                field,
-                ty,
-                major,
-                minor,
-            } = self;
+            let Table { field, ty, major, minor } = self;
             let upper = prefix.to_uppercase();
             format!(
                 "/// Function table type of `{interface}` in the headers used (`{ty}`).\n\
@@ -166,9 +145,7 @@ mod qnn_bindings {
             let end = start + bindings[start..].find("\n}")?;
             Some(&bindings[start..end])
         };
-        let not_found = || {
-            format!("cannot find the versioned function table of `{struct_name}` in the bindings")
-        };
+        let not_found = || format!("cannot find the versioned function table of `{struct_name}` in the bindings");
         let strukt = body(&format!("pub struct {struct_name} {{")).ok_or_else(not_found)?;
         let union_ty = strukt
             .lines()
@@ -178,25 +155,14 @@ mod qnn_bindings {
         let union = body(&format!("pub union {union_ty} {{")).ok_or_else(not_found)?;
         let (field, ty) = union
             .lines()
-            .find_map(|l| {
-                l.trim()
-                    .strip_prefix("pub ")?
-                    .trim_end_matches(',')
-                    .split_once(": ")
-            })
+            .find_map(|l| l.trim().strip_prefix("pub ")?.trim_end_matches(',').split_once(": "))
             .ok_or_else(not_found)?;
         let version = field
             .strip_prefix('v')
             .and_then(|v| v.split_once('_'))
             .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
-        let (major, minor) = version.ok_or_else(|| {
-            format!("`{struct_name}` table member `{field}` is not named vMAJOR_MINOR")
-        })?;
-        Ok(Table {
-            field: field.to_string(),
-            ty: ty.to_string(),
-            major,
-            minor,
-        })
+        let (major, minor) =
+            version.ok_or_else(|| format!("`{struct_name}` table member `{field}` is not named vMAJOR_MINOR"))?;
+        Ok(Table { field: field.to_string(), ty: ty.to_string(), major, minor })
     }
 }

@@ -114,11 +114,7 @@ impl DataType {
     pub const fn bit_width(self) -> u32 {
         match self {
             DataType::SFixedPoint4 | DataType::UFixedPoint4 => 4,
-            DataType::Int8
-            | DataType::UInt8
-            | DataType::SFixedPoint8
-            | DataType::UFixedPoint8
-            | DataType::Bool8 => 8,
+            DataType::Int8 | DataType::UInt8 | DataType::SFixedPoint8 | DataType::UFixedPoint8 | DataType::Bool8 => 8,
             DataType::Int16
             | DataType::UInt16
             | DataType::Float16
@@ -151,10 +147,7 @@ impl DataType {
 
     /// Floating-point types (values held as real numbers, no encoding).
     pub const fn is_float(self) -> bool {
-        matches!(
-            self,
-            DataType::Float16 | DataType::Float32 | DataType::Float64
-        )
+        matches!(self, DataType::Float16 | DataType::Float32 | DataType::Float64)
     }
 
     /// Plain integer types (no encoding; the stored value is the value).
@@ -355,11 +348,7 @@ mod tests {
             let width = dtype.bit_width();
             assert!(dtype.c_name().ends_with(&format!("_{width}")), "{dtype:?}");
             // Low byte is the width written in decimal digits.
-            assert_eq!(
-                format!("{:x}", dtype.raw() & 0xFF),
-                width.to_string(),
-                "{dtype:?}"
-            );
+            assert_eq!(format!("{:x}", dtype.raw() & 0xFF), width.to_string(), "{dtype:?}");
         }
     }
 
@@ -370,36 +359,18 @@ mod tests {
         assert_eq!(DataType::SFixedPoint4.integer_range(), Some((-8, 7)));
         assert_eq!(DataType::UFixedPoint4.integer_range(), Some((0, 15)));
         assert_eq!(DataType::SFixedPoint8.integer_range(), Some((-128, 127)));
-        assert_eq!(
-            DataType::Int32.integer_range(),
-            Some((i32::MIN as i64, i32::MAX as i64))
-        );
+        assert_eq!(DataType::Int32.integer_range(), Some((i32::MIN as i64, i32::MAX as i64)));
         assert_eq!(DataType::Bool8.integer_range(), Some((0, 1)));
         assert_eq!(DataType::Float32.integer_range(), None);
     }
 
     #[test]
     fn storage_sizes() {
-        assert_eq!(
-            DataType::Float32.storage_bytes(6, Int4Storage::default()),
-            Some(24)
-        );
-        assert_eq!(
-            DataType::UFixedPoint16.storage_bytes(6, Int4Storage::default()),
-            Some(12)
-        );
-        assert_eq!(
-            DataType::SFixedPoint4.storage_bytes(5, Int4Storage::LowNibble),
-            Some(5)
-        );
-        assert_eq!(
-            DataType::SFixedPoint4.storage_bytes(5, Int4Storage::Int8Container),
-            Some(5)
-        );
-        assert_eq!(
-            DataType::SFixedPoint4.storage_bytes(5, Int4Storage::Packed),
-            Some(3)
-        );
+        assert_eq!(DataType::Float32.storage_bytes(6, Int4Storage::default()), Some(24));
+        assert_eq!(DataType::UFixedPoint16.storage_bytes(6, Int4Storage::default()), Some(12));
+        assert_eq!(DataType::SFixedPoint4.storage_bytes(5, Int4Storage::LowNibble), Some(5));
+        assert_eq!(DataType::SFixedPoint4.storage_bytes(5, Int4Storage::Int8Container), Some(5));
+        assert_eq!(DataType::SFixedPoint4.storage_bytes(5, Int4Storage::Packed), Some(3));
         assert_eq!(DataType::String.storage_bytes(5, Int4Storage::Packed), None);
     }
 }

@@ -87,15 +87,8 @@ impl Int4Storage {
     /// Encode 4-bit values (each in -8..=7 when `signed`, 0..=15 otherwise) into bytes.
     pub fn encode(self, values: &[i8], signed: bool) -> Result<Vec<u8>, EncodingError> {
         let (lo, hi) = if signed { (-8, 7) } else { (0, 15) };
-        if let Some((index, &v)) = values
-            .iter()
-            .enumerate()
-            .find(|(_, &v)| i32::from(v) < lo || i32::from(v) > hi)
-        {
-            return Err(EncodingError::Int4OutOfRange {
-                index,
-                value: v.into(),
-            });
+        if let Some((index, &v)) = values.iter().enumerate().find(|(_, &v)| i32::from(v) < lo || i32::from(v) > hi) {
+            return Err(EncodingError::Int4OutOfRange { index, value: v.into() });
         }
         Ok(match self {
             Int4Storage::LowNibble => values.iter().map(|&v| (v as u8) & 0x0F).collect(),
@@ -123,16 +116,9 @@ impl Int4Storage {
         };
         match self {
             Int4Storage::LowNibble => bytes[..numel].iter().map(|&b| nibble(b)).collect(),
-            Int4Storage::Int8Container => bytes[..numel]
-                .iter()
-                .map(|&b| {
-                    if signed {
-                        i64::from(b as i8)
-                    } else {
-                        i64::from(b)
-                    }
-                })
-                .collect(),
+            Int4Storage::Int8Container => {
+                bytes[..numel].iter().map(|&b| if signed { i64::from(b as i8) } else { i64::from(b) }).collect()
+            }
             Int4Storage::Packed => (0..numel)
                 .map(|i| {
                     let b = bytes[i / 2];
@@ -153,18 +139,12 @@ pub struct ScaleOffset {
 impl ScaleOffset {
     /// From the usual affine parameters (`real = scale * (q - zero_point)`): offset = -zero_point.
     pub fn from_zero_point(scale: f32, zero_point: i32) -> ScaleOffset {
-        ScaleOffset {
-            scale,
-            offset: -zero_point,
-        }
+        ScaleOffset { scale, offset: -zero_point }
     }
 
     /// uint8 "symmetric" quantization (zero point 128) as QNN spells it: offset -128.
     pub fn uint8_symmetric(scale: f32) -> ScaleOffset {
-        ScaleOffset {
-            scale,
-            offset: -128,
-        }
+        ScaleOffset { scale, offset: -128 }
     }
 
     /// The zero point of the affine convention (`-offset`).
@@ -327,29 +307,19 @@ impl Encoding {
     pub fn dequantize(&self, dims: &[u32], codes: &[i64]) -> Result<Vec<f32>, EncodingError> {
         let numel: usize = dims.iter().map(|&d| d as usize).product();
         if codes.len() != numel {
-            return Err(EncodingError::CodeCount {
-                expected: numel,
-                found: codes.len(),
-            });
+            return Err(EncodingError::CodeCount { expected: numel, found: codes.len() });
         }
         self.dequantize_each(dims, |i| codes[i])
     }
 
     /// Dequantize the row-major tensor of shape `dims` whose code at flat index `i` is
     /// `code(i)`; lets callers decode packed static bytes without an intermediate code vector.
-    pub fn dequantize_each(
-        &self,
-        dims: &[u32],
-        code: impl Fn(usize) -> i64,
-    ) -> Result<Vec<f32>, EncodingError> {
+    pub fn dequantize_each(&self, dims: &[u32], code: impl Fn(usize) -> i64) -> Result<Vec<f32>, EncodingError> {
         let numel: usize = dims.iter().map(|&d| d as usize).product();
         match self {
             Encoding::Undefined => Ok((0..numel).map(|i| code(i) as f32).collect()),
             Encoding::ScaleOffset(so) => Ok((0..numel).map(|i| so.dequantize(code(i))).collect()),
-            Encoding::AxisScaleOffset {
-                axis,
-                scale_offsets,
-            } => {
+            Encoding::AxisScaleOffset { axis, scale_offsets } => {
                 let (outer, channels, inner) = split_at_axis(dims, *axis as usize)?;
                 check_len("scale_offsets", channels, scale_offsets.len())?;
                 let mut out = Vec::with_capacity(numel);
@@ -367,35 +337,19 @@ impl Encoding {
 
     /// Quantize a whole row-major tensor of reals to integer codes in `range`.
     /// Blockwise expansion is a weight-only encoding and cannot be produced by an op.
-    pub fn quantize(
-        &self,
-        dims: &[u32],
-        values: &[f32],
-        range: (i64, i64),
-    ) -> Result<Vec<i64>, EncodingError> {
+    pub fn quantize(&self, dims: &[u32], values: &[f32], range: (i64, i64)) -> Result<Vec<i64>, EncodingError> {
         match self {
             Encoding::Undefined => Err(EncodingError::NotQuantizable("UNDEFINED")),
-            Encoding::BlockwiseExpansion(_) => {
-                Err(EncodingError::NotQuantizable("BLOCKWISE_EXPANSION"))
-            }
-            Encoding::ScaleOffset(so) => {
-                Ok(values.iter().map(|&x| so.quantize(x, range)).collect())
-            }
-            Encoding::AxisScaleOffset {
-                axis,
-                scale_offsets,
-            } => {
+            Encoding::BlockwiseExpansion(_) => Err(EncodingError::NotQuantizable("BLOCKWISE_EXPANSION")),
+            Encoding::ScaleOffset(so) => Ok(values.iter().map(|&x| so.quantize(x, range)).collect()),
+            Encoding::AxisScaleOffset { axis, scale_offsets } => {
                 let (outer, channels, inner) = split_at_axis(dims, *axis as usize)?;
                 check_len("scale_offsets", channels, scale_offsets.len())?;
                 let mut out = Vec::with_capacity(values.len());
                 for o in 0..outer {
                     for (c, so) in scale_offsets.iter().enumerate() {
                         let base = (o * channels + c) * inner;
-                        out.extend(
-                            values[base..base + inner]
-                                .iter()
-                                .map(|&x| so.quantize(x, range)),
-                        );
+                        out.extend(values[base..base + inner].iter().map(|&x| so.quantize(x, range)));
                     }
                 }
                 Ok(out)
@@ -406,10 +360,7 @@ impl Encoding {
 
 fn split_at_axis(dims: &[u32], axis: usize) -> Result<(usize, usize, usize), EncodingError> {
     if axis >= dims.len() {
-        return Err(EncodingError::AxisOutOfRange {
-            axis,
-            rank: dims.len(),
-        });
+        return Err(EncodingError::AxisOutOfRange { axis, rank: dims.len() });
     }
     let outer = dims[..axis].iter().map(|&d| d as usize).product();
     let inner = dims[axis + 1..].iter().map(|&d| d as usize).product();
@@ -420,11 +371,7 @@ fn check_len(what: &'static str, expected: usize, found: usize) -> Result<(), En
     if expected == found {
         Ok(())
     } else {
-        Err(EncodingError::Length {
-            what,
-            expected,
-            found,
-        })
+        Err(EncodingError::Length { what, expected, found })
     }
 }
 
@@ -436,10 +383,7 @@ fn dequantize_blockwise(
     code: impl Fn(usize) -> i64,
 ) -> Result<Vec<f32>, EncodingError> {
     let rank = dims.len();
-    let block_axis = bw.block_axis(rank).ok_or(EncodingError::BlockwiseLayout {
-        axis: bw.axis,
-        rank,
-    })?;
+    let block_axis = bw.block_axis(rank).ok_or(EncodingError::BlockwiseLayout { axis: bw.axis, rank })?;
     let channel_axis = bw.axis as usize;
     let channels = dims[channel_axis] as usize;
     let inputs = dims[block_axis] as usize;
@@ -447,22 +391,15 @@ fn dequantize_blockwise(
     check_len("scale_offsets", channels, bw.scale_offsets.len())?;
     check_len("block_scales", channels * nb, bw.block_scales.len())?;
     if nb == 0 || !inputs.is_multiple_of(nb) {
-        return Err(EncodingError::BlockCount {
-            inputs,
-            num_blocks: nb,
-        });
+        return Err(EncodingError::BlockCount { inputs, num_blocks: nb });
     }
     let block = inputs / nb;
     let numel: usize = dims.iter().map(|&d| d as usize).product();
-    let combined = |o: usize, b: usize| {
-        f64::from(bw.scale_offsets[o].scale) * f64::from(bw.block_scales.get(o * nb + b))
-    };
+    let combined =
+        |o: usize, b: usize| f64::from(bw.scale_offsets[o].scale) * f64::from(bw.block_scales.get(o * nb + b));
     let offset = |o: usize| f64::from(bw.scale_offsets[o].offset);
     let mut out = Vec::with_capacity(numel);
-    let others_are_one = dims
-        .iter()
-        .enumerate()
-        .all(|(a, &d)| a == channel_axis || a == block_axis || d == 1);
+    let others_are_one = dims.iter().enumerate().all(|(a, &d)| a == channel_axis || a == block_axis || d == 1);
     if others_are_one && channel_axis > block_axis {
         // [.., In, Out]: flat = i * Out + o; refresh the per-channel factors once per block.
         let mut row = vec![0f64; channels];
@@ -488,8 +425,7 @@ fn dequantize_blockwise(
         }
     } else {
         // Other axes repeat the pattern (the validator rejects this layout; kept total).
-        let stride =
-            |axis: usize| -> usize { dims[axis + 1..].iter().map(|&d| d as usize).product() };
+        let stride = |axis: usize| -> usize { dims[axis + 1..].iter().map(|&d| d as usize).product() };
         let (ch_stride, in_stride) = (stride(channel_axis), stride(block_axis));
         for flat in 0..numel {
             let o = (flat / ch_stride) % channels;
@@ -515,22 +451,12 @@ pub fn lpbq_from_block_scales(
     for row in block_scales.chunks(num_blocks.max(1)).take(channels) {
         let max = row.iter().copied().fold(0f32, f32::max);
         if !(max.is_finite() && max > 0.0) {
-            return Err(EncodingError::BadScale {
-                what: "block scale maximum",
-                value: max,
-            });
+            return Err(EncodingError::BadScale { what: "block scale maximum", value: max });
         }
         let m = max / 16.0;
-        scale2.push(ScaleOffset {
-            scale: m,
-            offset: 0,
-        });
+        scale2.push(ScaleOffset { scale: m, offset: 0 });
         for &s in row {
-            scale1.push(
-                (f64::from(s) / f64::from(m))
-                    .round_ties_even()
-                    .clamp(1.0, 16.0) as u8,
-            );
+            scale1.push((f64::from(s) / f64::from(m)).round_ties_even().clamp(1.0, 16.0) as u8);
         }
     }
     Ok(BlockwiseExpansionParts { scale2, scale1 })
@@ -566,11 +492,7 @@ pub enum EncodingError {
     #[error("quantization axis {axis} is out of range for rank {rank}")]
     AxisOutOfRange { axis: usize, rank: usize },
     #[error("{what} has {found} entries, expected {expected}")]
-    Length {
-        what: &'static str,
-        expected: usize,
-        found: usize,
-    },
+    Length { what: &'static str, expected: usize, found: usize },
     #[error(
         "blockwise expansion with axis {axis} on a rank-{rank} tensor is not modelled \
          (expected HWIO [.., In, Out] with axis rank-1, or [Out, In] with axis 0)"
@@ -596,14 +518,7 @@ mod tests {
         assert_eq!(definition::UNDEFINED, 0x7FFF_FFFF);
         assert_eq!(Encoding::Undefined.raw(), 0x7FFF_FFFF);
         assert_eq!(Encoding::scale_offset(1.0, 0).raw(), 0);
-        assert_eq!(
-            Encoding::AxisScaleOffset {
-                axis: 0,
-                scale_offsets: Arc::from(vec![])
-            }
-            .raw(),
-            1
-        );
+        assert_eq!(Encoding::AxisScaleOffset { axis: 0, scale_offsets: Arc::from(vec![]) }.raw(), 1);
         assert_eq!(encoding_value::BLOCKWISE_EXPANSION, 5);
         assert_eq!(block_scale_storage::STORAGE_8, 0);
     }
@@ -633,10 +548,7 @@ mod tests {
     #[test]
     fn uint16_mask_encoding_maps_65535_to_zero() {
         // executorch's attention mask: 65535 = attend (0.0), 0 = masked (-255.0), qnn-api.md §5.1.
-        let so = ScaleOffset {
-            scale: 255.0 / 65535.0,
-            offset: -65535,
-        };
+        let so = ScaleOffset { scale: 255.0 / 65535.0, offset: -65535 };
         assert_eq!(so.dequantize(65535), 0.0);
         assert!((so.dequantize(0) + 255.0).abs() < 1e-4);
         assert_eq!(so.quantize(0.0, (0, 65535)), 65535);
@@ -645,10 +557,7 @@ mod tests {
 
     #[test]
     fn quantize_rounds_half_to_even_and_saturates() {
-        let so = ScaleOffset {
-            scale: 1.0,
-            offset: 0,
-        };
+        let so = ScaleOffset { scale: 1.0, offset: 0 };
         assert_eq!(so.quantize(2.5, (0, 255)), 2);
         assert_eq!(so.quantize(3.5, (0, 255)), 4);
         assert_eq!(so.quantize(-0.5, (-8, 7)), 0);
@@ -661,17 +570,7 @@ mod tests {
     fn axis_scale_offset_dequantizes_per_channel() {
         let enc = Encoding::AxisScaleOffset {
             axis: 1,
-            scale_offsets: vec![
-                ScaleOffset {
-                    scale: 1.0,
-                    offset: 0,
-                },
-                ScaleOffset {
-                    scale: 0.5,
-                    offset: -2,
-                },
-            ]
-            .into(),
+            scale_offsets: vec![ScaleOffset { scale: 1.0, offset: 0 }, ScaleOffset { scale: 0.5, offset: -2 }].into(),
         };
         // dims [2, 2, 1]: channel is the middle axis.
         let real = enc.dequantize(&[2, 2, 1], &[1, 4, 3, 6]).unwrap();
@@ -684,17 +583,7 @@ mod tests {
         // HWIO [1, 1, In = 4, Out = 2], block 2 -> 2 blocks per channel.
         let enc = Encoding::BlockwiseExpansion(BlockwiseExpansion {
             axis: 3,
-            scale_offsets: vec![
-                ScaleOffset {
-                    scale: 0.5,
-                    offset: 0,
-                },
-                ScaleOffset {
-                    scale: 0.25,
-                    offset: 0,
-                },
-            ]
-            .into(),
+            scale_offsets: vec![ScaleOffset { scale: 0.5, offset: 0 }, ScaleOffset { scale: 0.25, offset: 0 }].into(),
             num_blocks_per_axis: 2,
             block_scale_bitwidth: 4,
             // [Out][In/block]: o0 -> (1, 3), o1 -> (16, 2)
@@ -726,9 +615,7 @@ mod tests {
     #[test]
     fn blockwise_dequantize_out_in_layout() {
         // [Out = 2, In = 4], axis 0, blocks along axis 1.
-        let (Encoding::BlockwiseExpansion(mut bw), _) = hwio_lpbq() else {
-            unreachable!()
-        };
+        let (Encoding::BlockwiseExpansion(mut bw), _) = hwio_lpbq() else { unreachable!() };
         bw.axis = 0;
         let enc = Encoding::BlockwiseExpansion(bw);
         let q = [1i64, 2, 3, -7, -1, -2, 7, -8];
@@ -742,13 +629,9 @@ mod tests {
 
     #[test]
     fn blockwise_rejects_unmodelled_layout() {
-        let (Encoding::BlockwiseExpansion(mut bw), _) = hwio_lpbq() else {
-            unreachable!()
-        };
+        let (Encoding::BlockwiseExpansion(mut bw), _) = hwio_lpbq() else { unreachable!() };
         bw.axis = 1;
-        let err = Encoding::BlockwiseExpansion(bw)
-            .dequantize(&[1, 2, 4, 1], &[0; 8])
-            .unwrap_err();
+        let err = Encoding::BlockwiseExpansion(bw).dequantize(&[1, 2, 4, 1], &[0; 8]).unwrap_err();
         assert_eq!(err, EncodingError::BlockwiseLayout { axis: 1, rank: 4 });
     }
 
@@ -768,43 +651,20 @@ mod tests {
     #[test]
     fn int4_storage_round_trips() {
         let values = [-8i8, -7, -1, 0, 1, 7, 3];
-        for storage in [
-            Int4Storage::LowNibble,
-            Int4Storage::Int8Container,
-            Int4Storage::Packed,
-        ] {
+        for storage in [Int4Storage::LowNibble, Int4Storage::Int8Container, Int4Storage::Packed] {
             let bytes = storage.encode(&values, true).unwrap();
             let decoded = storage.decode(&bytes, values.len(), true);
-            assert_eq!(
-                decoded,
-                values.iter().map(|&v| i64::from(v)).collect::<Vec<_>>(),
-                "{storage:?}"
-            );
+            assert_eq!(decoded, values.iter().map(|&v| i64::from(v)).collect::<Vec<_>>(), "{storage:?}");
         }
-        assert_eq!(
-            Int4Storage::LowNibble.encode(&[-7, 7], true).unwrap(),
-            vec![0x09, 0x07]
-        );
-        assert_eq!(
-            Int4Storage::Int8Container.encode(&[-7, 7], true).unwrap(),
-            vec![0xF9, 0x07]
-        );
+        assert_eq!(Int4Storage::LowNibble.encode(&[-7, 7], true).unwrap(), vec![0x09, 0x07]);
+        assert_eq!(Int4Storage::Int8Container.encode(&[-7, 7], true).unwrap(), vec![0xF9, 0x07]);
         // QnnTypes.h example: 10 and 4 pack into 0b0100_1010.
-        assert_eq!(
-            Int4Storage::Packed.encode(&[10, 4], false).unwrap(),
-            vec![0b0100_1010]
-        );
+        assert_eq!(Int4Storage::Packed.encode(&[10, 4], false).unwrap(), vec![0b0100_1010]);
         assert_eq!(
             Int4Storage::LowNibble.encode(&[8], true),
             Err(EncodingError::Int4OutOfRange { index: 0, value: 8 })
         );
-        assert_eq!(
-            Int4Storage::LowNibble.signed_weight_dtype(),
-            DataType::SFixedPoint4
-        );
-        assert_eq!(
-            Int4Storage::Int8Container.signed_weight_dtype(),
-            DataType::SFixedPoint8
-        );
+        assert_eq!(Int4Storage::LowNibble.signed_weight_dtype(), DataType::SFixedPoint4);
+        assert_eq!(Int4Storage::Int8Container.signed_weight_dtype(), DataType::SFixedPoint8);
     }
 }

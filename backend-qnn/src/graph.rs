@@ -33,42 +33,22 @@ impl StaticData {
 
     /// Little-endian f32 values.
     pub fn from_f32(values: &[f32]) -> StaticData {
-        StaticData::new(
-            values
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<_>>(),
-        )
+        StaticData::new(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>())
     }
 
     /// Little-endian u16 values (uint16 fixed-point codes).
     pub fn from_u16(values: &[u16]) -> StaticData {
-        StaticData::new(
-            values
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<_>>(),
-        )
+        StaticData::new(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>())
     }
 
     /// Little-endian i32 values.
     pub fn from_i32(values: &[i32]) -> StaticData {
-        StaticData::new(
-            values
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<_>>(),
-        )
+        StaticData::new(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>())
     }
 
     /// Little-endian u32 values.
     pub fn from_u32(values: &[u32]) -> StaticData {
-        StaticData::new(
-            values
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<_>>(),
-        )
+        StaticData::new(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>())
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -120,14 +100,7 @@ impl QnnTensor {
         dims: &[u32],
         encoding: Encoding,
     ) -> QnnTensor {
-        QnnTensor {
-            name: name.into(),
-            tensor_type,
-            dtype,
-            dims: dims.to_vec(),
-            encoding,
-            data: None,
-        }
+        QnnTensor { name: name.into(), tensor_type, dtype, dims: dims.to_vec(), encoding, data: None }
     }
 
     /// A `STATIC` tensor with data.
@@ -138,10 +111,7 @@ impl QnnTensor {
         encoding: Encoding,
         data: StaticData,
     ) -> QnnTensor {
-        QnnTensor {
-            data: Some(data),
-            ..QnnTensor::new(name, TensorType::Static, dtype, dims, encoding)
-        }
+        QnnTensor { data: Some(data), ..QnnTensor::new(name, TensorType::Static, dtype, dims, encoding) }
     }
 
     pub fn rank(&self) -> usize {
@@ -273,12 +243,7 @@ impl QnnGraph {
 
     /// Total bytes of static data in graph tensors and tensor params.
     pub fn static_bytes(&self) -> u64 {
-        let graph: u64 = self
-            .tensors
-            .iter()
-            .filter_map(|t| t.data.as_ref())
-            .map(|d| d.len() as u64)
-            .sum();
+        let graph: u64 = self.tensors.iter().filter_map(|t| t.data.as_ref()).map(|d| d.len() as u64).sum();
         let params: u64 = self
             .nodes
             .iter()
@@ -339,28 +304,14 @@ impl GraphBuilder {
 
     fn push_tensor(&mut self, tensor: QnnTensor) -> TensorRef {
         let name = tensor.name.clone();
-        self.index
-            .entry(name.clone())
-            .or_insert(self.graph.tensors.len());
+        self.index.entry(name.clone()).or_insert(self.graph.tensors.len());
         self.graph.tensors.push(tensor);
         TensorRef(name)
     }
 
     /// A graph input (`APP_WRITE`), appended to the input binding order.
-    pub fn input(
-        &mut self,
-        name: impl Into<String>,
-        dtype: DataType,
-        dims: &[u32],
-        encoding: Encoding,
-    ) -> TensorRef {
-        let r = self.push_tensor(QnnTensor::new(
-            name,
-            TensorType::AppWrite,
-            dtype,
-            dims,
-            encoding,
-        ));
+    pub fn input(&mut self, name: impl Into<String>, dtype: DataType, dims: &[u32], encoding: Encoding) -> TensorRef {
+        let r = self.push_tensor(QnnTensor::new(name, TensorType::AppWrite, dtype, dims, encoding));
         self.graph.inputs.push(r.0.clone());
         r
     }
@@ -447,38 +398,21 @@ impl NodeBuilder<'_> {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.node
-            .inputs
-            .extend(tensors.into_iter().map(|t| t.as_ref().to_string()));
+        self.node.inputs.extend(tensors.into_iter().map(|t| t.as_ref().to_string()));
         self
     }
 
     /// A scalar param.
     pub fn scalar(mut self, name: &str, value: Scalar) -> Self {
-        self.node
-            .params
-            .push((name.to_string(), Param::Scalar(value)));
+        self.node.params.push((name.to_string(), Param::Scalar(value)));
         self
     }
 
     /// A tensor param with explicit dtype and bytes, named `<node>.<param>` (mllm's convention).
-    pub fn tensor_param(
-        mut self,
-        name: &str,
-        dtype: DataType,
-        dims: &[u32],
-        data: StaticData,
-    ) -> Self {
-        let tensor = QnnTensor::new_static(
-            format!("{}.{}", self.node.name, name),
-            dtype,
-            dims,
-            Encoding::Undefined,
-            data,
-        );
-        self.node
-            .params
-            .push((name.to_string(), Param::Tensor(tensor)));
+    pub fn tensor_param(mut self, name: &str, dtype: DataType, dims: &[u32], data: StaticData) -> Self {
+        let tensor =
+            QnnTensor::new_static(format!("{}.{}", self.node.name, name), dtype, dims, Encoding::Undefined, data);
+        self.node.params.push((name.to_string(), Param::Tensor(tensor)));
         self
     }
 
@@ -493,40 +427,16 @@ impl NodeBuilder<'_> {
     }
 
     /// Next positional output, created as a `NATIVE` tensor.
-    pub fn output(
-        mut self,
-        name: impl Into<String>,
-        dtype: DataType,
-        dims: &[u32],
-        encoding: Encoding,
-    ) -> Self {
-        let r = self.builder.push_tensor(QnnTensor::new(
-            name,
-            TensorType::Native,
-            dtype,
-            dims,
-            encoding,
-        ));
+    pub fn output(mut self, name: impl Into<String>, dtype: DataType, dims: &[u32], encoding: Encoding) -> Self {
+        let r = self.builder.push_tensor(QnnTensor::new(name, TensorType::Native, dtype, dims, encoding));
         self.node.outputs.push(r.0);
         self
     }
 
     /// Next positional output, created as a graph output (`APP_READ`) and appended to the
     /// output order.
-    pub fn graph_output(
-        mut self,
-        name: impl Into<String>,
-        dtype: DataType,
-        dims: &[u32],
-        encoding: Encoding,
-    ) -> Self {
-        let r = self.builder.push_tensor(QnnTensor::new(
-            name,
-            TensorType::AppRead,
-            dtype,
-            dims,
-            encoding,
-        ));
+    pub fn graph_output(mut self, name: impl Into<String>, dtype: DataType, dims: &[u32], encoding: Encoding) -> Self {
+        let r = self.builder.push_tensor(QnnTensor::new(name, TensorType::AppRead, dtype, dims, encoding));
         self.builder.graph.outputs.push(r.0.clone());
         self.node.outputs.push(r.0);
         self
@@ -574,9 +484,7 @@ mod tests {
         assert_eq!(g.inputs, vec!["x", "y"]);
         assert_eq!(g.outputs, vec!["t_out", "sum"]);
         assert_eq!(g.tensor("sum").unwrap().tensor_type, TensorType::AppRead);
-        let Some(Param::Tensor(perm)) = g.nodes[1].param("perm") else {
-            panic!("perm missing")
-        };
+        let Some(Param::Tensor(perm)) = g.nodes[1].param("perm") else { panic!("perm missing") };
         assert_eq!(perm.name, "t.perm");
         assert_eq!(perm.tensor_type, TensorType::Static);
         assert_eq!(g.nodes[0].package, "qti.aisw");
@@ -588,13 +496,7 @@ mod tests {
         let mut graphs = Vec::new();
         for name in ["s32", "s1"] {
             let mut b = GraphBuilder::new(name);
-            b.static_tensor(
-                "w",
-                DataType::Float32,
-                &[2],
-                Encoding::Undefined,
-                weight.clone(),
-            );
+            b.static_tensor("w", DataType::Float32, &[2], Encoding::Undefined, weight.clone());
             graphs.push(b.finish_unchecked());
         }
         let a = graphs[0].tensors[0].data.as_ref().unwrap();

@@ -38,8 +38,7 @@ impl Json {
     }
 
     fn write(&self, out: &mut String, indent: usize, level: usize) {
-        let pad =
-            |out: &mut String, level: usize| out.extend(std::iter::repeat_n(' ', indent * level));
+        let pad = |out: &mut String, level: usize| out.extend(std::iter::repeat_n(' ', indent * level));
         match self {
             Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
             Json::Int(v) => {
@@ -51,10 +50,7 @@ impl Json {
             Json::Arr(items) if items.is_empty() => out.push_str("[]"),
             Json::Arr(items) => {
                 // Arrays of scalars stay on one line: dims, data rows and scale lists are long.
-                if items
-                    .iter()
-                    .all(|i| !matches!(i, Json::Arr(_) | Json::Obj(_)))
-                {
+                if items.iter().all(|i| !matches!(i, Json::Arr(_) | Json::Obj(_))) {
                     out.push('[');
                     for (i, item) in items.iter().enumerate() {
                         if i > 0 {
@@ -139,15 +135,9 @@ mod tests {
     fn sorted_keys_floats_and_escapes() {
         let v = Json::obj([
             ("b", Json::F32(0.1)),
-            (
-                "a",
-                Json::Arr(vec![Json::Int(1), Json::F32(2.0), Json::F32(f32::NAN)]),
-            ),
+            ("a", Json::Arr(vec![Json::Int(1), Json::F32(2.0), Json::F32(f32::NAN)])),
             ("c\"q", Json::str("x\ny")),
-            (
-                "d",
-                Json::obj([("z", Json::Int(-3)), ("y", Json::Bool(true))]),
-            ),
+            ("d", Json::obj([("z", Json::Int(-3)), ("y", Json::Bool(true))])),
         ]);
         let text = v.to_pretty(2);
         assert_eq!(

@@ -151,10 +151,7 @@ pub enum ParamShape {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ParamKind {
     Scalar(&'static [DataType]),
-    Tensor {
-        dtypes: &'static [DataType],
-        shape: ParamShape,
-    },
+    Tensor { dtypes: &'static [DataType], shape: ParamShape },
 }
 
 /// Default of an optional param.
@@ -195,10 +192,7 @@ impl OpDef {
     /// `(min, max)` input count; `max` is `None` for variadic ops.
     pub fn input_arity(&self) -> (usize, Option<usize>) {
         match self.inputs {
-            Inputs::Fixed(specs) => (
-                specs.iter().filter(|s| s.required).count(),
-                Some(specs.len()),
-            ),
+            Inputs::Fixed(specs) => (specs.iter().filter(|s| s.required).count(), Some(specs.len())),
             Inputs::Variadic { min, .. } => (min, None),
         }
     }
@@ -217,17 +211,11 @@ impl OpDef {
 }
 
 const fn req(name: &'static str) -> InputSpec {
-    InputSpec {
-        name,
-        required: true,
-    }
+    InputSpec { name, required: true }
 }
 
 const fn opt(name: &'static str) -> InputSpec {
-    InputSpec {
-        name,
-        required: false,
-    }
+    InputSpec { name, required: false }
 }
 
 const U32: &[DataType] = &[DataType::UInt32];
@@ -235,16 +223,8 @@ const I32: &[DataType] = &[DataType::Int32];
 const F32: &[DataType] = &[DataType::Float32];
 const BOOL: &[DataType] = &[DataType::Bool8];
 
-const fn scalar(
-    name: &'static str,
-    dtypes: &'static [DataType],
-    default: ParamDefault,
-) -> ParamSpec {
-    ParamSpec {
-        name,
-        kind: ParamKind::Scalar(dtypes),
-        default,
-    }
+const fn scalar(name: &'static str, dtypes: &'static [DataType], default: ParamDefault) -> ParamSpec {
+    ParamSpec { name, kind: ParamKind::Scalar(dtypes), default }
 }
 
 const fn tensor(
@@ -253,11 +233,7 @@ const fn tensor(
     shape: ParamShape,
     default: ParamDefault,
 ) -> ParamSpec {
-    ParamSpec {
-        name,
-        kind: ParamKind::Tensor { dtypes, shape },
-        default,
-    }
+    ParamSpec { name, kind: ParamKind::Tensor { dtypes, shape }, default }
 }
 
 const NO_PARAMS: &[ParamSpec] = &[];
@@ -267,115 +243,51 @@ const FALSE: ParamDefault = ParamDefault::Scalar(Scalar::Bool8(false));
 const ZERO_U32: ParamDefault = ParamDefault::Scalar(Scalar::UInt32(0));
 
 const CONV2D_PARAMS: &[ParamSpec] = &[
-    tensor(
-        "stride",
-        U32,
-        ParamShape::Fixed(&[2]),
-        ParamDefault::Required,
-    ),
-    tensor(
-        "pad_amount",
-        U32,
-        ParamShape::Fixed(&[2, 2]),
-        ParamDefault::Required,
-    ),
-    tensor(
-        "dilation",
-        U32,
-        ParamShape::Fixed(&[2]),
-        ParamDefault::U32s(&[1, 1]),
-    ),
+    tensor("stride", U32, ParamShape::Fixed(&[2]), ParamDefault::Required),
+    tensor("pad_amount", U32, ParamShape::Fixed(&[2, 2]), ParamDefault::Required),
+    tensor("dilation", U32, ParamShape::Fixed(&[2]), ParamDefault::U32s(&[1, 1])),
     scalar("group", U32, ParamDefault::Scalar(Scalar::UInt32(1))),
 ];
-const SOFTMAX_PARAMS: &[ParamSpec] = &[
-    scalar("axis", U32, ParamDefault::LastAxis),
-    scalar("beta", F32, ParamDefault::Scalar(Scalar::Float32(1.0))),
-];
-const RMSNORM_PARAMS: &[ParamSpec] = &[
-    scalar("epsilon", F32, ParamDefault::Required),
-    tensor("axes", U32, ParamShape::Vector, ParamDefault::Required),
-];
-const TRANSPOSE_PARAMS: &[ParamSpec] = &[tensor(
-    "perm",
-    U32,
-    ParamShape::InputRank,
-    ParamDefault::Required,
-)];
+const SOFTMAX_PARAMS: &[ParamSpec] =
+    &[scalar("axis", U32, ParamDefault::LastAxis), scalar("beta", F32, ParamDefault::Scalar(Scalar::Float32(1.0)))];
+const RMSNORM_PARAMS: &[ParamSpec] =
+    &[scalar("epsilon", F32, ParamDefault::Required), tensor("axes", U32, ParamShape::Vector, ParamDefault::Required)];
+const TRANSPOSE_PARAMS: &[ParamSpec] = &[tensor("perm", U32, ParamShape::InputRank, ParamDefault::Required)];
 const CONCAT_PARAMS: &[ParamSpec] = &[scalar("axis", U32, ParamDefault::Required)];
 const GATHER_PARAMS: &[ParamSpec] = &[scalar("axis", I32, ParamDefault::Scalar(Scalar::Int32(0)))];
 const STRIDED_SLICE_PARAMS: &[ParamSpec] = &[
-    tensor(
-        "ranges",
-        I32,
-        ParamShape::InputRankBy3,
-        ParamDefault::Required,
-    ),
+    tensor("ranges", I32, ParamShape::InputRankBy3, ParamDefault::Required),
     scalar("begin_mask", U32, ZERO_U32),
     scalar("end_mask", U32, ZERO_U32),
     scalar("shrink_axes", U32, ZERO_U32),
     scalar("new_axes_mask", U32, ZERO_U32),
 ];
-const REDUCE_PARAMS: &[ParamSpec] = &[
-    tensor("axes", U32, ParamShape::Vector, ParamDefault::Required),
-    scalar("keep_dims", BOOL, FALSE),
-];
-const CONVERT_PARAMS: &[ParamSpec] = &[
-    scalar("dynamic_input_data", BOOL, FALSE),
-    scalar("dynamic_output_data", BOOL, FALSE),
-];
-const MATMUL_PARAMS: &[ParamSpec] = &[
-    scalar("transpose_in0", BOOL, FALSE),
-    scalar("transpose_in1", BOOL, FALSE),
-];
+const REDUCE_PARAMS: &[ParamSpec] =
+    &[tensor("axes", U32, ParamShape::Vector, ParamDefault::Required), scalar("keep_dims", BOOL, FALSE)];
+const CONVERT_PARAMS: &[ParamSpec] =
+    &[scalar("dynamic_input_data", BOOL, FALSE), scalar("dynamic_output_data", BOOL, FALSE)];
+const MATMUL_PARAMS: &[ParamSpec] = &[scalar("transpose_in0", BOOL, FALSE), scalar("transpose_in1", BOOL, FALSE)];
 const FC_PARAMS: &[ParamSpec] = &[scalar("keep_dims", BOOL, FALSE)];
 
 const fn def(op: OpType, inputs: Inputs, params: &'static [ParamSpec]) -> OpDef {
-    OpDef {
-        op,
-        inputs,
-        params,
-        num_outputs: 1,
-    }
+    OpDef { op, inputs, params, num_outputs: 1 }
 }
 
 static OP_DEFS: [OpDef; 24] = [
-    def(
-        OpType::Conv2d,
-        Inputs::Fixed(&[req("input"), req("filter"), opt("bias")]),
-        CONV2D_PARAMS,
-    ),
+    def(OpType::Conv2d, Inputs::Fixed(&[req("input"), req("filter"), opt("bias")]), CONV2D_PARAMS),
     def(OpType::ElementWiseAdd, BINARY, NO_PARAMS),
     def(OpType::ElementWiseMultiply, BINARY, NO_PARAMS),
     def(OpType::ElementWiseSubtract, BINARY, NO_PARAMS),
     def(OpType::ElementWiseNeg, UNARY, NO_PARAMS),
     def(OpType::ElementWiseEqual, BINARY, NO_PARAMS),
-    def(
-        OpType::ElementWiseSelect,
-        Inputs::Fixed(&[req("condition"), req("in[1]"), req("in[2]")]),
-        NO_PARAMS,
-    ),
+    def(OpType::ElementWiseSelect, Inputs::Fixed(&[req("condition"), req("in[1]"), req("in[2]")]), NO_PARAMS),
     def(OpType::Sigmoid, UNARY, NO_PARAMS),
     def(OpType::Softmax, UNARY, SOFTMAX_PARAMS),
-    def(
-        OpType::RmsNorm,
-        Inputs::Fixed(&[req("input"), req("gamma"), opt("beta")]),
-        RMSNORM_PARAMS,
-    ),
+    def(OpType::RmsNorm, Inputs::Fixed(&[req("input"), req("gamma"), opt("beta")]), RMSNORM_PARAMS),
     def(OpType::Transpose, UNARY, TRANSPOSE_PARAMS),
     def(OpType::Reshape, UNARY, NO_PARAMS),
-    def(
-        OpType::Concat,
-        Inputs::Variadic {
-            name: "in[i]",
-            min: 1,
-        },
-        CONCAT_PARAMS,
-    ),
-    def(
-        OpType::Gather,
-        Inputs::Fixed(&[req("input"), req("indices")]),
-        GATHER_PARAMS,
-    ),
+    def(OpType::Concat, Inputs::Variadic { name: "in[i]", min: 1 }, CONCAT_PARAMS),
+    def(OpType::Gather, Inputs::Fixed(&[req("input"), req("indices")]), GATHER_PARAMS),
     def(OpType::StridedSlice, UNARY, STRIDED_SLICE_PARAMS),
     def(OpType::ReduceMin, UNARY, REDUCE_PARAMS),
     def(OpType::ReduceMax, UNARY, REDUCE_PARAMS),
@@ -385,11 +297,7 @@ static OP_DEFS: [OpDef; 24] = [
     def(OpType::Quantize, UNARY, NO_PARAMS),
     def(OpType::Dequantize, UNARY, NO_PARAMS),
     def(OpType::MatMul, BINARY, MATMUL_PARAMS),
-    def(
-        OpType::FullyConnected,
-        Inputs::Fixed(&[req("input"), req("weights"), opt("bias")]),
-        FC_PARAMS,
-    ),
+    def(OpType::FullyConnected, Inputs::Fixed(&[req("input"), req("weights"), opt("bias")]), FC_PARAMS),
 ];
 
 /// The definition of `op`.
@@ -422,14 +330,8 @@ mod tests {
         let conv = OpType::Conv2d.def();
         assert!(conv.param("stride").unwrap().required());
         assert!(!conv.param("group").unwrap().required());
-        assert_eq!(
-            conv.param("dilation").unwrap().default,
-            ParamDefault::U32s(&[1, 1])
-        );
-        assert_eq!(
-            OpType::Softmax.def().param("beta").unwrap().default,
-            ParamDefault::Scalar(Scalar::Float32(1.0))
-        );
+        assert_eq!(conv.param("dilation").unwrap().default, ParamDefault::U32s(&[1, 1]));
+        assert_eq!(OpType::Softmax.def().param("beta").unwrap().default, ParamDefault::Scalar(Scalar::Float32(1.0)));
         assert!(OpType::Conv2d.def().param("bogus").is_none());
     }
 }

@@ -17,11 +17,7 @@ pub fn broadcast(shapes: &[&[u32]]) -> Result<Vec<u32>, String> {
             } else if d != 1 && d != *o {
                 return Err(format!(
                     "shapes {} are not broadcastable (dim {} differs: {} vs {})",
-                    shapes
-                        .iter()
-                        .map(|s| format!("{s:?}"))
-                        .collect::<Vec<_>>()
-                        .join(", "),
+                    shapes.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", "),
                     pad + i,
                     *o,
                     d
@@ -45,36 +41,26 @@ pub fn conv2d_output(
         return Err(format!("input must be NHWC rank 4, found {input:?}"));
     }
     if filter.len() != 4 {
-        return Err(format!(
-            "filter must be HWIO rank 4 [kh, kw, Cin/group, Cout], found {filter:?}"
-        ));
+        return Err(format!("filter must be HWIO rank 4 [kh, kw, Cin/group, Cout], found {filter:?}"));
     }
     if group == 0 {
         return Err("group must be >= 1".into());
     }
     if stride.contains(&0) || dilation.contains(&0) {
-        return Err(format!(
-            "stride {stride:?} and dilation {dilation:?} must be >= 1"
-        ));
+        return Err(format!("stride {stride:?} and dilation {dilation:?} must be >= 1"));
     }
     let (cin, cin_per_group, cout) = (input[3], filter[2], filter[3]);
     if u64::from(cin_per_group) * u64::from(group) != u64::from(cin) {
-        return Err(format!(
-            "filter in-channels {cin_per_group} x group {group} != input channels {cin}"
-        ));
+        return Err(format!("filter in-channels {cin_per_group} x group {group} != input channels {cin}"));
     }
     if cout % group != 0 {
-        return Err(format!(
-            "filter out-channels {cout} not divisible by group {group}"
-        ));
+        return Err(format!("filter out-channels {cout} not divisible by group {group}"));
     }
     let spatial = |size: u32, k: u32, s: u32, p: [u32; 2], d: u32| -> Result<u32, String> {
         let padded = i64::from(size) + i64::from(p[0]) + i64::from(p[1]);
         let extent = i64::from(d) * (i64::from(k) - 1) + 1;
         if padded < extent {
-            return Err(format!(
-                "kernel extent {extent} exceeds padded input size {padded}"
-            ));
+            return Err(format!("kernel extent {extent} exceeds padded input size {padded}"));
         }
         Ok(((padded - extent) / i64::from(s) + 1) as u32)
     };
@@ -84,30 +70,15 @@ pub fn conv2d_output(
 }
 
 /// Output dims of `MatMul` (`[..., M, K] x [..., K, N]`, batch dims broadcast).
-pub fn matmul_output(
-    a: &[u32],
-    b: &[u32],
-    transpose_a: bool,
-    transpose_b: bool,
-) -> Result<Vec<u32>, String> {
+pub fn matmul_output(a: &[u32], b: &[u32], transpose_a: bool, transpose_b: bool) -> Result<Vec<u32>, String> {
     if a.len() < 2 || b.len() < 2 {
         return Err(format!("inputs must have rank >= 2, found {a:?} and {b:?}"));
     }
     let (ra, rb) = (a.len(), b.len());
-    let (m, ka) = if transpose_a {
-        (a[ra - 1], a[ra - 2])
-    } else {
-        (a[ra - 2], a[ra - 1])
-    };
-    let (kb, n) = if transpose_b {
-        (b[rb - 1], b[rb - 2])
-    } else {
-        (b[rb - 2], b[rb - 1])
-    };
+    let (m, ka) = if transpose_a { (a[ra - 1], a[ra - 2]) } else { (a[ra - 2], a[ra - 1]) };
+    let (kb, n) = if transpose_b { (b[rb - 1], b[rb - 2]) } else { (b[rb - 2], b[rb - 1]) };
     if ka != kb {
-        return Err(format!(
-            "inner dims differ: in[0] {a:?} gives K = {ka}, in[1] {b:?} gives K = {kb}"
-        ));
+        return Err(format!("inner dims differ: in[0] {a:?} gives K = {ka}, in[1] {b:?} gives K = {kb}"));
     }
     let mut out = broadcast(&[&a[..ra - 2], &b[..rb - 2]])?;
     out.extend([m, n]);
@@ -146,33 +117,20 @@ pub fn check_axes(rank: usize, axes: &[u32]) -> Result<(), String> {
 /// Output dims of `Transpose`; `perm` must be a permutation of `0..rank`.
 pub fn transpose_output(input: &[u32], perm: &[u32]) -> Result<Vec<u32>, String> {
     if perm.len() != input.len() {
-        return Err(format!(
-            "perm {perm:?} has {} entries for rank {}",
-            perm.len(),
-            input.len()
-        ));
+        return Err(format!("perm {perm:?} has {} entries for rank {}", perm.len(), input.len()));
     }
     let mut seen = vec![false; perm.len()];
     for &p in perm {
         match seen.get_mut(p as usize) {
             Some(s) if !*s => *s = true,
-            _ => {
-                return Err(format!(
-                    "perm {perm:?} is not a permutation of 0..{}",
-                    perm.len()
-                ))
-            }
+            _ => return Err(format!("perm {perm:?} is not a permutation of 0..{}", perm.len())),
         }
     }
     Ok(perm.iter().map(|&p| input[p as usize]).collect())
 }
 
 /// Normalized axis and output dims of `Gather`: `in[:axis] + indices + in[axis+1:]`.
-pub fn gather_output(
-    input: &[u32],
-    indices: &[u32],
-    axis: i32,
-) -> Result<(usize, Vec<u32>), String> {
+pub fn gather_output(input: &[u32], indices: &[u32], axis: i32) -> Result<(usize, Vec<u32>), String> {
     let rank = input.len() as i64;
     let a = i64::from(axis);
     if rank == 0 || a < -rank || a >= rank {
@@ -190,26 +148,17 @@ pub fn concat_output(inputs: &[&[u32]], axis: u32) -> Result<Vec<u32>, String> {
     let first = inputs.first().ok_or("no inputs")?;
     let axis = axis as usize;
     if axis >= first.len() {
-        return Err(format!(
-            "axis {axis} is out of range for rank {}",
-            first.len()
-        ));
+        return Err(format!("axis {axis} is out of range for rank {}", first.len()));
     }
     let mut out = first.to_vec();
     out[axis] = 0;
     for (i, dims) in inputs.iter().enumerate() {
         if dims.len() != first.len() {
-            return Err(format!(
-                "in[{i}] has rank {} but in[0] has rank {}",
-                dims.len(),
-                first.len()
-            ));
+            return Err(format!("in[{i}] has rank {} but in[0] has rank {}", dims.len(), first.len()));
         }
         for (d, (&x, &y)) in dims.iter().zip(first.iter()).enumerate() {
             if d != axis && x != y {
-                return Err(format!(
-                    "in[{i}] dims {dims:?} differ from in[0] dims {first:?} outside axis {axis}"
-                ));
+                return Err(format!("in[{i}] dims {dims:?} differ from in[0] dims {first:?} outside axis {axis}"));
             }
         }
         out[axis] += dims[axis];
@@ -241,21 +190,13 @@ pub fn strided_slice(
         return Err("new_axes_mask is not supported (must be 0)".into());
     }
     if ranges.len() != input.len() * 3 {
-        return Err(format!(
-            "ranges has {} values, expected rank {} x 3",
-            ranges.len(),
-            input.len()
-        ));
+        return Err(format!("ranges has {} values, expected rank {} x 3", ranges.len(), input.len()));
     }
     let mut axes = Vec::with_capacity(input.len());
     let mut out = Vec::new();
     for (i, &dim) in input.iter().enumerate() {
         let d = i64::from(dim);
-        let (b, e, s) = (
-            i64::from(ranges[3 * i]),
-            i64::from(ranges[3 * i + 1]),
-            i64::from(ranges[3 * i + 2]),
-        );
+        let (b, e, s) = (i64::from(ranges[3 * i]), i64::from(ranges[3 * i + 1]), i64::from(ranges[3 * i + 2]));
         if s == 0 {
             return Err(format!("axis {i}: stride must be non-zero"));
         }
@@ -275,16 +216,9 @@ pub fn strided_slice(
         let len = if shrink {
             let idx = normalize(b);
             if !(0..d).contains(&idx) {
-                return Err(format!(
-                    "axis {i}: shrink index {b} is out of range for dim {dim}"
-                ));
+                return Err(format!("axis {i}: shrink index {b} is out of range for dim {dim}"));
             }
-            axes.push(SliceAxis {
-                begin: idx,
-                stride: 1,
-                len: 1,
-                shrink: true,
-            });
+            axes.push(SliceAxis { begin: idx, stride: 1, len: 1, shrink: true });
             continue;
         } else {
             let end = if bit(end_mask) {
@@ -304,16 +238,9 @@ pub fn strided_slice(
             }
         };
         if len == 0 {
-            return Err(format!(
-                "axis {i}: range ({b}, {e}, {s}) selects no elements of dim {dim}"
-            ));
+            return Err(format!("axis {i}: range ({b}, {e}, {s}) selects no elements of dim {dim}"));
         }
-        axes.push(SliceAxis {
-            begin,
-            stride: s,
-            len: len as u32,
-            shrink: false,
-        });
+        axes.push(SliceAxis { begin, stride: s, len: len as u32, shrink: false });
         out.push(len as u32);
     }
     Ok((axes, out))
@@ -340,51 +267,21 @@ mod tests {
     fn conv2d_shapes() {
         // 1x1 conv as linear: [1, 1, S, In] x [1, 1, In, Out].
         assert_eq!(
-            conv2d_output(
-                &[1, 1, 32, 64],
-                &[1, 1, 64, 128],
-                [1, 1],
-                [[0, 0], [0, 0]],
-                [1, 1],
-                1
-            )
-            .unwrap(),
+            conv2d_output(&[1, 1, 32, 64], &[1, 1, 64, 128], [1, 1], [[0, 0], [0, 0]], [1, 1], 1).unwrap(),
             vec![1, 1, 32, 128]
         );
         // 3x3, stride 2, pad 1: (8 + 2 - 3) / 2 + 1 = 4.
         assert_eq!(
-            conv2d_output(
-                &[1, 8, 8, 4],
-                &[3, 3, 2, 6],
-                [2, 2],
-                [[1, 1], [1, 1]],
-                [1, 1],
-                2
-            )
-            .unwrap(),
+            conv2d_output(&[1, 8, 8, 4], &[3, 3, 2, 6], [2, 2], [[1, 1], [1, 1]], [1, 1], 2).unwrap(),
             vec![1, 4, 4, 6]
         );
-        assert!(conv2d_output(
-            &[1, 8, 8, 4],
-            &[3, 3, 3, 6],
-            [1, 1],
-            [[0, 0], [0, 0]],
-            [1, 1],
-            1
-        )
-        .is_err());
+        assert!(conv2d_output(&[1, 8, 8, 4], &[3, 3, 3, 6], [1, 1], [[0, 0], [0, 0]], [1, 1], 1).is_err());
     }
 
     #[test]
     fn matmul_shapes() {
-        assert_eq!(
-            matmul_output(&[2, 3, 4], &[4, 5], false, false).unwrap(),
-            vec![2, 3, 5]
-        );
-        assert_eq!(
-            matmul_output(&[1, 4, 3], &[1, 5, 4], true, true).unwrap(),
-            vec![1, 3, 5]
-        );
+        assert_eq!(matmul_output(&[2, 3, 4], &[4, 5], false, false).unwrap(), vec![2, 3, 5]);
+        assert_eq!(matmul_output(&[1, 4, 3], &[1, 5, 4], true, true).unwrap(), vec![1, 3, 5]);
         assert!(matmul_output(&[3, 4], &[5, 6], false, false).is_err());
     }
 
@@ -409,29 +306,14 @@ mod tests {
 
     #[test]
     fn reduce_gather_concat_transpose() {
-        assert_eq!(
-            reduce_output(&[2, 3, 4], &[2], true).unwrap(),
-            vec![2, 3, 1]
-        );
+        assert_eq!(reduce_output(&[2, 3, 4], &[2], true).unwrap(), vec![2, 3, 1]);
         assert_eq!(reduce_output(&[2, 3, 4], &[0, 2], false).unwrap(), vec![3]);
         assert!(reduce_output(&[2, 3], &[1, 1], false).is_err());
-        assert_eq!(
-            gather_output(&[10, 4], &[1, 3], 0).unwrap(),
-            (0, vec![1, 3, 4])
-        );
-        assert_eq!(
-            gather_output(&[2, 10, 4], &[5], -2).unwrap(),
-            (1, vec![2, 5, 4])
-        );
-        assert_eq!(
-            concat_output(&[&[1, 2, 3], &[1, 5, 3]], 1).unwrap(),
-            vec![1, 7, 3]
-        );
+        assert_eq!(gather_output(&[10, 4], &[1, 3], 0).unwrap(), (0, vec![1, 3, 4]));
+        assert_eq!(gather_output(&[2, 10, 4], &[5], -2).unwrap(), (1, vec![2, 5, 4]));
+        assert_eq!(concat_output(&[&[1, 2, 3], &[1, 5, 3]], 1).unwrap(), vec![1, 7, 3]);
         assert!(concat_output(&[&[1, 2, 3], &[2, 5, 3]], 1).is_err());
-        assert_eq!(
-            transpose_output(&[2, 3, 4], &[2, 0, 1]).unwrap(),
-            vec![4, 2, 3]
-        );
+        assert_eq!(transpose_output(&[2, 3, 4], &[2, 0, 1]).unwrap(), vec![4, 2, 3]);
         assert!(transpose_output(&[2, 3, 4], &[0, 0, 1]).is_err());
     }
 }

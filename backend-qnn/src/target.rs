@@ -34,15 +34,8 @@ pub enum HtpArch {
 }
 
 impl HtpArch {
-    const ALL: [HtpArch; 7] = [
-        HtpArch::V68,
-        HtpArch::V69,
-        HtpArch::V73,
-        HtpArch::V75,
-        HtpArch::V79,
-        HtpArch::V81,
-        HtpArch::V85,
-    ];
+    const ALL: [HtpArch; 7] =
+        [HtpArch::V68, HtpArch::V69, HtpArch::V73, HtpArch::V75, HtpArch::V79, HtpArch::V81, HtpArch::V85];
 
     /// The `QnnHtpDevice_Arch_t` value.
     pub const fn raw(self) -> u32 {
@@ -92,12 +85,7 @@ pub const CHIPSETS: [Chipset; 11] = [
 ];
 
 const fn chip(name: &'static str, soc_model: u32, arch: HtpArch, vtcm_mb: Option<u32>) -> Chipset {
-    Chipset {
-        name,
-        soc_model,
-        arch,
-        vtcm_mb,
-    }
+    Chipset { name, soc_model, arch, vtcm_mb }
 }
 
 /// Runtime power profile (`htp_try_best_performance`), numbered as executorch's
@@ -118,42 +106,19 @@ pub enum PerformanceMode {
 impl PerformanceMode {
     const ALL: [(PerformanceMode, &'static str, &'static str); 9] = [
         (PerformanceMode::Default, "HtpDefault", "default"),
-        (
-            PerformanceMode::SustainedHighPerformance,
-            "HtpSustainedHighPerformance",
-            "sustained_high_performance",
-        ),
+        (PerformanceMode::SustainedHighPerformance, "HtpSustainedHighPerformance", "sustained_high_performance"),
         (PerformanceMode::Burst, "HtpBurst", "burst"),
-        (
-            PerformanceMode::HighPerformance,
-            "HtpHighPerformance",
-            "high_performance",
-        ),
+        (PerformanceMode::HighPerformance, "HtpHighPerformance", "high_performance"),
         (PerformanceMode::PowerSaver, "HtpPowerSaver", "power_saver"),
-        (
-            PerformanceMode::LowPowerSaver,
-            "HtpLowPowerSaver",
-            "low_power_saver",
-        ),
-        (
-            PerformanceMode::HighPowerSaver,
-            "HtpHighPowerSaver",
-            "high_power_saver",
-        ),
-        (
-            PerformanceMode::LowBalanced,
-            "HtpLowBalanced",
-            "low_balanced",
-        ),
+        (PerformanceMode::LowPowerSaver, "HtpLowPowerSaver", "low_power_saver"),
+        (PerformanceMode::HighPowerSaver, "HtpHighPowerSaver", "high_power_saver"),
+        (PerformanceMode::LowBalanced, "HtpLowBalanced", "low_balanced"),
         (PerformanceMode::Balanced, "HtpBalanced", "balanced"),
     ];
 
     /// The `perf_profile` name used by QNN tools' backend-extension JSON.
     pub fn perf_profile(self) -> &'static str {
-        PerformanceMode::ALL
-            .iter()
-            .find(|(m, _, _)| *m == self)
-            .map_or("default", |(_, _, p)| p)
+        PerformanceMode::ALL.iter().find(|(m, _, _)| *m == self).map_or("default", |(_, _, p)| p)
     }
 }
 
@@ -182,17 +147,9 @@ pub enum TargetError {
     #[error("target_machine.{field} is missing")]
     Missing { field: &'static str },
     #[error("target_machine.{field}: expected {expected}, found {found}")]
-    Type {
-        field: &'static str,
-        expected: &'static str,
-        found: String,
-    },
+    Type { field: &'static str, expected: &'static str, found: String },
     #[error("target_machine.{field}: unknown value `{value}` (known: {known})")]
-    Unknown {
-        field: &'static str,
-        value: String,
-        known: String,
-    },
+    Unknown { field: &'static str, value: String, known: String },
     #[error("target_machine.{field}: {detail}")]
     Invalid { field: &'static str, detail: String },
     #[error("target_machine has unknown field `{field}`")]
@@ -201,30 +158,19 @@ pub enum TargetError {
     WeightSharingUnsupported { arch: String },
 }
 
-const FIELDS: [&str; 5] = [
-    "htp_arch",
-    "htp_chipset",
-    "htp_try_best_performance",
-    "htp_security_pd_session",
-    "htp_vtcm_capability_in_mb",
-];
+const FIELDS: [&str; 5] =
+    ["htp_arch", "htp_chipset", "htp_try_best_performance", "htp_security_pd_session", "htp_vtcm_capability_in_mb"];
 
 impl HtpTarget {
     /// Parse a `target_machine` object (the value of that key, not the whole AOT config).
     pub fn from_json(value: &serde_json::Value) -> Result<HtpTarget, TargetError> {
         let obj = value.as_object().ok_or(TargetError::NotAnObject)?;
         if let Some(extra) = obj.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-            return Err(TargetError::UnknownField {
-                field: extra.clone(),
-            });
+            return Err(TargetError::UnknownField { field: extra.clone() });
         }
         let string = |field: &'static str| -> Result<&str, TargetError> {
             let v = obj.get(field).ok_or(TargetError::Missing { field })?;
-            v.as_str().ok_or_else(|| TargetError::Type {
-                field,
-                expected: "a string",
-                found: v.to_string(),
-            })
+            v.as_str().ok_or_else(|| TargetError::Type { field, expected: "a string", found: v.to_string() })
         };
         let arch_name = string("htp_arch")?;
         let arch = HtpArch::parse(arch_name).ok_or_else(|| TargetError::Unknown {
@@ -233,15 +179,11 @@ impl HtpTarget {
             known: HtpArch::ALL.map(|a| a.name()).join(", "),
         })?;
         let chip_name = string("htp_chipset")?;
-        let chipset = CHIPSETS
-            .iter()
-            .copied()
-            .find(|c| c.name == chip_name)
-            .ok_or_else(|| TargetError::Unknown {
-                field: "htp_chipset",
-                value: chip_name.into(),
-                known: CHIPSETS.map(|c| c.name).join(", "),
-            })?;
+        let chipset = CHIPSETS.iter().copied().find(|c| c.name == chip_name).ok_or_else(|| TargetError::Unknown {
+            field: "htp_chipset",
+            value: chip_name.into(),
+            known: CHIPSETS.map(|c| c.name).join(", "),
+        })?;
         if chipset.arch != arch {
             return Err(TargetError::Invalid {
                 field: "htp_arch",
@@ -254,14 +196,13 @@ impl HtpTarget {
             });
         }
         let perf_name = string("htp_try_best_performance")?;
-        let performance = PerformanceMode::ALL
-            .iter()
-            .find(|(_, n, _)| *n == perf_name)
-            .map(|(m, _, _)| *m)
-            .ok_or_else(|| TargetError::Unknown {
-                field: "htp_try_best_performance",
-                value: perf_name.into(),
-                known: PerformanceMode::ALL.map(|(_, n, _)| n).join(", "),
+        let performance =
+            PerformanceMode::ALL.iter().find(|(_, n, _)| *n == perf_name).map(|(m, _, _)| *m).ok_or_else(|| {
+                TargetError::Unknown {
+                    field: "htp_try_best_performance",
+                    value: perf_name.into(),
+                    known: PerformanceMode::ALL.map(|(_, n, _)| n).join(", "),
+                }
             })?;
         let pd_session = match string("htp_security_pd_session")? {
             "HtpSignedPd" => PdSession::Signed,
@@ -276,19 +217,13 @@ impl HtpTarget {
         };
         let field = "htp_vtcm_capability_in_mb";
         let v = obj.get(field).ok_or(TargetError::Missing { field })?;
-        let vtcm_mb = v
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| TargetError::Type {
-                field,
-                expected: "a non-negative integer",
-                found: v.to_string(),
-            })?;
+        let vtcm_mb = v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| TargetError::Type {
+            field,
+            expected: "a non-negative integer",
+            found: v.to_string(),
+        })?;
         if vtcm_mb == 0 {
-            return Err(TargetError::Invalid {
-                field,
-                detail: "must be at least 1 MB".into(),
-            });
+            return Err(TargetError::Invalid { field, detail: "must be at least 1 MB".into() });
         }
         if let Some(max) = chipset.vtcm_mb.filter(|&max| vtcm_mb > max) {
             return Err(TargetError::Invalid {
@@ -296,20 +231,12 @@ impl HtpTarget {
                 detail: format!("{vtcm_mb} MB exceeds the {max} MB VTCM of {}", chipset.name),
             });
         }
-        Ok(HtpTarget {
-            chipset,
-            arch,
-            performance,
-            pd_session,
-            vtcm_mb,
-        })
+        Ok(HtpTarget { chipset, arch, performance, pd_session, vtcm_mb })
     }
 
     /// Device configs for `deviceCreate`, in the order executorch and mllm pass them.
     pub fn device_configs(&self) -> Vec<DeviceConfig> {
-        let mut configs = vec![DeviceConfig::Soc {
-            soc_model: self.chipset.soc_model,
-        }];
+        let mut configs = vec![DeviceConfig::Soc { soc_model: self.chipset.soc_model }];
         if self.pd_session == PdSession::Signed {
             configs.push(DeviceConfig::SignedPd { device_id: 0 });
         }
@@ -334,10 +261,7 @@ impl HtpTarget {
         vec![
             GraphConfig::FoldReluActivationIntoConvOff(true),
             GraphConfig::Precision(Precision::Float16),
-            GraphConfig::Optimization {
-                kind: OptimizationType::FinalizeOptimizationFlag,
-                value: 3.0,
-            },
+            GraphConfig::Optimization { kind: OptimizationType::FinalizeOptimizationFlag, value: 3.0 },
             GraphConfig::VtcmSizeMb(self.vtcm_mb),
         ]
     }
@@ -349,9 +273,7 @@ impl HtpTarget {
             return Ok(Vec::new());
         }
         if self.arch < HtpArch::V73 {
-            return Err(TargetError::WeightSharingUnsupported {
-                arch: self.arch.name(),
-            });
+            return Err(TargetError::WeightSharingUnsupported { arch: self.arch.name() });
         }
         Ok(vec![ContextConfig::WeightSharingEnabled(true)])
     }
@@ -366,10 +288,7 @@ impl HtpTarget {
             (
                 "graphs",
                 Json::Arr(vec![Json::obj([
-                    (
-                        "graph_names",
-                        Json::Arr(graph_names.iter().map(|n| Json::str(*n)).collect()),
-                    ),
+                    ("graph_names", Json::Arr(graph_names.iter().map(|n| Json::str(*n)).collect())),
                     ("vtcm_mb", Json::Int(self.vtcm_mb.into())),
                     ("O", Json::F32(3.0)),
                     ("fp16_relaxed_precision", Json::Int(1)),
@@ -396,10 +315,7 @@ impl HtpTarget {
                     ),
                 ])]),
             ),
-            (
-                "context",
-                Json::obj([("weight_sharing_enabled", Json::Bool(weight_sharing))]),
-            ),
+            ("context", Json::obj([("weight_sharing_enabled", Json::Bool(weight_sharing))])),
         ]);
         Ok(doc.to_pretty(4))
     }
@@ -513,9 +429,7 @@ impl GraphConfig {
     /// `QnnHtpGraph_CustomConfig_t.option`.
     pub fn htp_option(&self) -> u32 {
         match self {
-            GraphConfig::FoldReluActivationIntoConvOff(_) => {
-                htp_graph_option::FOLD_RELU_ACTIVATION_INTO_CONV_OFF
-            }
+            GraphConfig::FoldReluActivationIntoConvOff(_) => htp_graph_option::FOLD_RELU_ACTIVATION_INTO_CONV_OFF,
             GraphConfig::Precision(_) => htp_graph_option::PRECISION,
             GraphConfig::Optimization { .. } => htp_graph_option::OPTIMIZATION,
             GraphConfig::VtcmSizeMb(_) => htp_graph_option::VTCM_SIZE_IN_MB,
@@ -584,84 +498,37 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let e = with("htp_chipset", "SM9999".into()).unwrap_err();
-        assert!(matches!(
-            &e,
-            TargetError::Unknown {
-                field: "htp_chipset",
-                ..
-            }
-        ));
-        assert!(e
-            .to_string()
-            .starts_with("target_machine.htp_chipset: unknown value `SM9999`"));
+        assert!(matches!(&e, TargetError::Unknown { field: "htp_chipset", .. }));
+        assert!(e.to_string().starts_with("target_machine.htp_chipset: unknown value `SM9999`"));
         let e = with("htp_arch", "V73".into()).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "target_machine.htp_arch: V73 does not match htp_chipset SM8650, which is V75"
-        );
-        assert!(matches!(
-            with("htp_arch", "V99".into()).unwrap_err(),
-            TargetError::Unknown {
-                field: "htp_arch",
-                ..
-            }
-        ));
+        assert_eq!(e.to_string(), "target_machine.htp_arch: V73 does not match htp_chipset SM8650, which is V75");
+        assert!(matches!(with("htp_arch", "V99".into()).unwrap_err(), TargetError::Unknown { field: "htp_arch", .. }));
         assert!(matches!(
             with("htp_try_best_performance", "Turbo".into()).unwrap_err(),
-            TargetError::Unknown {
-                field: "htp_try_best_performance",
-                ..
-            }
+            TargetError::Unknown { field: "htp_try_best_performance", .. }
         ));
         assert!(matches!(
             with("htp_security_pd_session", "HtpSecurePd".into()).unwrap_err(),
-            TargetError::Unknown {
-                field: "htp_security_pd_session",
-                ..
-            }
+            TargetError::Unknown { field: "htp_security_pd_session", .. }
         ));
         assert!(matches!(
             with("htp_vtcm_capability_in_mb", "8".into()).unwrap_err(),
-            TargetError::Type {
-                field: "htp_vtcm_capability_in_mb",
-                ..
-            }
+            TargetError::Type { field: "htp_vtcm_capability_in_mb", .. }
         ));
         assert!(matches!(
             with("htp_vtcm_capability_in_mb", 16.into()).unwrap_err(),
-            TargetError::Invalid {
-                field: "htp_vtcm_capability_in_mb",
-                ..
-            }
+            TargetError::Invalid { field: "htp_vtcm_capability_in_mb", .. }
         ));
         assert!(matches!(
             with("htp_vtcm_capability_in_mb", 0.into()).unwrap_err(),
-            TargetError::Invalid {
-                field: "htp_vtcm_capability_in_mb",
-                ..
-            }
+            TargetError::Invalid { field: "htp_vtcm_capability_in_mb", .. }
         ));
-        assert!(matches!(
-            with("htp_arch", 75.into()).unwrap_err(),
-            TargetError::Type {
-                field: "htp_arch",
-                ..
-            }
-        ));
-        assert!(matches!(
-            with("htp_chipsett", "SM8650".into()).unwrap_err(),
-            TargetError::UnknownField { .. }
-        ));
+        assert!(matches!(with("htp_arch", 75.into()).unwrap_err(), TargetError::Type { field: "htp_arch", .. }));
+        assert!(matches!(with("htp_chipsett", "SM8650".into()).unwrap_err(), TargetError::UnknownField { .. }));
         let mut v = reference("qwen3-1.7b-qnn-aot-config.json");
         v.as_object_mut().unwrap().remove("htp_arch");
-        assert_eq!(
-            HtpTarget::from_json(&v).unwrap_err(),
-            TargetError::Missing { field: "htp_arch" }
-        );
-        assert_eq!(
-            HtpTarget::from_json(&serde_json::json!([1])).unwrap_err(),
-            TargetError::NotAnObject
-        );
+        assert_eq!(HtpTarget::from_json(&v).unwrap_err(), TargetError::Missing { field: "htp_arch" });
+        assert_eq!(HtpTarget::from_json(&serde_json::json!([1])).unwrap_err(), TargetError::NotAnObject);
     }
 
     #[test]
@@ -683,18 +550,10 @@ mod tests {
         assert_eq!(configs[0].option(), 0);
         assert_eq!(configs[0].htp_option(), Some(0));
         assert_eq!(configs[1].htp_option(), Some(2));
-        let DeviceConfig::PlatformInfo(info) = configs[2] else {
-            panic!("expected platform info")
-        };
+        let DeviceConfig::PlatformInfo(info) = configs[2] else { panic!("expected platform info") };
         assert_eq!(configs[2].option(), 1);
         assert_eq!(
-            (
-                info.soc_model,
-                info.arch.raw(),
-                info.vtcm_size_mb,
-                info.signed_pd_support,
-                info.dlbc_support
-            ),
+            (info.soc_model, info.arch.raw(), info.vtcm_size_mb, info.signed_pd_support, info.dlbc_support),
             (57, 75, 8, true, true)
         );
         let unsigned = with("htp_security_pd_session", "HtpUnsignedPd".into()).unwrap();
@@ -705,37 +564,23 @@ mod tests {
     fn graph_and_context_configs() {
         let t = HtpTarget::from_json(&reference("qwen3-1.7b-qnn-aot-config.json")).unwrap();
         let g = t.graph_configs();
-        assert_eq!(
-            g.iter().map(|c| c.htp_option()).collect::<Vec<_>>(),
-            vec![4, 2, 1, 3]
-        );
+        assert_eq!(g.iter().map(|c| c.htp_option()).collect::<Vec<_>>(), vec![4, 2, 1, 3]);
         assert!(g.contains(&GraphConfig::Precision(Precision::Float16)));
-        assert!(g.contains(&GraphConfig::Optimization {
-            kind: OptimizationType::FinalizeOptimizationFlag,
-            value: 3.0
-        }));
-        assert_eq!(
-            t.context_configs(true).unwrap(),
-            vec![ContextConfig::WeightSharingEnabled(true)]
-        );
+        assert!(g.contains(&GraphConfig::Optimization { kind: OptimizationType::FinalizeOptimizationFlag, value: 3.0 }));
+        assert_eq!(t.context_configs(true).unwrap(), vec![ContextConfig::WeightSharingEnabled(true)]);
         assert_eq!(ContextConfig::WeightSharingEnabled(true).htp_option(), 1);
         assert!(t.context_configs(false).unwrap().is_empty());
         let old: serde_json::Value = serde_json::json!({"htp_arch": "V69", "htp_chipset": "SM8450",
             "htp_try_best_performance": "HtpDefault", "htp_security_pd_session": "HtpUnsignedPd",
             "htp_vtcm_capability_in_mb": 8});
         let old = HtpTarget::from_json(&old).unwrap();
-        assert!(matches!(
-            old.context_configs(true),
-            Err(TargetError::WeightSharingUnsupported { .. })
-        ));
+        assert!(matches!(old.context_configs(true), Err(TargetError::WeightSharingUnsupported { .. })));
     }
 
     #[test]
     fn backend_extension_json() {
         let t = HtpTarget::from_json(&reference("qwen3-1.7b-qnn-aot-config.json")).unwrap();
-        let text = t
-            .backend_extension_json(&["model.0.s32", "model.0.s1"])
-            .unwrap();
+        let text = t.backend_extension_json(&["model.0.s32", "model.0.s1"]).unwrap();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["devices"][0]["soc_model"], 57);
         assert_eq!(v["devices"][0]["dsp_arch"], "v75");

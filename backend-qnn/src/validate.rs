@@ -38,11 +38,7 @@ pub enum ValidationError {
     #[error("graph name is invalid: {detail}")]
     GraphName { detail: String },
     #[error("tensor name `{tensor}` is defined more than once ({first} and {second})")]
-    DuplicateTensor {
-        tensor: String,
-        first: String,
-        second: String,
-    },
+    DuplicateTensor { tensor: String, first: String, second: String },
     #[error("node name `{node}` is used more than once")]
     DuplicateNode { node: String },
     #[error("tensor `{tensor}`: {detail}")]
@@ -52,25 +48,11 @@ pub enum ValidationError {
     #[error("tensor `{tensor}`: quantization encoding: {detail}")]
     Encoding { tensor: String, detail: String },
     #[error("node `{node}` ({op}): package `{package}` is not `qti.aisw`")]
-    Package {
-        node: String,
-        op: OpType,
-        package: String,
-    },
+    Package { node: String, op: OpType, package: String },
     #[error("node `{node}` ({op}): expected {expected} inputs, found {found}")]
-    InputArity {
-        node: String,
-        op: OpType,
-        expected: String,
-        found: usize,
-    },
+    InputArity { node: String, op: OpType, expected: String, found: usize },
     #[error("node `{node}` ({op}): expected {expected} outputs, found {found}")]
-    OutputArity {
-        node: String,
-        op: OpType,
-        expected: usize,
-        found: usize,
-    },
+    OutputArity { node: String, op: OpType, expected: usize, found: usize },
     #[error("node `{node}`: input `{tensor}` is not a tensor of the graph")]
     UnknownTensor { node: String, tensor: String },
     #[error(
@@ -78,45 +60,18 @@ pub enum ValidationError {
          (nodes must be in dependency order)"
     )]
     UseBeforeDefinition { node: String, tensor: String },
-    #[error(
-        "node `{node}`: output `{tensor}` is {found}; node outputs must be NATIVE or APP_READ"
-    )]
-    OutputType {
-        node: String,
-        tensor: String,
-        found: TensorType,
-    },
+    #[error("node `{node}`: output `{tensor}` is {found}; node outputs must be NATIVE or APP_READ")]
+    OutputType { node: String, tensor: String, found: TensorType },
     #[error("tensor `{tensor}` is produced by both `{first}` and `{second}`")]
-    MultipleProducers {
-        tensor: String,
-        first: String,
-        second: String,
-    },
+    MultipleProducers { tensor: String, first: String, second: String },
     #[error("node `{node}` ({op}): mandatory param `{param}` is missing")]
-    MissingParam {
-        node: String,
-        op: OpType,
-        param: String,
-    },
+    MissingParam { node: String, op: OpType, param: String },
     #[error("node `{node}` ({op}): `{param}` is not a param of {op}")]
-    UnknownParam {
-        node: String,
-        op: OpType,
-        param: String,
-    },
+    UnknownParam { node: String, op: OpType, param: String },
     #[error("node `{node}` ({op}): param `{param}`: {detail}")]
-    Param {
-        node: String,
-        op: OpType,
-        param: String,
-        detail: String,
-    },
+    Param { node: String, op: OpType, param: String, detail: String },
     #[error("node `{node}` ({op}): {detail}")]
-    Op {
-        node: String,
-        op: OpType,
-        detail: String,
-    },
+    Op { node: String, op: OpType, detail: String },
     #[error("graph input `{tensor}`: {detail}")]
     GraphInput { tensor: String, detail: String },
     #[error("graph output `{tensor}`: {detail}")]
@@ -128,9 +83,7 @@ type Result<T> = std::result::Result<T, ValidationError>;
 /// Check every rule listed in the module docs; the first violation is returned.
 pub fn validate(graph: &QnnGraph) -> Result<()> {
     if graph.name.is_empty() {
-        return Err(ValidationError::GraphName {
-            detail: "must not be empty".into(),
-        });
+        return Err(ValidationError::GraphName { detail: "must not be empty".into() });
     }
     let tensors = check_tensors(graph)?;
     let producers = check_nodes(graph, &tensors)?;
@@ -143,15 +96,12 @@ type TensorMap<'g> = HashMap<&'g str, &'g QnnTensor>;
 fn check_tensors(graph: &QnnGraph) -> Result<TensorMap<'_>> {
     // name -> description of its first owner, for the duplicate message.
     let mut owners: HashMap<&str, String> = HashMap::new();
-    let claim =
-        |name: &'_ str, owner: String, owners: &HashMap<&str, String>| match owners.get(name) {
-            Some(first) => Err(ValidationError::DuplicateTensor {
-                tensor: name.to_string(),
-                first: first.clone(),
-                second: owner,
-            }),
-            None => Ok(()),
-        };
+    let claim = |name: &'_ str, owner: String, owners: &HashMap<&str, String>| match owners.get(name) {
+        Some(first) => {
+            Err(ValidationError::DuplicateTensor { tensor: name.to_string(), first: first.clone(), second: owner })
+        }
+        None => Ok(()),
+    };
     let mut map = HashMap::with_capacity(graph.tensors.len());
     for t in &graph.tensors {
         claim(&t.name, "a graph tensor".into(), &owners)?;
@@ -173,10 +123,7 @@ fn check_tensors(graph: &QnnGraph) -> Result<TensorMap<'_>> {
 }
 
 fn tensor_err(t: &QnnTensor, detail: impl Into<String>) -> ValidationError {
-    ValidationError::Tensor {
-        tensor: t.name.clone(),
-        detail: detail.into(),
-    }
+    ValidationError::Tensor { tensor: t.name.clone(), detail: detail.into() }
 }
 
 fn check_tensor(t: &QnnTensor, int4: Int4Storage) -> Result<()> {
@@ -184,19 +131,10 @@ fn check_tensor(t: &QnnTensor, int4: Int4Storage) -> Result<()> {
         return Err(tensor_err(t, "name must not be empty"));
     }
     if t.dims.contains(&0) {
-        return Err(tensor_err(
-            t,
-            format!(
-                "dims {:?} contain 0; QNN tensors have static, non-zero dims",
-                t.dims
-            ),
-        ));
+        return Err(tensor_err(t, format!("dims {:?} contain 0; QNN tensors have static, non-zero dims", t.dims)));
     }
     if matches!(t.dtype, DataType::Undefined | DataType::String) {
-        return Err(tensor_err(
-            t,
-            format!("data type {} cannot hold tensor data", t.dtype),
-        ));
+        return Err(tensor_err(t, format!("data type {} cannot hold tensor data", t.dtype)));
     }
     if t.tensor_type == TensorType::Null {
         return Err(tensor_err(
@@ -227,25 +165,15 @@ fn check_tensor(t: &QnnTensor, int4: Int4Storage) -> Result<()> {
 }
 
 fn check_static_data(t: &QnnTensor, bytes: &[u8], int4: Int4Storage) -> Result<()> {
-    let err = |detail: String| ValidationError::StaticData {
-        tensor: t.name.clone(),
-        detail,
-    };
+    let err = |detail: String| ValidationError::StaticData { tensor: t.name.clone(), detail };
     let numel = t.numel();
-    let expected = t
-        .dtype
-        .storage_bytes(numel, int4)
-        .ok_or_else(|| err(format!("{} has no storage size", t.dtype)))?;
+    let expected = t.dtype.storage_bytes(numel, int4).ok_or_else(|| err(format!("{} has no storage size", t.dtype)))?;
     if bytes.len() as u64 != expected {
         let rule = match t.dtype {
             DataType::SFixedPoint4 | DataType::UFixedPoint4 => format!(" ({int4:?} 4-bit storage)"),
             _ => String::new(),
         };
-        return Err(err(format!(
-            "{} bytes, expected {expected} = {numel} elements x {}{rule}",
-            bytes.len(),
-            t.dtype
-        )));
+        return Err(err(format!("{} bytes, expected {expected} = {numel} elements x {}{rule}", bytes.len(), t.dtype)));
     }
     match (t.dtype, int4) {
         (DataType::SFixedPoint4 | DataType::UFixedPoint4, Int4Storage::LowNibble) => {
@@ -274,10 +202,7 @@ fn check_static_data(t: &QnnTensor, bytes: &[u8], int4: Int4Storage) -> Result<(
         }
         (DataType::Bool8, _) => {
             if let Some(i) = bytes.iter().position(|&b| b > 1) {
-                return Err(err(format!(
-                    "BOOL_8 element {i} is {}, expected 0 or 1",
-                    bytes[i]
-                )));
+                return Err(err(format!("BOOL_8 element {i} is {}, expected 0 or 1", bytes[i])));
             }
         }
         _ => {}
@@ -286,15 +211,9 @@ fn check_static_data(t: &QnnTensor, bytes: &[u8], int4: Int4Storage) -> Result<(
 }
 
 fn check_scale_offset(t: &QnnTensor, so: &ScaleOffset, what: &str) -> Result<()> {
-    let err = |detail: String| ValidationError::Encoding {
-        tensor: t.name.clone(),
-        detail,
-    };
+    let err = |detail: String| ValidationError::Encoding { tensor: t.name.clone(), detail };
     if !(so.scale.is_finite() && so.scale > 0.0) {
-        return Err(err(format!(
-            "{what}scale must be finite and > 0, found {}",
-            so.scale
-        )));
+        return Err(err(format!("{what}scale must be finite and > 0, found {}", so.scale)));
     }
     // offset = -zero_point and the zero point must be a representable code.
     if let Some((lo, hi)) = t.dtype.integer_range() {
@@ -310,16 +229,10 @@ fn check_scale_offset(t: &QnnTensor, so: &ScaleOffset, what: &str) -> Result<()>
 }
 
 fn check_encoding(t: &QnnTensor) -> Result<()> {
-    let err = |detail: String| ValidationError::Encoding {
-        tensor: t.name.clone(),
-        detail,
-    };
+    let err = |detail: String| ValidationError::Encoding { tensor: t.name.clone(), detail };
     match (&t.encoding, t.dtype.is_fixed_point()) {
         (Encoding::Undefined, true) => {
-            return Err(err(format!(
-                "{} is a fixed-point type and needs a quantization encoding",
-                t.dtype
-            )))
+            return Err(err(format!("{} is a fixed-point type and needs a quantization encoding", t.dtype)))
         }
         (Encoding::Undefined, false) => return Ok(()),
         (enc, false) => {
@@ -334,16 +247,10 @@ fn check_encoding(t: &QnnTensor) -> Result<()> {
     match &t.encoding {
         Encoding::Undefined => Ok(()),
         Encoding::ScaleOffset(so) => check_scale_offset(t, so, ""),
-        Encoding::AxisScaleOffset {
-            axis,
-            scale_offsets,
-        } => {
+        Encoding::AxisScaleOffset { axis, scale_offsets } => {
             let axis = *axis as usize;
             if axis >= t.rank() {
-                return Err(err(format!(
-                    "axis {axis} is out of range for rank {}",
-                    t.rank()
-                )));
+                return Err(err(format!("axis {axis} is out of range for rank {}", t.rank())));
             }
             if scale_offsets.len() != t.dims[axis] as usize {
                 return Err(err(format!(
@@ -373,16 +280,10 @@ pub fn check_blockwise(t: &QnnTensor, bw: &BlockwiseExpansion) -> Result<()> {
         detail: format!("BLOCKWISE_EXPANSION: {detail}"),
     };
     if !matches!(t.dtype, DataType::SFixedPoint4 | DataType::SFixedPoint8) {
-        return Err(err(format!(
-            "weights must be SFIXED_POINT_4 or SFIXED_POINT_8, found {}",
-            t.dtype
-        )));
+        return Err(err(format!("weights must be SFIXED_POINT_4 or SFIXED_POINT_8, found {}", t.dtype)));
     }
     if t.tensor_type != TensorType::Static {
-        return Err(err(format!(
-            "only STATIC weights are blockwise-quantized, found {}",
-            t.tensor_type
-        )));
+        return Err(err(format!("only STATIC weights are blockwise-quantized, found {}", t.tensor_type)));
     }
     let rank = t.rank();
     let Some(block_axis) = bw.block_axis(rank) else {
@@ -392,37 +293,20 @@ pub fn check_blockwise(t: &QnnTensor, bw: &BlockwiseExpansion) -> Result<()> {
         )));
     };
     let axis = bw.axis as usize;
-    if let Some((i, d)) = t
-        .dims
-        .iter()
-        .enumerate()
-        .find(|&(i, &d)| i != axis && i != block_axis && d != 1)
-    {
-        return Err(err(format!(
-            "dims {:?}: dim {i} = {d} must be 1 (only 1x1 kernels are modelled)",
-            t.dims
-        )));
+    if let Some((i, d)) = t.dims.iter().enumerate().find(|&(i, &d)| i != axis && i != block_axis && d != 1) {
+        return Err(err(format!("dims {:?}: dim {i} = {d} must be 1 (only 1x1 kernels are modelled)", t.dims)));
     }
     let channels = t.dims[axis] as usize;
     let inputs = t.dims[block_axis];
     if bw.scale_offsets.len() != channels {
-        return Err(err(format!(
-            "{} per-channel scales, expected dims[{axis}] = {channels}",
-            bw.scale_offsets.len()
-        )));
+        return Err(err(format!("{} per-channel scales, expected dims[{axis}] = {channels}", bw.scale_offsets.len())));
     }
     for (c, so) in bw.scale_offsets.iter().enumerate() {
         if !(so.scale.is_finite() && so.scale > 0.0) {
-            return Err(err(format!(
-                "channel {c}: scale must be finite and > 0, found {}",
-                so.scale
-            )));
+            return Err(err(format!("channel {c}: scale must be finite and > 0, found {}", so.scale)));
         }
         if so.offset != 0 {
-            return Err(err(format!(
-                "channel {c}: offset must be 0 (symmetric), found {}",
-                so.offset
-            )));
+            return Err(err(format!("channel {c}: offset must be 0 (symmetric), found {}", so.offset)));
         }
     }
     let nb = bw.num_blocks_per_axis;
@@ -461,25 +345,16 @@ pub fn check_blockwise(t: &QnnTensor, bw: &BlockwiseExpansion) -> Result<()> {
 }
 
 /// Walk nodes in order; returns tensor name -> producing node name.
-fn check_nodes<'g>(
-    graph: &'g QnnGraph,
-    tensors: &TensorMap<'g>,
-) -> Result<HashMap<&'g str, &'g str>> {
+fn check_nodes<'g>(graph: &'g QnnGraph, tensors: &TensorMap<'g>) -> Result<HashMap<&'g str, &'g str>> {
     let mut node_names = HashSet::with_capacity(graph.nodes.len());
     let mut producers: HashMap<&str, &str> = HashMap::new();
     for node in &graph.nodes {
         if !node_names.insert(node.name.as_str()) {
-            return Err(ValidationError::DuplicateNode {
-                node: node.name.clone(),
-            });
+            return Err(ValidationError::DuplicateNode { node: node.name.clone() });
         }
         let op = node.op_type;
         if node.package != QNN_OP_PACKAGE {
-            return Err(ValidationError::Package {
-                node: node.name.clone(),
-                op,
-                package: node.package.clone(),
-            });
+            return Err(ValidationError::Package { node: node.name.clone(), op, package: node.package.clone() });
         }
         let def = op.def();
         let (min, max) = def.input_arity();
@@ -490,12 +365,7 @@ fn check_nodes<'g>(
                 (Some(m), _) => format!("{min} to {m}"),
                 (None, Inputs::Variadic { .. }) | (None, _) => format!("at least {min}"),
             };
-            return Err(ValidationError::InputArity {
-                node: node.name.clone(),
-                op,
-                expected,
-                found: n,
-            });
+            return Err(ValidationError::InputArity { node: node.name.clone(), op, expected, found: n });
         }
         if node.outputs.len() != def.num_outputs {
             return Err(ValidationError::OutputArity {
@@ -509,19 +379,11 @@ fn check_nodes<'g>(
         for name in &node.inputs {
             let t = *tensors
                 .get(name.as_str())
-                .ok_or_else(|| ValidationError::UnknownTensor {
-                    node: node.name.clone(),
-                    tensor: name.clone(),
-                })?;
-            let defined_up_front = matches!(
-                t.tensor_type,
-                TensorType::AppWrite | TensorType::AppReadWrite | TensorType::Static
-            );
+                .ok_or_else(|| ValidationError::UnknownTensor { node: node.name.clone(), tensor: name.clone() })?;
+            let defined_up_front =
+                matches!(t.tensor_type, TensorType::AppWrite | TensorType::AppReadWrite | TensorType::Static);
             if !defined_up_front && !producers.contains_key(name.as_str()) {
-                return Err(ValidationError::UseBeforeDefinition {
-                    node: node.name.clone(),
-                    tensor: name.clone(),
-                });
+                return Err(ValidationError::UseBeforeDefinition { node: node.name.clone(), tensor: name.clone() });
             }
             inputs.push(t);
         }
@@ -529,10 +391,7 @@ fn check_nodes<'g>(
         for name in &node.outputs {
             let t = *tensors
                 .get(name.as_str())
-                .ok_or_else(|| ValidationError::UnknownTensor {
-                    node: node.name.clone(),
-                    tensor: name.clone(),
-                })?;
+                .ok_or_else(|| ValidationError::UnknownTensor { node: node.name.clone(), tensor: name.clone() })?;
             if !matches!(t.tensor_type, TensorType::Native | TensorType::AppRead) {
                 return Err(ValidationError::OutputType {
                     node: node.name.clone(),
@@ -570,31 +429,20 @@ fn check_params(node: &QnnNode, input_rank: usize) -> Result<()> {
         if node.params[..i].iter().any(|(n, _)| n == name) {
             return Err(param_err(node, name, "is given more than once"));
         }
-        let spec = def
-            .param(name)
-            .ok_or_else(|| ValidationError::UnknownParam {
-                node: node.name.clone(),
-                op: node.op_type,
-                param: name.clone(),
-            })?;
-        let expected_names = |dtypes: &[DataType]| {
-            dtypes
-                .iter()
-                .map(|d| d.short_name())
-                .collect::<Vec<_>>()
-                .join(" or ")
-        };
+        let spec = def.param(name).ok_or_else(|| ValidationError::UnknownParam {
+            node: node.name.clone(),
+            op: node.op_type,
+            param: name.clone(),
+        })?;
+        let expected_names =
+            |dtypes: &[DataType]| dtypes.iter().map(|d| d.short_name()).collect::<Vec<_>>().join(" or ");
         match (spec.kind, param) {
             (ParamKind::Scalar(dtypes), Param::Scalar(s)) => {
                 if !dtypes.contains(&s.dtype()) {
                     return Err(param_err(
                         node,
                         name,
-                        format!(
-                            "expected a {} scalar, found {}",
-                            expected_names(dtypes),
-                            s.dtype()
-                        ),
+                        format!("expected a {} scalar, found {}", expected_names(dtypes), s.dtype()),
                     ));
                 }
                 if let Some(v) = s.as_f64() {
@@ -615,11 +463,7 @@ fn check_params(node: &QnnNode, input_rank: usize) -> Result<()> {
                     return Err(param_err(
                         node,
                         name,
-                        format!(
-                            "expected a {} tensor, found {}",
-                            expected_names(dtypes),
-                            t.dtype
-                        ),
+                        format!("expected a {} tensor, found {}", expected_names(dtypes), t.dtype),
                     ));
                 }
                 let ok = match shape {
@@ -635,34 +479,18 @@ fn check_params(node: &QnnNode, input_rank: usize) -> Result<()> {
                         ParamShape::InputRankBy3 => format!("[{input_rank}, 3] (input rank x 3)"),
                         ParamShape::Vector => "rank 1".into(),
                     };
-                    return Err(param_err(
-                        node,
-                        name,
-                        format!("dims {:?}, expected {want}", t.dims),
-                    ));
+                    return Err(param_err(node, name, format!("dims {:?}, expected {want}", t.dims)));
                 }
             }
             (ParamKind::Scalar(_), Param::Tensor(_)) => {
-                return Err(param_err(
-                    node,
-                    name,
-                    "expected a scalar param, found a tensor",
-                ))
+                return Err(param_err(node, name, "expected a scalar param, found a tensor"))
             }
             (ParamKind::Tensor { .. }, Param::Scalar(_)) => {
-                return Err(param_err(
-                    node,
-                    name,
-                    "expected a tensor param, found a scalar",
-                ))
+                return Err(param_err(node, name, "expected a tensor param, found a scalar"))
             }
         }
     }
-    if let Some(missing) = def
-        .params
-        .iter()
-        .find(|spec| spec.required() && node.param(spec.name).is_none())
-    {
+    if let Some(missing) = def.params.iter().find(|spec| spec.required() && node.param(spec.name).is_none()) {
         return Err(ValidationError::MissingParam {
             node: node.name.clone(),
             op: node.op_type,
@@ -675,20 +503,13 @@ fn check_params(node: &QnnNode, input_rank: usize) -> Result<()> {
 /// Per-op dtype and shape rules. `inputs` are in positional order; one output.
 fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()> {
     let op = node.op_type;
-    let fail = |detail: String| ValidationError::Op {
-        node: node.name.clone(),
-        op,
-        detail,
-    };
+    let fail = |detail: String| ValidationError::Op { node: node.name.clone(), op, detail };
     let read = |e: ParamReadError| param_err(node, &e.param, e.detail);
     let expect_dims = |dims: Vec<u32>| -> Result<()> {
         if out.dims == dims {
             Ok(())
         } else {
-            Err(fail(format!(
-                "output `{}` has dims {:?}, expected {dims:?}",
-                out.name, out.dims
-            )))
+            Err(fail(format!("output `{}` has dims {:?}, expected {dims:?}", out.name, out.dims)))
         }
     };
     let same_dtype = |t: &QnnTensor| -> Result<()> {
@@ -709,8 +530,7 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
             let dilation = params::pair(node, "dilation").map_err(read)?;
             let pad = params::pad_amount(node).map_err(read)?;
             let group = params::int(node, "group", 0).map_err(read)? as u32;
-            let dims = shape::conv2d_output(&in0.dims, &filter.dims, stride, pad, dilation, group)
-                .map_err(fail)?;
+            let dims = shape::conv2d_output(&in0.dims, &filter.dims, stride, pad, dilation, group).map_err(fail)?;
             if let Some(b) = bias {
                 if b.dims != [dims[3]] {
                     return Err(fail(format!(
@@ -724,10 +544,7 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
         OpType::FullyConnected => {
             let (w, bias) = (inputs[1], inputs.get(2));
             if w.rank() != 2 {
-                return Err(fail(format!(
-                    "weights `{}` must be [Out, In], found {:?}",
-                    w.name, w.dims
-                )));
+                return Err(fail(format!("weights `{}` must be [Out, In], found {:?}", w.name, w.dims)));
             }
             let (outc, inc) = (w.dims[0], w.dims[1]);
             if in0.dims.last() != Some(&inc) {
@@ -740,10 +557,7 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
             }
             if let Some(b) = bias {
                 if b.dims != [outc] {
-                    return Err(fail(format!(
-                        "bias `{}` has dims {:?}, expected [{outc}] (Out)",
-                        b.name, b.dims
-                    )));
+                    return Err(fail(format!("bias `{}` has dims {:?}, expected [{outc}] (Out)", b.name, b.dims)));
                 }
             }
             let dims = if params::flag(node, "keep_dims").map_err(read)? {
@@ -765,44 +579,28 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
         }
         OpType::ElementWiseEqual => {
             if out.dtype != DataType::Bool8 {
-                return Err(fail(format!(
-                    "output `{}` must be BOOL_8, found {}",
-                    out.name, out.dtype
-                )));
+                return Err(fail(format!("output `{}` must be BOOL_8, found {}", out.name, out.dtype)));
             }
             expect_dims(shape::broadcast(&[&in0.dims, &inputs[1].dims]).map_err(fail)?)
         }
         OpType::ElementWiseSelect => {
             if in0.dtype != DataType::Bool8 {
-                return Err(fail(format!(
-                    "condition `{}` must be BOOL_8, found {}",
-                    in0.name, in0.dtype
-                )));
+                return Err(fail(format!("condition `{}` must be BOOL_8, found {}", in0.name, in0.dtype)));
             }
-            expect_dims(
-                shape::broadcast(&[&in0.dims, &inputs[1].dims, &inputs[2].dims]).map_err(fail)?,
-            )
+            expect_dims(shape::broadcast(&[&in0.dims, &inputs[1].dims, &inputs[2].dims]).map_err(fail)?)
         }
         OpType::ElementWiseNeg | OpType::Sigmoid => expect_dims(in0.dims.clone()),
         OpType::Softmax => {
             let axis = params::int(node, "axis", in0.rank()).map_err(read)?;
             if axis < 0 || axis as usize >= in0.rank() {
-                return Err(param_err(
-                    node,
-                    "axis",
-                    format!("{axis} is out of range for rank {}", in0.rank()),
-                ));
+                return Err(param_err(node, "axis", format!("{axis} is out of range for rank {}", in0.rank())));
             }
             expect_dims(in0.dims.clone())
         }
         OpType::RmsNorm => {
             let eps = params::float(node, "epsilon").map_err(read)?;
             if eps < 0.0 {
-                return Err(param_err(
-                    node,
-                    "epsilon",
-                    format!("must be >= 0, found {eps}"),
-                ));
+                return Err(param_err(node, "epsilon", format!("must be >= 0, found {eps}")));
             }
             let axes = params::u32s(node, "axes").map_err(read)?;
             shape::check_axes(in0.rank(), &axes).map_err(|d| param_err(node, "axes", d))?;
@@ -820,10 +618,7 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
         OpType::Transpose => {
             same_dtype(in0)?;
             let perm = params::u32s(node, "perm").map_err(read)?;
-            expect_dims(
-                shape::transpose_output(&in0.dims, &perm)
-                    .map_err(|d| param_err(node, "perm", d))?,
-            )
+            expect_dims(shape::transpose_output(&in0.dims, &perm).map_err(|d| param_err(node, "perm", d))?)
         }
         OpType::Reshape => {
             same_dtype(in0)?;
@@ -852,14 +647,11 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
             same_dtype(in0)?;
             let idx = inputs[1];
             if !matches!(idx.dtype, DataType::Int32 | DataType::UInt32) {
-                return Err(fail(format!(
-                    "indices `{}` must be INT_32 or UINT_32, found {}",
-                    idx.name, idx.dtype
-                )));
+                return Err(fail(format!("indices `{}` must be INT_32 or UINT_32, found {}", idx.name, idx.dtype)));
             }
             let axis = params::int(node, "axis", in0.rank()).map_err(read)? as i32;
-            let (axis, dims) = shape::gather_output(&in0.dims, &idx.dims, axis)
-                .map_err(|d| param_err(node, "axis", d))?;
+            let (axis, dims) =
+                shape::gather_output(&in0.dims, &idx.dims, axis).map_err(|d| param_err(node, "axis", d))?;
             if let Some(data) = &idx.data {
                 let bound = i64::from(in0.dims[axis]);
                 for (i, c) in data.bytes().chunks_exact(4).enumerate() {
@@ -868,10 +660,7 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
                         _ => i64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
                     };
                     if !(0..bound).contains(&v) {
-                        return Err(fail(format!(
-                            "static index {i} of `{}` is {v}, outside 0..{bound}",
-                            idx.name
-                        )));
+                        return Err(fail(format!("static index {i} of `{}` is {v}, outside 0..{bound}", idx.name)));
                     }
                 }
             }
@@ -895,10 +684,7 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
         OpType::ReduceMin | OpType::ReduceMax | OpType::ReduceMean => {
             let axes = params::u32s(node, "axes").map_err(read)?;
             let keep = params::flag(node, "keep_dims").map_err(read)?;
-            expect_dims(
-                shape::reduce_output(&in0.dims, &axes, keep)
-                    .map_err(|d| param_err(node, "axes", d))?,
-            )
+            expect_dims(shape::reduce_output(&in0.dims, &axes, keep).map_err(|d| param_err(node, "axes", d))?)
         }
         OpType::Convert | OpType::Cast => expect_dims(in0.dims.clone()),
         OpType::Quantize => {
@@ -929,18 +715,10 @@ fn check_graph_io<'g>(
 ) -> Result<()> {
     let mut seen = HashSet::new();
     for name in &graph.inputs {
-        let err = |detail: String| ValidationError::GraphInput {
-            tensor: name.clone(),
-            detail,
-        };
-        let t = tensors
-            .get(name.as_str())
-            .ok_or_else(|| err("is not a tensor of the graph".into()))?;
+        let err = |detail: String| ValidationError::GraphInput { tensor: name.clone(), detail };
+        let t = tensors.get(name.as_str()).ok_or_else(|| err("is not a tensor of the graph".into()))?;
         if t.tensor_type != TensorType::AppWrite {
-            return Err(err(format!(
-                "graph inputs must be APP_WRITE, found {}",
-                t.tensor_type
-            )));
+            return Err(err(format!("graph inputs must be APP_WRITE, found {}", t.tensor_type)));
         }
         if !seen.insert(name.as_str()) {
             return Err(err("is listed twice".into()));
@@ -948,13 +726,8 @@ fn check_graph_io<'g>(
     }
     let mut seen_out = HashSet::new();
     for name in &graph.outputs {
-        let err = |detail: String| ValidationError::GraphOutput {
-            tensor: name.clone(),
-            detail,
-        };
-        let t = tensors
-            .get(name.as_str())
-            .ok_or_else(|| err("is not a tensor of the graph".into()))?;
+        let err = |detail: String| ValidationError::GraphOutput { tensor: name.clone(), detail };
+        let t = tensors.get(name.as_str()).ok_or_else(|| err("is not a tensor of the graph".into()))?;
         if t.tensor_type != TensorType::AppRead {
             return Err(err(format!(
                 "graph outputs must be APP_READ (never APP_WRITE or STATIC), found {}",

@@ -13,25 +13,14 @@ fn act() -> Encoding {
 }
 
 fn t(name: &str, ty: TensorType, dtype: DataType, dims: &[u32]) -> QnnTensor {
-    let enc = if dtype.is_fixed_point() {
-        act()
-    } else {
-        Encoding::Undefined
-    };
+    let enc = if dtype.is_fixed_point() { act() } else { Encoding::Undefined };
     QnnTensor::new(name, ty, dtype, dims, enc)
 }
 
 fn lpbq(out: u32, nb: u32, scales: Vec<u8>) -> Encoding {
     Encoding::BlockwiseExpansion(BlockwiseExpansion {
         axis: 3,
-        scale_offsets: vec![
-            ScaleOffset {
-                scale: 0.01,
-                offset: 0
-            };
-            out as usize
-        ]
-        .into(),
+        scale_offsets: vec![ScaleOffset { scale: 0.01, offset: 0 }; out as usize].into(),
         num_blocks_per_axis: nb,
         block_scale_bitwidth: 4,
         block_scales: BlockScales::U8(scales.into()),
@@ -57,13 +46,7 @@ fn base() -> QnnGraph {
         .tensor_param_u32("pad_amount", &[2, 2], &[0, 0, 0, 0])
         .output("y", U16, &[1, 1, 4, 4], act())
         .finish_one();
-    let gamma = b.static_tensor(
-        "gamma",
-        U16,
-        &[4],
-        act(),
-        StaticData::from_u16(&[1, 2, 3, 4]),
-    );
+    let gamma = b.static_tensor("gamma", U16, &[4], act(), StaticData::from_u16(&[1, 2, 3, 4]));
     let beta = b.static_tensor("beta", U16, &[4], act(), StaticData::from_u16(&[0; 4]));
     let n = b
         .node("norm", OpType::RmsNorm)
@@ -72,10 +55,7 @@ fn base() -> QnnGraph {
         .tensor_param_u32("axes", &[1], &[3])
         .output("n", U16, &[1, 1, 4, 4], act())
         .finish_one();
-    b.node("softmax", OpType::Softmax)
-        .input(&n)
-        .graph_output("out", U16, &[1, 1, 4, 4], act())
-        .finish();
+    b.node("softmax", OpType::Softmax).input(&n).graph_output("out", U16, &[1, 1, 4, 4], act()).finish();
     b.finish_unchecked()
 }
 
@@ -92,12 +72,7 @@ fn node_mut<'g>(g: &'g mut QnnGraph, name: &str) -> &'g mut QnnNode {
 }
 
 /// in (APP_WRITE) -> op -> out (APP_READ), with extra static inputs appended.
-fn single(
-    op: OpType,
-    inputs: Vec<QnnTensor>,
-    out: QnnTensor,
-    params: Vec<(&str, Param)>,
-) -> QnnGraph {
+fn single(op: OpType, inputs: Vec<QnnTensor>, out: QnnTensor, params: Vec<(&str, Param)>) -> QnnGraph {
     let mut tensors = Vec::new();
     let mut graph_inputs = Vec::new();
     for mut i in inputs.clone() {
@@ -118,10 +93,7 @@ fn single(
             name: "n".into(),
             package: QNN_OP_PACKAGE.into(),
             op_type: op,
-            params: params
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect(),
+            params: params.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
             inputs: inputs.iter().map(|t| t.name.clone()).collect(),
             outputs: vec![out_name.clone()],
         }],
@@ -146,13 +118,7 @@ fn u32_param(name: &str, dims: &[u32], values: &[u32]) -> Param {
 }
 
 fn i32_param(name: &str, dims: &[u32], values: &[i32]) -> Param {
-    Param::Tensor(QnnTensor::new_static(
-        name,
-        DataType::Int32,
-        dims,
-        Encoding::Undefined,
-        StaticData::from_i32(values),
-    ))
+    Param::Tensor(QnnTensor::new_static(name, DataType::Int32, dims, Encoding::Undefined, StaticData::from_i32(values)))
 }
 
 fn op_detail(e: ValidationError) -> String {
@@ -251,10 +217,7 @@ fn four_bit_sizes_follow_the_storage_convention() {
     bytes[5] = 0xF9; // un-masked int8 -7
     tensor_mut(&mut g, "w").data = Some(StaticData::new(bytes));
     let e = err(&g);
-    assert!(
-        matches!(&e, ValidationError::StaticData { detail, .. } if detail.contains("byte 5")),
-        "{e}"
-    );
+    assert!(matches!(&e, ValidationError::StaticData { detail, .. } if detail.contains("byte 5")), "{e}");
     // Packed: two per byte -> 16 bytes is right, 32 is wrong.
     let mut g = base();
     g.int4_storage = Int4Storage::Packed;
@@ -272,26 +235,13 @@ fn four_bit_sizes_follow_the_storage_convention() {
     .unwrap();
     bytes[3] = 0x09;
     tensor_mut(&mut g, "w").data = Some(StaticData::new(bytes));
-    assert!(
-        matches!(err(&g), ValidationError::StaticData { detail, .. } if detail.contains("byte 3"))
-    );
+    assert!(matches!(err(&g), ValidationError::StaticData { detail, .. } if detail.contains("byte 3")));
 }
 
 #[test]
 fn bool_static_values() {
-    let cond = QnnTensor::new_static(
-        "c",
-        DataType::Bool8,
-        &[2],
-        Encoding::Undefined,
-        StaticData::new(vec![0u8, 2]),
-    );
-    let g = single(
-        OpType::ElementWiseSelect,
-        vec![cond, f32t("a", &[2]), f32t("b", &[2])],
-        f32t("o", &[2]),
-        vec![],
-    );
+    let cond = QnnTensor::new_static("c", DataType::Bool8, &[2], Encoding::Undefined, StaticData::new(vec![0u8, 2]));
+    let g = single(OpType::ElementWiseSelect, vec![cond, f32t("a", &[2]), f32t("b", &[2])], f32t("o", &[2]), vec![]);
     assert!(matches!(err(&g), ValidationError::StaticData { tensor, .. } if tensor == "c"));
 }
 
@@ -336,31 +286,14 @@ fn offsets_within_dtype_range() {
 
 #[test]
 fn axis_scale_offset_counts() {
-    let so = ScaleOffset {
-        scale: 0.1,
-        offset: 0,
-    };
+    let so = ScaleOffset { scale: 0.1, offset: 0 };
     let mut g = base();
-    tensor_mut(&mut g, "gamma").encoding = Encoding::AxisScaleOffset {
-        axis: 0,
-        scale_offsets: vec![so; 3].into(),
-    };
+    tensor_mut(&mut g, "gamma").encoding = Encoding::AxisScaleOffset { axis: 0, scale_offsets: vec![so; 3].into() };
     let e = err(&g);
-    assert!(
-        matches!(&e, ValidationError::Encoding { detail, .. } if detail.contains("3 scale/offset pairs")),
-        "{e}"
-    );
-    tensor_mut(&mut g, "gamma").encoding = Encoding::AxisScaleOffset {
-        axis: 1,
-        scale_offsets: vec![so; 4].into(),
-    };
-    assert!(
-        matches!(err(&g), ValidationError::Encoding { detail, .. } if detail.contains("axis 1"))
-    );
-    tensor_mut(&mut g, "gamma").encoding = Encoding::AxisScaleOffset {
-        axis: 0,
-        scale_offsets: vec![so; 4].into(),
-    };
+    assert!(matches!(&e, ValidationError::Encoding { detail, .. } if detail.contains("3 scale/offset pairs")), "{e}");
+    tensor_mut(&mut g, "gamma").encoding = Encoding::AxisScaleOffset { axis: 1, scale_offsets: vec![so; 4].into() };
+    assert!(matches!(err(&g), ValidationError::Encoding { detail, .. } if detail.contains("axis 1")));
+    tensor_mut(&mut g, "gamma").encoding = Encoding::AxisScaleOffset { axis: 0, scale_offsets: vec![so; 4].into() };
     validate(&g).unwrap();
 }
 
@@ -374,9 +307,7 @@ fn blockwise_err(mutate: impl FnOnce(&mut QnnTensor)) -> String {
 }
 
 fn with_bw(t: &mut QnnTensor, f: impl FnOnce(&mut BlockwiseExpansion)) {
-    let Encoding::BlockwiseExpansion(bw) = &mut t.encoding else {
-        panic!("not blockwise")
-    };
+    let Encoding::BlockwiseExpansion(bw) = &mut t.encoding else { panic!("not blockwise") };
     f(bw);
 }
 
@@ -388,35 +319,15 @@ fn blockwise_invariants() {
     })
     .contains("SFIXED_POINT_4 or SFIXED_POINT_8"));
     assert!(blockwise_err(|t| with_bw(t, |bw| {
-        bw.scale_offsets = vec![
-            ScaleOffset {
-                scale: 0.1,
-                offset: -1
-            };
-            4
-        ]
-        .into()
+        bw.scale_offsets = vec![ScaleOffset { scale: 0.1, offset: -1 }; 4].into()
     }))
     .contains("offset must be 0"));
     assert!(blockwise_err(|t| with_bw(t, |bw| {
-        bw.scale_offsets = vec![
-            ScaleOffset {
-                scale: 0.1,
-                offset: 0
-            };
-            3
-        ]
-        .into()
+        bw.scale_offsets = vec![ScaleOffset { scale: 0.1, offset: 0 }; 3].into()
     }))
     .contains("3 per-channel scales"));
-    assert!(
-        blockwise_err(|t| with_bw(t, |bw| bw.num_blocks_per_axis = 3))
-            .contains("does not divide In")
-    );
-    assert!(
-        blockwise_err(|t| with_bw(t, |bw| bw.num_blocks_per_axis = 4))
-            .contains("8 block scales, expected")
-    );
+    assert!(blockwise_err(|t| with_bw(t, |bw| bw.num_blocks_per_axis = 3)).contains("does not divide In"));
+    assert!(blockwise_err(|t| with_bw(t, |bw| bw.num_blocks_per_axis = 4)).contains("8 block scales, expected"));
     assert!(blockwise_err(|t| with_bw(t, |bw| {
         bw.block_scales = BlockScales::U8(Arc::from(vec![1u8, 2, 0, 4, 5, 6, 7, 8]))
     }))
@@ -425,10 +336,7 @@ fn blockwise_invariants() {
         bw.block_scales = BlockScales::U8(Arc::from(vec![1u8, 2, 3, 4, 5, 6, 7, 17]))
     }))
     .contains("= 17 is outside 1..=16"));
-    assert!(
-        blockwise_err(|t| with_bw(t, |bw| bw.block_scale_bitwidth = 9))
-            .contains("blockScaleBitwidth 9")
-    );
+    assert!(blockwise_err(|t| with_bw(t, |bw| bw.block_scale_bitwidth = 9)).contains("blockScaleBitwidth 9"));
     assert!(blockwise_err(|t| with_bw(t, |bw| bw.axis = 2)).contains("expected the output channel"));
     assert!(blockwise_err(|t| {
         t.dims = vec![2, 1, 4, 4];
@@ -441,22 +349,13 @@ fn blockwise_must_be_static() {
     let mut w = t("w", TensorType::Native, DataType::SFixedPoint8, &[4, 8]);
     w.encoding = Encoding::BlockwiseExpansion(BlockwiseExpansion {
         axis: 0,
-        scale_offsets: vec![
-            ScaleOffset {
-                scale: 0.1,
-                offset: 0
-            };
-            4
-        ]
-        .into(),
+        scale_offsets: vec![ScaleOffset { scale: 0.1, offset: 0 }; 4].into(),
         num_blocks_per_axis: 2,
         block_scale_bitwidth: 4,
         block_scales: BlockScales::U8(vec![1u8; 8].into()),
     });
     let g = single(OpType::ElementWiseNeg, vec![w.clone()], w.clone(), vec![]);
-    assert!(
-        matches!(err(&g), ValidationError::Encoding { detail, .. } if detail.contains("only STATIC"))
-    );
+    assert!(matches!(err(&g), ValidationError::Encoding { detail, .. } if detail.contains("only STATIC")));
 }
 
 // ---- node structure ------------------------------------------------------------------------
@@ -473,39 +372,19 @@ fn input_arity() {
     let mut g = base();
     node_mut(&mut g, "conv").inputs.truncate(1);
     let e = err(&g);
-    assert!(
-        matches!(&e, ValidationError::InputArity { expected, found: 1, .. } if expected == "2 to 3"),
-        "{e}"
-    );
+    assert!(matches!(&e, ValidationError::InputArity { expected, found: 1, .. } if expected == "2 to 3"), "{e}");
     let mut g = base();
     node_mut(&mut g, "softmax").inputs.push("x".into());
-    assert!(matches!(
-        err(&g),
-        ValidationError::InputArity { found: 2, .. }
-    ));
-    let g = single(
-        OpType::Concat,
-        vec![],
-        f32t("o", &[2]),
-        vec![("axis", Param::Scalar(Scalar::UInt32(0)))],
-    );
-    assert!(
-        matches!(err(&g), ValidationError::InputArity { expected, .. } if expected == "at least 1")
-    );
+    assert!(matches!(err(&g), ValidationError::InputArity { found: 2, .. }));
+    let g = single(OpType::Concat, vec![], f32t("o", &[2]), vec![("axis", Param::Scalar(Scalar::UInt32(0)))]);
+    assert!(matches!(err(&g), ValidationError::InputArity { expected, .. } if expected == "at least 1"));
 }
 
 #[test]
 fn output_arity() {
     let mut g = base();
     node_mut(&mut g, "norm").outputs.push("extra".into());
-    assert!(matches!(
-        err(&g),
-        ValidationError::OutputArity {
-            found: 2,
-            expected: 1,
-            ..
-        }
-    ));
+    assert!(matches!(err(&g), ValidationError::OutputArity { found: 2, expected: 1, .. }));
 }
 
 #[test]
@@ -531,13 +410,7 @@ fn node_outputs_must_be_native_or_app_read() {
         ValidationError::OutputType { tensor, found: TensorType::Static, .. } if tensor == "gamma"));
     let mut g = base();
     node_mut(&mut g, "norm").outputs[0] = "x".into();
-    assert!(matches!(
-        err(&g),
-        ValidationError::OutputType {
-            found: TensorType::AppWrite,
-            ..
-        }
-    ));
+    assert!(matches!(err(&g), ValidationError::OutputType { found: TensorType::AppWrite, .. }));
 }
 
 #[test]
@@ -553,46 +426,32 @@ fn single_producer() {
 #[test]
 fn missing_mandatory_param() {
     let mut g = base();
-    node_mut(&mut g, "conv")
-        .params
-        .retain(|(n, _)| n != "pad_amount");
-    assert!(
-        matches!(err(&g), ValidationError::MissingParam { param, .. } if param == "pad_amount")
-    );
+    node_mut(&mut g, "conv").params.retain(|(n, _)| n != "pad_amount");
+    assert!(matches!(err(&g), ValidationError::MissingParam { param, .. } if param == "pad_amount"));
 }
 
 #[test]
 fn unknown_and_repeated_params() {
     let mut g = base();
-    node_mut(&mut g, "softmax")
-        .params
-        .push(("temperature".into(), Param::Scalar(Scalar::Float32(1.0))));
-    assert!(
-        matches!(err(&g), ValidationError::UnknownParam { param, .. } if param == "temperature")
-    );
+    node_mut(&mut g, "softmax").params.push(("temperature".into(), Param::Scalar(Scalar::Float32(1.0))));
+    assert!(matches!(err(&g), ValidationError::UnknownParam { param, .. } if param == "temperature"));
     let mut g = base();
     let n = node_mut(&mut g, "softmax");
-    n.params
-        .push(("beta".into(), Param::Scalar(Scalar::Float32(1.0))));
-    n.params
-        .push(("beta".into(), Param::Scalar(Scalar::Float32(2.0))));
+    n.params.push(("beta".into(), Param::Scalar(Scalar::Float32(1.0))));
+    n.params.push(("beta".into(), Param::Scalar(Scalar::Float32(2.0))));
     assert_eq!(param_of(err(&g)).0, "beta");
 }
 
 #[test]
 fn param_kind_and_dtype() {
     let mut g = base();
-    node_mut(&mut g, "softmax")
-        .params
-        .push(("axis".into(), Param::Scalar(Scalar::Int32(3))));
+    node_mut(&mut g, "softmax").params.push(("axis".into(), Param::Scalar(Scalar::Int32(3))));
     let (p, d) = param_of(err(&g));
     assert_eq!(p, "axis");
     assert!(d.contains("expected a UINT_32 scalar, found INT_32"), "{d}");
 
     let mut g = base();
-    node_mut(&mut g, "softmax")
-        .params
-        .push(("axis".into(), u32_param("ax", &[1], &[3])));
+    node_mut(&mut g, "softmax").params.push(("axis".into(), u32_param("ax", &[1], &[3])));
     assert!(param_of(err(&g)).1.contains("found a tensor"));
 
     let mut g = base();
@@ -601,14 +460,10 @@ fn param_kind_and_dtype() {
 
     let mut g = base();
     node_mut(&mut g, "conv").params[0].1 = i32_param("conv.stride", &[2], &[1, 1]);
-    assert!(param_of(err(&g))
-        .1
-        .contains("expected a UINT_32 tensor, found INT_32"));
+    assert!(param_of(err(&g)).1.contains("expected a UINT_32 tensor, found INT_32"));
 
     let mut g = base();
-    node_mut(&mut g, "softmax")
-        .params
-        .push(("beta".into(), Param::Scalar(Scalar::Float32(f32::NAN))));
+    node_mut(&mut g, "softmax").params.push(("beta".into(), Param::Scalar(Scalar::Float32(f32::NAN))));
     assert!(param_of(err(&g)).1.contains("finite"));
 }
 
@@ -630,13 +485,7 @@ fn tensor_param_shape_and_type() {
 
 // ---- per-op rules --------------------------------------------------------------------------
 
-fn conv_graph(
-    input: &[u32],
-    filter: &[u32],
-    bias: Option<&[u32]>,
-    out: &[u32],
-    group: u32,
-) -> QnnGraph {
+fn conv_graph(input: &[u32], filter: &[u32], bias: Option<&[u32]>, out: &[u32], group: u32) -> QnnGraph {
     let mut ins = vec![
         f32t("x", input),
         QnnTensor::new_static(
@@ -670,46 +519,14 @@ fn conv_graph(
 
 #[test]
 fn conv2d_rules() {
-    validate(&conv_graph(
-        &[1, 3, 3, 4],
-        &[2, 2, 2, 6],
-        Some(&[6]),
-        &[1, 2, 2, 6],
-        2,
-    ))
-    .unwrap();
-    assert!(op_detail(err(&conv_graph(
-        &[1, 3, 3, 4],
-        &[2, 2, 3, 6],
-        None,
-        &[1, 2, 2, 6],
-        1
-    )))
-    .contains("in-channels 3 x group 1 != input channels 4"));
-    assert!(op_detail(err(&conv_graph(
-        &[1, 3, 3, 4],
-        &[2, 2, 4],
-        None,
-        &[1, 2, 2, 6],
-        1
-    )))
-    .contains("HWIO rank 4"));
-    assert!(op_detail(err(&conv_graph(
-        &[1, 3, 3, 4],
-        &[2, 2, 4, 6],
-        Some(&[4]),
-        &[1, 2, 2, 6],
-        1
-    )))
-    .contains("bias `b` has dims [4], expected [6]"));
-    assert!(op_detail(err(&conv_graph(
-        &[1, 3, 3, 4],
-        &[2, 2, 4, 6],
-        None,
-        &[1, 3, 3, 6],
-        1
-    )))
-    .contains("expected [1, 2, 2, 6]"));
+    validate(&conv_graph(&[1, 3, 3, 4], &[2, 2, 2, 6], Some(&[6]), &[1, 2, 2, 6], 2)).unwrap();
+    assert!(op_detail(err(&conv_graph(&[1, 3, 3, 4], &[2, 2, 3, 6], None, &[1, 2, 2, 6], 1)))
+        .contains("in-channels 3 x group 1 != input channels 4"));
+    assert!(op_detail(err(&conv_graph(&[1, 3, 3, 4], &[2, 2, 4], None, &[1, 2, 2, 6], 1))).contains("HWIO rank 4"));
+    assert!(op_detail(err(&conv_graph(&[1, 3, 3, 4], &[2, 2, 4, 6], Some(&[4]), &[1, 2, 2, 6], 1)))
+        .contains("bias `b` has dims [4], expected [6]"));
+    assert!(op_detail(err(&conv_graph(&[1, 3, 3, 4], &[2, 2, 4, 6], None, &[1, 3, 3, 6], 1)))
+        .contains("expected [1, 2, 2, 6]"));
 }
 
 #[test]
@@ -723,13 +540,8 @@ fn fully_connected_rules() {
             StaticData::from_f32(&vec![0.0; dims.iter().product::<u32>() as usize]),
         )
     };
-    validate(&single(
-        OpType::FullyConnected,
-        vec![f32t("x", &[2, 3, 4]), w(&[5, 4])],
-        f32t("o", &[6, 5]),
-        vec![],
-    ))
-    .unwrap();
+    validate(&single(OpType::FullyConnected, vec![f32t("x", &[2, 3, 4]), w(&[5, 4])], f32t("o", &[6, 5]), vec![]))
+        .unwrap();
     validate(&single(
         OpType::FullyConnected,
         vec![f32t("x", &[2, 3, 4]), w(&[5, 4])],
@@ -758,32 +570,19 @@ fn matmul_inner_dims() {
     };
     validate(&g(&[1, 2, 3, 4], &[1, 2, 4, 5], &[1, 2, 3, 5], false)).unwrap();
     validate(&g(&[1, 2, 3, 4], &[1, 2, 5, 4], &[1, 2, 3, 5], true)).unwrap();
-    assert!(
-        op_detail(err(&g(&[1, 2, 3, 4], &[1, 2, 5, 4], &[1, 2, 3, 5], false)))
-            .contains("inner dims differ")
-    );
+    assert!(op_detail(err(&g(&[1, 2, 3, 4], &[1, 2, 5, 4], &[1, 2, 3, 5], false))).contains("inner dims differ"));
 }
 
 #[test]
 fn elementwise_broadcast_and_bool_rules() {
     let add = |a: &[u32], b: &[u32], o: &[u32]| {
-        single(
-            OpType::ElementWiseAdd,
-            vec![f32t("a", a), f32t("b", b)],
-            f32t("o", o),
-            vec![],
-        )
+        single(OpType::ElementWiseAdd, vec![f32t("a", a), f32t("b", b)], f32t("o", o), vec![])
     };
     validate(&add(&[2, 1, 4], &[3, 1], &[2, 3, 4])).unwrap();
     assert!(op_detail(err(&add(&[2, 3], &[4, 3], &[2, 3]))).contains("not broadcastable"));
     assert!(op_detail(err(&add(&[2, 3], &[1, 3], &[3, 3]))).contains("expected [2, 3]"));
 
-    let eq = single(
-        OpType::ElementWiseEqual,
-        vec![f32t("a", &[2]), f32t("b", &[2])],
-        f32t("o", &[2]),
-        vec![],
-    );
+    let eq = single(OpType::ElementWiseEqual, vec![f32t("a", &[2]), f32t("b", &[2])], f32t("o", &[2]), vec![]);
     assert!(op_detail(err(&eq)).contains("must be BOOL_8"));
     let sel = single(
         OpType::ElementWiseSelect,
@@ -797,9 +596,7 @@ fn elementwise_broadcast_and_bool_rules() {
 #[test]
 fn softmax_axis_range() {
     let mut g = base();
-    node_mut(&mut g, "softmax")
-        .params
-        .push(("axis".into(), Param::Scalar(Scalar::UInt32(4))));
+    node_mut(&mut g, "softmax").params.push(("axis".into(), Param::Scalar(Scalar::UInt32(4))));
     let (p, d) = param_of(err(&g));
     assert_eq!(p, "axis");
     assert!(d.contains("out of range for rank 4"));
@@ -849,19 +646,9 @@ fn transpose_perm_is_a_permutation() {
 
 #[test]
 fn reshape_element_count_and_dtype() {
-    let ok = single(
-        OpType::Reshape,
-        vec![f32t("a", &[2, 6])],
-        f32t("o", &[3, 4]),
-        vec![],
-    );
+    let ok = single(OpType::Reshape, vec![f32t("a", &[2, 6])], f32t("o", &[3, 4]), vec![]);
     validate(&ok).unwrap();
-    let bad = single(
-        OpType::Reshape,
-        vec![f32t("a", &[2, 6])],
-        f32t("o", &[3, 5]),
-        vec![],
-    );
+    let bad = single(OpType::Reshape, vec![f32t("a", &[2, 6])], f32t("o", &[3, 5]), vec![]);
     assert!(op_detail(err(&bad)).contains("12 elements"));
     let mut out = t("o", TensorType::Native, DataType::Float16, &[3, 4]);
     out.encoding = Encoding::Undefined;
@@ -887,22 +674,9 @@ fn concat_dims() {
 #[test]
 fn gather_rules() {
     let idx = |dtype: DataType, values: &[i32]| {
-        QnnTensor::new_static(
-            "i",
-            dtype,
-            &[values.len() as u32],
-            Encoding::Undefined,
-            StaticData::from_i32(values),
-        )
+        QnnTensor::new_static("i", dtype, &[values.len() as u32], Encoding::Undefined, StaticData::from_i32(values))
     };
-    let g = |i: QnnTensor, o: &[u32]| {
-        single(
-            OpType::Gather,
-            vec![f32t("a", &[5, 3]), i],
-            f32t("o", o),
-            vec![],
-        )
-    };
+    let g = |i: QnnTensor, o: &[u32]| single(OpType::Gather, vec![f32t("a", &[5, 3]), i], f32t("o", o), vec![]);
     validate(&g(idx(DataType::Int32, &[0, 4]), &[2, 3])).unwrap();
     assert!(op_detail(err(&g(idx(DataType::Int32, &[0, 5]), &[2, 3]))).contains("outside 0..5"));
     let mut f = idx(DataType::Int32, &[0, 1]);
@@ -925,12 +699,8 @@ fn strided_slice_rules() {
     };
     validate(&g(&[0, 4, 1, 1, 5, 2], 0, &[4, 2])).unwrap();
     assert!(op_detail(err(&g(&[0, 4, 1, 1, 5, 2], 0, &[4, 3]))).contains("expected [4, 2]"));
-    assert!(param_of(err(&g(&[0, 4, 1, 1, 5, 2], 1, &[4, 2])))
-        .1
-        .contains("new_axes_mask"));
-    assert!(param_of(err(&g(&[0, 4, 1, 1, 5, 0], 0, &[4, 2])))
-        .1
-        .contains("stride must be non-zero"));
+    assert!(param_of(err(&g(&[0, 4, 1, 1, 5, 2], 1, &[4, 2]))).1.contains("new_axes_mask"));
+    assert!(param_of(err(&g(&[0, 4, 1, 1, 5, 0], 0, &[4, 2]))).1.contains("stride must be non-zero"));
 }
 
 #[test]
@@ -948,43 +718,19 @@ fn reduce_rules() {
     };
     validate(&g(&[2], true, &[2, 3, 1])).unwrap();
     validate(&g(&[2], false, &[2, 3])).unwrap();
-    assert!(param_of(err(&g(&[3], true, &[2, 3, 1])))
-        .1
-        .contains("out of range"));
+    assert!(param_of(err(&g(&[3], true, &[2, 3, 1]))).1.contains("out of range"));
     assert!(op_detail(err(&g(&[2], true, &[2, 3]))).contains("expected [2, 3, 1]"));
 }
 
 #[test]
 fn quantize_dequantize_dtypes() {
     let q = t("q", TensorType::Native, U16, &[2]);
-    validate(&single(
-        OpType::Quantize,
-        vec![f32t("a", &[2])],
-        q.clone(),
-        vec![],
-    ))
-    .unwrap();
-    validate(&single(
-        OpType::Dequantize,
-        vec![q.clone()],
-        f32t("o", &[2]),
-        vec![],
-    ))
-    .unwrap();
-    assert!(op_detail(err(&single(
-        OpType::Quantize,
-        vec![q.clone()],
-        f32t("o", &[2]),
-        vec![]
-    )))
-    .contains("float input and a fixed-point output"));
-    assert!(op_detail(err(&single(
-        OpType::Dequantize,
-        vec![f32t("a", &[2])],
-        q,
-        vec![]
-    )))
-    .contains("fixed-point input and a float output"));
+    validate(&single(OpType::Quantize, vec![f32t("a", &[2])], q.clone(), vec![])).unwrap();
+    validate(&single(OpType::Dequantize, vec![q.clone()], f32t("o", &[2]), vec![])).unwrap();
+    assert!(op_detail(err(&single(OpType::Quantize, vec![q.clone()], f32t("o", &[2]), vec![])))
+        .contains("float input and a fixed-point output"));
+    assert!(op_detail(err(&single(OpType::Dequantize, vec![f32t("a", &[2])], q, vec![])))
+        .contains("fixed-point input and a float output"));
 }
 
 // ---- graph I/O ----------------------------------------------------------------------------
@@ -998,19 +744,13 @@ fn graph_inputs_are_app_write_and_listed() {
     );
     let mut g = base();
     g.inputs.clear();
-    assert!(
-        matches!(err(&g), ValidationError::GraphInput { detail, .. } if detail.contains("missing"))
-    );
+    assert!(matches!(err(&g), ValidationError::GraphInput { detail, .. } if detail.contains("missing")));
     let mut g = base();
     g.inputs.push("x".into());
-    assert!(
-        matches!(err(&g), ValidationError::GraphInput { detail, .. } if detail.contains("twice"))
-    );
+    assert!(matches!(err(&g), ValidationError::GraphInput { detail, .. } if detail.contains("twice")));
     let mut g = base();
     g.inputs.push("ghost".into());
-    assert!(
-        matches!(err(&g), ValidationError::GraphInput { detail, .. } if detail.contains("not a tensor"))
-    );
+    assert!(matches!(err(&g), ValidationError::GraphInput { detail, .. } if detail.contains("not a tensor")));
 }
 
 #[test]
@@ -1027,14 +767,10 @@ fn graph_outputs_are_app_read_never_app_write_or_static() {
     }
     let mut g = base();
     g.outputs.clear();
-    assert!(
-        matches!(err(&g), ValidationError::GraphOutput { detail, .. } if detail.contains("missing"))
-    );
+    assert!(matches!(err(&g), ValidationError::GraphOutput { detail, .. } if detail.contains("missing")));
     let mut g = base();
     g.outputs.push("out".into());
-    assert!(
-        matches!(err(&g), ValidationError::GraphOutput { detail, .. } if detail.contains("twice"))
-    );
+    assert!(matches!(err(&g), ValidationError::GraphOutput { detail, .. } if detail.contains("twice")));
 }
 
 #[test]
@@ -1044,9 +780,7 @@ fn outputs_must_be_produced_and_natives_too() {
     orphan.encoding = act();
     g.tensors.push(orphan);
     g.outputs.push("orphan".into());
-    assert!(
-        matches!(err(&g), ValidationError::GraphOutput { detail, .. } if detail.contains("no node produces"))
-    );
+    assert!(matches!(err(&g), ValidationError::GraphOutput { detail, .. } if detail.contains("no node produces")));
     let mut g = base();
     g.tensors.push(t("dangling", TensorType::Native, U16, &[2]));
     assert!(matches!(err(&g), ValidationError::Tensor { tensor, .. } if tensor == "dangling"));
@@ -1056,10 +790,7 @@ fn outputs_must_be_produced_and_natives_too() {
 fn errors_name_the_element_and_expectation() {
     let mut g = base();
     tensor_mut(&mut g, "gamma").data = Some(StaticData::from_u16(&[1]));
-    assert_eq!(
-        err(&g).to_string(),
-        "tensor `gamma`: static data: 2 bytes, expected 8 = 4 elements x UFIXED_POINT_16"
-    );
+    assert_eq!(err(&g).to_string(), "tensor `gamma`: static data: 2 bytes, expected 8 = 4 elements x UFIXED_POINT_16");
     let mut g = base();
     g.nodes.swap(1, 2);
     assert_eq!(

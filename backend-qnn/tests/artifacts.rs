@@ -28,10 +28,7 @@ fn graph() -> QnnGraph {
 
 #[test]
 fn netron_json_snapshot() {
-    snapshot!(
-        format!("qnn__{GRAPH}__netron_json"),
-        netron::render(&graph())
-    );
+    snapshot!(format!("qnn__{GRAPH}__netron_json"), netron::render(&graph()));
 }
 
 #[test]
@@ -49,13 +46,7 @@ fn model_bin_listing_snapshot() {
         .iter()
         .zip(offsets)
         .map(|(e, off)| {
-            format!(
-                "{:<64} offset {:>6} size {:>5} fnv1a {:016x}\n",
-                e.name,
-                off,
-                e.data.len(),
-                fnv1a(&e.data)
-            )
+            format!("{:<64} offset {:>6} size {:>5} fnv1a {:016x}\n", e.name, off, e.data.len(), fnv1a(&e.data))
         })
         .collect();
     snapshot!(format!("qnn__{GRAPH}__model_bin"), listing);
@@ -63,10 +54,7 @@ fn model_bin_listing_snapshot() {
 
 #[test]
 fn summary_snapshot() {
-    snapshot!(
-        format!("qnn__{GRAPH}__summary"),
-        summary::summarize(&graph()).render()
-    );
+    snapshot!(format!("qnn__{GRAPH}__summary"), summary::summarize(&graph()).render());
 }
 
 #[test]
@@ -87,27 +75,15 @@ fn written_files_are_deterministic_and_atomic() {
         (&pa.model_bin, &pb.model_bin),
         (&pa.summary, &pb.summary),
     ] {
-        assert_eq!(
-            std::fs::read(x).unwrap(),
-            std::fs::read(y).unwrap(),
-            "{}",
-            x.display()
-        );
+        assert_eq!(std::fs::read(x).unwrap(), std::fs::read(y).unwrap(), "{}", x.display());
     }
-    let names: BTreeSet<String> = std::fs::read_dir(&a)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    let expected: BTreeSet<String> = ["json", "cpp", "bin", "summary.txt"]
-        .iter()
-        .map(|ext| format!("{GRAPH}.{ext}"))
-        .collect();
+    let names: BTreeSet<String> =
+        std::fs::read_dir(&a).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let expected: BTreeSet<String> =
+        ["json", "cpp", "bin", "summary.txt"].iter().map(|ext| format!("{GRAPH}.{ext}")).collect();
     assert_eq!(names, expected, "no temporary files are left behind");
     // The file written matches the rendered text.
-    assert_eq!(
-        std::fs::read_to_string(&pa.netron_json).unwrap(),
-        netron::render(&g)
-    );
+    assert_eq!(std::fs::read_to_string(&pa.netron_json).unwrap(), netron::render(&g));
     std::fs::remove_dir_all(&base).unwrap();
 }
 
@@ -131,11 +107,7 @@ fn model_bin_holds_every_static_buffer_the_cpp_references() {
     assert_eq!(referenced, members);
     // Members hold the exact static bytes, at the offsets the writer reports.
     let offsets = data_offsets(&lib.bin_entries);
-    for t in g
-        .tensors
-        .iter()
-        .filter(|t| t.tensor_type == TensorType::Static)
-    {
+    for t in g.tensors.iter().filter(|t| t.tensor_type == TensorType::Static) {
         let data = t.data.as_ref().unwrap().bytes();
         let k = lib
             .bin_entries
@@ -146,22 +118,10 @@ fn model_bin_holds_every_static_buffer_the_cpp_references() {
         assert_eq!(&bin[off..off + data.len()], data, "{}", t.name);
     }
     // One addTensor per graph input and static tensor, one addNode per node.
-    let statics = g
-        .tensors
-        .iter()
-        .filter(|t| t.tensor_type == TensorType::Static)
-        .count();
-    assert_eq!(
-        lib.cpp.matches("VALIDATE(addTensor_").count(),
-        g.inputs.len() + statics
-    );
+    let statics = g.tensors.iter().filter(|t| t.tensor_type == TensorType::Static).count();
+    assert_eq!(lib.cpp.matches("VALIDATE(addTensor_").count(), g.inputs.len() + statics);
     assert_eq!(lib.cpp.matches("VALIDATE(addNode_").count(), g.nodes.len());
-    assert_eq!(
-        lib.cpp
-            .matches("model.addNode(QNN_OPCONFIG_VERSION_1")
-            .count(),
-        g.nodes.len()
-    );
+    assert_eq!(lib.cpp.matches("model.addNode(QNN_OPCONFIG_VERSION_1").count(), g.nodes.len());
 }
 
 #[test]
@@ -183,23 +143,14 @@ fn netron_json_describes_every_tensor_and_node() {
         let j = &nodes[&n.name];
         assert_eq!(j["type"], n.op_type.as_str());
         assert_eq!(j["package"], "qti.aisw");
-        let inputs: Vec<&str> = j["input_names"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap())
-            .collect();
-        assert_eq!(
-            inputs,
-            n.inputs.iter().map(String::as_str).collect::<Vec<_>>()
-        );
+        let inputs: Vec<&str> = j["input_names"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(inputs, n.inputs.iter().map(String::as_str).collect::<Vec<_>>());
     }
     // Graph inputs are APP_WRITE (0) and outputs APP_READ (1) in the JSON.
     assert_eq!(tensors["input_ids"]["type"], 0);
     assert_eq!(tensors["logits"]["type"], 1);
     // The LPBQ weight carries its blockwise parameters.
-    let bw =
-        &tensors["model.layers.0.self_attn.q_proj.weight"]["quant_params"]["blockwise_expansion"];
+    let bw = &tensors["model.layers.0.self_attn.q_proj.weight"]["quant_params"]["blockwise_expansion"];
     assert_eq!(bw["axis"], 3);
     assert_eq!(bw["num_blocks_per_axis"], 2);
     assert_eq!(bw["block_scale_bitwidth"], 4);
@@ -214,22 +165,11 @@ fn invalid_graphs_and_names_are_rejected() {
     let dir = std::env::temp_dir();
     let mut g = graph();
     g.outputs.clear();
-    assert!(matches!(
-        write_graph_artifacts(&g, &dir),
-        Err(ArtifactError::Invalid(_))
-    ));
+    assert!(matches!(write_graph_artifacts(&g, &dir), Err(ArtifactError::Invalid(_))));
     let mut g = graph();
     g.name = "a/b".into();
-    assert!(matches!(
-        write_graph_artifacts(&g, &dir),
-        Err(ArtifactError::FileName { .. })
-    ));
-    let missing = dir
-        .join(format!("backend-qnn-missing-{}", std::process::id()))
-        .join("x");
+    assert!(matches!(write_graph_artifacts(&g, &dir), Err(ArtifactError::FileName { .. })));
+    let missing = dir.join(format!("backend-qnn-missing-{}", std::process::id())).join("x");
     let err = write_graph_artifacts(&graph(), &missing).unwrap_err();
-    assert!(
-        matches!(&err, ArtifactError::Io { path, .. } if path.starts_with(&missing)),
-        "{err}"
-    );
+    assert!(matches!(&err, ArtifactError::Io { path, .. } if path.starts_with(&missing)), "{err}");
 }

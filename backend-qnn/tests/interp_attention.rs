@@ -22,10 +22,7 @@ fn masked_attention_in_the_integer_domain() {
             }
         })
         .collect();
-    let past: Vec<f32> = common::pseudo((HIDDEN * PAST) as usize, 7)
-        .iter()
-        .map(|v| v * 2.0)
-        .collect();
+    let past: Vec<f32> = common::pseudo((HIDDEN * PAST) as usize, 7).iter().map(|v| v * 2.0).collect();
     let inputs = vec![
         it.input_from_real(0, &[3.0, 7.0, 1.0, 15.0]).unwrap(),
         it.input_from_real(1, &[4.0, 5.0, 6.0, 7.0]).unwrap(),
@@ -33,13 +30,7 @@ fn masked_attention_in_the_integer_domain() {
         it.input_from_real(3, &past).unwrap(),
         it.input_from_real(4, &past).unwrap(),
     ];
-    assert_eq!(
-        inputs[2].codes().unwrap()[..ctx]
-            .iter()
-            .filter(|&&c| c == 65535)
-            .count(),
-        PAST as usize + 1
-    );
+    assert_eq!(inputs[2].codes().unwrap()[..ctx].iter().filter(|&&c| c == 65535).count(), PAST as usize + 1);
     let all = it.run_all(&inputs).unwrap();
 
     // Masked scores are replaced and get (numerically) zero probability; rows sum to one.
@@ -57,16 +48,10 @@ fn masked_attention_in_the_integer_domain() {
         }
     }
     // KV concatenation moves uint8 codes untouched: past first, then the new entries.
-    let (k_all, past_k, present_k) = (
-        all["k_all"].codes().unwrap(),
-        all["past_key"].codes().unwrap(),
-        all["present_key"].codes().unwrap(),
-    );
+    let (k_all, past_k, present_k) =
+        (all["k_all"].codes().unwrap(), all["past_key"].codes().unwrap(), all["present_key"].codes().unwrap());
     for d in 0..HIDDEN as usize {
-        assert_eq!(
-            &k_all[d * ctx..d * ctx + PAST as usize],
-            &past_k[d * PAST as usize..(d + 1) * PAST as usize]
-        );
+        assert_eq!(&k_all[d * ctx..d * ctx + PAST as usize], &past_k[d * PAST as usize..(d + 1) * PAST as usize]);
         assert_eq!(
             &k_all[d * ctx + PAST as usize..(d + 1) * ctx],
             &present_k[d * SEQ as usize..(d + 1) * SEQ as usize]

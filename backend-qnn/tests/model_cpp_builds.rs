@@ -14,10 +14,7 @@ use backend_qnn::encoding::BlockScales;
 use backend_qnn::{Encoding, Param, QnnGraph, QnnTensor, Scalar};
 
 fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
+    Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success())
 }
 
 fn run(cmd: &mut Command) -> String {
@@ -32,15 +29,8 @@ fn run(cmd: &mut Command) -> String {
 }
 
 fn scale_offsets_fnv(list: &[backend_qnn::ScaleOffset]) -> u64 {
-    let bytes: Vec<u8> = list
-        .iter()
-        .flat_map(|so| {
-            so.scale
-                .to_le_bytes()
-                .into_iter()
-                .chain(so.offset.to_le_bytes())
-        })
-        .collect();
+    let bytes: Vec<u8> =
+        list.iter().flat_map(|so| so.scale.to_le_bytes().into_iter().chain(so.offset.to_le_bytes())).collect();
     fnv1a(&bytes)
 }
 
@@ -59,15 +49,8 @@ fn tensor_line(t: &QnnTensor) -> String {
     match &t.encoding {
         Encoding::Undefined => {}
         Encoding::ScaleOffset(so) => s += &format!(" so={:08x}/{}", so.scale.to_bits(), so.offset),
-        Encoding::AxisScaleOffset {
-            axis,
-            scale_offsets,
-        } => {
-            s += &format!(
-                " axis={axis} n={} so_fnv={:016x}",
-                scale_offsets.len(),
-                scale_offsets_fnv(scale_offsets)
-            )
+        Encoding::AxisScaleOffset { axis, scale_offsets } => {
+            s += &format!(" axis={axis} n={} so_fnv={:016x}", scale_offsets.len(), scale_offsets_fnv(scale_offsets))
         }
         Encoding::BlockwiseExpansion(bw) => {
             let storage = match bw.block_scales {
@@ -123,20 +106,10 @@ fn expected(graph: &QnnGraph) -> Vec<String> {
                 lines.push(format!("T {}", tensor_line(t(name))));
             }
         }
-        lines.push(format!(
-            "N {} {} {} in={}",
-            node.name,
-            node.package,
-            node.op_type,
-            node.inputs.join(",")
-        ));
+        lines.push(format!("N {} {} {} in={}", node.name, node.package, node.op_type, node.inputs.join(",")));
         for (pname, p) in &node.params {
             lines.push(match p {
-                Param::Scalar(s) => format!(
-                    "S {pname} dtype={} value={:x}",
-                    s.dtype().raw(),
-                    scalar_bits(s)
-                ),
+                Param::Scalar(s) => format!("S {pname} dtype={} value={:x}", s.dtype().raw(), scalar_bits(s)),
                 Param::Tensor(pt) => format!("P {pname}  {}", tensor_line(pt)),
             });
         }
@@ -161,11 +134,7 @@ fn generated_model_cpp_compiles_links_and_hands_qnnmodel_the_graph() {
     let paths = write_graph_artifacts(&graph, &dir).unwrap();
 
     // model.bin -> obj/binary/<sym>.raw -> one relocatable object per member.
-    run(Command::new("tar")
-        .arg("-xf")
-        .arg(&paths.model_bin)
-        .arg("-C")
-        .arg(dir.join("obj/binary")));
+    run(Command::new("tar").arg("-xf").arg(&paths.model_bin).arg("-C").arg(dir.join("obj/binary")));
     let mut objects = Vec::new();
     let mut members: Vec<_> = std::fs::read_dir(dir.join("obj/binary"))
         .unwrap()
@@ -183,13 +152,7 @@ fn generated_model_cpp_compiles_links_and_hands_qnnmodel_the_graph() {
     let harness = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cpp_harness");
     let exe = dir.join("model_lib_harness");
     run(Command::new("g++")
-        .args([
-            "-std=c++20",
-            "-Wall",
-            "-Werror",
-            "-Wno-unused-parameter",
-            "-o",
-        ])
+        .args(["-std=c++20", "-Wall", "-Werror", "-Wno-unused-parameter", "-o"])
         .arg(&exe)
         .arg("-I")
         .arg(&harness)

@@ -4,8 +4,7 @@
 mod common;
 
 use backend_qnn::sdk::{
-    build_context_binary, render, ApiError, BuildError, HtpOptions, RecordingApi, StaticData,
-    TensorType,
+    build_context_binary, render, ApiError, BuildError, HtpOptions, RecordingApi, StaticData, TensorType,
 };
 
 fn record(graphs: &[backend_qnn::sdk::GraphDesc]) -> (Result<Vec<u8>, BuildError>, RecordingApi) {
@@ -16,11 +15,7 @@ fn record(graphs: &[backend_qnn::sdk::GraphDesc]) -> (Result<Vec<u8>, BuildError
 
 /// Lines of `function` calls whose rendered arguments mention `needle`.
 fn lines_with<'a>(api: &'a RecordingApi, function: &str, needle: &str) -> Vec<&'a str> {
-    api.calls()
-        .iter()
-        .filter(|c| c.function == function && c.line.contains(needle))
-        .map(|c| c.line.as_str())
-        .collect()
+    api.calls().iter().filter(|c| c.function == function && c.line.contains(needle)).map(|c| c.line.as_str()).collect()
 }
 
 #[test]
@@ -43,35 +38,15 @@ fn one_context_graphs_in_order_and_teardown_last() {
     binary.unwrap();
     let f = api.functions();
     assert_eq!(f.iter().filter(|&&n| n == "contextCreate").count(), 1);
-    assert_eq!(
-        &f[..4],
-        &[
-            "logCreate",
-            "backendCreate",
-            "deviceCreate",
-            "contextCreate"
-        ]
-    );
+    assert_eq!(&f[..4], &["logCreate", "backendCreate", "deviceCreate", "contextCreate"]);
     assert_eq!(
         &f[f.len() - 6..],
-        &[
-            "contextGetBinarySize",
-            "contextGetBinary",
-            "contextFree",
-            "deviceFree",
-            "backendFree",
-            "logFree"
-        ]
+        &["contextGetBinarySize", "contextGetBinary", "contextFree", "deviceFree", "backendFree", "logFree"]
     );
     let graph_creates = lines_with(&api, "graphCreate", "");
     assert_eq!(graph_creates.len(), 2);
-    assert!(
-        graph_creates[0].contains("name=\"model.0.s32\"")
-            && graph_creates[0].ends_with("-> graph1")
-    );
-    assert!(
-        graph_creates[1].contains("name=\"model.0.s1\"") && graph_creates[1].ends_with("-> graph2")
-    );
+    assert!(graph_creates[0].contains("name=\"model.0.s32\"") && graph_creates[0].ends_with("-> graph1"));
+    assert!(graph_creates[1].contains("name=\"model.0.s1\"") && graph_creates[1].ends_with("-> graph2"));
     assert!(api.calls()[3].line.contains("htp.weightSharingEnabled(1)"));
 
     // Each graph is finalized before the next one is created; every node validated then added.
@@ -92,38 +67,15 @@ fn graph_io_created_first_and_params_per_node() {
     let f = api.functions();
     for graph in ["graph1", "graph2"] {
         let creates = lines_with(&api, "tensorCreateGraphTensor", &format!("graph={graph},"));
-        assert!(
-            creates[0].contains("name=\"x\", type=APP_WRITE"),
-            "{graph}: {}",
-            creates[0]
-        );
-        assert!(
-            creates[1].contains("name=\"y\", type=APP_READ"),
-            "{graph}: {}",
-            creates[1]
-        );
+        assert!(creates[0].contains("name=\"x\", type=APP_WRITE"), "{graph}: {}", creates[0]);
+        assert!(creates[1].contains("name=\"y\", type=APP_READ"), "{graph}: {}", creates[1]);
         // Param tensors exist per graph, once per node that uses them.
-        for p in [
-            "model.norm.axes",
-            "model.proj.stride",
-            "model.proj.pad_amount",
-            "model.proj.dilation",
-        ] {
-            assert_eq!(
-                creates
-                    .iter()
-                    .filter(|l| l.contains(&format!("name=\"{p}\"")))
-                    .count(),
-                1,
-                "{graph} {p}"
-            );
+        for p in ["model.norm.axes", "model.proj.stride", "model.proj.pad_amount", "model.proj.dilation"] {
+            assert_eq!(creates.iter().filter(|l| l.contains(&format!("name=\"{p}\""))).count(), 1, "{graph} {p}");
         }
     }
     // The first node's tensors are created right after graph I/O, before its validation.
-    let first_validate = f
-        .iter()
-        .position(|&n| n == "backendValidateOpConfig")
-        .unwrap();
+    let first_validate = f.iter().position(|&n| n == "backendValidateOpConfig").unwrap();
     assert_eq!(&f[5..first_validate], &["tensorCreateGraphTensor"; 6]);
 }
 
@@ -131,42 +83,24 @@ fn graph_io_created_first_and_params_per_node() {
 fn shared_static_weights_are_created_once_and_reused() {
     let (binary, api) = record(&common::toy_model());
     binary.unwrap();
-    for w in [
-        "model.norm.weight",
-        "model.norm_runtime_bias",
-        "model.proj.weight",
-    ] {
+    for w in ["model.norm.weight", "model.norm_runtime_bias", "model.proj.weight"] {
         let creates = lines_with(&api, "tensorCreateGraphTensor", &format!("name=\"{w}\""));
         assert_eq!(creates.len(), 1, "{w} created {} times", creates.len());
-        assert!(
-            creates[0].contains("graph=graph1"),
-            "{w} belongs to the first graph: {}",
-            creates[0]
-        );
+        assert!(creates[0].contains("graph=graph1"), "{w} belongs to the first graph: {}", creates[0]);
     }
     // Both Conv2d nodes reference the weight by the id it got in graph 1.
-    let weight_id = lines_with(
-        &api,
-        "tensorCreateGraphTensor",
-        "name=\"model.proj.weight\"",
-    )[0]
-    .rsplit("-> ")
-    .next()
-    .unwrap()
-    .to_string();
+    let weight_id = lines_with(&api, "tensorCreateGraphTensor", "name=\"model.proj.weight\"")[0]
+        .rsplit("-> ")
+        .next()
+        .unwrap()
+        .to_string();
     let adds = lines_with(&api, "graphAddNode", "name=\"model.proj\"");
     assert_eq!(adds.len(), 2);
     for add in adds {
-        assert!(
-            add.contains(&format!("{weight_id} \"model.proj.weight\"")),
-            "{add}"
-        );
+        assert!(add.contains(&format!("{weight_id} \"model.proj.weight\"")), "{add}");
     }
     // Graph-local tensors are created in each graph.
-    assert_eq!(
-        lines_with(&api, "tensorCreateGraphTensor", "name=\"h\"").len(),
-        2
-    );
+    assert_eq!(lines_with(&api, "tensorCreateGraphTensor", "name=\"h\"").len(), 2);
 }
 
 #[test]
@@ -187,51 +121,32 @@ fn fake_binary_lists_both_graphs() {
 fn rejected_node_is_named_and_handles_are_freed() {
     let mut api = RecordingApi::new();
     api.fail("backendValidateOpConfig", "model.proj", 6001);
-    let err =
-        build_context_binary(&common::toy_model(), &HtpOptions::sm8650(), &mut api).unwrap_err();
+    let err = build_context_binary(&common::toy_model(), &HtpOptions::sm8650(), &mut api).unwrap_err();
     assert_eq!(
         err,
         BuildError::NodeRejected {
             graph: "model.0.s32".into(),
             node: "model.proj".into(),
             op_type: "Conv2d".into(),
-            source: ApiError::Qnn {
-                function: "backendValidateOpConfig",
-                code: 6001
-            },
+            source: ApiError::Qnn { function: "backendValidateOpConfig", code: 6001 },
         }
     );
     let msg = err.to_string();
-    assert!(
-        msg.contains("node `model.proj` (Conv2d) of graph `model.0.s32`"),
-        "{msg}"
-    );
+    assert!(msg.contains("node `model.proj` (Conv2d) of graph `model.0.s32`"), "{msg}");
     assert!(msg.contains("6001 (graph error)"), "{msg}");
 
     let f = api.functions();
-    assert!(
-        lines_with(&api, "graphAddNode", "model.proj").is_empty(),
-        "rejected node must not be added"
-    );
+    assert!(lines_with(&api, "graphAddNode", "model.proj").is_empty(), "rejected node must not be added");
     assert!(!f.contains(&"graphFinalize") && !f.contains(&"contextGetBinary"));
-    assert_eq!(
-        &f[f.len() - 4..],
-        &["contextFree", "deviceFree", "backendFree", "logFree"]
-    );
-    assert!(api
-        .calls()
-        .iter()
-        .rev()
-        .take(4)
-        .all(|c| c.line.ends_with("-> ok")));
+    assert_eq!(&f[f.len() - 4..], &["contextFree", "deviceFree", "backendFree", "logFree"]);
+    assert!(api.calls().iter().rev().take(4).all(|c| c.line.ends_with("-> ok")));
 }
 
 #[test]
 fn failing_tensor_creation_names_tensor_and_graph() {
     let mut api = RecordingApi::new();
     api.fail("tensorCreateGraphTensor", "model.proj.weight", 7006);
-    let err =
-        build_context_binary(&common::toy_model(), &HtpOptions::sm8650(), &mut api).unwrap_err();
+    let err = build_context_binary(&common::toy_model(), &HtpOptions::sm8650(), &mut api).unwrap_err();
     assert_eq!(
         err.to_string(),
         "creating tensor `model.proj.weight` in graph `model.0.s32`: tensorCreateGraphTensor returned error 7006 (QNN_TENSOR_ERROR_NAME_HASH_COLLISION)"
@@ -243,23 +158,9 @@ fn failing_tensor_creation_names_tensor_and_graph() {
 fn failure_before_context_frees_what_exists() {
     let mut api = RecordingApi::new();
     api.fail("deviceCreate", "", 14001);
-    let err =
-        build_context_binary(&common::toy_model(), &HtpOptions::sm8650(), &mut api).unwrap_err();
-    assert!(
-        err.to_string()
-            .starts_with("creating the HTP device: deviceCreate returned error 14001"),
-        "{err}"
-    );
-    assert_eq!(
-        api.functions(),
-        [
-            "logCreate",
-            "backendCreate",
-            "deviceCreate",
-            "backendFree",
-            "logFree"
-        ]
-    );
+    let err = build_context_binary(&common::toy_model(), &HtpOptions::sm8650(), &mut api).unwrap_err();
+    assert!(err.to_string().starts_with("creating the HTP device: deviceCreate returned error 14001"), "{err}");
+    assert_eq!(api.functions(), ["logCreate", "backendCreate", "deviceCreate", "backendFree", "logFree"]);
 }
 
 #[test]
@@ -274,35 +175,22 @@ fn invalid_graphs_fail_before_any_call() {
     assert!(api.calls().is_empty());
 
     let mut graphs = common::toy_model();
-    let w = graphs[1]
-        .tensors
-        .iter_mut()
-        .find(|t| t.name == "model.proj.weight")
-        .unwrap();
+    let w = graphs[1].tensors.iter_mut().find(|t| t.name == "model.proj.weight").unwrap();
     w.data = Some(StaticData::from(vec![1u8; w.num_elements() as usize]));
     let (result, api) = record(&graphs);
     let msg = result.unwrap_err().to_string();
-    assert!(msg.contains("STATIC tensor `model.proj.weight` differs from the one of the same name in graph `model.0.s32`"), "{msg}");
+    assert!(
+        msg.contains("STATIC tensor `model.proj.weight` differs from the one of the same name in graph `model.0.s32`"),
+        "{msg}"
+    );
     assert!(api.calls().is_empty());
 
     let mut graphs = common::toy_model();
-    graphs[0]
-        .tensors
-        .iter_mut()
-        .find(|t| t.name == "y")
-        .unwrap()
-        .tensor_type = TensorType::Native;
+    graphs[0].tensors.iter_mut().find(|t| t.name == "y").unwrap().tensor_type = TensorType::Native;
     let (result, _) = record(&graphs);
-    assert_eq!(
-        result.unwrap_err().to_string(),
-        "graph `model.0.s32`: graph output `y` is NATIVE, expected APP_READ"
-    );
+    assert_eq!(result.unwrap_err().to_string(), "graph `model.0.s32`: graph output `y` is NATIVE, expected APP_READ");
 
     let mut graphs = common::toy_model();
     graphs[1].name = "model.0.s32".into();
-    assert!(record(&graphs)
-        .0
-        .unwrap_err()
-        .to_string()
-        .contains("graph name is used twice"));
+    assert!(record(&graphs).0.unwrap_err().to_string().contains("graph name is used twice"));
 }

@@ -16,12 +16,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use backend_qnn::sdk::ffi::{
-    self, BinaryInfo, GraphInfo, LibraryPaths, LoadError, SdkApi, SystemApi, TensorInfo,
-};
+use backend_qnn::sdk::ffi::{self, BinaryInfo, GraphInfo, LibraryPaths, LoadError, SdkApi, SystemApi, TensorInfo};
 use backend_qnn::sdk::{
-    build_context_binary, ApiError, BuildError, DataType, HtpDeviceOptions, HtpOptions, QnnApi,
-    RecordingApi,
+    build_context_binary, ApiError, BuildError, DataType, HtpDeviceOptions, HtpOptions, QnnApi, RecordingApi,
 };
 
 /// The mock keeps global state per loaded library: tests using one run one at a time.
@@ -29,9 +26,7 @@ static MOCK_LOCK: Mutex<()> = Mutex::new(());
 static BUILT: Mutex<Option<HashMap<&'static str, PathBuf>>> = Mutex::new(None);
 
 fn lock() -> MutexGuard<'static, ()> {
-    MOCK_LOCK
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    MOCK_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Compiles the mock into `<tmp>/<variant>/lib/x86_64-linux-clang/{libQnnHtp,libQnnSystem}.so`
@@ -41,9 +36,7 @@ fn mock_sdk(variant: &'static str, defines: &[&str]) -> PathBuf {
     if let Some(root) = built.get_or_insert_with(HashMap::new).get(variant) {
         return root.clone();
     }
-    let root = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("mock-qnn-sdk")
-        .join(variant);
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mock-qnn-sdk").join(variant);
     let lib_dir = root.join(ffi::HOST_LIB_DIR);
     std::fs::create_dir_all(&lib_dir).unwrap();
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cleanroom/mock_provider.c");
@@ -60,14 +53,7 @@ fn mock_sdk(variant: &'static str, defines: &[&str]) -> PathBuf {
         let out = lib_dir.join(name);
         let status = compiler
             .to_command()
-            .args([
-                "-std=gnu11",
-                "-shared",
-                "-fPIC",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-            ])
+            .args(["-std=gnu11", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"])
             .arg("-I")
             .arg(&include)
             .args(defines.iter().map(|d| format!("-D{d}")))
@@ -95,18 +81,13 @@ impl MockControl {
 
     fn reset(&self) {
         // SAFETY: signature as defined in mock_provider.c.
-        unsafe {
-            self.0
-                .get::<unsafe extern "C" fn()>(b"mock_qnn_reset\0")
-                .unwrap()()
-        }
+        unsafe { self.0.get::<unsafe extern "C" fn()>(b"mock_qnn_reset\0").unwrap()() }
     }
 
     fn fail(&self, function: &str, subject: &str, code: u64) {
         let f = std::ffi::CString::new(function).unwrap();
         let s = std::ffi::CString::new(subject).unwrap();
-        type Fail =
-            unsafe extern "C" fn(*const std::os::raw::c_char, *const std::os::raw::c_char, u64);
+        type Fail = unsafe extern "C" fn(*const std::os::raw::c_char, *const std::os::raw::c_char, u64);
         // SAFETY: signature as defined in mock_provider.c; strings outlive the call.
         unsafe { self.0.get::<Fail>(b"mock_qnn_fail\0").unwrap()(f.as_ptr(), s.as_ptr(), code) }
     }
@@ -126,18 +107,9 @@ impl MockControl {
 
 fn assert_same_log(recorded: &str, mock: &str) {
     for (i, (r, m)) in recorded.lines().zip(mock.lines()).enumerate() {
-        assert_eq!(
-            r,
-            m,
-            "call {} differs between RecordingApi and the mock provider",
-            i + 1
-        );
+        assert_eq!(r, m, "call {} differs between RecordingApi and the mock provider", i + 1);
     }
-    assert_eq!(
-        recorded.lines().count(),
-        mock.lines().count(),
-        "number of calls differs"
-    );
+    assert_eq!(recorded.lines().count(), mock.lines().count(), "number of calls differs");
 }
 
 #[test]
@@ -153,50 +125,29 @@ fn mock_provider_receives_exactly_the_recorded_calls() {
 
     let mut api = SdkApi::load(&paths).unwrap();
     assert_eq!(api.provider().name, "mock-htp");
-    assert_eq!(
-        api.provider().api_version.0,
-        ffi::BINDINGS_CORE_API_VERSION.0
-    );
+    assert_eq!(api.provider().api_version.0, ffi::BINDINGS_CORE_API_VERSION.0);
     let binary = build_context_binary(&graphs, &target, &mut api).unwrap();
     drop(api);
 
     assert_same_log(&recorder.log(), &control.log());
-    assert_eq!(
-        binary, expected,
-        "the mock serializes the context like RecordingApi"
-    );
+    assert_eq!(binary, expected, "the mock serializes the context like RecordingApi");
 
     // The system library reads the binary back: both graphs with I/O in binding order.
     let system = SystemApi::load(&paths.system).unwrap();
     assert_eq!(system.provider().name, "mock-system");
-    let io = |name: &str, dtype, dims: &[u32]| TensorInfo {
-        name: name.into(),
-        dtype: Some(dtype),
-        dims: dims.to_vec(),
-    };
+    let io =
+        |name: &str, dtype, dims: &[u32]| TensorInfo { name: name.into(), dtype: Some(dtype), dims: dims.to_vec() };
     let graph = |name: &str, seq| GraphInfo {
         name: name.into(),
-        inputs: vec![io(
-            "x",
-            DataType::UFixedPoint16,
-            &[1, 1, seq, common::HIDDEN],
-        )],
+        inputs: vec![io("x", DataType::UFixedPoint16, &[1, 1, seq, common::HIDDEN])],
         outputs: vec![io("y", DataType::UFixedPoint16, &[1, 1, seq, common::OUT])],
     };
     assert_eq!(
         system.binary_info(&binary).unwrap(),
-        BinaryInfo {
-            graphs: vec![graph("model.0.s32", 32), graph("model.0.s1", 1)]
-        }
+        BinaryInfo { graphs: vec![graph("model.0.s32", 32), graph("model.0.s1", 1)] }
     );
     let garbage = system.binary_info(b"not a context").unwrap_err();
-    assert_eq!(
-        garbage,
-        ApiError::Qnn {
-            function: "systemContextGetMetaData",
-            code: 1004
-        }
-    );
+    assert_eq!(garbage, ApiError::Qnn { function: "systemContextGetMetaData", code: 1004 });
 }
 
 #[test]
@@ -205,10 +156,7 @@ fn signed_pd_and_other_options_cross_the_abi() {
     let paths = LibraryPaths::from_sdk_root(mock_sdk("plain", &[]));
     let control = MockControl::open(&paths.backend);
     let mut target = HtpOptions::sm8650();
-    target.device = HtpDeviceOptions {
-        signed_pd: true,
-        ..HtpDeviceOptions::for_chipset("SM8750").unwrap()
-    };
+    target.device = HtpDeviceOptions { signed_pd: true, ..HtpDeviceOptions::for_chipset("SM8750").unwrap() };
     target.graph.precision = None;
     target.graph.dlbc = Some(true);
     target.log_level = None;
@@ -221,12 +169,7 @@ fn signed_pd_and_other_options_cross_the_abi() {
     drop(api);
     let mock = control.log();
     assert_same_log(&recorder.log(), &mock);
-    assert!(
-        mock.contains("htp.signedPd(1)")
-            && mock.contains("arch=V79")
-            && mock.contains("ENABLE_DLBC"),
-        "{mock}"
-    );
+    assert!(mock.contains("htp.signedPd(1)") && mock.contains("arch=V79") && mock.contains("ENABLE_DLBC"), "{mock}");
     assert!(mock.starts_with("backendCreate(log=null"), "{mock}");
 }
 
@@ -248,15 +191,8 @@ fn rejected_node_is_reported_through_the_ffi() {
     drop(api);
 
     assert_eq!(err, expected);
-    assert!(
-        matches!(&err, BuildError::NodeRejected { node, .. } if node == "model.norm"),
-        "{err}"
-    );
-    assert!(
-        err.to_string()
-            .contains("returned error 3110 (op package error)"),
-        "{err}"
-    );
+    assert!(matches!(&err, BuildError::NodeRejected { node, .. } if node == "model.norm"), "{err}");
+    assert!(err.to_string().contains("returned error 3110 (op package error)"), "{err}");
     let mock = control.log();
     assert_same_log(&recorder.log(), &mock);
     assert!(mock.ends_with("contextFree(context=context1) -> ok\ndeviceFree(device=device1) -> ok\nbackendFree(backend=backend1) -> ok\nlogFree(log=log1) -> ok\n"));
@@ -269,9 +205,7 @@ fn dropping_sdk_api_frees_open_handles() {
     let control = MockControl::open(&paths.backend);
     let mut api = SdkApi::load(&paths).unwrap();
     let backend = api.backend_create(None).unwrap();
-    let device = api
-        .device_create(None, &HtpDeviceOptions::sm8650().device_configs())
-        .unwrap();
+    let device = api.device_create(None, &HtpDeviceOptions::sm8650().device_configs()).unwrap();
     api.context_create(backend, device, &[]).unwrap();
     drop(api);
     let log = control.log();
@@ -295,16 +229,9 @@ fn handles_are_checked_before_reaching_c() {
     let backend = api.backend_create(None).unwrap();
     api.backend_free(backend).unwrap();
     let err = api.backend_free(backend).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "backendFree: backend1 is not a live handle of this SdkApi"
-    );
+    assert_eq!(err.to_string(), "backendFree: backend1 is not a live handle of this SdkApi");
     drop(api);
-    assert_eq!(
-        control.log().lines().count(),
-        2,
-        "the stale free never reached the library"
-    );
+    assert_eq!(control.log().lines().count(), 2, "the stale free never reached the library");
 }
 
 #[test]
@@ -316,47 +243,21 @@ fn provider_selection_skips_incompatible_providers() {
     assert_eq!(api.provider().backend_id, ffi::HTP_BACKEND_ID);
 
     let paths = LibraryPaths::from_sdk_root(mock_sdk("only-decoys", &["MOCK_ONLY_DECOYS"]));
-    let Err(err) = SdkApi::load(&paths) else {
-        panic!("a library without a usable provider must be refused")
-    };
+    let Err(err) = SdkApi::load(&paths) else { panic!("a library without a usable provider must be refused") };
     let (major, minor) = ffi::BINDINGS_CORE_API_VERSION;
-    assert!(
-        matches!(&err, LoadError::NoCompatibleProvider { found, .. } if found.len() == 2),
-        "{err}"
-    );
+    assert!(matches!(&err, LoadError::NoCompatibleProvider { found, .. } if found.len() == 2), "{err}");
     let msg = err.to_string();
-    assert!(
-        msg.contains(&format!(
-            "QNN core API {major}.{minor}+ for the HTP backend (id 6)"
-        )),
-        "{msg}"
-    );
-    assert!(
-        msg.contains(&format!(
-            "`mock-newer-major` (backend 6, API {}.0.0)",
-            major + 1
-        )),
-        "{msg}"
-    );
-    assert!(
-        msg.contains(&format!("`mock-cpu` (backend 3, API {major}.{minor}.0)")),
-        "{msg}"
-    );
+    assert!(msg.contains(&format!("QNN core API {major}.{minor}+ for the HTP backend (id 6)")), "{msg}");
+    assert!(msg.contains(&format!("`mock-newer-major` (backend 6, API {}.0.0)", major + 1)), "{msg}");
+    assert!(msg.contains(&format!("`mock-cpu` (backend 3, API {major}.{minor}.0)")), "{msg}");
 }
 
 #[test]
 fn missing_library_names_the_path() {
     let paths = LibraryPaths::from_sdk_root("/nonexistent/qairt");
-    let Err(err) = SdkApi::load(&paths) else {
-        panic!("loading a missing library must fail")
-    };
+    let Err(err) = SdkApi::load(&paths) else { panic!("loading a missing library must fail") };
     let msg = err.to_string();
-    assert!(
-        msg.starts_with(
-            "cannot open QNN library /nonexistent/qairt/lib/x86_64-linux-clang/libQnnHtp.so"
-        ),
-        "{msg}"
-    );
+    assert!(msg.starts_with("cannot open QNN library /nonexistent/qairt/lib/x86_64-linux-clang/libQnnHtp.so"), "{msg}");
 }
 
 /// With a real QAIRT SDK (`QNN_SDK_ROOT` set for build and run): prepare the toy for SM8650
@@ -366,12 +267,8 @@ fn missing_library_names_the_path() {
 fn real_sdk_builds_the_toy_for_sm8650() {
     let paths = LibraryPaths::from_env().unwrap();
     let mut api = SdkApi::load(&paths).unwrap();
-    let binary =
-        build_context_binary(&common::toy_model(), &HtpOptions::sm8650(), &mut api).unwrap();
-    let info = SystemApi::load(&paths.system)
-        .unwrap()
-        .binary_info(&binary)
-        .unwrap();
+    let binary = build_context_binary(&common::toy_model(), &HtpOptions::sm8650(), &mut api).unwrap();
+    let info = SystemApi::load(&paths.system).unwrap().binary_info(&binary).unwrap();
     let names: Vec<&str> = info.graphs.iter().map(|g| g.name.as_str()).collect();
     assert_eq!(names, ["model.0.s32", "model.0.s1"]);
     for g in &info.graphs {

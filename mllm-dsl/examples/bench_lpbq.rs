@@ -33,15 +33,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let weight = synthetic_weight();
     let shape = LpbqShape::new(OUT, IN, BLOCK)?;
     let megabytes = (weight.len() * std::mem::size_of::<f32>()) as f64 / 1e6;
-    println!(
-        "LPBQ quantize [{OUT} x {IN}] f32 ({megabytes:.1} MB), block {BLOCK}, best of {REPEATS}"
-    );
+    println!("LPBQ quantize [{OUT} x {IN}] f32 ({megabytes:.1} MB), block {BLOCK}, best of {REPEATS}");
 
     let mut reference = None;
     for threads in [1, 2] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()?;
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
         // Best total, and the two stages (block scales + int4 codes; scale quantization + HWIO).
         let (mut best, mut best_codes, mut best_export) = (f64::INFINITY, 0.0, 0.0);
         for _ in 0..REPEATS {

@@ -3,15 +3,12 @@
 use std::path::PathBuf;
 
 use mllm_dsl::config::aot::{
-    AotConfig, AotConfigError, HtpArch, HtpChipset, HtpPdSession, HtpPerformance, Precision,
-    QuantMethod, Recipe,
+    AotConfig, AotConfigError, HtpArch, HtpChipset, HtpPdSession, HtpPerformance, Precision, QuantMethod, Recipe,
 };
 use serde_json::{json, Value};
 
 fn data(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(rel)
 }
 
 fn reference_json(name: &str) -> Value {
@@ -45,12 +42,7 @@ fn qwen3_1_7b_config_parses_and_equals_the_builtin_default() {
     assert!(b.linear.patterns.is_empty());
     assert_eq!(b.kv_cache.key, Recipe::per_tensor_w8a8());
     assert_eq!(b.kv_cache.value, Recipe::per_tensor_w8a8());
-    assert_eq!(
-        cfg.linear_block_size("model.layers.3.mlp.down_proj")
-            .unwrap()
-            .0,
-        16
-    );
+    assert_eq!(cfg.linear_block_size("model.layers.3.mlp.down_proj").unwrap().0, 16);
     assert!(cfg.warnings().is_empty());
 
     assert_eq!(cfg, AotConfig::w4a16_kv8());
@@ -74,10 +66,7 @@ fn qwen3_4b_config_parses_and_lm_head_recipe_is_reported_as_ignored() {
     assert_eq!(warnings.len(), 1);
     assert!(warnings[0].contains("quant_recipe.builtin_llm_pass.lm_head.fallback"));
     assert!(warnings[0].contains("LPBQ w4a16 sym block 32"));
-    assert_eq!(
-        cfg.to_json(),
-        reference_json("mllm/qwen3-4b-qnn-aot-config.json")
-    );
+    assert_eq!(cfg.to_json(), reference_json("mllm/qwen3-4b-qnn-aot-config.json"));
 }
 
 /// Applies `edit` to the 1.7B config and returns the error message.
@@ -104,21 +93,10 @@ fn unknown_fields_are_rejected_everywhere() {
     assert_mentions(&m, &["`graph_on_npu`", "unknown field", "graph_on_qnn"]);
     let m = error_of(|v| v["target_machine"]["htp_arch_version"] = json!("V75"));
     assert_mentions(&m, &["`target_machine.htp_arch_version`", "unknown field"]);
-    let m = error_of(|v| {
-        v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["blocksize"] = json!(16)
-    });
-    assert_mentions(
-        &m,
-        &[&format!("`{LINEAR}.fallback.blocksize`"), "unknown field"],
-    );
+    let m = error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["blocksize"] = json!(16));
+    assert_mentions(&m, &[&format!("`{LINEAR}.fallback.blocksize`"), "unknown field"]);
     let m = error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["kv_cache"]["query"] = json!({}));
-    assert_mentions(
-        &m,
-        &[
-            "`quant_recipe.builtin_llm_pass.kv_cache.query`",
-            "unknown field",
-        ],
-    );
+    assert_mentions(&m, &["`quant_recipe.builtin_llm_pass.kv_cache.query`", "unknown field"]);
     let m = error_of(|v| v["quant_recipe"]["extra"] = json!(1));
     assert_mentions(&m, &["`quant_recipe.extra`"]);
 }
@@ -126,23 +104,13 @@ fn unknown_fields_are_rejected_everywhere() {
 #[test]
 fn missing_and_malformed_values_name_the_field() {
     let m = error_of(|v| {
-        v["target_machine"]
-            .as_object_mut()
-            .unwrap()
-            .remove("htp_chipset");
+        v["target_machine"].as_object_mut().unwrap().remove("htp_chipset");
     });
     assert_mentions(&m, &["`target_machine.htp_chipset`", "missing"]);
     let m = error_of(|v| v["target_machine"]["htp_arch"] = json!("V99"));
     assert_mentions(&m, &["`target_machine.htp_arch`", "\"V99\"", "V75"]);
     let m = error_of(|v| v["target_machine"]["htp_vtcm_capability_in_mb"] = json!("8"));
-    assert_mentions(
-        &m,
-        &[
-            "`target_machine.htp_vtcm_capability_in_mb`",
-            "integer",
-            "\"8\"",
-        ],
-    );
+    assert_mentions(&m, &["`target_machine.htp_vtcm_capability_in_mb`", "integer", "\"8\""]);
     let m = error_of(|v| v["target_machine"]["htp_vtcm_capability_in_mb"] = json!(-1));
     assert_mentions(&m, &["`target_machine.htp_vtcm_capability_in_mb`"]);
     let m = error_of(|v| v["graph_on_qnn"] = json!("model"));
@@ -161,19 +129,10 @@ fn missing_and_malformed_values_name_the_field() {
         v["quant_recipe"]["builtin_llm_pass"]["linear"] = json!({});
     });
     assert_mentions(&m, &[&format!("`{LINEAR}.fallback`"), "missing"]);
-    let m =
-        error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["sym"] = json!(1));
+    let m = error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["sym"] = json!(1));
     assert_mentions(&m, &[&format!("`{LINEAR}.fallback.sym`"), "true or false"]);
-    let m = error_of(|v| {
-        v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["block_size"] = json!(16.5)
-    });
-    assert_mentions(
-        &m,
-        &[
-            &format!("`{LINEAR}.fallback.block_size`"),
-            "positive integer",
-        ],
-    );
+    let m = error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["block_size"] = json!(16.5));
+    assert_mentions(&m, &[&format!("`{LINEAR}.fallback.block_size`"), "positive integer"]);
 
     let syntax = AotConfig::from_json_str("{\"split_graph\": 1,").unwrap_err();
     assert!(matches!(syntax, AotConfigError::Syntax(_)), "{syntax}");
@@ -185,92 +144,39 @@ fn missing_and_malformed_values_name_the_field() {
 fn unsupported_settings_are_rejected() {
     let m = error_of(|v| v["split_graph"] = json!(2));
     assert_mentions(&m, &["`split_graph`", "expected 1", "found 2"]);
-    let m = error_of(|v| {
-        v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["method"] = json!("GPTQ")
-    });
-    assert_mentions(
-        &m,
-        &[&format!("`{LINEAR}.fallback.method`"), "\"GPTQ\"", "LPBQ"],
-    );
-    let m = error_of(|v| {
-        v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["precision"] = json!("w2a16")
-    });
-    assert_mentions(
-        &m,
-        &[&format!("`{LINEAR}.fallback.precision`"), "\"w2a16\""],
-    );
-    let m = error_of(|v| {
-        v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["precision"] = json!("w8a16")
-    });
-    assert_mentions(
-        &m,
-        &[&format!("`{LINEAR}.fallback.precision`"), "expected w4a16"],
-    );
-    let m = error_of(|v| {
-        v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["sym"] = json!(false)
-    });
+    let m = error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["method"] = json!("GPTQ"));
+    assert_mentions(&m, &[&format!("`{LINEAR}.fallback.method`"), "\"GPTQ\"", "LPBQ"]);
+    let m = error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["precision"] = json!("w2a16"));
+    assert_mentions(&m, &[&format!("`{LINEAR}.fallback.precision`"), "\"w2a16\""]);
+    let m = error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["precision"] = json!("w8a16"));
+    assert_mentions(&m, &[&format!("`{LINEAR}.fallback.precision`"), "expected w4a16"]);
+    let m = error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["sym"] = json!(false));
     assert_mentions(&m, &[&format!("`{LINEAR}.fallback.sym`"), "symmetric"]);
     let m = error_of(|v| {
         v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"] =
             json!({"method": "per-channel", "sym": true, "precision": "w8a16"});
     });
     assert_mentions(&m, &[&format!("`{LINEAR}.fallback.method`"), "per-channel"]);
+    let m = error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["block_size"] = json!(0));
+    assert_mentions(&m, &[&format!("`{LINEAR}.fallback.block_size`"), "greater than 0"]);
     let m = error_of(|v| {
-        v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["block_size"] = json!(0)
-    });
-    assert_mentions(
-        &m,
-        &[&format!("`{LINEAR}.fallback.block_size`"), "greater than 0"],
-    );
-    let m = error_of(|v| {
-        v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]
-            .as_object_mut()
-            .unwrap()
-            .remove("block_size");
+        v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"].as_object_mut().unwrap().remove("block_size");
     });
     assert_mentions(&m, &[&format!("`{LINEAR}.fallback.block_size`"), "missing"]);
-    let m = error_of(|v| {
-        v["quant_recipe"]["builtin_llm_pass"]["kv_cache"]["key"]["block_size"] = json!(16)
-    });
-    assert_mentions(
-        &m,
-        &[
-            "`quant_recipe.builtin_llm_pass.kv_cache.key.block_size`",
-            "only method LPBQ",
-        ],
-    );
-    let m = error_of(|v| {
-        v["quant_recipe"]["builtin_llm_pass"]["kv_cache"]["value"]["precision"] = json!("w4a16")
-    });
-    assert_mentions(
-        &m,
-        &[
-            "`quant_recipe.builtin_llm_pass.kv_cache.value.precision`",
-            "w8a8",
-        ],
-    );
+    let m = error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["kv_cache"]["key"]["block_size"] = json!(16));
+    assert_mentions(&m, &["`quant_recipe.builtin_llm_pass.kv_cache.key.block_size`", "only method LPBQ"]);
+    let m = error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["kv_cache"]["value"]["precision"] = json!("w4a16"));
+    assert_mentions(&m, &["`quant_recipe.builtin_llm_pass.kv_cache.value.precision`", "w8a8"]);
     let m = error_of(|v| {
         v["quant_recipe"]["builtin_llm_pass"]["linear"]["model\\.layers\\.(0"] =
             json!({"method": "LPBQ", "sym": true, "precision": "w4a16", "block_size": 16});
     });
-    assert_mentions(
-        &m,
-        &[
-            r#"`quant_recipe.builtin_llm_pass.linear["model\\.layers\\.(0"]`"#,
-            "regular expression",
-        ],
-    );
+    assert_mentions(&m, &[r#"`quant_recipe.builtin_llm_pass.linear["model\\.layers\\.(0"]`"#, "regular expression"]);
     let m = error_of(|v| {
         v["quant_recipe"]["builtin_llm_pass"]["linear"]["lm_head"] =
             json!({"method": "LPBQ", "sym": true, "precision": "w4a16", "block_size": 0});
     });
-    assert_mentions(
-        &m,
-        &[
-            "`quant_recipe.builtin_llm_pass.linear.lm_head.block_size`",
-            "greater than 0",
-        ],
-    );
+    assert_mentions(&m, &["`quant_recipe.builtin_llm_pass.linear.lm_head.block_size`", "greater than 0"]);
 }
 
 fn qwen3_dev_widths() -> Vec<(String, usize)> {
@@ -298,65 +204,25 @@ fn block_size_must_agree_with_hf_config_and_divide_every_width() {
     cfg.check_block_size(Some(16), &widths).unwrap();
     cfg.check_block_size(None, &widths).unwrap();
 
-    let m = cfg
-        .check_block_size(Some(32), &widths)
-        .unwrap_err()
-        .to_string();
+    let m = cfg.check_block_size(Some(32), &widths).unwrap_err().to_string();
     assert_mentions(
         &m,
-        &[
-            "`lm_head`",
-            &format!("`{LINEAR}.fallback.block_size`"),
-            "is 16",
-            "`linear_block_size` is 32",
-        ],
+        &["`lm_head`", &format!("`{LINEAR}.fallback.block_size`"), "is 16", "`linear_block_size` is 32"],
     );
-    assert!(matches!(
-        cfg.check_block_size(Some(0), &widths),
-        Err(AotConfigError::HfBlockSizeZero)
-    ));
+    assert!(matches!(cfg.check_block_size(Some(0), &widths), Err(AotConfigError::HfBlockSizeZero)));
 
     let odd = [("model.layers.0.mlp.down_proj", 40usize)];
-    let m = cfg
-        .check_block_size(Some(16), &odd)
-        .unwrap_err()
-        .to_string();
-    assert_mentions(
-        &m,
-        &[
-            "`model.layers.0.mlp.down_proj`",
-            "block size 16",
-            "input width 40",
-        ],
-    );
+    let m = cfg.check_block_size(Some(16), &odd).unwrap_err().to_string();
+    assert_mentions(&m, &["`model.layers.0.mlp.down_proj`", "block size 16", "input width 40"]);
 
     // A per-layer override is checked against the HF value too, naming the override's field.
     let mut v = cfg_1_7b();
     v["quant_recipe"]["builtin_llm_pass"]["linear"]["model\\.layers\\.1\\.mlp\\..*"] =
         json!({"method": "LPBQ", "sym": true, "precision": "w4a16", "block_size": 32});
     let cfg = AotConfig::from_json(&v).unwrap();
-    assert_eq!(
-        cfg.linear_block_size("model.layers.1.mlp.down_proj")
-            .unwrap()
-            .0,
-        32
-    );
-    assert_eq!(
-        cfg.linear_block_size("model.layers.10.mlp.down_proj")
-            .unwrap()
-            .0,
-        16
-    );
+    assert_eq!(cfg.linear_block_size("model.layers.1.mlp.down_proj").unwrap().0, 32);
+    assert_eq!(cfg.linear_block_size("model.layers.10.mlp.down_proj").unwrap().0, 16);
     cfg.check_block_size(None, &widths).unwrap();
-    let m = cfg
-        .check_block_size(Some(16), &widths)
-        .unwrap_err()
-        .to_string();
-    assert_mentions(
-        &m,
-        &[
-            "`model.layers.1.mlp.gate_proj`",
-            r#"linear["model\\.layers\\.1\\.mlp\\..*"].block_size"#,
-        ],
-    );
+    let m = cfg.check_block_size(Some(16), &widths).unwrap_err().to_string();
+    assert_mentions(&m, &["`model.layers.1.mlp.gate_proj`", r#"linear["model\\.layers\\.1\\.mlp\\..*"].block_size"#]);
 }

@@ -15,9 +15,7 @@ use mllm_dsl::quant::uint16::{export_u16, quantize_u16_weight};
 use safetensors::{Dtype, SafeTensors};
 
 fn data(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(rel)
 }
 
 /// A loaded safetensors file with typed accessors.
@@ -38,10 +36,7 @@ impl Checkpoint {
 
     fn metadata(&self) -> BTreeMap<String, String> {
         let (_, meta) = SafeTensors::read_metadata(&self.bytes).expect("header");
-        meta.metadata()
-            .clone()
-            .map(|m| m.into_iter().collect())
-            .unwrap_or_default()
+        meta.metadata().clone().map(|m| m.into_iter().collect()).unwrap_or_default()
     }
 
     fn has(&self, name: &str) -> bool {
@@ -50,34 +45,25 @@ impl Checkpoint {
 
     fn raw(&self, name: &str, dtype: Dtype) -> (Vec<usize>, Vec<u8>) {
         let st = self.tensors();
-        let t = st
-            .tensor(name)
-            .unwrap_or_else(|e| panic!("tensor `{name}`: {e}"));
+        let t = st.tensor(name).unwrap_or_else(|e| panic!("tensor `{name}`: {e}"));
         assert_eq!(t.dtype(), dtype, "dtype of `{name}`");
         (t.shape().to_vec(), t.data().to_vec())
     }
 
     fn f32(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
         let (shape, b) = self.raw(name, Dtype::F32);
-        let v = b
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let v = b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
         (shape, v)
     }
 
     fn i32(&self, name: &str) -> Vec<i32> {
         let (_, b) = self.raw(name, Dtype::I32);
-        b.chunks_exact(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
+        b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
     }
 
     fn u16(&self, name: &str) -> Vec<u16> {
         let (_, b) = self.raw(name, Dtype::U16);
-        b.chunks_exact(2)
-            .map(|c| u16::from_le_bytes(c.try_into().unwrap()))
-            .collect()
+        b.chunks_exact(2).map(|c| u16::from_le_bytes(c.try_into().unwrap())).collect()
     }
 
     fn i8(&self, name: &str) -> (Vec<usize>, Vec<i8>) {
@@ -96,12 +82,7 @@ impl Checkpoint {
     }
 
     fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .tensors()
-            .names()
-            .into_iter()
-            .map(str::to_string)
-            .collect();
+        let mut names: Vec<String> = self.tensors().names().into_iter().map(str::to_string).collect();
         names.sort();
         names
     }
@@ -128,11 +109,7 @@ fn linears(float: &Checkpoint, export: &Checkpoint) -> Vec<(String, String)> {
         .into_iter()
         .filter_map(|n| n.strip_suffix(".scale1").map(str::to_string))
         .map(|op| {
-            let source = if op == "lm_head" {
-                "model.embed_tokens.weight".to_string()
-            } else {
-                format!("{op}.weight")
-            };
+            let source = if op == "lm_head" { "model.embed_tokens.weight".to_string() } else { format!("{op}.weight") };
             assert!(float.has(&source), "float weight `{source}` for `{op}`");
             (op, source)
         })
@@ -158,11 +135,7 @@ fn lpbq_reproduces_pymllm_export_for_every_linear() {
         let (exp_shape, exp_weight) = export.i8(&format!("{op}.weight"));
         assert_eq!(exp_shape, vec![1, 1, n_in, n_out], "`{op}.weight` is HWIO");
         assert_eq!(ours.weight_hwio, exp_weight, "`{op}.weight` nibbles");
-        assert_eq!(
-            ours.scale1,
-            export.u8(&format!("{op}.scale1")),
-            "`{op}.scale1`"
-        );
+        assert_eq!(ours.scale1, export.u8(&format!("{op}.scale1")), "`{op}.scale1`");
         let (_, exp_scale2) = export.f32(&format!("{op}.scale2"));
         assert_eq!(exp_scale2.len(), n_out);
         for (o, (a, b)) in ours.scale2.iter().zip(&exp_scale2).enumerate() {
@@ -172,15 +145,8 @@ fn lpbq_reproduces_pymllm_export_for_every_linear() {
         }
 
         // The deployed weight decodes the same from pymllm's tensors and ours.
-        let deployed = decode_lpbq(
-            &exp_weight,
-            &export.u8(&format!("{op}.scale1")),
-            &exp_scale2,
-            n_in,
-            n_out,
-            bs,
-        )
-        .unwrap();
+        let deployed =
+            decode_lpbq(&exp_weight, &export.u8(&format!("{op}.scale1")), &exp_scale2, n_in, n_out, bs).unwrap();
         assert_eq!(deployed, ours.decode().unwrap(), "`{op}` deployed weights");
 
         // pymllm's nibbles times our fp32 block scales are our fake-quant weights.
@@ -194,10 +160,7 @@ fn lpbq_reproduces_pymllm_export_for_every_linear() {
         }
     }
     // The export is expected to be bit-exact; the 1e-6 bound above is the contract.
-    assert_eq!(
-        worst_scale2_rel, 0.0,
-        "scale2 is computed in f32 exactly as pymllm does"
-    );
+    assert_eq!(worst_scale2_rel, 0.0, "scale2 is computed in f32 exactly as pymllm does");
 }
 
 /// RMSNorm weights (no `.fake_quant` in their keys) and the embedding.
@@ -228,12 +191,7 @@ fn u16_weights_reproduce_pymllm_export() {
         );
         assert_eq!(vec![ours.params.zero_point], zp, "`{op}.zero_point`");
         let expected = export.u16(&format!("{op}.weight"));
-        let differing = ours
-            .codes
-            .iter()
-            .zip(&expected)
-            .filter(|(a, b)| a != b)
-            .count();
+        let differing = ours.codes.iter().zip(&expected).filter(|(a, b)| a != b).count();
         assert_eq!(differing, 0, "`{op}.weight`: {differing} codes differ");
     }
 }
@@ -246,17 +204,10 @@ fn embedding_export_and_fake_quant_roundings_differ_as_documented() {
     let params = quantize_u16_weight(&w).unwrap().params;
     assert_eq!(export_u16(&w, &params).unwrap(), exported);
     let fake = quantize_slice_u16(&w, &params).unwrap();
-    let diffs: Vec<i32> = fake
-        .iter()
-        .zip(&exported)
-        .filter(|(a, b)| a != b)
-        .map(|(&a, &b)| i32::from(a) - i32::from(b))
-        .collect();
+    let diffs: Vec<i32> =
+        fake.iter().zip(&exported).filter(|(a, b)| a != b).map(|(&a, &b)| i32::from(a) - i32::from(b)).collect();
     assert_eq!(diffs.len(), 13, "README: 13 of 4096 entries differ");
-    assert!(
-        diffs.iter().all(|d| d.abs() == 1),
-        "each by one LSB: {diffs:?}"
-    );
+    assert!(diffs.iter().all(|d| d.abs() == 1), "each by one LSB: {diffs:?}");
 }
 
 /// Finds the observer buffer of a QDQ, following save_model's de-duplication of shared tensors.
@@ -264,9 +215,7 @@ fn observer_value(export: &Checkpoint, meta: &BTreeMap<String, String>, name: &s
     if export.has(name) {
         export.scalar_f32(name)
     } else {
-        let kept = meta
-            .get(name)
-            .unwrap_or_else(|| panic!("`{name}` neither stored nor de-duplicated"));
+        let kept = meta.get(name).unwrap_or_else(|| panic!("`{name}` neither stored nor de-duplicated"));
         export.scalar_f32(kept)
     }
 }
@@ -275,11 +224,8 @@ fn observer_value(export: &Checkpoint, meta: &BTreeMap<String, String>, name: &s
 fn observers_reproduce_every_activation_qdq() {
     let export = pymllm_model();
     let meta = export.metadata();
-    let qdqs: Vec<String> = export
-        .names()
-        .into_iter()
-        .filter_map(|n| n.strip_suffix(".fake_quant.scale").map(str::to_string))
-        .collect();
+    let qdqs: Vec<String> =
+        export.names().into_iter().filter_map(|n| n.strip_suffix(".fake_quant.scale").map(str::to_string)).collect();
     assert_eq!(qdqs.len(), 68 + 2 + 4, "activation + sigmoid + KV QDQs");
 
     let (mut affine, mut kv, mut fixed, mut shared) = (0, 0, 0, 0);
@@ -319,8 +265,5 @@ fn observers_reproduce_every_activation_qdq() {
         assert_eq!(p.zero_point, zp, "`{qdq}` zero point");
     }
     assert_eq!((affine, kv, fixed), (68, 4, 2));
-    assert_eq!(
-        shared, 4,
-        "the q/k rope_neg_half QDQs share their norm output's range"
-    );
+    assert_eq!(shared, 4, "the q/k rope_neg_half QDQs share their norm output's range");
 }

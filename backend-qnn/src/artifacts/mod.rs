@@ -58,22 +58,15 @@ pub fn write_graph_artifacts(graph: &QnnGraph, dir: &Path) -> Result<ArtifactPat
         summary: dir.join(format!("{stem}.summary.txt")),
     };
     let lib = model_cpp::render(graph, stem)?;
-    write_atomic(&paths.netron_json, |w| {
-        w.write_all(netron::render(graph).as_bytes())
-    })?;
+    write_atomic(&paths.netron_json, |w| w.write_all(netron::render(graph).as_bytes()))?;
     write_atomic(&paths.model_cpp, |w| w.write_all(lib.cpp.as_bytes()))?;
     write_atomic(&paths.model_bin, |w| tar::write(w, &lib.bin_entries))?;
-    write_atomic(&paths.summary, |w| {
-        w.write_all(summary::summarize(graph).render().as_bytes())
-    })?;
+    write_atomic(&paths.summary, |w| w.write_all(summary::summarize(graph).render().as_bytes()))?;
     Ok(paths)
 }
 
 fn file_stem(name: &str) -> Result<&str, ArtifactError> {
-    let bad = |detail: &str| ArtifactError::FileName {
-        name: name.to_string(),
-        detail: detail.to_string(),
-    };
+    let bad = |detail: &str| ArtifactError::FileName { name: name.to_string(), detail: detail.to_string() };
     if name.is_empty() || name == "." || name == ".." {
         return Err(bad("it is empty or a directory name"));
     }
@@ -88,10 +81,7 @@ pub fn write_atomic(
     path: &Path,
     fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
 ) -> Result<(), ArtifactError> {
-    let io = |source| ArtifactError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |source| ArtifactError::Io { path: path.to_path_buf(), source };
     let mut tmp_name = path.as_os_str().to_owned();
     tmp_name.push(format!(".{}.tmp", std::process::id()));
     let tmp = PathBuf::from(tmp_name);

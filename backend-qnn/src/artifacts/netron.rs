@@ -36,12 +36,8 @@ pub fn render(graph: &QnnGraph) -> String {
     op_types.sort_unstable();
     op_types.dedup();
 
-    let tensors = graph
-        .tensors
-        .iter()
-        .enumerate()
-        .map(|(id, t)| (t.name.clone(), tensor_json(t, id, false)))
-        .collect::<Vec<_>>();
+    let tensors =
+        graph.tensors.iter().enumerate().map(|(id, t)| (t.name.clone(), tensor_json(t, id, false))).collect::<Vec<_>>();
     let nodes = graph
         .nodes
         .iter()
@@ -50,14 +46,12 @@ pub fn render(graph: &QnnGraph) -> String {
             let mut tensor_params = Vec::new();
             for (name, p) in &n.params {
                 match p {
-                    Param::Scalar(s) => scalar_params.push((
-                        name.clone(),
-                        Json::obj([(s.dtype().raw().to_string(), scalar_json(s))]),
-                    )),
-                    Param::Tensor(t) => tensor_params.push((
-                        name.clone(),
-                        Json::obj([(t.name.clone(), tensor_json(t, 0, true))]),
-                    )),
+                    Param::Scalar(s) => {
+                        scalar_params.push((name.clone(), Json::obj([(s.dtype().raw().to_string(), scalar_json(s))])))
+                    }
+                    Param::Tensor(t) => {
+                        tensor_params.push((name.clone(), Json::obj([(t.name.clone(), tensor_json(t, 0, true))])))
+                    }
                 }
             }
             let macs = summary::node_macs(n, graph, &index);
@@ -81,16 +75,10 @@ pub fn render(graph: &QnnGraph) -> String {
         ("model.bin", Json::str(format!("{}.bin", graph.name))),
         ("converter_command", Json::str("mllm-dsl backend-qnn")),
         ("copyright_str", Json::str("")),
-        (
-            "op_types",
-            Json::Arr(op_types.into_iter().map(Json::str).collect()),
-        ),
+        ("op_types", Json::Arr(op_types.into_iter().map(Json::str).collect())),
         ("Total parameters", Json::str(s.parameters.to_string())),
         ("Total MACs per inference", Json::str(s.macs.to_string())),
-        (
-            "graph",
-            Json::obj([("tensors", Json::Obj(tensors)), ("nodes", Json::Obj(nodes))]),
-        ),
+        ("graph", Json::obj([("tensors", Json::Obj(tensors)), ("nodes", Json::Obj(nodes))])),
     ])
     .to_pretty(4)
 }
@@ -110,17 +98,11 @@ fn scalar_json(s: &Scalar) -> Json {
 }
 
 fn scale_offset_json(so: &ScaleOffset) -> Json {
-    Json::obj([
-        ("scale", Json::F32(so.scale)),
-        ("offset", Json::Int(so.offset.into())),
-    ])
+    Json::obj([("scale", Json::F32(so.scale)), ("offset", Json::Int(so.offset.into()))])
 }
 
 fn quant_json(enc: &Encoding) -> Json {
-    let zero = ScaleOffset {
-        scale: 0.0,
-        offset: 0,
-    };
+    let zero = ScaleOffset { scale: 0.0, offset: 0 };
     let mut pairs = vec![
         ("definition".to_string(), Json::Int(enc.definition().into())),
         ("encoding".to_string(), Json::Int(enc.raw().into())),
@@ -128,20 +110,14 @@ fn quant_json(enc: &Encoding) -> Json {
     match enc {
         Encoding::Undefined => pairs.push(("scale_offset".into(), scale_offset_json(&zero))),
         Encoding::ScaleOffset(so) => pairs.push(("scale_offset".into(), scale_offset_json(so))),
-        Encoding::AxisScaleOffset {
-            axis,
-            scale_offsets,
-        } => {
+        Encoding::AxisScaleOffset { axis, scale_offsets } => {
             pairs.push(("scale_offset".into(), scale_offset_json(&zero)));
             pairs.push((
                 "axis_scale_offset".into(),
                 Json::obj([
                     ("axis", Json::Int((*axis).into())),
                     ("num_scale_offsets", Json::Int(scale_offsets.len() as i64)),
-                    (
-                        "scale_offsets",
-                        Json::Arr(scale_offsets.iter().map(scale_offset_json).collect()),
-                    ),
+                    ("scale_offsets", Json::Arr(scale_offsets.iter().map(scale_offset_json).collect())),
                 ]),
             ));
         }
@@ -151,26 +127,11 @@ fn quant_json(enc: &Encoding) -> Json {
                 "blockwise_expansion".into(),
                 Json::obj([
                     ("axis", Json::Int(bw.axis.into())),
-                    (
-                        "num_scale_offsets",
-                        Json::Int(bw.scale_offsets.len() as i64),
-                    ),
-                    (
-                        "scale_offsets",
-                        Json::Arr(bw.scale_offsets.iter().map(scale_offset_json).collect()),
-                    ),
-                    (
-                        "num_blocks_per_axis",
-                        Json::Int(bw.num_blocks_per_axis.into()),
-                    ),
-                    (
-                        "block_scale_bitwidth",
-                        Json::Int(bw.block_scale_bitwidth.into()),
-                    ),
-                    (
-                        "block_scale_storage_type",
-                        Json::Int(bw.block_scales.storage_type().into()),
-                    ),
+                    ("num_scale_offsets", Json::Int(bw.scale_offsets.len() as i64)),
+                    ("scale_offsets", Json::Arr(bw.scale_offsets.iter().map(scale_offset_json).collect())),
+                    ("num_blocks_per_axis", Json::Int(bw.num_blocks_per_axis.into())),
+                    ("block_scale_bitwidth", Json::Int(bw.block_scale_bitwidth.into())),
+                    ("block_scale_storage_type", Json::Int(bw.block_scales.storage_type().into())),
                     ("num_block_scales", Json::Int(bw.block_scales.len() as i64)),
                 ]),
             ));
@@ -185,10 +146,7 @@ fn tensor_json(t: &QnnTensor, id: usize, with_data: bool) -> Json {
         ("type".to_string(), Json::Int(t.tensor_type.raw().into())),
         ("dataFormat".to_string(), Json::Int(0)),
         ("data_type".to_string(), Json::Int(t.dtype.raw().into())),
-        (
-            "dims".to_string(),
-            Json::Arr(t.dims.iter().map(|&d| Json::Int(d.into())).collect()),
-        ),
+        ("dims".to_string(), Json::Arr(t.dims.iter().map(|&d| Json::Int(d.into())).collect())),
         ("quant_params".to_string(), quant_json(&t.encoding)),
         ("axis_format".to_string(), Json::str("NOT_YET_DEFINED")),
         ("src_axis_format".to_string(), Json::str("NOT_YET_DEFINED")),
@@ -206,18 +164,15 @@ fn tensor_json(t: &QnnTensor, id: usize, with_data: bool) -> Json {
 /// Static bytes as nested arrays shaped like `dims` (param tensors are small 32-bit tensors).
 fn data_json(dtype: DataType, dims: &[u32], bytes: &[u8]) -> Json {
     let flat: Vec<Json> = match dtype {
-        DataType::Float32 => bytes
-            .chunks_exact(4)
-            .map(|c| Json::F32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-            .collect(),
-        DataType::Int32 => bytes
-            .chunks_exact(4)
-            .map(|c| Json::Int(i32::from_le_bytes([c[0], c[1], c[2], c[3]]).into()))
-            .collect(),
-        DataType::UInt32 => bytes
-            .chunks_exact(4)
-            .map(|c| Json::Int(u32::from_le_bytes([c[0], c[1], c[2], c[3]]).into()))
-            .collect(),
+        DataType::Float32 => {
+            bytes.chunks_exact(4).map(|c| Json::F32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect()
+        }
+        DataType::Int32 => {
+            bytes.chunks_exact(4).map(|c| Json::Int(i32::from_le_bytes([c[0], c[1], c[2], c[3]]).into())).collect()
+        }
+        DataType::UInt32 => {
+            bytes.chunks_exact(4).map(|c| Json::Int(u32::from_le_bytes([c[0], c[1], c[2], c[3]]).into())).collect()
+        }
         DataType::Bool8 | DataType::UInt8 => bytes.iter().map(|&b| Json::Int(b.into())).collect(),
         DataType::Int8 => bytes.iter().map(|&b| Json::Int((b as i8).into())).collect(),
         // Other types do not occur as params of the modelled ops.

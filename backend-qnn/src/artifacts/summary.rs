@@ -81,16 +81,12 @@ pub fn summarize(graph: &QnnGraph) -> GraphSummary {
     let mut macs = 0;
     let mut static_bytes_by_dtype: BTreeMap<String, u64> = BTreeMap::new();
     for node in &graph.nodes {
-        *ops_by_type
-            .entry(node.op_type.as_str().to_string())
-            .or_insert(0) += 1;
+        *ops_by_type.entry(node.op_type.as_str().to_string()).or_insert(0) += 1;
         macs += node_macs(node, graph, &index);
         for (_, p) in &node.params {
             if let Param::Tensor(t) = p {
                 if let Some(d) = &t.data {
-                    *static_bytes_by_dtype
-                        .entry(t.dtype.short_name().to_string())
-                        .or_insert(0) += d.len() as u64;
+                    *static_bytes_by_dtype.entry(t.dtype.short_name().to_string()).or_insert(0) += d.len() as u64;
                 }
             }
         }
@@ -99,15 +95,10 @@ pub fn summarize(graph: &QnnGraph) -> GraphSummary {
     let mut parameters = 0;
     for t in &graph.tensors {
         *tensors_by_dtype
-            .entry((
-                t.dtype.short_name().to_string(),
-                t.tensor_type.short_name().to_string(),
-            ))
+            .entry((t.dtype.short_name().to_string(), t.tensor_type.short_name().to_string()))
             .or_insert(0) += 1;
         if let Some(d) = &t.data {
-            *static_bytes_by_dtype
-                .entry(t.dtype.short_name().to_string())
-                .or_insert(0) += d.len() as u64;
+            *static_bytes_by_dtype.entry(t.dtype.short_name().to_string()).or_insert(0) += d.len() as u64;
         }
         if t.tensor_type == TensorType::Static {
             parameters += t.numel();
@@ -132,18 +123,8 @@ impl GraphSummary {
     pub fn render(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "graph: {}", self.name);
-        let _ = writeln!(
-            s,
-            "inputs ({}): {}",
-            self.inputs.len(),
-            self.inputs.join(", ")
-        );
-        let _ = writeln!(
-            s,
-            "outputs ({}): {}",
-            self.outputs.len(),
-            self.outputs.join(", ")
-        );
+        let _ = writeln!(s, "inputs ({}): {}", self.inputs.len(), self.inputs.join(", "));
+        let _ = writeln!(s, "outputs ({}): {}", self.outputs.len(), self.outputs.join(", "));
         let _ = writeln!(s, "nodes: {}", self.nodes);
         let _ = writeln!(s, "parameters: {}", self.parameters);
         let _ = writeln!(s, "static bytes: {}", self.static_bytes);

@@ -20,16 +20,8 @@ impl SymbolTable {
     /// A fresh identifier derived from `name`: characters outside `[A-Za-z0-9_]` become `_`,
     /// long names are shortened with a hash of the full name, and repeats get `_1`, `_2`, ...
     pub fn assign(&mut self, name: &str) -> String {
-        let mut base: String = name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
+        let mut base: String =
+            name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
         if base.is_empty() {
             base.push('_');
         }
@@ -49,9 +41,7 @@ impl SymbolTable {
 
 /// FNV-1a 64-bit, a stable hash for shortening names and fingerprinting snapshot bytes.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 #[cfg(test)]
@@ -61,18 +51,9 @@ mod tests {
     #[test]
     fn sanitizes_and_deduplicates() {
         let mut t = SymbolTable::default();
-        assert_eq!(
-            t.assign("model.layers.0.q_proj.weight"),
-            "model_layers_0_q_proj_weight"
-        );
-        assert_eq!(
-            t.assign("model_layers_0_q_proj_weight"),
-            "model_layers_0_q_proj_weight_1"
-        );
-        assert_eq!(
-            t.assign("model/layers/0/q_proj/weight"),
-            "model_layers_0_q_proj_weight_2"
-        );
+        assert_eq!(t.assign("model.layers.0.q_proj.weight"), "model_layers_0_q_proj_weight");
+        assert_eq!(t.assign("model_layers_0_q_proj_weight"), "model_layers_0_q_proj_weight_1");
+        assert_eq!(t.assign("model/layers/0/q_proj/weight"), "model_layers_0_q_proj_weight_2");
         assert_eq!(t.assign("123"), "123");
         assert_eq!(t.assign(""), "_");
         let long = "x".repeat(300);

@@ -57,14 +57,10 @@ fn octal(field: &mut [u8], value: u64) {
 fn header(name: &str, size: u64) -> io::Result<[u8; BLOCK]> {
     let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
     if name.is_empty() || name.len() > 99 || !name.is_ascii() {
-        return Err(invalid(format!(
-            "tar member name `{name}` must be 1..=99 ASCII bytes"
-        )));
+        return Err(invalid(format!("tar member name `{name}` must be 1..=99 ASCII bytes")));
     }
     if size > MAX_MEMBER_BYTES {
-        return Err(invalid(format!(
-            "tar member `{name}` is {size} bytes, the limit is {MAX_MEMBER_BYTES}"
-        )));
+        return Err(invalid(format!("tar member `{name}` is {size} bytes, the limit is {MAX_MEMBER_BYTES}")));
     }
     let mut h = [0u8; BLOCK];
     h[..name.len()].copy_from_slice(name.as_bytes());
@@ -107,27 +103,14 @@ mod tests {
                 u64::from_str_radix(s.trim_matches(|c| c == '\0' || c == ' '), 8).unwrap()
             };
             let stored = field(148..156);
-            let computed: u64 = h
-                .iter()
-                .enumerate()
-                .map(|(i, &b)| {
-                    if (148..156).contains(&i) {
-                        32
-                    } else {
-                        u64::from(b)
-                    }
-                })
-                .sum();
+            let computed: u64 =
+                h.iter().enumerate().map(|(i, &b)| if (148..156).contains(&i) { 32 } else { u64::from(b) }).sum();
             assert_eq!(stored, computed, "checksum");
             let name_end = h[..100].iter().position(|&b| b == 0).unwrap_or(100);
             let name = String::from_utf8(h[..name_end].to_vec()).unwrap();
             let size = field(124..136);
             let data_at = (at + BLOCK) as u64;
-            out.push((
-                name,
-                data_at,
-                archive[at + BLOCK..at + BLOCK + size as usize].to_vec(),
-            ));
+            out.push((name, data_at, archive[at + BLOCK..at + BLOCK + size as usize].to_vec()));
             at += BLOCK + padded(size) as usize;
         }
     }
@@ -135,18 +118,9 @@ mod tests {
     #[test]
     fn round_trips_through_an_independent_reader() {
         let entries = vec![
-            BinEntry {
-                name: "a.raw".into(),
-                data: vec![1u8, 2, 3].into(),
-            },
-            BinEntry {
-                name: "b_block_scales.raw".into(),
-                data: vec![7u8; 600].into(),
-            },
-            BinEntry {
-                name: "empty.raw".into(),
-                data: Vec::new().into(),
-            },
+            BinEntry { name: "a.raw".into(), data: vec![1u8, 2, 3].into() },
+            BinEntry { name: "b_block_scales.raw".into(), data: vec![7u8; 600].into() },
+            BinEntry { name: "empty.raw".into(), data: Vec::new().into() },
         ];
         let mut bytes = Vec::new();
         write(&mut bytes, &entries).unwrap();
@@ -158,38 +132,21 @@ mod tests {
             assert_eq!(&*e.data, data.as_slice());
             assert_eq!(at, off);
         }
-        assert!(write(
-            &mut Vec::new(),
-            &[BinEntry {
-                name: "x".repeat(100),
-                data: Vec::new().into()
-            }]
-        )
-        .is_err());
+        assert!(write(&mut Vec::new(), &[BinEntry { name: "x".repeat(100), data: Vec::new().into() }]).is_err());
     }
 
     #[test]
     fn system_tar_accepts_the_archive_when_available() {
         let path = std::env::temp_dir().join(format!("target-tar-test-{}.tar", std::process::id()));
-        let entries = vec![BinEntry {
-            name: "w.raw".into(),
-            data: vec![9u8; 10].into(),
-        }];
+        let entries = vec![BinEntry { name: "w.raw".into(), data: vec![9u8; 10].into() }];
         let mut bytes = Vec::new();
         write(&mut bytes, &entries).unwrap();
         std::fs::write(&path, &bytes).unwrap();
-        let listed = std::process::Command::new("tar")
-            .arg("-tvf")
-            .arg(&path)
-            .output();
+        let listed = std::process::Command::new("tar").arg("-tvf").arg(&path).output();
         let _ = std::fs::remove_file(&path);
         // Skip silently when no tar binary exists; when it does, it must list our member.
         if let Ok(out) = listed {
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
             let text = String::from_utf8_lossy(&out.stdout);
             assert!(text.contains("w.raw") && text.contains(" 10 "), "{text}");
         }

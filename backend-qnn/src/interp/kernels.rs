@@ -45,13 +45,7 @@ pub fn broadcast_map(out_dims: &[u32], in_dims: &[u32]) -> Vec<usize> {
     let pad = out_dims.len() - in_dims.len();
     let in_strides = strides(in_dims);
     let axis_strides: Vec<isize> = (0..out_dims.len())
-        .map(|a| {
-            if a < pad || in_dims[a - pad] == 1 {
-                0
-            } else {
-                in_strides[a - pad] as isize
-            }
-        })
+        .map(|a| if a < pad || in_dims[a - pad] == 1 { 0 } else { in_strides[a - pad] as isize })
         .collect();
     strided_map(out_dims, &axis_strides, 0)
 }
@@ -113,21 +107,11 @@ pub fn concat<T: Copy>(parts: &[(&[T], &[u32])], axis: usize) -> Vec<T> {
 /// For each input element, the index of its group when the axes in `reduced` are collapsed
 /// (the output offset of a keep-dims reduction).
 pub fn group_map(in_dims: &[u32], reduced: &[u32]) -> (Vec<usize>, usize) {
-    let kept: Vec<u32> = in_dims
-        .iter()
-        .enumerate()
-        .map(|(a, &d)| if reduced.contains(&(a as u32)) { 1 } else { d })
-        .collect();
+    let kept: Vec<u32> =
+        in_dims.iter().enumerate().map(|(a, &d)| if reduced.contains(&(a as u32)) { 1 } else { d }).collect();
     let ks = strides(&kept);
-    let axis_strides: Vec<isize> = (0..in_dims.len())
-        .map(|a| {
-            if reduced.contains(&(a as u32)) {
-                0
-            } else {
-                ks[a] as isize
-            }
-        })
-        .collect();
+    let axis_strides: Vec<isize> =
+        (0..in_dims.len()).map(|a| if reduced.contains(&(a as u32)) { 0 } else { ks[a] as isize }).collect();
     let groups = kept.iter().map(|&d| d as usize).product();
     (strided_map(in_dims, &axis_strides, 0), groups)
 }
@@ -143,18 +127,10 @@ pub enum Reduce {
 pub fn reduce(values: &[f32], groups_of: &[usize], groups: usize, how: Reduce) -> Vec<f32> {
     match how {
         Reduce::Min | Reduce::Max => {
-            let init = if matches!(how, Reduce::Min) {
-                f32::INFINITY
-            } else {
-                f32::NEG_INFINITY
-            };
+            let init = if matches!(how, Reduce::Min) { f32::INFINITY } else { f32::NEG_INFINITY };
             let mut out = vec![init; groups];
             for (&v, &g) in values.iter().zip(groups_of) {
-                out[g] = if matches!(how, Reduce::Min) {
-                    out[g].min(v)
-                } else {
-                    out[g].max(v)
-                };
+                out[g] = if matches!(how, Reduce::Min) { out[g].min(v) } else { out[g].max(v) };
             }
             out
         }
@@ -165,10 +141,7 @@ pub fn reduce(values: &[f32], groups_of: &[usize], groups: usize, how: Reduce) -
                 sum[g] += f64::from(v);
                 count[g] += 1;
             }
-            sum.iter()
-                .zip(count)
-                .map(|(&s, c)| (s / c as f64) as f32)
-                .collect()
+            sum.iter().zip(count).map(|(&s, c)| (s / c as f64) as f32).collect()
         }
     }
 }
@@ -183,12 +156,8 @@ pub fn softmax(x: &[f32], dims: &[u32], axis: usize, beta: f32) -> Vec<f32> {
     for o in 0..outer {
         for i in 0..inner {
             let at = |k: usize| (o * n + k) * inner + i;
-            let max = (0..n)
-                .map(|k| beta * f64::from(x[at(k)]))
-                .fold(f64::NEG_INFINITY, f64::max);
-            let exps: Vec<f64> = (0..n)
-                .map(|k| (beta * f64::from(x[at(k)]) - max).exp())
-                .collect();
+            let max = (0..n).map(|k| beta * f64::from(x[at(k)])).fold(f64::NEG_INFINITY, f64::max);
+            let exps: Vec<f64> = (0..n).map(|k| (beta * f64::from(x[at(k)]) - max).exp()).collect();
             let sum: f64 = exps.iter().sum();
             for (k, e) in exps.iter().enumerate() {
                 out[at(k)] = (e / sum) as f32;
@@ -200,14 +169,7 @@ pub fn softmax(x: &[f32], dims: &[u32], axis: usize, beta: f32) -> Vec<f32> {
 
 /// `y = x / sqrt(mean(x^2 over axes) + eps) * gamma + beta`; `gamma`/`beta` have the dims of
 /// the normalized axes, in `axes` order.
-pub fn rms_norm(
-    x: &[f32],
-    dims: &[u32],
-    axes: &[u32],
-    gamma: &[f32],
-    beta: Option<&[f32]>,
-    eps: f32,
-) -> Vec<f32> {
+pub fn rms_norm(x: &[f32], dims: &[u32], axes: &[u32], gamma: &[f32], beta: Option<&[f32]>, eps: f32) -> Vec<f32> {
     let (groups_of, groups) = group_map(dims, axes);
     let mut sumsq = vec![0f64; groups];
     let mut count = vec![0usize; groups];
@@ -215,21 +177,13 @@ pub fn rms_norm(
         sumsq[g] += f64::from(v) * f64::from(v);
         count[g] += 1;
     }
-    let inv_rms: Vec<f64> = sumsq
-        .iter()
-        .zip(&count)
-        .map(|(&s, &c)| 1.0 / (s / c as f64 + f64::from(eps)).sqrt())
-        .collect();
+    let inv_rms: Vec<f64> =
+        sumsq.iter().zip(&count).map(|(&s, &c)| 1.0 / (s / c as f64 + f64::from(eps)).sqrt()).collect();
     // Index of each element into gamma: only the normalized axes move it.
     let gamma_dims: Vec<u32> = axes.iter().map(|&a| dims[a as usize]).collect();
     let gs = strides(&gamma_dims);
-    let axis_strides: Vec<isize> = (0..dims.len())
-        .map(|a| {
-            axes.iter()
-                .position(|&ax| ax as usize == a)
-                .map_or(0, |j| gs[j] as isize)
-        })
-        .collect();
+    let axis_strides: Vec<isize> =
+        (0..dims.len()).map(|a| axes.iter().position(|&ax| ax as usize == a).map_or(0, |j| gs[j] as isize)).collect();
     let gamma_of = strided_map(dims, &axis_strides, 0);
     x.iter()
         .zip(groups_of.iter().zip(&gamma_of))
@@ -303,27 +257,14 @@ pub fn conv2d(x: &[f32], w: &[f32], bias: Option<&[f32]>, g: &ConvGeometry) -> V
     let [kh, kw, cin_g, cout] = g.filter;
     let [_, oh, ow, _] = g.output;
     let mut out = vec![0f32; n * oh * ow * cout];
-    let pointwise = kh == 1
-        && kw == 1
-        && g.stride == [1, 1]
-        && g.pad_before == [0, 0]
-        && g.group == 1
-        && oh == h
-        && ow == wd;
+    let pointwise =
+        kh == 1 && kw == 1 && g.stride == [1, 1] && g.pad_before == [0, 0] && g.group == 1 && oh == h && ow == wd;
     if pointwise {
         let rows = n * h * wd;
         matmul(
             &mut out,
-            MatRef {
-                data: x,
-                row_stride: cin as isize,
-                col_stride: 1,
-            },
-            MatRef {
-                data: w,
-                row_stride: cout as isize,
-                col_stride: 1,
-            },
+            MatRef { data: x, row_stride: cin as isize, col_stride: 1 },
+            MatRef { data: w, row_stride: cout as isize, col_stride: 1 },
             rows,
             cout,
             cin,
@@ -337,23 +278,19 @@ pub fn conv2d(x: &[f32], w: &[f32], bias: Option<&[f32]>, g: &ConvGeometry) -> V
                         let grp = oc / cout_g;
                         let mut acc = 0f64;
                         for ky in 0..kh {
-                            let iy = (oy * g.stride[0] + ky * g.dilation[0]) as isize
-                                - g.pad_before[0] as isize;
+                            let iy = (oy * g.stride[0] + ky * g.dilation[0]) as isize - g.pad_before[0] as isize;
                             if iy < 0 || iy >= h as isize {
                                 continue;
                             }
                             for kx in 0..kw {
-                                let ix = (ox * g.stride[1] + kx * g.dilation[1]) as isize
-                                    - g.pad_before[1] as isize;
+                                let ix = (ox * g.stride[1] + kx * g.dilation[1]) as isize - g.pad_before[1] as isize;
                                 if ix < 0 || ix >= wd as isize {
                                     continue;
                                 }
-                                let xbase =
-                                    ((b * h + iy as usize) * wd + ix as usize) * cin + grp * cin_g;
+                                let xbase = ((b * h + iy as usize) * wd + ix as usize) * cin + grp * cin_g;
                                 let wbase = (ky * kw + kx) * cin_g * cout;
                                 for ic in 0..cin_g {
-                                    acc += f64::from(x[xbase + ic])
-                                        * f64::from(w[wbase + ic * cout + oc]);
+                                    acc += f64::from(x[xbase + ic]) * f64::from(w[wbase + ic * cout + oc]);
                                 }
                             }
                         }
@@ -386,18 +323,8 @@ mod tests {
         assert_eq!(gather_map(&[3, 2], 0, &[2, 0]), vec![4, 5, 0, 1]);
         assert_eq!(gather_map(&[2, 3], 1, &[2]), vec![2, 5]);
         let axes = [
-            SliceAxis {
-                begin: 1,
-                stride: 1,
-                len: 1,
-                shrink: true,
-            },
-            SliceAxis {
-                begin: 3,
-                stride: -2,
-                len: 2,
-                shrink: false,
-            },
+            SliceAxis { begin: 1, stride: 1, len: 1, shrink: true },
+            SliceAxis { begin: 3, stride: -2, len: 2, shrink: false },
         ];
         // [2, 4]: row 1, columns 3 and 1 -> flat 7, 5
         assert_eq!(slice_map(&[2, 4], &axes), vec![7, 5]);
@@ -405,10 +332,7 @@ mod tests {
         assert_eq!((groups_of, groups), (vec![0, 0, 0, 1, 1, 1], 2));
         let a = [1, 2, 3, 4];
         let b = [5, 6];
-        assert_eq!(
-            concat(&[(&a[..], &[2, 2][..]), (&b[..], &[2, 1][..])], 1),
-            vec![1, 2, 5, 3, 4, 6]
-        );
+        assert_eq!(concat(&[(&a[..], &[2, 2][..]), (&b[..], &[2, 1][..])], 1), vec![1, 2, 5, 3, 4, 6]);
     }
 
     #[test]
@@ -419,16 +343,8 @@ mod tests {
         let mut out = [0f32; 4];
         matmul(
             &mut out,
-            MatRef {
-                data: &a,
-                row_stride: 3,
-                col_stride: 1,
-            },
-            MatRef {
-                data: &bt,
-                row_stride: 1,
-                col_stride: 3,
-            },
+            MatRef { data: &a, row_stride: 3, col_stride: 1 },
+            MatRef { data: &bt, row_stride: 1, col_stride: 3 },
             2,
             2,
             3,

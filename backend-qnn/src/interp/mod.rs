@@ -42,25 +42,13 @@ pub enum InterpError {
     #[error("graph is invalid: {0}")]
     Invalid(#[from] ValidationError),
     #[error("graph `{graph}` takes {expected} inputs, {found} were given")]
-    InputCount {
-        graph: String,
-        expected: usize,
-        found: usize,
-    },
+    InputCount { graph: String, expected: usize, found: usize },
     #[error("input {index} (`{tensor}`): {detail}")]
-    Input {
-        index: usize,
-        tensor: String,
-        detail: String,
-    },
+    Input { index: usize, tensor: String, detail: String },
     #[error("tensor `{tensor}`: {detail}")]
     Value { tensor: String, detail: String },
     #[error("node `{node}` ({op}): {detail}")]
-    Op {
-        node: String,
-        op: OpType,
-        detail: String,
-    },
+    Op { node: String, op: OpType, detail: String },
 }
 
 /// Executes one validated graph.
@@ -82,11 +70,7 @@ impl<'g> Interpreter<'g> {
                 last_use.insert(name.as_str(), i);
             }
         }
-        Ok(Interpreter {
-            graph,
-            index: graph.tensor_index(),
-            last_use,
-        })
+        Ok(Interpreter { graph, index: graph.tensor_index(), last_use })
     }
 
     fn meta(&self, name: &str) -> &'g QnnTensor {
@@ -95,20 +79,12 @@ impl<'g> Interpreter<'g> {
     }
 
     /// A graph input from real values (quantized with the input's encoding).
-    pub fn input_from_real(
-        &self,
-        position: usize,
-        values: &[f32],
-    ) -> Result<TensorValue, InterpError> {
-        let name = self
-            .graph
-            .inputs
-            .get(position)
-            .ok_or_else(|| InterpError::InputCount {
-                graph: self.graph.name.clone(),
-                expected: self.graph.inputs.len(),
-                found: position + 1,
-            })?;
+    pub fn input_from_real(&self, position: usize, values: &[f32]) -> Result<TensorValue, InterpError> {
+        let name = self.graph.inputs.get(position).ok_or_else(|| InterpError::InputCount {
+            graph: self.graph.name.clone(),
+            expected: self.graph.inputs.len(),
+            found: position + 1,
+        })?;
         TensorValue::from_real(self.meta(name), values)
     }
 
@@ -119,31 +95,17 @@ impl<'g> Interpreter<'g> {
             .graph
             .outputs
             .iter()
-            .map(|name| {
-                env.remove(name.as_str())
-                    .expect("validated outputs are produced")
-            })
+            .map(|name| env.remove(name.as_str()).expect("validated outputs are produced"))
             .collect())
     }
 
     /// Run and keep every graph-input and node-output value, by tensor name (for debugging
     /// and layer-by-layer comparisons).
-    pub fn run_all(
-        &self,
-        inputs: &[TensorValue],
-    ) -> Result<HashMap<String, TensorValue>, InterpError> {
-        Ok(self
-            .execute(inputs, true)?
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect())
+    pub fn run_all(&self, inputs: &[TensorValue]) -> Result<HashMap<String, TensorValue>, InterpError> {
+        Ok(self.execute(inputs, true)?.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
     }
 
-    fn execute(
-        &self,
-        inputs: &[TensorValue],
-        keep_all: bool,
-    ) -> Result<HashMap<&'g str, TensorValue>, InterpError> {
+    fn execute(&self, inputs: &[TensorValue], keep_all: bool) -> Result<HashMap<&'g str, TensorValue>, InterpError> {
         let graph = self.graph;
         if inputs.len() != graph.inputs.len() {
             return Err(InterpError::InputCount {
@@ -155,15 +117,8 @@ impl<'g> Interpreter<'g> {
         let mut env: HashMap<&'g str, TensorValue> = HashMap::new();
         for (index, (name, value)) in graph.inputs.iter().zip(inputs).enumerate() {
             let meta = self.meta(name);
-            let bad = |detail: String| InterpError::Input {
-                index,
-                tensor: name.clone(),
-                detail,
-            };
-            if value.dtype != meta.dtype
-                || value.dims != meta.dims
-                || value.encoding != meta.encoding
-            {
+            let bad = |detail: String| InterpError::Input { index, tensor: name.clone(), detail };
+            if value.dtype != meta.dtype || value.dims != meta.dims || value.encoding != meta.encoding {
                 return Err(bad(format!(
                     "value is {} {:?} ({}), the graph declares {} {:?} ({})",
                     value.dtype,
@@ -175,11 +130,7 @@ impl<'g> Interpreter<'g> {
                 )));
             }
             if value.numel() as u64 != meta.numel() {
-                return Err(bad(format!(
-                    "{} elements, expected {}",
-                    value.numel(),
-                    meta.numel()
-                )));
+                return Err(bad(format!("{} elements, expected {}", value.numel(), meta.numel())));
             }
             env.insert(name.as_str(), value.clone());
         }
@@ -199,17 +150,12 @@ impl<'g> Interpreter<'g> {
                 .collect();
             let out_meta = self.meta(&node.outputs[0]);
             let out = eval(node, &args, out_meta, graph.int4_storage).map_err(|e| match e {
-                EvalError::Detail(detail) => InterpError::Op {
-                    node: node.name.clone(),
-                    op: node.op_type,
-                    detail,
-                },
+                EvalError::Detail(detail) => InterpError::Op { node: node.name.clone(), op: node.op_type, detail },
                 EvalError::Interp(e) => e,
             })?;
             if !keep_all {
                 for name in &node.inputs {
-                    if self.last_use.get(name.as_str()) == Some(&i) && !graph.outputs.contains(name)
-                    {
+                    if self.last_use.get(name.as_str()) == Some(&i) && !graph.outputs.contains(name) {
                         env.remove(name.as_str());
                     }
                 }
@@ -293,22 +239,15 @@ impl Operand<'_> {
     fn real(&self, int4: Int4Storage) -> Result<Vec<f32>, InterpError> {
         match self {
             Operand::Value(v) => v.to_real(),
-            Operand::Static(t) if t.dtype.is_float() => {
-                TensorValue::from_static(t, int4)?.to_real()
-            }
+            Operand::Static(t) if t.dtype.is_float() => TensorValue::from_static(t, int4)?.to_real(),
             Operand::Static(t) => {
                 let codes = StaticCodes::new(t, int4)?;
                 if t.dtype.is_fixed_point() {
                     t.encoding
                         .dequantize_each(&t.dims, |i| codes.get(i))
-                        .map_err(|e| InterpError::Value {
-                            tensor: t.name.clone(),
-                            detail: e.to_string(),
-                        })
+                        .map_err(|e| InterpError::Value { tensor: t.name.clone(), detail: e.to_string() })
                 } else {
-                    Ok((0..t.numel() as usize)
-                        .map(|i| codes.get(i) as f32)
-                        .collect())
+                    Ok((0..t.numel() as usize).map(|i| codes.get(i) as f32).collect())
                 }
             }
         }
@@ -351,12 +290,7 @@ fn relayout(
                 Values::Real(map.iter().map(|&i| real[i]).collect())
             }
         };
-        return Ok(TensorValue {
-            dtype: out.dtype,
-            dims: out.dims.clone(),
-            encoding: out.encoding.clone(),
-            values,
-        });
+        return Ok(TensorValue { dtype: out.dtype, dims: out.dims.clone(), encoding: out.encoding.clone(), values });
     }
     let real = input.real(int4)?;
     let moved: Vec<f32> = match map {
@@ -366,12 +300,7 @@ fn relayout(
     emit(out, &moved)
 }
 
-fn eval(
-    node: &QnnNode,
-    args: &[Operand<'_>],
-    out: &QnnTensor,
-    int4: Int4Storage,
-) -> Result<TensorValue, EvalError> {
+fn eval(node: &QnnNode, args: &[Operand<'_>], out: &QnnTensor, int4: Int4Storage) -> Result<TensorValue, EvalError> {
     let real = |i: usize| -> Result<Vec<f32>, EvalError> { Ok(args[i].real(int4)?) };
     let x = &args[0];
     let map_of = |i: usize| kernels::broadcast_map(&out.dims, args[i].dims());
@@ -388,31 +317,19 @@ fn eval(
             emit(out, &r)
         }
         OpType::ElementWiseNeg => emit(out, &real(0)?.iter().map(|v| -v).collect::<Vec<_>>()),
-        OpType::Sigmoid => emit(
-            out,
-            &real(0)?
-                .iter()
-                .map(|&v| (1.0 / (1.0 + (-f64::from(v)).exp())) as f32)
-                .collect::<Vec<_>>(),
-        ),
+        OpType::Sigmoid => {
+            emit(out, &real(0)?.iter().map(|&v| (1.0 / (1.0 + (-f64::from(v)).exp())) as f32).collect::<Vec<_>>())
+        }
         OpType::ElementWiseEqual => {
             let (ma, mb) = (map_of(0), map_of(1));
-            let same =
-                args[0].dtype() == args[1].dtype() && args[0].encoding() == args[1].encoding();
+            let same = args[0].dtype() == args[1].dtype() && args[0].encoding() == args[1].encoding();
             let (va, vb) = (args[0].value(int4)?, args[1].value(int4)?);
             let codes: Vec<i64> = match (same, va.codes(), vb.codes()) {
                 // Equal codes in one encoding <=> equal reals; avoids float products.
-                (true, Some(a), Some(b)) => ma
-                    .iter()
-                    .zip(&mb)
-                    .map(|(&i, &j)| i64::from(a[i] == b[j]))
-                    .collect(),
+                (true, Some(a), Some(b)) => ma.iter().zip(&mb).map(|(&i, &j)| i64::from(a[i] == b[j])).collect(),
                 _ => {
                     let (a, b) = (va.to_real()?, vb.to_real()?);
-                    ma.iter()
-                        .zip(&mb)
-                        .map(|(&i, &j)| i64::from(a[i] == b[j]))
-                        .collect()
+                    ma.iter().zip(&mb).map(|(&i, &j)| i64::from(a[i] == b[j])).collect()
                 }
             };
             Ok(TensorValue::from_codes(out, codes)?)
@@ -422,9 +339,7 @@ fn eval(
             let cond = cond.codes().ok_or("condition holds no codes".to_string())?;
             let (a, b) = (real(1)?, real(2)?);
             let (mc, ma, mb) = (map_of(0), map_of(1), map_of(2));
-            let r: Vec<f32> = (0..mc.len())
-                .map(|k| if cond[mc[k]] != 0 { a[ma[k]] } else { b[mb[k]] })
-                .collect();
+            let r: Vec<f32> = (0..mc.len()).map(|k| if cond[mc[k]] != 0 { a[ma[k]] } else { b[mb[k]] }).collect();
             emit(out, &r)
         }
         OpType::Softmax => {
@@ -437,19 +352,14 @@ fn eval(
             let eps = params::float(node, "epsilon")?;
             let gamma = real(1)?;
             let beta = if args.len() > 2 { Some(real(2)?) } else { None };
-            emit(
-                out,
-                &kernels::rms_norm(&real(0)?, x.dims(), &axes, &gamma, beta.as_deref(), eps),
-            )
+            emit(out, &kernels::rms_norm(&real(0)?, x.dims(), &axes, &gamma, beta.as_deref(), eps))
         }
         OpType::Transpose => {
             let perm = params::u32s(node, "perm")?;
             relayout(x, Some(&kernels::transpose_map(x.dims(), &perm)), out, int4)
         }
         OpType::Reshape => relayout(x, None, out, int4),
-        OpType::Convert | OpType::Cast | OpType::Quantize | OpType::Dequantize => {
-            emit(out, &real(0)?)
-        }
+        OpType::Convert | OpType::Cast | OpType::Quantize | OpType::Dequantize => emit(out, &real(0)?),
         OpType::StridedSlice => {
             let ranges = params::i32s(node, "ranges")?;
             let mask = |n: &str| params::int(node, n, 0).map(|v| v as u32);
@@ -476,37 +386,21 @@ fn eval(
                 }
                 idx.push(v as usize);
             }
-            relayout(
-                x,
-                Some(&kernels::gather_map(x.dims(), axis, &idx)),
-                out,
-                int4,
-            )
+            relayout(x, Some(&kernels::gather_map(x.dims(), axis, &idx)), out, int4)
         }
         OpType::Concat => {
             let axis = params::int(node, "axis", x.dims().len())? as usize;
-            let values = args
-                .iter()
-                .map(|a| a.value(int4))
-                .collect::<Result<Vec<_>, _>>()?;
+            let values = args.iter().map(|a| a.value(int4)).collect::<Result<Vec<_>, _>>()?;
             if args.iter().all(|a| a.same_representation(out)) {
-                if let Some(parts) = values
-                    .iter()
-                    .map(|v| v.codes().map(|c| (c, v.dims.as_slice())))
-                    .collect::<Option<Vec<_>>>()
+                if let Some(parts) =
+                    values.iter().map(|v| v.codes().map(|c| (c, v.dims.as_slice()))).collect::<Option<Vec<_>>>()
                 {
                     return Ok(TensorValue::from_codes(out, kernels::concat(&parts, axis))?);
                 }
             }
-            let reals = values
-                .iter()
-                .map(|v| v.to_real())
-                .collect::<Result<Vec<_>, _>>()?;
-            let parts: Vec<(&[f32], &[u32])> = reals
-                .iter()
-                .zip(&values)
-                .map(|(r, v)| (r.as_slice(), v.dims.as_slice()))
-                .collect();
+            let reals = values.iter().map(|v| v.to_real()).collect::<Result<Vec<_>, _>>()?;
+            let parts: Vec<(&[f32], &[u32])> =
+                reals.iter().zip(&values).map(|(r, v)| (r.as_slice(), v.dims.as_slice())).collect();
             emit(out, &kernels::concat(&parts, axis))
         }
         OpType::ReduceMin | OpType::ReduceMax | OpType::ReduceMean => {
@@ -522,15 +416,7 @@ fn eval(
         OpType::MatMul => {
             let ta = params::flag(node, "transpose_in0")?;
             let tb = params::flag(node, "transpose_in1")?;
-            let r = matmul(
-                &real(0)?,
-                args[0].dims(),
-                &real(1)?,
-                args[1].dims(),
-                ta,
-                tb,
-                &out.dims,
-            );
+            let r = matmul(&real(0)?, args[0].dims(), &real(1)?, args[1].dims(), ta, tb, &out.dims);
             emit(out, &r)
         }
         OpType::FullyConnected => {
@@ -541,17 +427,9 @@ fn eval(
             let mut r = vec![0f32; rows * outc];
             kernels::matmul(
                 &mut r,
-                MatRef {
-                    data: &xr,
-                    row_stride: inc as isize,
-                    col_stride: 1,
-                },
+                MatRef { data: &xr, row_stride: inc as isize, col_stride: 1 },
                 // W is [Out, In]; the product needs W^T [In, Out].
-                MatRef {
-                    data: &wr,
-                    row_stride: 1,
-                    col_stride: inc as isize,
-                },
+                MatRef { data: &wr, row_stride: 1, col_stride: inc as isize },
                 rows,
                 outc,
                 inc,
@@ -570,12 +448,7 @@ fn eval(
             let pad = params::pad_amount(node)?;
             let group = params::int(node, "group", 0)? as usize;
             let d = |dims: &[u32]| -> [usize; 4] {
-                [
-                    dims[0] as usize,
-                    dims[1] as usize,
-                    dims[2] as usize,
-                    dims[3] as usize,
-                ]
+                [dims[0] as usize, dims[1] as usize, dims[2] as usize, dims[3] as usize]
             };
             let geometry = kernels::ConvGeometry {
                 input: d(x.dims()),
@@ -587,32 +460,17 @@ fn eval(
                 group,
             };
             let bias = if args.len() > 2 { Some(real(2)?) } else { None };
-            emit(
-                out,
-                &kernels::conv2d(&real(0)?, &real(1)?, bias.as_deref(), &geometry),
-            )
+            emit(out, &kernels::conv2d(&real(0)?, &real(1)?, bias.as_deref(), &geometry))
         }
     }
 }
 
 /// Batched `[..., M, K] x [..., K, N]` with broadcast batch dims and optional transposes.
-fn matmul(
-    ar: &[f32],
-    a_dims: &[u32],
-    br: &[f32],
-    b_dims: &[u32],
-    ta: bool,
-    tb: bool,
-    out_dims: &[u32],
-) -> Vec<f32> {
+fn matmul(ar: &[f32], a_dims: &[u32], br: &[f32], b_dims: &[u32], ta: bool, tb: bool, out_dims: &[u32]) -> Vec<f32> {
     let (ra, rb) = (a_dims.len(), b_dims.len());
     let (a_rows, a_cols) = (a_dims[ra - 2] as usize, a_dims[ra - 1] as usize);
     let (b_rows, b_cols) = (b_dims[rb - 2] as usize, b_dims[rb - 1] as usize);
-    let (m, k) = if ta {
-        (a_cols, a_rows)
-    } else {
-        (a_rows, a_cols)
-    };
+    let (m, k) = if ta { (a_cols, a_rows) } else { (a_rows, a_cols) };
     let n = if tb { b_rows } else { b_cols };
     let batch_dims = &out_dims[..out_dims.len() - 2];
     let a_batch = kernels::broadcast_map(batch_dims, &a_dims[..ra - 2]);
@@ -623,30 +481,14 @@ fn matmul(
         let am = &ar[ia * a_mat..(ia + 1) * a_mat];
         let bm = &br[ib * b_mat..(ib + 1) * b_mat];
         let a_ref = if ta {
-            MatRef {
-                data: am,
-                row_stride: 1,
-                col_stride: a_cols as isize,
-            }
+            MatRef { data: am, row_stride: 1, col_stride: a_cols as isize }
         } else {
-            MatRef {
-                data: am,
-                row_stride: a_cols as isize,
-                col_stride: 1,
-            }
+            MatRef { data: am, row_stride: a_cols as isize, col_stride: 1 }
         };
         let b_ref = if tb {
-            MatRef {
-                data: bm,
-                row_stride: 1,
-                col_stride: b_cols as isize,
-            }
+            MatRef { data: bm, row_stride: 1, col_stride: b_cols as isize }
         } else {
-            MatRef {
-                data: bm,
-                row_stride: b_cols as isize,
-                col_stride: 1,
-            }
+            MatRef { data: bm, row_stride: b_cols as isize, col_stride: 1 }
         };
         kernels::matmul(&mut r[bi * m * n..(bi + 1) * m * n], a_ref, b_ref, m, n, k);
     }

@@ -11,11 +11,7 @@ const F32: DataType = DataType::Float32;
 fn run1(b: GraphBuilder, inputs: &[&[f32]]) -> TensorValue {
     let g = b.finish().unwrap();
     let it = Interpreter::new(&g).unwrap();
-    let vals: Vec<TensorValue> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, v)| it.input_from_real(i, v).unwrap())
-        .collect();
+    let vals: Vec<TensorValue> = inputs.iter().enumerate().map(|(i, v)| it.input_from_real(i, v).unwrap()).collect();
     it.run(&vals).unwrap().remove(0)
 }
 
@@ -30,22 +26,11 @@ fn so(scale: f32, offset: i32) -> Encoding {
     Encoding::scale_offset(scale, offset)
 }
 
-fn binary(
-    op: OpType,
-    da: &[u32],
-    db: &[u32],
-    dout: &[u32],
-    enc: [Encoding; 3],
-    dt: [DataType; 3],
-) -> GraphBuilder {
+fn binary(op: OpType, da: &[u32], db: &[u32], dout: &[u32], enc: [Encoding; 3], dt: [DataType; 3]) -> GraphBuilder {
     let mut b = GraphBuilder::new("g");
     let x = b.input("a", dt[0], da, enc[0].clone());
     let y = b.input("b", dt[1], db, enc[1].clone());
-    b.node("n", op)
-        .input(&x)
-        .input(&y)
-        .graph_output("o", dt[2], dout, enc[2].clone())
-        .finish();
+    b.node("n", op).input(&x).input(&y).graph_output("o", dt[2], dout, enc[2].clone()).finish();
     b
 }
 
@@ -58,68 +43,35 @@ fn unary_graph(
 ) -> GraphBuilder {
     let mut b = GraphBuilder::new("g");
     let x = b.input("a", input.0, input.1, input.2);
-    params(b.node("n", op).input(&x))
-        .graph_output("o", output.0, output.1, output.2)
-        .finish();
+    params(b.node("n", op).input(&x)).graph_output("o", output.0, output.1, output.2).finish();
     b
 }
 
 #[test]
 fn add_broadcasts_float() {
-    let b = binary(
-        OpType::ElementWiseAdd,
-        &[2, 1],
-        &[3],
-        &[2, 3],
-        Default::default(),
-        [F32; 3],
-    );
+    let b = binary(OpType::ElementWiseAdd, &[2, 1], &[3], &[2, 3], Default::default(), [F32; 3]);
     let o = run1(b, &[&[1.0, 2.0], &[10.0, 20.0, 30.0]]);
-    assert_eq!(
-        o.to_real().unwrap(),
-        vec![11.0, 21.0, 31.0, 12.0, 22.0, 32.0]
-    );
+    assert_eq!(o.to_real().unwrap(), vec![11.0, 21.0, 31.0, 12.0, 22.0, 32.0]);
 }
 
 #[test]
 fn quantized_mul_and_sub_requantize_half_even() {
     let u8q = DataType::UFixedPoint8;
     // a = 1, 2 (codes 2, 4 at scale .5); b = 3, .5; product 3, 1 at scale .25 -> 12, 4.
-    let b = binary(
-        OpType::ElementWiseMultiply,
-        &[2],
-        &[2],
-        &[2],
-        [so(0.5, 0), so(0.5, 0), so(0.25, 0)],
-        [u8q; 3],
-    );
+    let b = binary(OpType::ElementWiseMultiply, &[2], &[2], &[2], [so(0.5, 0), so(0.5, 0), so(0.25, 0)], [u8q; 3]);
     let o = run1(b, &[&[1.0, 2.0], &[3.0, 0.5]]);
     assert_eq!(o.codes().unwrap(), &[12, 4]);
     // 2.5 and 3.5 at scale 1 round to 2 and 4 (ties to even); -1 saturates to 0.
-    let b = binary(
-        OpType::ElementWiseSubtract,
-        &[3],
-        &[3],
-        &[3],
-        [so(0.5, 0), so(0.5, 0), so(1.0, 0)],
-        [u8q; 3],
-    );
+    let b = binary(OpType::ElementWiseSubtract, &[3], &[3], &[3], [so(0.5, 0), so(0.5, 0), so(1.0, 0)], [u8q; 3]);
     let o = run1(b, &[&[3.0, 4.0, 1.0], &[0.5, 0.5, 2.0]]);
     assert_eq!(o.codes().unwrap(), &[2, 4, 0]);
 }
 
 #[test]
 fn neg_and_sigmoid() {
-    let b = unary_graph(
-        OpType::ElementWiseNeg,
-        (F32, &[3], Encoding::Undefined),
-        (F32, &[3], Encoding::Undefined),
-        |n| n,
-    );
-    assert_eq!(
-        run1(b, &[&[1.0, -2.0, 0.0]]).to_real().unwrap(),
-        vec![-1.0, 2.0, -0.0]
-    );
+    let b =
+        unary_graph(OpType::ElementWiseNeg, (F32, &[3], Encoding::Undefined), (F32, &[3], Encoding::Undefined), |n| n);
+    assert_eq!(run1(b, &[&[1.0, -2.0, 0.0]]).to_real().unwrap(), vec![-1.0, 2.0, -0.0]);
     // Sigmoid to mllm's fixed u16 encoding (scale 1/65536, zero point 0).
     let b = unary_graph(
         OpType::Sigmoid,
@@ -138,13 +90,7 @@ fn equal_and_select_form_a_masked_softmax_mask() {
     let mask_enc = so(255.0 / 65535.0, -65535);
     let mut b = GraphBuilder::new("g");
     let m = b.input("mask", DataType::UFixedPoint16, &[4], mask_enc.clone());
-    let zero = b.static_tensor(
-        "zero",
-        DataType::UFixedPoint16,
-        &[1],
-        mask_enc.clone(),
-        StaticData::from_u16(&[65535]),
-    );
+    let zero = b.static_tensor("zero", DataType::UFixedPoint16, &[1], mask_enc.clone(), StaticData::from_u16(&[65535]));
     let eq = b
         .node("eq", OpType::ElementWiseEqual)
         .input(&m)
@@ -152,13 +98,7 @@ fn equal_and_select_form_a_masked_softmax_mask() {
         .output("eq", DataType::Bool8, &[4], Encoding::Undefined)
         .finish_one();
     let scores = b.input("s", F32, &[4], Encoding::Undefined);
-    let low = b.static_tensor(
-        "low",
-        F32,
-        &[1],
-        Encoding::Undefined,
-        StaticData::from_f32(&[-100.0]),
-    );
+    let low = b.static_tensor("low", F32, &[1], Encoding::Undefined, StaticData::from_f32(&[-100.0]));
     b.node("sel", OpType::ElementWiseSelect)
         .inputs([&eq, &scores, &low])
         .graph_output("o", F32, &[4], Encoding::Undefined)
@@ -175,36 +115,21 @@ fn equal_and_select_form_a_masked_softmax_mask() {
 
 #[test]
 fn softmax_with_beta_and_axis() {
-    let b = unary_graph(
-        OpType::Softmax,
-        (F32, &[2, 3], Encoding::Undefined),
-        (F32, &[2, 3], Encoding::Undefined),
-        |n| {
-            n.scalar("axis", Scalar::UInt32(1))
-                .scalar("beta", Scalar::Float32(2.0))
-        },
-    );
-    let o = run1(b, &[&[1.0, 2.0, 3.0, 0.0, 0.0, 0.0]])
-        .to_real()
-        .unwrap();
+    let b =
+        unary_graph(OpType::Softmax, (F32, &[2, 3], Encoding::Undefined), (F32, &[2, 3], Encoding::Undefined), |n| {
+            n.scalar("axis", Scalar::UInt32(1)).scalar("beta", Scalar::Float32(2.0))
+        });
+    let o = run1(b, &[&[1.0, 2.0, 3.0, 0.0, 0.0, 0.0]]).to_real().unwrap();
     let e: Vec<f64> = [2.0f64, 4.0, 6.0].iter().map(|v| v.exp()).collect();
     let s: f64 = e.iter().sum();
-    let want: Vec<f32> = e
-        .iter()
-        .map(|v| (v / s) as f32)
-        .chain([1.0 / 3.0; 3])
-        .collect();
+    let want: Vec<f32> = e.iter().map(|v| (v / s) as f32).chain([1.0 / 3.0; 3]).collect();
     close(&o, &want, 1e-7);
     // Axis 0 on the same data.
-    let b = unary_graph(
-        OpType::Softmax,
-        (F32, &[2, 3], Encoding::Undefined),
-        (F32, &[2, 3], Encoding::Undefined),
-        |n| n.scalar("axis", Scalar::UInt32(0)),
-    );
-    let o = run1(b, &[&[0.0, 0.0, 3.0, 0.0, 0.0, 0.0]])
-        .to_real()
-        .unwrap();
+    let b =
+        unary_graph(OpType::Softmax, (F32, &[2, 3], Encoding::Undefined), (F32, &[2, 3], Encoding::Undefined), |n| {
+            n.scalar("axis", Scalar::UInt32(0))
+        });
+    let o = run1(b, &[&[0.0, 0.0, 3.0, 0.0, 0.0, 0.0]]).to_real().unwrap();
     let p = (3.0f64.exp() / (3.0f64.exp() + 1.0)) as f32;
     close(&o, &[0.5, 0.5, p, 0.5, 0.5, 1.0 - p], 1e-7);
 }
@@ -213,20 +138,8 @@ fn softmax_with_beta_and_axis() {
 fn rms_norm_hand_computed() {
     let mut b = GraphBuilder::new("g");
     let x = b.input("x", F32, &[1, 4], Encoding::Undefined);
-    let g = b.static_tensor(
-        "gamma",
-        F32,
-        &[4],
-        Encoding::Undefined,
-        StaticData::from_f32(&[1.0, 1.0, 2.0, 2.0]),
-    );
-    let be = b.static_tensor(
-        "beta",
-        F32,
-        &[4],
-        Encoding::Undefined,
-        StaticData::from_f32(&[0.5; 4]),
-    );
+    let g = b.static_tensor("gamma", F32, &[4], Encoding::Undefined, StaticData::from_f32(&[1.0, 1.0, 2.0, 2.0]));
+    let be = b.static_tensor("beta", F32, &[4], Encoding::Undefined, StaticData::from_f32(&[0.5; 4]));
     b.node("n", OpType::RmsNorm)
         .inputs([&x, &g, &be])
         .scalar("epsilon", Scalar::Float32(0.0))
@@ -235,10 +148,7 @@ fn rms_norm_hand_computed() {
         .finish();
     let o = run1(b, &[&[1.0, 2.0, 3.0, 4.0]]).to_real().unwrap();
     let rms = (30.0f64 / 4.0).sqrt();
-    let want: Vec<f32> = [1.0, 2.0, 6.0, 8.0]
-        .iter()
-        .map(|v| (v / rms + 0.5) as f32)
-        .collect();
+    let want: Vec<f32> = [1.0, 2.0, 6.0, 8.0].iter().map(|v| (v / rms + 0.5) as f32).collect();
     close(&o, &want, 1e-6);
 }
 
@@ -246,21 +156,13 @@ fn rms_norm_hand_computed() {
 fn transpose_and_reshape_move_codes() {
     let enc = so(0.1, -5);
     let u16q = DataType::UFixedPoint16;
-    let b = unary_graph(
-        OpType::Transpose,
-        (u16q, &[2, 3], enc.clone()),
-        (u16q, &[3, 2], enc.clone()),
-        |n| n.tensor_param_u32("perm", &[2], &[1, 0]),
-    );
+    let b = unary_graph(OpType::Transpose, (u16q, &[2, 3], enc.clone()), (u16q, &[3, 2], enc.clone()), |n| {
+        n.tensor_param_u32("perm", &[2], &[1, 0])
+    });
     let o = run1(b, &[&[0.0, 0.1, 0.2, 0.3, 0.4, 0.5]]);
     assert_eq!(o.codes().unwrap(), &[5, 8, 6, 9, 7, 10]);
     // Reshape into a different encoding requantizes: real 0.5 at scale .25 is code 2.
-    let b = unary_graph(
-        OpType::Reshape,
-        (u16q, &[2, 3], enc.clone()),
-        (u16q, &[6], so(0.25, 0)),
-        |n| n,
-    );
+    let b = unary_graph(OpType::Reshape, (u16q, &[2, 3], enc.clone()), (u16q, &[6], so(0.25, 0)), |n| n);
     let o = run1(b, &[&[0.0, 0.1, 0.2, 0.3, 0.4, 0.5]]);
     // 0.1/.25 = 0.4 -> 0, 0.3/.25 = 1.2 -> 1, 0.4/.25 = 1.6 -> 2
     assert_eq!(o.codes().unwrap(), &[0, 0, 1, 1, 2, 2]);
@@ -270,21 +172,12 @@ fn transpose_and_reshape_move_codes() {
 fn concat_kv_cache_codes_and_mixed_requantization() {
     let kv = Encoding::ScaleOffset(ScaleOffset::uint8_symmetric(0.05));
     let u8q = DataType::UFixedPoint8;
-    let b = binary(
-        OpType::Concat,
-        &[1, 2],
-        &[1, 1],
-        &[1, 3],
-        [kv.clone(), kv.clone(), kv.clone()],
-        [u8q; 3],
-    );
+    let b = binary(OpType::Concat, &[1, 2], &[1, 1], &[1, 3], [kv.clone(), kv.clone(), kv.clone()], [u8q; 3]);
     let mut b = b;
     // Add the axis param to the node created by `binary`.
     let g = {
         let mut g = b.finish_unchecked();
-        g.nodes[0]
-            .params
-            .push(("axis".into(), Param::Scalar(Scalar::UInt32(1))));
+        g.nodes[0].params.push(("axis".into(), Param::Scalar(Scalar::UInt32(1))));
         g
     };
     let it = Interpreter::new(&g).unwrap();
@@ -292,18 +185,9 @@ fn concat_kv_cache_codes_and_mixed_requantization() {
     let c = TensorValue::from_codes(&g.tensors[1], vec![128]).unwrap();
     assert_eq!(it.run(&[a, c]).unwrap()[0].codes().unwrap(), &[0, 255, 128]);
     // Mixed: second input at a coarser scale is requantized into the output encoding.
-    b = binary(
-        OpType::Concat,
-        &[2],
-        &[1],
-        &[3],
-        [so(0.5, 0), so(2.0, 0), so(0.5, 0)],
-        [u8q; 3],
-    );
+    b = binary(OpType::Concat, &[2], &[1], &[3], [so(0.5, 0), so(2.0, 0), so(0.5, 0)], [u8q; 3]);
     let mut g = b.finish_unchecked();
-    g.nodes[0]
-        .params
-        .push(("axis".into(), Param::Scalar(Scalar::UInt32(0))));
+    g.nodes[0].params.push(("axis".into(), Param::Scalar(Scalar::UInt32(0))));
     let it = Interpreter::new(&g).unwrap();
     let a = TensorValue::from_codes(&g.tensors[0], vec![1, 3]).unwrap();
     let c = TensorValue::from_codes(&g.tensors[1], vec![3]).unwrap();
@@ -332,28 +216,13 @@ fn gather_embedding_rows() {
     assert_eq!(o.codes().unwrap(), &[30, 31, 10, 11]);
     // Out-of-range runtime indices are reported.
     let mut b = GraphBuilder::new("g");
-    let table = b.static_tensor(
-        "t",
-        F32,
-        &[2],
-        Encoding::Undefined,
-        StaticData::from_f32(&[1.0, 2.0]),
-    );
+    let table = b.static_tensor("t", F32, &[2], Encoding::Undefined, StaticData::from_f32(&[1.0, 2.0]));
     let ids = b.input("ids", DataType::Int32, &[1], Encoding::Undefined);
-    b.node("emb", OpType::Gather)
-        .input(&table)
-        .input(&ids)
-        .graph_output("o", F32, &[1], Encoding::Undefined)
-        .finish();
+    b.node("emb", OpType::Gather).input(&table).input(&ids).graph_output("o", F32, &[1], Encoding::Undefined).finish();
     let g = b.finish().unwrap();
     let it = Interpreter::new(&g).unwrap();
-    let err = it
-        .run(&[it.input_from_real(0, &[2.0]).unwrap()])
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("index 0 is 2, outside 0..2"),
-        "{err}"
-    );
+    let err = it.run(&[it.input_from_real(0, &[2.0]).unwrap()]).unwrap_err();
+    assert!(err.to_string().contains("index 0 is 2, outside 0..2"), "{err}");
 }
 
 #[test]
@@ -366,17 +235,13 @@ fn strided_slice_rotate_half_and_reverse() {
     );
     let o = run1(b, &[&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]]);
     assert_eq!(o.to_real().unwrap(), vec![2.0, 3.0, 6.0, 7.0]);
-    let b = unary_graph(
-        OpType::StridedSlice,
-        (F32, &[2, 4], Encoding::Undefined),
-        (F32, &[4], Encoding::Undefined),
-        |n| {
+    let b =
+        unary_graph(OpType::StridedSlice, (F32, &[2, 4], Encoding::Undefined), (F32, &[4], Encoding::Undefined), |n| {
             n.tensor_param_i32("ranges", &[2, 3], &[-1, 0, 1, 0, 0, -1])
                 .scalar("shrink_axes", Scalar::UInt32(1))
                 .scalar("begin_mask", Scalar::UInt32(2))
                 .scalar("end_mask", Scalar::UInt32(2))
-        },
-    );
+        });
     let o = run1(b, &[&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]]);
     assert_eq!(o.to_real().unwrap(), vec![7.0, 6.0, 5.0, 4.0]);
 }
@@ -388,18 +253,10 @@ fn reductions() {
         (OpType::ReduceMax, false, vec![2], vec![3.0, 5.0]),
         (OpType::ReduceMean, false, vec![2], vec![1.0, 8.0 / 3.0]),
     ] {
-        let b = unary_graph(
-            op,
-            (F32, &[2, 3], Encoding::Undefined),
-            (F32, &dims, Encoding::Undefined),
-            |n| {
-                n.tensor_param_u32("axes", &[1], &[1])
-                    .scalar("keep_dims", Scalar::Bool8(keep))
-            },
-        );
-        let o = run1(b, &[&[1.0, 3.0, -1.0, 0.0, 5.0, 3.0]])
-            .to_real()
-            .unwrap();
+        let b = unary_graph(op, (F32, &[2, 3], Encoding::Undefined), (F32, &dims, Encoding::Undefined), |n| {
+            n.tensor_param_u32("axes", &[1], &[1]).scalar("keep_dims", Scalar::Bool8(keep))
+        });
+        let o = run1(b, &[&[1.0, 3.0, -1.0, 0.0, 5.0, 3.0]]).to_real().unwrap();
         close(&o, &want, 1e-6);
     }
 }
@@ -436,20 +293,12 @@ fn convert_cast_quantize_dequantize() {
     // Quantize then Dequantize.
     let mut b = GraphBuilder::new("g");
     let x = b.input("x", F32, &[3], Encoding::Undefined);
-    let q = b
-        .node("q", OpType::Quantize)
-        .input(&x)
-        .output("q", DataType::UFixedPoint8, &[3], so(0.5, -10))
-        .finish_one();
-    b.node("dq", OpType::Dequantize)
-        .input(&q)
-        .graph_output("o", F32, &[3], Encoding::Undefined)
-        .finish();
+    let q =
+        b.node("q", OpType::Quantize).input(&x).output("q", DataType::UFixedPoint8, &[3], so(0.5, -10)).finish_one();
+    b.node("dq", OpType::Dequantize).input(&q).graph_output("o", F32, &[3], Encoding::Undefined).finish();
     let g = b.finish().unwrap();
     let it = Interpreter::new(&g).unwrap();
-    let all = it
-        .run_all(&[it.input_from_real(0, &[0.0, 0.74, 200.0]).unwrap()])
-        .unwrap();
+    let all = it.run_all(&[it.input_from_real(0, &[0.0, 0.74, 200.0]).unwrap()]).unwrap();
     assert_eq!(all["q"].codes().unwrap(), &[10, 11, 255]);
     assert_eq!(all["o"].to_real().unwrap(), vec![0.0, 0.5, 122.5]);
 }
@@ -458,9 +307,7 @@ fn naive_matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> 
     let mut out = vec![0f32; m * n];
     for i in 0..m {
         for j in 0..n {
-            out[i * n + j] = (0..k)
-                .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
-                .sum::<f64>() as f32;
+            out[i * n + j] = (0..k).map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j])).sum::<f64>() as f32;
         }
     }
     out
@@ -470,9 +317,7 @@ fn pseudo(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
     (0..n)
         .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -493,10 +338,7 @@ fn matmul_batch_broadcast_and_transpose() {
         .graph_output("o", F32, &[2, 3, 5], Encoding::Undefined)
         .finish();
     let o = run1(b, &[&a, &bt]).to_real().unwrap();
-    let bmat: Vec<f32> = (0..4)
-        .flat_map(|k| (0..5).map(move |n| (k, n)))
-        .map(|(k, n)| bt[n * 4 + k])
-        .collect();
+    let bmat: Vec<f32> = (0..4).flat_map(|k| (0..5).map(move |n| (k, n))).map(|(k, n)| bt[n * 4 + k]).collect();
     let mut want = naive_matmul(&a[..12], &bmat, 3, 4, 5);
     want.extend(naive_matmul(&a[12..], &bmat, 3, 4, 5));
     close(&o, &want, 1e-5);
@@ -506,27 +348,14 @@ fn matmul_batch_broadcast_and_transpose() {
 fn fully_connected_with_bias() {
     let mut b = GraphBuilder::new("g");
     let x = b.input("x", F32, &[2, 3], Encoding::Undefined);
-    let w = b.static_tensor(
-        "w",
-        F32,
-        &[2, 3],
-        Encoding::Undefined,
-        StaticData::from_f32(&[1.0, 0.0, -1.0, 0.5, 0.5, 0.5]),
-    );
-    let bias = b.static_tensor(
-        "bias",
-        F32,
-        &[2],
-        Encoding::Undefined,
-        StaticData::from_f32(&[10.0, -10.0]),
-    );
+    let w =
+        b.static_tensor("w", F32, &[2, 3], Encoding::Undefined, StaticData::from_f32(&[1.0, 0.0, -1.0, 0.5, 0.5, 0.5]));
+    let bias = b.static_tensor("bias", F32, &[2], Encoding::Undefined, StaticData::from_f32(&[10.0, -10.0]));
     b.node("fc", OpType::FullyConnected)
         .inputs([&x, &w, &bias])
         .graph_output("o", F32, &[2, 2], Encoding::Undefined)
         .finish();
-    let o = run1(b, &[&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
-        .to_real()
-        .unwrap();
+    let o = run1(b, &[&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]]).to_real().unwrap();
     assert_eq!(o, vec![8.0, -7.0, 8.0, -2.5]);
 }
 
@@ -559,9 +388,7 @@ fn naive_conv(
                                 if iy < 0 || ix < 0 || iy >= xd[1] as i64 || ix >= xd[2] as i64 {
                                     continue;
                                 }
-                                let xi = ((n * xd[1] + iy as usize) * xd[2] + ix as usize) * xd[3]
-                                    + g * cin_g
-                                    + ic;
+                                let xi = ((n * xd[1] + iy as usize) * xd[2] + ix as usize) * xd[3] + g * cin_g + ic;
                                 let wi = ((ky * wd[1] + kx) * wd[2] + ic) * wd[3] + oc;
                                 acc += f64::from(x[xi]) * f64::from(w[wi]);
                             }
@@ -581,13 +408,7 @@ fn conv2d_general_stride_pad_group() {
     let w = pseudo(3 * 3 * 2 * 6, 4);
     let mut b = GraphBuilder::new("g");
     let xi = b.input("x", F32, &[2, 5, 5, 4], Encoding::Undefined);
-    let wi = b.static_tensor(
-        "w",
-        F32,
-        &[3, 3, 2, 6],
-        Encoding::Undefined,
-        StaticData::from_f32(&w),
-    );
+    let wi = b.static_tensor("w", F32, &[3, 3, 2, 6], Encoding::Undefined, StaticData::from_f32(&w));
     b.node("conv", OpType::Conv2d)
         .input(&xi)
         .input(&wi)
@@ -606,21 +427,13 @@ fn conv2d_general_stride_pad_group() {
 /// `q * scale2[o] * scale1[o][i / block]`.
 fn lpbq_weight(cin: usize, cout: usize, block: usize, seed: u64) -> (Encoding, Vec<u8>, Vec<f32>) {
     let nb = cin / block;
-    let q: Vec<i8> = pseudo(cin * cout, seed)
-        .iter()
-        .map(|v| (v * 7.0).round() as i8)
-        .collect();
-    let block_scales: Vec<f32> = pseudo(cout * nb, seed + 1)
-        .iter()
-        .map(|v| 0.01 + 0.02 * v.abs())
-        .collect();
+    let q: Vec<i8> = pseudo(cin * cout, seed).iter().map(|v| (v * 7.0).round() as i8).collect();
+    let block_scales: Vec<f32> = pseudo(cout * nb, seed + 1).iter().map(|v| 0.01 + 0.02 * v.abs()).collect();
     let parts = lpbq_from_block_scales(&block_scales, cout, nb).unwrap();
     let real: Vec<f32> = (0..cin * cout)
         .map(|flat| {
             let (i, o) = (flat / cout, flat % cout);
-            (f64::from(q[flat])
-                * f64::from(parts.scale2[o].scale)
-                * f64::from(parts.scale1[o * nb + i / block])) as f32
+            (f64::from(q[flat]) * f64::from(parts.scale2[o].scale) * f64::from(parts.scale1[o * nb + i / block])) as f32
         })
         .collect();
     let bytes = Int4Storage::LowNibble.encode(&q, true).unwrap();
@@ -633,13 +446,7 @@ fn conv2d_with_lpbq_weights_uses_the_encoded_expansion() {
     let x = pseudo(3 * 8, 11);
     let mut b = GraphBuilder::new("g");
     let xi = b.input("x", F32, &[1, 1, 3, 8], Encoding::Undefined);
-    let wi = b.static_tensor(
-        "w",
-        DataType::SFixedPoint4,
-        &[1, 1, 8, 4],
-        enc,
-        StaticData::new(bytes),
-    );
+    let wi = b.static_tensor("w", DataType::SFixedPoint4, &[1, 1, 8, 4], enc, StaticData::new(bytes));
     b.node("conv", OpType::Conv2d)
         .input(&xi)
         .input(&wi)
@@ -665,36 +472,22 @@ fn conv_rmsnorm_softmax_graph_matches_f32_references() {
     let x_enc = u16_range(-1.0, 1.0);
     let x_real: Vec<f32> = {
         let s = scale_offset_of(&x_enc);
-        x_src
-            .iter()
-            .map(|&v| s.dequantize(s.quantize(v, (0, 65535))))
-            .collect()
+        x_src.iter().map(|&v| s.dequantize(s.quantize(v, (0, 65535)))).collect()
     };
     let project = |s: usize, o: usize| -> f64 {
-        (0..cin)
-            .map(|i| f64::from(x_real[s * cin + i]) * f64::from(w_real[i * cout + o]))
-            .sum()
+        (0..cin).map(|i| f64::from(x_real[s * cin + i]) * f64::from(w_real[i * cout + o])).sum()
     };
-    let y_float: Vec<f64> = (0..seq * cout)
-        .map(|k| project(k / cout, k % cout))
-        .collect();
+    let y_float: Vec<f64> = (0..seq * cout).map(|k| project(k / cout, k % cout)).collect();
     let (y_lo, y_hi) = min_max(&y_float);
     let y_enc = u16_range(y_lo as f32 * 1.1, y_hi as f32 * 1.1);
     let g_enc = u16_range(0.0, 2.0);
-    let gamma_codes: Vec<u16> = gamma_src
-        .iter()
-        .map(|&g| scale_offset_of(&g_enc).quantize(g, (0, 65535)) as u16)
-        .collect();
-    let gamma_real: Vec<f64> = gamma_codes
-        .iter()
-        .map(|&c| f64::from(scale_offset_of(&g_enc).dequantize(i64::from(c))))
-        .collect();
+    let gamma_codes: Vec<u16> =
+        gamma_src.iter().map(|&g| scale_offset_of(&g_enc).quantize(g, (0, 65535)) as u16).collect();
+    let gamma_real: Vec<f64> =
+        gamma_codes.iter().map(|&c| f64::from(scale_offset_of(&g_enc).dequantize(i64::from(c)))).collect();
     let norm = |y: &[f64], eps: f64| -> Vec<f64> {
         let ms = y.iter().map(|v| v * v).sum::<f64>() / y.len() as f64;
-        y.iter()
-            .zip(&gamma_real)
-            .map(|(v, g)| v / (ms + eps).sqrt() * g)
-            .collect()
+        y.iter().zip(&gamma_real).map(|(v, g)| v / (ms + eps).sqrt() * g).collect()
     };
     let n_float: Vec<f64> = y_float.chunks(cout).flat_map(|y| norm(y, 1e-6)).collect();
     let (n_lo, n_hi) = min_max(&n_float);
@@ -706,13 +499,7 @@ fn conv_rmsnorm_softmax_graph_matches_f32_references() {
     let (s32, cin32, cout32) = (seq as u32, cin as u32, cout as u32);
     let mut b = GraphBuilder::new("conv_norm_softmax");
     let x = b.input("x", u16q, &[1, 1, s32, cin32], x_enc.clone());
-    let w = b.static_tensor(
-        "w",
-        DataType::SFixedPoint4,
-        &[1, 1, cin32, cout32],
-        w_enc,
-        StaticData::new(w_bytes),
-    );
+    let w = b.static_tensor("w", DataType::SFixedPoint4, &[1, 1, cin32, cout32], w_enc, StaticData::new(w_bytes));
     let y = b
         .node("proj", OpType::Conv2d)
         .input(&x)
@@ -721,20 +508,8 @@ fn conv_rmsnorm_softmax_graph_matches_f32_references() {
         .tensor_param_u32("pad_amount", &[2, 2], &[0, 0, 0, 0])
         .output("y", u16q, &[1, 1, s32, cout32], y_enc.clone())
         .finish_one();
-    let gamma = b.static_tensor(
-        "gamma",
-        u16q,
-        &[cout32],
-        g_enc,
-        StaticData::from_u16(&gamma_codes),
-    );
-    let beta = b.static_tensor(
-        "beta",
-        u16q,
-        &[cout32],
-        n_enc.clone(),
-        StaticData::from_u16(&vec![beta_zero; cout]),
-    );
+    let gamma = b.static_tensor("gamma", u16q, &[cout32], g_enc, StaticData::from_u16(&gamma_codes));
+    let beta = b.static_tensor("beta", u16q, &[cout32], n_enc.clone(), StaticData::from_u16(&vec![beta_zero; cout]));
     let n = b
         .node("norm", OpType::RmsNorm)
         .inputs([&y, &gamma, &beta])
@@ -742,10 +517,7 @@ fn conv_rmsnorm_softmax_graph_matches_f32_references() {
         .tensor_param_u32("axes", &[1], &[3])
         .output("n", u16q, &[1, 1, s32, cout32], n_enc.clone())
         .finish_one();
-    b.node("softmax", OpType::Softmax)
-        .input(&n)
-        .graph_output("p", u16q, &[1, 1, s32, cout32], s_enc)
-        .finish();
+    b.node("softmax", OpType::Softmax).input(&n).graph_output("p", u16q, &[1, 1, s32, cout32], s_enc).finish();
     let g = b.finish().unwrap();
     let it = Interpreter::new(&g).unwrap();
     let xin = it.input_from_real(0, &x_src).unwrap();
@@ -778,10 +550,7 @@ fn conv_rmsnorm_softmax_graph_matches_f32_references() {
         .collect();
     for (i, (&c, r)) in codes.iter().zip(&fake_quant).enumerate() {
         let want = (r / step).round_ties_even();
-        assert!(
-            (c as f64 - want).abs() <= 1.0,
-            "element {i}: code {c}, fake-quant reference {want}"
-        );
+        assert!((c as f64 - want).abs() <= 1.0, "element {i}: code {c}, fake-quant reference {want}");
     }
 
     // (b) Pure float (no intermediate rounding): within one output quantization step. With
@@ -790,10 +559,7 @@ fn conv_rmsnorm_softmax_graph_matches_f32_references() {
     let pure: Vec<f64> = n_float.chunks(cout).flat_map(softmax).collect();
     for (i, (&c, r)) in codes.iter().zip(&pure).enumerate() {
         let got = c as f64 * step;
-        assert!(
-            (got - r).abs() <= step,
-            "element {i}: {got} vs float reference {r}"
-        );
+        assert!((got - r).abs() <= step, "element {i}: {got} vs float reference {r}");
     }
 }
 
@@ -810,44 +576,20 @@ fn scale_offset_of(enc: &Encoding) -> ScaleOffset {
 }
 
 fn min_max(v: &[f64]) -> (f64, f64) {
-    v.iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
-            (lo.min(x), hi.max(x))
-        })
+    v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)))
 }
 
 #[test]
 fn run_checks_input_metadata_and_count() {
-    let b = unary_graph(
-        OpType::ElementWiseNeg,
-        (F32, &[2], Encoding::Undefined),
-        (F32, &[2], Encoding::Undefined),
-        |n| n,
-    );
+    let b =
+        unary_graph(OpType::ElementWiseNeg, (F32, &[2], Encoding::Undefined), (F32, &[2], Encoding::Undefined), |n| n);
     let g = b.finish().unwrap();
     let it = Interpreter::new(&g).unwrap();
-    assert!(matches!(
-        it.run(&[]),
-        Err(InterpError::InputCount {
-            expected: 1,
-            found: 0,
-            ..
-        })
-    ));
-    let wrong = TensorValue {
-        dtype: F32,
-        dims: vec![3],
-        encoding: Encoding::Undefined,
-        values: Values::Real(vec![0.0; 3]),
-    };
-    assert!(matches!(
-        it.run(&[wrong]),
-        Err(InterpError::Input { index: 0, .. })
-    ));
+    assert!(matches!(it.run(&[]), Err(InterpError::InputCount { expected: 1, found: 0, .. })));
+    let wrong =
+        TensorValue { dtype: F32, dims: vec![3], encoding: Encoding::Undefined, values: Values::Real(vec![0.0; 3]) };
+    assert!(matches!(it.run(&[wrong]), Err(InterpError::Input { index: 0, .. })));
     let mut bad = g.clone();
     bad.outputs.clear();
-    assert!(matches!(
-        Interpreter::new(&bad),
-        Err(InterpError::Invalid(_))
-    ));
+    assert!(matches!(Interpreter::new(&bad), Err(InterpError::Invalid(_))));
 }

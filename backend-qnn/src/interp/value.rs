@@ -48,50 +48,25 @@ impl TensorValue {
         if values.len() != numel {
             return Err(InterpError::Value {
                 tensor: meta.name.clone(),
-                detail: format!(
-                    "{} values for dims {:?} ({numel} elements)",
-                    values.len(),
-                    meta.dims
-                ),
+                detail: format!("{} values for dims {:?} ({numel} elements)", values.len(), meta.dims),
             });
         }
         let values = store_real(meta, values)?;
-        Ok(TensorValue {
-            dtype: meta.dtype,
-            dims: meta.dims.clone(),
-            encoding: meta.encoding.clone(),
-            values,
-        })
+        Ok(TensorValue { dtype: meta.dtype, dims: meta.dims.clone(), encoding: meta.encoding.clone(), values })
     }
 
     /// Wrap integer codes for a fixed-point / integer / bool tensor shaped like `meta`.
     pub fn from_codes(meta: &QnnTensor, codes: Vec<i64>) -> Result<TensorValue, InterpError> {
-        let err = |detail: String| InterpError::Value {
-            tensor: meta.name.clone(),
-            detail,
-        };
-        let range = meta.dtype.integer_range().ok_or_else(|| {
-            err(format!(
-                "{} tensors hold real values, not codes",
-                meta.dtype
-            ))
-        })?;
+        let err = |detail: String| InterpError::Value { tensor: meta.name.clone(), detail };
+        let range = meta
+            .dtype
+            .integer_range()
+            .ok_or_else(|| err(format!("{} tensors hold real values, not codes", meta.dtype)))?;
         if codes.len() as u64 != meta.numel() {
-            return Err(err(format!(
-                "{} codes for dims {:?}",
-                codes.len(),
-                meta.dims
-            )));
+            return Err(err(format!("{} codes for dims {:?}", codes.len(), meta.dims)));
         }
-        if let Some((i, c)) = codes
-            .iter()
-            .enumerate()
-            .find(|(_, &c)| c < range.0 || c > range.1)
-        {
-            return Err(err(format!(
-                "code {c} at {i} is outside {range:?} for {}",
-                meta.dtype
-            )));
+        if let Some((i, c)) = codes.iter().enumerate().find(|(_, &c)| c < range.0 || c > range.1) {
+            return Err(err(format!("code {c} at {i} is outside {range:?} for {}", meta.dtype)));
         }
         Ok(TensorValue {
             dtype: meta.dtype,
@@ -103,14 +78,8 @@ impl TensorValue {
 
     /// The value of a `STATIC` tensor, decoded from its bytes (4-bit per `int4`).
     pub fn from_static(meta: &QnnTensor, int4: Int4Storage) -> Result<TensorValue, InterpError> {
-        let err = |detail: String| InterpError::Value {
-            tensor: meta.name.clone(),
-            detail,
-        };
-        let data = meta
-            .data
-            .as_ref()
-            .ok_or_else(|| err("STATIC tensor has no data".into()))?;
+        let err = |detail: String| InterpError::Value { tensor: meta.name.clone(), detail };
+        let data = meta.data.as_ref().ok_or_else(|| err("STATIC tensor has no data".into()))?;
         let bytes = data.bytes();
         let numel = meta.numel() as usize;
         let expected = meta.dtype.storage_bytes(numel as u64, int4);
@@ -118,35 +87,21 @@ impl TensorValue {
             return Err(err(format!("{} bytes, expected {expected:?}", bytes.len())));
         }
         let values = match meta.dtype {
-            DataType::Float32 => Values::Real(
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            ),
-            DataType::Float16 => Values::Real(
-                bytes
-                    .chunks_exact(2)
-                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect(),
-            ),
+            DataType::Float32 => {
+                Values::Real(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            }
+            DataType::Float16 => {
+                Values::Real(bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect())
+            }
             DataType::Float64 => Values::Real(
-                bytes
-                    .chunks_exact(8)
-                    .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
-                    .collect(),
+                bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32).collect(),
             ),
             _ => {
                 let codes = StaticCodes::new(meta, int4)?;
                 Values::Codes((0..numel).map(|i| codes.get(i)).collect())
             }
         };
-        Ok(TensorValue {
-            dtype: meta.dtype,
-            dims: meta.dims.clone(),
-            encoding: meta.encoding.clone(),
-            values,
-        })
+        Ok(TensorValue { dtype: meta.dtype, dims: meta.dims.clone(), encoding: meta.encoding.clone(), values })
     }
 
     pub fn numel(&self) -> usize {
@@ -169,10 +124,7 @@ impl TensorValue {
             Values::Codes(c) if self.dtype.is_fixed_point() => self
                 .encoding
                 .dequantize(&self.dims, c)
-                .map_err(|e| InterpError::Value {
-                    tensor: String::new(),
-                    detail: e.to_string(),
-                }),
+                .map_err(|e| InterpError::Value { tensor: String::new(), detail: e.to_string() }),
             Values::Codes(c) => Ok(c.iter().map(|&v| v as f32).collect()),
         }
     }
@@ -192,29 +144,15 @@ enum CodeKind {
 
 impl<'a> StaticCodes<'a> {
     /// For fixed-point, integer and bool static tensors whose byte count has been checked.
-    pub(crate) fn new(
-        meta: &'a QnnTensor,
-        int4: Int4Storage,
-    ) -> Result<StaticCodes<'a>, InterpError> {
-        let err = |detail: String| InterpError::Value {
-            tensor: meta.name.clone(),
-            detail,
-        };
-        let data = meta
-            .data
-            .as_ref()
-            .ok_or_else(|| err("STATIC tensor has no data".into()))?;
+    pub(crate) fn new(meta: &'a QnnTensor, int4: Int4Storage) -> Result<StaticCodes<'a>, InterpError> {
+        let err = |detail: String| InterpError::Value { tensor: meta.name.clone(), detail };
+        let data = meta.data.as_ref().ok_or_else(|| err("STATIC tensor has no data".into()))?;
         let signed = meta.dtype.is_signed();
         let kind = match meta.dtype {
-            DataType::SFixedPoint4 | DataType::UFixedPoint4 => CodeKind::Int4 {
-                storage: int4,
-                signed,
-            },
+            DataType::SFixedPoint4 | DataType::UFixedPoint4 => CodeKind::Int4 { storage: int4, signed },
             d if d.is_float() => return Err(err(format!("{d} tensors hold reals, not codes"))),
             d => CodeKind::Int {
-                width: d
-                    .element_bytes()
-                    .ok_or_else(|| err(format!("{d} has no element size")))?,
+                width: d.element_bytes().ok_or_else(|| err(format!("{d} has no element size")))?,
                 signed,
             },
         };
@@ -222,10 +160,7 @@ impl<'a> StaticCodes<'a> {
         if needed != Some(data.len() as u64) {
             return Err(err(format!("{} bytes, expected {needed:?}", data.len())));
         }
-        Ok(StaticCodes {
-            bytes: data.bytes(),
-            kind,
-        })
+        Ok(StaticCodes { bytes: data.bytes(), kind })
     }
 
     #[inline]
@@ -249,9 +184,7 @@ impl<'a> StaticCodes<'a> {
                     }
                 }
             }
-            CodeKind::Int { width, signed } => {
-                decode_int(&self.bytes[i * width..(i + 1) * width], signed)
-            }
+            CodeKind::Int { width, signed } => decode_int(&self.bytes[i * width..(i + 1) * width], signed),
         }
     }
 }
@@ -273,10 +206,7 @@ pub(crate) fn store_real(meta: &QnnTensor, values: &[f32]) -> Result<Values, Int
     let dtype = meta.dtype;
     if dtype.is_float() {
         return Ok(Values::Real(if dtype == DataType::Float16 {
-            values
-                .iter()
-                .map(|&v| half::f16::from_f32(v).to_f32())
-                .collect()
+            values.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
         } else {
             values.to_vec()
         }));
@@ -290,27 +220,16 @@ pub(crate) fn store_real(meta: &QnnTensor, values: &[f32]) -> Result<Values, Int
             .encoding
             .quantize(&meta.dims, values, range)
             .map(Values::Codes)
-            .map_err(|e| InterpError::Value {
-                tensor: meta.name.clone(),
-                detail: e.to_string(),
-            });
+            .map_err(|e| InterpError::Value { tensor: meta.name.clone(), detail: e.to_string() });
     }
     if dtype == DataType::Bool8 {
-        return Ok(Values::Codes(
-            values.iter().map(|&v| i64::from(v != 0.0)).collect(),
-        ));
+        return Ok(Values::Codes(values.iter().map(|&v| i64::from(v != 0.0)).collect()));
     }
     // C-style conversion: truncate toward zero, saturate at the type's range.
     Ok(Values::Codes(
         values
             .iter()
-            .map(|&v| {
-                if v.is_nan() {
-                    0
-                } else {
-                    (f64::from(v).trunc().clamp(range.0 as f64, range.1 as f64)) as i64
-                }
-            })
+            .map(|&v| if v.is_nan() { 0 } else { (f64::from(v).trunc().clamp(range.0 as f64, range.1 as f64)) as i64 })
             .collect(),
     ))
 }
@@ -360,37 +279,17 @@ mod tests {
 
     #[test]
     fn storing_reals() {
-        let q = QnnTensor::new(
-            "q",
-            TensorType::Native,
-            DataType::UFixedPoint8,
-            &[3],
-            Encoding::scale_offset(0.5, -128),
-        );
+        let q =
+            QnnTensor::new("q", TensorType::Native, DataType::UFixedPoint8, &[3], Encoding::scale_offset(0.5, -128));
         let v = TensorValue::from_real(&q, &[0.0, 0.75, 1000.0]).unwrap();
         // 0.75 / 0.5 = 1.5 -> 2 (half-even) + 128
         assert_eq!(v.codes().unwrap(), &[128, 130, 255]);
-        let i = QnnTensor::new(
-            "i",
-            TensorType::Native,
-            DataType::Int8,
-            &[3],
-            Encoding::Undefined,
-        );
+        let i = QnnTensor::new("i", TensorType::Native, DataType::Int8, &[3], Encoding::Undefined);
         let v = TensorValue::from_real(&i, &[-1.7, 2.9, 300.0]).unwrap();
         assert_eq!(v.codes().unwrap(), &[-1, 2, 127]);
-        let h = QnnTensor::new(
-            "h",
-            TensorType::Native,
-            DataType::Float16,
-            &[1],
-            Encoding::Undefined,
-        );
+        let h = QnnTensor::new("h", TensorType::Native, DataType::Float16, &[1], Encoding::Undefined);
         let v = TensorValue::from_real(&h, &[0.1]).unwrap();
-        assert_eq!(
-            v.to_real().unwrap(),
-            vec![half::f16::from_f32(0.1).to_f32()]
-        );
+        assert_eq!(v.to_real().unwrap(), vec![half::f16::from_f32(0.1).to_f32()]);
         assert!(TensorValue::from_real(&h, &[0.1, 0.2]).is_err());
         assert!(TensorValue::from_codes(&q, vec![0, 1, 256]).is_err());
     }

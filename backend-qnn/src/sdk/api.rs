@@ -110,10 +110,7 @@ pub enum ApiError {
     Unsupported { function: &'static str },
     /// The call was refused before reaching the backend.
     #[error("{function}: {reason}")]
-    InvalidArgument {
-        function: &'static str,
-        reason: String,
-    },
+    InvalidArgument { function: &'static str, reason: String },
 }
 
 impl ApiError {
@@ -183,11 +180,7 @@ pub trait QnnApi {
     fn backend_create(&mut self, log: Option<LogHandle>) -> Result<BackendHandle, ApiError>;
 
     /// `deviceCreate(log, config, &device)`.
-    fn device_create(
-        &mut self,
-        log: Option<LogHandle>,
-        config: &[DeviceConfig],
-    ) -> Result<DeviceHandle, ApiError>;
+    fn device_create(&mut self, log: Option<LogHandle>, config: &[DeviceConfig]) -> Result<DeviceHandle, ApiError>;
 
     /// `contextCreate(backend, device, config, &context)`.
     fn context_create(
@@ -206,18 +199,10 @@ pub trait QnnApi {
     ) -> Result<GraphHandle, ApiError>;
 
     /// `tensorCreateGraphTensor(graph, &tensor)`; returns the id the backend assigned.
-    fn tensor_create_graph_tensor(
-        &mut self,
-        graph: GraphHandle,
-        tensor: &TensorDesc,
-    ) -> Result<TensorId, ApiError>;
+    fn tensor_create_graph_tensor(&mut self, graph: GraphHandle, tensor: &TensorDesc) -> Result<TensorId, ApiError>;
 
     /// `backendValidateOpConfig(backend, opConfig)`.
-    fn backend_validate_op_config(
-        &mut self,
-        backend: BackendHandle,
-        op: &OpConfig<'_>,
-    ) -> Result<(), ApiError>;
+    fn backend_validate_op_config(&mut self, backend: BackendHandle, op: &OpConfig<'_>) -> Result<(), ApiError>;
 
     /// `graphAddNode(graph, opConfig)`.
     fn graph_add_node(&mut self, graph: GraphHandle, op: &OpConfig<'_>) -> Result<(), ApiError>;
@@ -229,11 +214,7 @@ pub trait QnnApi {
     fn context_get_binary_size(&mut self, context: ContextHandle) -> Result<u64, ApiError>;
 
     /// `contextGetBinary(context, buffer, size, &written)`; returns `written`.
-    fn context_get_binary(
-        &mut self,
-        context: ContextHandle,
-        buffer: &mut [u8],
-    ) -> Result<u64, ApiError>;
+    fn context_get_binary(&mut self, context: ContextHandle, buffer: &mut [u8]) -> Result<u64, ApiError>;
 
     /// `contextFree(context, profile = NULL)`; also invalidates the context's graphs.
     fn context_free(&mut self, context: ContextHandle) -> Result<(), ApiError>;
@@ -256,27 +237,12 @@ mod tests {
     fn error_messages_name_function_and_code() {
         // Bits above the low 16 are reserved for the backend's internal tracking.
         let handle = 0xABCD_0000_0000_0000 | 1004;
-        let e = ApiError::Qnn {
-            function: "graphFinalize",
-            code: handle,
-        };
+        let e = ApiError::Qnn { function: "graphFinalize", code: handle };
         assert_eq!(e.qnn_code(), Some(1004));
-        assert_eq!(
-            e.to_string(),
-            format!("graphFinalize returned error {handle} (QNN_COMMON_ERROR_INVALID_ARGUMENT)")
-        );
-        let e = ApiError::Qnn {
-            function: "graphAddNode",
-            code: 6003,
-        };
-        assert_eq!(
-            e.to_string(),
-            "graphAddNode returned error 6003 (graph error)"
-        );
-        let e = ApiError::Qnn {
-            function: "graphAddNode",
-            code: 65000,
-        };
+        assert_eq!(e.to_string(), format!("graphFinalize returned error {handle} (QNN_COMMON_ERROR_INVALID_ARGUMENT)"));
+        let e = ApiError::Qnn { function: "graphAddNode", code: 6003 };
+        assert_eq!(e.to_string(), "graphAddNode returned error 6003 (graph error)");
+        let e = ApiError::Qnn { function: "graphAddNode", code: 65000 };
         assert_eq!(e.to_string(), "graphAddNode returned error 65000");
         assert_eq!(e.function(), "graphAddNode");
     }

@@ -71,12 +71,7 @@ impl HtpDeviceOptions {
     pub fn for_chipset(name: &str) -> Option<HtpDeviceOptions> {
         SOCS.iter()
             .find(|(n, ..)| n.eq_ignore_ascii_case(name))
-            .map(|&(_, soc_model, arch, vtcm_mb)| HtpDeviceOptions {
-                soc_model,
-                arch,
-                vtcm_mb,
-                signed_pd: false,
-            })
+            .map(|&(_, soc_model, arch, vtcm_mb)| HtpDeviceOptions { soc_model, arch, vtcm_mb, signed_pd: false })
     }
 
     /// `deviceCreate` configs: custom SOC, custom SIGNEDPD when requested, then PLATFORM_INFO
@@ -310,15 +305,10 @@ impl HtpOptions {
             }
         }
         if self.weight_sharing && self.device.arch < HtpArch::V73 {
-            return Err(OptionsError(format!(
-                "weight sharing needs HTP V73 or newer, target is {}",
-                self.device.arch
-            )));
+            return Err(OptionsError(format!("weight sharing needs HTP V73 or newer, target is {}", self.device.arch)));
         }
         if self.graph.optimization_level.is_some_and(|o| o > 3) {
-            return Err(OptionsError(
-                "graph optimization_level must be at most 3".into(),
-            ));
+            return Err(OptionsError("graph optimization_level must be at most 3".into()));
         }
         Ok(())
     }
@@ -349,10 +339,7 @@ mod tests {
                 }),
             ]
         );
-        let signed = HtpDeviceOptions {
-            signed_pd: true,
-            ..HtpDeviceOptions::sm8650()
-        };
+        let signed = HtpDeviceOptions { signed_pd: true, ..HtpDeviceOptions::sm8650() };
         assert_eq!(signed.device_configs()[1], DeviceConfig::HtpSignedPd(true));
     }
 
@@ -371,10 +358,7 @@ mod tests {
             vec![
                 GraphConfig::HtpFoldReluActivationIntoConvOff(true),
                 GraphConfig::HtpPrecision(Precision::Float16),
-                GraphConfig::HtpOptimization {
-                    kind: HtpOptimization::FinalizeOptimizationFlag,
-                    value: 3.0
-                },
+                GraphConfig::HtpOptimization { kind: HtpOptimization::FinalizeOptimizationFlag, value: 3.0 },
                 GraphConfig::HtpVtcmSizeInMb(8),
             ]
         );
@@ -385,19 +369,11 @@ mod tests {
         HtpOptions::sm8650().check().unwrap();
         let mut old = HtpOptions::sm8650();
         old.device = HtpDeviceOptions::for_chipset("SM8450").unwrap();
-        assert!(old
-            .check()
-            .unwrap_err()
-            .0
-            .contains("weight sharing needs HTP V73 or newer, target is V69"));
+        assert!(old.check().unwrap_err().0.contains("weight sharing needs HTP V73 or newer, target is V69"));
         old.weight_sharing = false;
         old.check().unwrap();
         let mut big = HtpOptions::sm8650();
         big.graph.vtcm_mb = Some(16);
-        assert!(big
-            .check()
-            .unwrap_err()
-            .0
-            .contains("exceeds the device's 8 MB"));
+        assert!(big.check().unwrap_err().0.contains("exceeds the device's 8 MB"));
     }
 }

@@ -184,10 +184,7 @@ pub enum Encoding {
     /// Per-tensor `SCALE_OFFSET` (0).
     ScaleOffset(ScaleOffset),
     /// Per-channel `AXIS_SCALE_OFFSET` (1): one entry per element of `dims[axis]`.
-    AxisScaleOffset {
-        axis: u32,
-        scale_offsets: Vec<ScaleOffset>,
-    },
+    AxisScaleOffset { axis: u32, scale_offsets: Vec<ScaleOffset> },
     /// `BLOCKWISE_EXPANSION` (5).
     BlockwiseExpansion(BlockwiseExpansion),
 }
@@ -268,10 +265,7 @@ impl TensorDesc {
     /// Checks everything the C side would otherwise read out of bounds or reject late:
     /// names, dims, the static-data contract and encoding array lengths.
     pub fn check(&self) -> Result<(), TensorError> {
-        let err = |problem: String| TensorError {
-            tensor: self.name.clone(),
-            problem,
-        };
+        let err = |problem: String| TensorError { tensor: self.name.clone(), problem };
         check_c_name(&self.name).map_err(err)?;
         if self.dims.contains(&0) {
             return Err(err(format!("dims {:?} contain a zero extent", self.dims)));
@@ -279,9 +273,7 @@ impl TensorDesc {
         match (&self.tensor_type, &self.data) {
             (TensorType::Static, None) => return Err(err("STATIC tensor has no data".into())),
             (TensorType::Static, Some(data)) => self.check_data_len(data).map_err(err)?,
-            (other, Some(_)) => {
-                return Err(err(format!("{} tensor must not carry data", other.name())))
-            }
+            (other, Some(_)) => return Err(err(format!("{} tensor must not carry data", other.name()))),
             (_, None) => {}
         }
         self.check_encoding().map_err(err)
@@ -310,9 +302,7 @@ impl TensorDesc {
             ));
         }
         if got > u64::from(u32::MAX) {
-            return Err(format!(
-                "data has {got} bytes; QNN client buffers hold at most 4 GiB"
-            ));
+            return Err(format!("data has {got} bytes; QNN client buffers hold at most 4 GiB"));
         }
         Ok(())
     }
@@ -320,20 +310,11 @@ impl TensorDesc {
     fn check_encoding(&self) -> Result<(), String> {
         let fixed = self.dtype.is_fixed_point();
         match &self.encoding {
-            Encoding::Undefined if fixed => Err(format!(
-                "{} tensor needs a quantization encoding",
-                self.dtype
-            )),
+            Encoding::Undefined if fixed => Err(format!("{} tensor needs a quantization encoding", self.dtype)),
             Encoding::Undefined => Ok(()),
-            _ if !fixed => Err(format!(
-                "{} tensor must not carry a quantization encoding",
-                self.dtype
-            )),
+            _ if !fixed => Err(format!("{} tensor must not carry a quantization encoding", self.dtype)),
             Encoding::ScaleOffset(so) => check_scale("scale", so.scale),
-            Encoding::AxisScaleOffset {
-                axis,
-                scale_offsets,
-            } => {
+            Encoding::AxisScaleOffset { axis, scale_offsets } => {
                 let channels = self.axis_extent(*axis)?;
                 if scale_offsets.len() as u64 != u64::from(channels) {
                     return Err(format!(
@@ -341,9 +322,7 @@ impl TensorDesc {
                         scale_offsets.len()
                     ));
                 }
-                scale_offsets
-                    .iter()
-                    .try_for_each(|so| check_scale("per-channel scale", so.scale))
+                scale_offsets.iter().try_for_each(|so| check_scale("per-channel scale", so.scale))
             }
             Encoding::BlockwiseExpansion(bw) => {
                 let channels = u64::from(self.axis_extent(bw.axis)?);
@@ -371,20 +350,16 @@ impl TensorDesc {
                         bw.axis
                     ));
                 }
-                bw.scale_offsets
-                    .iter()
-                    .try_for_each(|so| check_scale("per-channel scale", so.scale))
+                bw.scale_offsets.iter().try_for_each(|so| check_scale("per-channel scale", so.scale))
             }
         }
     }
 
     fn axis_extent(&self, axis: u32) -> Result<u32, String> {
-        self.dims.get(axis as usize).copied().ok_or_else(|| {
-            format!(
-                "quantization axis {axis} is out of range for rank {}",
-                self.dims.len()
-            )
-        })
+        self.dims
+            .get(axis as usize)
+            .copied()
+            .ok_or_else(|| format!("quantization axis {axis} is out of range for rank {}", self.dims.len()))
     }
 }
 
@@ -498,19 +473,10 @@ pub struct GraphDesc {
 mod tests {
     use super::*;
 
-    fn tensor(
-        dtype: DataType,
-        dims: &[u32],
-        encoding: Encoding,
-        data: Option<Vec<u8>>,
-    ) -> TensorDesc {
+    fn tensor(dtype: DataType, dims: &[u32], encoding: Encoding, data: Option<Vec<u8>>) -> TensorDesc {
         TensorDesc {
             name: "t".into(),
-            tensor_type: if data.is_some() {
-                TensorType::Static
-            } else {
-                TensorType::Native
-            },
+            tensor_type: if data.is_some() { TensorType::Static } else { TensorType::Native },
             dtype,
             dims: dims.to_vec(),
             encoding,
@@ -548,15 +514,8 @@ mod tests {
             assert_eq!(dtype.bits(), bits, "{dtype}");
             assert_eq!(DataType::from_code(code), Some(dtype));
         }
-        assert_eq!(
-            DataType::from_code(0x0608),
-            None,
-            "STRING is not a tensor type here"
-        );
-        let fixed: Vec<_> = DataType::ALL
-            .into_iter()
-            .filter(|d| d.is_fixed_point())
-            .collect();
+        assert_eq!(DataType::from_code(0x0608), None, "STRING is not a tensor type here");
+        let fixed: Vec<_> = DataType::ALL.into_iter().filter(|d| d.is_fixed_point()).collect();
         assert_eq!(fixed.len(), 8);
     }
 
@@ -568,57 +527,23 @@ mod tests {
         assert_eq!(TensorType::Static.code(), 4);
         assert_eq!(TensorType::Null.code(), 5);
         assert_eq!(Encoding::Undefined.code(), 0x7FFF_FFFF);
-        assert_eq!(
-            Encoding::ScaleOffset(ScaleOffset {
-                scale: 1.0,
-                offset: 0
-            })
-            .code(),
-            0
-        );
-        let axis = Encoding::AxisScaleOffset {
-            axis: 0,
-            scale_offsets: vec![],
-        };
+        assert_eq!(Encoding::ScaleOffset(ScaleOffset { scale: 1.0, offset: 0 }).code(), 0);
+        let axis = Encoding::AxisScaleOffset { axis: 0, scale_offsets: vec![] };
         assert_eq!(axis.code(), 1);
     }
 
     #[test]
     fn static_data_length_is_checked_per_dtype() {
-        let so = Encoding::ScaleOffset(ScaleOffset {
-            scale: 0.5,
-            offset: -32768,
-        });
-        assert!(tensor(
-            DataType::UFixedPoint16,
-            &[2, 3],
-            so.clone(),
-            Some(vec![0; 12])
-        )
-        .check()
-        .is_ok());
-        let err = tensor(DataType::UFixedPoint16, &[2, 3], so, Some(vec![0; 6]))
-            .check()
-            .unwrap_err();
+        let so = Encoding::ScaleOffset(ScaleOffset { scale: 0.5, offset: -32768 });
+        assert!(tensor(DataType::UFixedPoint16, &[2, 3], so.clone(), Some(vec![0; 12])).check().is_ok());
+        let err = tensor(DataType::UFixedPoint16, &[2, 3], so, Some(vec![0; 6])).check().unwrap_err();
         assert!(err.problem.contains("expected 12"), "{err}");
 
-        let so4 = Encoding::ScaleOffset(ScaleOffset {
-            scale: 0.5,
-            offset: 0,
-        });
+        let so4 = Encoding::ScaleOffset(ScaleOffset { scale: 0.5, offset: 0 });
         for len in [3, 6] {
-            tensor(
-                DataType::SFixedPoint4,
-                &[2, 3],
-                so4.clone(),
-                Some(vec![0; len]),
-            )
-            .check()
-            .unwrap();
+            tensor(DataType::SFixedPoint4, &[2, 3], so4.clone(), Some(vec![0; len])).check().unwrap();
         }
-        let err = tensor(DataType::SFixedPoint4, &[2, 3], so4, Some(vec![0; 4]))
-            .check()
-            .unwrap_err();
+        let err = tensor(DataType::SFixedPoint4, &[2, 3], so4, Some(vec![0; 4])).check().unwrap_err();
         assert!(err.problem.contains("expected 3 (packed) or 6"), "{err}");
     }
 
@@ -628,47 +553,20 @@ mod tests {
         t.tensor_type = TensorType::Static;
         assert!(t.check().unwrap_err().problem.contains("no data"));
 
-        let mut t = tensor(
-            DataType::Float32,
-            &[4],
-            Encoding::Undefined,
-            Some(vec![0; 16]),
-        );
+        let mut t = tensor(DataType::Float32, &[4], Encoding::Undefined, Some(vec![0; 16]));
         t.tensor_type = TensorType::AppWrite;
-        assert!(t
-            .check()
-            .unwrap_err()
-            .problem
-            .contains("APP_WRITE tensor must not carry data"));
+        assert!(t.check().unwrap_err().problem.contains("APP_WRITE tensor must not carry data"));
 
         let t = tensor(DataType::UFixedPoint8, &[4], Encoding::Undefined, None);
-        assert!(t
-            .check()
-            .unwrap_err()
-            .problem
-            .contains("needs a quantization encoding"));
+        assert!(t.check().unwrap_err().problem.contains("needs a quantization encoding"));
 
-        let so = Encoding::ScaleOffset(ScaleOffset {
-            scale: 1.0,
-            offset: 0,
-        });
+        let so = Encoding::ScaleOffset(ScaleOffset { scale: 1.0, offset: 0 });
         let t = tensor(DataType::Float16, &[4], so, None);
         assert!(t.check().unwrap_err().problem.contains("must not carry"));
 
-        let t = tensor(
-            DataType::UFixedPoint8,
-            &[4],
-            Encoding::ScaleOffset(ScaleOffset {
-                scale: 0.0,
-                offset: 0,
-            }),
-            None,
-        );
-        assert!(t
-            .check()
-            .unwrap_err()
-            .problem
-            .contains("scale 0 must be finite and > 0"));
+        let t =
+            tensor(DataType::UFixedPoint8, &[4], Encoding::ScaleOffset(ScaleOffset { scale: 0.0, offset: 0 }), None);
+        assert!(t.check().unwrap_err().problem.contains("scale 0 must be finite and > 0"));
 
         let mut t = tensor(DataType::Float32, &[4, 0], Encoding::Undefined, None);
         assert!(t.check().unwrap_err().problem.contains("zero extent"));
@@ -679,10 +577,7 @@ mod tests {
 
     #[test]
     fn blockwise_expansion_lengths_follow_dims() {
-        let per_channel = [ScaleOffset {
-            scale: 0.01,
-            offset: 0,
-        }; 8];
+        let per_channel = [ScaleOffset { scale: 0.01, offset: 0 }; 8];
         let bw = |scales: usize, blocks: usize| {
             Encoding::BlockwiseExpansion(BlockwiseExpansion {
                 axis: 3,
@@ -693,49 +588,13 @@ mod tests {
             })
         };
         // HWIO [1,1,In=32,Out=8], block 16 along In: 2 blocks per output channel.
-        let ok = tensor(
-            DataType::SFixedPoint8,
-            &[1, 1, 32, 8],
-            bw(8, 16),
-            Some(vec![0; 256]),
-        );
+        let ok = tensor(DataType::SFixedPoint8, &[1, 1, 32, 8], bw(8, 16), Some(vec![0; 256]));
         ok.check().unwrap();
-        let err = tensor(
-            DataType::SFixedPoint8,
-            &[1, 1, 32, 8],
-            bw(7, 16),
-            Some(vec![0; 256]),
-        )
-        .check()
-        .unwrap_err();
-        assert!(
-            err.problem.contains("7 per-channel scales, dims[3] is 8"),
-            "{err}"
-        );
-        let err = tensor(
-            DataType::SFixedPoint8,
-            &[1, 1, 32, 8],
-            bw(8, 15),
-            Some(vec![0; 256]),
-        )
-        .check()
-        .unwrap_err();
-        assert!(
-            err.problem
-                .contains("15 block scales, expected dims[3] * numBlocksPerAxis = 16"),
-            "{err}"
-        );
-        let err = tensor(
-            DataType::SFixedPoint8,
-            &[1, 32, 8],
-            bw(8, 16),
-            Some(vec![0; 256]),
-        )
-        .check()
-        .unwrap_err();
-        assert!(
-            err.problem.contains("axis 3 is out of range for rank 3"),
-            "{err}"
-        );
+        let err = tensor(DataType::SFixedPoint8, &[1, 1, 32, 8], bw(7, 16), Some(vec![0; 256])).check().unwrap_err();
+        assert!(err.problem.contains("7 per-channel scales, dims[3] is 8"), "{err}");
+        let err = tensor(DataType::SFixedPoint8, &[1, 1, 32, 8], bw(8, 15), Some(vec![0; 256])).check().unwrap_err();
+        assert!(err.problem.contains("15 block scales, expected dims[3] * numBlocksPerAxis = 16"), "{err}");
+        let err = tensor(DataType::SFixedPoint8, &[1, 32, 8], bw(8, 16), Some(vec![0; 256])).check().unwrap_err();
+        assert!(err.problem.contains("axis 3 is out of range for rank 3"), "{err}");
     }
 }

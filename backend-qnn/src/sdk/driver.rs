@@ -23,13 +23,11 @@ use std::collections::{HashMap, HashSet};
 use thiserror::Error;
 
 use super::api::{
-    ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, DeviceHandle,
-    GraphHandle, LogHandle, OpConfig, QnnApi, TensorId,
+    ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, DeviceHandle, GraphHandle,
+    LogHandle, OpConfig, QnnApi, TensorId,
 };
 use super::config::{HtpOptions, OptionsError};
-use super::desc::{
-    check_c_name, GraphDesc, OpDesc, ParamValue, TensorDesc, TensorError, TensorType,
-};
+use super::desc::{check_c_name, GraphDesc, OpDesc, ParamValue, TensorDesc, TensorError, TensorType};
 
 /// Why a context binary could not be built.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -44,12 +42,7 @@ pub enum BuildError {
     InvalidTensor { graph: String, source: TensorError },
     /// `backendValidateOpConfig` refused a node.
     #[error("QNN rejected node `{node}` ({op_type}) of graph `{graph}`: {source}")]
-    NodeRejected {
-        graph: String,
-        node: String,
-        op_type: String,
-        source: ApiError,
-    },
+    NodeRejected { graph: String, node: String, op_type: String, source: ApiError },
     /// Any other call failed; `step` says what was being done.
     #[error("{step}: {source}")]
     Api { step: String, source: ApiError },
@@ -79,10 +72,7 @@ pub fn build_context_binary(
     let built = session.build(graphs, target, api);
     let closed = session.close(api);
     let binary = built?;
-    closed.map_err(|source| BuildError::Api {
-        step: "releasing QNN handles".into(),
-        source,
-    })?;
+    closed.map_err(|source| BuildError::Api { step: "releasing QNN handles".into(), source })?;
     Ok(binary)
 }
 
@@ -108,19 +98,12 @@ impl Session {
         api: &mut dyn QnnApi,
     ) -> Result<Vec<u8>, BuildError> {
         if let Some(level) = target.log_level {
-            self.log = Some(
-                api.log_create(level)
-                    .map_err(api_step("creating the QNN log"))?,
-            );
+            self.log = Some(api.log_create(level).map_err(api_step("creating the QNN log"))?);
         }
-        let backend = api
-            .backend_create(self.log)
-            .map_err(api_step("creating the QNN backend"))?;
+        let backend = api.backend_create(self.log).map_err(api_step("creating the QNN backend"))?;
         self.backend = Some(backend);
         let device_configs = target.device.device_configs();
-        let device = api
-            .device_create(self.log, &device_configs)
-            .map_err(api_step("creating the HTP device"))?;
+        let device = api.device_create(self.log, &device_configs).map_err(api_step("creating the HTP device"))?;
         self.device = Some(device);
         let context = api
             .context_create(backend, device, &target.context_configs())
@@ -133,27 +116,16 @@ impl Session {
             let handle = api
                 .graph_create(context, &graph.name, &graph_configs)
                 .map_err(api_step(format!("creating graph `{}`", graph.name)))?;
-            let mut builder = GraphBuilder {
-                api: &mut *api,
-                backend,
-                handle,
-                graph,
-                statics: &mut statics,
-                ids: HashMap::new(),
-            };
+            let mut builder =
+                GraphBuilder { api: &mut *api, backend, handle, graph, statics: &mut statics, ids: HashMap::new() };
             builder.build()?;
-            api.graph_finalize(handle)
-                .map_err(api_step(format!("finalizing graph `{}`", graph.name)))?;
+            api.graph_finalize(handle).map_err(api_step(format!("finalizing graph `{}`", graph.name)))?;
         }
 
-        let size = api
-            .context_get_binary_size(context)
-            .map_err(api_step("querying the context binary size"))?;
+        let size = api.context_get_binary_size(context).map_err(api_step("querying the context binary size"))?;
         let len = usize::try_from(size).map_err(|_| BuildError::BinaryTooLarge { size })?;
         let mut binary = vec![0u8; len];
-        let written = api
-            .context_get_binary(context, &mut binary)
-            .map_err(api_step("serializing the context"))?;
+        let written = api.context_get_binary(context, &mut binary).map_err(api_step("serializing the context"))?;
         if written > size {
             return Err(BuildError::BinaryOverrun { size, written });
         }
@@ -199,12 +171,7 @@ struct GraphBuilder<'g, 's, 'a> {
 
 impl<'g> GraphBuilder<'g, '_, '_> {
     fn build(&mut self) -> Result<(), BuildError> {
-        let tensors: HashMap<&str, &TensorDesc> = self
-            .graph
-            .tensors
-            .iter()
-            .map(|t| (t.name.as_str(), t))
-            .collect();
+        let tensors: HashMap<&str, &TensorDesc> = self.graph.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
         for name in self.graph.inputs.iter().chain(&self.graph.outputs) {
             self.ensure(tensors[name.as_str()])?;
         }
@@ -212,61 +179,38 @@ impl<'g> GraphBuilder<'g, '_, '_> {
             let mut inputs = Vec::with_capacity(node.inputs.len());
             for name in &node.inputs {
                 let desc = tensors[name.as_str()];
-                inputs.push(BoundTensor {
-                    id: self.ensure(desc)?,
-                    desc,
-                });
+                inputs.push(BoundTensor { id: self.ensure(desc)?, desc });
             }
             let mut outputs = Vec::with_capacity(node.outputs.len());
             for name in &node.outputs {
                 let desc = tensors[name.as_str()];
-                outputs.push(BoundTensor {
-                    id: self.ensure(desc)?,
-                    desc,
-                });
+                outputs.push(BoundTensor { id: self.ensure(desc)?, desc });
             }
             let mut params = Vec::with_capacity(node.params.len());
             for p in &node.params {
                 let value = match &p.value {
                     ParamValue::Scalar(s) => BoundParamValue::Scalar(*s),
-                    ParamValue::Tensor(desc) => BoundParamValue::Tensor(BoundTensor {
-                        id: self.create(desc)?,
-                        desc,
-                    }),
+                    ParamValue::Tensor(desc) => BoundParamValue::Tensor(BoundTensor { id: self.create(desc)?, desc }),
                 };
-                params.push(BoundParam {
-                    name: &p.name,
-                    value,
-                });
+                params.push(BoundParam { name: &p.name, value });
             }
-            let op = OpConfig {
-                name: &node.name,
-                package: &node.package,
-                op_type: &node.op_type,
-                params,
-                inputs,
-                outputs,
-            };
+            let op =
+                OpConfig { name: &node.name, package: &node.package, op_type: &node.op_type, params, inputs, outputs };
             self.add_node(node, &op)?;
         }
         Ok(())
     }
 
     fn add_node(&mut self, node: &OpDesc, op: &OpConfig<'_>) -> Result<(), BuildError> {
-        self.api
-            .backend_validate_op_config(self.backend, op)
-            .map_err(|source| BuildError::NodeRejected {
-                graph: self.graph.name.clone(),
-                node: node.name.clone(),
-                op_type: node.op_type.clone(),
-                source,
-            })?;
+        self.api.backend_validate_op_config(self.backend, op).map_err(|source| BuildError::NodeRejected {
+            graph: self.graph.name.clone(),
+            node: node.name.clone(),
+            op_type: node.op_type.clone(),
+            source,
+        })?;
         self.api
             .graph_add_node(self.handle, op)
-            .map_err(api_step(format!(
-                "adding node `{}` ({}) to graph `{}`",
-                node.name, node.op_type, self.graph.name
-            )))
+            .map_err(api_step(format!("adding node `{}` ({}) to graph `{}`", node.name, node.op_type, self.graph.name)))
     }
 
     /// The id of `desc`, creating it on first use (STATIC: first use in the context).
@@ -291,18 +235,12 @@ impl<'g> GraphBuilder<'g, '_, '_> {
     fn create(&mut self, desc: &TensorDesc) -> Result<TensorId, BuildError> {
         self.api
             .tensor_create_graph_tensor(self.handle, desc)
-            .map_err(api_step(format!(
-                "creating tensor `{}` in graph `{}`",
-                desc.name, self.graph.name
-            )))
+            .map_err(api_step(format!("creating tensor `{}` in graph `{}`", desc.name, self.graph.name)))
     }
 }
 
 fn invalid(graph: &GraphDesc, problem: String) -> BuildError {
-    BuildError::InvalidGraph {
-        graph: graph.name.clone(),
-        problem,
-    }
+    BuildError::InvalidGraph { graph: graph.name.clone(), problem }
 }
 
 /// Checks everything that can be checked before talking to QNN: names, tensor descriptions,
@@ -310,10 +248,7 @@ fn invalid(graph: &GraphDesc, problem: String) -> BuildError {
 /// [`build_context_binary`] runs this first.
 pub fn check_graphs(graphs: &[GraphDesc]) -> Result<(), BuildError> {
     if graphs.is_empty() {
-        return Err(BuildError::InvalidGraph {
-            graph: String::new(),
-            problem: "no graphs to build".into(),
-        });
+        return Err(BuildError::InvalidGraph { graph: String::new(), problem: "no graphs to build".into() });
     }
     let mut names = HashSet::new();
     let mut statics: HashMap<&str, (&str, &TensorDesc)> = HashMap::new();
@@ -323,11 +258,7 @@ pub fn check_graphs(graphs: &[GraphDesc]) -> Result<(), BuildError> {
             return Err(invalid(graph, "graph name is used twice".into()));
         }
         check_graph(graph)?;
-        for t in graph
-            .tensors
-            .iter()
-            .filter(|t| t.tensor_type == TensorType::Static)
-        {
+        for t in graph.tensors.iter().filter(|t| t.tensor_type == TensorType::Static) {
             match statics.get(t.name.as_str()) {
                 Some((first, shared)) if *shared != t => {
                     return Err(invalid(
@@ -348,43 +279,20 @@ pub fn check_graphs(graphs: &[GraphDesc]) -> Result<(), BuildError> {
 fn check_graph(graph: &GraphDesc) -> Result<(), BuildError> {
     let mut tensors: HashMap<&str, &TensorDesc> = HashMap::new();
     for t in &graph.tensors {
-        t.check().map_err(|source| BuildError::InvalidTensor {
-            graph: graph.name.clone(),
-            source,
-        })?;
+        t.check().map_err(|source| BuildError::InvalidTensor { graph: graph.name.clone(), source })?;
         if tensors.insert(&t.name, t).is_some() {
-            return Err(invalid(
-                graph,
-                format!("tensor `{}` is declared twice", t.name),
-            ));
+            return Err(invalid(graph, format!("tensor `{}` is declared twice", t.name)));
         }
     }
-    check_io(
-        graph,
-        &tensors,
-        &graph.inputs,
-        TensorType::AppWrite,
-        "input",
-    )?;
-    check_io(
-        graph,
-        &tensors,
-        &graph.outputs,
-        TensorType::AppRead,
-        "output",
-    )?;
+    check_io(graph, &tensors, &graph.inputs, TensorType::AppWrite, "input")?;
+    check_io(graph, &tensors, &graph.outputs, TensorType::AppRead, "output")?;
 
     // Produced-before-consumed, single producer, unique node and param-tensor names.
     let mut produced: HashSet<&str> = HashSet::new();
     let mut node_names = HashSet::new();
     let mut param_tensors = HashSet::new();
     for node in &graph.nodes {
-        let at = |problem: String| {
-            invalid(
-                graph,
-                format!("node `{}` ({}): {problem}", node.name, node.op_type),
-            )
-        };
+        let at = |problem: String| invalid(graph, format!("node `{}` ({}): {problem}", node.name, node.op_type));
         check_c_name(&node.name).map_err(|p| invalid(graph, format!("node {p}")))?;
         check_c_name(&node.package).map_err(|p| at(format!("package {p}")))?;
         check_c_name(&node.op_type).map_err(|p| at(format!("op type {p}")))?;
@@ -392,31 +300,24 @@ fn check_graph(graph: &GraphDesc) -> Result<(), BuildError> {
             return Err(at("node name is used twice".into()));
         }
         for name in &node.inputs {
-            let t = tensors
-                .get(name.as_str())
-                .ok_or_else(|| at(format!("input `{name}` is not a tensor of the graph")))?;
+            let t =
+                tensors.get(name.as_str()).ok_or_else(|| at(format!("input `{name}` is not a tensor of the graph")))?;
             let needs_producer = matches!(t.tensor_type, TensorType::Native | TensorType::AppRead);
             if needs_producer && !produced.contains(name.as_str()) {
-                return Err(at(format!("input `{name}` is used before a node produces it (nodes must be in dependency order)")));
+                return Err(at(format!(
+                    "input `{name}` is used before a node produces it (nodes must be in dependency order)"
+                )));
             }
         }
         for name in &node.outputs {
             let t = tensors
                 .get(name.as_str())
                 .ok_or_else(|| at(format!("output `{name}` is not a tensor of the graph")))?;
-            if matches!(
-                t.tensor_type,
-                TensorType::AppWrite | TensorType::Static | TensorType::Null
-            ) {
-                return Err(at(format!(
-                    "output `{name}` is a {} tensor",
-                    t.tensor_type.name()
-                )));
+            if matches!(t.tensor_type, TensorType::AppWrite | TensorType::Static | TensorType::Null) {
+                return Err(at(format!("output `{name}` is a {} tensor", t.tensor_type.name())));
             }
             if !produced.insert(name.as_str()) {
-                return Err(at(format!(
-                    "output `{name}` is already produced by an earlier node"
-                )));
+                return Err(at(format!("output `{name}` is already produced by an earlier node")));
             }
         }
         let mut param_names = HashSet::new();
@@ -426,35 +327,18 @@ fn check_graph(graph: &GraphDesc) -> Result<(), BuildError> {
                 return Err(at(format!("param `{}` is given twice", p.name)));
             }
             if let ParamValue::Tensor(t) = &p.value {
-                t.check().map_err(|source| BuildError::InvalidTensor {
-                    graph: graph.name.clone(),
-                    source,
-                })?;
+                t.check().map_err(|source| BuildError::InvalidTensor { graph: graph.name.clone(), source })?;
                 if t.tensor_type != TensorType::Static {
-                    return Err(at(format!(
-                        "tensor param `{}` must be STATIC, is {}",
-                        p.name,
-                        t.tensor_type.name()
-                    )));
+                    return Err(at(format!("tensor param `{}` must be STATIC, is {}", p.name, t.tensor_type.name())));
                 }
                 if tensors.contains_key(t.name.as_str()) || !param_tensors.insert(t.name.as_str()) {
-                    return Err(at(format!(
-                        "tensor param `{}` reuses the tensor name `{}`",
-                        p.name, t.name
-                    )));
+                    return Err(at(format!("tensor param `{}` reuses the tensor name `{}`", p.name, t.name)));
                 }
             }
         }
     }
-    if let Some(missing) = graph
-        .outputs
-        .iter()
-        .find(|o| !produced.contains(o.as_str()))
-    {
-        return Err(invalid(
-            graph,
-            format!("graph output `{missing}` is not produced by any node"),
-        ));
+    if let Some(missing) = graph.outputs.iter().find(|o| !produced.contains(o.as_str())) {
+        return Err(invalid(graph, format!("graph output `{missing}` is not produced by any node")));
     }
     Ok(())
 }
@@ -468,41 +352,23 @@ fn check_io(
 ) -> Result<(), BuildError> {
     let mut seen = HashSet::new();
     for name in list {
-        let t = tensors.get(name.as_str()).ok_or_else(|| {
-            invalid(
-                graph,
-                format!("graph {what} `{name}` is not a tensor of the graph"),
-            )
-        })?;
+        let t = tensors
+            .get(name.as_str())
+            .ok_or_else(|| invalid(graph, format!("graph {what} `{name}` is not a tensor of the graph")))?;
         if t.tensor_type != kind {
             return Err(invalid(
                 graph,
-                format!(
-                    "graph {what} `{name}` is {}, expected {}",
-                    t.tensor_type.name(),
-                    kind.name()
-                ),
+                format!("graph {what} `{name}` is {}, expected {}", t.tensor_type.name(), kind.name()),
             ));
         }
         if !seen.insert(name.as_str()) {
-            return Err(invalid(
-                graph,
-                format!("graph {what} `{name}` is listed twice"),
-            ));
+            return Err(invalid(graph, format!("graph {what} `{name}` is listed twice")));
         }
     }
-    if let Some(t) = graph
-        .tensors
-        .iter()
-        .find(|t| t.tensor_type == kind && !seen.contains(t.name.as_str()))
-    {
+    if let Some(t) = graph.tensors.iter().find(|t| t.tensor_type == kind && !seen.contains(t.name.as_str())) {
         return Err(invalid(
             graph,
-            format!(
-                "{} tensor `{}` is missing from the graph {what}s list",
-                kind.name(),
-                t.name
-            ),
+            format!("{} tensor `{}` is missing from the graph {what}s list", kind.name(), t.name),
         ));
     }
     Ok(())

@@ -57,72 +57,30 @@ mod tests {
             (DataType::Float16, b::QNN_DATATYPE_FLOAT_16 as u32),
             (DataType::Float32, b::QNN_DATATYPE_FLOAT_32 as u32),
             (DataType::Float64, b::QNN_DATATYPE_FLOAT_64 as u32),
-            (
-                DataType::SFixedPoint4,
-                b::QNN_DATATYPE_SFIXED_POINT_4 as u32,
-            ),
-            (
-                DataType::SFixedPoint8,
-                b::QNN_DATATYPE_SFIXED_POINT_8 as u32,
-            ),
-            (
-                DataType::SFixedPoint16,
-                b::QNN_DATATYPE_SFIXED_POINT_16 as u32,
-            ),
-            (
-                DataType::SFixedPoint32,
-                b::QNN_DATATYPE_SFIXED_POINT_32 as u32,
-            ),
-            (
-                DataType::UFixedPoint4,
-                b::QNN_DATATYPE_UFIXED_POINT_4 as u32,
-            ),
-            (
-                DataType::UFixedPoint8,
-                b::QNN_DATATYPE_UFIXED_POINT_8 as u32,
-            ),
-            (
-                DataType::UFixedPoint16,
-                b::QNN_DATATYPE_UFIXED_POINT_16 as u32,
-            ),
-            (
-                DataType::UFixedPoint32,
-                b::QNN_DATATYPE_UFIXED_POINT_32 as u32,
-            ),
+            (DataType::SFixedPoint4, b::QNN_DATATYPE_SFIXED_POINT_4 as u32),
+            (DataType::SFixedPoint8, b::QNN_DATATYPE_SFIXED_POINT_8 as u32),
+            (DataType::SFixedPoint16, b::QNN_DATATYPE_SFIXED_POINT_16 as u32),
+            (DataType::SFixedPoint32, b::QNN_DATATYPE_SFIXED_POINT_32 as u32),
+            (DataType::UFixedPoint4, b::QNN_DATATYPE_UFIXED_POINT_4 as u32),
+            (DataType::UFixedPoint8, b::QNN_DATATYPE_UFIXED_POINT_8 as u32),
+            (DataType::UFixedPoint16, b::QNN_DATATYPE_UFIXED_POINT_16 as u32),
+            (DataType::UFixedPoint32, b::QNN_DATATYPE_UFIXED_POINT_32 as u32),
             (DataType::Bool8, b::QNN_DATATYPE_BOOL_8 as u32),
         ];
         for (ours, theirs) in dtypes {
             assert_eq!(ours.code(), theirs, "{ours}");
         }
-        assert_eq!(
-            TensorType::AppWrite.code(),
-            b::QNN_TENSOR_TYPE_APP_WRITE as u32
-        );
-        assert_eq!(
-            TensorType::AppRead.code(),
-            b::QNN_TENSOR_TYPE_APP_READ as u32
-        );
+        assert_eq!(TensorType::AppWrite.code(), b::QNN_TENSOR_TYPE_APP_WRITE as u32);
+        assert_eq!(TensorType::AppRead.code(), b::QNN_TENSOR_TYPE_APP_READ as u32);
         assert_eq!(TensorType::Native.code(), b::QNN_TENSOR_TYPE_NATIVE as u32);
         assert_eq!(TensorType::Static.code(), b::QNN_TENSOR_TYPE_STATIC as u32);
         assert_eq!(TensorType::Null.code(), b::QNN_TENSOR_TYPE_NULL as u32);
-        assert_eq!(
-            Encoding::Undefined.code(),
-            b::QNN_QUANTIZATION_ENCODING_UNDEFINED as u32
-        );
+        assert_eq!(Encoding::Undefined.code(), b::QNN_QUANTIZATION_ENCODING_UNDEFINED as u32);
         assert_eq!(HtpArch::V75.code(), b::QNN_HTP_DEVICE_ARCH_V75 as u32);
         assert_eq!(HtpArch::V79.code(), b::QNN_HTP_DEVICE_ARCH_V79 as u32);
-        assert_eq!(
-            1,
-            b::QNN_HTP_CONTEXT_CONFIG_OPTION_WEIGHT_SHARING_ENABLED as u32
-        );
-        assert_eq!(
-            3,
-            b::QNN_HTP_GRAPH_OPTIMIZATION_TYPE_FINALIZE_OPTIMIZATION_FLAG as u32
-        );
-        assert_eq!(
-            4,
-            b::QNN_HTP_GRAPH_CONFIG_OPTION_FOLD_RELU_ACTIVATION_INTO_CONV_OFF as u32
-        );
+        assert_eq!(1, b::QNN_HTP_CONTEXT_CONFIG_OPTION_WEIGHT_SHARING_ENABLED as u32);
+        assert_eq!(3, b::QNN_HTP_GRAPH_OPTIMIZATION_TYPE_FINALIZE_OPTIMIZATION_FLAG as u32);
+        assert_eq!(4, b::QNN_HTP_GRAPH_CONFIG_OPTION_FOLD_RELU_ACTIVATION_INTO_CONV_OFF as u32);
         assert_eq!(5, b::QNN_QUANTIZATION_ENCODING_BLOCKWISE_EXPANSION as u32);
     }
 
@@ -136,14 +94,8 @@ mod tests {
         assert_eq!(size_of::<b::Qnn_OpConfig_t>(), 80);
         assert_eq!(size_of::<b::Qnn_BlockwiseExpansion_t>(), 40);
         assert_eq!(size_of::<b::Qnn_ScaleOffset_t>(), 8);
-        assert_eq!(
-            std::mem::offset_of!(b::QnnInterface_t, __bindgen_anon_1),
-            40
-        );
+        assert_eq!(std::mem::offset_of!(b::QnnInterface_t, __bindgen_anon_1), 40);
         assert_eq!(std::mem::offset_of!(b::CoreTable, graphAddNode), 144);
-        assert_eq!(
-            std::mem::offset_of!(b::CoreTable, tensorCreateGraphTensor),
-            192
-        );
+        assert_eq!(std::mem::offset_of!(b::CoreTable, tensorCreateGraphTensor), 192);
     }
 }

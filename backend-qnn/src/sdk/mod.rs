@@ -68,16 +68,16 @@ pub mod recording;
 pub mod render;
 
 pub use api::{
-    ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, DeviceHandle,
-    GraphHandle, LogHandle, OpConfig, QnnApi, TensorId,
+    ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, DeviceHandle, GraphHandle,
+    LogHandle, OpConfig, QnnApi, TensorId,
 };
 pub use config::{
-    ContextConfig, DeviceConfig, GraphConfig, GraphOptions, HtpArch, HtpDeviceOptions,
-    HtpOptimization, HtpOptions, HtpPlatformInfo, LogLevel, OptionsError, Precision,
+    ContextConfig, DeviceConfig, GraphConfig, GraphOptions, HtpArch, HtpDeviceOptions, HtpOptimization, HtpOptions,
+    HtpPlatformInfo, LogLevel, OptionsError, Precision,
 };
 pub use desc::{
-    BlockwiseExpansion, DataType, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar,
-    ScaleOffset, StaticData, TensorDesc, TensorError, TensorType, QTI_AISW,
+    BlockwiseExpansion, DataType, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar, ScaleOffset, StaticData,
+    TensorDesc, TensorError, TensorType, QTI_AISW,
 };
 pub use driver::{build_context_binary, check_graphs, BuildError};
 pub use recording::{RecordedCall, RecordingApi};
@@ -111,10 +111,7 @@ pub const fn sdk_available() -> bool {
 ///
 /// Without the `qnn-sdk` feature this always returns [`SdkError::NotBuilt`], whose message
 /// says how to enable it; the graphs are still checked so callers see description errors.
-pub fn build_context_binary_with_sdk(
-    graphs: &[GraphDesc],
-    target: &HtpOptions,
-) -> Result<Vec<u8>, SdkError> {
+pub fn build_context_binary_with_sdk(graphs: &[GraphDesc], target: &HtpOptions) -> Result<Vec<u8>, SdkError> {
     #[cfg(feature = "qnn-sdk")]
     {
         let mut api = SdkApi::load(&LibraryPaths::from_env()?)?;
@@ -142,17 +139,8 @@ mod tests {
     fn without_the_feature_the_error_says_how_to_enable_it() {
         assert!(!sdk_available());
         let err = build_context_binary_with_sdk(&[], &HtpOptions::sm8650()).unwrap_err();
-        assert!(
-            matches!(err, SdkError::Build(BuildError::InvalidGraph { .. })),
-            "{err}"
-        );
-        let graph = GraphDesc {
-            name: "g".into(),
-            tensors: vec![],
-            inputs: vec![],
-            outputs: vec![],
-            nodes: vec![],
-        };
+        assert!(matches!(err, SdkError::Build(BuildError::InvalidGraph { .. })), "{err}");
+        let graph = GraphDesc { name: "g".into(), tensors: vec![], inputs: vec![], outputs: vec![], nodes: vec![] };
         let err = build_context_binary_with_sdk(&[graph], &HtpOptions::sm8650()).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("--features qnn-sdk"), "{msg}");

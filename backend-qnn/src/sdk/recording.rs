@@ -10,8 +10,8 @@
 use std::collections::{HashMap, HashSet};
 
 use super::api::{
-    ApiError, BackendHandle, BoundTensor, ContextHandle, DeviceHandle, GraphHandle, LogHandle,
-    OpConfig, QnnApi, TensorId,
+    ApiError, BackendHandle, BoundTensor, ContextHandle, DeviceHandle, GraphHandle, LogHandle, OpConfig, QnnApi,
+    TensorId,
 };
 use super::config::{ContextConfig, DeviceConfig, GraphConfig, LogLevel};
 use super::desc::{TensorDesc, TensorType};
@@ -87,11 +87,7 @@ impl RecordingApi {
     /// `graphCreate`/`graphFinalize`, tensor name for `tensorCreateGraphTensor`, node name for
     /// `backendValidateOpConfig`/`graphAddNode`, the handle (e.g. `context1`) otherwise.
     pub fn fail(&mut self, function: &'static str, subject: &str, code: u64) {
-        self.failures.push(InjectedFailure {
-            function,
-            subject: subject.to_string(),
-            code,
-        });
+        self.failures.push(InjectedFailure { function, subject: subject.to_string(), code });
     }
 
     /// Every call so far, in order.
@@ -116,34 +112,19 @@ impl RecordingApi {
 
     /// Records a call that an injected failure makes fail before it has any effect.
     fn injected(&mut self, function: &'static str, subject: &str, args: &str) -> Option<ApiError> {
-        let code = self
-            .failures
-            .iter()
-            .find(|f| f.function == function && f.subject == subject)?
-            .code;
-        self.calls.push(RecordedCall {
-            function,
-            line: format!("{function}({args}) -> error {code}"),
-        });
+        let code = self.failures.iter().find(|f| f.function == function && f.subject == subject)?.code;
+        self.calls.push(RecordedCall { function, line: format!("{function}({args}) -> error {code}") });
         Some(ApiError::Qnn { function, code })
     }
 
     /// Records `function(args) -> result`.
-    fn finish<T>(
-        &mut self,
-        function: &'static str,
-        args: String,
-        outcome: Outcome<(T, String)>,
-    ) -> Outcome<T> {
+    fn finish<T>(&mut self, function: &'static str, args: String, outcome: Outcome<(T, String)>) -> Outcome<T> {
         let result = match &outcome {
             Ok((_, shown)) => shown.clone(),
             Err(ApiError::Qnn { code, .. }) => format!("error {code}"),
             Err(other) => format!("refused: {other}"),
         };
-        self.calls.push(RecordedCall {
-            function,
-            line: format!("{function}({args}) -> {result}"),
-        });
+        self.calls.push(RecordedCall { function, line: format!("{function}({args}) -> {result}") });
         outcome.map(|(value, _)| value)
     }
 
@@ -173,13 +154,7 @@ impl RecordingApi {
             super::api::BoundParamValue::Tensor(t) => Some(t),
             super::api::BoundParamValue::Scalar(_) => None,
         });
-        let all: Vec<BoundTensor<'_>> = op
-            .inputs
-            .iter()
-            .chain(&op.outputs)
-            .copied()
-            .chain(params)
-            .collect();
+        let all: Vec<BoundTensor<'_>> = op.inputs.iter().chain(&op.outputs).copied().chain(params).collect();
         for t in all {
             let record = ctx.tensors.get(&t.id).ok_or(())?;
             let usable = record.graph == graph || record.is_static;
@@ -208,9 +183,7 @@ impl QnnApi for RecordingApi {
             return Err(e);
         }
         let outcome = match log {
-            Some(l) if !Self::live(&self.logs, l.0) => {
-                Err(Self::qnn_error("backendCreate", ERROR_INVALID_ARGUMENT))
-            }
+            Some(l) if !Self::live(&self.logs, l.0) => Err(Self::qnn_error("backendCreate", ERROR_INVALID_ARGUMENT)),
             _ => {
                 self.backends.push(true);
                 let handle = BackendHandle(self.backends.len() as u32);
@@ -220,23 +193,13 @@ impl QnnApi for RecordingApi {
         self.finish("backendCreate", args, outcome)
     }
 
-    fn device_create(
-        &mut self,
-        log: Option<LogHandle>,
-        config: &[DeviceConfig],
-    ) -> Outcome<DeviceHandle> {
-        let args = format!(
-            "log={}, config={}",
-            show_opt(log),
-            render::device_configs(config)
-        );
+    fn device_create(&mut self, log: Option<LogHandle>, config: &[DeviceConfig]) -> Outcome<DeviceHandle> {
+        let args = format!("log={}, config={}", show_opt(log), render::device_configs(config));
         if let Some(e) = self.injected("deviceCreate", "", &args) {
             return Err(e);
         }
         let outcome = match log {
-            Some(l) if !Self::live(&self.logs, l.0) => {
-                Err(Self::qnn_error("deviceCreate", ERROR_INVALID_ARGUMENT))
-            }
+            Some(l) if !Self::live(&self.logs, l.0) => Err(Self::qnn_error("deviceCreate", ERROR_INVALID_ARGUMENT)),
             _ => {
                 self.devices.push(true);
                 let handle = DeviceHandle(self.devices.len() as u32);
@@ -252,58 +215,35 @@ impl QnnApi for RecordingApi {
         device: DeviceHandle,
         config: &[ContextConfig],
     ) -> Outcome<ContextHandle> {
-        let args = format!(
-            "backend={backend}, device={device}, config={}",
-            render::context_configs(config)
-        );
+        let args = format!("backend={backend}, device={device}, config={}", render::context_configs(config));
         if let Some(e) = self.injected("contextCreate", "", &args) {
             return Err(e);
         }
-        let outcome =
-            if Self::live(&self.backends, backend.0) && Self::live(&self.devices, device.0) {
-                self.contexts.push(ContextState {
-                    live: true,
-                    next_tensor_id: 1,
-                    ..ContextState::default()
-                });
-                let handle = ContextHandle(self.contexts.len() as u32);
-                Ok((handle, handle.to_string()))
-            } else {
-                Err(Self::qnn_error("contextCreate", ERROR_INVALID_ARGUMENT))
-            };
+        let outcome = if Self::live(&self.backends, backend.0) && Self::live(&self.devices, device.0) {
+            self.contexts.push(ContextState { live: true, next_tensor_id: 1, ..ContextState::default() });
+            let handle = ContextHandle(self.contexts.len() as u32);
+            Ok((handle, handle.to_string()))
+        } else {
+            Err(Self::qnn_error("contextCreate", ERROR_INVALID_ARGUMENT))
+        };
         self.finish("contextCreate", args, outcome)
     }
 
-    fn graph_create(
-        &mut self,
-        context: ContextHandle,
-        name: &str,
-        config: &[GraphConfig],
-    ) -> Outcome<GraphHandle> {
-        let args = format!(
-            "context={context}, name=\"{name}\", config={}",
-            render::graph_configs(config)
-        );
+    fn graph_create(&mut self, context: ContextHandle, name: &str, config: &[GraphConfig]) -> Outcome<GraphHandle> {
+        let args = format!("context={context}, name=\"{name}\", config={}", render::graph_configs(config));
         if let Some(e) = self.injected("graphCreate", name, &args) {
             return Err(e);
         }
-        let duplicate = self.context_state(context).map(|ctx| {
-            ctx.graphs
-                .iter()
-                .any(|g| self.graphs[g.0 as usize - 1].fake.name == name)
-        });
+        let duplicate = self
+            .context_state(context)
+            .map(|ctx| ctx.graphs.iter().any(|g| self.graphs[g.0 as usize - 1].fake.name == name));
         let outcome = match duplicate {
             Some(false) => {
                 self.graphs.push(GraphState {
                     context,
                     finalized: false,
                     tensor_names: HashSet::new(),
-                    fake: FakeGraph {
-                        name: name.to_string(),
-                        nodes: 0,
-                        inputs: vec![],
-                        outputs: vec![],
-                    },
+                    fake: FakeGraph { name: name.to_string(), nodes: 0, inputs: vec![], outputs: vec![] },
                 });
                 let handle = GraphHandle(self.graphs.len() as u32);
                 self.contexts[context.0 as usize - 1].graphs.push(handle);
@@ -314,28 +254,17 @@ impl QnnApi for RecordingApi {
         self.finish("graphCreate", args, outcome)
     }
 
-    fn tensor_create_graph_tensor(
-        &mut self,
-        graph: GraphHandle,
-        tensor: &TensorDesc,
-    ) -> Outcome<TensorId> {
+    fn tensor_create_graph_tensor(&mut self, graph: GraphHandle, tensor: &TensorDesc) -> Outcome<TensorId> {
         let args = format!("graph={graph}, tensor={}", render::tensor(tensor));
         if let Some(e) = self.injected("tensorCreateGraphTensor", &tensor.name, &args) {
             return Err(e);
         }
         let outcome = match self.graph_state(graph) {
-            None => Err(Self::qnn_error(
-                "tensorCreateGraphTensor",
-                ERROR_INVALID_ARGUMENT,
-            )),
-            Some(g) if g.finalized => Err(Self::qnn_error(
-                "tensorCreateGraphTensor",
-                ERROR_OPERATION_NOT_PERMITTED,
-            )),
-            Some(g) if g.tensor_names.contains(&tensor.name) => Err(Self::qnn_error(
-                "tensorCreateGraphTensor",
-                ERROR_INVALID_ARGUMENT,
-            )),
+            None => Err(Self::qnn_error("tensorCreateGraphTensor", ERROR_INVALID_ARGUMENT)),
+            Some(g) if g.finalized => Err(Self::qnn_error("tensorCreateGraphTensor", ERROR_OPERATION_NOT_PERMITTED)),
+            Some(g) if g.tensor_names.contains(&tensor.name) => {
+                Err(Self::qnn_error("tensorCreateGraphTensor", ERROR_INVALID_ARGUMENT))
+            }
             Some(g) => {
                 let context = g.context;
                 let ctx = &mut self.contexts[context.0 as usize - 1];
@@ -363,11 +292,7 @@ impl QnnApi for RecordingApi {
         self.finish("tensorCreateGraphTensor", args, outcome)
     }
 
-    fn backend_validate_op_config(
-        &mut self,
-        backend: BackendHandle,
-        op: &OpConfig<'_>,
-    ) -> Outcome<()> {
+    fn backend_validate_op_config(&mut self, backend: BackendHandle, op: &OpConfig<'_>) -> Outcome<()> {
         let args = format!("backend={backend}, op={}", render::op(op));
         if let Some(e) = self.injected("backendValidateOpConfig", op.name, &args) {
             return Err(e);
@@ -375,10 +300,7 @@ impl QnnApi for RecordingApi {
         let outcome = if Self::live(&self.backends, backend.0) {
             Ok(((), "ok".to_string()))
         } else {
-            Err(Self::qnn_error(
-                "backendValidateOpConfig",
-                ERROR_INVALID_ARGUMENT,
-            ))
+            Err(Self::qnn_error("backendValidateOpConfig", ERROR_INVALID_ARGUMENT))
         };
         self.finish("backendValidateOpConfig", args, outcome)
     }
@@ -390,10 +312,7 @@ impl QnnApi for RecordingApi {
         }
         let outcome = match self.graph_state(graph) {
             None => Err(Self::qnn_error("graphAddNode", ERROR_INVALID_ARGUMENT)),
-            Some(g) if g.finalized => Err(Self::qnn_error(
-                "graphAddNode",
-                ERROR_OPERATION_NOT_PERMITTED,
-            )),
+            Some(g) if g.finalized => Err(Self::qnn_error("graphAddNode", ERROR_OPERATION_NOT_PERMITTED)),
             Some(_) => match self.check_op_tensors(graph, op) {
                 Ok(()) => {
                     self.graphs[graph.0 as usize - 1].fake.nodes += 1;
@@ -407,19 +326,13 @@ impl QnnApi for RecordingApi {
 
     fn graph_finalize(&mut self, graph: GraphHandle) -> Outcome<()> {
         let args = format!("graph={graph}");
-        let subject = self
-            .graph_state(graph)
-            .map(|g| g.fake.name.clone())
-            .unwrap_or_default();
+        let subject = self.graph_state(graph).map(|g| g.fake.name.clone()).unwrap_or_default();
         if let Some(e) = self.injected("graphFinalize", &subject, &args) {
             return Err(e);
         }
         let outcome = match self.graph_state(graph) {
             None => Err(Self::qnn_error("graphFinalize", ERROR_INVALID_ARGUMENT)),
-            Some(g) if g.finalized => Err(Self::qnn_error(
-                "graphFinalize",
-                ERROR_OPERATION_NOT_PERMITTED,
-            )),
+            Some(g) if g.finalized => Err(Self::qnn_error("graphFinalize", ERROR_OPERATION_NOT_PERMITTED)),
             Some(_) => Ok(((), "ok".to_string())),
         };
         let result = self.finish("graphFinalize", args, outcome);
@@ -474,33 +387,15 @@ impl QnnApi for RecordingApi {
     }
 
     fn device_free(&mut self, device: DeviceHandle) -> Outcome<()> {
-        free_slot(
-            self,
-            "deviceFree",
-            device.0,
-            |api| &mut api.devices,
-            format!("device={device}"),
-        )
+        free_slot(self, "deviceFree", device.0, |api| &mut api.devices, format!("device={device}"))
     }
 
     fn backend_free(&mut self, backend: BackendHandle) -> Outcome<()> {
-        free_slot(
-            self,
-            "backendFree",
-            backend.0,
-            |api| &mut api.backends,
-            format!("backend={backend}"),
-        )
+        free_slot(self, "backendFree", backend.0, |api| &mut api.backends, format!("backend={backend}"))
     }
 
     fn log_free(&mut self, log: LogHandle) -> Outcome<()> {
-        free_slot(
-            self,
-            "logFree",
-            log.0,
-            |api| &mut api.logs,
-            format!("log={log}"),
-        )
+        free_slot(self, "logFree", log.0, |api| &mut api.logs, format!("log={log}"))
     }
 }
 
@@ -508,11 +403,7 @@ impl RecordingApi {
     /// The serialized context, or the error code a backend would return.
     fn fake_binary(&self, context: ContextHandle) -> Result<Vec<u8>, u64> {
         let ctx = self.context_state(context).ok_or(ERROR_INVALID_ARGUMENT)?;
-        let graphs: Vec<&GraphState> = ctx
-            .graphs
-            .iter()
-            .map(|g| &self.graphs[g.0 as usize - 1])
-            .collect();
+        let graphs: Vec<&GraphState> = ctx.graphs.iter().map(|g| &self.graphs[g.0 as usize - 1]).collect();
         if graphs.iter().any(|g| !g.finalized) {
             return Err(ERROR_OPERATION_NOT_PERMITTED);
         }
@@ -528,10 +419,7 @@ fn free_slot(
     slots: fn(&mut RecordingApi) -> &mut Vec<bool>,
     args: String,
 ) -> Outcome<()> {
-    let subject = args
-        .split_once('=')
-        .map(|(_, h)| h.to_string())
-        .unwrap_or_default();
+    let subject = args.split_once('=').map(|(_, h)| h.to_string()).unwrap_or_default();
     if let Some(e) = api.injected(function, &subject, &args) {
         return Err(e);
     }
@@ -574,10 +462,7 @@ mod tests {
         let dev = api.device_create(None, &[]).unwrap();
         let ctx = api.context_create(be, dev, &[]).unwrap();
         let g = api.graph_create(ctx, "g", &[]).unwrap();
-        assert!(
-            api.graph_create(ctx, "g", &[]).is_err(),
-            "duplicate graph name"
-        );
+        assert!(api.graph_create(ctx, "g", &[]).is_err(), "duplicate graph name");
         let a = native("a");
         api.tensor_create_graph_tensor(g, &a).unwrap();
         let dup = api.tensor_create_graph_tensor(g, &a).unwrap_err();
@@ -590,14 +475,8 @@ mod tests {
             package: "qti.aisw",
             op_type: "Relu",
             params: vec![],
-            inputs: vec![BoundTensor {
-                id: TensorId(1),
-                desc: &a,
-            }],
-            outputs: vec![BoundTensor {
-                id: TensorId(9),
-                desc: &ghost,
-            }],
+            inputs: vec![BoundTensor { id: TensorId(1), desc: &a }],
+            outputs: vec![BoundTensor { id: TensorId(9), desc: &ghost }],
         };
         assert!(api.graph_add_node(g, &op).is_err());
 
@@ -612,10 +491,7 @@ mod tests {
         assert!(api.context_get_binary(ctx, &mut small).is_err());
 
         api.context_free(ctx).unwrap();
-        assert!(
-            api.graph_finalize(g).is_err(),
-            "graphs die with their context"
-        );
+        assert!(api.graph_finalize(g).is_err(), "graphs die with their context");
         assert!(api.context_free(ctx).is_err(), "double free");
         assert_eq!(api.calls().len(), api.functions().len());
         assert!(api.log().lines().all(|l| l.contains(") -> ")));
@@ -626,16 +502,7 @@ mod tests {
         let mut api = RecordingApi::new();
         api.fail("backendCreate", "", 4000);
         let err = api.backend_create(None).unwrap_err();
-        assert_eq!(
-            err,
-            ApiError::Qnn {
-                function: "backendCreate",
-                code: 4000
-            }
-        );
-        assert_eq!(
-            api.log(),
-            "backendCreate(log=null, config=[]) -> error 4000\n"
-        );
+        assert_eq!(err, ApiError::Qnn { function: "backendCreate", code: 4000 });
+        assert_eq!(api.log(), "backendCreate(log=null, config=[]) -> error 4000\n");
     }
 }

@@ -18,9 +18,7 @@ const PREFIX_LEN: usize = 4;
 
 /// FNV-1a, 64 bit: a digest both Rust and C compute in a few lines.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 /// Formats like C's `printf("%.8e", (double)x)` (glibc): 9 significant digits, exponent with
@@ -52,15 +50,7 @@ fn c_exp(x: f64, precision: usize) -> String {
 
 fn scale_offsets_bytes(entries: &[ScaleOffset]) -> Vec<u8> {
     // The in-memory layout of `Qnn_ScaleOffset_t[]` on little-endian targets.
-    entries
-        .iter()
-        .flat_map(|so| {
-            so.scale
-                .to_le_bytes()
-                .into_iter()
-                .chain(so.offset.to_le_bytes())
-        })
-        .collect()
+    entries.iter().flat_map(|so| so.scale.to_le_bytes().into_iter().chain(so.offset.to_le_bytes())).collect()
 }
 
 fn write_list<T>(out: &mut String, items: &[T], mut item: impl FnMut(&mut String, &T)) {
@@ -93,10 +83,7 @@ pub fn encoding(enc: &Encoding) -> String {
         Encoding::ScaleOffset(so) => {
             let _ = write!(out, "scaleOffset({}, {})", c_exp_f32(so.scale), so.offset);
         }
-        Encoding::AxisScaleOffset {
-            axis,
-            scale_offsets,
-        } => {
+        Encoding::AxisScaleOffset { axis, scale_offsets } => {
             let _ = write!(out, "axisScaleOffset(axis={axis}, ");
             write_scale_offsets(&mut out, scale_offsets);
             out.push(')');
@@ -300,16 +287,8 @@ mod tests {
 
     #[test]
     fn long_arrays_are_abbreviated() {
-        let so: Vec<ScaleOffset> = (1..=6)
-            .map(|i| ScaleOffset {
-                scale: i as f32,
-                offset: -i,
-            })
-            .collect();
-        let text = encoding(&Encoding::AxisScaleOffset {
-            axis: 1,
-            scale_offsets: so.clone(),
-        });
+        let so: Vec<ScaleOffset> = (1..=6).map(|i| ScaleOffset { scale: i as f32, offset: -i }).collect();
+        let text = encoding(&Encoding::AxisScaleOffset { axis: 1, scale_offsets: so.clone() });
         let digest = fnv1a64(&scale_offsets_bytes(&so));
         assert_eq!(
             text,
@@ -317,9 +296,6 @@ mod tests {
                 "axisScaleOffset(axis=1, n=6, [(1.00000000e+00, -1), (2.00000000e+00, -2), (3.00000000e+00, -3), (4.00000000e+00, -4), ...], fnv={digest:016x})"
             )
         );
-        assert_eq!(
-            &scale_offsets_bytes(&so[..1]),
-            &[0, 0, 0x80, 0x3f, 0xff, 0xff, 0xff, 0xff]
-        );
+        assert_eq!(&scale_offsets_bytes(&so[..1]), &[0, 0, 0x80, 0x3f, 0xff, 0xff, 0xff, 0xff]);
     }
 }

@@ -7,9 +7,7 @@
 #![allow(dead_code)]
 
 use backend_qnn::encoding::{lpbq_from_block_scales, Int4Storage, ScaleOffset};
-use backend_qnn::{
-    DataType, Encoding, GraphBuilder, OpType, QnnGraph, Scalar, StaticData, TensorRef,
-};
+use backend_qnn::{DataType, Encoding, GraphBuilder, OpType, QnnGraph, Scalar, StaticData, TensorRef};
 
 pub const SEQ: u32 = 4;
 pub const HIDDEN: u32 = 8;
@@ -26,9 +24,7 @@ pub fn pseudo(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
     (0..n)
         .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -41,13 +37,8 @@ pub fn u16_range(lo: f32, hi: f32) -> Encoding {
 }
 
 fn codes_u16(enc: &Encoding, values: &[f32]) -> StaticData {
-    let Encoding::ScaleOffset(so) = enc else {
-        panic!("per-tensor encoding expected")
-    };
-    let codes: Vec<u16> = values
-        .iter()
-        .map(|&v| so.quantize(v, (0, 65535)) as u16)
-        .collect();
+    let Encoding::ScaleOffset(so) = enc else { panic!("per-tensor encoding expected") };
+    let codes: Vec<u16> = values.iter().map(|&v| so.quantize(v, (0, 65535)) as u16).collect();
     StaticData::from_u16(&codes)
 }
 
@@ -56,26 +47,12 @@ fn kv() -> Encoding {
 }
 
 /// A 1x1 Conv2d with an LPBQ weight `[1, 1, HIDDEN, HIDDEN]`.
-fn lpbq_proj(
-    b: &mut GraphBuilder,
-    name: &str,
-    x: &TensorRef,
-    out_enc: Encoding,
-    seed: u64,
-) -> TensorRef {
+fn lpbq_proj(b: &mut GraphBuilder, name: &str, x: &TensorRef, out_enc: Encoding, seed: u64) -> TensorRef {
     let (cin, cout) = (HIDDEN as usize, HIDDEN as usize);
     let nb = (HIDDEN / BLOCK) as usize;
-    let q: Vec<i8> = pseudo(cin * cout, seed)
-        .iter()
-        .map(|v| (v * 7.0).round() as i8)
-        .collect();
-    let scales: Vec<f32> = pseudo(cout * nb, seed + 1)
-        .iter()
-        .map(|v| 0.02 + 0.02 * v.abs())
-        .collect();
-    let enc = lpbq_from_block_scales(&scales, cout, nb)
-        .unwrap()
-        .into_encoding(3, nb as u32);
+    let q: Vec<i8> = pseudo(cin * cout, seed).iter().map(|v| (v * 7.0).round() as i8).collect();
+    let scales: Vec<f32> = pseudo(cout * nb, seed + 1).iter().map(|v| 0.02 + 0.02 * v.abs()).collect();
+    let enc = lpbq_from_block_scales(&scales, cout, nb).unwrap().into_encoding(3, nb as u32);
     let bytes = Int4Storage::LowNibble.encode(&q, true).unwrap();
     let w = b.static_tensor(
         format!("{name}.weight"),
@@ -95,25 +72,10 @@ fn lpbq_proj(
         .finish_one()
 }
 
-fn rms_norm(
-    b: &mut GraphBuilder,
-    name: &str,
-    x: &TensorRef,
-    out_enc: Encoding,
-    seed: u64,
-) -> TensorRef {
+fn rms_norm(b: &mut GraphBuilder, name: &str, x: &TensorRef, out_enc: Encoding, seed: u64) -> TensorRef {
     let g_enc = u16_range(0.0, 2.0);
-    let gamma: Vec<f32> = pseudo(HIDDEN as usize, seed)
-        .iter()
-        .map(|v| 1.0 + 0.5 * v)
-        .collect();
-    let g = b.static_tensor(
-        format!("{name}.weight"),
-        U16,
-        &[HIDDEN],
-        g_enc.clone(),
-        codes_u16(&g_enc, &gamma),
-    );
+    let gamma: Vec<f32> = pseudo(HIDDEN as usize, seed).iter().map(|v| 1.0 + 0.5 * v).collect();
+    let g = b.static_tensor(format!("{name}.weight"), U16, &[HIDDEN], g_enc.clone(), codes_u16(&g_enc, &gamma));
     // mllm passes a zero bias quantized with the output's encoding.
     let beta = b.static_tensor(
         format!("{name}_runtime_bias"),
@@ -141,12 +103,7 @@ pub fn tiny_attention(name: &str) -> QnnGraph {
     let ids = b.input("input_ids", DataType::Int32, &[1, SEQ], Encoding::Undefined);
     let pos = b.input("position_ids", DataType::Int32, &[SEQ], Encoding::Undefined);
     let mask_enc = Encoding::from_zero_point(0.001 / 65535.0, 65535);
-    let mask = b.input(
-        "attention_mask",
-        U16,
-        &[1, 1, SEQ, PAST + SEQ],
-        mask_enc.clone(),
-    );
+    let mask = b.input("attention_mask", U16, &[1, 1, SEQ, PAST + SEQ], mask_enc.clone());
     let past_k = b.input("past_key", U8, &[1, 1, HIDDEN, PAST], kv());
     let past_v = b.input("past_value", U8, &[1, 1, PAST, HIDDEN], kv());
 
@@ -173,34 +130,10 @@ pub fn tiny_attention(name: &str) -> QnnGraph {
         .finish_one();
 
     let hn = rms_norm(&mut b, "model.layers.0.input_layernorm", &h, act.clone(), 2);
-    let q = lpbq_proj(
-        &mut b,
-        "model.layers.0.self_attn.q_proj",
-        &hn,
-        act.clone(),
-        10,
-    );
-    let k = lpbq_proj(
-        &mut b,
-        "model.layers.0.self_attn.k_proj",
-        &hn,
-        act.clone(),
-        20,
-    );
-    let v = lpbq_proj(
-        &mut b,
-        "model.layers.0.self_attn.v_proj",
-        &hn,
-        act.clone(),
-        30,
-    );
-    let q = rms_norm(
-        &mut b,
-        "model.layers.0.self_attn.q_norm",
-        &q,
-        act.clone(),
-        3,
-    );
+    let q = lpbq_proj(&mut b, "model.layers.0.self_attn.q_proj", &hn, act.clone(), 10);
+    let k = lpbq_proj(&mut b, "model.layers.0.self_attn.k_proj", &hn, act.clone(), 20);
+    let v = lpbq_proj(&mut b, "model.layers.0.self_attn.v_proj", &hn, act.clone(), 30);
+    let q = rms_norm(&mut b, "model.layers.0.self_attn.q_norm", &q, act.clone(), 3);
 
     // RoPE on q: q * cos + rotate_half(q) * sin, tables gathered by position.
     let rope_enc = u16_range(-1.0, 1.0);
@@ -231,31 +164,14 @@ pub fn tiny_attention(name: &str) -> QnnGraph {
     let slice = |b: &mut GraphBuilder, name: &str, begin: i32, end: i32| {
         b.node(name, OpType::StridedSlice)
             .input(&q)
-            .tensor_param_i32(
-                "ranges",
-                &[4, 3],
-                &[0, 1, 1, 0, 1, 1, 0, SEQ as i32, 1, begin, end, 1],
-            )
-            .output(
-                format!("{name}.out"),
-                U16,
-                &[1, 1, SEQ, HIDDEN / 2],
-                act.clone(),
-            )
+            .tensor_param_i32("ranges", &[4, 3], &[0, 1, 1, 0, 1, 1, 0, SEQ as i32, 1, begin, end, 1])
+            .output(format!("{name}.out"), U16, &[1, 1, SEQ, HIDDEN / 2], act.clone())
             .finish_one()
     };
     let q1 = slice(&mut b, "model.layers.0.self_attn.q_rope.slice_lo", 0, half);
-    let q2 = slice(
-        &mut b,
-        "model.layers.0.self_attn.q_rope.slice_hi",
-        half,
-        2 * half,
-    );
+    let q2 = slice(&mut b, "model.layers.0.self_attn.q_rope.slice_hi", half, 2 * half);
     let nq2 = b
-        .node(
-            "model.layers.0.self_attn.q_rope.neg",
-            OpType::ElementWiseNeg,
-        )
+        .node("model.layers.0.self_attn.q_rope.neg", OpType::ElementWiseNeg)
         .input(&q2)
         .output("q_rope.neg", U16, &[1, 1, SEQ, HIDDEN / 2], act.clone())
         .finish_one();
@@ -267,28 +183,19 @@ pub fn tiny_attention(name: &str) -> QnnGraph {
         .output("q_rope.rot", U16, &[1, 1, SEQ, HIDDEN], act.clone())
         .finish_one();
     let qc = b
-        .node(
-            "model.layers.0.self_attn.q_rope.mul_cos",
-            OpType::ElementWiseMultiply,
-        )
+        .node("model.layers.0.self_attn.q_rope.mul_cos", OpType::ElementWiseMultiply)
         .input(&q)
         .input(&cos)
         .output("q_rope.qc", U16, &[1, 1, SEQ, HIDDEN], act.clone())
         .finish_one();
     let rs = b
-        .node(
-            "model.layers.0.self_attn.q_rope.mul_sin",
-            OpType::ElementWiseMultiply,
-        )
+        .node("model.layers.0.self_attn.q_rope.mul_sin", OpType::ElementWiseMultiply)
         .input(&rot)
         .input(&sin)
         .output("q_rope.rs", U16, &[1, 1, SEQ, HIDDEN], act.clone())
         .finish_one();
     let q = b
-        .node(
-            "model.layers.0.self_attn.q_rope.add",
-            OpType::ElementWiseAdd,
-        )
+        .node("model.layers.0.self_attn.q_rope.add", OpType::ElementWiseAdd)
         .input(&qc)
         .input(&rs)
         .output("q_rope", U16, &[1, 1, SEQ, HIDDEN], act.clone())
@@ -335,18 +242,11 @@ pub fn tiny_attention(name: &str) -> QnnGraph {
         .input(&k_all)
         .output("scores", U16, &dims_s, score_enc.clone())
         .finish_one();
-    let scaling = constant(
-        &mut b,
-        "model.layers.0.self_attn.scaling",
-        u16_range(0.0, 1.0),
-        1.0 / (HIDDEN as f32).sqrt(),
-    );
+    let scaling =
+        constant(&mut b, "model.layers.0.self_attn.scaling", u16_range(0.0, 1.0), 1.0 / (HIDDEN as f32).sqrt());
     let scaled_enc = u16_range(-15.0, 15.0);
     let s = b
-        .node(
-            "model.layers.0.self_attn.scale",
-            OpType::ElementWiseMultiply,
-        )
+        .node("model.layers.0.self_attn.scale", OpType::ElementWiseMultiply)
         .input(&s)
         .input(&scaling)
         .output("scores_scaled", U16, &dims_s, scaled_enc.clone())
@@ -358,18 +258,10 @@ pub fn tiny_attention(name: &str) -> QnnGraph {
         .scalar("keep_dims", Scalar::Bool8(true))
         .output("scores_min", U16, &[1, 1, SEQ, 1], scaled_enc.clone())
         .finish_one();
-    let neg20 = constant(
-        &mut b,
-        "model.layers.0.self_attn.neg_20",
-        u16_range(-20.0, 0.0),
-        -20.0,
-    );
+    let neg20 = constant(&mut b, "model.layers.0.self_attn.neg_20", u16_range(-20.0, 0.0), -20.0);
     let low_enc = u16_range(-40.0, 0.0);
     let low = b
-        .node(
-            "model.layers.0.self_attn.min_minus_20",
-            OpType::ElementWiseAdd,
-        )
+        .node("model.layers.0.self_attn.min_minus_20", OpType::ElementWiseAdd)
         .input(&mn)
         .input(&neg20)
         .output("scores_low", U16, &[1, 1, SEQ, 1], low_enc.clone())
@@ -397,12 +289,7 @@ pub fn tiny_attention(name: &str) -> QnnGraph {
         .input(&masked)
         .scalar("axis", Scalar::UInt32(3))
         .scalar("beta", Scalar::Float32(1.0))
-        .output(
-            "probs",
-            U16,
-            &dims_s,
-            Encoding::from_zero_point(1.0 / 65535.0, 0),
-        )
+        .output("probs", U16, &dims_s, Encoding::from_zero_point(1.0 / 65535.0, 0))
         .finish_one();
     let o = b
         .node("model.layers.0.self_attn.pv", OpType::MatMul)
@@ -410,13 +297,7 @@ pub fn tiny_attention(name: &str) -> QnnGraph {
         .input(&v_all)
         .output("attn", U16, &[1, 1, SEQ, HIDDEN], act.clone())
         .finish_one();
-    let o = lpbq_proj(
-        &mut b,
-        "model.layers.0.self_attn.o_proj",
-        &o,
-        act.clone(),
-        40,
-    );
+    let o = lpbq_proj(&mut b, "model.layers.0.self_attn.o_proj", &o, act.clone(), 40);
     let h2 = b
         .node("model.layers.0.residual", OpType::ElementWiseAdd)
         .input(&h)
@@ -428,12 +309,7 @@ pub fn tiny_attention(name: &str) -> QnnGraph {
     let sg = b
         .node("model.layers.0.act.sigmoid", OpType::Sigmoid)
         .input(&h2)
-        .output(
-            "sigmoid",
-            U16,
-            &[1, 1, SEQ, HIDDEN],
-            Encoding::from_zero_point(1.0 / 65536.0, 0),
-        )
+        .output("sigmoid", U16, &[1, 1, SEQ, HIDDEN], Encoding::from_zero_point(1.0 / 65536.0, 0))
         .finish_one();
     let a = b
         .node("model.layers.0.act.mul", OpType::ElementWiseMultiply)
@@ -441,32 +317,18 @@ pub fn tiny_attention(name: &str) -> QnnGraph {
         .input(&sg)
         .output("silu", U16, &[1, 1, SEQ, HIDDEN], act.clone())
         .finish_one();
-    let a = b
-        .node("lm_head.view", OpType::Reshape)
-        .input(&a)
-        .output("lm_head.in", U16, &[SEQ, HIDDEN], act)
-        .finish_one();
+    let a =
+        b.node("lm_head.view", OpType::Reshape).input(&a).output("lm_head.in", U16, &[SEQ, HIDDEN], act).finish_one();
 
     // Head: FullyConnected with an int8 per-channel weight [VOCAB, HIDDEN].
-    let w: Vec<i8> = pseudo((VOCAB * HIDDEN) as usize, 50)
-        .iter()
-        .map(|v| (v * 127.0).round() as i8)
-        .collect();
-    let scales: Vec<ScaleOffset> = pseudo(VOCAB as usize, 51)
-        .iter()
-        .map(|v| ScaleOffset {
-            scale: 0.002 + 0.001 * v.abs(),
-            offset: 0,
-        })
-        .collect();
+    let w: Vec<i8> = pseudo((VOCAB * HIDDEN) as usize, 50).iter().map(|v| (v * 127.0).round() as i8).collect();
+    let scales: Vec<ScaleOffset> =
+        pseudo(VOCAB as usize, 51).iter().map(|v| ScaleOffset { scale: 0.002 + 0.001 * v.abs(), offset: 0 }).collect();
     let w = b.static_tensor(
         "lm_head.weight",
         DataType::SFixedPoint8,
         &[VOCAB, HIDDEN],
-        Encoding::AxisScaleOffset {
-            axis: 0,
-            scale_offsets: scales.into(),
-        },
+        Encoding::AxisScaleOffset { axis: 0, scale_offsets: scales.into() },
         StaticData::new(w.iter().map(|&v| v as u8).collect::<Vec<_>>()),
     );
     b.node("lm_head", OpType::FullyConnected)

@@ -4,8 +4,8 @@
 #![allow(dead_code)]
 
 use backend_qnn::sdk::{
-    BlockwiseExpansion, DataType, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar,
-    ScaleOffset, StaticData, TensorDesc, TensorType, QTI_AISW,
+    BlockwiseExpansion, DataType, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar, ScaleOffset, StaticData,
+    TensorDesc, TensorType, QTI_AISW,
 };
 
 pub const HIDDEN: u32 = 64;
@@ -18,10 +18,7 @@ fn act(name: &str, tensor_type: TensorType, seq: u32, width: u32, scale: f32) ->
         tensor_type,
         dtype: DataType::UFixedPoint16,
         dims: vec![1, 1, seq, width],
-        encoding: Encoding::ScaleOffset(ScaleOffset {
-            scale,
-            offset: -32768,
-        }),
+        encoding: Encoding::ScaleOffset(ScaleOffset { scale, offset: -32768 }),
         data: None,
     }
 }
@@ -35,36 +32,24 @@ fn u32_param(node: &str, param: &str, dims: &[u32], values: &[u32]) -> ParamDesc
             dtype: DataType::UInt32,
             dims: dims.to_vec(),
             encoding: Encoding::Undefined,
-            data: Some(StaticData::from(
-                values
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect::<Vec<u8>>(),
-            )),
+            data: Some(StaticData::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())),
         }),
     }
 }
 
 /// The norm weight, the fake zero bias and the LPBQ projection weight.
 pub fn shared_weights() -> Vec<TensorDesc> {
-    let gamma: Vec<u8> = (0..HIDDEN)
-        .flat_map(|i| (40_000u16 + 7 * i as u16).to_le_bytes())
-        .collect();
+    let gamma: Vec<u8> = (0..HIDDEN).flat_map(|i| (40_000u16 + 7 * i as u16).to_le_bytes()).collect();
     let channels = OUT as usize;
     let blocks = (HIDDEN / BLOCK) as usize;
-    let weight: Vec<u8> = (0..(HIDDEN * OUT) as i32)
-        .map(|i| ((i * 5 % 15) - 7) as i8 as u8)
-        .collect();
+    let weight: Vec<u8> = (0..(HIDDEN * OUT) as i32).map(|i| ((i * 5 % 15) - 7) as i8 as u8).collect();
     vec![
         TensorDesc {
             name: "model.norm.weight".into(),
             tensor_type: TensorType::Static,
             dtype: DataType::UFixedPoint16,
             dims: vec![HIDDEN],
-            encoding: Encoding::ScaleOffset(ScaleOffset {
-                scale: 1.0 / 65535.0,
-                offset: 0,
-            }),
+            encoding: Encoding::ScaleOffset(ScaleOffset { scale: 1.0 / 65535.0, offset: 0 }),
             data: Some(StaticData::from(gamma)),
         },
         TensorDesc {
@@ -72,10 +57,7 @@ pub fn shared_weights() -> Vec<TensorDesc> {
             tensor_type: TensorType::Static,
             dtype: DataType::UFixedPoint16,
             dims: vec![HIDDEN],
-            encoding: Encoding::ScaleOffset(ScaleOffset {
-                scale: 0.002,
-                offset: 0,
-            }),
+            encoding: Encoding::ScaleOffset(ScaleOffset { scale: 0.002, offset: 0 }),
             data: Some(StaticData::from(vec![0u8; 2 * HIDDEN as usize])),
         },
         TensorDesc {
@@ -86,10 +68,7 @@ pub fn shared_weights() -> Vec<TensorDesc> {
             encoding: Encoding::BlockwiseExpansion(BlockwiseExpansion {
                 axis: 3,
                 scale_offsets: (0..channels)
-                    .map(|c| ScaleOffset {
-                        scale: 0.001 * (c + 1) as f32,
-                        offset: 0,
-                    })
+                    .map(|c| ScaleOffset { scale: 0.001 * (c + 1) as f32, offset: 0 })
                     .collect(),
                 num_blocks_per_axis: HIDDEN / BLOCK,
                 block_scale_bitwidth: 4,
@@ -113,17 +92,10 @@ pub fn toy_graph(seq: u32, weights: &[TensorDesc]) -> GraphDesc {
         package: QTI_AISW.into(),
         op_type: "RmsNorm".into(),
         params: vec![
-            ParamDesc {
-                name: "epsilon".into(),
-                value: ParamValue::Scalar(Scalar::F32(1e-6)),
-            },
+            ParamDesc { name: "epsilon".into(), value: ParamValue::Scalar(Scalar::F32(1e-6)) },
             u32_param("model.norm", "axes", &[1], &[3]),
         ],
-        inputs: vec![
-            "x".into(),
-            "model.norm.weight".into(),
-            "model.norm_runtime_bias".into(),
-        ],
+        inputs: vec!["x".into(), "model.norm.weight".into(), "model.norm_runtime_bias".into()],
         outputs: vec!["h".into()],
     };
     let proj = OpDesc {
@@ -134,10 +106,7 @@ pub fn toy_graph(seq: u32, weights: &[TensorDesc]) -> GraphDesc {
             u32_param("model.proj", "stride", &[2], &[1, 1]),
             u32_param("model.proj", "pad_amount", &[2, 2], &[0, 0, 0, 0]),
             u32_param("model.proj", "dilation", &[2], &[1, 1]),
-            ParamDesc {
-                name: "group".into(),
-                value: ParamValue::Scalar(Scalar::U32(1)),
-            },
+            ParamDesc { name: "group".into(), value: ParamValue::Scalar(Scalar::U32(1)) },
         ],
         inputs: vec!["h".into(), "model.proj.weight".into()],
         outputs: vec!["y".into()],

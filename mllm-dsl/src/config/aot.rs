@@ -44,29 +44,16 @@ pub enum AotConfigError {
         "linear `{op}`: AOT config `{field}` is {aot} but HF config.json `linear_block_size` is {hf}; \
          the two must agree"
     )]
-    BlockSizeMismatch {
-        op: String,
-        field: String,
-        aot: usize,
-        hf: usize,
-    },
+    BlockSizeMismatch { op: String, field: String, aot: usize, hf: usize },
     #[error(
         "linear `{op}`: block size {block_size} (from `{field}`) does not divide its input width \
          {in_features}"
     )]
-    BlockSizeDoesNotDivide {
-        op: String,
-        field: String,
-        block_size: usize,
-        in_features: usize,
-    },
+    BlockSizeDoesNotDivide { op: String, field: String, block_size: usize, in_features: usize },
 }
 
 fn field_error(field: impl Into<String>, problem: impl Into<String>) -> AotConfigError {
-    AotConfigError::Field {
-        field: field.into(),
-        problem: problem.into(),
-    }
+    AotConfigError::Field { field: field.into(), problem: problem.into() }
 }
 
 /// Defines a closed set of JSON strings as an enum with parsing that lists the allowed names.
@@ -162,22 +149,12 @@ pub struct Recipe {
 impl Recipe {
     /// Symmetric LPBQ w4a16 with the given block size: the only linear recipe mllm lowers.
     pub fn lpbq_w4a16(block_size: usize) -> Self {
-        Recipe {
-            method: QuantMethod::Lpbq,
-            sym: true,
-            precision: Precision::W4A16,
-            block_size: Some(block_size),
-        }
+        Recipe { method: QuantMethod::Lpbq, sym: true, precision: Precision::W4A16, block_size: Some(block_size) }
     }
 
     /// Per-tensor symmetric w8a8: the KV cache recipe.
     pub fn per_tensor_w8a8() -> Self {
-        Recipe {
-            method: QuantMethod::PerTensor,
-            sym: true,
-            precision: Precision::W8A8,
-            block_size: None,
-        }
+        Recipe { method: QuantMethod::PerTensor, sym: true, precision: Precision::W8A8, block_size: None }
     }
 
     fn to_json(&self) -> Value {
@@ -235,19 +212,12 @@ pub struct ResolvedRecipe<'a> {
 impl RecipeTable {
     fn new(path: &str, fallback: Recipe, mut patterns: Vec<PatternRecipe>) -> Self {
         patterns.sort_by(|a, b| a.pattern.cmp(&b.pattern));
-        RecipeTable {
-            path: path.to_string(),
-            fallback,
-            patterns,
-        }
+        RecipeTable { path: path.to_string(), fallback, patterns }
     }
 
     /// The first pattern (in sorted order) matching the whole op name, else `fallback`.
     pub fn resolve(&self, op_name: &str) -> &Recipe {
-        self.patterns
-            .iter()
-            .find(|p| p.matches(op_name))
-            .map_or(&self.fallback, |p| &p.recipe)
+        self.patterns.iter().find(|p| p.matches(op_name)).map_or(&self.fallback, |p| &p.recipe)
     }
 
     /// Field path of the recipe [`resolve`](Self::resolve) picks, e.g.
@@ -309,20 +279,9 @@ pub struct AotConfig {
     pub quant_recipe: QuantRecipe,
 }
 
-const TOP_FIELDS: &[&str] = &[
-    "target_machine",
-    "graph_on_qnn",
-    "op_on_qnn",
-    "split_graph",
-    "quant_recipe",
-];
-const TARGET_FIELDS: &[&str] = &[
-    "htp_arch",
-    "htp_chipset",
-    "htp_try_best_performance",
-    "htp_security_pd_session",
-    "htp_vtcm_capability_in_mb",
-];
+const TOP_FIELDS: &[&str] = &["target_machine", "graph_on_qnn", "op_on_qnn", "split_graph", "quant_recipe"];
+const TARGET_FIELDS: &[&str] =
+    &["htp_arch", "htp_chipset", "htp_try_best_performance", "htp_security_pd_session", "htp_vtcm_capability_in_mb"];
 const RECIPE_FIELDS: &[&str] = &["method", "sym", "precision", "block_size"];
 const QUANT_RECIPE_FIELDS: &[&str] = &["llm_recipe", "layers", "builtin_llm_pass"];
 const BUILTIN_FIELDS: &[&str] = &["model", "lm_head", "linear", "kv_cache"];
@@ -332,14 +291,9 @@ impl AotConfig {
     /// Reads and validates a config file; errors carry the file path.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, AotConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| AotConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_json_str(&text).map_err(|e| AotConfigError::InFile {
-            path: path.to_path_buf(),
-            source: Box::new(e),
-        })
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| AotConfigError::Read { path: path.to_path_buf(), source })?;
+        Self::from_json_str(&text).map_err(|e| AotConfigError::InFile { path: path.to_path_buf(), source: Box::new(e) })
     }
 
     pub fn from_json_str(text: &str) -> Result<Self, AotConfigError> {
@@ -356,10 +310,7 @@ impl AotConfig {
         let vtcm_field = tm.path("htp_vtcm_capability_in_mb");
         let vtcm = as_u32(tm.get("htp_vtcm_capability_in_mb")?, &vtcm_field)?;
         if vtcm == 0 {
-            return Err(field_error(
-                vtcm_field,
-                "expected a VTCM size in MB greater than 0, found 0",
-            ));
+            return Err(field_error(vtcm_field, "expected a VTCM size in MB greater than 0, found 0"));
         }
         let target_machine = TargetMachine {
             htp_arch: tm.enum_field("htp_arch", HtpArch::NAMES, HtpArch::parse)?,
@@ -389,17 +340,11 @@ impl AotConfig {
         if split_graph != 1 {
             return Err(field_error(
                 "split_graph",
-                format!(
-                    "expected 1 (mllm lowers the whole model as one graph), found {split_graph}"
-                ),
+                format!("expected 1 (mllm lowers the whole model as one graph), found {split_graph}"),
             ));
         }
 
-        let qr = Obj::new(
-            top.get("quant_recipe")?,
-            "quant_recipe",
-            QUANT_RECIPE_FIELDS,
-        )?;
+        let qr = Obj::new(top.get("quant_recipe")?, "quant_recipe", QUANT_RECIPE_FIELDS)?;
         let llm_recipe = as_bool(qr.get("llm_recipe")?, &qr.path("llm_recipe"))?;
         if !llm_recipe {
             return Err(field_error(
@@ -409,25 +354,14 @@ impl AotConfig {
         }
         let layers = as_u32(qr.get("layers")?, &qr.path("layers"))?;
         if layers == 0 {
-            return Err(field_error(
-                qr.path("layers"),
-                "expected a layer count greater than 0, found 0",
-            ));
+            return Err(field_error(qr.path("layers"), "expected a layer count greater than 0, found 0"));
         }
-        let builtin = Obj::new(
-            qr.get("builtin_llm_pass")?,
-            &qr.path("builtin_llm_pass"),
-            BUILTIN_FIELDS,
-        )?;
+        let builtin = Obj::new(qr.get("builtin_llm_pass")?, &qr.path("builtin_llm_pass"), BUILTIN_FIELDS)?;
         let model = as_str(builtin.get("model")?, &builtin.path("model"))?.to_string();
         let lm_head = parse_table(builtin.get("lm_head")?, &builtin.path("lm_head"))?;
         let linear = parse_table(builtin.get("linear")?, &builtin.path("linear"))?;
         check_linear_table(&linear)?;
-        let kv = Obj::new(
-            builtin.get("kv_cache")?,
-            &builtin.path("kv_cache"),
-            KV_FIELDS,
-        )?;
+        let kv = Obj::new(builtin.get("kv_cache")?, &builtin.path("kv_cache"), KV_FIELDS)?;
         let kv_cache = KvCacheRecipe {
             key: parse_kv_recipe(kv.get("key")?, &kv.path("key"))?,
             value: parse_kv_recipe(kv.get("value")?, &kv.path("value"))?,
@@ -442,12 +376,7 @@ impl AotConfig {
             quant_recipe: QuantRecipe {
                 llm_recipe,
                 layers,
-                builtin_llm_pass: BuiltinLlmPass {
-                    model,
-                    lm_head,
-                    linear,
-                    kv_cache,
-                },
+                builtin_llm_pass: BuiltinLlmPass { model, lm_head, linear, kv_cache },
             },
         })
     }
@@ -477,10 +406,7 @@ impl AotConfig {
                     model: "qwen3".into(),
                     lm_head: RecipeTable::new(lm_head_path, Recipe::lpbq_w4a16(16), vec![]),
                     linear: RecipeTable::new(linear_path, Recipe::lpbq_w4a16(16), vec![]),
-                    kv_cache: KvCacheRecipe {
-                        key: Recipe::per_tensor_w8a8(),
-                        value: Recipe::per_tensor_w8a8(),
-                    },
+                    kv_cache: KvCacheRecipe { key: Recipe::per_tensor_w8a8(), value: Recipe::per_tensor_w8a8() },
                 },
             },
         }
@@ -544,12 +470,7 @@ impl AotConfig {
             let (block_size, field) = self.linear_block_size(op)?;
             if let Some(hf) = hf_linear_block_size {
                 if hf != block_size {
-                    return Err(AotConfigError::BlockSizeMismatch {
-                        op: op.to_string(),
-                        field,
-                        aot: block_size,
-                        hf,
-                    });
+                    return Err(AotConfigError::BlockSizeMismatch { op: op.to_string(), field, aot: block_size, hf });
                 }
             }
             if !in_features.is_multiple_of(block_size) {
@@ -604,30 +525,23 @@ fn parse_table(value: &Value, path: &str) -> Result<RecipeTable, AotConfigError>
     let map = value.as_object().ok_or_else(|| {
         field_error(
             path,
-            format!("expected an object with a `fallback` recipe and optional regex-keyed recipes, found {}", show(value)),
+            format!(
+                "expected an object with a `fallback` recipe and optional regex-keyed recipes, found {}",
+                show(value)
+            ),
         )
     })?;
     let fallback_value = map.get("fallback").ok_or_else(|| {
-        field_error(
-            format!("{path}.fallback"),
-            "missing (every recipe table needs a fallback recipe)",
-        )
+        field_error(format!("{path}.fallback"), "missing (every recipe table needs a fallback recipe)")
     })?;
     let fallback = parse_recipe(fallback_value, &format!("{path}.fallback"))?;
     let mut patterns = Vec::new();
     for (key, v) in map.iter().filter(|(k, _)| k.as_str() != "fallback") {
         let field = key_path(path, key);
         let regex = Regex::new(&format!("^(?:{key})$")).map_err(|e| {
-            field_error(
-                &field,
-                format!("the key is not a valid regular expression over op names: {e}"),
-            )
+            field_error(&field, format!("the key is not a valid regular expression over op names: {e}"))
         })?;
-        patterns.push(PatternRecipe {
-            pattern: key.clone(),
-            regex,
-            recipe: parse_recipe(v, &field)?,
-        });
+        patterns.push(PatternRecipe { pattern: key.clone(), regex, recipe: parse_recipe(v, &field)? });
     }
     Ok(RecipeTable::new(path, fallback, patterns))
 }
@@ -647,63 +561,39 @@ fn parse_recipe(value: &Value, path: &str) -> Result<Recipe, AotConfigError> {
         (QuantMethod::Lpbq, Some(v)) => {
             let bs = as_usize(v, &o.path("block_size"))?;
             if bs == 0 {
-                return Err(field_error(
-                    o.path("block_size"),
-                    "expected a block size greater than 0, found 0",
-                ));
+                return Err(field_error(o.path("block_size"), "expected a block size greater than 0, found 0"));
             }
             Some(bs)
         }
         (_, Some(v)) => {
             return Err(field_error(
                 o.path("block_size"),
-                format!(
-                    "only method LPBQ takes a block size, but method is {method} (found {})",
-                    show(v)
-                ),
+                format!("only method LPBQ takes a block size, but method is {method} (found {})", show(v)),
             ))
         }
         (_, None) => None,
     };
-    Ok(Recipe {
-        method,
-        sym,
-        precision,
-        block_size,
-    })
+    Ok(Recipe { method, sym, precision, block_size })
 }
 
 /// Linear weights: mllm only lowers symmetric LPBQ w4a16 and fails on anything else.
 fn check_linear_table(table: &RecipeTable) -> Result<(), AotConfigError> {
-    let entries = std::iter::once((format!("{}.fallback", table.path), &table.fallback)).chain(
-        table
-            .patterns
-            .iter()
-            .map(|p| (key_path(&table.path, &p.pattern), &p.recipe)),
-    );
+    let entries = std::iter::once((format!("{}.fallback", table.path), &table.fallback))
+        .chain(table.patterns.iter().map(|p| (key_path(&table.path, &p.pattern), &p.recipe)));
     for (field, r) in entries {
         if r.method != QuantMethod::Lpbq {
             return Err(field_error(
                 format!("{field}.method"),
-                format!(
-                    "unsupported method {} for linear weights (expected LPBQ)",
-                    r.method
-                ),
+                format!("unsupported method {} for linear weights (expected LPBQ)", r.method),
             ));
         }
         if !r.sym {
-            return Err(field_error(
-                format!("{field}.sym"),
-                "LPBQ weights are symmetric: expected true, found false",
-            ));
+            return Err(field_error(format!("{field}.sym"), "LPBQ weights are symmetric: expected true, found false"));
         }
         if r.precision != Precision::W4A16 {
             return Err(field_error(
                 format!("{field}.precision"),
-                format!(
-                    "unsupported precision {} for LPBQ (expected w4a16)",
-                    r.precision
-                ),
+                format!("unsupported precision {} for LPBQ (expected w4a16)", r.precision),
             ));
         }
     }
@@ -716,25 +606,16 @@ fn parse_kv_recipe(value: &Value, path: &str) -> Result<Recipe, AotConfigError> 
     if r.method != QuantMethod::PerTensor {
         return Err(field_error(
             format!("{path}.method"),
-            format!(
-                "unsupported method {} for the KV cache (expected per-tensor)",
-                r.method
-            ),
+            format!("unsupported method {} for the KV cache (expected per-tensor)", r.method),
         ));
     }
     if !r.sym {
-        return Err(field_error(
-            format!("{path}.sym"),
-            "the KV cache is symmetric u8: expected true, found false",
-        ));
+        return Err(field_error(format!("{path}.sym"), "the KV cache is symmetric u8: expected true, found false"));
     }
     if r.precision != Precision::W8A8 {
         return Err(field_error(
             format!("{path}.precision"),
-            format!(
-                "unsupported precision {} for the KV cache (expected w8a8)",
-                r.precision
-            ),
+            format!("unsupported precision {} for the KV cache (expected w8a8)", r.precision),
         ));
     }
     Ok(r)
@@ -750,22 +631,16 @@ impl<'a> Obj<'a> {
     /// Requires an object whose keys are all in `allowed`.
     fn new(value: &'a Value, path: &str, allowed: &[&str]) -> Result<Self, AotConfigError> {
         let shown_path = if path.is_empty() { "<root>" } else { path };
-        let map = value.as_object().ok_or_else(|| {
-            field_error(
-                shown_path,
-                format!("expected an object, found {}", show(value)),
-            )
-        })?;
+        let map = value
+            .as_object()
+            .ok_or_else(|| field_error(shown_path, format!("expected an object, found {}", show(value))))?;
         if let Some(key) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
             return Err(field_error(
                 key_path(path, key),
                 format!("unknown field (allowed here: {})", allowed.join(", ")),
             ));
         }
-        Ok(Obj {
-            path: path.to_string(),
-            map,
-        })
+        Ok(Obj { path: path.to_string(), map })
     }
 
     fn path(&self, key: &str) -> String {
@@ -777,29 +652,16 @@ impl<'a> Obj<'a> {
     }
 
     fn get(&self, key: &str) -> Result<&'a Value, AotConfigError> {
-        self.map
-            .get(key)
-            .ok_or_else(|| field_error(self.path(key), "missing"))
+        self.map.get(key).ok_or_else(|| field_error(self.path(key), "missing"))
     }
 
-    fn enum_field<T>(
-        &self,
-        key: &str,
-        names: &[&str],
-        parse: fn(&str) -> Option<T>,
-    ) -> Result<T, AotConfigError> {
+    fn enum_field<T>(&self, key: &str, names: &[&str], parse: fn(&str) -> Option<T>) -> Result<T, AotConfigError> {
         let field = self.path(key);
         let value = self.get(key)?;
         let expected = || format!("expected one of {}", names.join(", "));
-        let text = value
-            .as_str()
-            .ok_or_else(|| field_error(&field, format!("{}, found {}", expected(), show(value))))?;
-        parse(text).ok_or_else(|| {
-            field_error(
-                &field,
-                format!("unsupported value {} ({})", show(value), expected()),
-            )
-        })
+        let text =
+            value.as_str().ok_or_else(|| field_error(&field, format!("{}, found {}", expected(), show(value))))?;
+        parse(text).ok_or_else(|| field_error(&field, format!("unsupported value {} ({})", show(value), expected())))
     }
 }
 
@@ -826,56 +688,32 @@ fn show(value: &Value) -> String {
 }
 
 fn as_str<'a>(value: &'a Value, field: &str) -> Result<&'a str, AotConfigError> {
-    value
-        .as_str()
-        .ok_or_else(|| field_error(field, format!("expected a string, found {}", show(value))))
+    value.as_str().ok_or_else(|| field_error(field, format!("expected a string, found {}", show(value))))
 }
 
 fn as_bool(value: &Value, field: &str) -> Result<bool, AotConfigError> {
-    value.as_bool().ok_or_else(|| {
-        field_error(
-            field,
-            format!("expected true or false, found {}", show(value)),
-        )
-    })
+    value.as_bool().ok_or_else(|| field_error(field, format!("expected true or false, found {}", show(value))))
 }
 
 fn as_u32(value: &Value, field: &str) -> Result<u32, AotConfigError> {
     value
         .as_u64()
         .and_then(|v| u32::try_from(v).ok())
-        .ok_or_else(|| {
-            field_error(
-                field,
-                format!("expected a non-negative integer, found {}", show(value)),
-            )
-        })
+        .ok_or_else(|| field_error(field, format!("expected a non-negative integer, found {}", show(value))))
 }
 
 fn as_usize(value: &Value, field: &str) -> Result<usize, AotConfigError> {
     value
         .as_u64()
         .and_then(|v| usize::try_from(v).ok())
-        .ok_or_else(|| {
-            field_error(
-                field,
-                format!("expected a positive integer, found {}", show(value)),
-            )
-        })
+        .ok_or_else(|| field_error(field, format!("expected a positive integer, found {}", show(value))))
 }
 
 fn as_string_list(value: &Value, field: &str) -> Result<Vec<String>, AotConfigError> {
-    let items = value.as_array().ok_or_else(|| {
-        field_error(
-            field,
-            format!("expected a list of names, found {}", show(value)),
-        )
-    })?;
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| as_str(v, &format!("{field}[{i}]")).map(str::to_string))
-        .collect()
+    let items = value
+        .as_array()
+        .ok_or_else(|| field_error(field, format!("expected a list of names, found {}", show(value))))?;
+    items.iter().enumerate().map(|(i, v)| as_str(v, &format!("{field}[{i}]")).map(str::to_string)).collect()
 }
 
 #[cfg(test)]
@@ -915,9 +753,7 @@ mod tests {
             "quant_recipe.builtin_llm_pass.linear.fallback.block_size"
         );
         assert_eq!(
-            cfg.linear_block_size("model.layers.3.mlp.up_proj")
-                .unwrap()
-                .1,
+            cfg.linear_block_size("model.layers.3.mlp.up_proj").unwrap().1,
             r#"quant_recipe.builtin_llm_pass.linear["model\\.layers\\..*"].block_size"#
         );
     }

@@ -109,28 +109,19 @@ pub fn quantize_slice_u8(xs: &[f32], params: &QuantParams) -> Result<Vec<u8>, Qu
 
 /// Real values of u16 codes.
 pub fn dequantize_slice_u16(codes: &[u16], params: &QuantParams) -> Vec<f32> {
-    codes
-        .iter()
-        .map(|&q| dequantize(i32::from(q), params))
-        .collect()
+    codes.iter().map(|&q| dequantize(i32::from(q), params)).collect()
 }
 
 /// Real values of u8 codes.
 pub fn dequantize_slice_u8(codes: &[u8], params: &QuantParams) -> Vec<f32> {
-    codes
-        .iter()
-        .map(|&q| dequantize(i32::from(q), params))
-        .collect()
+    codes.iter().map(|&q| dequantize(i32::from(q), params)).collect()
 }
 
 fn check_storage(params: &QuantParams, storage: StorageType) -> Result<(), QuantError> {
     if params.fits(storage) {
         Ok(())
     } else {
-        Err(QuantError::StorageRange {
-            params: *params,
-            storage,
-        })
+        Err(QuantError::StorageRange { params: *params, storage })
     }
 }
 
@@ -247,14 +238,8 @@ mod tests {
         assert_eq!(dequantize(255, &p), 31.75);
         let codes = quantize_slice_u8(&[-40.0, 0.1, 0.13, 31.8], &p).unwrap();
         assert_eq!(codes, vec![0, 128, 129, 255]);
-        assert_eq!(
-            dequantize_slice_u8(&codes, &p),
-            vec![-32.0, 0.0, 0.25, 31.75]
-        );
-        assert!(matches!(
-            quantize_slice_u8(&[0.0], &u16p(1.0, 0)),
-            Err(QuantError::StorageRange { .. })
-        ));
+        assert_eq!(dequantize_slice_u8(&codes, &p), vec![-32.0, 0.0, 0.25, 31.75]);
+        assert!(matches!(quantize_slice_u8(&[0.0], &u16p(1.0, 0)), Err(QuantError::StorageRange { .. })));
         let u = u16p(0.5, 3);
         let codes = quantize_slice_u16(&[0.0, 1.0, -1.5], &u).unwrap();
         assert_eq!(codes, vec![3, 5, 0]);

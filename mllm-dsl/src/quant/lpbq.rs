@@ -48,32 +48,17 @@ pub struct LpbqShape {
 
 impl LpbqShape {
     /// Validates that the blocks tile the input dimension exactly (pymllm asserts the same).
-    pub fn new(
-        out_features: usize,
-        in_features: usize,
-        block_size: usize,
-    ) -> Result<Self, QuantError> {
+    pub fn new(out_features: usize, in_features: usize, block_size: usize) -> Result<Self, QuantError> {
         if block_size == 0 {
             return Err(QuantError::ZeroBlockSize);
         }
         if out_features == 0 || in_features == 0 {
-            return Err(QuantError::EmptyShape {
-                what: "LPBQ weight",
-                out_features,
-                in_features,
-            });
+            return Err(QuantError::EmptyShape { what: "LPBQ weight", out_features, in_features });
         }
         if !in_features.is_multiple_of(block_size) {
-            return Err(QuantError::BlockSizeDoesNotDivide {
-                block_size,
-                in_features,
-            });
+            return Err(QuantError::BlockSizeDoesNotDivide { block_size, in_features });
         }
-        Ok(Self {
-            out_features,
-            in_features,
-            block_size,
-        })
+        Ok(Self { out_features, in_features, block_size })
     }
 
     pub fn out_features(&self) -> usize {
@@ -100,20 +85,11 @@ impl LpbqShape {
         self.out_features * self.blocks_per_channel()
     }
 
-    fn check_len(
-        &self,
-        what: &'static str,
-        expected: usize,
-        found: usize,
-    ) -> Result<(), QuantError> {
+    fn check_len(&self, what: &'static str, expected: usize, found: usize) -> Result<(), QuantError> {
         if expected == found {
             Ok(())
         } else {
-            Err(QuantError::LengthMismatch {
-                what,
-                expected,
-                found,
-            })
+            Err(QuantError::LengthMismatch { what, expected, found })
         }
     }
 }
@@ -156,11 +132,8 @@ pub fn lpbq_block_quantize(weight: &[f32], shape: LpbqShape) -> Result<LpbqBlock
         .enumerate()
         .with_min_len(8)
         .try_for_each(|(o, ((code_row, scale_row), w_row))| {
-            for (b, ((codes, scale), w)) in code_row
-                .chunks_exact_mut(bs)
-                .zip(scale_row.iter_mut())
-                .zip(w_row.chunks_exact(bs))
-                .enumerate()
+            for (b, ((codes, scale), w)) in
+                code_row.chunks_exact_mut(bs).zip(scale_row.iter_mut()).zip(w_row.chunks_exact(bs)).enumerate()
             {
                 let (absmax, finite) = block_absmax(w);
                 if !finite {
@@ -176,11 +149,7 @@ pub fn lpbq_block_quantize(weight: &[f32], shape: LpbqShape) -> Result<LpbqBlock
             }
             Ok(())
         })?;
-    Ok(LpbqBlockQuant {
-        shape,
-        codes,
-        block_scales,
-    })
+    Ok(LpbqBlockQuant { shape, codes, block_scales })
 }
 
 /// `max |x|` of a block and whether every element is finite. Lanes keep it vectorizable.
@@ -203,10 +172,7 @@ fn block_absmax(block: &[f32]) -> (f32, bool) {
         m[j] = if a > m[j] { a } else { m[j] };
         finite[j] &= a <= f32::MAX;
     }
-    (
-        m.iter().copied().fold(0.0, f32::max),
-        finite.iter().all(|&f| f),
-    )
+    (m.iter().copied().fold(0.0, f32::max), finite.iter().all(|&f| f))
 }
 
 /// torchao symmetric scale: `max(-min_neg, max_pos) / ((qmax - qmin) / 2)`, clamped to eps.
@@ -242,17 +208,10 @@ impl LpbqBlockQuant {
         let mut out = vec![0f32; self.codes.len()];
         out.par_chunks_mut(self.shape.in_features)
             .zip(self.codes.par_chunks(self.shape.in_features))
-            .zip(
-                self.block_scales
-                    .par_chunks(self.shape.blocks_per_channel()),
-            )
+            .zip(self.block_scales.par_chunks(self.shape.blocks_per_channel()))
             .with_min_len(8)
             .for_each(|((out_row, code_row), scale_row)| {
-                for ((o, q), &s) in out_row
-                    .chunks_exact_mut(bs)
-                    .zip(code_row.chunks_exact(bs))
-                    .zip(scale_row)
-                {
+                for ((o, q), &s) in out_row.chunks_exact_mut(bs).zip(code_row.chunks_exact(bs)).zip(scale_row) {
                     for (v, &c) in o.iter_mut().zip(q) {
                         *v = f32::from(c) * s;
                     }
@@ -278,12 +237,7 @@ impl LpbqBlockQuant {
                     *q = round_half_even(v / *s2).clamp(1.0, f32::from(SCALE1_STEPS)) as u8;
                 }
             });
-        LpbqExport {
-            shape,
-            weight_hwio: transpose_to_hwio_nibbles(&self.codes, shape),
-            scale1,
-            scale2,
-        }
+        LpbqExport { shape, weight_hwio: transpose_to_hwio_nibbles(&self.codes, shape), scale1, scale2 }
     }
 }
 
@@ -296,38 +250,36 @@ fn transpose_to_hwio_nibbles(codes: &[i8], shape: LpbqShape) -> Vec<i8> {
     const NIBBLES: u64 = 0x0F0F_0F0F_0F0F_0F0F;
     let (n_out, n_in) = (shape.out_features, shape.in_features);
     let mut hwio = vec![0i8; codes.len()];
-    hwio.par_chunks_mut(n_out * ROWS_PER_TASK)
-        .enumerate()
-        .for_each(|(t, dst)| {
-            let i_start = t * ROWS_PER_TASK;
-            let rows = dst.len() / n_out;
-            let full_i = rows - rows % 8;
-            let full_o = n_out - n_out % 8;
-            // Channel blocks outermost: each reads 8 whole cache lines of codes once, and the
-            // 64 destination rows it writes into stay in L1 for the next block.
-            for o0 in (0..full_o).step_by(8) {
-                for di in (0..full_i).step_by(8) {
-                    let i0 = i_start + di;
-                    let mut tile = [0u64; 8];
-                    for (r, word) in tile.iter_mut().enumerate() {
-                        let at = (o0 + r) * n_in + i0;
-                        *word = load_u64(&codes[at..at + 8]);
-                    }
-                    let tile = transpose_8x8(tile);
-                    for (c, word) in tile.iter().enumerate() {
-                        let at = (di + c) * n_out + o0;
-                        store_u64(&mut dst[at..at + 8], word & NIBBLES);
-                    }
+    hwio.par_chunks_mut(n_out * ROWS_PER_TASK).enumerate().for_each(|(t, dst)| {
+        let i_start = t * ROWS_PER_TASK;
+        let rows = dst.len() / n_out;
+        let full_i = rows - rows % 8;
+        let full_o = n_out - n_out % 8;
+        // Channel blocks outermost: each reads 8 whole cache lines of codes once, and the
+        // 64 destination rows it writes into stay in L1 for the next block.
+        for o0 in (0..full_o).step_by(8) {
+            for di in (0..full_i).step_by(8) {
+                let i0 = i_start + di;
+                let mut tile = [0u64; 8];
+                for (r, word) in tile.iter_mut().enumerate() {
+                    let at = (o0 + r) * n_in + i0;
+                    *word = load_u64(&codes[at..at + 8]);
+                }
+                let tile = transpose_8x8(tile);
+                for (c, word) in tile.iter().enumerate() {
+                    let at = (di + c) * n_out + o0;
+                    store_u64(&mut dst[at..at + 8], word & NIBBLES);
                 }
             }
-            // Ragged edges: output channels past the last full tile, input rows past it.
-            for di in 0..rows {
-                let o_from = if di < full_i { full_o } else { 0 };
-                for o in o_from..n_out {
-                    dst[di * n_out + o] = codes[o * n_in + i_start + di] & 0x0F;
-                }
+        }
+        // Ragged edges: output channels past the last full tile, input rows past it.
+        for di in 0..rows {
+            let o_from = if di < full_i { full_o } else { 0 };
+            for o in o_from..n_out {
+                dst[di * n_out + o] = codes[o * n_in + i_start + di] & 0x0F;
             }
-        });
+        }
+    });
     hwio
 }
 
@@ -349,11 +301,8 @@ fn store_u64(bytes: &mut [i8], word: u64) {
 /// in row `r`, byte `c`. Three rounds swap 1-, 2- and 4-byte sub-blocks across the diagonal.
 #[inline(always)]
 fn transpose_8x8(mut m: [u64; 8]) -> [u64; 8] {
-    const ROUNDS: [(usize, u32, u64); 3] = [
-        (1, 8, 0x00FF_00FF_00FF_00FF),
-        (2, 16, 0x0000_FFFF_0000_FFFF),
-        (4, 32, 0x0000_0000_FFFF_FFFF),
-    ];
+    const ROUNDS: [(usize, u32, u64); 3] =
+        [(1, 8, 0x00FF_00FF_00FF_00FF), (2, 16, 0x0000_FFFF_0000_FFFF), (4, 32, 0x0000_0000_FFFF_FFFF)];
     for (step, shift, mask) in ROUNDS {
         for r in 0..8 {
             if r & step == 0 {
@@ -387,26 +336,12 @@ impl LpbqExport {
     /// The deployed weight `[Out][In]` (see [`decode_lpbq`]); validates first.
     pub fn decode(&self) -> Result<Vec<f32>, QuantError> {
         self.validate()?;
-        Ok(decode_unchecked(
-            &self.weight_hwio,
-            &self.scale1,
-            &self.scale2,
-            self.shape,
-        ))
+        Ok(decode_unchecked(&self.weight_hwio, &self.scale1, &self.scale2, self.shape))
     }
 }
 
-fn validate_export(
-    weight_hwio: &[i8],
-    scale1: &[u8],
-    scale2: &[f32],
-    shape: LpbqShape,
-) -> Result<(), QuantError> {
-    shape.check_len(
-        "LPBQ weight [1,1,In,Out]",
-        shape.num_weights(),
-        weight_hwio.len(),
-    )?;
+fn validate_export(weight_hwio: &[i8], scale1: &[u8], scale2: &[f32], shape: LpbqShape) -> Result<(), QuantError> {
+    shape.check_len("LPBQ weight [1,1,In,Out]", shape.num_weights(), weight_hwio.len())?;
     shape.check_len("LPBQ scale1 [Out*In/bs]", shape.num_blocks(), scale1.len())?;
     shape.check_len("LPBQ scale2 [Out]", shape.out_features, scale2.len())?;
     if let Some(i) = weight_hwio.iter().position(|&v| !(0..=15).contains(&v)) {
@@ -428,11 +363,7 @@ fn validate_export(
         });
     }
     if let Some(i) = scale2.iter().position(|&v| !(v.is_finite() && v > 0.0)) {
-        return Err(QuantError::BadScale {
-            what: "LPBQ scale2 [Out]",
-            index: i,
-            value: scale2[i],
-        });
+        return Err(QuantError::BadScale { what: "LPBQ scale2 [Out]", index: i, value: scale2[i] });
     }
     Ok(())
 }
@@ -455,29 +386,21 @@ pub fn decode_lpbq(
     Ok(decode_unchecked(weight_nibbles, scale1, scale2, shape))
 }
 
-fn decode_unchecked(
-    weight_hwio: &[i8],
-    scale1: &[u8],
-    scale2: &[f32],
-    shape: LpbqShape,
-) -> Vec<f32> {
+fn decode_unchecked(weight_hwio: &[i8], scale1: &[u8], scale2: &[f32], shape: LpbqShape) -> Vec<f32> {
     let (n_out, n_in, bs) = (shape.out_features, shape.in_features, shape.block_size);
     let nb = shape.blocks_per_channel();
     let mut out = vec![0f32; shape.num_weights()];
-    out.par_chunks_mut(n_in)
-        .enumerate()
-        .with_min_len(8)
-        .for_each(|(o, row)| {
-            let s2 = scale2[o];
-            for (b, block) in row.chunks_exact_mut(bs).enumerate() {
-                let s1 = i32::from(scale1[o * nb + b]);
-                for (k, v) in block.iter_mut().enumerate() {
-                    let i = b * bs + k;
-                    let q = i32::from(sign_extend_nibble(weight_hwio[i * n_out + o]));
-                    *v = (q * s1) as f32 * s2;
-                }
+    out.par_chunks_mut(n_in).enumerate().with_min_len(8).for_each(|(o, row)| {
+        let s2 = scale2[o];
+        for (b, block) in row.chunks_exact_mut(bs).enumerate() {
+            let s1 = i32::from(scale1[o * nb + b]);
+            for (k, v) in block.iter_mut().enumerate() {
+                let i = b * bs + k;
+                let q = i32::from(sign_extend_nibble(weight_hwio[i * n_out + o]));
+                *v = (q * s1) as f32 * s2;
             }
-        });
+        }
+    });
     out
 }
 
@@ -500,12 +423,7 @@ mod tests {
     }
 
     /// Naive reference: straight from the formulas, no lanes, no parallelism, library rounding.
-    fn naive(
-        w: &[f32],
-        out: usize,
-        inp: usize,
-        bs: usize,
-    ) -> (Vec<i8>, Vec<f32>, Vec<u8>, Vec<f32>) {
+    fn naive(w: &[f32], out: usize, inp: usize, bs: usize) -> (Vec<i8>, Vec<f32>, Vec<u8>, Vec<f32>) {
         let nb = inp / bs;
         let mut codes = vec![0i8; out * inp];
         let mut scales = vec![0f32; out * nb];
@@ -513,11 +431,7 @@ mod tests {
             for b in 0..nb {
                 let blk = &w[o * inp + b * bs..o * inp + (b + 1) * bs];
                 let mn = blk.iter().copied().fold(f32::INFINITY, f32::min).min(0.0);
-                let mx = blk
-                    .iter()
-                    .copied()
-                    .fold(f32::NEG_INFINITY, f32::max)
-                    .max(0.0);
+                let mx = blk.iter().copied().fold(f32::NEG_INFINITY, f32::max).max(0.0);
                 let s = ((-mn).max(mx) / 7.0).max(LPBQ_EPS);
                 scales[o * nb + b] = s;
                 let inv = 1.0 / s;
@@ -530,11 +444,7 @@ mod tests {
         let mut s1 = vec![0u8; out * nb];
         let mut s2 = vec![0f32; out];
         for o in 0..out {
-            let m = scales[o * nb..(o + 1) * nb]
-                .iter()
-                .copied()
-                .fold(0.0f32, f32::max)
-                / 16.0;
+            let m = scales[o * nb..(o + 1) * nb].iter().copied().fold(0.0f32, f32::max) / 16.0;
             s2[o] = m;
             for b in 0..nb {
                 s1[o * nb + b] = (scales[o * nb + b] / m).round_ties_even().clamp(1.0, 16.0) as u8;
@@ -545,13 +455,7 @@ mod tests {
 
     #[test]
     fn matches_a_naive_transcription() {
-        for (out, inp, bs) in [
-            (3, 16, 16),
-            (5, 48, 16),
-            (70, 96, 32),
-            (130, 64, 8),
-            (2, 12, 4),
-        ] {
+        for (out, inp, bs) in [(3, 16, 16), (5, 48, 16), (70, 96, 32), (130, 64, 8), (2, 12, 4)] {
             let w = synthetic(out * inp, (out * inp) as u32);
             let shape = LpbqShape::new(out, inp, bs).unwrap();
             let bq = lpbq_block_quantize(&w, shape).unwrap();
@@ -569,10 +473,7 @@ mod tests {
             ex.validate().unwrap();
             let fq = bq.fake_quant_weights();
             for (k, v) in fq.iter().enumerate() {
-                assert_eq!(
-                    *v,
-                    codes[k] as f32 * scales[(k / inp) * (inp / bs) + (k % inp) / bs]
-                );
+                assert_eq!(*v, codes[k] as f32 * scales[(k / inp) * (inp / bs) + (k % inp) / bs]);
             }
         }
     }
@@ -624,31 +525,13 @@ mod tests {
 
     #[test]
     fn transpose_handles_full_tiles_and_ragged_edges() {
-        for (out, inp) in [
-            (8, 8),
-            (16, 64),
-            (13, 24),
-            (24, 12),
-            (5, 7),
-            (70, 130),
-            (1, 200),
-        ] {
-            let codes: Vec<i8> = (0..out * inp)
-                .map(|k| ((k * 7 + k / 3) % 15) as i8 - 7)
-                .collect();
-            let shape = LpbqShape {
-                out_features: out,
-                in_features: inp,
-                block_size: 1,
-            };
+        for (out, inp) in [(8, 8), (16, 64), (13, 24), (24, 12), (5, 7), (70, 130), (1, 200)] {
+            let codes: Vec<i8> = (0..out * inp).map(|k| ((k * 7 + k / 3) % 15) as i8 - 7).collect();
+            let shape = LpbqShape { out_features: out, in_features: inp, block_size: 1 };
             let hwio = transpose_to_hwio_nibbles(&codes, shape);
             for o in 0..out {
                 for i in 0..inp {
-                    assert_eq!(
-                        hwio[i * out + o],
-                        codes[o * inp + i] & 0x0F,
-                        "{out}x{inp} [{o}][{i}]"
-                    );
+                    assert_eq!(hwio[i * out + o], codes[o * inp + i] & 0x0F, "{out}x{inp} [{o}][{i}]");
                 }
             }
         }
@@ -667,17 +550,11 @@ mod tests {
         assert_eq!(LpbqShape::new(4, 32, 0), Err(QuantError::ZeroBlockSize));
         assert_eq!(
             LpbqShape::new(4, 40, 16),
-            Err(QuantError::BlockSizeDoesNotDivide {
-                block_size: 16,
-                in_features: 40
-            })
+            Err(QuantError::BlockSizeDoesNotDivide { block_size: 16, in_features: 40 })
         );
         assert!(LpbqShape::new(0, 16, 16).is_err());
         let shape = LpbqShape::new(2, 16, 16).unwrap();
-        assert!(matches!(
-            lpbq_block_quantize(&[0.0; 31], shape),
-            Err(QuantError::LengthMismatch { .. })
-        ));
+        assert!(matches!(lpbq_block_quantize(&[0.0; 31], shape), Err(QuantError::LengthMismatch { .. })));
         let mut w = vec![0.5f32; 32];
         w[21] = f32::NAN;
         match lpbq_block_quantize(&w, shape).unwrap_err() {

@@ -30,75 +30,37 @@ pub use uint16::{decode_u16, export_u16, quantize_u16_weight, U16Weight};
 /// with [`QuantError::in_tensor`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum QuantError {
-    #[error("invalid quantization parameters (scale {scale}, zero_point {zero_point}, range {qmin}..={qmax}): {reason}")]
-    InvalidParams {
-        scale: f32,
-        zero_point: i32,
-        qmin: i32,
-        qmax: i32,
-        reason: &'static str,
-    },
+    #[error(
+        "invalid quantization parameters (scale {scale}, zero_point {zero_point}, range {qmin}..={qmax}): {reason}"
+    )]
+    InvalidParams { scale: f32, zero_point: i32, qmin: i32, qmax: i32, reason: &'static str },
     #[error("{what}: expected {expected} elements, found {found}")]
-    LengthMismatch {
-        what: &'static str,
-        expected: usize,
-        found: usize,
-    },
+    LengthMismatch { what: &'static str, expected: usize, found: usize },
     #[error("LPBQ block size must be greater than 0")]
     ZeroBlockSize,
     #[error("LPBQ block size {block_size} does not divide the input width {in_features}")]
-    BlockSizeDoesNotDivide {
-        block_size: usize,
-        in_features: usize,
-    },
+    BlockSizeDoesNotDivide { block_size: usize, in_features: usize },
     #[error("{what} has an empty dimension ({out_features} x {in_features})")]
-    EmptyShape {
-        what: &'static str,
-        out_features: usize,
-        in_features: usize,
-    },
+    EmptyShape { what: &'static str, out_features: usize, in_features: usize },
     #[error("{what}: element {index} is {value}, expected a finite number")]
-    NonFinite {
-        what: &'static str,
-        index: usize,
-        value: f32,
-    },
+    NonFinite { what: &'static str, index: usize, value: f32 },
     #[error("{what}: element {index} is {value}, expected a value in {min}..={max}")]
-    CodeOutOfRange {
-        what: &'static str,
-        index: usize,
-        value: i64,
-        min: i64,
-        max: i64,
-    },
+    CodeOutOfRange { what: &'static str, index: usize, value: i64, min: i64, max: i64 },
     #[error("{what}: element {index} is {value}, expected a finite value > 0")]
-    BadScale {
-        what: &'static str,
-        index: usize,
-        value: f32,
-    },
+    BadScale { what: &'static str, index: usize, value: f32 },
     #[error("observer has seen no data, so it has no range to compute parameters from")]
     Unobserved,
     #[error("observer has seen a non-finite value (range {min}..{max}); parameters would be meaningless")]
     NonFiniteObservation { min: f32, max: f32 },
     #[error("parameters {params:?} do not fit the {storage:?} storage range")]
-    StorageRange {
-        params: QuantParams,
-        storage: StorageType,
-    },
+    StorageRange { params: QuantParams, storage: StorageType },
     #[error("tensor `{tensor}`: {source}")]
-    InTensor {
-        tensor: String,
-        source: Box<QuantError>,
-    },
+    InTensor { tensor: String, source: Box<QuantError> },
 }
 
 impl QuantError {
     /// Names the tensor the failing data belongs to.
     pub fn in_tensor(self, tensor: impl Into<String>) -> QuantError {
-        QuantError::InTensor {
-            tensor: tensor.into(),
-            source: Box::new(self),
-        }
+        QuantError::InTensor { tensor: tensor.into(), source: Box::new(self) }
     }
 }

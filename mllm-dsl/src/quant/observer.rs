@@ -29,11 +29,7 @@ pub enum ObserverScheme {
 impl ObserverScheme {
     /// `ActivationQDQ(bits=16)` and the u16 weight observers: 0..=65535, eps 1e-4/65535.
     pub fn activation_u16() -> Self {
-        ObserverScheme::Affine {
-            qmin: U16_QMIN,
-            qmax: U16_QMAX,
-            eps: EPS_16BIT,
-        }
+        ObserverScheme::Affine { qmin: U16_QMIN, qmax: U16_QMAX, eps: EPS_16BIT }
     }
 }
 
@@ -41,11 +37,7 @@ impl ObserverScheme {
 ///
 /// Errors instead of guessing when the range is not finite or inverted; torch would assert or
 /// produce an infinite scale.
-pub fn calculate_qparams(
-    scheme: ObserverScheme,
-    min: f32,
-    max: f32,
-) -> Result<QuantParams, QuantError> {
+pub fn calculate_qparams(scheme: ObserverScheme, min: f32, max: f32) -> Result<QuantParams, QuantError> {
     if !(min.is_finite() && max.is_finite()) || min > max {
         return Err(QuantError::NonFiniteObservation { min, max });
     }
@@ -77,11 +69,7 @@ pub struct MinMaxObserver {
 
 impl MinMaxObserver {
     pub fn new(scheme: ObserverScheme) -> Self {
-        Self {
-            scheme,
-            range: None,
-            saw_nan: false,
-        }
+        Self { scheme, range: None, saw_nan: false }
     }
 
     pub fn scheme(&self) -> ObserverScheme {
@@ -127,10 +115,7 @@ impl MinMaxObserver {
     pub fn qparams(&self) -> Result<QuantParams, QuantError> {
         let (min, max) = self.range.ok_or(QuantError::Unobserved)?;
         if self.saw_nan {
-            return Err(QuantError::NonFiniteObservation {
-                min: f32::NAN,
-                max: f32::NAN,
-            });
+            return Err(QuantError::NonFiniteObservation { min: f32::NAN, max: f32::NAN });
         }
         calculate_qparams(self.scheme, min, max)
     }
@@ -310,10 +295,7 @@ mod tests {
     fn non_finite_observations_are_errors() {
         let mut o = act();
         o.observe(&[1.0, f32::NAN, 2.0]);
-        assert!(matches!(
-            o.qparams(),
-            Err(QuantError::NonFiniteObservation { .. })
-        ));
+        assert!(matches!(o.qparams(), Err(QuantError::NonFiniteObservation { .. })));
         let mut o = act();
         o.observe(&[f32::NAN]);
         assert!(o.qparams().is_err());

@@ -51,12 +51,7 @@ mod tests {
             -1e20,
         ];
         for x in probes {
-            assert_eq!(
-                round_half_even(x),
-                x.round_ties_even(),
-                "rounding {x} (bits {:#x})",
-                x.to_bits()
-            );
+            assert_eq!(round_half_even(x), x.round_ties_even(), "rounding {x} (bits {:#x})", x.to_bits());
         }
         assert!(round_half_even(f32::NAN).is_nan());
         assert_eq!(round_half_even(f32::INFINITY), f32::INFINITY);

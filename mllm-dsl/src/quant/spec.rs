@@ -49,13 +49,7 @@ impl QuantParams {
     /// Checks what torch's fake-quant kernels require (zero point inside the range) plus what a
     /// deployable encoding needs (a finite, positive scale and a non-empty range).
     pub fn new(scale: f32, zero_point: i32, qmin: i32, qmax: i32) -> Result<Self, QuantError> {
-        let invalid = |reason| QuantError::InvalidParams {
-            scale,
-            zero_point,
-            qmin,
-            qmax,
-            reason,
-        };
+        let invalid = |reason| QuantError::InvalidParams { scale, zero_point, qmin, qmax, reason };
         if !(scale.is_finite() && scale > 0.0) {
             return Err(invalid("scale must be finite and greater than 0"));
         }
@@ -65,12 +59,7 @@ impl QuantParams {
         if zero_point < qmin || zero_point > qmax {
             return Err(invalid("zero_point must lie within qmin..=qmax"));
         }
-        Ok(Self {
-            scale,
-            zero_point,
-            qmin,
-            qmax,
-        })
+        Ok(Self { scale, zero_point, qmin, qmax })
     }
 
     /// u16 per-tensor asymmetric (activations, norm and embedding weights, RoPE tables).
@@ -85,12 +74,7 @@ impl QuantParams {
 
     /// The sigmoid output's fixed parameters: scale 1/65536, zero point 0, u16 range.
     pub fn sigmoid_output() -> Self {
-        Self {
-            scale: SIGMOID_SCALE,
-            zero_point: 0,
-            qmin: U16_QMIN,
-            qmax: U16_QMAX,
-        }
+        Self { scale: SIGMOID_SCALE, zero_point: 0, qmin: U16_QMIN, qmax: U16_QMAX }
     }
 
     /// The offset QNN's `SCALE_OFFSET` encoding wants: QNN dequantizes as `scale * (q + offset)`.
@@ -156,9 +140,7 @@ impl QdqKind {
             QdqKind::Activation | QdqKind::Constant | QdqKind::RopeTable => {
                 Some(MinMaxObserver::new(ObserverScheme::activation_u16()))
             }
-            QdqKind::KvCache => Some(MinMaxObserver::new(ObserverScheme::KvSymmetricU8 {
-                eps: EPS_8BIT,
-            })),
+            QdqKind::KvCache => Some(MinMaxObserver::new(ObserverScheme::KvSymmetricU8 { eps: EPS_8BIT })),
             QdqKind::Fixed(_) => None,
         }
     }
@@ -180,10 +162,7 @@ mod tests {
     fn eps_constants_are_the_f32_rounding_of_the_python_doubles() {
         // 0.0001 / 65535 = 1.5259021896696422e-09 in double; torch stores it as f32.
         assert_eq!(EPS_16BIT, 1.525_902_2e-9_f32);
-        assert_eq!(
-            EPS_16BIT as f64,
-            (1.525_902_189_669_642_2e-9_f64 as f32) as f64
-        );
+        assert_eq!(EPS_16BIT as f64, (1.525_902_189_669_642_2e-9_f64 as f32) as f64);
         assert_eq!(EPS_8BIT, (3.921_568_627_450_98e-7_f64) as f32);
     }
 
@@ -200,10 +179,7 @@ mod tests {
             (1.0, 0, 10, 10),
         ] {
             let err = QuantParams::new(s, zp, lo, hi).unwrap_err();
-            assert!(
-                matches!(err, QuantError::InvalidParams { .. }),
-                "{s} {zp} {lo} {hi}"
-            );
+            assert!(matches!(err, QuantError::InvalidParams { .. }), "{s} {zp} {lo} {hi}");
         }
         let kv = QuantParams::kv_u8(0.01).unwrap();
         assert_eq!((kv.zero_point, kv.qmin, kv.qmax), (128, 0, 255));
@@ -221,9 +197,6 @@ mod tests {
         let fixed_u8 = QdqKind::Fixed(QuantParams::new(0.1, 3, 0, 255).unwrap());
         assert_eq!(fixed_u8.storage(), StorageType::U8);
         assert!(QdqKind::Constant.observer().is_some());
-        assert!(matches!(
-            QdqKind::KvCache.observer().unwrap().scheme(),
-            ObserverScheme::KvSymmetricU8 { .. }
-        ));
+        assert!(matches!(QdqKind::KvCache.observer().unwrap().scheme(), ObserverScheme::KvSymmetricU8 { .. }));
     }
 }

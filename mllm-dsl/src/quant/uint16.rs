@@ -37,19 +37,12 @@ impl U16Weight {
 /// Observes the whole weight once and exports it, as `freeze_weight` + `convert_to_deploy` do.
 pub fn quantize_u16_weight(weight: &[f32]) -> Result<U16Weight, QuantError> {
     if let Some(i) = weight.iter().position(|x| !x.is_finite()) {
-        return Err(QuantError::NonFinite {
-            what: "u16 weight",
-            index: i,
-            value: weight[i],
-        });
+        return Err(QuantError::NonFinite { what: "u16 weight", index: i, value: weight[i] });
     }
     let mut observer = MinMaxObserver::new(ObserverScheme::activation_u16());
     observer.observe(weight);
     let params = observer.qparams()?;
-    Ok(U16Weight {
-        codes: export_u16(weight, &params)?,
-        params,
-    })
+    Ok(U16Weight { codes: export_u16(weight, &params)?, params })
 }
 
 /// pymllm's export rounding: `clamp(round(w / scale + zero_point), qmin, qmax)` in `f32`.
@@ -57,32 +50,21 @@ pub fn quantize_u16_weight(weight: &[f32]) -> Result<U16Weight, QuantError> {
 /// Non-finite inputs are rejected (torch's cast of NaN to uint16 is undefined).
 pub fn export_u16(values: &[f32], params: &QuantParams) -> Result<Vec<u16>, QuantError> {
     if !params.fits(StorageType::U16) {
-        return Err(QuantError::StorageRange {
-            params: *params,
-            storage: StorageType::U16,
-        });
+        return Err(QuantError::StorageRange { params: *params, storage: StorageType::U16 });
     }
     let scale = params.scale;
     let zp = params.zero_point as f32;
     let (lo, hi) = (params.qmin as f32, params.qmax as f32);
     let mut codes = vec![0u16; values.len()];
-    codes
-        .par_chunks_mut(PAR_CHUNK)
-        .zip(values.par_chunks(PAR_CHUNK))
-        .enumerate()
-        .try_for_each(|(c, (out, xs))| {
-            for (k, (q, &x)) in out.iter_mut().zip(xs).enumerate() {
-                if !x.is_finite() {
-                    return Err(QuantError::NonFinite {
-                        what: "u16 export input",
-                        index: c * PAR_CHUNK + k,
-                        value: x,
-                    });
-                }
-                *q = round_half_even(x / scale + zp).clamp(lo, hi) as u16;
+    codes.par_chunks_mut(PAR_CHUNK).zip(values.par_chunks(PAR_CHUNK)).enumerate().try_for_each(|(c, (out, xs))| {
+        for (k, (q, &x)) in out.iter_mut().zip(xs).enumerate() {
+            if !x.is_finite() {
+                return Err(QuantError::NonFinite { what: "u16 export input", index: c * PAR_CHUNK + k, value: x });
             }
-            Ok(())
-        })?;
+            *q = round_half_even(x / scale + zp).clamp(lo, hi) as u16;
+        }
+        Ok(())
+    })?;
     Ok(codes)
 }
 
@@ -109,10 +91,7 @@ mod tests {
             let fq = quantize_slice_u16(&[x], &p).unwrap()[0];
             seen_difference |= fq != export;
         }
-        assert!(
-            seen_difference,
-            "export and fake-quant rounding never differed"
-        );
+        assert!(seen_difference, "export and fake-quant rounding never differed");
     }
 
     #[test]
@@ -129,10 +108,7 @@ mod tests {
     fn clamps_and_rejects_bad_inputs() {
         let p = QuantParams::u16_affine(1.0, 10).unwrap();
         assert_eq!(export_u16(&[-100.0, 1e9], &p).unwrap(), vec![0, 65535]);
-        assert!(matches!(
-            export_u16(&[0.0, f32::NAN], &p),
-            Err(QuantError::NonFinite { index: 1, .. })
-        ));
+        assert!(matches!(export_u16(&[0.0, f32::NAN], &p), Err(QuantError::NonFinite { index: 1, .. })));
         assert!(quantize_u16_weight(&[1.0, f32::INFINITY]).is_err());
         assert_eq!(quantize_u16_weight(&[]), Err(QuantError::Unobserved));
         let kv = QuantParams::new(1.0, 0, -5, 5).unwrap();

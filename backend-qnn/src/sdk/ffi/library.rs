@@ -35,10 +35,7 @@ impl LibraryPaths {
     /// `<root>/lib/x86_64-linux-clang/{libQnnHtp.so, libQnnSystem.so}`.
     pub fn from_sdk_root(root: impl AsRef<Path>) -> LibraryPaths {
         let dir = root.as_ref().join(HOST_LIB_DIR);
-        LibraryPaths {
-            backend: dir.join("libQnnHtp.so"),
-            system: dir.join("libQnnSystem.so"),
-        }
+        LibraryPaths { backend: dir.join("libQnnHtp.so"), system: dir.join("libQnnSystem.so") }
     }
 
     /// From `QNN_SDK_ROOT` at run time, else the SDK root the bindings were built from.
@@ -62,11 +59,7 @@ pub struct ProviderInfo {
 impl fmt::Display for ProviderInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (major, minor, patch) = self.api_version;
-        write!(
-            f,
-            "`{}` (backend {}, API {major}.{minor}.{patch})",
-            self.name, self.backend_id
-        )
+        write!(f, "`{}` (backend {}, API {major}.{minor}.{patch})", self.name, self.backend_id)
     }
 }
 
@@ -74,39 +67,20 @@ impl fmt::Display for ProviderInfo {
 #[derive(Debug, Error)]
 pub enum LoadError {
     #[error("cannot open QNN library {}: {source} (set QNN_SDK_ROOT to the QAIRT SDK root or pass explicit LibraryPaths)", path.display())]
-    Open {
-        path: PathBuf,
-        source: libloading::Error,
-    },
+    Open { path: PathBuf, source: libloading::Error },
     #[error("{} does not export {symbol}: {source}", path.display())]
-    Symbol {
-        path: PathBuf,
-        symbol: &'static str,
-        source: libloading::Error,
-    },
+    Symbol { path: PathBuf, symbol: &'static str, source: libloading::Error },
     #[error("{symbol} of {} returned error {code}", path.display())]
-    GetProviders {
-        path: PathBuf,
-        symbol: &'static str,
-        code: u64,
-    },
+    GetProviders { path: PathBuf, symbol: &'static str, code: u64 },
     #[error("no provider in {} implements {wanted}; it offers: {}", path.display(), list(found))]
-    NoCompatibleProvider {
-        path: PathBuf,
-        wanted: String,
-        found: Vec<ProviderInfo>,
-    },
+    NoCompatibleProvider { path: PathBuf, wanted: String, found: Vec<ProviderInfo> },
 }
 
 fn list(found: &[ProviderInfo]) -> String {
     if found.is_empty() {
         return "nothing".into();
     }
-    found
-        .iter()
-        .map(ProviderInfo::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
+    found.iter().map(ProviderInfo::to_string).collect::<Vec<_>>().join(", ")
 }
 
 /// Opens a library the way QNN expects (`RTLD_NOW | RTLD_GLOBAL`, as the SDK samples do:
@@ -114,19 +88,13 @@ fn list(found: &[ProviderInfo]) -> String {
 pub(crate) fn open(path: &Path) -> Result<Library, LoadError> {
     // SAFETY: running a shared library's initializers is inherently trusted; these are the
     // QNN libraries the user pointed us at.
-    unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map_err(|source| LoadError::Open {
-        path: path.to_path_buf(),
-        source,
-    })
+    unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }
+        .map_err(|source| LoadError::Open { path: path.to_path_buf(), source })
 }
 
 /// The first provider with the wanted major version, a minor version at least as high as
 /// ours, and (if given) the wanted backend id.
-pub(crate) fn select_provider(
-    found: &[ProviderInfo],
-    want: (u32, u32),
-    backend_id: Option<u32>,
-) -> Option<usize> {
+pub(crate) fn select_provider(found: &[ProviderInfo], want: (u32, u32), backend_id: Option<u32>) -> Option<usize> {
     found.iter().position(|p| {
         let (major, minor, _) = p.api_version;
         major == want.0 && minor >= want.1 && backend_id.is_none_or(|id| id == p.backend_id)
@@ -134,32 +102,22 @@ pub(crate) fn select_provider(
 }
 
 /// Calls `<symbol>(&list, &count)` and returns the non-null provider pointers.
-fn providers<T>(
-    library: &Library,
-    path: &Path,
-    symbol: &'static str,
-) -> Result<Vec<*const T>, LoadError> {
-    type GetProviders<T> =
-        unsafe extern "C" fn(*mut *mut *const T, *mut u32) -> b::Qnn_ErrorHandle_t;
+fn providers<T>(library: &Library, path: &Path, symbol: &'static str) -> Result<Vec<*const T>, LoadError> {
+    type GetProviders<T> = unsafe extern "C" fn(*mut *mut *const T, *mut u32) -> b::Qnn_ErrorHandle_t;
     let name = format!("{symbol}\0");
     // SAFETY: the symbol has this signature in every QNN version (`QnnInterface.h`,
     // `QnnSystemInterface.h`).
-    let get: Symbol<GetProviders<T>> =
-        unsafe { library.get(name.as_bytes()) }.map_err(|source| LoadError::Symbol {
-            path: path.to_path_buf(),
-            symbol,
-            source,
-        })?;
+    let get: Symbol<GetProviders<T>> = unsafe { library.get(name.as_bytes()) }.map_err(|source| LoadError::Symbol {
+        path: path.to_path_buf(),
+        symbol,
+        source,
+    })?;
     let mut list: *mut *const T = std::ptr::null_mut();
     let mut count = 0u32;
     // SAFETY: both out-pointers are valid for writes.
     let code = unsafe { get(&mut list, &mut count) };
     if code & 0xFFFF != 0 {
-        return Err(LoadError::GetProviders {
-            path: path.to_path_buf(),
-            symbol,
-            code,
-        });
+        return Err(LoadError::GetProviders { path: path.to_path_buf(), symbol, code });
     }
     if list.is_null() {
         return Ok(Vec::new());
@@ -174,16 +132,11 @@ fn c_name(name: *const c_char) -> String {
         return String::new();
     }
     // SAFETY: provider names are NUL-terminated strings owned by the library.
-    unsafe { CStr::from_ptr(name) }
-        .to_string_lossy()
-        .into_owned()
+    unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
 }
 
 /// The core interface table of the usable HTP provider of `library`.
-pub(crate) fn core_provider(
-    library: &Library,
-    path: &Path,
-) -> Result<(b::CoreTable, ProviderInfo), LoadError> {
+pub(crate) fn core_provider(library: &Library, path: &Path) -> Result<(b::CoreTable, ProviderInfo), LoadError> {
     let list = providers::<b::QnnInterface_t>(library, path, "QnnInterface_getProviders")?;
     let infos: Vec<ProviderInfo> = list
         .iter()
@@ -199,28 +152,21 @@ pub(crate) fn core_provider(
         })
         .collect();
     let (major, minor) = b::CORE_API_VERSION;
-    let index =
-        select_provider(&infos, b::CORE_API_VERSION, Some(HTP_BACKEND_ID)).ok_or_else(|| {
-            LoadError::NoCompatibleProvider {
-                path: path.to_path_buf(),
-                wanted: format!(
-                    "QNN core API {major}.{minor}+ for the HTP backend (id {HTP_BACKEND_ID})"
-                ),
-                found: infos.clone(),
-            }
-        })?;
+    let index = select_provider(&infos, b::CORE_API_VERSION, Some(HTP_BACKEND_ID)).ok_or_else(|| {
+        LoadError::NoCompatibleProvider {
+            path: path.to_path_buf(),
+            wanted: format!("QNN core API {major}.{minor}+ for the HTP backend (id {HTP_BACKEND_ID})"),
+            found: infos.clone(),
+        }
+    })?;
     // SAFETY: the provider's version was checked by `select_provider`.
     let table = unsafe { *b::core_table(&*list[index]) };
     Ok((table, infos[index].clone()))
 }
 
 /// The system interface table of the usable provider of `library`.
-pub(crate) fn system_provider(
-    library: &Library,
-    path: &Path,
-) -> Result<(b::SystemTable, ProviderInfo), LoadError> {
-    let list =
-        providers::<b::QnnSystemInterface_t>(library, path, "QnnSystemInterface_getProviders")?;
+pub(crate) fn system_provider(library: &Library, path: &Path) -> Result<(b::SystemTable, ProviderInfo), LoadError> {
+    let list = providers::<b::QnnSystemInterface_t>(library, path, "QnnSystemInterface_getProviders")?;
     let infos: Vec<ProviderInfo> = list
         .iter()
         .map(|&p| {
@@ -235,13 +181,12 @@ pub(crate) fn system_provider(
         })
         .collect();
     let (major, minor) = b::SYSTEM_API_VERSION;
-    let index = select_provider(&infos, b::SYSTEM_API_VERSION, None).ok_or_else(|| {
-        LoadError::NoCompatibleProvider {
+    let index =
+        select_provider(&infos, b::SYSTEM_API_VERSION, None).ok_or_else(|| LoadError::NoCompatibleProvider {
             path: path.to_path_buf(),
             wanted: format!("QNN system API {major}.{minor}+"),
             found: infos.clone(),
-        }
-    })?;
+        })?;
     // SAFETY: the provider's version was checked by `select_provider`.
     let table = unsafe { *b::system_table(&*list[index]) };
     Ok((table, infos[index].clone()))
@@ -252,21 +197,12 @@ mod tests {
     use super::*;
 
     fn p(name: &str, backend_id: u32, major: u32, minor: u32) -> ProviderInfo {
-        ProviderInfo {
-            name: name.into(),
-            backend_id,
-            api_version: (major, minor, 0),
-        }
+        ProviderInfo { name: name.into(), backend_id, api_version: (major, minor, 0) }
     }
 
     #[test]
     fn provider_selection_needs_same_major_and_newer_minor() {
-        let found = [
-            p("old", 6, 2, 10),
-            p("next-major", 6, 3, 0),
-            p("cpu", 3, 2, 25),
-            p("ok", 6, 2, 26),
-        ];
+        let found = [p("old", 6, 2, 10), p("next-major", 6, 3, 0), p("cpu", 3, 2, 25), p("ok", 6, 2, 26)];
         assert_eq!(select_provider(&found, (2, 25), Some(6)), Some(3));
         assert_eq!(select_provider(&found, (2, 25), None), Some(2));
         assert_eq!(select_provider(&found, (2, 27), Some(6)), None);
@@ -276,13 +212,7 @@ mod tests {
     #[test]
     fn sdk_root_layout() {
         let paths = LibraryPaths::from_sdk_root("/opt/qairt/2.37");
-        assert_eq!(
-            paths.backend,
-            PathBuf::from("/opt/qairt/2.37/lib/x86_64-linux-clang/libQnnHtp.so")
-        );
-        assert_eq!(
-            paths.system,
-            PathBuf::from("/opt/qairt/2.37/lib/x86_64-linux-clang/libQnnSystem.so")
-        );
+        assert_eq!(paths.backend, PathBuf::from("/opt/qairt/2.37/lib/x86_64-linux-clang/libQnnHtp.so"));
+        assert_eq!(paths.system, PathBuf::from("/opt/qairt/2.37/lib/x86_64-linux-clang/libQnnSystem.so"));
     }
 }

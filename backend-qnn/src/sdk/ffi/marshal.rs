@@ -96,10 +96,7 @@ fn quantize_params(arena: &mut Arena, encoding: &Encoding) -> b::Qnn_QuantizePar
     match encoding {
         Encoding::Undefined => q.encodingDefinition = DEFINITION_UNDEFINED as _,
         Encoding::ScaleOffset(so) => q.__bindgen_anon_1.scaleOffsetEncoding = scale_offset(so),
-        Encoding::AxisScaleOffset {
-            axis,
-            scale_offsets: list,
-        } => {
+        Encoding::AxisScaleOffset { axis, scale_offsets: list } => {
             let mut a: b::Qnn_AxisScaleOffset_t = zeroed();
             a.axis = *axis as i32;
             a.numScaleOffsets = list.len() as u32;
@@ -122,11 +119,7 @@ fn quantize_params(arena: &mut Arena, encoding: &Encoding) -> b::Qnn_QuantizePar
 
 /// A `Qnn_Tensor_t` (version 2) for `desc` with the given id (0 before creation).
 /// `desc` must have passed [`TensorDesc::check`]: QNN derives array lengths from `dims`.
-pub(crate) fn tensor(
-    arena: &mut Arena,
-    desc: &TensorDesc,
-    id: u32,
-) -> Result<b::Qnn_Tensor_t, String> {
+pub(crate) fn tensor(arena: &mut Arena, desc: &TensorDesc, id: u32) -> Result<b::Qnn_Tensor_t, String> {
     let mut v2: b::Qnn_TensorV2_t = zeroed();
     v2.id = id;
     v2.name = arena.c_str("tensor name", &desc.name)?;
@@ -142,8 +135,8 @@ pub(crate) fn tensor(
         let bytes = data.as_bytes();
         // QNN only reads static client buffers; the arena keeps the bytes alive.
         buffer.data = bytes.as_ptr() as *mut c_void;
-        buffer.dataSize = u32::try_from(bytes.len())
-            .map_err(|_| format!("tensor `{}` data exceeds 4 GiB", desc.name))?;
+        buffer.dataSize =
+            u32::try_from(bytes.len()).map_err(|_| format!("tensor `{}` data exceeds 4 GiB", desc.name))?;
         arena.hold(data.clone());
     }
     v2.__bindgen_anon_1.clientBuf = buffer;
@@ -176,14 +169,8 @@ fn scalar(s: Scalar) -> b::Qnn_Scalar_t {
     c
 }
 
-fn tensors(
-    arena: &mut Arena,
-    list: &[BoundTensor<'_>],
-) -> Result<(u32, *mut b::Qnn_Tensor_t), String> {
-    let built = list
-        .iter()
-        .map(|t| tensor(arena, t.desc, t.id.0))
-        .collect::<Result<Vec<_>, _>>()?;
+fn tensors(arena: &mut Arena, list: &[BoundTensor<'_>]) -> Result<(u32, *mut b::Qnn_Tensor_t), String> {
+    let built = list.iter().map(|t| tensor(arena, t.desc, t.id.0)).collect::<Result<Vec<_>, _>>()?;
     Ok((built.len() as u32, arena.slice(built)))
 }
 
@@ -221,18 +208,12 @@ pub(crate) fn op_config(arena: &mut Arena, op: &OpConfig<'_>) -> Result<b::Qnn_O
 
 /// NULL-terminated array of config pointers, as every `*Create` takes.
 fn null_terminated<T: 'static>(arena: &mut Arena, configs: Vec<T>) -> *mut *const T {
-    let mut ptrs: Vec<*const T> = configs
-        .into_iter()
-        .map(|c| arena.hold(c) as *const T)
-        .collect();
+    let mut ptrs: Vec<*const T> = configs.into_iter().map(|c| arena.hold(c) as *const T).collect();
     ptrs.push(ptr::null());
     arena.slice(ptrs)
 }
 
-fn platform_info(
-    arena: &mut Arena,
-    p: &crate::sdk::config::HtpPlatformInfo,
-) -> *mut b::QnnDevice_PlatformInfo_t {
+fn platform_info(arena: &mut Arena, p: &crate::sdk::config::HtpPlatformInfo) -> *mut b::QnnDevice_PlatformInfo_t {
     let mut on_chip: b::QnnHtpDevice_OnChipDeviceInfoExtension_t = zeroed();
     on_chip.vtcmSize = p.vtcm_mb as _;
     on_chip.socModel = p.soc_model;
@@ -269,10 +250,7 @@ fn platform_info(
     arena.hold(info)
 }
 
-pub(crate) fn device_configs(
-    arena: &mut Arena,
-    configs: &[DeviceConfig],
-) -> *mut *const b::QnnDevice_Config_t {
+pub(crate) fn device_configs(arena: &mut Arena, configs: &[DeviceConfig]) -> *mut *const b::QnnDevice_Config_t {
     let mut built = Vec::with_capacity(configs.len());
     for config in configs {
         let mut c: b::QnnDevice_Config_t = zeroed();
@@ -303,10 +281,7 @@ pub(crate) fn device_configs(
     null_terminated(arena, built)
 }
 
-pub(crate) fn context_configs(
-    arena: &mut Arena,
-    configs: &[ContextConfig],
-) -> *mut *const b::QnnContext_Config_t {
+pub(crate) fn context_configs(arena: &mut Arena, configs: &[ContextConfig]) -> *mut *const b::QnnContext_Config_t {
     let built = configs
         .iter()
         .map(|config| {
@@ -326,10 +301,7 @@ pub(crate) fn context_configs(
     null_terminated(arena, built)
 }
 
-pub(crate) fn graph_configs(
-    arena: &mut Arena,
-    configs: &[GraphConfig],
-) -> *mut *const b::QnnGraph_Config_t {
+pub(crate) fn graph_configs(arena: &mut Arena, configs: &[GraphConfig]) -> *mut *const b::QnnGraph_Config_t {
     let built = configs
         .iter()
         .map(|config| {

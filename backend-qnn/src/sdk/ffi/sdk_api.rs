@@ -9,8 +9,8 @@ use super::bindings as b;
 use super::library::{self, LibraryPaths, LoadError, ProviderInfo};
 use super::marshal::{self, Arena};
 use crate::sdk::api::{
-    ApiError, BackendHandle, BoundParamValue, ContextHandle, DeviceHandle, GraphHandle, LogHandle,
-    OpConfig, QnnApi, TensorId,
+    ApiError, BackendHandle, BoundParamValue, ContextHandle, DeviceHandle, GraphHandle, LogHandle, OpConfig, QnnApi,
+    TensorId,
 };
 use crate::sdk::config::{ContextConfig, DeviceConfig, GraphConfig, LogLevel};
 use crate::sdk::desc::TensorDesc;
@@ -68,24 +68,15 @@ fn check(function: &'static str, code: b::Qnn_ErrorHandle_t) -> Result<(), ApiEr
 }
 
 fn invalid(function: &'static str, reason: impl Into<String>) -> ApiError {
-    ApiError::InvalidArgument {
-        function,
-        reason: reason.into(),
-    }
+    ApiError::InvalidArgument { function, reason: reason.into() }
 }
 
 fn stale(function: &'static str, handle: impl std::fmt::Display) -> ApiError {
-    invalid(
-        function,
-        format!("{handle} is not a live handle of this SdkApi"),
-    )
+    invalid(function, format!("{handle} is not a live handle of this SdkApi"))
 }
 
 fn live<T: Copy>(slots: &[Option<T>], index: u32) -> Option<T> {
-    slots
-        .get((index as usize).checked_sub(1)?)
-        .copied()
-        .flatten()
+    slots.get((index as usize).checked_sub(1)?).copied().flatten()
 }
 
 /// Every tensor of an op config must be well formed before its struct is built.
@@ -95,9 +86,7 @@ fn check_op(function: &'static str, op: &OpConfig<'_>) -> Result<(), ApiError> {
         BoundParamValue::Scalar(_) => None,
     });
     for t in op.inputs.iter().chain(&op.outputs).chain(params) {
-        t.desc
-            .check()
-            .map_err(|e| invalid(function, format!("node `{}`: {e}", op.name)))?;
+        t.desc.check().map_err(|e| invalid(function, format!("node `{}`: {e}", op.name)))?;
     }
     Ok(())
 }
@@ -137,29 +126,19 @@ impl SdkApi {
         &self.path
     }
 
-    fn log(
-        &self,
-        log: Option<LogHandle>,
-        function: &'static str,
-    ) -> Result<b::Qnn_LogHandle_t, ApiError> {
+    fn log(&self, log: Option<LogHandle>, function: &'static str) -> Result<b::Qnn_LogHandle_t, ApiError> {
         match log {
             None => Ok(ptr::null_mut()),
             Some(h) => live(&self.logs, h.0).ok_or_else(|| stale(function, h)),
         }
     }
 
-    fn backend(
-        &self,
-        h: BackendHandle,
-        function: &'static str,
-    ) -> Result<b::Qnn_BackendHandle_t, ApiError> {
+    fn backend(&self, h: BackendHandle, function: &'static str) -> Result<b::Qnn_BackendHandle_t, ApiError> {
         live(&self.backends, h.0).ok_or_else(|| stale(function, h))
     }
 
     fn context_index(&self, h: ContextHandle, function: &'static str) -> Result<usize, ApiError> {
-        let index = (h.0 as usize)
-            .checked_sub(1)
-            .ok_or_else(|| stale(function, h))?;
+        let index = (h.0 as usize).checked_sub(1).ok_or_else(|| stale(function, h))?;
         match self.contexts.get(index) {
             Some(Some(_)) => Ok(index),
             _ => Err(stale(function, h)),
@@ -167,15 +146,8 @@ impl SdkApi {
     }
 
     /// The raw graph handle and the index of its (live) context.
-    fn graph(
-        &self,
-        h: GraphHandle,
-        function: &'static str,
-    ) -> Result<(b::Qnn_GraphHandle_t, usize), ApiError> {
-        let slot = (h.0 as usize)
-            .checked_sub(1)
-            .and_then(|i| self.graphs.get(i))
-            .ok_or_else(|| stale(function, h))?;
+    fn graph(&self, h: GraphHandle, function: &'static str) -> Result<(b::Qnn_GraphHandle_t, usize), ApiError> {
+        let slot = (h.0 as usize).checked_sub(1).and_then(|i| self.graphs.get(i)).ok_or_else(|| stale(function, h))?;
         match self.contexts.get(slot.context) {
             Some(Some(_)) => Ok((slot.raw, slot.context)),
             _ => Err(stale(function, h)),
@@ -183,9 +155,7 @@ impl SdkApi {
     }
 
     fn context_slot(&mut self, index: usize) -> &mut ContextSlot {
-        self.contexts[index]
-            .as_mut()
-            .expect("index was checked to be live")
+        self.contexts[index].as_mut().expect("index was checked to be live")
     }
 }
 
@@ -212,11 +182,7 @@ impl QnnApi for SdkApi {
         Ok(BackendHandle(self.backends.len() as u32))
     }
 
-    fn device_create(
-        &mut self,
-        log: Option<LogHandle>,
-        config: &[DeviceConfig],
-    ) -> Result<DeviceHandle, ApiError> {
+    fn device_create(&mut self, log: Option<LogHandle>, config: &[DeviceConfig]) -> Result<DeviceHandle, ApiError> {
         const F: &str = "deviceCreate";
         let create = entry(F, self.table.deviceCreate)?;
         let log = self.log(log, F)?;
@@ -226,10 +192,7 @@ impl QnnApi for SdkApi {
         // SAFETY: the NULL-terminated config list and everything it points to live in
         // `arena`, which is kept until the device is freed.
         check(F, unsafe { create(log, configs, &mut raw) })?;
-        self.devices.push(Some(DeviceSlot {
-            raw,
-            _configs: arena,
-        }));
+        self.devices.push(Some(DeviceSlot { raw, _configs: arena }));
         Ok(DeviceHandle(self.devices.len() as u32))
     }
 
@@ -242,10 +205,7 @@ impl QnnApi for SdkApi {
         const F: &str = "contextCreate";
         let create = entry(F, self.table.contextCreate)?;
         let raw_backend = self.backend(backend, F)?;
-        let raw_device = match (device.0 as usize)
-            .checked_sub(1)
-            .and_then(|i| self.devices.get(i))
-        {
+        let raw_device = match (device.0 as usize).checked_sub(1).and_then(|i| self.devices.get(i)) {
             Some(Some(slot)) => slot.raw,
             _ => return Err(stale(F, device)),
         };
@@ -253,9 +213,7 @@ impl QnnApi for SdkApi {
         let configs = marshal::context_configs(&mut arena, config);
         let mut raw: b::Qnn_ContextHandle_t = ptr::null_mut();
         // SAFETY: live handles; configs owned by `arena`, kept with the context.
-        check(F, unsafe {
-            create(raw_backend, raw_device, configs, &mut raw)
-        })?;
+        check(F, unsafe { create(raw_backend, raw_device, configs, &mut raw) })?;
         self.contexts.push(Some(ContextSlot { raw, arena }));
         Ok(ContextHandle(self.contexts.len() as u32))
     }
@@ -270,27 +228,18 @@ impl QnnApi for SdkApi {
         let create = entry(F, self.table.graphCreate)?;
         let index = self.context_index(context, F)?;
         let slot = self.context_slot(index);
-        let c_name = std::ffi::CString::new(name)
-            .map_err(|_| invalid(F, format!("graph name {name:?} contains a NUL byte")))?;
+        let c_name =
+            std::ffi::CString::new(name).map_err(|_| invalid(F, format!("graph name {name:?} contains a NUL byte")))?;
         let configs = marshal::graph_configs(&mut slot.arena, config);
         let mut raw: b::Qnn_GraphHandle_t = ptr::null_mut();
         // SAFETY: live context; name and configs outlive the call (configs with the context).
-        check(F, unsafe {
-            create(slot.raw, c_name.as_ptr(), configs, &mut raw)
-        })?;
+        check(F, unsafe { create(slot.raw, c_name.as_ptr(), configs, &mut raw) })?;
         slot.arena.hold(c_name);
-        self.graphs.push(GraphSlot {
-            raw,
-            context: index,
-        });
+        self.graphs.push(GraphSlot { raw, context: index });
         Ok(GraphHandle(self.graphs.len() as u32))
     }
 
-    fn tensor_create_graph_tensor(
-        &mut self,
-        graph: GraphHandle,
-        tensor: &TensorDesc,
-    ) -> Result<TensorId, ApiError> {
+    fn tensor_create_graph_tensor(&mut self, graph: GraphHandle, tensor: &TensorDesc) -> Result<TensorId, ApiError> {
         const F: &str = "tensorCreateGraphTensor";
         let create = entry(F, self.table.tensorCreateGraphTensor)?;
         tensor.check().map_err(|e| invalid(F, e.to_string()))?;
@@ -305,11 +254,7 @@ impl QnnApi for SdkApi {
         Ok(TensorId(unsafe { (*c).__bindgen_anon_1.v2.id }))
     }
 
-    fn backend_validate_op_config(
-        &mut self,
-        backend: BackendHandle,
-        op: &OpConfig<'_>,
-    ) -> Result<(), ApiError> {
+    fn backend_validate_op_config(&mut self, backend: BackendHandle, op: &OpConfig<'_>) -> Result<(), ApiError> {
         const F: &str = "backendValidateOpConfig";
         let validate = entry(F, self.table.backendValidateOpConfig)?;
         let raw = self.backend(backend, F)?;
@@ -337,9 +282,7 @@ impl QnnApi for SdkApi {
         let finalize = entry(F, self.table.graphFinalize)?;
         let (raw, _) = self.graph(graph, F)?;
         // SAFETY: live graph; no profile, no signal.
-        check(F, unsafe {
-            finalize(raw, ptr::null_mut(), ptr::null_mut())
-        })
+        check(F, unsafe { finalize(raw, ptr::null_mut(), ptr::null_mut()) })
     }
 
     fn context_get_binary_size(&mut self, context: ContextHandle) -> Result<u64, ApiError> {
@@ -352,25 +295,14 @@ impl QnnApi for SdkApi {
         Ok(size)
     }
 
-    fn context_get_binary(
-        &mut self,
-        context: ContextHandle,
-        buffer: &mut [u8],
-    ) -> Result<u64, ApiError> {
+    fn context_get_binary(&mut self, context: ContextHandle, buffer: &mut [u8]) -> Result<u64, ApiError> {
         const F: &str = "contextGetBinary";
         let get = entry(F, self.table.contextGetBinary)?;
         let index = self.context_index(context, F)?;
         let mut written = 0;
         let raw = self.context_slot(index).raw;
         // SAFETY: live context; QNN writes at most `buffer.len()` bytes into `buffer`.
-        check(F, unsafe {
-            get(
-                raw,
-                buffer.as_mut_ptr().cast(),
-                buffer.len() as u64,
-                &mut written,
-            )
-        })?;
+        check(F, unsafe { get(raw, buffer.as_mut_ptr().cast(), buffer.len() as u64, &mut written) })?;
         Ok(written)
     }
 
@@ -379,9 +311,7 @@ impl QnnApi for SdkApi {
         let free = entry(F, self.table.contextFree)?;
         let index = self.context_index(context, F)?;
         // SAFETY: live context, no profile.
-        check(F, unsafe {
-            free(self.context_slot(index).raw, ptr::null_mut())
-        })?;
+        check(F, unsafe { free(self.context_slot(index).raw, ptr::null_mut()) })?;
         // Only now may the buffers QNN read go away; the context's graphs die with it.
         self.contexts[index] = None;
         Ok(())
@@ -390,9 +320,7 @@ impl QnnApi for SdkApi {
     fn device_free(&mut self, device: DeviceHandle) -> Result<(), ApiError> {
         const F: &str = "deviceFree";
         let free = entry(F, self.table.deviceFree)?;
-        let index = (device.0 as usize)
-            .checked_sub(1)
-            .ok_or_else(|| stale(F, device))?;
+        let index = (device.0 as usize).checked_sub(1).ok_or_else(|| stale(F, device))?;
         let raw = match self.devices.get(index) {
             Some(Some(slot)) => slot.raw,
             _ => return Err(stale(F, device)),

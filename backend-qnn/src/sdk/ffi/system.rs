@@ -114,11 +114,7 @@ unsafe fn tensors(list: *const b::Qnn_Tensor_t, count: u32) -> Result<Vec<Tensor
             };
             // SAFETY: tensor names are NUL-terminated.
             let name = unsafe { string(name) };
-            Ok(TensorInfo {
-                name,
-                dtype: DataType::from_code(dtype as u32),
-                dims,
-            })
+            Ok(TensorInfo { name, dtype: DataType::from_code(dtype as u32), dims })
         })
         .collect()
 }
@@ -129,11 +125,7 @@ impl SystemApi {
     pub fn load(path: &Path) -> Result<SystemApi, LoadError> {
         let library = library::open(path)?;
         let (table, provider) = library::system_provider(&library, path)?;
-        Ok(SystemApi {
-            table,
-            provider,
-            _library: library,
-        })
+        Ok(SystemApi { table, provider, _library: library })
     }
 
     /// The provider in use.
@@ -144,10 +136,7 @@ impl SystemApi {
     /// Graph names and I/O of a serialized context.
     pub fn binary_info(&self, binary: &[u8]) -> Result<BinaryInfo, ApiError> {
         let create = entry("systemContextCreate", self.table.systemContextCreate)?;
-        let metadata = entry(
-            "systemContextGetMetaData",
-            self.table.systemContextGetMetaData,
-        )?;
+        let metadata = entry("systemContextGetMetaData", self.table.systemContextGetMetaData)?;
         let free = entry("systemContextFree", self.table.systemContextFree)?;
         let mut handle: b::QnnSystemContext_Handle_t = ptr::null_mut();
         // SAFETY: valid out-pointer.
@@ -155,12 +144,7 @@ impl SystemApi {
         let mut info: *const b::QnnSystemContext_BinaryInfo_t = ptr::null();
         // SAFETY: live handle; `binary` outlives the call; metadata stays valid until free.
         let read = check("systemContextGetMetaData", unsafe {
-            metadata(
-                handle,
-                binary.as_ptr().cast(),
-                binary.len() as u64,
-                &mut info,
-            )
+            metadata(handle, binary.as_ptr().cast(), binary.len() as u64, &mut info)
         })
         .and_then(|()| {
             if info.is_null() {
@@ -186,18 +170,15 @@ unsafe fn copy_info(info: &b::QnnSystemContext_BinaryInfo_t) -> Result<BinaryInf
     // SAFETY: the version field selects the active member.
     let (count, graphs) = unsafe {
         match info.version as u32 {
-            1 => (
-                info.__bindgen_anon_1.contextBinaryInfoV1.numGraphs,
-                info.__bindgen_anon_1.contextBinaryInfoV1.graphs,
-            ),
-            2 => (
-                info.__bindgen_anon_1.contextBinaryInfoV2.numGraphs,
-                info.__bindgen_anon_1.contextBinaryInfoV2.graphs,
-            ),
-            3 => (
-                info.__bindgen_anon_1.contextBinaryInfoV3.numGraphs,
-                info.__bindgen_anon_1.contextBinaryInfoV3.graphs,
-            ),
+            1 => {
+                (info.__bindgen_anon_1.contextBinaryInfoV1.numGraphs, info.__bindgen_anon_1.contextBinaryInfoV1.graphs)
+            }
+            2 => {
+                (info.__bindgen_anon_1.contextBinaryInfoV2.numGraphs, info.__bindgen_anon_1.contextBinaryInfoV2.graphs)
+            }
+            3 => {
+                (info.__bindgen_anon_1.contextBinaryInfoV3.numGraphs, info.__bindgen_anon_1.contextBinaryInfoV3.graphs)
+            }
             other => return Err(unsupported_version("binary info", other)),
         }
     };
