@@ -151,6 +151,7 @@ fn matmul_matches_naive_with_broadcasting() {
         (&[1, 3, 5, 7], &[1, 3, 7, 4]),
         (&[2, 1, 5, 7], &[3, 7, 4]),
         (&[2, 3, 5, 7], &[7, 4]), // shared right operand: folded into one product
+        (&[1, 3, 5, 7], &[1, 7, 4]),
         (&[5, 7], &[2, 3, 7, 4]), // shared left operand
         (&[5, 7], &[7]),          // matrix x vector
         (&[7], &[7, 4]),          // vector x matrix
@@ -159,6 +160,7 @@ fn matmul_matches_naive_with_broadcasting() {
         (&[4, 64, 48], &[4, 48, 64]), // batch-parallel path
         (&[1, 96, 200], &[200, 130]), // gemm-internal threads
         (&[1, 300], &[300, 700]),     // M = 1: split over N
+        (&[2, 9, 100], &[100, 260]),  // small M, long rows: depth-blocked
         (&[2, 0, 7], &[7, 3]),        // empty
     ];
     let mut rng = Lcg(1);
@@ -248,6 +250,8 @@ fn linear_matches_naive_for_both_layouts_and_strategies() {
         (3, 13, 11),
         (1, 257, 301),
         (40, 129, 67),
+        (5, 130, 300), // small M with [K, N] rows: depth-blocked
+        (63, 97, 257),
         (2, 1, 3),
     ] {
         let x = rng.vec(&[m, k], 1.0);
