@@ -582,6 +582,19 @@ fn softmax_matches_f64_reference() {
             }
         });
     }
+    // Masked attention rows: -inf logits get probability 0; a fully masked row is NaN as in torch.
+    let ninf = f32::NEG_INFINITY;
+    let masked = [0.0, ninf, 1.0, ninf, ninf, ninf, ninf, ninf];
+    let got = kernels::softmax(&masked, &[2, 4], -1).unwrap();
+    let e = std::f64::consts::E;
+    assert_close(
+        &got[..4],
+        &[1.0 / (1.0 + e), 0.0, e / (1.0 + e), 0.0],
+        1e-6,
+        0.0,
+        "masked",
+    );
+    assert!(got[4..].iter().all(|v| v.is_nan()));
     assert_eq!(
         kernels::softmax(&[0.0; 6], &[2, 3], 2).unwrap_err(),
         KernelError::DimOutOfRange {
@@ -695,6 +708,15 @@ fn reduce_matches_naive() {
                 });
             }
         }
+    }
+    // NaN inside the vectorised part of a long row, and in a long column reduction.
+    let mut long = rng.vec(&[2, 40], 1.0);
+    long[20] = f32::NAN;
+    for kind in [ReduceKind::Max, ReduceKind::Min] {
+        let (row, _) = kernels::reduce(&long, &[2, 40], 1, false, kind).unwrap();
+        assert!(row[0].is_nan() && !row[1].is_nan(), "{kind:?} {row:?}");
+        let (col, _) = kernels::reduce(&long, &[40, 2], 0, false, kind).unwrap();
+        assert!(col[0].is_nan() && !col[1].is_nan(), "{kind:?} {col:?}");
     }
     let nan = [1.0, f32::NAN, 3.0, 2.0];
     assert!(kernels::reduce(&nan, &[4], 0, false, ReduceKind::Max)

@@ -9,8 +9,9 @@
 //! `Parallelism::Rayon(threads)` or as rayon tasks over contiguous column (N) chunks, each a
 //! single-threaded gemm. gemm's matrix-vector path (M = 1, decode) is single-threaded, so for
 //! M = 1 only the N split uses the second core; `examples/bench_kernels.rs` measures both strategies
-//! and [`LinearStrategy::Auto`] follows those figures. Batched products with at least as many
-//! matrices as threads run one single-threaded gemm per matrix in parallel instead.
+//! and [`LinearStrategy::Auto`] follows those figures (N split below 64 rows, gemm's threads from
+//! 64 rows). Batched products with at least as many matrices as threads run one single-threaded
+//! gemm per matrix in parallel instead.
 
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -351,10 +352,13 @@ fn depth_block(dims: Dims, rhs: &MatView<'_>) -> usize {
     }
 }
 
-/// Which strategy `Auto` resolves to for a given shape and thread count.
-fn resolve(strategy: LinearStrategy, dims: Dims, threads: usize) -> LinearStrategy {
+/// Which strategy `Auto` resolves to. gemm's matrix-vector path (M = 1) is single-threaded and
+/// small-M products are cut into many shallow gemm calls (see [`depth_block`]) that would each
+/// synchronise gemm's threads, so below [`SMALL_M_LIMIT`] rows the N split is used; from there on
+/// gemm's own threading measured as fast or faster.
+fn resolve(strategy: LinearStrategy, dims: Dims) -> LinearStrategy {
     match strategy {
-        LinearStrategy::Auto if threads > 1 && dims.m == 1 => LinearStrategy::SplitN,
+        LinearStrategy::Auto if dims.m < SMALL_M_LIMIT => LinearStrategy::SplitN,
         LinearStrategy::Auto => LinearStrategy::GemmThreads,
         other => other,
     }
@@ -428,7 +432,7 @@ fn product_into(
         call(0, n, Parallelism::None);
         return;
     }
-    match resolve(strategy, dims, threads) {
+    match resolve(strategy, dims) {
         LinearStrategy::SplitN => {
             let chunk = n.div_ceil(threads).next_multiple_of(SPLIT_N_ALIGN).min(n);
             let chunks = n.div_ceil(chunk);

@@ -14,6 +14,7 @@
 mod elementwise;
 mod error;
 mod index_select;
+mod math;
 mod matmul;
 mod movement;
 mod permute;
