@@ -26,8 +26,9 @@ const MIN_PARALLEL_MACS: usize = 1 << 17;
 /// Products with fewer rows than this (and more than one) are cut along K, see [`depth_block`].
 const SMALL_M_LIMIT: usize = 64;
 
-/// Depth of each K block for small-M products over a row-major right operand.
-const SMALL_M_DEPTH: usize = 48;
+/// Depth of each K block for small-M products over a row-major right operand (measured best:
+/// 32 below 16 rows, 48 from 16 rows).
+const SMALL_M_DEPTH: [usize; 2] = [32, 48];
 
 /// A right operand whose rows are at least this many floats apart counts as long-rowed.
 const LONG_ROW: usize = 256;
@@ -339,14 +340,14 @@ impl<'a> MatView<'a> {
 
 /// Depth (K) of each gemm call. gemm does not repack the left operand when M is small, and then
 /// walks a row-major right operand (`[K, N]`, long rows) down its columns with a stride of N floats
-/// for the whole depth, which thrashes cache sets and the TLB (measured 5-8 GFLOP/s for
+/// for the whole depth, which thrashes cache sets and the TLB (measured 5-10 GFLOP/s for
 /// M = 2..48, K = 1024, N = 3072). Cutting K into blocks of [`SMALL_M_DEPTH`] rows, accumulating
-/// into dst, keeps the touched rows of the weight resident (30-55 GFLOP/s on the same shapes).
+/// into dst, keeps the touched rows of the weight resident (15-55 GFLOP/s on the same shapes).
 /// M = 1 takes gemm's matrix-vector path and larger M is repacked by gemm, so both keep full depth.
 fn depth_block(dims: Dims, rhs: &MatView<'_>) -> usize {
     let row_major_long_rows = rhs.col_stride == 1 && rhs.row_stride >= LONG_ROW;
     if (2..SMALL_M_LIMIT).contains(&dims.m) && row_major_long_rows {
-        SMALL_M_DEPTH
+        SMALL_M_DEPTH[usize::from(dims.m >= 16)]
     } else {
         dims.k.max(1)
     }
