@@ -5,7 +5,7 @@
 
 use crate::config::aot::AotConfig;
 use crate::ir::{parse, Attr, Node, Program, MAX_LINE};
-use crate::passes::{Pipeline, SyntheticParams};
+use crate::passes::{Pass, Pipeline, SyntheticParams};
 use crate::prelude::*;
 use crate::{QdqAttr, QdqKind};
 
@@ -336,4 +336,326 @@ fn show_final_ir() {
     let mut p = tiny_program();
     after(9, &mut p);
     println!("{p}");
+}
+
+/// Synthetic parameters with some keys changed, hidden, or given stored code ranges.
+#[derive(Default)]
+struct Tweaked {
+    base: SyntheticParams,
+    scales: std::collections::HashMap<String, f32>,
+    hidden: std::collections::HashSet<String>,
+    ranges: std::collections::HashMap<String, (i64, i64)>,
+}
+
+impl crate::passes::QuantParamProvider for Tweaked {
+    fn name(&self) -> String {
+        "tweaked synthetic parameters".into()
+    }
+    fn tensor(&self, key: &str) -> Result<Option<crate::passes::StoredTensor>, crate::passes::ParamError> {
+        if self.hidden.contains(key) {
+            return Ok(None);
+        }
+        self.base.tensor(key)
+    }
+    fn read_f32(&self, key: &str) -> Result<Vec<f32>, crate::passes::ParamError> {
+        if self.hidden.contains(key) {
+            return Err(self.error(key, "missing".into()));
+        }
+        match self.scales.get(key) {
+            Some(s) => Ok(vec![*s]),
+            None => self.base.read_f32(key),
+        }
+    }
+    fn read_i32(&self, key: &str) -> Result<Vec<i32>, crate::passes::ParamError> {
+        self.base.read_i32(key)
+    }
+    fn int_range(&self, key: &str) -> Result<Option<(i64, i64)>, crate::passes::ParamError> {
+        Ok(self.ranges.get(key).copied())
+    }
+}
+
+fn run_with(p: &mut Program, params: &dyn crate::passes::QuantParamProvider) -> Result<(), crate::passes::PassError> {
+    let cfg = tiny_config();
+    let result = Pipeline::qnn_aot(&cfg, params).run(p);
+    result.map(|_| ())
+}
+
+fn tweaked(p: &Program) -> Tweaked {
+    Tweaked { base: tiny_params(p), ..Default::default() }
+}
+
+#[test]
+fn recipe_shares_specs_through_data_movement_only() {
+    let mut p = tiny_program();
+    after(4, &mut p);
+    let attn = p.subgraph("model.layers.0.self_attn").unwrap();
+    let ops: Vec<&crate::ir::LinalgOp> = attn
+        .region
+        .body
+        .iter()
+        .filter_map(|n| match n {
+            Node::Linalg(op) => Some(op),
+            _ => None,
+        })
+        .collect();
+    let spec = |v| p.value(v).spec().unwrap();
+    for op in &ops {
+        let (i0, o) = (op.inputs[0], op.outputs[0]);
+        match op.kind {
+            crate::op::OpKind::View { .. }
+            | crate::op::OpKind::Transpose { .. }
+            | crate::op::OpKind::Slice { .. }
+            | crate::op::OpKind::Repeat { .. }
+            | crate::op::OpKind::Unsqueeze { .. }
+            | crate::op::OpKind::Concat { .. } => assert_eq!(spec(i0), spec(o), "{:?}", op.name),
+            crate::op::OpKind::Equal => {
+                assert_eq!(p.spec(spec(o)).kind, crate::ir::QuantSpecKind::Raw { dtype: DType::Bool });
+                let c = p.value_spec(op.inputs[1]).unwrap();
+                assert_eq!(c.kind, crate::ir::QuantSpecKind::u16_asym());
+            }
+            crate::op::OpKind::Conv2d => {
+                assert_ne!(spec(i0), spec(o));
+                let w = p.value_spec(op.inputs[1]).unwrap();
+                assert_eq!(w.kind, crate::ir::QuantSpecKind::lpbq_hwio(16));
+            }
+            _ => assert!(op.inputs.iter().all(|&i| spec(i) != spec(o)), "{:?} shares", op.name),
+        }
+    }
+    // The embedding's output is its weight's spec.
+    let model = p.subgraph("model").unwrap();
+    let Some(Node::Linalg(emb)) = model.region.body.first() else { panic!() };
+    assert_eq!(spec(emb.inputs[1]), spec(emb.outputs[0]));
+    // Nothing is solved yet.
+    assert!(p.specs.iter().all(|s| s.params.is_none()));
+}
+
+#[test]
+fn linear_has_no_recipe_rule() {
+    #[crate::module(crate = crate)]
+    struct Inner {
+        proj: Linear,
+    }
+    #[crate::module(crate = crate)]
+    impl Inner {
+        fn forward(&self, x: &Tensor) -> Result<Tensor> {
+            self.proj.forward(&qdq!(x, "proj_input_qdq")?)
+        }
+    }
+    #[crate::module(crate = crate)]
+    struct Outer {
+        model: Inner,
+    }
+    #[crate::module(crate = crate)]
+    impl Outer {
+        fn forward(&self, x: &Tensor) -> Result<Tensor> {
+            self.model.forward(x)
+        }
+    }
+    let mut m = Outer { model: Inner { proj: Linear::new(16, 8) } };
+    m.declare(ParamFormat::QnnW4A16).unwrap();
+    let mut p = trace(&[TraceInput::new("x", [1, 4, 16], DType::U16Asym)], |t| m.forward(&t[0])).unwrap();
+    let err = crate::passes::LlmQuantRecipe::new(&tiny_config()).run(&mut p).unwrap_err().to_string();
+    assert!(err.contains("`model.proj` (Linear) in `model` has no quantization recipe rule"), "{err}");
+    assert!(err.contains("Conv2d"), "{err}");
+}
+
+#[test]
+fn ptq_reports_values_no_qdq_point_solves() {
+    let mut p = tiny_program();
+    // Drop the QDQ point of the first q_mul output.
+    let v = (0..p.values.len())
+        .map(|i| crate::ir::ValueId(i as u32))
+        .find(|v| p.value(*v).qdq().is_some_and(|q| q.key == "model.layers.0.self_attn.q_mul_qdq"))
+        .unwrap();
+    p.value_mut(v).attrs.remove("qdq");
+    let params = tweaked(&p);
+    let err = run_with(&mut p, &params).unwrap_err().to_string();
+    assert!(err.starts_with("PTQ:"), "{err}");
+    assert!(err.contains("output 0 of op `model.layers.0.self_attn.Mul.0` in `model.layers.0.self_attn`"), "{err}");
+    assert!(err.contains("unsolved quantization spec AsymPerTensor") && err.contains("no QDQ point"), "{err}");
+}
+
+#[test]
+fn ptq_rejects_disagreeing_concat_inputs() {
+    let mut p = tiny_program();
+    let mut params = tweaked(&p);
+    params.scales.insert("model.layers.1.self_attn.q_neg_half_qdq.fake_quant.scale".into(), 0.5);
+    let err = run_with(&mut p, &params).unwrap_err().to_string();
+    assert!(err.contains("concat `model.layers.1.self_attn.Concat.0` in `model.layers.1.self_attn`"), "{err}");
+    assert!(err.contains("input 0") && err.contains("scale 5e-1"), "{err}");
+    assert!(err.contains("q_norm_output_qdq") || err.contains("q_neg_half_qdq"), "{err}");
+}
+
+#[test]
+fn ptq_names_missing_parameters_and_out_of_range_codes() {
+    let mut p = tiny_program();
+    let mut params = tweaked(&p);
+    params.hidden.insert("model.layers.1.self_attn.softmax_output_qdq.fake_quant.scale".into());
+    let err = run_with(&mut p, &params).unwrap_err().to_string();
+    assert!(err.contains("model.layers.1.self_attn.softmax_output_qdq.fake_quant.scale"), "{err}");
+    assert!(err.contains("`model.layers.1.self_attn.Softmax.0`"), "{err}");
+
+    let mut p = tiny_program();
+    let mut params = tweaked(&p);
+    params.ranges.insert("model.layers.0.self_attn.o_proj.weight".into(), (-3, 15));
+    let err = run_with(&mut p, &params).unwrap_err().to_string();
+    assert!(err.contains("model.layers.0.self_attn.o_proj.weight") && err.contains("-3..=15"), "{err}");
+    assert!(err.contains("op `model.layers.0.self_attn.o_proj`"), "{err}");
+
+    let mut p = tiny_program();
+    let mut params = tweaked(&p);
+    params.hidden.insert("lm_head.scale2".into());
+    let err = run_with(&mut p, &params).unwrap_err().to_string();
+    assert!(err.contains("lm_head.scale2") && err.contains("missing"), "{err}");
+}
+
+#[test]
+fn ptq_quantizes_constants_with_mllms_rule() {
+    let mut p = tiny_program();
+    after(5, &mut p);
+    let mut seen = 0;
+    for def in &p.values {
+        let Some(c) = def.constant() else { continue };
+        let Some(Attr::Int(code)) = def.attrs.get("quantized") else { panic!("{def:?} not quantized") };
+        let (s, z) = p.spec(def.spec().unwrap()).per_tensor().unwrap();
+        // clamp(round(v / s) + z) computed independently, in f64 with half away from zero.
+        let want = ((f64::from(c) / f64::from(s)).round() + f64::from(z)).clamp(0.0, 65535.0) as i64;
+        assert_eq!(*code, want, "{def:?}");
+        assert_eq!(def.ty.dtype, DType::U16Asym);
+        seen += 1;
+    }
+    assert_eq!(seen, 3 * LAYERS);
+    assert!(p.specs.iter().all(|s| s.is_solved()));
+}
+
+#[test]
+fn lpbq_layout_is_checked_against_stored_scales() {
+    let mut p = tiny_program();
+    after(6, &mut p);
+    for s in &p.specs {
+        if let Some(crate::ir::SpecParams::Lpbq { from, blocks, channels }) = &s.params {
+            let out = if from.ends_with("k_proj") || from.ends_with("v_proj") {
+                8
+            } else if from == "lm_head" {
+                VOCAB
+            } else {
+                16
+            };
+            assert_eq!((*blocks, *channels), (Some(1), Some(out)), "{from}");
+        }
+    }
+    // A scale1 with the wrong number of blocks.
+    struct WrongScale1(SyntheticParams);
+    impl crate::passes::QuantParamProvider for WrongScale1 {
+        fn name(&self) -> String {
+            self.0.name()
+        }
+        fn tensor(&self, key: &str) -> Result<Option<crate::passes::StoredTensor>, crate::passes::ParamError> {
+            let mut t = self.0.tensor(key)?;
+            if key == "model.layers.0.self_attn.q_proj.scale1" {
+                t = Some(crate::passes::StoredTensor { dtype: DType::U8, shape: vec![32] });
+            }
+            Ok(t)
+        }
+        fn read_f32(&self, key: &str) -> Result<Vec<f32>, crate::passes::ParamError> {
+            self.0.read_f32(key)
+        }
+        fn read_i32(&self, key: &str) -> Result<Vec<i32>, crate::passes::ParamError> {
+            self.0.read_i32(key)
+        }
+        fn int_range(&self, key: &str) -> Result<Option<(i64, i64)>, crate::passes::ParamError> {
+            self.0.int_range(key)
+        }
+    }
+    let mut p = tiny_program();
+    let params = WrongScale1(tiny_params(&p));
+    let err = run_with(&mut p, &params).unwrap_err().to_string();
+    assert!(
+        err.starts_with("LPBQCanonicalize")
+            && err.contains("`model.layers.0.self_attn.q_proj.scale1` must hold 16 values"),
+        "{err}"
+    );
+    assert!(err.contains("found 32 values"), "{err}");
+}
+
+#[test]
+fn split_keeps_every_op_once_in_walk_order() {
+    let mut p = tiny_program();
+    after(6, &mut p);
+    let before: Vec<String> = p.linalg_ops().iter().map(|op| op.name.clone().unwrap()).collect();
+    after_from(6, 7, &mut p);
+    let flat = p.subgraph("model.0.s4").unwrap();
+    let names: Vec<String> = flat
+        .region
+        .body
+        .iter()
+        .filter_map(|n| match n {
+            Node::Linalg(op) => Some(op.name.clone().unwrap()),
+            _ => None,
+        })
+        .collect();
+    let mut a = before.clone();
+    let mut b = names.clone();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b);
+    // Walk order: the embedding first, the head last.
+    assert_eq!(names.first().map(String::as_str), Some("model.embed_tokens"));
+    assert_eq!(names.last().map(String::as_str), Some("lm_head"));
+    let mut decode = trace_tiny(1);
+    after(9, &mut decode);
+    assert!(decode.subgraph("model.0.s1").is_some());
+}
+
+/// Runs passes `from..to` of the full pipeline.
+fn after_from(from: usize, to: usize, p: &mut Program) {
+    let cfg = tiny_config();
+    let params = tiny_params(p);
+    let pipeline = Pipeline::qnn_aot(&cfg, &params);
+    for pass in pipeline.passes().skip(from).take(to - from) {
+        pass.run(p).unwrap_or_else(|e| panic!("{}: {e}", pass.name()));
+    }
+}
+
+#[test]
+fn io_follows_the_positional_contract() {
+    let mut p = tiny_program();
+    after(8, &mut p);
+    let flat = p.subgraph("model.0.s4").unwrap();
+    assert_eq!(flat.region.inputs, p.main.inputs);
+    assert_eq!(flat.region.outputs, p.main.outputs);
+    for v in &p.main.inputs {
+        assert_eq!(p.value(*v).attrs.get("qnn_graph_inputs"), Some(&Attr::Bool(true)));
+    }
+    // A config with another layer count breaks the contract.
+    let mut p = tiny_program();
+    after(7, &mut p);
+    let mut cfg = tiny_config();
+    cfg.quant_recipe.layers = 3;
+    let err = crate::passes::MarkTensorIo::new(&cfg).run(&mut p).unwrap_err().to_string();
+    assert!(err.contains("3-layer LLM graph has 9 inputs and 7 outputs, found 7 and 5"), "{err}");
+}
+
+#[test]
+fn tensor_names_are_unique_safe_and_shared_across_chunk_sizes() {
+    let names = |chunk: usize| {
+        let mut p = trace_tiny(chunk);
+        after(9, &mut p);
+        let mut all = std::collections::BTreeMap::new();
+        for def in &p.values {
+            if let Some(Attr::Str(n)) = def.attrs.get("name") {
+                assert!(n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "{n}");
+                assert!(all.insert(n.clone(), def.symbol.clone()).is_none(), "duplicate {n}");
+            }
+        }
+        all
+    };
+    let (prefill, decode) = (names(4), names(1));
+    let statics = |m: &std::collections::BTreeMap<String, Option<String>>| {
+        m.iter().filter(|(_, s)| s.is_some()).map(|(n, _)| n.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(statics(&prefill), statics(&decode));
+    assert!(prefill.contains_key("model_layers_0_self_attn_q_proj_weight"));
+    assert!(prefill.contains_key("past_value_1") && prefill.contains_key("logits"));
+    assert_eq!(prefill.len(), decode.len());
 }
