@@ -3,9 +3,12 @@
 pub mod checkpoint;
 pub mod chunk_model;
 pub mod executor;
+pub mod interp;
 pub mod kernels;
+mod ptq_params;
 pub mod store;
 
 pub use chunk_model::CpuChunkModel;
 pub use executor::{CpuBackend, QdqHook};
+pub use interp::{Interpreter, Mode as InterpMode};
 pub use store::CheckpointStore;
