@@ -1,9 +1,11 @@
-//! backend-cpu: eager CPU execution of mllm-dsl model files, float and fake-quant.
+//! backend-cpu: eager CPU execution of mllm-dsl model files, float and fake-quant, plus calibration
+//! and export of quantized checkpoints ([`quant`]).
 
 pub mod checkpoint;
 pub mod chunk_model;
 pub mod executor;
 pub mod kernels;
+pub mod quant;
 pub mod store;
 
 pub use chunk_model::CpuChunkModel;
