@@ -4,11 +4,16 @@
 //! cargo run --release --example generate -- --model fixtures/qwen3-dev-f32 --prompt-ids 5,17,42
 //! ```
 //! Prints `ids: a,b,c,…` (prompt then generated ids); with `--prompt` also the decoded text.
+//!
+//! A quantized checkpoint (mllm's pymllm export, or `quantize`'s output) runs in fake-quant mode:
+//! weights, norms, embedding and RoPE tables are decoded from the file and every QDQ point
+//! quantizes with its stored parameters. `--float` runs it without the QDQ points instead.
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mllm_dsl::runtime::{GenerationConfig, Generator, RandomSampling, Sampling};
-use mllm_examples::{load_float, qwen3_chat_prompt, write_f32_safetensors};
+use mllm_examples::quant_pipeline::{load_model, RunMode};
+use mllm_examples::{qwen3_chat_prompt, write_f32_safetensors};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -54,14 +59,21 @@ struct Args {
     /// Print `prefill_tok_s=X decode_tok_s=Y load_s=Z` as the last line.
     #[arg(long)]
     timings: bool,
+    /// Run a quantized checkpoint without fake-quant (decoded weights, QDQ points off).
+    #[arg(long)]
+    float: bool,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     backend_cpu::kernels::set_num_threads(args.threads)?;
     let t0 = Instant::now();
-    let loaded = load_float(&args.model, args.context)?;
+    let mode = if args.float { RunMode::Float } else { RunMode::Auto };
+    let loaded = load_model(&args.model, args.context, mode)?;
     let load_s = t0.elapsed().as_secs_f64();
+    if loaded.fake_quant {
+        eprintln!("{}: quantized checkpoint, running in fake-quant mode (--float to disable)", args.model.display());
+    }
     if !loaded.unused.is_empty() {
         eprintln!("warning: {} checkpoint tensors were not used: {}", loaded.unused.len(), loaded.unused.join(", "));
     }
