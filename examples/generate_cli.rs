@@ -1,7 +1,8 @@
 //! The `generate` example's command: argument parsing and the run itself, as a library function so
 //! tests drive it exactly like the command line does.
 
-use crate::{load_float, qwen3_chat_prompt, write_f32_safetensors};
+use crate::quant_pipeline::{load_model, RunMode};
+use crate::{qwen3_chat_prompt, write_f32_safetensors};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use mllm_dsl::runtime::{GenerationConfig, Generator, RandomSampling, Sampling};
@@ -50,6 +51,9 @@ pub struct GenerateArgs {
     /// Print `prefill_tok_s=X decode_tok_s=Y load_s=Z` as the last line.
     #[arg(long)]
     pub timings: bool,
+    /// Run a quantized checkpoint without fake-quant (decoded weights, QDQ points off).
+    #[arg(long)]
+    pub float: bool,
 }
 
 /// Runs generation and returns the lines the command prints.
@@ -59,8 +63,12 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
     }
     backend_cpu::kernels::set_num_threads(args.threads)?;
     let t0 = Instant::now();
-    let loaded = load_float(&args.model, args.context)?;
+    let mode = if args.float { RunMode::Float } else { RunMode::Auto };
+    let loaded = load_model(&args.model, args.context, mode)?;
     let load_s = t0.elapsed().as_secs_f64();
+    if loaded.fake_quant {
+        eprintln!("{}: quantized checkpoint, running in fake-quant mode (--float to disable)", args.model.display());
+    }
     if !loaded.unused.is_empty() {
         eprintln!("warning: {} checkpoint tensors were not used: {}", loaded.unused.len(), loaded.unused.join(", "));
     }
