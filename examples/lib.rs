@@ -1,6 +1,8 @@
 //! Shared glue of the runnable examples: loading an HF checkpoint directory into a CPU model,
 //! tokenization, and small output helpers.
 
+pub mod generate_cli;
+
 use anyhow::{Context, Result};
 use backend_cpu::checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
 use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel};
