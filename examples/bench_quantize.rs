@@ -170,6 +170,7 @@ fn main() -> Result<()> {
     let weights = quantize_weights(&plan, &source, hf.tie_word_embeddings, &mut |_, _, _| {})
         .context("quantizing the synthetic checkpoint")?;
     let quant_s = start.elapsed().as_secs_f64();
+    println!("  read + convert to f32: {:.2} s, quantize: {:.2} s", weights.read_seconds, weights.quantize_seconds);
     write_quantized_checkpoint(&output, &hf.source, plan.block_size, &weights.tensors, &QdqParams::new())?;
     let total_s = start.elapsed().as_secs_f64();
     let out_bytes: usize = weights.tensors.iter().map(|t| t.data.bytes().len()).sum();

@@ -218,8 +218,12 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
 
     // 1. What the model file quantizes: QDQ points, concatenations, parameters.
     let qnn_program = trace_model(&hf, opts.max_positions, ParamFormat::QnnW4A16)?;
+    let aot_name = match &opts.aot_config {
+        Some(p) => format!("AOT config {}", p.display()),
+        None => "the built-in W4A16KV8 AOT config".to_string(),
+    };
     let plan = plan_export(&qnn_program, &aot, hf.linear_block_size)
-        .with_context(|| format!("checking {} against the AOT config", hf.source.display()))?;
+        .with_context(|| format!("checking {} against {aot_name}", hf.source.display()))?;
     let points = qdq_points(&qnn_program)?;
     let groups = concat_groups(&qnn_program);
 

@@ -168,3 +168,73 @@ fn deployed_mode_calibrates_the_deployed_model_and_reports() {
     assert!(a > b, "all positions ({a}) vs last position ({b})");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A model directory with qwen3-dev-f32's weights and a config edited by `edit`.
+fn model_with_config(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    let dir = scratch(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = fixture("qwen3-dev-f32");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+fn quantize_error(model: PathBuf, aot_config: Option<PathBuf>) -> String {
+    let opts = QuantizeOptions {
+        model,
+        aot_config,
+        calibration: calib_ids(),
+        evaluation: None,
+        mode: CalibrationMode::Deployed,
+        out: scratch("never-written"),
+        max_positions: 1024,
+        progress: false,
+    };
+    let err = quantize(&opts).err().expect("quantize must refuse this configuration");
+    eprintln!("{err:#}");
+    assert!(!opts.out.join("model.safetensors").exists());
+    format!("{err:#}")
+}
+
+#[test]
+fn block_size_conflicts_are_reported_before_calibration() {
+    // HF linear_block_size 32 vs the built-in AOT config's 16.
+    let model = model_with_config("bs32", |c| c["linear_block_size"] = serde_json::json!(32));
+    let msg = quantize_error(model.clone(), None);
+    assert!(msg.contains("linear_block_size") && msg.contains("32") && msg.contains("16"), "{msg}");
+    let _ = std::fs::remove_dir_all(&model);
+
+    // An AOT block size that does not divide the hidden width (32).
+    let aot_text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../mllm-dsl/tests/data/mllm/qwen3-1.7b-qnn-aot-config.json"),
+    )
+    .unwrap();
+    let aot = scratch("aot24.json");
+    std::fs::write(&aot, aot_text.replace("\"block_size\": 16", "\"block_size\": 24")).unwrap();
+    let model = model_with_config("nobs", |c| {
+        c.as_object_mut().unwrap().remove("linear_block_size");
+    });
+    let msg = quantize_error(model.clone(), Some(aot.clone()));
+    assert!(msg.contains("24") && msg.contains("does not divide"), "{msg}");
+    let _ = std::fs::remove_dir_all(&model);
+    let _ = std::fs::remove_file(&aot);
+}
+
+#[test]
+fn text_calibration_splits_paragraphs_and_truncates() {
+    let text = scratch("calib.txt");
+    std::fs::write(&text, "Alice was reading a book.\n\n\n  \nTwinkle, twinkle, little star.\nHow I wonder.\n").unwrap();
+    let tokenizer = fixture("tokenizer-tiny").join("tokenizer.json");
+    let seqs = mllm_examples::quant_pipeline::load_text_sequences(&text, &tokenizer, 5, 10, false).unwrap();
+    assert_eq!(seqs.len(), 2, "{seqs:?}");
+    // expected.json: "Alice was reading a book." -> [81, 92, 113, 127, 78, 126, 8], cut to 5.
+    assert_eq!(seqs[0], vec![81, 92, 113, 127, 78]);
+    assert!(seqs[1].len() == 5);
+    let chat = mllm_examples::quant_pipeline::load_text_sequences(&text, &tokenizer, 1000, 1, true).unwrap();
+    assert_eq!(chat.len(), 1);
+    assert_eq!(chat[0][0], 1, "the chat template starts with <|im_start|>");
+    let _ = std::fs::remove_file(&text);
+}

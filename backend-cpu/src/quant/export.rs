@@ -202,6 +202,10 @@ pub struct QuantizedWeights {
     pub tensors: Vec<OutTensor>,
     /// Bytes of the source tensors read (each once).
     pub input_bytes: u64,
+    /// Wall time spent reading (and converting to f32) the source tensors.
+    pub read_seconds: f64,
+    /// Wall time spent quantizing.
+    pub quantize_seconds: f64,
 }
 
 /// Where a parameter's float data comes from: itself, or the embedding for a tied lm_head.
@@ -238,10 +242,14 @@ pub fn quantize_weights(
         let (dtype, shape) = source.info(src)?;
         let shape = shape.to_vec();
         out.input_bytes += (shape.iter().product::<usize>() * dtype.bitsize() / 8) as u64;
+        let t0 = std::time::Instant::now();
         let data = source.read_f32(src)?;
+        let t1 = std::time::Instant::now();
         for p in params {
             quantize_param(p, src, &shape, &data, &mut out.tensors)?;
         }
+        out.read_seconds += (t1 - t0).as_secs_f64();
+        out.quantize_seconds += t1.elapsed().as_secs_f64();
         progress(done + 1, total, src);
     }
     Ok(out)

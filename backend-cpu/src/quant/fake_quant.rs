@@ -1,11 +1,27 @@
 //! [`FakeQuantHook`]: each QDQ point quantizes, clamps and dequantizes its tensor with torch's
 //! `fake_quantize_per_tensor_affine` ([`FakeQuantizer`]), using the point's parameters.
 //!
-//! Together with a [`CheckpointStore`](crate::CheckpointStore) that decodes the stored weights
-//! (LPBQ `q * scale1 * scale2`, uint16 norms / embedding / RoPE tables `(q - zp) * scale`), this
-//! is what the deployed graph computes, up to float summation order: mllm's "deployed
-//! simulation". RoPE points apply to tables already decoded with the same parameters, where
-//! fake-quant is the identity.
+//! Together with a [`CheckpointStore`](crate::CheckpointStore) that decodes the stored weights,
+//! this is mllm's "deployed simulation" (`deployedsim_logits` of the pymllm oracle):
+//! - decoded from the file: LPBQ linears `signext4(q) * scale1 * scale2` (the two-level scales the
+//!   NPU uses, not pymllm's fp32 block scales), uint16 norms, embedding and RoPE tables
+//!   `(q - zp) * scale`;
+//! - applied: every activation QDQ (u16, 0..=65535), the KV QDQs (u8, 0..=255, zero point 128),
+//!   the fixed sigmoid QDQ (1/65536) and the constants' QDQs (`scaling_qdq`, `neg_20_qdq`).
+//!
+//! Remaining differences, none visible on the oracle (the logits match bit for bit for prefill
+//! chunks of 8, 32 and 1):
+//! - the model file applies the RoPE QDQ to the decoded tables at every forward, where pymllm
+//!   applied it once when building them; on decoded values it is the identity;
+//! - the mask is the dequantized u16 input (0.0 attends, -0.001 masked) compared with a
+//!   `constant_zero` QDQ'd with the mask encoding (0.0 stays 0.0), where pymllm compares an int8
+//!   `1 - tril` with 0: the same selection;
+//! - chunked prefill and decode see the valid past plus the chunk, where the oracle's single
+//!   prefill row also spans the future columns: `reduce_min` over a row, and so the value of
+//!   *masked* scores, can differ, and masked scores weigh ~e^-20 in the softmax;
+//! - float summation order of the CPU kernels (absorbed by the next QDQ's rounding, mostly);
+//! - not simulated at all: what the NPU does beyond QDQ semantics (integer kernels, constants
+//!   quantized by mllm's compiler with C rounding: see `quant::fake_quant::quantize_constant`).
 
 use std::collections::HashMap;
 
