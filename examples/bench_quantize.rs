@@ -166,14 +166,14 @@ fn main() -> Result<()> {
     let program = trace_model(&hf, 1024, ParamFormat::QnnW4A16)?;
     let plan = plan_export(&program, &AotConfig::w4a16_kv8(), hf.linear_block_size)?;
 
-    let start = Instant::now();
-    let weights = quantize_weights(&plan, &source, hf.tie_word_embeddings, &mut |_, _, _| {})
+    let (start, cpu_start) = (Instant::now(), cpu_seconds());
+    let weights = quantize_weights(&plan, &source, hf.tie_word_embeddings, &|_, _, _| {})
         .context("quantizing the synthetic checkpoint")?;
-    let quant_s = start.elapsed().as_secs_f64();
-    println!("  read + convert to f32: {:.2} s, quantize: {:.2} s", weights.read_seconds, weights.quantize_seconds);
+    let (quant_s, quant_cpu) = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu_start);
     write_quantized_checkpoint(&output, &hf.source, plan.block_size, &weights.tensors, &QdqParams::new())?;
-    let total_s = start.elapsed().as_secs_f64();
+    let (total_s, total_cpu) = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu_start);
     let out_bytes: usize = weights.tensors.iter().map(|t| t.data.bytes().len()).sum();
+    let (read_thread_s, quant_thread_s) = (weights.read_seconds, weights.quantize_seconds);
     drop(weights);
 
     let mb = |b: u64| b as f64 / 1e6;
@@ -186,8 +186,25 @@ fn main() -> Result<()> {
         mb(out_bytes as u64),
         args.threads
     );
-    println!("quantize: {quant_s:.2} s = {:.0} MB/s of input weights", mb(source_bytes(&source)) / quant_s);
-    println!("quantize + write: {total_s:.2} s = {:.0} MB/s of input weights", mb(source_bytes(&source)) / total_s);
+    let input_mb = mb(source_bytes(&source));
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("machine load average: {}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    println!(
+        "quantize: {quant_s:.2} s wall = {:.0} MB/s of input weights; CPU {quant_cpu:.2} s (read+convert {:.2} s, \
+         quantize {:.2} s thread time) = {:.0} MB/s with {} busy cores",
+        input_mb / quant_s,
+        read_thread_s,
+        quant_thread_s,
+        input_mb / (quant_cpu / args.threads as f64),
+        args.threads
+    );
+    println!(
+        "quantize + write: {total_s:.2} s wall = {:.0} MB/s of input weights; CPU {total_cpu:.2} s = {:.0} MB/s with {} \
+         busy cores",
+        input_mb / total_s,
+        input_mb / (total_cpu / args.threads as f64),
+        args.threads
+    );
     println!(
         "peak RSS (VmHWM{}): {:.1} MB = {:.2}x the checkpoint",
         if reset { ", reset after generation" } else { ", NOT reset: includes generation" },
@@ -198,6 +215,17 @@ fn main() -> Result<()> {
         let _ = std::fs::remove_dir_all(&output);
     }
     Ok(())
+}
+
+/// User + system CPU time of this process (`/proc/self/stat` fields 14 and 15, in USER_HZ = 100).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name, which may contain spaces.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // Field 14 (utime) is index 11 after the state field (field 3 = index 0).
+    (ticks(11) + ticks(12)) as f64 / 100.0
 }
 
 fn source_bytes(source: &SafetensorsCheckpoint) -> u64 {

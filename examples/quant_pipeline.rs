@@ -256,7 +256,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     let start = Instant::now();
     let groups_total = plan.params.len();
     let pb = bar(opts.progress, groups_total, "quantizing");
-    let mut weights = quantize_weights(&plan, &source, hf.tie_word_embeddings, &mut |done, total, key| {
+    let mut weights = quantize_weights(&plan, &source, hf.tie_word_embeddings, &|done, total, key| {
         pb.set_length(total as u64);
         pb.set_position(done as u64);
         pb.set_message(key.to_string());

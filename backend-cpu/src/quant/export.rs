@@ -19,6 +19,8 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::ir::{Node, Program};
@@ -26,6 +28,7 @@ use mllm_dsl::quant::lpbq::{quantize_lpbq, LpbqShape};
 use mllm_dsl::quant::uint16::export_u16;
 use mllm_dsl::quant::{quantize_u16_weight, QuantParams};
 use mllm_dsl::{DType, QdqKind};
+use rayon::prelude::*;
 
 use super::error::QuantizationError;
 use super::params::QdqParams;
@@ -202,9 +205,9 @@ pub struct QuantizedWeights {
     pub tensors: Vec<OutTensor>,
     /// Bytes of the source tensors read (each once).
     pub input_bytes: u64,
-    /// Wall time spent reading (and converting to f32) the source tensors.
+    /// Time spent reading (and converting to f32) the source tensors, summed over threads.
     pub read_seconds: f64,
-    /// Wall time spent quantizing.
+    /// Time spent quantizing, summed over threads.
     pub quantize_seconds: f64,
 }
 
@@ -219,13 +222,17 @@ fn source_key<'a>(ckpt: &SafetensorsCheckpoint, key: &'a str, tie_word_embedding
 
 /// Quantizes every LPBQ, uint16 and float parameter of `plan` from the float checkpoint `source`
 /// (RoPE tables come from calibration; see [`write_quantized_checkpoint`]). Parameters sharing a
-/// source tensor (a tied lm_head) read it once. `progress(done, total, key)` is called after each
-/// source tensor.
+/// source tensor (a tied lm_head) read it once.
+///
+/// Source tensors are processed in parallel on [`num_threads`](crate::kernels::num_threads)
+/// threads, so one thread's reading (conversion to f32 is sequential per tensor) overlaps the
+/// other's quantization; the output keeps plan order. `progress(done, total, key)` is called after
+/// each source tensor, from any thread.
 pub fn quantize_weights(
     plan: &ExportPlan,
     source: &SafetensorsCheckpoint,
     tie_word_embeddings: bool,
-    progress: &mut dyn FnMut(usize, usize, &str),
+    progress: &(dyn Fn(usize, usize, &str) + Sync),
 ) -> Result<QuantizedWeights, QuantizationError> {
     // Group by source tensor, keeping plan order of first use.
     let mut groups: Vec<(&str, Vec<&ParamPlan>)> = Vec::new();
@@ -236,21 +243,40 @@ pub fn quantize_weights(
             None => groups.push((src, vec![p])),
         }
     }
-    let mut out = QuantizedWeights::default();
     let total = groups.len();
-    for (done, (src, params)) in groups.into_iter().enumerate() {
+    let done = AtomicUsize::new(0);
+    let threads = crate::kernels::num_threads();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| QuantizationError::Report(format!("cannot start {threads} quantization threads: {e}")))?;
+    let quantize_group = |(src, params): &(&str, Vec<&ParamPlan>)| -> Result<QuantizedWeights, QuantizationError> {
         let (dtype, shape) = source.info(src)?;
         let shape = shape.to_vec();
-        out.input_bytes += (shape.iter().product::<usize>() * dtype.bitsize() / 8) as u64;
-        let t0 = std::time::Instant::now();
+        let mut out = QuantizedWeights {
+            input_bytes: (shape.iter().product::<usize>() * dtype.bitsize() / 8) as u64,
+            ..Default::default()
+        };
+        let t0 = Instant::now();
         let data = source.read_f32(src)?;
-        let t1 = std::time::Instant::now();
+        let t1 = Instant::now();
         for p in params {
             quantize_param(p, src, &shape, &data, &mut out.tensors)?;
         }
-        out.read_seconds += (t1 - t0).as_secs_f64();
-        out.quantize_seconds += t1.elapsed().as_secs_f64();
-        progress(done + 1, total, src);
+        out.read_seconds = (t1 - t0).as_secs_f64();
+        out.quantize_seconds = t1.elapsed().as_secs_f64();
+        progress(done.fetch_add(1, Ordering::Relaxed) + 1, total, src);
+        Ok(out)
+    };
+    let parts: Vec<Result<QuantizedWeights, QuantizationError>> =
+        pool.install(|| groups.par_iter().map(quantize_group).collect());
+    let mut out = QuantizedWeights::default();
+    for part in parts {
+        let part = part?;
+        out.tensors.extend(part.tensors);
+        out.input_bytes += part.input_bytes;
+        out.read_seconds += part.read_seconds;
+        out.quantize_seconds += part.quantize_seconds;
     }
     Ok(out)
 }
