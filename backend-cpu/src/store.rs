@@ -148,7 +148,7 @@ impl CheckpointStore {
             module_path: req.module_path.to_string(),
             message: m,
         };
-        if s2.len() != cout || s1.is_empty() || s1.len() % cout != 0 || cin % (s1.len() / cout) != 0 {
+        if s2.len() != cout || s1.is_empty() || s1.len() % cout != 0 || !cin.is_multiple_of(s1.len() / cout) {
             return Err(bad(format!(
                 "LPBQ scales do not fit [in {cin}, out {cout}]: scale1 has {} values, scale2 {}",
                 s1.len(),

@@ -37,7 +37,7 @@ mod tensor_renaming;
 #[cfg(test)]
 mod tests;
 
-pub use error::PassError;
+pub use error::{ConcatMismatch, PassError, UnsolvedSpec};
 pub use lpbq_canonicalize::LpbqCanonicalize;
 pub use mark_qnn::MarkQnnGraph;
 pub use merge_head::MergeLlmHead;

@@ -175,7 +175,7 @@ pub(crate) fn block_size_for(config: &AotConfig, op: &str, in_features: usize) -
     let (block_size, field) = config
         .linear_block_size(op)
         .map_err(|e| PassError::config("quant_recipe.builtin_llm_pass.linear", e.to_string()))?;
-    if in_features % block_size != 0 {
+    if !in_features.is_multiple_of(block_size) {
         return Err(PassError::config(
             field,
             format!("block size {block_size} does not divide the input width {in_features} of linear `{op}`"),
