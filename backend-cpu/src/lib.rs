@@ -1,4 +1,5 @@
-//! backend-cpu: eager CPU execution of mllm-dsl model files, float and fake-quant.
+//! backend-cpu: eager CPU execution of mllm-dsl model files, float and fake-quant, plus calibration
+//! and export of quantized checkpoints ([`quant`]).
 
 pub mod checkpoint;
 pub mod chunk_model;
@@ -6,6 +7,7 @@ pub mod executor;
 pub mod interp;
 pub mod kernels;
 mod ptq_params;
+pub mod quant;
 pub mod store;
 
 pub use chunk_model::CpuChunkModel;

@@ -50,6 +50,10 @@ impl QuantParamProvider for SafetensorsCheckpoint {
         SafetensorsCheckpoint::read_i32(self, key).map_err(|e| self.error(key, e.to_string()))
     }
 
+    fn read_bytes(&self, key: &str) -> Result<Vec<u8>, ParamError> {
+        SafetensorsCheckpoint::read_bytes(self, key).map_err(|e| self.error(key, e.to_string()))
+    }
+
     fn int_range(&self, key: &str) -> Result<Option<(i64, i64)>, ParamError> {
         let (dtype, _) = self.info(key).map_err(|e| self.error(key, e.to_string()))?;
         let err = |e: crate::checkpoint::CheckpointError| self.error(key, e.to_string());
@@ -94,6 +98,10 @@ mod tests {
         assert!(lo >= 1 && hi <= 16, "{lo}..{hi}");
         let err = p.int_range("model.norm.scale").unwrap_err().to_string();
         assert!(err.contains("model.norm.scale") && err.contains("integer"), "{err}");
+        // Raw bytes are the stored little-endian values.
+        let bytes = p.read_bytes("model.norm.weight").unwrap();
+        let words: Vec<u16> = bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+        assert_eq!(words, ckpt.read_u16("model.norm.weight").unwrap());
         let err = p.scalar_f32("model.missing_qdq.fake_quant.scale").unwrap_err().to_string();
         assert!(err.contains("model.missing_qdq.fake_quant.scale"), "{err}");
     }

@@ -9,6 +9,7 @@
 //!   fake-quant (QDQ parameters from the checkpoint).
 //! - Per-pass checks on the real model: spec sharing, solved parameters, constants, LPBQ layout,
 //!   the flat graph, the I/O contract and tensor names; and PTQ's errors on a corrupted checkpoint.
+#![allow(clippy::result_large_err)] // PassError carries its context; see mllm_dsl::passes.
 
 use backend_cpu::checkpoint::SafetensorsCheckpoint;
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter, QdqHook};

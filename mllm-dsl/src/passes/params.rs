@@ -52,6 +52,13 @@ pub trait QuantParamProvider: Send + Sync {
     /// `Ok(None)` when the provider holds no data for it (metadata only).
     fn int_range(&self, key: &str) -> Result<Option<(i64, i64)>, ParamError>;
 
+    /// The stored bytes of a tensor, little-endian in its stored dtype (see [`tensor`](Self::tensor)),
+    /// for backends that embed weights as they are stored (the QNN lowering). Providers that hold
+    /// no weight data (metadata only) keep this default, an error.
+    fn read_bytes(&self, key: &str) -> Result<Vec<u8>, ParamError> {
+        Err(self.error(key, "this provider holds parameters only, no weight data".into()))
+    }
+
     /// An error about `key` from this provider.
     fn error(&self, key: &str, message: String) -> ParamError {
         ParamError { provider: self.name(), key: key.to_string(), message }
