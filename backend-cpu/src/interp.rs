@@ -3,7 +3,7 @@
 //!
 //! It executes nested subgraphs and calls (before SplitLLMGraph) as well as the flat graph (after
 //! it), with the eager executor's kernels: every op goes through [`CpuBackend`]'s
-//! [`Backend::execute`] on materialized tensors, so a float run is bitwise identical to the eager
+//! [`Backend::execute`](mllm_dsl::Backend::execute) on materialized tensors, so a float run is bitwise identical to the eager
 //! model. Parameters are loaded from a [`WeightStore`] by symbol, in the role the op reading them
 //! gives them.
 //!
@@ -277,5 +277,90 @@ fn weight_roles(kind: &OpKind) -> Vec<Option<ParamRole>> {
         OpKind::Embedding => vec![None, Some(ParamRole::EmbeddingWeight)],
         OpKind::Gather { .. } => vec![Some(ParamRole::RopeTable), None],
         _ => vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mllm_dsl::ir::{CallGraph, Node};
+    use mllm_dsl::passes::SyntheticParams;
+    use mllm_dsl::{trace, DType, TraceInput};
+
+    struct NoWeights;
+
+    impl WeightStore for NoWeights {
+        fn load(&self, req: &ParamRequest<'_>) -> mllm_dsl::Result<Tensor> {
+            Err(mllm_dsl::Error::msg(format!("no weight {}", req.key)))
+        }
+        fn contains(&self, _key: &str) -> bool {
+            false
+        }
+        fn backend(&self) -> BackendRef {
+            CpuBackend::float()
+        }
+    }
+
+    fn input() -> Tensor {
+        let data: Vec<f32> = (0..6).map(|i| i as f32 * 0.37 - 1.0).collect();
+        Tensor::from_f32(data, vec![2, 3], CpuBackend::float()).unwrap()
+    }
+
+    /// `softmax(x * x + 1)` with a QDQ point on the product.
+    fn compute(x: &Tensor) -> mllm_dsl::Result<Tensor> {
+        let sq = mllm_dsl::qdq!(x.mul(x)?, "square_qdq")?;
+        sq.add_scalar(1.0)?.softmax(-1)
+    }
+
+    fn program() -> Program {
+        trace(&[TraceInput::new("x", [2, 3], DType::F32)], |t| compute(&t[0])).unwrap()
+    }
+
+    #[test]
+    fn float_runs_match_eager_bit_for_bit() {
+        let p = program();
+        let eager = compute(&input()).unwrap();
+        let out = Interpreter::new(&p, &NoWeights, Mode::Float).run(&[input()]).unwrap();
+        let (a, b) = (out[0].as_f32().unwrap(), eager.as_f32().unwrap());
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+
+    #[test]
+    fn fake_quant_applies_the_qdq_points_parameters() {
+        let p = program();
+        let params = SyntheticParams::for_program(&p, 16);
+        let q = qdq_params(p.values.iter().find_map(|d| d.qdq()).unwrap(), &params).unwrap();
+        let fq = FakeQuantizer::new(&q);
+        let x = input();
+        let sq: Vec<f32> = x.as_f32().unwrap().iter().map(|v| fq.fake(v * v)).collect();
+        let want = Tensor::from_f32(sq, vec![2, 3], CpuBackend::float())
+            .unwrap()
+            .add_scalar(1.0)
+            .unwrap()
+            .softmax(-1)
+            .unwrap();
+        let out = Interpreter::new(&p, &NoWeights, Mode::FakeQuant(&params)).run(&[x]).unwrap();
+        assert_eq!(out[0].as_f32().unwrap(), want.as_f32().unwrap());
+        let float = Interpreter::new(&p, &NoWeights, Mode::Float).run(&[input()]).unwrap();
+        assert_ne!(out[0].as_f32().unwrap(), float[0].as_f32().unwrap());
+    }
+
+    #[test]
+    fn bad_inputs_and_programs_are_errors() {
+        let p = program();
+        let run =
+            |inputs: &[Tensor]| Interpreter::new(&p, &NoWeights, Mode::Float).run(inputs).unwrap_err().to_string();
+        assert!(run(&[]).contains("@main takes 1 inputs, got 0"));
+        let wrong = Tensor::from_f32(vec![0.0; 6], vec![3, 2], CpuBackend::float()).unwrap();
+        assert!(run(&[wrong]).contains("input 0: expected shape [2, 3], got [3, 2]"));
+        let ids = Tensor::from_i64(vec![0; 6], vec![2, 3], DType::I32, CpuBackend::float()).unwrap();
+        assert!(run(&[ids]).contains("input 0: expected eager Float32 data"));
+        let mut broken = p.clone();
+        broken.main.body.insert(0, Node::Call(CallGraph { symbol: "nowhere".into(), inputs: vec![], outputs: vec![] }));
+        let err = Interpreter::new(&broken, &NoWeights, Mode::Float).run(&[input()]).unwrap_err().to_string();
+        assert!(err.contains("`@main` calls @nowhere, which is not defined"), "{err}");
+        let params = SyntheticParams::default();
+        let err = Interpreter::new(&p, &NoWeights, Mode::FakeQuant(&params)).run(&[input()]).unwrap_err().to_string();
+        assert!(err.contains("square_qdq.fake_quant.scale"), "{err}");
     }
 }

@@ -7,10 +7,14 @@
 //!
 //! Values are stored in one arena ([`Program::values`]); ids are indices into it and carry no meaning
 //! beyond that — the printer renumbers them in print order.
+//!
+//! Quantization specs (what the passes attach, see [`quant`]) live in a second arena,
+//! [`Program::specs`]; values name theirs with the attribute `spec:s<n>`, and values naming the same
+//! spec share it, as mllm shares spec objects by pointer.
 
 mod parse;
 mod print;
-mod quant;
+pub mod quant;
 
 pub use parse::parse;
 pub(crate) use print::numbering;

@@ -351,3 +351,72 @@ impl fmt::Display for QuantSpec {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::TensorType;
+    use crate::ir::{parse, Program, ValueDef};
+
+    const TEXT: &str = r#"@main (%0:tensor<[1, 4], UInt16PerTensorAsy, CPU>[spec:s0]) -> (%1) {
+    linalg.CPU.ViewOp <name="v"> [shape:[4]] (%0) -> (%1:tensor<[4], UInt16PerTensorAsy, CPU>[spec:s0])
+    linalg.CPU.ViewOp <name="w"> [shape:[1, 4]] (%1) -> (%2:tensor<[1, 4], Int4LPBQ, CPU>[spec:s1])
+    linalg.CPU.ViewOp <name="x"> [shape:[4]] (%2) -> (%3:tensor<[4], UInt8PerTensorSym, CPU>[spec:s2])
+    cf.ReturnOp (%1) -> ()
+}
+quant.specs {
+    s0 = AsymPerTensor(0, 65535, UInt16, Float32, Int32) [from:"x_qdq", scale:0.5, zero_point:3]
+    s1 = LPBQ(-7, 7, 16, 3, 4, Int4LPBQ, Float32) [blocks:2, channels:8, from:"lm_head"]
+    s2 = SymPerTensor(0, 255, UInt8, Float32)
+}
+"#;
+
+    #[test]
+    fn spec_tables_round_trip_and_sharing_survives() {
+        let p = parse(TEXT).unwrap();
+        assert_eq!(p.to_string(), TEXT);
+        assert_eq!(p.value(p.main.inputs[0]).spec(), p.value(p.main.outputs[0]).spec());
+        assert_eq!(p.specs.len(), 3);
+        assert_eq!(p.specs[0].per_tensor(), Some((0.5, 3)));
+        assert_eq!(
+            p.specs[1].params,
+            Some(SpecParams::Lpbq { from: "lm_head".into(), blocks: Some(2), channels: Some(8) })
+        );
+        assert!(!p.specs[2].is_solved());
+        assert_eq!(p.specs[2].kind.implied_zero_point(), Some(128));
+    }
+
+    #[test]
+    fn spec_table_errors_are_located() {
+        let err = |t: &str| parse(t).unwrap_err().to_string();
+        let missing = TEXT.replace("    s2 = SymPerTensor(0, 255, UInt8, Float32)\n", "");
+        assert!(err(&missing).contains("spec s2 is used but not in the quant.specs table"), "{}", err(&missing));
+        let twice = TEXT.replace("    s2 = Sym", "    s1 = Raw(Int32)\n    s2 = Sym");
+        assert!(err(&twice).contains("spec s1 defined twice"), "{}", err(&twice));
+        let kind = TEXT.replace("SymPerTensor(0, 255", "SymPerBlock(0, 255");
+        assert!(err(&kind).contains("unknown quant spec kind 'SymPerBlock'"), "{}", err(&kind));
+        let fields = TEXT.replace("SymPerTensor(0, 255, UInt8, Float32)", "SymPerTensor(0, 255, UInt8)");
+        assert!(err(&fields).contains("SymPerTensor takes 4 fields, found 3"), "{}", err(&fields));
+        let param = TEXT.replace("zero_point:3]", "zero_point:3, offset:1]");
+        assert!(err(&param).contains("unknown spec parameter 'offset'"), "{}", err(&param));
+    }
+
+    #[test]
+    fn canonical_specs_follow_first_reference_and_drop_unused_ones() {
+        let mut p = Program::default();
+        let unused = p.add_spec(QuantSpec::new(QuantSpecKind::Raw { dtype: DType::I32 }));
+        let b = p.add_spec(QuantSpec::new(QuantSpecKind::u16_asym()));
+        let a = p.add_spec(QuantSpec::new(QuantSpecKind::lpbq_hwio(32)));
+        let x = p.add_value(ValueDef::new(TensorType::new(vec![2], DType::U16Asym)));
+        let y = p.add_value(ValueDef::new(TensorType::new(vec![2], DType::U16Asym)));
+        p.set_value_spec(x, a);
+        p.set_value_spec(y, b);
+        p.main.inputs = vec![x, y];
+        p.main.outputs = vec![y];
+        assert_ne!(unused, a);
+        let c = p.canonicalize();
+        assert_eq!(c.specs, vec![p.spec(a).clone(), p.spec(b).clone()]);
+        assert_eq!(c.value(c.main.inputs[0]).spec(), Some(SpecId(0)));
+        assert_eq!(parse(&p.to_string()).unwrap(), c);
+    }
+}

@@ -15,35 +15,12 @@ pub enum PassError {
     NoRecipeRule { pass: &'static str, op: String, op_type: &'static str, module: String, hint: String },
 
     /// PTQ could not find parameters for a value's spec.
-    #[error("{pass}: {value}, {role} op `{op}` in `{module}`, has an unsolved quantization spec {spec}: {reason}")]
-    UnsolvedSpec {
-        pass: &'static str,
-        op: String,
-        module: String,
-        /// `input 1` / `output 0`.
-        role: String,
-        value: String,
-        spec: String,
-        reason: String,
-    },
+    #[error(transparent)]
+    UnsolvedSpec(Box<UnsolvedSpec>),
 
     /// The inputs of a concat are quantized differently (mllm's PTQ only logs this).
-    #[error(
-        "{pass}: concat `{op}` in `{module}`: input {index} {value} has scale {scale:e} and zero point \
-         {zero_point}, but input 0 {first} has scale {first_scale:e} and zero point {first_zero_point}"
-    )]
-    ConcatMismatch {
-        pass: &'static str,
-        op: String,
-        module: String,
-        index: usize,
-        value: String,
-        scale: f32,
-        zero_point: i32,
-        first: String,
-        first_scale: f32,
-        first_zero_point: i32,
-    },
+    #[error(transparent)]
+    ConcatMismatch(Box<ConcatMismatch>),
 
     /// A parameter the provider could not give, with the op and value that needed it.
     #[error("{pass}: op `{op}` in `{module}`, {value}: {source}")]
@@ -53,7 +30,7 @@ pub enum PassError {
         module: String,
         value: String,
         #[source]
-        source: ParamError,
+        source: Box<ParamError>,
     },
 
     /// The AOT config asks for something the program or this compiler cannot do.
@@ -71,6 +48,39 @@ pub enum PassError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// A value whose quantization spec PTQ could not solve.
+#[derive(Debug, thiserror::Error)]
+#[error("{pass}: {value}, {role} op `{op}` in `{module}`, has an unsolved quantization spec {spec}: {reason}")]
+pub struct UnsolvedSpec {
+    pub pass: &'static str,
+    pub op: String,
+    pub module: String,
+    /// `input 1 of` / `output 0 of`.
+    pub role: String,
+    pub value: String,
+    pub spec: String,
+    pub reason: String,
+}
+
+/// Concat inputs with different quantization parameters.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{pass}: concat `{op}` in `{module}`: input {index} {value} has scale {scale:e} and zero point {zero_point}, \
+     but input 0 {first} has scale {first_scale:e} and zero point {first_zero_point}"
+)]
+pub struct ConcatMismatch {
+    pub pass: &'static str,
+    pub op: String,
+    pub module: String,
+    pub index: usize,
+    pub value: String,
+    pub scale: f32,
+    pub zero_point: i32,
+    pub first: String,
+    pub first_scale: f32,
+    pub first_zero_point: i32,
 }
 
 impl PassError {

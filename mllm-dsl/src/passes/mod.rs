@@ -20,10 +20,6 @@
 //! naming the op, the value and the module path; [`Pipeline::dump_to`] writes the IR after every
 //! pass for inspecting such failures.
 
-// Pass errors carry the op, value, module path and spec text so a failure can be found in the
-// dumped IR; they are rare and returned once per compile, so their size is not worth boxing.
-#![allow(clippy::result_large_err)]
-
 mod error;
 mod graph;
 mod lpbq_canonicalize;
@@ -41,7 +37,7 @@ mod tensor_renaming;
 #[cfg(test)]
 mod tests;
 
-pub use error::PassError;
+pub use error::{ConcatMismatch, PassError, UnsolvedSpec};
 pub use lpbq_canonicalize::LpbqCanonicalize;
 pub use mark_qnn::MarkQnnGraph;
 pub use merge_head::MergeLlmHead;

@@ -121,7 +121,7 @@ impl Ptq<'_> {
             op: op_name(linalg(p, r)),
             module: module_of(p, r.graph),
             value: describe_value(p, v),
-            source,
+            source: Box::new(source),
         }
     }
 
@@ -322,7 +322,7 @@ fn check_solved(p: &Program, r: NodeRef) -> Result<(), PassError> {
             Role::Input(i) => format!("input {i} of"),
             Role::Output(i) => format!("output {i} of"),
         };
-        return Err(PassError::UnsolvedSpec {
+        return Err(PassError::UnsolvedSpec(Box::new(super::error::UnsolvedSpec {
             pass: PASS,
             op: op_name(op),
             module: module_of(p, r.graph),
@@ -330,7 +330,7 @@ fn check_solved(p: &Program, r: NodeRef) -> Result<(), PassError> {
             value: describe_value(p, v),
             spec: spec.kind.to_string(),
             reason,
-        });
+        })));
     }
     Ok(())
 }
@@ -345,7 +345,7 @@ fn check_concat(p: &Program, r: NodeRef) -> Result<(), PassError> {
     for (i, &v) in op.inputs.iter().enumerate().skip(1) {
         let Some((s, z)) = params(v) else { continue };
         if (s - s0).abs() > 1e-6 * s.abs().max(s0.abs()) || z != z0 {
-            return Err(PassError::ConcatMismatch {
+            return Err(PassError::ConcatMismatch(Box::new(super::error::ConcatMismatch {
                 pass: PASS,
                 op: op_name(op),
                 module: module_of(p, r.graph),
@@ -356,7 +356,7 @@ fn check_concat(p: &Program, r: NodeRef) -> Result<(), PassError> {
                 first: describe_value(p, op.inputs[0]),
                 first_scale: s0,
                 first_zero_point: z0,
-            });
+            })));
         }
     }
     Ok(())
