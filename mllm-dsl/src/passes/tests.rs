@@ -330,14 +330,6 @@ fn the_final_graph_is_flat_and_marked() {
     assert_eq!(symbols, ["init", "model", "model.0.s4"]);
 }
 
-#[test]
-#[ignore = "prints the final IR of the miniature for inspection"]
-fn show_final_ir() {
-    let mut p = tiny_program();
-    after(9, &mut p);
-    println!("{p}");
-}
-
 /// Synthetic parameters with some keys changed, hidden, or given stored code ranges.
 #[derive(Default)]
 struct Tweaked {
