@@ -15,6 +15,7 @@ mod aot_common;
 use aot_common::{op_census, AotModel, CHUNK};
 use backend_qnn::graph::StaticData;
 use backend_qnn::{DataType, Encoding, OpType, QnnGraph, TensorType};
+use mllm_dsl::passes::{ParamError, QuantParamProvider, StoredTensor};
 
 /// Op census of the chunk-N graph of a 2-layer model without q/k norm; `bias` = Qwen2.
 fn expected_census() -> Vec<(String, usize)> {
@@ -206,4 +207,51 @@ fn qwen2_lowers_with_int32_biases_and_matches_fake_quant() {
     eprintln!("qwen2 without biases: logits SQNR {db:.2} dB");
     assert!(db < 35.0, "dropping the biases gives {db:.2} dB; the check would not see them");
     snapshot("qwen2__model__qnn_s1", &s1);
+}
+
+#[test]
+fn a_bias_that_does_not_fit_its_conv_is_named() {
+    let model = AotModel::calibrated("qwen2-dev-f32");
+    let short = ShortBias { inner: &model.ckpt, key: "model.layers.1.self_attn.v_proj.bias" };
+    let err = backend_qnn::QnnLowering::new(&short, backend_qnn::LowerOptions::default())
+        .lower_program(&model.compiled(1))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(
+            "graph `model.0.s1`: weight `model.layers.1.self_attn.v_proj.bias`: has 15 values, the filter has 16"
+        ),
+        "{err}"
+    );
+}
+
+/// A checkpoint whose bias `key` lost its last value.
+struct ShortBias<'a> {
+    inner: &'a backend_cpu::checkpoint::SafetensorsCheckpoint,
+    key: &'static str,
+}
+
+impl QuantParamProvider for ShortBias<'_> {
+    fn name(&self) -> String {
+        QuantParamProvider::name(self.inner)
+    }
+    fn tensor(&self, key: &str) -> Result<Option<StoredTensor>, ParamError> {
+        self.inner.tensor(key)
+    }
+    fn read_f32(&self, key: &str) -> Result<Vec<f32>, ParamError> {
+        let mut v = QuantParamProvider::read_f32(self.inner, key)?;
+        if key == self.key {
+            v.pop();
+        }
+        Ok(v)
+    }
+    fn read_i32(&self, key: &str) -> Result<Vec<i32>, ParamError> {
+        QuantParamProvider::read_i32(self.inner, key)
+    }
+    fn int_range(&self, key: &str) -> Result<Option<(i64, i64)>, ParamError> {
+        self.inner.int_range(key)
+    }
+    fn read_bytes(&self, key: &str) -> Result<Vec<u8>, ParamError> {
+        QuantParamProvider::read_bytes(self.inner, key)
+    }
 }
