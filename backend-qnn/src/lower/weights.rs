@@ -184,7 +184,8 @@ pub(super) fn conv_bias_tensor(
     for (c, (&b, &w)) in bias.iter().zip(&channel_scales).enumerate() {
         let scale = x.scale * w;
         let q = (f64::from(b) / f64::from(scale)).round();
-        if !(scale > 0.0 && scale.is_finite()) || !(f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&q) {
+        let fits = scale > 0.0 && scale.is_finite() && (f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&q);
+        if !fits {
             return Err(fail(symbol, format!("channel {c}: bias {b} with scale {scale} does not fit int32 codes")));
         }
         scale_offsets.push(ScaleOffset { scale, offset: 0 });
