@@ -111,3 +111,34 @@ fn layer_outputs_carry_the_next_points() {
         vec![("layers.0".to_string(), Some("layers.1.input_qdq".to_string())), ("layers.1".to_string(), None),]
     );
 }
+
+/// Llama's and Qwen2's rotate_half: the halves are sliced from the projection output after its
+/// head split (view + transpose), not from the QDQ value itself.
+#[module]
+struct MovedRotate {
+    norm: RmsNorm,
+    heads: usize,
+}
+
+#[module]
+impl MovedRotate {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let q = qdq!(self.norm.forward(x)?, "proj_output_qdq")?;
+        let q = q.view(&[1, 4, self.heads as i64, -1])?.transpose(1, 2)?;
+        let d = q.dim(-1)?;
+        let (x1, x2) = (q.slice(-1, 0, d / 2)?, q.slice(-1, d / 2, d)?);
+        Tensor::cat(&[&qdq!(x2.neg()?, "neg_half_qdq")?, &x1], -1)
+    }
+}
+
+#[test]
+fn a_slice_of_a_moved_point_joins_the_group_over_the_whole_tensor() {
+    let mut m = MovedRotate { norm: RmsNorm::new(8, 1e-6), heads: 2 };
+    m.declare(ParamFormat::Float).unwrap();
+    let p = trace(&[TraceInput::new("x", [1, 4, 8], DType::F32)], |t| m.forward(&t[0])).unwrap();
+    let groups = concat_groups(&p);
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    assert_eq!(groups[0].keys(), vec!["neg_half_qdq", "proj_output_qdq"]);
+    // The half does not map back to a slice of [1, 4, 8]: the member observes the whole tensor.
+    assert!(groups[0].members.iter().all(|m| m.slice.is_none()), "{groups:?}");
+}

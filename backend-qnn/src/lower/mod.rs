@@ -36,6 +36,10 @@
 //! | MatMul | `MatMul` | 2 | |
 //! | CastType | `Dequantize` (fixed→float), `Quantize` (float→fixed), `Convert` (fixed→fixed), `Cast` (others) | 1 | |
 //!
+//! Conv2D bias: QNN's quantized conv takes an `INT_32`-coded bias (`SFIXED_POINT_32`, per output
+//! channel scale = input scale × weight channel scale, offset 0; `weights.rs`), made from the
+//! float bias the IR carries (Qwen2's q/k/v projections).
+//!
 //! RMSNorm: QNN's optional beta is given explicitly as zeros (mllm's `<op>_runtime_bias`): a
 //! u16 tensor with the output's scale and offset 0 when the output is quantized.
 //!

@@ -58,9 +58,13 @@ impl GraphLowering<'_, '_, '_> {
         let [out] = op.outputs[..] else {
             return Err(op_err(format!("has {} outputs; every lowered op has one", op.outputs.len())));
         };
-        let mut inputs = Vec::with_capacity(op.inputs.len());
-        for &v in &op.inputs {
-            inputs.push(self.operand(v)?);
+        let mut inputs: Vec<String> = Vec::with_capacity(op.inputs.len());
+        for (i, &v) in op.inputs.iter().enumerate() {
+            let name = match (&op.kind, i) {
+                (OpKind::Conv2d, 2) => self.conv_bias(v, &inputs[0], &inputs[1])?,
+                _ => self.operand(v)?,
+            };
+            inputs.push(name);
         }
         let p = self.program;
         let shape = |v: ValueId| &p.value(v).ty.shape;
@@ -261,4 +265,25 @@ fn u32s(name: &str, dims: &[u32], values: Vec<u32>) -> (String, ParamValue) {
 
 fn i32s(name: &str, dims: &[u32], values: Vec<i32>) -> (String, ParamValue) {
     (name.to_string(), ParamValue::I32s(dims.to_vec(), values))
+}
+
+impl GraphLowering<'_, '_, '_> {
+    /// A Conv2D's float bias as QNN's int32 bias for the already lowered input `x` and filter
+    /// `w` (see `weights::conv_bias_tensor`); shared between graphs like every static.
+    fn conv_bias(&mut self, b: ValueId, x: &str, w: &str) -> Result<String, LowerError> {
+        if let Some(name) = self.names.get(&b) {
+            return Ok(name.clone());
+        }
+        let Some(symbol) = self.program.value(b).symbol.clone() else {
+            return Err(self.value_err(b, "a Conv2D bias must be a registered parameter".into()));
+        };
+        let name = self.value_name(b)?;
+        let encoding = |n: &str| self.builder.get(n).map(|t| t.encoding.clone()).unwrap_or_default();
+        let t = super::weights::conv_bias_tensor(&symbol, &name, self.lowering.weights, &encoding(x), &encoding(w))
+            .map_err(|e| LowerError::Weight { graph: self.graph.to_string(), key: e.key, detail: e.detail })?;
+        let t = self.lowering.share_static(self.graph, t)?;
+        self.add_static(t)?;
+        self.names.insert(b, name.clone());
+        Ok(name)
+    }
 }

@@ -144,3 +144,54 @@ fn lpbq(
     });
     Ok(QnnTensor::new_static(name, int4.signed_weight_dtype(), dims, encoding, StaticData::new(data)))
 }
+
+/// The `INT_32`-coded bias QNN's quantized Conv2d takes (QNN's and executorch's convention for a
+/// derived bias): `SFIXED_POINT_32`, `AXIS_SCALE_OFFSET` on axis 0 with channel `c`'s scale
+/// `input scale × weight channel scale` and offset 0, codes `round(bias / scale)`. For an LPBQ
+/// weight the channel scale is `scale2[c]` (the channel's largest block scale / 16, what
+/// executorch derives for per-block weights); the float bias comes from the checkpoint (pymllm
+/// keeps it in float). Its rounding error is half a step of the accumulator, far below the
+/// output's u16 step.
+pub(super) fn conv_bias_tensor(
+    symbol: &str,
+    name: &str,
+    provider: &dyn QuantParamProvider,
+    input: &Encoding,
+    filter: &Encoding,
+) -> Result<QnnTensor, WeightError> {
+    let Encoding::ScaleOffset(x) = input else {
+        return Err(fail(symbol, "a Conv2D bias needs a per-tensor quantized input (its scale sets the bias scale)"));
+    };
+    let channel_scales: Vec<f32> = match filter {
+        Encoding::BlockwiseExpansion(bw) => bw.scale_offsets.iter().map(|s| s.scale).collect(),
+        Encoding::AxisScaleOffset { scale_offsets, .. } => scale_offsets.iter().map(|s| s.scale).collect(),
+        other => {
+            return Err(fail(
+                symbol,
+                format!("a Conv2D bias needs a quantized filter, found encoding {}", other.c_name()),
+            ))
+        }
+    };
+    let bias = provider.read_f32(symbol).map_err(|e| fail(symbol, e.to_string()))?;
+    if bias.len() != channel_scales.len() {
+        return Err(fail(
+            symbol,
+            format!("has {} values, the filter has {} output channels", bias.len(), channel_scales.len()),
+        ));
+    }
+    let mut scale_offsets = Vec::with_capacity(bias.len());
+    let mut codes = Vec::with_capacity(bias.len());
+    for (c, (&b, &w)) in bias.iter().zip(&channel_scales).enumerate() {
+        let scale = x.scale * w;
+        let q = (f64::from(b) / f64::from(scale)).round();
+        let fits = scale > 0.0 && scale.is_finite() && (f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&q);
+        if !fits {
+            return Err(fail(symbol, format!("channel {c}: bias {b} with scale {scale} does not fit int32 codes")));
+        }
+        scale_offsets.push(ScaleOffset { scale, offset: 0 });
+        codes.push(q as i32);
+    }
+    let encoding = Encoding::AxisScaleOffset { axis: 0, scale_offsets: scale_offsets.into() };
+    let dims = [codes.len() as u32];
+    Ok(QnnTensor::new_static(name, DataType::SFixedPoint32, &dims, encoding, StaticData::from_i32(&codes)))
+}

@@ -11,7 +11,7 @@
 //! | View, Unsqueeze, Permute, Transpose, Repeat, Slice, Gather | **shared** with input 0 |
 //! | Concat | **shared** with input 0 (all inputs must later agree, see PTQ) |
 //! | Embedding | **shared** with the weight (u16 asymmetric) |
-//! | Conv2D | own u16 asymmetric; weight: LPBQ with the config's block size |
+//! | Conv2D | own u16 asymmetric; weight: LPBQ with the config's block size; bias: `Raw(Float32)` |
 //! | RMSNorm | own; weight: u16 asymmetric |
 //! | Add, Sub, Mul | own; a constant second input gets a copy of input 0's kind |
 //! | MatMul, Where, Sigmoid, SiLU, Neg, Softmax, Reduce*, CastType | own |
@@ -172,9 +172,6 @@ impl LlmQuantRecipe<'_> {
     fn conv2d(&self, p: &mut Program, op: &LinalgOp) -> Result<(), RuleError> {
         let (x, w) = (op.inputs[0], op.inputs[1]);
         require_spec(p, x)?;
-        if let Some(&b) = op.inputs.get(2) {
-            return Err(fail(b, "a Conv2D bias has no quantization recipe (mllm's LPBQ conv has none)"));
-        }
         let wty = &p.value(w).ty;
         if p.value(w).symbol.is_none() || wty.rank() != 4 {
             return Err(fail(w, "the weight must be a registered HWIO [1, 1, In, Out] parameter"));
@@ -196,6 +193,19 @@ impl LlmQuantRecipe<'_> {
                     format!("the weight already has spec {} (shared by another op?), wanted {want}", existing.kind),
                 ))
             }
+        }
+        if let Some(&b) = op.inputs.get(2) {
+            // The bias stays a float parameter here (pymllm adds it in float); the lowering
+            // quantizes it to QNN's int32 bias, whose scale derives from the input and weight.
+            let (bdef, out_features) = (p.value(b), p.value(w).ty.shape[3]);
+            if bdef.symbol.is_none() || bdef.ty.dtype != DType::F32 || bdef.ty.shape != [out_features] {
+                let found = bdef.ty.to_string();
+                return Err(fail(
+                    b,
+                    format!("a Conv2D bias must be a registered Float32 [{out_features}] parameter, found {found}"),
+                ));
+            }
+            ensure_simple(p, b).map_err(|m| fail(b, m))?;
         }
         let spec = p.add_spec(QuantSpec::new(QuantSpecKind::u16_asym()));
         p.set_value_spec(op.outputs[0], spec);

@@ -4,7 +4,7 @@
 //! constants, a fixed-QDQ sigmoid, lm_head at the top) and pipeline-level tests on it.
 
 use crate::config::aot::AotConfig;
-use crate::ir::{parse, Attr, Node, Program, MAX_LINE};
+use crate::ir::{parse, Attr, Node, Program, QuantSpecKind, ValueId, MAX_LINE};
 use crate::passes::{Pass, Pipeline, SyntheticParams};
 use crate::prelude::*;
 use crate::{QdqAttr, QdqKind};
@@ -449,6 +449,48 @@ fn linear_has_no_recipe_rule() {
     let err = crate::passes::LlmQuantRecipe::new(&tiny_config()).run(&mut p).unwrap_err().to_string();
     assert!(err.contains("`model.proj` (Linear) in `model` has no quantization recipe rule"), "{err}");
     assert!(err.contains("Conv2d"), "{err}");
+}
+
+#[test]
+fn conv_bias_stays_a_raw_float_parameter() {
+    #[crate::module(crate = crate)]
+    struct Inner {
+        proj: Conv2d,
+    }
+    #[crate::module(crate = crate)]
+    impl Inner {
+        fn forward(&self, x: &Tensor) -> Result<Tensor> {
+            self.proj.forward(&qdq!(x, "proj_input_qdq")?)
+        }
+    }
+    #[crate::module(crate = crate)]
+    struct Outer {
+        model: Inner,
+    }
+    #[crate::module(crate = crate)]
+    impl Outer {
+        fn forward(&self, x: &Tensor) -> Result<Tensor> {
+            self.model.forward(x)
+        }
+    }
+    let mut m = Outer { model: Inner { proj: Conv2d::new(16, 8).with_bias(true) } };
+    m.declare(ParamFormat::QnnW4A16).unwrap();
+    let traced = trace(&[TraceInput::new("x", [1, 1, 4, 16], DType::U16Asym)], |t| m.forward(&t[0])).unwrap();
+    let bias = |p: &Program| {
+        (0..p.values.len() as u32)
+            .map(ValueId)
+            .find(|&v| p.value(v).symbol.as_deref() == Some("model.proj.bias"))
+            .unwrap()
+    };
+    let mut p = traced.clone();
+    crate::passes::LlmQuantRecipe::new(&tiny_config()).run(&mut p).unwrap();
+    assert_eq!(p.value_spec(bias(&p)).unwrap().kind, QuantSpecKind::simple(DType::F32).unwrap());
+    // Anything but a Float32 [Out] bias is named.
+    let mut p = traced;
+    let b = bias(&p);
+    p.values[b.0 as usize].ty.dtype = DType::F16;
+    let err = crate::passes::LlmQuantRecipe::new(&tiny_config()).run(&mut p).unwrap_err().to_string();
+    assert!(err.contains("a Conv2D bias must be a registered Float32 [8] parameter"), "{err}");
 }
 
 #[test]

@@ -94,7 +94,11 @@ impl ConcatGroup {
 ///
 /// An input resolves to a point when its value carries the QDQ, when it is that value after ops
 /// that only move values (View, Transpose, Permute, Unsqueeze, Repeat, Cast), or when it is a
-/// Slice of that value taken directly. Inputs that resolve to nothing are left out of the group.
+/// Slice of such a value. Only a slice taken straight from the QDQ value maps back to the point's
+/// layout (`slice`); a slice of a moved value (Llama's and Qwen2's rotate_half slices the
+/// transposed projection output, Qwen3's the q/k norm output itself) is a member with no slice,
+/// observed over the point's whole tensor, a superset of what enters the concatenation. Inputs
+/// that resolve to nothing are left out of the group.
 pub fn concat_groups(program: &Program) -> Vec<ConcatGroup> {
     let ops = program.linalg_ops();
     let producer: HashMap<ValueId, &LinalgOp> =
@@ -102,6 +106,7 @@ pub fn concat_groups(program: &Program) -> Vec<ConcatGroup> {
     let resolve = |start: ValueId| -> Option<ConcatMember> {
         let mut v = start;
         let mut slice = None;
+        let mut sliced = false;
         loop {
             if let Some(q) = program.value(v).qdq() {
                 return Some(ConcatMember { point: q.clone(), slice });
@@ -113,15 +118,12 @@ pub fn concat_groups(program: &Program) -> Vec<ConcatGroup> {
                 | OpKind::Permute { .. }
                 | OpKind::Unsqueeze { .. }
                 | OpKind::Repeat { .. }
-                | OpKind::Cast { .. }
-                    if slice.is_none() =>
-                {
-                    v = op.inputs[0]
-                }
-                OpKind::Slice { dim, start, end } if slice.is_none() => {
-                    // Only a slice taken straight from the QDQ value maps back to its layout.
-                    program.value(op.inputs[0]).qdq()?;
-                    slice = Some(SliceOf { dim: *dim, start: *start, end: *end });
+                | OpKind::Cast { .. } => v = op.inputs[0],
+                OpKind::Slice { dim, start, end } if !sliced => {
+                    sliced = true;
+                    if program.value(op.inputs[0]).qdq().is_some() {
+                        slice = Some(SliceOf { dim: *dim, start: *start, end: *end });
+                    }
                     v = op.inputs[0];
                 }
                 _ => return None,
