@@ -24,6 +24,8 @@ use thiserror::Error;
 use crate::dtype::DataType;
 use crate::encoding::{Encoding, ScaleOffset};
 use crate::graph::QnnGraph;
+use crate::interp::InterpError;
+use crate::sdk::emulated::EmulatedHtp;
 use crate::sdk::exec::{io_element_bytes, read_codes, read_f32, write_codes, QnnExecApi};
 use crate::sdk::{ApiError, ContextHandle, GraphHandle};
 
@@ -95,6 +97,8 @@ pub enum QnnModelError {
     NoGraphs,
     #[error("opening the context binary: {0}")]
     Api(#[from] ApiError),
+    #[error("preparing the CPU emulation: {0}")]
+    Emulator(#[from] InterpError),
 }
 
 /// One retrieved graph with its client buffers.
@@ -153,6 +157,16 @@ impl<A: QnnExecApi> QnnChunkModel<A> {
     /// The execute API (e.g. to inspect an emulator).
     pub fn api(&self) -> &A {
         &self.api
+    }
+}
+
+impl QnnChunkModel<EmulatedHtp> {
+    /// `binary` run on the CPU by [`EmulatedHtp`], the stand-in for the SDK's HTP emulation:
+    /// `graphs` are the lowered graphs the binary was built from (one per chunk length), and
+    /// the binary must list exactly them.
+    pub fn emulated(graphs: Vec<QnnGraph>, binary: &[u8]) -> Result<Self, QnnModelError> {
+        let io = graphs.iter().map(GraphIo::from_graph).collect::<Result<Vec<_>, _>>()?;
+        QnnChunkModel::open(EmulatedHtp::new(graphs)?, binary, io)
     }
 }
 

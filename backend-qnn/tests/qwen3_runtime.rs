@@ -81,18 +81,13 @@ fn context_binary(graphs: &[backend_qnn::QnnGraph], dir: &TempDir) -> Vec<u8> {
     binary
 }
 
-fn qnn_model(graphs: Vec<backend_qnn::QnnGraph>, binary: &[u8]) -> QnnChunkModel<EmulatedHtp> {
-    let io = graphs.iter().map(|g| GraphIo::from_graph(g).unwrap()).collect();
-    QnnChunkModel::open(EmulatedHtp::new(graphs).unwrap(), binary, io).unwrap()
-}
-
 #[test]
 fn greedy_generation_from_the_context_binary_matches_the_cpu_fake_quant_run() {
     let (s4, s1) = lowered_pair();
     let graphs = vec![s4, s1];
     let dir = TempDir::new("runtime");
     let binary = context_binary(&graphs, &dir);
-    let qnn = qnn_model(graphs, &binary);
+    let qnn = QnnChunkModel::emulated(graphs, &binary).unwrap();
     assert_eq!(qnn.chunk_lens(), [CHUNK, 1]);
     let cfg = model_config();
     let expected_layout = ModelLayout {
