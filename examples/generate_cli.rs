@@ -3,10 +3,19 @@
 
 use crate::quant_pipeline::{load_model, RunMode};
 use crate::{qwen3_chat_prompt, write_f32_safetensors};
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use backend_cpu::checkpoint::SafetensorsCheckpoint;
+use backend_qnn::sdk::EmulatedHtp;
+use backend_qnn::{LowerOptions, QnnChunkModel, QnnGraph, QnnLowering};
 use clap::Parser;
-use mllm_dsl::runtime::{GenerationConfig, Generator, RandomSampling, Sampling};
-use std::path::PathBuf;
+use mllm_dsl::config::aot::AotConfig;
+use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::module::ParamSource;
+use mllm_dsl::passes::Pipeline;
+use mllm_dsl::runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator, RandomSampling, Sampling};
+use mllm_dsl::{trace, ParamFormat};
+use models::TransformerConfig;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Parser, Debug)]
@@ -54,6 +63,15 @@ pub struct GenerateArgs {
     /// Run a quantized checkpoint without fake-quant (decoded weights, QDQ points off).
     #[arg(long)]
     pub float: bool,
+    /// Generate from this QNN context binary (built from --model's quantized checkpoint with
+    /// graphs for --chunk and 1 at --context) instead of the CPU model. Runs on the QNN SDK's HTP
+    /// backend, which needs `--features qnn-sdk` and QNN_SDK_ROOT; see --qnn-emulate.
+    #[arg(long, conflicts_with = "float")]
+    pub qnn_context: Option<PathBuf>,
+    /// Run --qnn-context on the CPU instead: backend-qnn's reference interpreter executes the
+    /// graphs lowered again from --model (the binary must list exactly those graphs).
+    #[arg(long, requires = "qnn_context")]
+    pub qnn_emulate: bool,
 }
 
 /// Runs generation and returns the lines the command prints.
@@ -63,15 +81,26 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
     }
     backend_cpu::kernels::set_num_threads(args.threads)?;
     let t0 = Instant::now();
-    let mode = if args.float { RunMode::Float } else { RunMode::Auto };
-    let loaded = load_model(&args.model, args.context, mode)?;
+    let model = match &args.qnn_context {
+        Some(binary) => Model::Qnn(Box::new(load_qnn_context(args, binary)?), HfConfig::from_dir(&args.model)?),
+        None => {
+            let mode = if args.float { RunMode::Float } else { RunMode::Auto };
+            let loaded = load_model(&args.model, args.context, mode)?;
+            if loaded.fake_quant {
+                let dir = args.model.display();
+                eprintln!("{dir}: quantized checkpoint, running in fake-quant mode (--float to disable)");
+            }
+            if !loaded.unused.is_empty() {
+                let (n, keys) = (loaded.unused.len(), loaded.unused.join(", "));
+                eprintln!("warning: {n} checkpoint tensors were not used: {keys}");
+            }
+            Model::Cpu(Box::new(loaded.model), loaded.config)
+        }
+    };
     let load_s = t0.elapsed().as_secs_f64();
-    if loaded.fake_quant {
-        eprintln!("{}: quantized checkpoint, running in fake-quant mode (--float to disable)", args.model.display());
-    }
-    if !loaded.unused.is_empty() {
-        eprintln!("warning: {} checkpoint tensors were not used: {}", loaded.unused.len(), loaded.unused.join(", "));
-    }
+    let hf = match &model {
+        Model::Cpu(_, c) | Model::Qnn(_, c) => c.clone(),
+    };
     let tokenizer = match &args.prompt {
         Some(_) => {
             let path = args.model.join("tokenizer.json");
@@ -89,7 +118,7 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }
-    let vocab = loaded.config.vocab_size;
+    let vocab = hf.vocab_size;
     if let Some(&bad) = prompt.iter().find(|&&id| id as usize >= vocab) {
         bail!("prompt id {bad} is outside the vocabulary of {} ({vocab} ids)", args.model.display());
     }
@@ -107,11 +136,13 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
         max_new_tokens: args.max_new_tokens,
         prefill_chunk: args.chunk,
         sampling,
-        eos_ids: loaded.config.eos_token_ids.clone(),
+        eos_ids: hf.eos_token_ids.clone(),
         collect_prompt_logits: args.logits_out.is_some(),
     };
-    let mut generator = Generator::new(loaded.model)?;
-    let out = generator.generate(&prompt, &config).context("generation failed")?;
+    let out = match model {
+        Model::Cpu(m, _) => generate(*m, &prompt, &config)?,
+        Model::Qnn(m, _) => generate(*m, &prompt, &config)?,
+    };
     let all: Vec<u32> = prompt.iter().chain(&out.ids).copied().collect();
     let mut lines = vec![format!("ids: {}", all.iter().map(u32::to_string).collect::<Vec<_>>().join(","))];
     if let Some(tok) = &tokenizer {
@@ -131,4 +162,65 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
         ));
     }
     Ok(lines)
+}
+
+/// The model generation runs on, with the checkpoint's config (vocabulary, EOS ids).
+enum Model {
+    Cpu(Box<backend_cpu::CpuChunkModel>, HfConfig),
+    Qnn(Box<QnnChunkModel<EmulatedHtp>>, HfConfig),
+}
+
+fn generate<M: ChunkModel>(model: M, prompt: &[u32], config: &GenerationConfig) -> Result<GenerationOutput> {
+    Generator::new(model)?.generate(prompt, config).context("generation failed")
+}
+
+/// The context binary at `binary` as a chunk model (see `--qnn-context` / `--qnn-emulate`).
+fn load_qnn_context(args: &GenerateArgs, binary: &Path) -> Result<QnnChunkModel<EmulatedHtp>> {
+    if !args.qnn_emulate {
+        if !backend_qnn::sdk::sdk_available() {
+            bail!(
+                "--qnn-context runs the binary on the QNN SDK's HTP backend, and this build has no QNN SDK support: {} \
+                 (for this example: cargo run --example generate --features qnn-sdk); or add --qnn-emulate to run it \
+                 on the CPU",
+                backend_qnn::sdk::ENABLE_SDK_HINT
+            );
+        }
+        bail!(
+            "executing context binaries through libQnnHtp is not implemented yet (backend-qnn's SdkApi builds \
+             binaries but has no graphExecute path); add --qnn-emulate to run {} on the CPU",
+            binary.display()
+        );
+    }
+    let bytes = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
+    let graphs = lower_for_context(&args.model, args.chunk, args.context)?;
+    QnnChunkModel::emulated(graphs, &bytes)
+        .with_context(|| format!("{} as a context binary of {}", binary.display(), args.model.display()))
+}
+
+/// The QNN graphs of a quantized checkpoint for prefill chunk `chunk` (and decode, chunk 1) at
+/// `context`, lowered together as for one context binary: `model.0.s<chunk>`, `model.0.s1`.
+pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec<QnnGraph>> {
+    let hf = HfConfig::from_dir(dir)?;
+    let ckpt = SafetensorsCheckpoint::open(dir)?;
+    let max_positions = match ckpt.info("model.mllm_max_sin_embedding") {
+        Ok((_, &[1, rows, _])) => rows,
+        _ => bail!("{}: not a quantized checkpoint with RoPE tables (`model.mllm_max_sin_embedding`)", dir.display()),
+    };
+    ensure!(context <= max_positions, "--context {context} exceeds the checkpoint's {max_positions} RoPE positions");
+    let cfg = TransformerConfig::from_hf(&hf, max_positions);
+    let mut aot = AotConfig::w4a16_kv8();
+    aot.quant_recipe.layers = cfg.num_hidden_layers as u32;
+    let mut lowering = QnnLowering::new(&ckpt, LowerOptions::default());
+    let mut graphs = Vec::new();
+    let chunks: &[usize] = if chunk == 1 { &[1] } else { &[chunk, 1] };
+    for &ar in chunks {
+        let mut model = models::build(&hf, max_positions)?;
+        model.bind_params(&ParamSource::Symbolic(ParamFormat::QnnW4A16))?;
+        let inputs = models::io::trace_inputs(&cfg, ar, context, ParamFormat::QnnW4A16);
+        let l = cfg.num_hidden_layers;
+        let mut program = trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + l], &t[3 + l..]))?;
+        Pipeline::qnn_aot(&aot, &ckpt).run(&mut program).with_context(|| format!("compiling chunk {ar}"))?;
+        graphs.extend(lowering.lower_program(&program).with_context(|| format!("lowering chunk {ar}"))?);
+    }
+    Ok(graphs)
 }

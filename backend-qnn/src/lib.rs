@@ -10,9 +10,14 @@
 //!   and a summary, written atomically and deterministically.
 //! - [`interp`]: a CPU reference interpreter with QNN quantization semantics.
 //! - [`lower`]: LLM2QnnLowering, the AOT pipeline's final IR to [`QnnGraph`]s.
+//! - [`context`]: lowered graphs + `target_machine` -> one weight-sharing context binary.
+//! - [`chunk_model`]: [`QnnChunkModel`], a context binary's graphs as the generation runtime's
+//!   `ChunkModel` (prefill/decode through the QNN execute API).
 //! - [`sdk`]: the QNN API driver (recording in CI; bindgen + libloading with `--features qnn-sdk`).
 
 pub mod artifacts;
+pub mod chunk_model;
+pub mod context;
 pub mod dtype;
 pub mod encoding;
 pub mod graph;
@@ -26,6 +31,7 @@ pub mod shape;
 pub mod target;
 pub mod validate;
 
+pub use chunk_model::{GraphIo, IoTensor, QnnChunkModel, QnnModelError};
 pub use dtype::{DataType, TensorType};
 pub use encoding::{Encoding, Int4Storage, ScaleOffset};
 pub use graph::{GraphBuilder, Param, QnnGraph, QnnNode, QnnTensor, Scalar, StaticData, TensorRef};

@@ -284,6 +284,24 @@ impl HtpTarget {
         Ok(vec![ContextConfig::WeightSharingEnabled(true)])
     }
 
+    /// The options [`crate::sdk::build_context_binary`] takes: this device (SoC, arch, VTCM,
+    /// signed PD), mllm's graph settings with the JSON's VTCM size, weight sharing when asked
+    /// for (V73+), QNN warnings logged.
+    pub fn htp_options(&self, weight_sharing: bool) -> Result<crate::sdk::HtpOptions, TargetError> {
+        self.context_configs(weight_sharing)?;
+        Ok(crate::sdk::HtpOptions {
+            device: crate::sdk::HtpDeviceOptions {
+                soc_model: self.chipset.soc_model,
+                arch: self.arch,
+                vtcm_mb: self.vtcm_mb,
+                signed_pd: self.pd_session == PdSession::Signed,
+            },
+            graph: crate::sdk::GraphOptions { vtcm_mb: Some(self.vtcm_mb), ..crate::sdk::GraphOptions::mllm_default() },
+            weight_sharing,
+            log_level: Some(crate::sdk::LogLevel::Warn),
+        })
+    }
+
     /// The HTP backend-extension config for `qnn-context-binary-generator --config_file`
     /// (the file its `backend_extensions.config_file_path` points at), in the key layout public
     /// scripts agree on (qnn-api.md §3 "CLI equivalent").
@@ -481,6 +499,49 @@ mod tests {
     const SM8750_JSON: &str = r#"{"target_machine": {"htp_arch": "V79", "htp_chipset": "SM8750",
         "htp_try_best_performance": "HtpBurst", "htp_security_pd_session": "HtpSignedPd",
         "htp_vtcm_capability_in_mb": 8}}"#;
+
+    #[test]
+    fn htp_options_for_the_driver_follow_the_json() {
+        let t = HtpTarget::from_json(&reference("qwen3-1.7b-qnn-aot-config.json")).unwrap();
+        let o = t.htp_options(true).unwrap();
+        o.check().unwrap();
+        let device = crate::sdk::HtpDeviceOptions { soc_model: 57, arch: HtpArch::V75, vtcm_mb: 8, signed_pd: true };
+        assert_eq!(o.device, device);
+        assert_eq!(o.graph, crate::sdk::GraphOptions::mllm_default());
+        assert!(o.weight_sharing);
+        assert_eq!(o.context_configs(), vec![crate::sdk::ContextConfig::HtpWeightSharingEnabled(true)]);
+        // The same device configs as this module's own list, in the SDK layer's terms.
+        assert_eq!(
+            o.device.device_configs(),
+            vec![
+                crate::sdk::DeviceConfig::HtpSoc(57),
+                crate::sdk::DeviceConfig::HtpSignedPd(true),
+                crate::sdk::DeviceConfig::PlatformInfo(crate::sdk::HtpPlatformInfo {
+                    vtcm_mb: 8,
+                    soc_model: 57,
+                    signed_pd_support: true,
+                    dlbc_support: true,
+                    arch: HtpArch::V75,
+                }),
+            ]
+        );
+        assert_eq!(t.device_configs().len(), 3);
+        // A smaller VTCM from the JSON reaches the graph configs.
+        let mut json = reference("qwen3-1.7b-qnn-aot-config.json");
+        json["htp_vtcm_capability_in_mb"] = serde_json::json!(4);
+        json["htp_security_pd_session"] = serde_json::json!("HtpUnsignedPd");
+        let o = HtpTarget::from_json(&json).unwrap().htp_options(false).unwrap();
+        assert_eq!(
+            (o.device.vtcm_mb, o.graph.vtcm_mb, o.device.signed_pd, o.weight_sharing),
+            (4, Some(4), false, false)
+        );
+        // Weight sharing needs V73+.
+        json["htp_arch"] = serde_json::json!("V69");
+        json["htp_chipset"] = serde_json::json!("SM8450");
+        let old = HtpTarget::from_json(&json).unwrap();
+        assert_eq!(old.htp_options(true).unwrap_err(), TargetError::WeightSharingUnsupported { arch: "V69".into() });
+        assert!(old.htp_options(false).is_ok());
+    }
 
     #[test]
     fn parses_mllm_reference_configs() {

@@ -11,6 +11,7 @@
 
 #[path = "sdk_common/mod.rs"]
 mod common;
+mod qwen3_common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -148,6 +149,38 @@ fn mock_provider_receives_exactly_the_recorded_calls() {
     );
     let garbage = system.binary_info(b"not a context").unwrap_err();
     assert_eq!(garbage, ApiError::Qnn { function: "systemContextGetMetaData", code: 1004 });
+}
+
+/// The lowered tiny Qwen3 (`model.0.s4` + `model.0.s1`, LPBQ weights, shared statics) for
+/// mllm's SM8650 target: through the FFI exactly the recorded calls, and a binary whose graph
+/// I/O the system library reads back in binding order.
+#[test]
+fn lowered_qwen3_context_crosses_the_abi_as_recorded() {
+    let _guard = lock();
+    let paths = LibraryPaths::from_sdk_root(mock_sdk("plain", &[]));
+    let control = MockControl::open(&paths.backend);
+    let (s4, s1) = qwen3_common::lowered_pair();
+    let graphs = [s4, s1];
+    let target = backend_qnn::target::HtpTarget::from_json(&qwen3_common::aot_config().target_machine_json).unwrap();
+
+    let mut recorder = RecordingApi::new();
+    let expected = backend_qnn::context::build_context(&graphs, &target, &mut recorder).unwrap();
+    let mut api = SdkApi::load(&paths).unwrap();
+    let binary = backend_qnn::context::build_context(&graphs, &target, &mut api).unwrap();
+    drop(api);
+    assert_same_log(&recorder.log(), &control.log());
+    assert_eq!(binary, expected);
+
+    let info = SystemApi::load(&paths.system).unwrap().binary_info(&binary).unwrap();
+    let names: Vec<&str> = info.graphs.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(names, ["model.0.s4", "model.0.s1"]);
+    for (g, lowered) in info.graphs.iter().zip(&graphs) {
+        let inputs: Vec<&str> = g.inputs.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(inputs, lowered.inputs);
+        let logits = &g.outputs[0];
+        assert_eq!((logits.name.as_str(), logits.dtype), ("logits", Some(DataType::UFixedPoint16)));
+        assert_eq!(logits.dims, lowered.tensor("logits").unwrap().dims);
+    }
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 use backend_cpu::checkpoint::SafetensorsCheckpoint;
 use clap::Parser;
-use mllm_examples::generate_cli::{run_generate, GenerateArgs};
+use mllm_examples::generate_cli::{lower_for_context, run_generate, GenerateArgs};
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
@@ -136,4 +136,48 @@ fn bad_inputs_are_clear_errors() {
     assert!(err.contains("--chunk 32") && err.contains("--context 32"), "{err}");
     // Neither --prompt nor --prompt-ids.
     assert!(run(&["--model", m]).is_err());
+}
+
+/// A context binary of the tiny quantized Qwen3 (chunk 4 + 1, context 16), run by `--qnn-context
+/// --qnn-emulate` on backend-qnn's reference interpreter, generates the CPU fake-quant run's ids.
+#[test]
+fn a_qnn_context_binary_generates_like_the_cpu_fake_quant_model() {
+    use backend_qnn::context::write_context_binary;
+    use backend_qnn::sdk::RecordingApi;
+    use backend_qnn::target::HtpTarget;
+    let model = fixtures().join("pymllm-qwen3-dev-f32");
+    let graphs = lower_for_context(&model, 4, 16).unwrap();
+    let target = HtpTarget::from_json(&mllm_dsl::config::aot::AotConfig::w4a16_kv8().target_machine_json).unwrap();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("qnn-context");
+    std::fs::create_dir_all(&dir).unwrap();
+    let binary = dir.join("qwen3-tiny.bin");
+    write_context_binary(&graphs, &target, &mut RecordingApi::new(), &binary).unwrap();
+
+    let m = model.to_str().unwrap();
+    let common =
+        ["--model", m, "--prompt-ids", "5,17,99,3,64,8", "--max-new-tokens", "8", "--chunk", "4", "--context", "16"];
+    let cpu = run(&common).unwrap();
+    let bin = binary.to_str().unwrap();
+    let with = |extra: &[&'static str]| -> Vec<String> { common.iter().chain(extra).map(|s| s.to_string()).collect() };
+    let strs = |v: &[String]| -> anyhow::Result<Vec<String>> { run(&v.iter().map(String::as_str).collect::<Vec<_>>()) };
+    let mut args = with(&["--qnn-emulate", "--qnn-context"]);
+    args.push(bin.to_string());
+    let qnn = strs(&args).unwrap();
+    assert_eq!(ids_line(&qnn), ids_line(&cpu));
+    assert_eq!(ids_line(&qnn).len(), 6 + 8);
+
+    // Graphs for another chunk length are not this binary's.
+    let other: Vec<String> = args.iter().map(|a| if a == "4" { "2".to_string() } else { a.clone() }).collect();
+    let err = format!("{:#}", strs(&other).unwrap_err());
+    assert!(err.contains("qwen3-tiny.bin") && err.contains("`model.0.s4`"), "{err}");
+    // Without --qnn-emulate the binary needs the SDK.
+    let mut args = with(&["--qnn-context"]);
+    args.push(bin.to_string());
+    let err = strs(&args).unwrap_err().to_string();
+    if !backend_qnn::sdk::sdk_available() {
+        assert!(
+            err.contains("--features qnn-sdk") && err.contains("QNN_SDK_ROOT") && err.contains("--qnn-emulate"),
+            "{err}"
+        );
+    }
 }

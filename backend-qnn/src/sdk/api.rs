@@ -111,6 +111,9 @@ pub enum ApiError {
     /// The call was refused before reaching the backend.
     #[error("{function}: {reason}")]
     InvalidArgument { function: &'static str, reason: String },
+    /// The backend failed and said why (the CPU-emulated backend reports its errors this way).
+    #[error("{function} failed: {reason}")]
+    Backend { function: &'static str, reason: String },
 }
 
 impl ApiError {
@@ -119,7 +122,8 @@ impl ApiError {
         match self {
             ApiError::Qnn { function, .. }
             | ApiError::Unsupported { function }
-            | ApiError::InvalidArgument { function, .. } => function,
+            | ApiError::InvalidArgument { function, .. }
+            | ApiError::Backend { function, .. } => function,
         }
     }
 

@@ -10,6 +10,10 @@
 //! - [`build_context_binary`]: the call sequence (one weight-sharing context, graphs in order,
 //!   tensors on first use, shared STATIC weights created once, validate before add, finalize,
 //!   serialize, free) written once against the trait.
+//! - [`graph_descs`]: lowered [`crate::QnnGraph`]s as [`GraphDesc`]s (static buffers shared, not copied).
+//! - [`QnnExecApi`]: the run-side API (load a binary, retrieve graphs, execute), which
+//!   [`crate::QnnChunkModel`] drives; [`EmulatedHtp`] implements it on the CPU with the reference
+//!   interpreter, as the CI stand-in for the SDK's HTP emulation.
 //! - [`RecordingApi`]: records every call as a readable line and returns fake handles and a
 //!   deterministic fake binary, so the exact sequence is testable without the SDK.
 //! - `SdkApi` (cargo feature `qnn-sdk`): the real thing. `build.rs` runs bindgen over
@@ -64,6 +68,9 @@ pub mod api;
 pub mod config;
 pub mod desc;
 pub mod driver;
+pub mod emulated;
+pub mod exec;
+pub mod from_graph;
 pub mod recording;
 pub mod render;
 
@@ -80,6 +87,9 @@ pub use desc::{
     TensorDesc, TensorError, TensorType, QTI_AISW,
 };
 pub use driver::{build_context_binary, check_graphs, BuildError};
+pub use emulated::EmulatedHtp;
+pub use exec::QnnExecApi;
+pub use from_graph::{graph_descs, ConvertError};
 pub use recording::{RecordedCall, RecordingApi};
 
 use thiserror::Error;

@@ -1,0 +1,365 @@
+//! [`QnnChunkModel`]: a context binary's graphs as the generation runtime's [`ChunkModel`].
+//!
+//! mllm's NPU runtime (mllm-anchor.md §6) loads one context holding a prefill graph
+//! (`model.0.s32`) and a decode graph (`model.0.s1`), and per chunk writes the graph inputs
+//! (ids, positions, the u16 SMART_MASK, past K/V as u8 codes), executes, and reads the logits and
+//! the new K/V codes. This is that loop over [`QnnExecApi`], so it drives the SDK's HTP backend and
+//! the CPU [`EmulatedHtp`](crate::sdk::EmulatedHtp) alike; the runtime's [`KvCache`] keeps the
+//! codes (`Kv = u8`) in the static layout the graphs read directly.
+//!
+//! The graph I/O contract (what LLM2QnnLowering produces, checked when the model is opened):
+//! inputs `input_ids [1, ar]` and `position_ids [ar]` (INT_32), `attention_mask [1, 1, ar, ctx]`
+//! (UFIXED_POINT_16), `past_key_<l> [1, Hkv, D, ctx-ar]` then `past_value_<l> [1, Hkv, ctx-ar, D]`
+//! (UFIXED_POINT_8, offset -128); outputs `logits [.., ar, vocab]` (UFIXED_POINT_16 or FLOAT_32),
+//! `present_key_<l> [1, Hkv, D, ar]`, `present_value_<l> [1, Hkv, ar, D]` with the encoding of the
+//! layer's past input (codes go into the cache unchanged, so the encodings must agree).
+//!
+//! [`KvCache`]: mllm_dsl::runtime::KvCache
+
+use mllm_dsl::runtime::{
+    AttentionMask, ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout, MASK_SCALE, MASK_ZERO_POINT,
+};
+use thiserror::Error;
+
+use crate::dtype::DataType;
+use crate::encoding::{Encoding, ScaleOffset};
+use crate::graph::QnnGraph;
+use crate::interp::InterpError;
+use crate::sdk::emulated::EmulatedHtp;
+use crate::sdk::exec::{io_element_bytes, read_codes, read_f32, write_codes, QnnExecApi};
+use crate::sdk::{ApiError, ContextHandle, GraphHandle};
+
+/// One graph input or output as the runtime binds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IoTensor {
+    pub name: String,
+    pub dtype: DataType,
+    pub dims: Vec<u32>,
+    /// `None` for integer and float tensors.
+    pub quant: Option<ScaleOffset>,
+}
+
+impl IoTensor {
+    fn numel(&self) -> usize {
+        self.dims.iter().map(|&d| d as usize).product()
+    }
+}
+
+/// The I/O of one graph of a context binary, in binding order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphIo {
+    pub name: String,
+    pub inputs: Vec<IoTensor>,
+    pub outputs: Vec<IoTensor>,
+}
+
+impl GraphIo {
+    /// The I/O of a lowered graph (the graph the binary was built from).
+    pub fn from_graph(graph: &QnnGraph) -> Result<GraphIo, QnnModelError> {
+        let io = |names: &[String]| {
+            names
+                .iter()
+                .map(|n| {
+                    let t = graph.tensor(n).ok_or_else(|| QnnModelError::Io {
+                        graph: graph.name.clone(),
+                        tensor: n.clone(),
+                        detail: "is bound as graph I/O but not declared".into(),
+                    })?;
+                    let quant = match &t.encoding {
+                        Encoding::Undefined => None,
+                        Encoding::ScaleOffset(so) => Some(*so),
+                        other => {
+                            return Err(QnnModelError::Io {
+                                graph: graph.name.clone(),
+                                tensor: n.clone(),
+                                detail: format!("graph I/O with a {} encoding is not supported", other.c_name()),
+                            })
+                        }
+                    };
+                    Ok(IoTensor { name: t.name.clone(), dtype: t.dtype, dims: t.dims.clone(), quant })
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(GraphIo { name: graph.name.clone(), inputs: io(&graph.inputs)?, outputs: io(&graph.outputs)? })
+    }
+}
+
+/// Why a context binary cannot be run as a chunk model.
+#[derive(Debug, Error)]
+pub enum QnnModelError {
+    #[error("graph `{graph}`: `{tensor}` {detail}")]
+    Io { graph: String, tensor: String, detail: String },
+    #[error("graph `{graph}`: {detail}")]
+    Contract { graph: String, detail: String },
+    #[error("graphs `{first}` and `{second}` disagree: {detail}")]
+    Mismatch { first: String, second: String, detail: String },
+    #[error("no graphs were given")]
+    NoGraphs,
+    #[error("opening the context binary: {0}")]
+    Api(#[from] ApiError),
+    #[error("preparing the CPU emulation: {0}")]
+    Emulator(#[from] InterpError),
+}
+
+/// One retrieved graph with its client buffers.
+struct Graph {
+    io: GraphIo,
+    handle: GraphHandle,
+    ar: usize,
+    inputs: Vec<Vec<u8>>,
+    outputs: Vec<Vec<u8>>,
+}
+
+/// A context binary's chunk graphs (e.g. chunk 32 for prefill and 1 for decode) run through
+/// [`QnnExecApi`] as a [`ChunkModel`] with a u8 KV cache.
+pub struct QnnChunkModel<A: QnnExecApi> {
+    api: A,
+    context: Option<ContextHandle>,
+    layout: ModelLayout,
+    graphs: Vec<Graph>,
+}
+
+impl<A: QnnExecApi> std::fmt::Debug for QnnChunkModel<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let graphs: Vec<(&str, usize)> = self.graphs.iter().map(|g| (g.io.name.as_str(), g.ar)).collect();
+        f.debug_struct("QnnChunkModel").field("layout", &self.layout).field("graphs", &graphs).finish()
+    }
+}
+
+impl<A: QnnExecApi> QnnChunkModel<A> {
+    /// Loads `binary` through `api` and retrieves the graphs described by `graphs` (one per chunk
+    /// length), after checking their I/O against the contract in the module docs.
+    pub fn open(mut api: A, binary: &[u8], graphs: Vec<GraphIo>) -> Result<QnnChunkModel<A>, QnnModelError> {
+        let (layout, ars) = check_contract(&graphs)?;
+        let context = api.context_create_from_binary(binary)?;
+        let mut retrieved = Vec::with_capacity(graphs.len());
+        for (io, ar) in graphs.into_iter().zip(ars) {
+            let handle = match api.graph_retrieve(context, &io.name) {
+                Ok(h) => h,
+                Err(e) => {
+                    let _ = api.context_free(context);
+                    return Err(e.into());
+                }
+            };
+            let buffer = |t: &IoTensor| vec![0u8; t.numel() * io_element_bytes(t.dtype).unwrap_or(0)];
+            let inputs = io.inputs.iter().map(buffer).collect();
+            let outputs = io.outputs.iter().map(buffer).collect();
+            retrieved.push(Graph { io, handle, ar, inputs, outputs });
+        }
+        Ok(QnnChunkModel { api, context: Some(context), layout, graphs: retrieved })
+    }
+
+    /// The chunk lengths this context has graphs for.
+    pub fn chunk_lens(&self) -> Vec<usize> {
+        self.graphs.iter().map(|g| g.ar).collect()
+    }
+
+    /// The execute API (e.g. to inspect an emulator).
+    pub fn api(&self) -> &A {
+        &self.api
+    }
+}
+
+impl QnnChunkModel<EmulatedHtp> {
+    /// `binary` run on the CPU by [`EmulatedHtp`], the stand-in for the SDK's HTP emulation:
+    /// `graphs` are the lowered graphs the binary was built from (one per chunk length), and
+    /// the binary must list exactly them.
+    pub fn emulated(graphs: Vec<QnnGraph>, binary: &[u8]) -> Result<Self, QnnModelError> {
+        let io = graphs.iter().map(GraphIo::from_graph).collect::<Result<Vec<_>, _>>()?;
+        QnnChunkModel::open(EmulatedHtp::new(graphs)?, binary, io)
+    }
+}
+
+impl<A: QnnExecApi> Drop for QnnChunkModel<A> {
+    fn drop(&mut self) {
+        if let Some(c) = self.context.take() {
+            // Nothing useful can be done about a failure while dropping.
+            let _ = self.api.context_free(c);
+        }
+    }
+}
+
+/// Checks the I/O of every graph and derives the model layout and each graph's chunk length.
+fn check_contract(graphs: &[GraphIo]) -> Result<(ModelLayout, Vec<usize>), QnnModelError> {
+    let first = graphs.first().ok_or(QnnModelError::NoGraphs)?;
+    let layout = layout_of(first)?;
+    let mut ars = Vec::with_capacity(graphs.len());
+    for g in graphs {
+        let other = layout_of(g)?;
+        if other != layout {
+            return Err(QnnModelError::Mismatch {
+                first: first.name.clone(),
+                second: g.name.clone(),
+                detail: format!("layouts {layout:?} and {other:?}"),
+            });
+        }
+        let ar = g.inputs[0].numel();
+        if ars.contains(&ar) {
+            return Err(QnnModelError::Contract {
+                graph: g.name.clone(),
+                detail: format!("a second graph for chunk {ar}"),
+            });
+        }
+        check_graph(g, &layout, ar)?;
+        ars.push(ar);
+    }
+    Ok((layout, ars))
+}
+
+fn layout_of(g: &GraphIo) -> Result<ModelLayout, QnnModelError> {
+    let bad = |detail: String| QnnModelError::Contract { graph: g.name.clone(), detail };
+    let n_kv = g.inputs.len().checked_sub(3).filter(|n| n.is_multiple_of(2) && *n > 0);
+    let n_kv =
+        n_kv.ok_or_else(|| bad(format!("{} inputs; expected ids, positions, mask and K/V pairs", g.inputs.len())))?;
+    let key = &g.inputs[3];
+    let mask = &g.inputs[2];
+    let logits = g.outputs.first().ok_or_else(|| bad("no outputs".into()))?;
+    if key.dims.len() != 4 || mask.dims.len() != 4 {
+        return Err(bad(format!("`{}` {:?} / `{}` {:?} are not 4-d", key.name, key.dims, mask.name, mask.dims)));
+    }
+    Ok(ModelLayout {
+        num_layers: n_kv / 2,
+        num_kv_heads: key.dims[1] as usize,
+        head_dim: key.dims[2] as usize,
+        vocab_size: logits.dims.last().copied().unwrap_or(0) as usize,
+        context_len: mask.dims[3] as usize,
+    })
+}
+
+/// Names, types, shapes and encodings of one graph's I/O for chunk `ar`.
+fn check_graph(g: &GraphIo, l: &ModelLayout, ar: usize) -> Result<(), QnnModelError> {
+    let bad =
+        |t: &IoTensor, detail: String| QnnModelError::Io { graph: g.name.clone(), tensor: t.name.clone(), detail };
+    let (layers, kvh, d, ctx) = (l.num_layers, l.num_kv_heads as u32, l.head_dim as u32, l.context_len);
+    if ar == 0 || ar >= ctx {
+        return Err(QnnModelError::Contract { graph: g.name.clone(), detail: format!("chunk {ar} for context {ctx}") });
+    }
+    if g.outputs.len() != 1 + 2 * layers {
+        return Err(QnnModelError::Contract {
+            graph: g.name.clone(),
+            detail: format!("{} outputs; expected logits and {layers} K/V pairs", g.outputs.len()),
+        });
+    }
+    let (a, past) = (ar as u32, (ctx - ar) as u32);
+    let mut expected: Vec<(String, Vec<u32>, &[DataType])> = vec![
+        ("input_ids".into(), vec![1, a], &[DataType::Int32]),
+        ("position_ids".into(), vec![a], &[DataType::Int32]),
+        ("attention_mask".into(), vec![1, 1, a, ctx as u32], &[DataType::UFixedPoint16]),
+    ];
+    let kv = |prefix: &str, k: bool, cols: u32| -> Vec<(String, Vec<u32>, &'static [DataType])> {
+        (0..layers)
+            .map(|i| {
+                let dims = if k { vec![1, kvh, d, cols] } else { vec![1, kvh, cols, d] };
+                (format!("{prefix}_{}_{i}", if k { "key" } else { "value" }), dims, &[DataType::UFixedPoint8][..])
+            })
+            .collect()
+    };
+    expected.extend(kv("past", true, past));
+    expected.extend(kv("past", false, past));
+    let mut outs: Vec<(String, Vec<u32>, &[DataType])> = Vec::new();
+    outs.extend(kv("present", true, a));
+    outs.extend(kv("present", false, a));
+    for (t, (name, dims, dtypes)) in g.inputs.iter().zip(&expected).chain(g.outputs[1..].iter().zip(&outs)) {
+        if &t.name != name || &t.dims != dims || !dtypes.contains(&t.dtype) {
+            return Err(bad(t, format!("is {} {:?}; expected `{name}` {} {dims:?}", t.dtype, t.dims, dtypes[0])));
+        }
+    }
+    let logits = &g.outputs[0];
+    let rows: usize = logits.dims[..logits.dims.len() - 1].iter().map(|&x| x as usize).product();
+    let quantized = logits.dtype == DataType::UFixedPoint16 && logits.quant.is_some();
+    if logits.name != "logits" || rows != ar || !(quantized || logits.dtype == DataType::Float32) {
+        return Err(bad(
+            logits,
+            format!(
+                "is {} {:?}; expected `logits` UFIXED_POINT_16 or FLOAT_32 [.., {ar}, vocab]",
+                logits.dtype, logits.dims
+            ),
+        ));
+    }
+    if g.inputs[2].quant.is_none() {
+        return Err(bad(&g.inputs[2], "has no scale/offset encoding".into()));
+    }
+    // KV codes are stored as they come: symmetric u8 inputs, outputs in the same encoding.
+    for i in 0..2 * layers {
+        let (past_t, present_t) = (&g.inputs[3 + i], &g.outputs[1 + i]);
+        match past_t.quant {
+            Some(so) if so.offset == -128 && present_t.quant == Some(so) => {}
+            _ => {
+                return Err(bad(
+                    present_t,
+                    format!(
+                        "has encoding {:?}; expected the u8-symmetric encoding of `{}` ({:?})",
+                        present_t.quant, past_t.name, past_t.quant
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+impl<A: QnnExecApi> ChunkModel for QnnChunkModel<A> {
+    type Kv = u8;
+
+    fn layout(&self) -> ModelLayout {
+        self.layout
+    }
+
+    fn supports_chunk_len(&self, ar: usize) -> bool {
+        self.graphs.iter().any(|g| g.ar == ar)
+    }
+
+    fn run_chunk(&mut self, inputs: &ChunkInputs<'_, u8>, outputs: &mut ChunkOutputs<u8>) -> Result<(), ModelError> {
+        let ar = inputs.ar();
+        let layers = self.layout.num_layers;
+        let g = self
+            .graphs
+            .iter_mut()
+            .find(|g| g.ar == ar)
+            .ok_or_else(|| format!("the context has no graph for chunks of {ar} tokens"))?;
+        let codes = |v: &[i32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<_>>();
+        let put = |io: &IoTensor, buf: &mut [u8], codes: &[i64]| -> Result<(), ModelError> {
+            write_codes(io.dtype, codes, buf)
+                .ok_or_else(|| format!("`{}`: values do not fit {} {:?}", io.name, io.dtype, io.dims).into())
+        };
+        put(&g.io.inputs[0], &mut g.inputs[0], &codes(inputs.ids()))?;
+        put(&g.io.inputs[1], &mut g.inputs[1], &codes(inputs.positions()))?;
+        let mask_io = &g.io.inputs[2];
+        let mask_codes = mask_codes(inputs.mask(), mask_io.quant.unwrap_or(ScaleOffset { scale: 1.0, offset: 0 }));
+        put(mask_io, &mut g.inputs[2], &mask_codes)?;
+        for l in 0..layers {
+            g.inputs[3 + l].copy_from_slice(inputs.past_key(l));
+            g.inputs[3 + layers + l].copy_from_slice(inputs.past_value(l));
+        }
+        {
+            let ins: Vec<&[u8]> = g.inputs.iter().map(Vec::as_slice).collect();
+            let mut outs: Vec<&mut [u8]> = g.outputs.iter_mut().map(Vec::as_mut_slice).collect();
+            self.api.graph_execute(g.handle, &ins, &mut outs)?;
+        }
+        let logits_io = &g.io.outputs[0];
+        let logits = match logits_io.quant {
+            Some(so) if logits_io.dtype != DataType::Float32 => {
+                let codes = read_codes(logits_io.dtype, &g.outputs[0]).ok_or("logits buffer has a partial element")?;
+                codes.iter().map(|&q| so.dequantize(q)).collect()
+            }
+            _ => read_f32(&g.outputs[0]),
+        };
+        outputs.logits_mut().copy_from_slice(&logits);
+        for l in 0..layers {
+            let (k, v) = outputs.present_kv_mut(l);
+            k.copy_from_slice(&g.outputs[1 + l]);
+            v.copy_from_slice(&g.outputs[1 + layers + l]);
+        }
+        Ok(())
+    }
+}
+
+/// The runtime's mask (u16 codes in mllm's mask encoding) in the graph input's encoding: the
+/// codes themselves when the encodings agree (the lowering's case), requantized otherwise.
+fn mask_codes(mask: &AttentionMask, graph: ScaleOffset) -> Vec<i64> {
+    let ours = ScaleOffset::from_zero_point(MASK_SCALE, MASK_ZERO_POINT);
+    if graph == ours {
+        return mask.as_u16().iter().map(|&c| i64::from(c)).collect();
+    }
+    mask.as_u16().iter().map(|&c| graph.quantize(ours.dequantize(i64::from(c)), (0, 65535))).collect()
+}

@@ -1,0 +1,114 @@
+//! One HTP context binary from lowered graphs (mllm-anchor §5.6–5.8).
+//!
+//! The AOT config's `target_machine`, parsed into an [`HtpTarget`] (unknown chipsets and
+//! arch/chipset mismatches are errors there), gives the driver's [`HtpOptions`]; the graphs are
+//! validated and converted into [`GraphDesc`]s with their static buffers shared; and
+//! [`sdk::build_context_binary`] builds them, in the given order (prefill `model.0.s32` then decode
+//! `model.0.s1`), into one context, with weight sharing whenever there is more than one graph.
+//!
+//! Entry points:
+//! - [`build_context_binary`]`(graphs, target, out)`: the one applications call. Builds through
+//!   the QNN SDK found via `QNN_SDK_ROOT` (feature `qnn-sdk`) and writes the binary to `out`
+//!   atomically (temporary name, sync, rename). In a build without the feature it checks
+//!   everything that needs no SDK and then returns [`SdkError::NotBuilt`], whose message names
+//!   the feature and `QNN_SDK_ROOT`.
+//! - [`write_context_binary`]: the same through any [`QnnApi`] (CI uses `RecordingApi`).
+//! - [`build_context`] / [`build_context_with_sdk`]: the binary in memory.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::artifacts::{write_atomic, ArtifactError};
+use crate::graph::QnnGraph;
+use crate::sdk::{self, BuildError, ConvertError, GraphDesc, HtpOptions, QnnApi, SdkError};
+use crate::target::{HtpTarget, TargetError};
+use crate::validate::{validate, ValidationError};
+
+/// Why a context binary could not be built.
+#[derive(Debug, Error)]
+pub enum ContextError {
+    #[error("lowered graph `{graph}` is invalid: {source}")]
+    Invalid {
+        graph: String,
+        #[source]
+        source: ValidationError,
+    },
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error(transparent)]
+    Sdk(#[from] SdkError),
+    #[error("writing the context binary: {0}")]
+    Write(#[from] ArtifactError),
+}
+
+/// A context binary written to disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenContext {
+    pub path: PathBuf,
+    /// Size of the binary in bytes.
+    pub bytes: u64,
+    /// The graphs it holds, in build order (e.g. `model.0.s32`, `model.0.s1`).
+    pub graphs: Vec<String>,
+}
+
+/// What the driver receives for `graphs` on `target`: the graph descriptions in order and the
+/// HTP options (weight sharing on for more than one graph).
+pub fn context_request(graphs: &[QnnGraph], target: &HtpTarget) -> Result<(Vec<GraphDesc>, HtpOptions), ContextError> {
+    for g in graphs {
+        validate(g).map_err(|source| ContextError::Invalid { graph: g.name.clone(), source })?;
+    }
+    let options = target.htp_options(graphs.len() > 1)?;
+    Ok((sdk::graph_descs(graphs)?, options))
+}
+
+/// Builds `graphs` into one context for `target` through `api` and returns the binary.
+pub fn build_context(graphs: &[QnnGraph], target: &HtpTarget, api: &mut dyn QnnApi) -> Result<Vec<u8>, ContextError> {
+    let (descs, options) = context_request(graphs, target)?;
+    Ok(sdk::build_context_binary(&descs, &options, api)?)
+}
+
+/// Builds `graphs` into one weight-sharing context for `target` with the QNN SDK (feature
+/// `qnn-sdk`, libraries found through `QNN_SDK_ROOT`) and writes the binary to `out`
+/// atomically. Without the feature: every SDK-free check, then [`SdkError::NotBuilt`], which
+/// says how to enable it; nothing is written.
+pub fn build_context_binary(
+    graphs: &[QnnGraph],
+    target: &HtpTarget,
+    out: &Path,
+) -> Result<WrittenContext, ContextError> {
+    let binary = build_context_with_sdk(graphs, target)?;
+    write_binary(graphs, &binary, out)
+}
+
+/// [`build_context_binary`] through `api` (any [`QnnApi`]: the SDK, the recording API in CI).
+pub fn write_context_binary(
+    graphs: &[QnnGraph],
+    target: &HtpTarget,
+    api: &mut dyn QnnApi,
+    out: &Path,
+) -> Result<WrittenContext, ContextError> {
+    let binary = build_context(graphs, target, api)?;
+    write_binary(graphs, &binary, out)
+}
+
+fn write_binary(graphs: &[QnnGraph], binary: &[u8], out: &Path) -> Result<WrittenContext, ContextError> {
+    write_atomic(out, |w| w.write_all(binary))?;
+    Ok(WrittenContext {
+        path: out.to_path_buf(),
+        bytes: binary.len() as u64,
+        graphs: graphs.iter().map(|g| g.name.clone()).collect(),
+    })
+}
+
+/// [`build_context`] with the QNN SDK of `QNN_SDK_ROOT` (feature `qnn-sdk`); without the feature
+/// an error saying how to enable it, after every check that needs no SDK.
+pub fn build_context_with_sdk(graphs: &[QnnGraph], target: &HtpTarget) -> Result<Vec<u8>, ContextError> {
+    let (descs, options) = context_request(graphs, target)?;
+    Ok(sdk::build_context_binary_with_sdk(&descs, &options)?)
+}

@@ -1,0 +1,139 @@
+//! The lowered tiny Qwen3 (`model.0.s4` + `model.0.s1`) built into one context for mllm's SM8650
+//! `target_machine`: the exact QNN call sequence, recorded by `RecordingApi` and snapshotted
+//! (`snapshots/qnn__qwen3__context_call_sequence.snap`), with one creation per shared weight.
+//! The same sequence through the FFI and the clean-room mock provider is tested in
+//! `tests/sdk_ffi.rs` (`--features qnn-sdk-cleanroom`).
+
+mod qwen3_common;
+
+use backend_qnn::context::{build_context, context_request, write_context_binary, ContextError};
+use backend_qnn::sdk::render::{self, FakeGraph};
+use backend_qnn::sdk::RecordingApi;
+use backend_qnn::target::{HtpTarget, TargetError};
+use backend_qnn::TensorType;
+use qwen3_common::*;
+
+/// The `target_machine` block of mllm's Qwen3-1.7B AOT config (SM8650, V75, signed PD, 8 MB).
+fn sm8650() -> HtpTarget {
+    HtpTarget::from_json(&aot_config().target_machine_json).unwrap()
+}
+
+#[test]
+fn both_graphs_go_into_one_weight_sharing_context_in_order() {
+    let (s4, s1) = lowered_pair();
+    let graphs = [s4, s1];
+    let mut api = RecordingApi::new();
+    let binary = build_context(&graphs, &sm8650(), &mut api).unwrap();
+    let log = api.log();
+
+    let calls = |f: &str| log.lines().filter(|l| l.starts_with(&format!("{f}("))).count();
+    assert_eq!(calls("contextCreate"), 1);
+    assert!(log.contains("htp.weightSharingEnabled(1)"), "{log}");
+    let graph_order: Vec<&str> =
+        log.lines().filter(|l| l.starts_with("graphCreate(")).map(|l| l.split('"').nth(1).unwrap()).collect();
+    assert_eq!(graph_order, ["model.0.s4", "model.0.s1"]);
+    assert_eq!(calls("graphFinalize"), 2);
+    assert_eq!(calls("graphAddNode"), graphs[0].nodes.len() + graphs[1].nodes.len());
+    // Every static tensor of both graphs is created once in the context.
+    for t in graphs[0].tensors.iter().filter(|t| t.tensor_type == TensorType::Static) {
+        let created = log
+            .lines()
+            .filter(|l| l.starts_with("tensorCreateGraphTensor(") && l.contains(&format!("{{name=\"{}\",", t.name)))
+            .count();
+        assert_eq!(created, 1, "{}", t.name);
+    }
+    // The fake binary lists both graphs with their I/O in binding order.
+    let (descs, options) = context_request(&graphs, &sm8650()).unwrap();
+    assert!(options.weight_sharing);
+    let fake: Vec<FakeGraph> = descs
+        .iter()
+        .map(|g| {
+            let io = |names: &[String]| {
+                names
+                    .iter()
+                    .map(|n| {
+                        let t = g.tensors.iter().find(|t| &t.name == n).unwrap();
+                        (t.name.clone(), t.dtype, t.dims.clone())
+                    })
+                    .collect()
+            };
+            FakeGraph {
+                name: g.name.clone(),
+                nodes: g.nodes.len() as u32,
+                inputs: io(&g.inputs),
+                outputs: io(&g.outputs),
+            }
+        })
+        .collect();
+    assert_eq!(binary, render::fake_context_binary(&fake));
+
+    insta::with_settings!({
+        snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"),
+        prepend_module_to_snapshot => false,
+        omit_expression => true,
+    }, {
+        insta::assert_snapshot!("qnn__qwen3__context_call_sequence", log);
+    });
+}
+
+#[test]
+fn target_errors_stop_before_any_call() {
+    let (s4, s1) = lowered_pair();
+    let mut json = aot_config().target_machine_json;
+    json["htp_chipset"] = serde_json::json!("SM9999");
+    let err = HtpTarget::from_json(&json).unwrap_err();
+    assert!(matches!(&err, TargetError::Unknown { field: "htp_chipset", .. }), "{err}");
+    json["htp_chipset"] = serde_json::json!("SM8750");
+    let err = HtpTarget::from_json(&json).unwrap_err().to_string();
+    assert_eq!(err, "target_machine.htp_arch: V75 does not match htp_chipset SM8750, which is V79");
+    // Two graphs need weight sharing, which V69 lacks.
+    json["htp_chipset"] = serde_json::json!("SM8450");
+    json["htp_arch"] = serde_json::json!("V69");
+    let old = HtpTarget::from_json(&json).unwrap();
+    let mut api = RecordingApi::new();
+    let err = build_context(&[s4, s1.clone()], &old, &mut api).unwrap_err();
+    assert!(matches!(err, ContextError::Target(TargetError::WeightSharingUnsupported { .. })), "{err}");
+    assert!(api.log().is_empty());
+    // One graph alone needs no sharing.
+    build_context(&[s1], &old, &mut api).unwrap();
+}
+
+#[cfg(not(feature = "qnn-sdk"))]
+#[test]
+fn without_the_sdk_feature_the_error_says_how_to_enable_it() {
+    use backend_qnn::context::{build_context_binary, build_context_with_sdk};
+    let (s4, s1) = lowered_pair();
+    let graphs = [s4, s1];
+    let err = build_context_with_sdk(&graphs, &sm8650()).unwrap_err();
+    assert!(matches!(err, ContextError::Sdk(backend_qnn::sdk::SdkError::NotBuilt)), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("--features qnn-sdk") && msg.contains("QNN_SDK_ROOT"), "{msg}");
+    // The file-writing entry point: the same error, nothing written.
+    let dir = TempDir::new("context-no-sdk");
+    let out = dir.0.join("qwen3.bin");
+    let err = build_context_binary(&graphs, &sm8650(), &out).unwrap_err();
+    assert_eq!(err.to_string(), msg);
+    assert!(std::fs::read_dir(&dir.0).unwrap().next().is_none(), "nothing may be written");
+}
+
+#[test]
+fn the_binary_is_written_atomically_with_what_it_holds() {
+    let (s4, s1) = lowered_pair();
+    let graphs = [s4, s1];
+    let dir = TempDir::new("context-write");
+    let out = dir.0.join("qwen3.bin");
+    std::fs::write(&out, b"old").unwrap();
+    let mut api = RecordingApi::new();
+    let written = write_context_binary(&graphs, &sm8650(), &mut api, &out).unwrap();
+    let expected = build_context(&graphs, &sm8650(), &mut RecordingApi::new()).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), expected);
+    assert_eq!((written.path.as_path(), written.bytes), (out.as_path(), expected.len() as u64));
+    assert_eq!(written.graphs, ["model.0.s4", "model.0.s1"]);
+    // Only the binary is left in the directory (no temporary file).
+    let names: Vec<_> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, [std::ffi::OsString::from("qwen3.bin")]);
+    // A directory that does not exist is an error naming the path; no partial file appears.
+    let missing = dir.0.join("missing").join("qwen3.bin");
+    let err = write_context_binary(&graphs, &sm8650(), &mut RecordingApi::new(), &missing).unwrap_err();
+    assert!(matches!(err, ContextError::Write(_)) && err.to_string().contains("missing/qwen3.bin"), "{err}");
+}

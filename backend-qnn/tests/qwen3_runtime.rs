@@ -1,0 +1,184 @@
+//! Text generation from a context binary: the lowered tiny Qwen3 pair (`model.0.s4` for
+//! prefill, `model.0.s1` for decode, context 16) built into one context binary (recording API),
+//! written to disk, loaded through the execute API of [`EmulatedHtp`] (the reference interpreter
+//! standing in for the SDK's HTP emulation) and driven by the generation runtime through
+//! [`QnnChunkModel`] with a u8 KV cache. The reference is the same runtime over the CPU
+//! fake-quant model of the same checkpoint (`CpuChunkModel`, f32 KV cache).
+
+mod qwen3_common;
+
+use std::sync::Arc;
+
+use backend_cpu::quant::{FakeQuantHook, QdqParams};
+use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, QdqHook};
+use backend_qnn::context::write_context_binary;
+use backend_qnn::sdk::{ApiError, EmulatedHtp, RecordingApi};
+use backend_qnn::target::HtpTarget;
+use backend_qnn::{GraphIo, QnnChunkModel, QnnModelError};
+use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::module::ParamSource;
+use mllm_dsl::quant::points::qdq_points;
+use mllm_dsl::runtime::{
+    argmax, ChunkInputs, ChunkModel, ChunkOutputs, GenerationConfig, Generator, ModelError, ModelLayout, StopReason,
+};
+use mllm_dsl::{trace, ParamFormat};
+use qwen3_common::*;
+
+/// Logits of the real (non-padding) rows of every chunk a model ran.
+struct Capture<M> {
+    inner: M,
+    steps: Vec<Vec<f32>>,
+}
+
+impl<M: ChunkModel> ChunkModel for Capture<M> {
+    type Kv = M::Kv;
+    fn layout(&self) -> ModelLayout {
+        self.inner.layout()
+    }
+    fn supports_chunk_len(&self, ar: usize) -> bool {
+        self.inner.supports_chunk_len(ar)
+    }
+    fn run_chunk(&mut self, i: &ChunkInputs<'_, M::Kv>, o: &mut ChunkOutputs<M::Kv>) -> Result<(), ModelError> {
+        self.inner.run_chunk(i, o)?;
+        let vocab = self.layout().vocab_size;
+        for row in 0..i.n_valid() {
+            self.steps.push(o.logits()[row * vocab..(row + 1) * vocab].to_vec());
+        }
+        Ok(())
+    }
+}
+
+/// The checkpoint run eagerly by backend-cpu with its QDQ points fake-quantized.
+fn cpu_fake_quant_model() -> CpuChunkModel {
+    let hf = HfConfig::from_dir(fixture()).unwrap();
+    let cfg = model_config();
+    // The QDQ points of the model file (any trace shape names the same points).
+    let mut symbolic = models::build(&hf, MAX_POSITIONS).unwrap();
+    symbolic.bind_params(&ParamSource::Symbolic(ParamFormat::Float)).unwrap();
+    let inputs = models::io::trace_inputs(&cfg, 1, 2, ParamFormat::Float);
+    let l = cfg.num_hidden_layers;
+    let program = trace(&inputs, |t| symbolic.forward(&t[0], &t[1], &t[2], &t[3..3 + l], &t[3 + l..])).unwrap();
+    let params = QdqParams::from_checkpoint(&checkpoint(), &qdq_points(&program).unwrap()).unwrap();
+    let hook: Arc<dyn QdqHook> = Arc::new(FakeQuantHook::new(&params));
+    let backend = CpuBackend::with_qdq(hook);
+    let mut model = models::build(&hf, MAX_POSITIONS).unwrap();
+    let store = CheckpointStore::open(fixture(), backend.clone(), cfg.tie_word_embeddings).unwrap();
+    model.bind_params(&ParamSource::Store(&store)).unwrap();
+    CpuChunkModel::new(model, backend, CONTEXT)
+}
+
+fn sm8650() -> HtpTarget {
+    HtpTarget::from_json(&aot_config().target_machine_json).unwrap()
+}
+
+/// The context binary of the lowered pair, written to and read back from disk.
+fn context_binary(graphs: &[backend_qnn::QnnGraph], dir: &TempDir) -> Vec<u8> {
+    let path = dir.0.join("qwen3-tiny.bin");
+    let written = write_context_binary(graphs, &sm8650(), &mut RecordingApi::new(), &path).unwrap();
+    assert_eq!(written.graphs, ["model.0.s4", "model.0.s1"]);
+    let binary = std::fs::read(&path).unwrap();
+    assert_eq!(binary.len() as u64, written.bytes);
+    binary
+}
+
+#[test]
+fn greedy_generation_from_the_context_binary_matches_the_cpu_fake_quant_run() {
+    let (s4, s1) = lowered_pair();
+    let graphs = vec![s4, s1];
+    let dir = TempDir::new("runtime");
+    let binary = context_binary(&graphs, &dir);
+    let qnn = QnnChunkModel::emulated(graphs, &binary).unwrap();
+    assert_eq!(qnn.chunk_lens(), [CHUNK, 1]);
+    let cfg = model_config();
+    let expected_layout = ModelLayout {
+        num_layers: cfg.num_hidden_layers,
+        num_kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim,
+        vocab_size: cfg.vocab_size,
+        context_len: CONTEXT,
+    };
+    assert_eq!(qnn.layout(), expected_layout);
+
+    // 6 prompt tokens: one full chunk-4 prefill run and one padded one, then decode to the end
+    // of the context.
+    let prompt = [5u32, 17, 99, 3, 64, 8];
+    let config = GenerationConfig {
+        max_new_tokens: CONTEXT,
+        prefill_chunk: CHUNK,
+        eos_ids: vec![],
+        ..GenerationConfig::default()
+    };
+    let mut qnn = Generator::new(Capture { inner: qnn, steps: vec![] }).unwrap();
+    let mut cpu = Generator::new(Capture { inner: cpu_fake_quant_model(), steps: vec![] }).unwrap();
+    let q = qnn.generate(&prompt, &config).unwrap();
+    let c = cpu.generate(&prompt, &config).unwrap();
+    assert_eq!(q.stop_reason, StopReason::ContextFull);
+    assert_eq!(q.ids.len(), CONTEXT - prompt.len());
+
+    // Every position's logits, while both runs saw the same tokens.
+    let (qs, cs) = (&qnn.model().steps, &cpu.model().steps);
+    assert_eq!(qs.len(), CONTEXT - 1, "prompt rows + decode steps");
+    let mut agree = 0;
+    let mut worst = f64::INFINITY;
+    for (step, (a, b)) in qs.iter().zip(cs).enumerate() {
+        let db = sqnr_db(a, b);
+        worst = worst.min(db);
+        agree += usize::from(argmax(a).unwrap() == argmax(b).unwrap());
+        assert!(db >= 35.0, "position {step}: logits SQNR {db:.2} dB < 35 dB");
+    }
+    eprintln!(
+        "context binary via EmulatedHtp vs CPU fake-quant: {} positions, worst logits SQNR {worst:.2} dB, top-1 agreement {agree}/{}",
+        qs.len(),
+        qs.len()
+    );
+    eprintln!("greedy ids: qnn {:?} cpu {:?}", q.ids, c.ids);
+    assert_eq!(q.ids, c.ids, "greedy ids");
+}
+
+#[test]
+fn binaries_of_other_graphs_and_broken_io_are_refused() {
+    let (s4, s1) = lowered_pair();
+    let dir = TempDir::new("runtime-errors");
+    let binary = context_binary(&[s4.clone(), s1.clone()], &dir);
+    let io = |g: &backend_qnn::QnnGraph| GraphIo::from_graph(g).unwrap();
+
+    // An emulator that only has the decode graph cannot load a binary that holds both.
+    let err = QnnChunkModel::open(EmulatedHtp::new(vec![s1.clone()]).unwrap(), &binary, vec![io(&s1)]).unwrap_err();
+    let QnnModelError::Api(ApiError::InvalidArgument { function, reason }) = &err else { panic!("{err}") };
+    assert_eq!(*function, "contextCreateFromBinary");
+    assert!(reason.contains("`model.0.s4`"), "{reason}");
+    // Nor one whose graphs differ from the emulator's (here in the node count it lists).
+    let text = String::from_utf8(binary.clone()).unwrap();
+    let line = format!("graph model.0.s1 nodes={}", s1.nodes.len());
+    assert!(text.contains(&line), "{text}");
+    let other = text.replace(&line, &format!("graph model.0.s1 nodes={}", s1.nodes.len() + 1));
+    let emulator = EmulatedHtp::new(vec![s4.clone(), s1.clone()]).unwrap();
+    let err = QnnChunkModel::open(emulator, other.as_bytes(), vec![io(&s1)]).unwrap_err().to_string();
+    assert!(err.contains("differ from the given graphs"), "{err}");
+    // Not a context binary at all.
+    let emulator = EmulatedHtp::new(vec![s4.clone(), s1.clone()]).unwrap();
+    let err = QnnChunkModel::open(emulator, b"\x7fELF", vec![io(&s1)]).unwrap_err().to_string();
+    assert!(err.contains("contextCreateFromBinary"), "{err}");
+
+    // I/O that breaks the runtime contract is named.
+    let mut bad = io(&s1);
+    bad.inputs.swap(3, 4);
+    let emulator = EmulatedHtp::new(vec![s4.clone(), s1.clone()]).unwrap();
+    let err = QnnChunkModel::open(emulator, &binary, vec![bad]).unwrap_err().to_string();
+    assert_eq!(err, "graph `model.0.s1`: `past_key_1` is UFIXED_POINT_8 [1, 2, 8, 15]; expected `past_key_0` UFIXED_POINT_8 [1, 2, 8, 15]");
+    let mut bad = io(&s1);
+    bad.outputs[1].quant.as_mut().unwrap().scale *= 2.0;
+    let emulator = EmulatedHtp::new(vec![s4.clone(), s1.clone()]).unwrap();
+    let err = QnnChunkModel::open(emulator, &binary, vec![bad]).unwrap_err().to_string();
+    assert!(err.contains("`present_key_0` has encoding") && err.contains("`past_key_0`"), "{err}");
+    // Two graphs for the same chunk length.
+    let emulator = EmulatedHtp::new(vec![s4.clone(), s1.clone()]).unwrap();
+    let err = QnnChunkModel::open(emulator, &binary, vec![io(&s1), io(&s1)]).unwrap_err().to_string();
+    assert_eq!(err, "graph `model.0.s1`: a second graph for chunk 1");
+    // A graph the context does not hold.
+    let mut renamed = io(&s1);
+    renamed.name = "model.0.s2".into();
+    let emulator = EmulatedHtp::new(vec![s4, s1]).unwrap();
+    let err = QnnChunkModel::open(emulator, &binary, vec![renamed]).unwrap_err().to_string();
+    assert!(err.contains("graphRetrieve") && err.contains("`model.0.s2`"), "{err}");
+}
