@@ -64,6 +64,7 @@ pub mod api;
 pub mod config;
 pub mod desc;
 pub mod driver;
+pub mod from_graph;
 pub mod recording;
 pub mod render;
 
