@@ -102,8 +102,7 @@ impl AotArgs {
             (None, Some(path)) => Some(CalibSource::Text { path: path.clone(), chat: self.chat }),
             (None, None) => None,
         };
-        let chunks =
-            if self.chunks.is_empty() { DEFAULT_CHUNKS.to_vec() } else { self.chunks.clone() };
+        let chunks = if self.chunks.is_empty() { DEFAULT_CHUNKS.to_vec() } else { self.chunks.clone() };
         AotOptions {
             source,
             aot_config: self.aot_config.clone(),

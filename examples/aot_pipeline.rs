@@ -41,7 +41,7 @@ use mllm_dsl::module::ParamSource;
 use mllm_dsl::passes::{Pipeline, QuantParamProvider};
 use mllm_dsl::quant::points::qdq_points;
 use mllm_dsl::runtime::{dequantize_mask_value, MASK_ATTEND, MASK_MASKED};
-use mllm_dsl::{BackendRef, CausalLm, DType, ParamFormat, Program, Storage, Tensor, TensorType};
+use mllm_dsl::{BackendRef, CausalLm, DType, ParamFormat, Storage, Tensor, TensorType};
 use models::TransformerConfig;
 
 use crate::quant_pipeline::{
@@ -219,7 +219,8 @@ impl AotReport {
         let mut s = format!("model: {}\n\naccuracy ledger (test vs reference, logits):\n", self.model);
         let _ = writeln!(s, "  {:<20} {:<12} {:>9} {:>7} {:>11}", "stage", "graph", "SQNR dB", "top-1", "max |err|");
         for e in &self.ledger {
-            let db = if e.comparison.sqnr_db.is_finite() { format!("{:.2}", e.comparison.sqnr_db) } else { "inf".into() };
+            let db =
+                if e.comparison.sqnr_db.is_finite() { format!("{:.2}", e.comparison.sqnr_db) } else { "inf".into() };
             let _ = writeln!(
                 s,
                 "  {:<20} {:<12} {:>9} {:>6.1}% {:>11.3e}",
@@ -233,8 +234,14 @@ impl AotReport {
         s.push_str("\ngraphs:\n");
         for g in &self.graphs {
             let ops: Vec<String> = g.ops.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            let _ =
-                writeln!(s, "  {}: {} tensors, {} static bytes; ops: {}", g.name, g.tensors, g.static_bytes, ops.join(", "));
+            let _ = writeln!(
+                s,
+                "  {}: {} tensors, {} static bytes; ops: {}",
+                g.name,
+                g.tensors,
+                g.static_bytes,
+                ops.join(", ")
+            );
         }
         let t = &self.timings;
         let _ = writeln!(
@@ -299,7 +306,8 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
         ModelSource::Quantized(d) => d.clone(),
         _ => unreachable!("float sources have a directory"),
     });
-    let hf = HfConfig::from_dir(&model_dir).with_context(|| format!("reading the model config of {}", model_dir.display()))?;
+    let hf = HfConfig::from_dir(&model_dir)
+        .with_context(|| format!("reading the model config of {}", model_dir.display()))?;
     let (aot, aot_warnings) = load_aot_config(opts.aot_config.as_deref(), &hf)?;
     warnings.extend(aot_warnings);
     timings.load = t.elapsed().as_secs_f64();
@@ -311,13 +319,9 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
             let t = Instant::now();
             let calibration = match &calib {
                 CalibSource::Ids(path) => load_id_sequences(path, "calib_ids", hf.vocab_size)?,
-                CalibSource::Text { path, chat } => load_text_sequences(
-                    path,
-                    &float_dir.join("tokenizer.json"),
-                    opts.max_positions,
-                    128,
-                    *chat,
-                )?,
+                CalibSource::Text { path, chat } => {
+                    load_text_sequences(path, &float_dir.join("tokenizer.json"), opts.max_positions, 128, *chat)?
+                }
             };
             timings.load += t.elapsed().as_secs_f64();
             if let Some(entry) = float_vs_reference(float_dir, &hf, opts.max_positions)? {
@@ -437,14 +441,16 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
         ledger.push(LedgerEntry {
             stage: "passes_vs_eager",
             graph: Some(name.clone()),
-            detail: probe.describe("backend-cpu's interpreter (fake-quant) on the final IR vs the eager fake-quant model"),
+            detail: probe
+                .describe("backend-cpu's interpreter (fake-quant) on the final IR vs the eager fake-quant model"),
             comparison: Comparison::new("logits", &eager, cpu_logits, hf.vocab_size).map_err(anyhow::Error::msg)?,
         });
         let qnn = probe.run_qnn(graph)?;
         ledger.push(LedgerEntry {
             stage: "qnn_vs_fakequant",
             graph: Some(name.clone()),
-            detail: probe.describe("backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run"),
+            detail: probe
+                .describe("backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run"),
             comparison: Comparison::new("logits", cpu_logits, &qnn, hf.vocab_size).map_err(anyhow::Error::msg)?,
         });
     }
@@ -461,19 +467,18 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
         .iter()
         .map(|g| {
             let s = summarize(g);
-            GraphReport { name: g.name.clone(), ops: s.ops_by_type, tensors: g.tensors.len(), static_bytes: g.static_bytes() }
+            GraphReport {
+                name: g.name.clone(),
+                ops: s.ops_by_type,
+                tensors: g.tensors.len(),
+                static_bytes: g.static_bytes(),
+            }
         })
         .collect();
     files.record(&out.join("report.json"));
     timings.total = start.elapsed().as_secs_f64();
-    let report = AotReport {
-        model: model_name,
-        ledger,
-        timings,
-        graphs: graph_reports,
-        artifacts: files.relative()?,
-        warnings,
-    };
+    let report =
+        AotReport { model: model_name, ledger, timings, graphs: graph_reports, artifacts: files.relative()?, warnings };
     let mut text = serde_json::to_string_pretty(&report.to_json())?;
     text.push('\n');
     write_atomic(&out.join("report.json"), text.as_bytes())?;
@@ -532,7 +537,9 @@ impl<'a> Files<'a> {
             .paths
             .iter()
             .map(|p| {
-                let r = p.strip_prefix(self.root).with_context(|| format!("{} is outside the output directory", p.display()))?;
+                let r = p
+                    .strip_prefix(self.root)
+                    .with_context(|| format!("{} is outside the output directory", p.display()))?;
                 Ok(r.to_string_lossy().replace('\\', "/"))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -602,7 +609,8 @@ fn quantized_vs_reference_float(dir: &Path, hf: &HfConfig, max_positions: usize)
     let ckpt = SafetensorsCheckpoint::open(dir)?;
     let backend = fake_quant_backend(&ckpt, hf, max_positions)?;
     let model = build_model(dir, hf, max_positions, &backend)?;
-    let logits = prefill_logits(model.as_ref(), &backend, &ids).context("fake-quant prefill of the reference input_ids")?;
+    let logits =
+        prefill_logits(model.as_ref(), &backend, &ids).context("fake-quant prefill of the reference input_ids")?;
     Ok(Some(LedgerEntry {
         stage: "fakequant_vs_float",
         graph: None,
@@ -701,12 +709,19 @@ impl Probe {
     }
 
     /// The eager model in fake-quant mode on these inputs: its logits.
-    fn run_eager(&self, dir: &Path, hf: &HfConfig, ckpt: &SafetensorsCheckpoint, max_positions: usize) -> Result<Vec<f32>> {
+    fn run_eager(
+        &self,
+        dir: &Path,
+        hf: &HfConfig,
+        ckpt: &SafetensorsCheckpoint,
+        max_positions: usize,
+    ) -> Result<Vec<f32>> {
         let backend = fake_quant_backend(ckpt, hf, max_positions)?;
         let model = build_model(dir, hf, max_positions, &backend)?;
         let x = self.cpu_inputs(&backend)?;
         let l = self.kv_codes.len() / 2;
-        let (logits, _, _) = model.forward(&x[0], &x[1], &x[2], &x[3..3 + l], &x[3 + l..]).context("eager fake-quant run")?;
+        let (logits, _, _) =
+            model.forward(&x[0], &x[1], &x[2], &x[3..3 + l], &x[3 + l..]).context("eager fake-quant run")?;
         Ok(logits.as_f32().context("eager logits hold no f32 data")?.to_vec())
     }
 
@@ -714,11 +729,8 @@ impl Probe {
     fn run_qnn(&self, graph: &QnnGraph) -> Result<Vec<f32>> {
         let interp = backend_qnn::interp::Interpreter::new(graph)
             .with_context(|| format!("preparing graph `{}` for the reference interpreter", graph.name))?;
-        let mut codes: Vec<Vec<i64>> = vec![
-            self.ids.clone(),
-            self.positions.clone(),
-            self.mask_codes.iter().map(|&c| i64::from(c)).collect(),
-        ];
+        let mut codes: Vec<Vec<i64>> =
+            vec![self.ids.clone(), self.positions.clone(), self.mask_codes.iter().map(|&c| i64::from(c)).collect()];
         codes.extend(self.kv_codes.iter().map(|c| c.iter().map(|&v| i64::from(v)).collect()));
         ensure!(
             codes.len() == graph.inputs.len(),
@@ -745,7 +757,9 @@ impl Probe {
 /// The QNN context binary holding every graph, through the SDK.
 #[cfg(feature = "qnn-sdk")]
 fn build_context_binary(graphs: &[QnnGraph], aot: &AotConfig) -> Result<Vec<u8>> {
-    use backend_qnn::sdk::{build_context_binary_with_sdk, GraphDesc, GraphOptions, HtpDeviceOptions, HtpOptions, LogLevel};
+    use backend_qnn::sdk::{
+        build_context_binary_with_sdk, GraphDesc, GraphOptions, HtpDeviceOptions, HtpOptions, LogLevel,
+    };
     let tm = &aot.target_machine;
     let chipset = tm.htp_chipset.as_str();
     let mut device = HtpDeviceOptions::for_chipset(chipset)

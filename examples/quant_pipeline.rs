@@ -51,7 +51,9 @@ pub fn trace_graph(
     let layers = cfg.num_hidden_layers;
     let inputs = models::io::trace_inputs(&cfg, chunk, context, format);
     let program = trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + layers], &t[3 + layers..]))
-        .with_context(|| format!("tracing the model file of {} (chunk {chunk}, context {context})", hf.source.display()))?;
+        .with_context(|| {
+            format!("tracing the model file of {} (chunk {chunk}, context {context})", hf.source.display())
+        })?;
     Ok(program)
 }
 

@@ -121,7 +121,8 @@ fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_t
     expected.sort();
     assert_eq!(written.keys().cloned().collect::<Vec<_>>(), expected);
     let json = report_json(&out);
-    let listed: Vec<String> = json["artifacts"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().into()).collect();
+    let listed: Vec<String> =
+        json["artifacts"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().into()).collect();
     assert_eq!(listed, expected);
     assert_eq!(report.artifacts, expected);
 
@@ -256,7 +257,8 @@ fn float_copy(dir: &Path, drop_tensor: Option<&str>) -> PathBuf {
             (k.clone(), dtype, shape.to_vec(), ckpt.read_bytes(k).unwrap())
         })
         .collect();
-    let tensors: Vec<TensorBytes<'_>> = data.iter().map(|(k, d, s, b)| (k.as_str(), *d, s.as_slice(), b.as_slice())).collect();
+    let tensors: Vec<TensorBytes<'_>> =
+        data.iter().map(|(k, d, s, b)| (k.as_str(), *d, s.as_slice(), b.as_slice())).collect();
     write_safetensors_atomic(&model.join("model.safetensors"), &tensors, &BTreeMap::new()).unwrap();
     model
 }
@@ -294,7 +296,7 @@ fn bad_inputs_fail_with_messages_naming_the_file_or_field() {
 
     // A block size that does not divide the linears' input width (32).
     let mut cfg = AotConfig::w4a16_kv8().to_json();
-    cfg["quant_recipe"]["builtin_llm_pass"]["linear"]["block_size"] = 24.into();
+    cfg["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["block_size"] = 24.into();
     let cfg_path = dir.join("block24.json");
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let err = error(&[&quantized[..], &["--aot-config", cfg_path.to_str().unwrap()][..]].concat());

@@ -6,8 +6,7 @@
 //! shared, not copied.
 
 use super::desc::{
-    BlockwiseExpansion, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar, StaticData, TensorDesc,
-    TensorError,
+    BlockwiseExpansion, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar, StaticData, TensorDesc, TensorError,
 };
 use crate::encoding::{self, BlockScales};
 use crate::graph::{self, QnnGraph, QnnTensor};
