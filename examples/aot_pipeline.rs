@@ -282,7 +282,8 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
 
     // 1. Load.
     let t = Instant::now();
-    let (model_name, float_dir, calibration_src) = match &opts.source {
+    // The checkpoint directory, and what to calibrate it on (nothing for a quantized one).
+    let (model_name, model_dir, calibration_src) = match &opts.source {
         ModelSource::Embedded => {
             let dir = out.join("embedded/qwen3-dev-f32");
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -292,20 +293,16 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
             let ids = out.join("embedded/calib_ids.safetensors");
             files.write(&ids, EMBEDDED_CALIB_IDS)?;
             let calib = opts.calibration.clone().unwrap_or(CalibSource::Ids(ids));
-            (EMBEDDED_MODEL_NAME.to_string(), Some(dir), Some(calib))
+            (EMBEDDED_MODEL_NAME.to_string(), dir, Some(calib))
         }
         ModelSource::Float(dir) => {
             let Some(calib) = opts.calibration.clone() else {
                 bail!("--model {} needs calibration data: pass --calib-ids FILE or --calib-text FILE", dir.display());
             };
-            (dir.display().to_string(), Some(dir.clone()), Some(calib))
+            (dir.display().to_string(), dir.clone(), Some(calib))
         }
-        ModelSource::Quantized(dir) => (dir.display().to_string(), None, None),
+        ModelSource::Quantized(dir) => (dir.display().to_string(), dir.clone(), None),
     };
-    let model_dir = float_dir.clone().unwrap_or_else(|| match &opts.source {
-        ModelSource::Quantized(d) => d.clone(),
-        _ => unreachable!("float sources have a directory"),
-    });
     let hf = HfConfig::from_dir(&model_dir)
         .with_context(|| format!("reading the model config of {}", model_dir.display()))?;
     let (aot, aot_warnings) = load_aot_config(opts.aot_config.as_deref(), &hf)?;
@@ -314,8 +311,9 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
 
     let mut ledger = Vec::new();
     // 2. Calibrate and quantize (or take the quantized checkpoint as it is).
-    let (quant_dir, max_positions) = match (&float_dir, calibration_src) {
-        (Some(float_dir), Some(calib)) => {
+    let (quant_dir, max_positions) = match calibration_src {
+        Some(calib) => {
+            let float_dir = &model_dir;
             let t = Instant::now();
             let calibration = match &calib {
                 CalibSource::Ids(path) => load_id_sequences(path, "calib_ids", hf.vocab_size)?,
@@ -354,7 +352,7 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
             files.record_dir(&quant_dir)?;
             (quant_dir, opts.max_positions)
         }
-        _ => {
+        None => {
             let dir = model_dir.clone();
             let ckpt = SafetensorsCheckpoint::open(&dir)?;
             ensure!(

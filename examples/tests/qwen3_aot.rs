@@ -376,3 +376,35 @@ fn help_documents_every_argument_and_the_report() {
     assert_eq!((opts.chunks, opts.context_len), (vec![32, 1], 1024));
     assert!(opts.out.ends_with("qwen3_aot"));
 }
+
+#[test]
+fn calibration_text_goes_through_the_model_directorys_tokenizer() {
+    let dir = temp("calib-text");
+    let model = float_copy(&dir, None);
+    let tokenizer = fixtures().join("tokenizer-tiny/tokenizer.json");
+    std::fs::copy(&tokenizer, model.join("tokenizer.json")).unwrap();
+    let paragraphs = ["the cat sat on a mat.", "it was warm, and it was quiet!"];
+    let text = dir.join("calib.txt");
+    std::fs::write(&text, paragraphs.join("\n\n")).unwrap();
+    let out = dir.join("out");
+    run(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--calib-text",
+        text.to_str().unwrap(),
+        "--chunk",
+        "4",
+        "--context-len",
+        "16",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    // The fake-quant rows are the calibration tokens, as the tokenizer cuts them.
+    let tok = tokenizers::Tokenizer::from_file(&tokenizer).unwrap();
+    let tokens: usize = paragraphs.iter().map(|p| tok.encode(*p, false).unwrap().get_ids().len()).sum();
+    let json = report_json(&out);
+    assert_eq!(rows(&json, "fakequant_vs_float")[0]["rows"], tokens);
+    assert_eq!(json["model"], model.to_str().unwrap());
+    assert!(out.join("quantized/tokenizer.json").is_file());
+}
