@@ -771,7 +771,7 @@ fn build_context_binary(graphs: &[QnnGraph], aot: &AotConfig) -> Result<Vec<u8>>
         .iter()
         .map(|g| GraphDesc::try_from(g).with_context(|| format!("describing graph `{}` for the QNN SDK", g.name)))
         .collect::<Result<Vec<_>>>()?;
-    Ok(build_context_binary_with_sdk(&descs, &target).context("building the QNN context binary")?)
+    build_context_binary_with_sdk(&descs, &target).context("building the QNN context binary")
 }
 
 #[cfg(not(feature = "qnn-sdk"))]
