@@ -4,6 +4,10 @@
 
 pub mod quant_pipeline;
 
+pub mod aot_pipeline;
+
+pub mod aot_cli;
+
 pub mod generate_cli;
 
 use anyhow::{Context, Result};

@@ -28,19 +28,54 @@ use models::TransformerConfig;
 use crate::CpuModel;
 
 /// RoPE table key whose shape tells how many positions a quantized checkpoint covers.
-const ROPE_SIN_KEY: &str = "model.mllm_max_sin_embedding";
+pub const ROPE_SIN_KEY: &str = "model.mllm_max_sin_embedding";
 
 /// Traces the model file of `hf` once (decode shape: one token, one past position) with symbolic
 /// parameters typed as `format`. Cheap: no weights are touched.
 pub fn trace_model(hf: &HfConfig, max_positions: usize, format: ParamFormat) -> Result<Program> {
+    trace_graph(hf, max_positions, 1, 2, format)
+}
+
+/// Traces the model file of `hf` for one graph: `chunk` new tokens, a mask `context` wide (the
+/// past K/V cache holds `context - chunk` positions), parameters typed as `format`.
+pub fn trace_graph(
+    hf: &HfConfig,
+    max_positions: usize,
+    chunk: usize,
+    context: usize,
+    format: ParamFormat,
+) -> Result<Program> {
     let cfg = TransformerConfig::from_hf(hf, max_positions);
     let mut model = models::build(hf, max_positions)?;
     model.bind_params(&ParamSource::Symbolic(format))?;
     let layers = cfg.num_hidden_layers;
-    let inputs = models::io::trace_inputs(&cfg, 1, 2, format);
+    let inputs = models::io::trace_inputs(&cfg, chunk, context, format);
     let program = trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + layers], &t[3 + layers..]))
-        .with_context(|| format!("tracing the model file of {}", hf.source.display()))?;
+        .with_context(|| {
+            format!("tracing the model file of {} (chunk {chunk}, context {context})", hf.source.display())
+        })?;
     Ok(program)
+}
+
+/// mllm's QNN AOT config from `path`, or the built-in W4A16KV8 one (block size 16) with the
+/// model's layer count; plus warnings about the pair.
+pub fn load_aot_config(path: Option<&Path>, hf: &HfConfig) -> Result<(AotConfig, Vec<String>)> {
+    let aot = match path {
+        Some(p) => AotConfig::from_file(p)?,
+        None => {
+            let mut c = AotConfig::w4a16_kv8();
+            c.quant_recipe.layers = hf.num_hidden_layers as u32;
+            c
+        }
+    };
+    let mut warnings = aot.warnings();
+    if aot.quant_recipe.layers as usize != hf.num_hidden_layers {
+        warnings.push(format!(
+            "AOT config `quant_recipe.layers` is {} but the model has {} layers",
+            aot.quant_recipe.layers, hf.num_hidden_layers
+        ));
+    }
+    Ok((aot, warnings))
 }
 
 /// How to run a checkpoint directory.
@@ -172,7 +207,8 @@ pub struct QuantizeOutcome {
     pub warnings: Vec<String>,
 }
 
-fn bar(progress: bool, len: usize, what: &str) -> ProgressBar {
+/// A progress bar on stderr (hidden when `progress` is off; indicatif hides it without a TTY).
+pub fn bar(progress: bool, len: usize, what: &str) -> ProgressBar {
     if !progress {
         return ProgressBar::hidden();
     }
@@ -198,17 +234,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
         );
     }
     let hf = HfConfig::from_dir(model_dir)?;
-    let aot = match &opts.aot_config {
-        Some(p) => AotConfig::from_file(p)?,
-        None => AotConfig::w4a16_kv8(),
-    };
-    let mut warnings = aot.warnings();
-    if aot.quant_recipe.layers as usize != hf.num_hidden_layers {
-        warnings.push(format!(
-            "AOT config `quant_recipe.layers` is {} but the model has {} layers",
-            aot.quant_recipe.layers, hf.num_hidden_layers
-        ));
-    }
+    let (aot, warnings) = load_aot_config(opts.aot_config.as_deref(), &hf)?;
     let source = SafetensorsCheckpoint::open(model_dir)?;
     ensure!(
         !is_quantized_checkpoint(&source),

@@ -1,0 +1,410 @@
+//! `qwen3_aot` as a user runs it, through its command-line entry ([`run_aot`] on parsed
+//! arguments): the embedded default writes every artifact with a sane accuracy ledger, a rerun
+//! writes the same bytes, pymllm's quantized export compiles, and each bad input fails with a
+//! message naming the file or field.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use backend_cpu::checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, TensorBytes};
+use clap::{CommandFactory, Parser};
+use mllm_dsl::config::aot::AotConfig;
+use mllm_examples::aot_cli::{run_aot, AotArgs};
+use mllm_examples::aot_pipeline::AotReport;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures")
+}
+
+/// A fresh directory for one test.
+fn temp(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen3_aot").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn run(args: &[&str]) -> anyhow::Result<AotReport> {
+    let mut argv = vec!["qwen3_aot", "--quiet"];
+    argv.extend_from_slice(args);
+    run_aot(&AotArgs::try_parse_from(argv)?)
+}
+
+/// The full error chain.
+fn error(args: &[&str]) -> String {
+    match run(args) {
+        Ok(_) => panic!("{args:?} succeeded"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+/// Every file under `dir`, relative, with its bytes.
+fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                let rel = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+                out.insert(rel, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+fn report_json(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("report.json")).unwrap()).unwrap()
+}
+
+/// Ledger rows of `stage`.
+fn rows<'a>(report: &'a serde_json::Value, stage: &str) -> Vec<&'a serde_json::Value> {
+    report["ledger"].as_array().unwrap().iter().filter(|r| r["stage"] == stage).collect()
+}
+
+fn db(row: &serde_json::Value) -> f64 {
+    row["sqnr_db"].as_f64().unwrap_or(f64::INFINITY)
+}
+
+/// Op types and their counts, from the graph's QNN Netron JSON (independent of the report's
+/// own count, which comes from the graph summary).
+fn netron_ops(path: &Path) -> BTreeMap<String, u64> {
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let mut ops = BTreeMap::new();
+    for node in json["graph"]["nodes"].as_object().unwrap().values() {
+        *ops.entry(node["type"].as_str().unwrap().to_string()).or_insert(0) += 1;
+    }
+    ops
+}
+
+const STAGES: [&str; 10] = [
+    "00-trace",
+    "01-mark_qnn_graph",
+    "02-op_naming",
+    "03-merge_llm_head",
+    "04-llm_quant_recipe",
+    "05-ptq",
+    "06-lpbq_canonicalize",
+    "07-split_llm_graph",
+    "08-mark_tensor_io",
+    "09-tensor_renaming",
+];
+
+#[test]
+fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_twice() {
+    let out = temp("default");
+    let out_s = out.to_str().unwrap();
+    let report = run(&["--out", out_s]).unwrap();
+    let written = files(&out);
+
+    // Every artifact, and the report lists exactly the files on disk.
+    let mut expected = vec![
+        "embedded/calib_ids.safetensors",
+        "embedded/qwen3-dev-f32/config.json",
+        "embedded/qwen3-dev-f32/model.safetensors",
+        "embedded/qwen3-dev-f32/reference.safetensors",
+        "quantized/config.json",
+        "quantized/model.safetensors",
+        "quantized/report.json",
+        "report.json",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect::<Vec<_>>();
+    for graph in ["model.0.s32", "model.0.s1"] {
+        expected.extend(STAGES.iter().map(|s| format!("ir/{graph}/{s}.mir")));
+        expected.extend(["json", "cpp", "bin", "summary.txt"].iter().map(|e| format!("qnn/{graph}.{e}")));
+    }
+    expected.sort();
+    assert_eq!(written.keys().cloned().collect::<Vec<_>>(), expected);
+    let json = report_json(&out);
+    let listed: Vec<String> =
+        json["artifacts"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().into()).collect();
+    assert_eq!(listed, expected);
+    assert_eq!(report.artifacts, expected);
+
+    // The embedded checkpoint is the fixture, byte for byte.
+    for f in ["config.json", "model.safetensors", "reference.safetensors"] {
+        let fixture = std::fs::read(fixtures().join("qwen3-dev-f32").join(f)).unwrap();
+        assert_eq!(written[&format!("embedded/qwen3-dev-f32/{f}")], fixture, "{f}");
+    }
+    // The quantized checkpoint is in pymllm's format: LPBQ codes and scales, QDQ parameters.
+    let q = SafetensorsCheckpoint::open(out.join("quantized")).unwrap();
+    for key in [
+        "model.layers.0.mlp.up_proj.weight",
+        "model.layers.0.mlp.up_proj.scale1",
+        "model.layers.0.mlp.up_proj.scale2",
+        "model.layers.1.self_attn.k_cast_to_int8_qdq.fake_quant.scale",
+        "model.mllm_max_sin_embedding",
+    ] {
+        assert!(q.contains(key), "quantized checkpoint lacks `{key}`");
+    }
+
+    // The ledger: every stage, with figures that make sense for a random tiny model in W4A16.
+    assert_eq!(json["model"], "embedded:qwen3-dev-f32");
+    let float = rows(&json, "float_vs_reference");
+    assert_eq!(float.len(), 1);
+    assert!(db(float[0]) > 80.0 && float[0]["top1_agreement"] == 1.0, "float vs HF reference: {}", float[0]);
+    let fq = rows(&json, "fakequant_vs_float");
+    assert_eq!(fq.len(), 1);
+    assert_eq!(fq[0]["rows"], 8 * 32, "8 calibration sequences of 32 tokens");
+    let (fq_db, fq_top1) = (db(fq[0]), fq[0]["top1_agreement"].as_f64().unwrap());
+    assert!((5.0..60.0).contains(&fq_db), "fake-quant vs float SQNR {fq_db} dB");
+    assert!(fq_top1 > 0.5 && fq_top1 <= 1.0, "fake-quant vs float top-1 {fq_top1}");
+    assert!(fq[0]["max_abs_err"].as_f64().unwrap() > 0.0);
+    for (stage, floor) in [("passes_vs_eager", 35.0), ("qnn_vs_fakequant", 35.0)] {
+        let r = rows(&json, stage);
+        let graphs: Vec<&str> = r.iter().map(|r| r["graph"].as_str().unwrap()).collect();
+        assert_eq!(graphs, ["model.0.s32", "model.0.s1"], "{stage}");
+        for row in r {
+            assert!(db(row) >= floor, "{stage}: {row}");
+            assert!(row["top1_agreement"].as_f64().unwrap() >= 0.9, "{stage}: {row}");
+        }
+    }
+    assert_eq!(rows(&json, "qnn_vs_fakequant")[0]["rows"], 32);
+    assert_eq!(rows(&json, "qnn_vs_fakequant")[1]["rows"], 1);
+
+    // Graphs: op counts agree with the QNN JSON; weights are shared by name, so both graphs
+    // carry the same static bytes.
+    let graphs = json["graphs"].as_array().unwrap();
+    assert_eq!(graphs.len(), 2);
+    for g in graphs {
+        let name = g["name"].as_str().unwrap();
+        let ops: BTreeMap<String, u64> =
+            g["ops"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap())).collect();
+        assert_eq!(ops, netron_ops(&out.join(format!("qnn/{name}.json"))), "{name}");
+        assert_eq!(ops["Conv2d"], 15, "{name}: 7 linears per layer x 2 + lm_head");
+        assert!(g["tensors"].as_u64().unwrap() > 100);
+    }
+    assert_eq!(graphs[0]["static_bytes"], graphs[1]["static_bytes"]);
+    assert!(graphs[0]["static_bytes"].as_u64().unwrap() > 10_000);
+    let timings = json["timings_s"].as_object().unwrap();
+    for key in ["load", "calibrate", "trace", "passes", "lower", "total"] {
+        assert!(timings[key].as_f64().unwrap() >= 0.0, "timings_s.{key}");
+    }
+    let summary = report.summary();
+    for needle in ["qnn_vs_fakequant", "model.0.s32", "Conv2d"] {
+        assert!(summary.contains(needle), "summary lacks {needle}:\n{summary}");
+    }
+
+    // A second run with the same inputs: the same bytes, except report.json's timings.
+    let first_report = {
+        let mut j = json.clone();
+        j.as_object_mut().unwrap().remove("timings_s");
+        j
+    };
+    run(&["--out", out_s]).unwrap();
+    let again = files(&out);
+    assert_eq!(again.keys().collect::<Vec<_>>(), written.keys().collect::<Vec<_>>());
+    for (name, bytes) in &written {
+        if name != "report.json" {
+            assert!(&again[name] == bytes, "{name} differs between two runs");
+        }
+    }
+    let mut second_report = report_json(&out);
+    second_report.as_object_mut().unwrap().remove("timings_s");
+    assert_eq!(first_report, second_report);
+}
+
+#[test]
+fn pymllms_quantized_export_compiles_without_calibration() {
+    let out = temp("pymllm");
+    let ckpt = fixtures().join("pymllm-qwen3-dev-f32");
+    let report = run(&[
+        "--quantized",
+        ckpt.to_str().unwrap(),
+        "--chunk",
+        "4",
+        "--chunk",
+        "1",
+        "--context-len",
+        "16",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    let json = report_json(&out);
+    assert!(rows(&json, "float_vs_reference").is_empty(), "no float checkpoint to compare");
+    // Our fake-quant run of pymllm's checkpoint vs pymllm's float logits.
+    let fq = rows(&json, "fakequant_vs_float");
+    assert_eq!(fq.len(), 1);
+    // pymllm's own simulation of its deployed checkpoint (`deployedsim_logits`: fake-quant with
+    // every weight decoded from the export) against its float logits, computed here naively.
+    let reference = SafetensorsCheckpoint::open_file(ckpt.join("reference.safetensors")).unwrap();
+    let (float, sim) = (reference.read_f32("float_logits").unwrap(), reference.read_f32("deployedsim_logits").unwrap());
+    let signal: f64 = float.iter().map(|&f| f64::from(f).powi(2)).sum();
+    let noise: f64 = float.iter().zip(&sim).map(|(&f, &s)| (f64::from(s) - f64::from(f)).powi(2)).sum();
+    let pymllm_db = 10.0 * (signal / noise).log10();
+    assert!((db(fq[0]) - pymllm_db).abs() < 0.05, "ours {} dB, pymllm's deployed simulation {pymllm_db:.3} dB", fq[0]);
+    assert_eq!(fq[0]["rows"], 8);
+    for row in rows(&json, "qnn_vs_fakequant") {
+        assert!(db(row) >= 35.0, "{row}");
+    }
+    assert_eq!(report.graphs.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(), ["model.0.s4", "model.0.s1"]);
+    let written = files(&out);
+    assert!(!written.keys().any(|k| k.starts_with("quantized/") || k.starts_with("embedded/")));
+    assert!(written.contains_key("ir/model.0.s4/09-tensor_renaming.mir"));
+    assert!(written.contains_key("qnn/model.0.s1.bin"));
+}
+
+/// qwen3-dev-f32 (config.json and weights) copied into `dir/model`, without `drop_tensor`.
+fn float_copy(dir: &Path, drop_tensor: Option<&str>) -> PathBuf {
+    let src = fixtures().join("qwen3-dev-f32");
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::copy(src.join("config.json"), model.join("config.json")).unwrap();
+    let ckpt = SafetensorsCheckpoint::open(&src).unwrap();
+    let keys: Vec<String> = ckpt.keys().into_iter().filter(|k| Some(*k) != drop_tensor).map(String::from).collect();
+    let data: Vec<(String, _, Vec<usize>, Vec<u8>)> = keys
+        .iter()
+        .map(|k| {
+            let (dtype, shape) = ckpt.info(k).unwrap();
+            (k.clone(), dtype, shape.to_vec(), ckpt.read_bytes(k).unwrap())
+        })
+        .collect();
+    let tensors: Vec<TensorBytes<'_>> =
+        data.iter().map(|(k, d, s, b)| (k.as_str(), *d, s.as_slice(), b.as_slice())).collect();
+    write_safetensors_atomic(model.join("model.safetensors"), &tensors, &BTreeMap::new()).unwrap();
+    model
+}
+
+fn calib_ids() -> String {
+    fixtures().join("pymllm-qwen3-dev-f32/calib_ids.safetensors").to_str().unwrap().to_string()
+}
+
+#[test]
+fn bad_inputs_fail_with_messages_naming_the_file_or_field() {
+    let dir = temp("errors");
+    let out = dir.join("out");
+    let out = out.to_str().unwrap();
+
+    // No config.json.
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = error(&["--model", empty.to_str().unwrap(), "--calib-ids", &calib_ids(), "--out", out]);
+    assert!(err.contains("config.json"), "{err}");
+    // Malformed config.json.
+    let bad = float_copy(&dir.join("malformed"), None);
+    std::fs::write(bad.join("config.json"), "{\"model_type\": \"qwen3\", \"hidden_size\": ").unwrap();
+    let err = error(&["--model", bad.to_str().unwrap(), "--calib-ids", &calib_ids(), "--out", out]);
+    assert!(err.contains("config.json"), "{err}");
+
+    // An AOT config field with a value mllm does not know.
+    let mut cfg = AotConfig::w4a16_kv8().to_json();
+    cfg["target_machine"]["htp_arch"] = "V99".into();
+    let cfg_path = dir.join("bad_arch.json");
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let pymllm = fixtures().join("pymllm-qwen3-dev-f32");
+    let quantized = ["--quantized", pymllm.to_str().unwrap(), "--chunk", "4", "--context-len", "16", "--out", out];
+    let err = error(&[&quantized[..], &["--aot-config", cfg_path.to_str().unwrap()][..]].concat());
+    assert!(err.contains("bad_arch.json") && err.contains("target_machine.htp_arch"), "{err}");
+
+    // A block size that does not divide the linears' input width (32).
+    let mut cfg = AotConfig::w4a16_kv8().to_json();
+    cfg["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["block_size"] = 24.into();
+    let cfg_path = dir.join("block24.json");
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let err = error(&[&quantized[..], &["--aot-config", cfg_path.to_str().unwrap()][..]].concat());
+    assert!(err.contains("block size 24 does not divide") && err.contains("block_size"), "{err}");
+    let model = float_copy(&dir.join("for_block24"), None);
+    let err = error(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--calib-ids",
+        &calib_ids(),
+        "--aot-config",
+        cfg_path.to_str().unwrap(),
+        "--out",
+        out,
+    ]);
+    assert!(err.contains("24") && err.contains("block_size"), "{err}");
+
+    // A checkpoint missing a tensor.
+    let missing = float_copy(&dir.join("missing"), Some("model.layers.1.mlp.down_proj.weight"));
+    let err = error(&["--model", missing.to_str().unwrap(), "--calib-ids", &calib_ids(), "--out", out]);
+    assert!(err.contains("model.layers.1.mlp.down_proj.weight"), "{err}");
+
+    // A float checkpoint passed as quantized, and a float one without calibration data.
+    let err = error(&["--quantized", model.to_str().unwrap(), "--out", out]);
+    assert!(err.contains("float checkpoint") && err.contains("--model"), "{err}");
+    let err = error(&["--model", model.to_str().unwrap(), "--out", out]);
+    assert!(err.contains("--calib-ids"), "{err}");
+    // Chunk sizes the context cannot hold.
+    let err = error(&[&quantized[..], &["--chunk", "16"][..]].concat());
+    assert!(err.contains("--chunk 16 must be smaller than --context-len 16"), "{err}");
+    // Arguments that exclude each other.
+    let err = error(&["--model", "a", "--quantized", "b"]);
+    assert!(err.contains("--quantized"), "{err}");
+}
+
+#[cfg(not(feature = "qnn-sdk"))]
+#[test]
+fn context_binary_without_the_sdk_feature_says_how_to_enable_it() {
+    let out = temp("context-binary");
+    let err = error(&["--context-binary", "--out", out.to_str().unwrap()]);
+    assert!(err.contains("--features mllm-examples/qnn-sdk") && err.contains("QNN_SDK_ROOT"), "{err}");
+    // Nothing was computed before the error.
+    assert!(files(&out).is_empty());
+}
+
+#[test]
+fn help_documents_every_argument_and_the_report() {
+    AotArgs::command().debug_assert();
+    let help = AotArgs::command().render_long_help().to_string();
+    for flag in [
+        "--model",
+        "--quantized",
+        "--aot-config",
+        "--calib-ids",
+        "--calib-text",
+        "--context-len",
+        "--chunk",
+        "--out",
+        "--context-binary",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}");
+    }
+    for needle in ["report.json", "timings_s", "qnn_vs_fakequant", "byte-identical", "ir/<graph>"] {
+        assert!(help.contains(needle), "--help lacks {needle}");
+    }
+    // The defaults as documented.
+    let args = AotArgs::try_parse_from(["qwen3_aot"]).unwrap();
+    let opts = args.options();
+    assert_eq!((opts.chunks, opts.context_len), (vec![32, 1], 1024));
+    assert!(opts.out.ends_with("qwen3_aot"));
+}
+
+#[test]
+fn calibration_text_goes_through_the_model_directorys_tokenizer() {
+    let dir = temp("calib-text");
+    let model = float_copy(&dir, None);
+    let tokenizer = fixtures().join("tokenizer-tiny/tokenizer.json");
+    std::fs::copy(&tokenizer, model.join("tokenizer.json")).unwrap();
+    let paragraphs = ["the cat sat on a mat.", "it was warm, and it was quiet!"];
+    let text = dir.join("calib.txt");
+    std::fs::write(&text, paragraphs.join("\n\n")).unwrap();
+    let out = dir.join("out");
+    run(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--calib-text",
+        text.to_str().unwrap(),
+        "--chunk",
+        "4",
+        "--context-len",
+        "16",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    // The fake-quant rows are the calibration tokens, as the tokenizer cuts them.
+    let tok = tokenizers::Tokenizer::from_file(&tokenizer).unwrap();
+    let tokens: usize = paragraphs.iter().map(|p| tok.encode(*p, false).unwrap().get_ids().len()).sum();
+    let json = report_json(&out);
+    assert_eq!(rows(&json, "fakequant_vs_float")[0]["rows"], tokens);
+    assert_eq!(json["model"], model.to_str().unwrap());
+    assert!(out.join("quantized/tokenizer.json").is_file());
+}
