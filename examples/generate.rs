@@ -4,123 +4,17 @@
 //! cargo run --release --example generate -- --model fixtures/qwen3-dev-f32 --prompt-ids 5,17,42
 //! ```
 //! Prints `ids: a,b,c,…` (prompt then generated ids); with `--prompt` also the decoded text.
+//!
+//! A quantized checkpoint (mllm's pymllm export, or `quantize`'s output) runs in fake-quant mode:
+//! weights, norms, embedding and RoPE tables are decoded from the file and every QDQ point
+//! quantizes with its stored parameters. `--float` runs it without the QDQ points instead.
 
-use anyhow::{bail, Context, Result};
 use clap::Parser;
-use mllm_dsl::runtime::{GenerationConfig, Generator, RandomSampling, Sampling};
-use mllm_examples::{load_float, qwen3_chat_prompt, write_f32_safetensors};
-use std::path::PathBuf;
-use std::time::Instant;
+use mllm_examples::generate_cli::{run_generate, GenerateArgs};
 
-#[derive(Parser, Debug)]
-#[command(about = "Generate tokens on the CPU with a model file from an HF checkpoint directory")]
-struct Args {
-    /// HF model directory: config.json + model.safetensors (or shards with an index).
-    #[arg(long)]
-    model: PathBuf,
-    /// Prompt as comma-separated token ids, e.g. 5,17,42.
-    #[arg(long, value_delimiter = ',', conflicts_with = "prompt", required_unless_present = "prompt")]
-    prompt_ids: Vec<u32>,
-    /// Prompt text, tokenized with the directory's tokenizer.json.
-    #[arg(long)]
-    prompt: Option<String>,
-    /// Apply Qwen3's chat template (non-thinking) to --prompt.
-    #[arg(long, requires = "prompt")]
-    chat: bool,
-    #[arg(long, default_value_t = 32)]
-    max_new_tokens: usize,
-    /// Prefill chunk size (the last chunk is zero-padded).
-    #[arg(long, default_value_t = 32)]
-    chunk: usize,
-    /// Context length (KV cache capacity, RoPE table rows).
-    #[arg(long, default_value_t = 1024)]
-    context: usize,
-    /// Write the prompt positions' logits as safetensors tensor `logits`, f32 [1, prompt_len, vocab].
-    #[arg(long)]
-    logits_out: Option<PathBuf>,
-    /// Sampling temperature; 0 means greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Keep the k most likely tokens (0: all).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// CPU threads (0: all cores).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
-    /// Print `prefill_tok_s=X decode_tok_s=Y load_s=Z` as the last line.
-    #[arg(long)]
-    timings: bool,
-}
-
-fn main() -> Result<()> {
-    let args = Args::parse();
-    backend_cpu::kernels::set_num_threads(args.threads)?;
-    let t0 = Instant::now();
-    let loaded = load_float(&args.model, args.context)?;
-    let load_s = t0.elapsed().as_secs_f64();
-    if !loaded.unused.is_empty() {
-        eprintln!("warning: {} checkpoint tensors were not used: {}", loaded.unused.len(), loaded.unused.join(", "));
-    }
-    let tokenizer = match &args.prompt {
-        Some(_) => {
-            let path = args.model.join("tokenizer.json");
-            let tok = tokenizers::Tokenizer::from_file(&path)
-                .map_err(|e| anyhow::anyhow!("cannot load {}: {e}", path.display()))?;
-            Some(tok)
-        }
-        None => None,
-    };
-    let prompt: Vec<u32> = match (&args.prompt, &tokenizer) {
-        (Some(text), Some(tok)) => {
-            let text = if args.chat { qwen3_chat_prompt(text) } else { text.clone() };
-            tok.encode(text, false).map_err(|e| anyhow::anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec()
-        }
-        _ => args.prompt_ids.clone(),
-    };
-    if prompt.is_empty() {
-        bail!("the prompt is empty");
-    }
-    let sampling = if args.temperature > 0.0 {
-        Sampling::Random(RandomSampling {
-            temperature: args.temperature,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            seed: args.seed,
-        })
-    } else {
-        Sampling::Greedy
-    };
-    let vocab = loaded.config.vocab_size;
-    let config = GenerationConfig {
-        max_new_tokens: args.max_new_tokens,
-        prefill_chunk: args.chunk,
-        sampling,
-        eos_ids: loaded.config.eos_token_ids.clone(),
-        collect_prompt_logits: args.logits_out.is_some(),
-    };
-    let mut generator = Generator::new(loaded.model)?;
-    let out = generator.generate(&prompt, &config).context("generation failed")?;
-    let all: Vec<u32> = prompt.iter().chain(&out.ids).copied().collect();
-    println!("ids: {}", all.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
-    if let Some(tok) = &tokenizer {
-        let text = tok.decode(&out.ids, true).map_err(|e| anyhow::anyhow!("decoding: {e}"))?;
-        println!("text: {text}");
-    }
-    if let (Some(path), Some(logits)) = (&args.logits_out, &out.prompt_logits) {
-        write_f32_safetensors(path, "logits", &[1, prompt.len(), vocab], logits)?;
-    }
-    if args.timings {
-        let t = &out.timings;
-        println!(
-            "prefill_tok_s={:.2} decode_tok_s={:.2} load_s={:.3}",
-            t.prefill_tokens_per_sec(),
-            t.decode_tokens_per_sec(),
-            load_s
-        );
+fn main() -> anyhow::Result<()> {
+    for line in run_generate(&GenerateArgs::parse())? {
+        println!("{line}");
     }
     Ok(())
 }

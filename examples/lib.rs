@@ -1,5 +1,10 @@
-//! Shared glue of the runnable examples: loading an HF checkpoint directory into a CPU model,
-//! tokenization, and small output helpers.
+//! Shared glue of the runnable examples: loading an HF checkpoint directory into a CPU model
+//! (float, or fake-quant for quantized checkpoints: [`quant_pipeline::load_model`]), the Rust
+//! quantization path ([`quant_pipeline`]), tokenization, and small output helpers.
+
+pub mod quant_pipeline;
+
+pub mod generate_cli;
 
 use anyhow::{Context, Result};
 use backend_cpu::checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
@@ -16,6 +21,8 @@ pub struct CpuModel {
     pub model: CpuChunkModel,
     /// Checkpoint tensors nothing asked for.
     pub unused: Vec<String>,
+    /// QDQ points quantize (a quantized checkpoint run in fake-quant mode).
+    pub fake_quant: bool,
 }
 
 /// Loads `dir` (config.json + safetensors) into the model file its `model_type` names, on `backend`.
@@ -25,7 +32,7 @@ pub fn load_cpu_model(dir: &Path, context_len: usize, backend: BackendRef) -> Re
     let store = CheckpointStore::open(dir, backend.clone(), config.tie_word_embeddings)?;
     model.bind_params(&ParamSource::Store(&store)).with_context(|| format!("loading {}", dir.display()))?;
     let unused = store.unused_keys();
-    Ok(CpuModel { config, model: CpuChunkModel::new(model, backend, context_len), unused })
+    Ok(CpuModel { config, model: CpuChunkModel::new(model, backend, context_len), unused, fake_quant: false })
 }
 
 /// Float CPU execution.

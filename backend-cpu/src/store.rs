@@ -18,6 +18,7 @@ use crate::kernels::PackedMatrix;
 use crate::packed_weight::{PackedWeight, WeightView};
 use half::bf16;
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
+use mllm_dsl::quant::lpbq::decode_lpbq;
 use mllm_dsl::{BackendRef, Error, Result, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
@@ -157,16 +158,7 @@ impl CheckpointStore {
                     ));
                 }
                 let w = self.f32(req, key)?;
-                if shape == req.shape {
-                    return Ok(w);
-                }
-                let mut t = vec![0.0; w.len()];
-                for o in 0..cout {
-                    for i in 0..cin {
-                        t[i * cout + o] = w[o * cin + i];
-                    }
-                }
-                Ok(t)
+                Ok(if shape == req.shape { w } else { out_in_to_hwio(&w, cin, cout) })
             }
             (_, StDtype::U16) => {
                 if shape.iter().product::<usize>() != numel {
@@ -193,7 +185,7 @@ impl CheckpointStore {
         }
     }
 
-    /// Deployed LPBQ values: `W[i, o] = signext4(q[i, o]) * scale1[o][i / bs] * scale2[o]`.
+    /// Deployed LPBQ values (`signext4(q) * scale1 * scale2`, decoded by `mllm_dsl::quant::lpbq`) in HWIO.
     fn decode_lpbq(&self, req: &ParamRequest<'_>, key: &str, cin: usize, cout: usize) -> Result<Vec<f32>> {
         let prefix = key.trim_end_matches(".weight");
         let q = self.ckpt.read_i8(key).map_err(|e| self.err(req, e))?;
@@ -204,25 +196,28 @@ impl CheckpointStore {
             module_path: req.module_path.to_string(),
             message: m,
         };
-        if s2.len() != cout || s1.is_empty() || s1.len() % cout != 0 || cin % (s1.len() / cout) != 0 {
+        // scale1 holds one value per block of every output channel: that fixes the block size.
+        let blocks = s1.len().checked_div(cout).unwrap_or(0);
+        if blocks == 0 || !s1.len().is_multiple_of(cout) || !cin.is_multiple_of(blocks) {
             return Err(bad(format!(
-                "LPBQ scales do not fit [in {cin}, out {cout}]: scale1 has {} values, scale2 {}",
-                s1.len(),
-                s2.len()
+                "LPBQ scale1 has {} values, which is no whole number of blocks per channel for [in {cin}, out {cout}]",
+                s1.len()
             )));
         }
-        let blocks = s1.len() / cout;
-        let bs = cin / blocks;
-        let mut w = vec![0.0; cin * cout];
-        for i in 0..cin {
-            for o in 0..cout {
-                let nib = (q[i * cout + o] as u8) & 0x0F;
-                let v = ((nib << 4) as i8 >> 4) as f32;
-                w[i * cout + o] = v * s1[o * blocks + i / bs] as f32 * s2[o];
-            }
-        }
-        Ok(w)
+        let w = decode_lpbq(&q, &s1, &s2, cin, cout, cin / blocks).map_err(|e| bad(e.to_string()))?;
+        Ok(out_in_to_hwio(&w, cin, cout))
     }
+}
+
+/// `[out, in]` (PyTorch) → `[in, out]` (the 1×1 conv's HWIO without its unit dims).
+fn out_in_to_hwio(w: &[f32], cin: usize, cout: usize) -> Vec<f32> {
+    let mut t = vec![0.0; w.len()];
+    for o in 0..cout {
+        for i in 0..cin {
+            t[i * cout + o] = w[o * cin + i];
+        }
+    }
+    t
 }
 
 impl WeightStore for CheckpointStore {

@@ -126,6 +126,7 @@ fn matmul_matches_naive_with_broadcasting() {
         (&[1, 3, 5, 7], &[1, 3, 7, 4]),
         (&[2, 1, 5, 7], &[3, 7, 4]),
         (&[2, 3, 5, 7], &[7, 4]), // shared right operand: folded into one product
+        (&[1, 3, 5, 7], &[1, 7, 4]),
         (&[5, 7], &[2, 3, 7, 4]), // shared left operand
         (&[5, 7], &[7]),          // matrix x vector
         (&[7], &[7, 4]),          // vector x matrix
@@ -134,6 +135,7 @@ fn matmul_matches_naive_with_broadcasting() {
         (&[4, 64, 48], &[4, 48, 64]), // batch-parallel path
         (&[1, 96, 200], &[200, 130]), // gemm-internal threads
         (&[1, 300], &[300, 700]),     // M = 1: split over N
+        (&[2, 9, 100], &[100, 260]),  // small M, long rows: depth-blocked
         (&[2, 0, 7], &[7, 3]),        // empty
     ];
     let mut rng = Lcg(1);
@@ -189,7 +191,15 @@ fn naive_linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, nk: bool, bi
 #[test]
 fn linear_matches_naive_for_both_layouts_and_strategies() {
     let mut rng = Lcg(2);
-    for &(m, k, n) in &[(1, 7, 5), (3, 13, 11), (1, 257, 301), (40, 129, 67), (2, 1, 3)] {
+    for &(m, k, n) in &[
+        (1, 7, 5),
+        (3, 13, 11),
+        (1, 257, 301),
+        (40, 129, 67),
+        (5, 130, 300), // small M with [K, N] rows: depth-blocked
+        (63, 97, 257),
+        (2, 1, 3),
+    ] {
         let x = rng.vec(&[m, k], 1.0);
         let w = rng.vec(&[k, n], 1.0);
         let bias = rng.vec(&[n], 1.0);
@@ -455,6 +465,13 @@ fn softmax_matches_f64_reference() {
             }
         });
     }
+    // Masked attention rows: -inf logits get probability 0; a fully masked row is NaN as in torch.
+    let ninf = f32::NEG_INFINITY;
+    let masked = [0.0, ninf, 1.0, ninf, ninf, ninf, ninf, ninf];
+    let got = kernels::softmax(&masked, &[2, 4], -1).unwrap();
+    let e = std::f64::consts::E;
+    assert_close(&got[..4], &[1.0 / (1.0 + e), 0.0, e / (1.0 + e), 0.0], 1e-6, 0.0, "masked");
+    assert!(got[4..].iter().all(|v| v.is_nan()));
     assert_eq!(
         kernels::softmax(&[0.0; 6], &[2, 3], 2).unwrap_err(),
         KernelError::DimOutOfRange { op: "softmax", dim: 2, rank: 2 }
@@ -538,6 +555,15 @@ fn reduce_matches_naive() {
                 });
             }
         }
+    }
+    // NaN inside the vectorised part of a long row, and in a long column reduction.
+    let mut long = rng.vec(&[2, 40], 1.0);
+    long[20] = f32::NAN;
+    for kind in [ReduceKind::Max, ReduceKind::Min] {
+        let (row, _) = kernels::reduce(&long, &[2, 40], 1, false, kind).unwrap();
+        assert!(row[0].is_nan() && !row[1].is_nan(), "{kind:?} {row:?}");
+        let (col, _) = kernels::reduce(&long, &[40, 2], 0, false, kind).unwrap();
+        assert!(col[0].is_nan() && !col[1].is_nan(), "{kind:?} {col:?}");
     }
     let nan = [1.0, f32::NAN, 3.0, 2.0];
     assert!(kernels::reduce(&nan, &[4], 0, false, ReduceKind::Max).unwrap().0[0].is_nan());

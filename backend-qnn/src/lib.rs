@@ -9,6 +9,7 @@
 //! - [`artifacts`]: QNN Netron JSON, `model.cpp` + `model.bin` for `qnn-model-lib-generator`,
 //!   and a summary, written atomically and deterministically.
 //! - [`interp`]: a CPU reference interpreter with QNN quantization semantics.
+//! - [`lower`]: LLM2QnnLowering, the AOT pipeline's final IR to [`QnnGraph`]s.
 //! - [`sdk`]: the QNN API driver (recording in CI; bindgen + libloading with `--features qnn-sdk`).
 
 pub mod artifacts;
@@ -17,6 +18,7 @@ pub mod encoding;
 pub mod graph;
 pub mod interp;
 pub(crate) mod json;
+pub mod lower;
 pub mod opdef;
 pub mod params;
 pub mod sdk;
@@ -27,5 +29,6 @@ pub mod validate;
 pub use dtype::{DataType, TensorType};
 pub use encoding::{Encoding, Int4Storage, ScaleOffset};
 pub use graph::{GraphBuilder, Param, QnnGraph, QnnNode, QnnTensor, Scalar, StaticData, TensorRef};
+pub use lower::{LowerError, LowerOptions, QnnLowering};
 pub use opdef::OpType;
 pub use validate::{validate, ValidationError};

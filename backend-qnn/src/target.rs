@@ -57,6 +57,12 @@ impl HtpArch {
     }
 }
 
+impl std::fmt::Display for HtpArch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "V{}", self.raw())
+    }
+}
+
 /// A Snapdragon SoC with its QNN `socModel` id, HTP arch and VTCM size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Chipset {

@@ -75,3 +75,37 @@ fn qwen3_f16() {
 fn qwen3_sharded() {
     check("qwen3-dev-sharded", "reference.safetensors");
 }
+
+#[test]
+fn llama_f32() {
+    // The oracle's Llama: default RoPE with theta 5e5, head_dim 8.
+    check("llama-dev-f32", "reference.safetensors");
+}
+
+#[test]
+fn llama3_f32_rope_scaling() {
+    // `rope_parameters` of type llama3, head_dim 16 ≠ hidden / heads, 40-token prompt (two chunks of 32).
+    check("llama3-dev-f32", "reference.safetensors");
+}
+
+#[test]
+fn qwen2_f32_qkv_bias() {
+    // Non-zero q/k/v biases, untied lm_head, 40-token prompt.
+    check("qwen2-dev-f32", "reference.safetensors");
+}
+
+/// The llama3 RoPE frequencies from config.json equal HF's `ROPE_INIT_FUNCTIONS["llama3"]`
+/// (fixtures/llama3-dev-f32/inv_freq.safetensors), and the scaling really changes them.
+#[test]
+fn llama3_inv_freq_matches_hf() {
+    let dir = fixture("llama3-dev-f32");
+    let hf = mllm_dsl::config::hf::HfConfig::from_dir(&dir).unwrap();
+    let ours = hf.rope_inv_freq();
+    let file = SafetensorsCheckpoint::open_file(dir.join("inv_freq.safetensors")).unwrap();
+    let (expected, default) = (file.read_f32("llama3_inv_freq").unwrap(), file.read_f32("default_inv_freq").unwrap());
+    // Bit for bit: HfConfig repeats torch's f32 operation order.
+    assert_eq!(ours, expected, "llama3 inv_freq: ours vs HF");
+    // Entry 0 is a high frequency (kept), 1 is smoothed, 2..7 are divided by the factor.
+    let changed = ours.iter().zip(&default).filter(|(a, b)| (*a / *b - 1.0).abs() > 1e-3).count();
+    assert_eq!(changed, 7, "llama3 scaling should change 7 of 8 frequencies");
+}

@@ -43,6 +43,7 @@
 //! - [`trace`](mod@trace): recording a [`Program`]; [`ir`]: the program, its printer and parser.
 //! - [`backend`]: what an eager backend implements.
 //! - [`runtime`]: backend-agnostic generation (KV cache, mask, chunked prefill, sampling).
+//! - [`passes`]: the AOT pass pipeline that turns a traced program into QNN-ready IR.
 
 pub mod backend;
 pub mod causal_lm;
@@ -54,6 +55,7 @@ pub mod macros;
 pub mod module;
 pub mod nn;
 pub mod op;
+pub mod passes;
 pub mod qdq;
 pub mod quant;
 pub mod runtime;

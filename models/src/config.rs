@@ -58,6 +58,20 @@ impl TransformerConfig {
 
     /// A small Qwen3 for snapshots and tests: hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16.
     pub fn tiny_qwen3() -> Self {
+        Self::tiny(1_000_000.0, false)
+    }
+
+    /// [`tiny_qwen3`](Self::tiny_qwen3)'s shapes with Qwen2's q/k/v biases.
+    pub fn tiny_qwen2() -> Self {
+        Self::tiny(1_000_000.0, true)
+    }
+
+    /// [`tiny_qwen3`](Self::tiny_qwen3)'s shapes with Llama 3's RoPE theta (no biases).
+    pub fn tiny_llama() -> Self {
+        Self::tiny(500_000.0, false)
+    }
+
+    fn tiny(rope_theta: f32, qkv_bias: bool) -> Self {
         TransformerConfig {
             vocab_size: 128,
             hidden_size: 64,
@@ -67,10 +81,10 @@ impl TransformerConfig {
             num_key_value_heads: 2,
             head_dim: 16,
             rms_norm_eps: 1e-6,
-            rope_inv_freq: crate::rope::default_inv_freq(16, 1_000_000.0),
+            rope_inv_freq: crate::rope::default_inv_freq(16, rope_theta),
             max_positions: 16,
             tie_word_embeddings: true,
-            qkv_bias: false,
+            qkv_bias,
         }
     }
 

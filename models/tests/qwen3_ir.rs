@@ -88,3 +88,53 @@ fn decoder_scope() {
     let program = trace(&attention_inputs(&cfg), |t| layer.forward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5])).unwrap();
     snapshot("qwen3__decoder__trace", &program);
 }
+
+/// The real Qwen3-1.7B config traces without weights for both chunk sizes, and the op census equals
+/// the one mllm's current modeling file produces (mllm-anchor §3.3: Conv2D 197, View 365 counting
+/// mllm's unsqueeze views, Mul 196, ...).
+#[test]
+fn qwen3_1_7b_traces_with_mllm_op_census() {
+    use std::collections::BTreeMap;
+    let cfg = TransformerConfig::qwen3_1_7b();
+    let mut model = Qwen3ForCausalLM::new(&cfg);
+    model.declare(ParamFormat::QnnW4A16).unwrap();
+    let layers = cfg.num_hidden_layers;
+    for chunk in [32, 1] {
+        let inputs = trace_inputs(&cfg, chunk, 1024, ParamFormat::QnnW4A16);
+        let program =
+            trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + layers], &t[3 + layers..])).unwrap();
+        let mut census: BTreeMap<&str, usize> = BTreeMap::new();
+        for op in program.linalg_ops() {
+            *census.entry(op.kind.type_name()).or_default() += 1;
+        }
+        let expected: BTreeMap<&str, usize> = [
+            ("Add", 140),
+            ("CastType", 112),
+            ("Concat", 112),
+            ("Conv2D", 197),
+            ("Embedding", 1),
+            ("Equal", 28),
+            ("Gather", 2),
+            ("MatMul", 56),
+            ("Mul", 196),
+            ("Neg", 56),
+            ("RMSNorm", 113),
+            ("ReduceMin", 28),
+            ("Repeat", 56),
+            ("Sigmoid", 28),
+            ("Slice", 112),
+            ("Softmax", 28),
+            ("Transpose", 140),
+            ("Unsqueeze", 56),
+            ("View", 309),
+            ("Where", 28),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(census, expected, "chunk {chunk}");
+        // Subgraphs: @init, @model, and per layer the layer, its attention and its MLP.
+        assert_eq!(program.subgraphs().count(), 2 + 3 * layers);
+        let logits = program.value(program.main.outputs[0]);
+        assert_eq!(logits.ty.shape, vec![1, 1, chunk, cfg.vocab_size]);
+    }
+}

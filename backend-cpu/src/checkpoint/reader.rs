@@ -255,6 +255,21 @@ impl SafetensorsCheckpoint {
         self.read_typed(key)
     }
 
+    /// The stored bytes of `key` as they are in the file (little-endian, any dtype), e.g. for a
+    /// backend that embeds quantized weights without converting them.
+    pub fn read_bytes(&self, key: &str) -> Result<Vec<u8>, CheckpointError> {
+        let entry = self.entry(key)?;
+        let file = &self.files[entry.file];
+        let mut out = Vec::with_capacity(entry.end - entry.start);
+        for start in (entry.start..entry.end).step_by(CHUNK_BYTES) {
+            let end = (start + CHUNK_BYTES).min(entry.end);
+            out.extend_from_slice(file.bytes(start, end));
+            file.release(start, end);
+        }
+        entry.used.store(true, Ordering::Relaxed);
+        Ok(out)
+    }
+
     /// A tensor whose stored dtype is exactly `T`'s; any other dtype is an error.
     pub fn read_typed<T: LeScalar>(&self, key: &str) -> Result<Vec<T>, CheckpointError> {
         let entry = self.entry(key)?;

@@ -9,8 +9,9 @@
 //! `Parallelism::Rayon(threads)` or as rayon tasks over contiguous column (N) chunks, each a
 //! single-threaded gemm. gemm's matrix-vector path (M = 1, decode) is single-threaded, so for
 //! M = 1 only the N split uses the second core; `examples/bench_kernels.rs` measures both strategies
-//! and [`LinearStrategy::Auto`] follows those figures. Batched products with at least as many
-//! matrices as threads run one single-threaded gemm per matrix in parallel instead.
+//! and [`LinearStrategy::Auto`] follows those figures (N split below 64 rows, gemm's threads from
+//! 64 rows). Batched products with at least as many matrices as threads run one single-threaded
+//! gemm per matrix in parallel instead.
 
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -21,6 +22,16 @@ use super::KernelError;
 
 /// Below this many multiply-adds a product stays on the calling thread.
 pub(super) const MIN_PARALLEL_MACS: usize = 1 << 17;
+
+/// Products with fewer rows than this (and more than one) are cut along K, see [`depth_block`].
+const SMALL_M_LIMIT: usize = 64;
+
+/// Depth of each K block for small-M products over a row-major right operand (measured best:
+/// 32 below 16 rows, 48 from 16 rows).
+const SMALL_M_DEPTH: [usize; 2] = [32, 48];
+
+/// A right operand whose rows are at least this many floats apart counts as long-rowed.
+const LONG_ROW: usize = 256;
 
 /// Column chunks of the N split are multiples of this many floats (one 64-byte cache line).
 const SPLIT_N_ALIGN: usize = 16;
@@ -162,7 +173,8 @@ pub fn matmul(
     // A right operand shared by every batch, against a left operand with no broadcast batch dims,
     // is a single [B*M, K] x [K, N] product: one big gemm instead of B small ones.
     let b_shared = b_strides.iter().all(|&s| s == 0);
-    let a_dense = a_strides == contiguous_strides(&out_batch);
+    let dense = contiguous_strides(&out_batch);
+    let a_dense = (0..out_batch.len()).all(|d| out_batch[d] == 1 || a_strides[d] == dense[d]);
     if batches > 1 && b_shared && a_dense {
         let rows = batches * m;
         let threads = ctx.for_work(rows * n * k, MIN_PARALLEL_MACS);
@@ -268,10 +280,28 @@ impl<'a> MatView<'a> {
     }
 }
 
-/// Which strategy `Auto` resolves to for a given shape and thread count.
-fn resolve(strategy: LinearStrategy, dims: Dims, threads: usize) -> LinearStrategy {
+/// Depth (K) of each gemm call. gemm does not repack the left operand when M is small, and then
+/// walks a row-major right operand (`[K, N]`, long rows) down its columns with a stride of N floats
+/// for the whole depth, which thrashes cache sets and the TLB (measured 5-10 GFLOP/s for
+/// M = 2..48, K = 1024, N = 3072). Cutting K into blocks of [`SMALL_M_DEPTH`] rows, accumulating
+/// into dst, keeps the touched rows of the weight resident (15-55 GFLOP/s on the same shapes).
+/// M = 1 takes gemm's matrix-vector path and larger M is repacked by gemm, so both keep full depth.
+fn depth_block(dims: Dims, rhs: &MatView<'_>) -> usize {
+    let row_major_long_rows = rhs.col_stride == 1 && rhs.row_stride >= LONG_ROW;
+    if (2..SMALL_M_LIMIT).contains(&dims.m) && row_major_long_rows {
+        SMALL_M_DEPTH[usize::from(dims.m >= 16)]
+    } else {
+        dims.k.max(1)
+    }
+}
+
+/// Which strategy `Auto` resolves to. gemm's matrix-vector path (M = 1) is single-threaded and
+/// small-M products are cut into many shallow gemm calls (see [`depth_block`]) that would each
+/// synchronise gemm's threads, so below [`SMALL_M_LIMIT`] rows the N split is used; from there on
+/// gemm's own threading measured as fast or faster.
+fn resolve(strategy: LinearStrategy, dims: Dims) -> LinearStrategy {
     match strategy {
-        LinearStrategy::Auto if threads > 1 && dims.m == 1 => LinearStrategy::SplitN,
+        LinearStrategy::Auto if dims.m < SMALL_M_LIMIT => LinearStrategy::SplitN,
         LinearStrategy::Auto => LinearStrategy::GemmThreads,
         other => other,
     }
@@ -310,6 +340,7 @@ pub(super) fn product_into(
     let rhs_ptr = Ptr(rhs.data[rhs.offset..].as_ptr() as *mut f32);
     let dst_ptr = Ptr(dst.as_mut_ptr());
     let rows_of_rows = lhs.col_stride == 1 && rhs.col_stride == 1;
+    let k_block = depth_block(dims, &rhs);
     let call = |n0: usize, cols: usize, parallelism: Parallelism| {
         if m <= SMALL_M && rows_of_rows {
             // SAFETY: as for gemm below.
@@ -329,38 +360,44 @@ pub(super) fn product_into(
             };
             return;
         }
-        // SAFETY: the views were checked to lie inside their slices; columns n0..n0+cols of dst
-        // (row stride ldc) are inside `dst`, which is exclusively borrowed, and concurrent calls get
-        // disjoint column ranges.
-        unsafe {
-            gemm::gemm(
-                m,
-                cols,
-                k,
-                dst_ptr.get().add(n0),
-                1,
-                ldc as isize,
-                accumulate,
-                lhs_ptr.get(),
-                lhs.col_stride as isize,
-                lhs.row_stride as isize,
-                rhs_ptr.get().add(n0 * rhs.col_stride),
-                rhs.col_stride as isize,
-                rhs.row_stride as isize,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                parallelism,
-            );
+        let mut k0 = 0;
+        while k0 < k {
+            let depth = k_block.min(k - k0);
+            // SAFETY: the views were checked to lie inside their slices, so rows k0..k0+depth and
+            // columns n0..n0+cols are inside them; columns n0..n0+cols of dst (row stride ldc) are
+            // inside `dst`, which is exclusively borrowed, and concurrent calls get disjoint
+            // column ranges.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    cols,
+                    depth,
+                    dst_ptr.get().add(n0),
+                    1,
+                    ldc as isize,
+                    accumulate || k0 > 0,
+                    lhs_ptr.get().add(k0 * lhs.col_stride),
+                    lhs.col_stride as isize,
+                    lhs.row_stride as isize,
+                    rhs_ptr.get().add(k0 * rhs.row_stride + n0 * rhs.col_stride),
+                    rhs.col_stride as isize,
+                    rhs.row_stride as isize,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    parallelism,
+                );
+            }
+            k0 += depth;
         }
     };
     if threads <= 1 {
         call(0, n, Parallelism::None);
         return;
     }
-    match resolve(strategy, dims, threads) {
+    match resolve(strategy, dims) {
         LinearStrategy::SplitN => {
             let chunk = n.div_ceil(threads).next_multiple_of(SPLIT_N_ALIGN).min(n);
             let chunks = n.div_ceil(chunk);

@@ -6,12 +6,15 @@
 //! the CPU executor can call them directly and they can be tested and benchmarked in isolation.
 //!
 //! Matrix products run on the `gemm` crate; coarse parallelism runs on a dedicated rayon pool
-//! whose size is set with [`set_num_threads`] (see [`threads`](self::threads) for the policy).
+//! whose size is set with [`set_num_threads`]. Each kernel uses one level of parallelism (rayon
+//! over coarse chunks, or one multi-threaded gemm call) and stays single-threaded below a size
+//! threshold.
 //! Dims are `isize` so that negative dims (`-1` = last) work wherever torch accepts them.
 
 mod elementwise;
 mod error;
 mod index_select;
+mod math;
 mod matmul;
 mod matmul_parts;
 mod movement;

@@ -40,6 +40,33 @@ pub(crate) fn lane_sum(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     total
 }
 
+/// Maximum of `x` (NaN if any element is NaN; -inf for an empty slice), with sixteen interleaved
+/// running maxima so the loop vectorises instead of waiting on one compare chain.
+#[inline]
+pub(crate) fn lane_max(x: &[f32]) -> f32 {
+    lane_fold(x, f32::NEG_INFINITY, max_nan)
+}
+
+/// Minimum of `x`, NaN-propagating like [`lane_max`]; +inf for an empty slice.
+#[inline]
+fn lane_min(x: &[f32]) -> f32 {
+    lane_fold(x, f32::INFINITY, min_nan)
+}
+
+#[inline(always)]
+fn lane_fold(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut acc = [init; 16];
+    let chunks = x.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a = f(*a, v);
+        }
+    }
+    let folded = acc.iter().copied().fold(init, &f);
+    tail.iter().copied().fold(folded, f)
+}
+
 /// NaN-propagating maximum (torch.max semantics).
 #[inline(always)]
 pub(crate) fn max_nan(a: f32, b: f32) -> f32 {
@@ -103,8 +130,8 @@ fn reduce_block(block: &[f32], n: usize, inner: usize, kind: ReduceKind, out: &m
         out[0] = match kind {
             ReduceKind::Sum => lane_sum(block, |v| v),
             ReduceKind::Mean => lane_sum(block, |v| v) / n as f32,
-            ReduceKind::Max => block.iter().copied().fold(block[0], max_nan),
-            ReduceKind::Min => block.iter().copied().fold(block[0], min_nan),
+            ReduceKind::Max => lane_max(block),
+            ReduceKind::Min => lane_min(block),
         };
         return;
     }

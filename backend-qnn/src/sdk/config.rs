@@ -5,35 +5,9 @@
 //! in the order mllm's QNN AOT environment sends them (mllm-anchor.md §5.6). Both the recording
 //! API and the FFI consume these lists, so a call log shows precisely what the SDK receives.
 
-use std::fmt;
-
 use thiserror::Error;
 
-/// `QnnHtpDevice_Arch_t`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[repr(u32)]
-pub enum HtpArch {
-    V68 = 68,
-    V69 = 69,
-    V73 = 73,
-    V75 = 75,
-    V79 = 79,
-    V81 = 81,
-    V85 = 85,
-}
-
-impl HtpArch {
-    /// The `QnnHtpDevice_Arch_t` value (the version number itself).
-    pub fn code(self) -> u32 {
-        self as u32
-    }
-}
-
-impl fmt::Display for HtpArch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "V{}", self.code())
-    }
-}
+pub use crate::target::HtpArch;
 
 /// Which HTP the context binary is prepared for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,31 +21,18 @@ pub struct HtpDeviceOptions {
     pub signed_pd: bool,
 }
 
-/// A known chipset: marketing name, QNN socModel, HTP arch and VTCM size in MB
-/// (executorch `serialization/qc_schema.py`, qnn-api.md §3).
-const SOCS: [(&str, u32, HtpArch, u32); 9] = [
-    ("SM8650", 57, HtpArch::V75, 8),
-    ("SM8550", 43, HtpArch::V73, 8),
-    ("SM8750", 69, HtpArch::V79, 8),
-    ("SM8850", 87, HtpArch::V81, 8),
-    ("SM8450", 36, HtpArch::V69, 8),
-    ("SM8475", 42, HtpArch::V69, 8),
-    ("SM8350", 30, HtpArch::V68, 4),
-    ("QCM6490", 93, HtpArch::V68, 2),
-    ("SA8295", 39, HtpArch::V68, 8),
-];
-
 impl HtpDeviceOptions {
     /// Snapdragon 8 Gen 3: socModel 57, V75, 8 MB VTCM, unsigned PD.
     pub fn sm8650() -> HtpDeviceOptions {
         HtpDeviceOptions::for_chipset("SM8650").expect("SM8650 is in the chipset table")
     }
 
-    /// Options for a chipset name such as `SM8650` (case-insensitive), unsigned PD.
+    /// Options for a chipset name such as `SM8650` (case-insensitive), unsigned PD; `None` for
+    /// chipsets missing from [`crate::target::CHIPSETS`] or whose VTCM size is not recorded.
     pub fn for_chipset(name: &str) -> Option<HtpDeviceOptions> {
-        SOCS.iter()
-            .find(|(n, ..)| n.eq_ignore_ascii_case(name))
-            .map(|&(_, soc_model, arch, vtcm_mb)| HtpDeviceOptions { soc_model, arch, vtcm_mb, signed_pd: false })
+        crate::target::CHIPSETS.iter().find(|c| c.name.eq_ignore_ascii_case(name)).and_then(|c| {
+            Some(HtpDeviceOptions { soc_model: c.soc_model, arch: c.arch, vtcm_mb: c.vtcm_mb?, signed_pd: false })
+        })
     }
 
     /// `deviceCreate` configs: custom SOC, custom SIGNEDPD when requested, then PLATFORM_INFO

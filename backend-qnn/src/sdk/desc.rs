@@ -11,154 +11,8 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-/// `Qnn_DataType_t`: high byte = class, low byte = bit width written in decimal digits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum DataType {
-    Int8 = 0x0008,
-    Int16 = 0x0016,
-    Int32 = 0x0032,
-    Int64 = 0x0064,
-    UInt8 = 0x0108,
-    UInt16 = 0x0116,
-    UInt32 = 0x0132,
-    UInt64 = 0x0164,
-    Float16 = 0x0216,
-    Float32 = 0x0232,
-    Float64 = 0x0264,
-    SFixedPoint4 = 0x0304,
-    SFixedPoint8 = 0x0308,
-    SFixedPoint16 = 0x0316,
-    SFixedPoint32 = 0x0332,
-    UFixedPoint4 = 0x0404,
-    UFixedPoint8 = 0x0408,
-    UFixedPoint16 = 0x0416,
-    UFixedPoint32 = 0x0432,
-    Bool8 = 0x0508,
-}
-
-impl DataType {
-    /// Every supported type, in `QnnTypes.h` order.
-    pub const ALL: [DataType; 20] = [
-        DataType::Int8,
-        DataType::Int16,
-        DataType::Int32,
-        DataType::Int64,
-        DataType::UInt8,
-        DataType::UInt16,
-        DataType::UInt32,
-        DataType::UInt64,
-        DataType::Float16,
-        DataType::Float32,
-        DataType::Float64,
-        DataType::SFixedPoint4,
-        DataType::SFixedPoint8,
-        DataType::SFixedPoint16,
-        DataType::SFixedPoint32,
-        DataType::UFixedPoint4,
-        DataType::UFixedPoint8,
-        DataType::UFixedPoint16,
-        DataType::UFixedPoint32,
-        DataType::Bool8,
-    ];
-
-    /// The `Qnn_DataType_t` value.
-    pub fn code(self) -> u32 {
-        self as u32
-    }
-
-    /// Inverse of [`DataType::code`].
-    pub fn from_code(code: u32) -> Option<DataType> {
-        DataType::ALL.into_iter().find(|d| d.code() == code)
-    }
-
-    /// The enumerator name without the `QNN_DATATYPE_` prefix, as used in call logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            DataType::Int8 => "INT_8",
-            DataType::Int16 => "INT_16",
-            DataType::Int32 => "INT_32",
-            DataType::Int64 => "INT_64",
-            DataType::UInt8 => "UINT_8",
-            DataType::UInt16 => "UINT_16",
-            DataType::UInt32 => "UINT_32",
-            DataType::UInt64 => "UINT_64",
-            DataType::Float16 => "FLOAT_16",
-            DataType::Float32 => "FLOAT_32",
-            DataType::Float64 => "FLOAT_64",
-            DataType::SFixedPoint4 => "SFIXED_POINT_4",
-            DataType::SFixedPoint8 => "SFIXED_POINT_8",
-            DataType::SFixedPoint16 => "SFIXED_POINT_16",
-            DataType::SFixedPoint32 => "SFIXED_POINT_32",
-            DataType::UFixedPoint4 => "UFIXED_POINT_4",
-            DataType::UFixedPoint8 => "UFIXED_POINT_8",
-            DataType::UFixedPoint16 => "UFIXED_POINT_16",
-            DataType::UFixedPoint32 => "UFIXED_POINT_32",
-            DataType::Bool8 => "BOOL_8",
-        }
-    }
-
-    /// Width of one element in bits; the code's low byte spells it in decimal digits.
-    pub fn bits(self) -> u32 {
-        let low = self.code() & 0xFF;
-        (low >> 4) * 10 + (low & 0xF)
-    }
-
-    /// Fixed-point types carry a quantization encoding; all others must not.
-    pub fn is_fixed_point(self) -> bool {
-        matches!(self.code() >> 8, 0x03 | 0x04)
-    }
-}
-
-impl fmt::Display for DataType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// `Qnn_TensorType_t` values this crate creates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum TensorType {
-    /// Graph input written by the application.
-    AppWrite = 0,
-    /// Graph output read by the application.
-    AppRead = 1,
-    /// Both written and read by the application.
-    AppReadWrite = 2,
-    /// Intermediate produced and consumed inside the graph.
-    Native = 3,
-    /// Constant data supplied at creation (weights, op parameters).
-    Static = 4,
-    /// Omitted optional input.
-    Null = 5,
-}
-
-impl TensorType {
-    /// The `Qnn_TensorType_t` value.
-    pub fn code(self) -> u32 {
-        self as u32
-    }
-
-    /// The enumerator name without the `QNN_TENSOR_TYPE_` prefix.
-    pub fn name(self) -> &'static str {
-        match self {
-            TensorType::AppWrite => "APP_WRITE",
-            TensorType::AppRead => "APP_READ",
-            TensorType::AppReadWrite => "APP_READWRITE",
-            TensorType::Native => "NATIVE",
-            TensorType::Static => "STATIC",
-            TensorType::Null => "NULL",
-        }
-    }
-}
-
-/// `Qnn_ScaleOffset_t`: `real = scale * (quantized + offset)`, i.e. `offset = -zero_point`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ScaleOffset {
-    pub scale: f32,
-    pub offset: i32,
-}
+pub use crate::dtype::{DataType, TensorType};
+pub use crate::encoding::ScaleOffset;
 
 /// `Qnn_BlockwiseExpansion_t` with 8-bit block-scale storage (LPBQ weights).
 ///
@@ -273,7 +127,7 @@ impl TensorDesc {
         match (&self.tensor_type, &self.data) {
             (TensorType::Static, None) => return Err(err("STATIC tensor has no data".into())),
             (TensorType::Static, Some(data)) => self.check_data_len(data).map_err(err)?,
-            (other, Some(_)) => return Err(err(format!("{} tensor must not carry data", other.name()))),
+            (other, Some(_)) => return Err(err(format!("{other} tensor must not carry data"))),
             (_, None) => {}
         }
         self.check_encoding().map_err(err)
@@ -282,7 +136,10 @@ impl TensorDesc {
     fn check_data_len(&self, data: &StaticData) -> Result<(), String> {
         let numel = self.num_elements();
         let got = data.as_bytes().len() as u64;
-        let bits = u64::from(self.dtype.bits());
+        let bits = u64::from(self.dtype.bit_width());
+        if bits == 0 {
+            return Err(format!("{} cannot hold tensor data", self.dtype));
+        }
         if bits == 4 {
             // The header calls 4-bit types "tightly packed"; mllm stores one nibble per byte.
             // Both layouts occur in practice, so accept either until the SDK settles it.
@@ -485,47 +342,17 @@ mod tests {
     }
 
     #[test]
-    fn data_type_codes_match_qnn_types_h() {
-        // Values as listed in qnn-api.md §2.3 (QnnTypes.h).
-        let expected: [(DataType, u32, u32); 20] = [
-            (DataType::Int8, 0x0008, 8),
-            (DataType::Int16, 0x0016, 16),
-            (DataType::Int32, 0x0032, 32),
-            (DataType::Int64, 0x0064, 64),
-            (DataType::UInt8, 0x0108, 8),
-            (DataType::UInt16, 0x0116, 16),
-            (DataType::UInt32, 0x0132, 32),
-            (DataType::UInt64, 0x0164, 64),
-            (DataType::Float16, 0x0216, 16),
-            (DataType::Float32, 0x0232, 32),
-            (DataType::Float64, 0x0264, 64),
-            (DataType::SFixedPoint4, 0x0304, 4),
-            (DataType::SFixedPoint8, 0x0308, 8),
-            (DataType::SFixedPoint16, 0x0316, 16),
-            (DataType::SFixedPoint32, 0x0332, 32),
-            (DataType::UFixedPoint4, 0x0404, 4),
-            (DataType::UFixedPoint8, 0x0408, 8),
-            (DataType::UFixedPoint16, 0x0416, 16),
-            (DataType::UFixedPoint32, 0x0432, 32),
-            (DataType::Bool8, 0x0508, 8),
-        ];
-        for (dtype, code, bits) in expected {
-            assert_eq!(dtype.code(), code, "{dtype}");
-            assert_eq!(dtype.bits(), bits, "{dtype}");
-            assert_eq!(DataType::from_code(code), Some(dtype));
-        }
-        assert_eq!(DataType::from_code(0x0608), None, "STRING is not a tensor type here");
-        let fixed: Vec<_> = DataType::ALL.into_iter().filter(|d| d.is_fixed_point()).collect();
-        assert_eq!(fixed.len(), 8);
+    fn data_types_are_the_graph_models() {
+        // One `Qnn_DataType_t` model for the whole crate (its values are tested in `dtype.rs`).
+        assert_eq!(DataType::UFixedPoint16.raw(), 0x0416);
+        let t = tensor(DataType::String, &[4], Encoding::Undefined, Some(vec![0; 4]));
+        assert!(t.check().unwrap_err().problem.contains("STRING cannot hold tensor data"));
     }
 
     #[test]
     fn tensor_type_and_encoding_codes() {
-        assert_eq!(TensorType::AppWrite.code(), 0);
-        assert_eq!(TensorType::AppRead.code(), 1);
-        assert_eq!(TensorType::Native.code(), 3);
-        assert_eq!(TensorType::Static.code(), 4);
-        assert_eq!(TensorType::Null.code(), 5);
+        assert_eq!(TensorType::AppWrite.raw(), 0);
+        assert_eq!(TensorType::Static.raw(), 4);
         assert_eq!(Encoding::Undefined.code(), 0x7FFF_FFFF);
         assert_eq!(Encoding::ScaleOffset(ScaleOffset { scale: 1.0, offset: 0 }).code(), 0);
         let axis = Encoding::AxisScaleOffset { axis: 0, scale_offsets: vec![] };

@@ -314,7 +314,7 @@ fn check_graph(graph: &GraphDesc) -> Result<(), BuildError> {
                 .get(name.as_str())
                 .ok_or_else(|| at(format!("output `{name}` is not a tensor of the graph")))?;
             if matches!(t.tensor_type, TensorType::AppWrite | TensorType::Static | TensorType::Null) {
-                return Err(at(format!("output `{name}` is a {} tensor", t.tensor_type.name())));
+                return Err(at(format!("output `{name}` is a {} tensor", t.tensor_type)));
             }
             if !produced.insert(name.as_str()) {
                 return Err(at(format!("output `{name}` is already produced by an earlier node")));
@@ -329,7 +329,7 @@ fn check_graph(graph: &GraphDesc) -> Result<(), BuildError> {
             if let ParamValue::Tensor(t) = &p.value {
                 t.check().map_err(|source| BuildError::InvalidTensor { graph: graph.name.clone(), source })?;
                 if t.tensor_type != TensorType::Static {
-                    return Err(at(format!("tensor param `{}` must be STATIC, is {}", p.name, t.tensor_type.name())));
+                    return Err(at(format!("tensor param `{}` must be STATIC, is {}", p.name, t.tensor_type)));
                 }
                 if tensors.contains_key(t.name.as_str()) || !param_tensors.insert(t.name.as_str()) {
                     return Err(at(format!("tensor param `{}` reuses the tensor name `{}`", p.name, t.name)));
@@ -356,20 +356,14 @@ fn check_io(
             .get(name.as_str())
             .ok_or_else(|| invalid(graph, format!("graph {what} `{name}` is not a tensor of the graph")))?;
         if t.tensor_type != kind {
-            return Err(invalid(
-                graph,
-                format!("graph {what} `{name}` is {}, expected {}", t.tensor_type.name(), kind.name()),
-            ));
+            return Err(invalid(graph, format!("graph {what} `{name}` is {}, expected {}", t.tensor_type, kind)));
         }
         if !seen.insert(name.as_str()) {
             return Err(invalid(graph, format!("graph {what} `{name}` is listed twice")));
         }
     }
     if let Some(t) = graph.tensors.iter().find(|t| t.tensor_type == kind && !seen.contains(t.name.as_str())) {
-        return Err(invalid(
-            graph,
-            format!("{} tensor `{}` is missing from the graph {what}s list", kind.name(), t.name),
-        ));
+        return Err(invalid(graph, format!("{} tensor `{}` is missing from the graph {what}s list", kind, t.name)));
     }
     Ok(())
 }

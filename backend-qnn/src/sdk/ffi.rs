@@ -68,16 +68,16 @@ mod tests {
             (DataType::Bool8, b::QNN_DATATYPE_BOOL_8 as u32),
         ];
         for (ours, theirs) in dtypes {
-            assert_eq!(ours.code(), theirs, "{ours}");
+            assert_eq!(ours.raw(), theirs, "{ours}");
         }
-        assert_eq!(TensorType::AppWrite.code(), b::QNN_TENSOR_TYPE_APP_WRITE as u32);
-        assert_eq!(TensorType::AppRead.code(), b::QNN_TENSOR_TYPE_APP_READ as u32);
-        assert_eq!(TensorType::Native.code(), b::QNN_TENSOR_TYPE_NATIVE as u32);
-        assert_eq!(TensorType::Static.code(), b::QNN_TENSOR_TYPE_STATIC as u32);
-        assert_eq!(TensorType::Null.code(), b::QNN_TENSOR_TYPE_NULL as u32);
+        assert_eq!(TensorType::AppWrite.raw(), b::QNN_TENSOR_TYPE_APP_WRITE as u32);
+        assert_eq!(TensorType::AppRead.raw(), b::QNN_TENSOR_TYPE_APP_READ as u32);
+        assert_eq!(TensorType::Native.raw(), b::QNN_TENSOR_TYPE_NATIVE as u32);
+        assert_eq!(TensorType::Static.raw(), b::QNN_TENSOR_TYPE_STATIC as u32);
+        assert_eq!(TensorType::Null.raw(), b::QNN_TENSOR_TYPE_NULL as u32);
         assert_eq!(Encoding::Undefined.code(), b::QNN_QUANTIZATION_ENCODING_UNDEFINED as u32);
-        assert_eq!(HtpArch::V75.code(), b::QNN_HTP_DEVICE_ARCH_V75 as u32);
-        assert_eq!(HtpArch::V79.code(), b::QNN_HTP_DEVICE_ARCH_V79 as u32);
+        assert_eq!(HtpArch::V75.raw(), b::QNN_HTP_DEVICE_ARCH_V75 as u32);
+        assert_eq!(HtpArch::V79.raw(), b::QNN_HTP_DEVICE_ARCH_V79 as u32);
         assert_eq!(1, b::QNN_HTP_CONTEXT_CONFIG_OPTION_WEIGHT_SHARING_ENABLED as u32);
         assert_eq!(3, b::QNN_HTP_GRAPH_OPTIMIZATION_TYPE_FINALIZE_OPTIMIZATION_FLAG as u32);
         assert_eq!(4, b::QNN_HTP_GRAPH_CONFIG_OPTION_FOLD_RELU_ACTIVATION_INTO_CONV_OFF as u32);

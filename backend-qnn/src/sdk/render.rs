@@ -121,8 +121,8 @@ pub fn tensor(t: &TensorDesc) -> String {
     format!(
         "{{name=\"{}\", type={}, dtype={}, dims={}, quant={}, data={}}}",
         t.name,
-        t.tensor_type.name(),
-        t.dtype.name(),
+        t.tensor_type.short_name(),
+        t.dtype.short_name(),
         dims(&t.dims),
         encoding(&t.encoding),
         data
@@ -144,7 +144,7 @@ pub fn scalar(s: Scalar) -> String {
         Scalar::F32(v) => c_exp_f32(v),
         Scalar::F64(v) => c_exp_f64(v),
     };
-    format!("{} {value}", s.dtype().name())
+    format!("{} {value}", s.dtype().short_name())
 }
 
 fn bound(t: &BoundTensor<'_>) -> String {
@@ -245,7 +245,7 @@ pub fn fake_context_binary(graphs: &[FakeGraph]) -> Vec<u8> {
         for (kind, list) in [("in", &g.inputs), ("out", &g.outputs)] {
             for (name, dtype, d) in list {
                 let d: Vec<String> = d.iter().map(u32::to_string).collect();
-                let _ = writeln!(out, "{kind} {name} {} {}", dtype.name(), d.join("x"));
+                let _ = writeln!(out, "{kind} {name} {} {}", dtype.short_name(), d.join("x"));
             }
         }
     }

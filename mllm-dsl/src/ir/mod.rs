@@ -7,12 +7,19 @@
 //!
 //! Values are stored in one arena ([`Program::values`]); ids are indices into it and carry no meaning
 //! beyond that — the printer renumbers them in print order.
+//!
+//! Quantization specs (what the passes attach, see [`quant`]) live in a second arena,
+//! [`Program::specs`]; values name theirs with the attribute `spec:s<n>`, and values naming the same
+//! spec share it, as mllm shares spec objects by pointer.
 
 mod parse;
 mod print;
+pub mod quant;
 
 pub use parse::parse;
+pub(crate) use print::numbering;
 pub use print::{print, MAX_LINE};
+pub use quant::{QuantSpec, QuantSpecKind, SpecId, SpecParams};
 
 use crate::dtype::{DType, Device, TensorType};
 use crate::op::OpKind;
@@ -41,6 +48,8 @@ pub enum Attr {
     Floats(Vec<f32>),
     DType(DType),
     Qdq(QdqAttr),
+    /// A quantization spec of [`Program::specs`], printed `s<n>` (value attribute `spec`).
+    Spec(SpecId),
 }
 
 pub type Attrs = BTreeMap<String, Attr>;
@@ -57,6 +66,7 @@ impl fmt::Display for Attr {
             Attr::Floats(v) => write!(f, "[{}]", v.iter().map(|x| format!("{x:?}")).collect::<Vec<_>>().join(", ")),
             Attr::DType(d) => write!(f, "{d}"),
             Attr::Qdq(q) => write!(f, "{q}"),
+            Attr::Spec(s) => write!(f, "{s}"),
         }
     }
 }
@@ -87,6 +97,14 @@ impl ValueDef {
     pub fn constant(&self) -> Option<f32> {
         match self.attrs.get("constant") {
             Some(Attr::Float(v)) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// The quantization spec this value refers to (attribute `spec`).
+    pub fn spec(&self) -> Option<SpecId> {
+        match self.attrs.get("spec") {
+            Some(Attr::Spec(s)) => Some(*s),
             _ => None,
         }
     }
@@ -155,6 +173,9 @@ pub enum Node {
 pub struct Program {
     pub values: Vec<ValueDef>,
     pub main: Region,
+    /// Quantization specs, shared by the values whose `spec` attribute names them. Empty until the
+    /// quant-recipe pass runs; the printer omits an empty table.
+    pub specs: Vec<QuantSpec>,
 }
 
 impl Program {
@@ -169,6 +190,29 @@ impl Program {
     pub fn add_value(&mut self, def: ValueDef) -> ValueId {
         self.values.push(def);
         ValueId(self.values.len() as u32 - 1)
+    }
+
+    pub fn spec(&self, id: SpecId) -> &QuantSpec {
+        &self.specs[id.index()]
+    }
+
+    pub fn spec_mut(&mut self, id: SpecId) -> &mut QuantSpec {
+        &mut self.specs[id.index()]
+    }
+
+    pub fn add_spec(&mut self, spec: QuantSpec) -> SpecId {
+        self.specs.push(spec);
+        SpecId(self.specs.len() as u32 - 1)
+    }
+
+    /// The spec of a value, if it has one.
+    pub fn value_spec(&self, v: ValueId) -> Option<&QuantSpec> {
+        self.value(v).spec().map(|s| self.spec(s))
+    }
+
+    /// Points a value at a spec (sharing it with every other value that points there).
+    pub fn set_value_spec(&mut self, v: ValueId, spec: SpecId) {
+        self.value_mut(v).attrs.insert("spec".into(), Attr::Spec(spec));
     }
 
     /// The top-level subgraph with this symbol.
@@ -220,6 +264,20 @@ impl Program {
             map[old.index()] = Some(ValueId(new as u32));
             values.push(self.values[old.index()].clone());
         }
+        // Specs follow their first reference in value order; unreferenced ones are dropped.
+        let spec_order = print::spec_numbering(self, &order);
+        let mut spec_map = vec![None; self.specs.len()];
+        for (new, old) in spec_order.iter().enumerate() {
+            spec_map[old.index()] = Some(SpecId(new as u32));
+        }
+        for def in &mut values {
+            for attr in def.attrs.values_mut() {
+                if let Attr::Spec(s) = attr {
+                    *s = spec_map[s.index()].expect("spec numbering covers every referenced spec");
+                }
+            }
+        }
+        let specs = spec_order.iter().map(|s| self.specs[s.index()].clone()).collect();
         let m = |v: &ValueId| map[v.index()].expect("numbering covers every referenced value");
         fn remap_region(r: &Region, m: &dyn Fn(&ValueId) -> ValueId) -> Region {
             let ids = |v: &Vec<ValueId>| v.iter().map(m).collect::<Vec<_>>();
@@ -247,7 +305,7 @@ impl Program {
                     .collect(),
             }
         }
-        Program { values, main: remap_region(&self.main, &m) }
+        Program { values, main: remap_region(&self.main, &m), specs }
     }
 }
 

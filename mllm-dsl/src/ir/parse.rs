@@ -1,6 +1,9 @@
 //! The parser: printed IR back into a [`Program`]. `parse(&print(p))` equals `p.canonicalize()`.
 
-use super::{Attr, Attrs, CallGraph, LinalgOp, Node, Program, Region, SubGraph, ValueDef, ValueId};
+use super::{
+    Attr, Attrs, CallGraph, LinalgOp, Node, Program, QuantSpec, QuantSpecKind, Region, SpecId, SpecParams, SubGraph,
+    ValueDef, ValueId,
+};
 use crate::dtype::{DType, Device, TensorType};
 use crate::error::{Error, Result};
 use crate::op::OpKind;
@@ -17,12 +20,32 @@ pub fn parse(text: &str) -> Result<Program> {
         ids: HashMap::new(),
         defined: Vec::new(),
         first_mention: Vec::new(),
+        spec_ids: HashMap::new(),
+        spec_defined: Vec::new(),
+        spec_first_mention: Vec::new(),
     };
     p.expect_sym("main")?;
     let main = p.region()?;
     p.prog.main = main;
+    if p.peek() == Some(&Tok::Ident("quant.specs".into())) {
+        p.pos += 1;
+        p.spec_table()?;
+    }
     if p.pos < p.toks.len() {
-        return Err(p.err("unexpected text after the closing brace of @main"));
+        return Err(p.err("unexpected text after the closing brace of @main (expected only a quant.specs table)"));
+    }
+    let undefined_spec = p
+        .spec_ids
+        .iter()
+        .filter(|(_, id)| !p.spec_defined[id.index()])
+        .min_by_key(|(_, id)| p.spec_first_mention[id.index()]);
+    if let Some((n, id)) = undefined_spec {
+        let (line, column) = p.spec_first_mention[id.index()];
+        return Err(Error::Parse {
+            line,
+            column,
+            message: format!("spec s{n} is used but not in the quant.specs table"),
+        });
     }
     // Report the undefined value mentioned first (not whichever the hash map yields first).
     let undefined =
@@ -179,6 +202,10 @@ struct Parser {
     defined: Vec<bool>,
     /// `(line, column)` where each value was first mentioned, to locate undefined values.
     first_mention: Vec<(usize, usize)>,
+    /// Printed spec number → spec id, whether its table entry was seen, and where it was first used.
+    spec_ids: HashMap<u32, SpecId>,
+    spec_defined: Vec<bool>,
+    spec_first_mention: Vec<(usize, usize)>,
 }
 
 impl Parser {
@@ -300,6 +327,57 @@ impl Parser {
         id
     }
 
+    /// The spec a printed number stands for, created on first mention (defined by the table).
+    fn spec_for(&mut self, n: u32, at: (usize, usize)) -> SpecId {
+        if let Some(&id) = self.spec_ids.get(&n) {
+            return id;
+        }
+        let id = self.prog.add_spec(QuantSpec::new(QuantSpecKind::Raw { dtype: DType::F32 }));
+        self.spec_defined.push(false);
+        self.spec_first_mention.push(at);
+        self.spec_ids.insert(n, id);
+        id
+    }
+
+    /// `{ s<n> = Kind(fields) [params]? ... }` after `quant.specs`.
+    fn spec_table(&mut self) -> Result<()> {
+        self.expect('{')?;
+        while !self.eat('}') {
+            let at = self.toks.get(self.pos).map_or((0, 0), |t| (t.line, t.col));
+            let n = match self.next()? {
+                Tok::Ident(s) => spec_number(&s).ok_or_else(|| self.err_prev(format!("expected s<n>, found '{s}'")))?,
+                other => return Err(self.err_prev(format!("expected a spec id s<n>, found {other:?}"))),
+            };
+            self.expect('=')?;
+            let kind_name = self.ident()?;
+            self.expect('(')?;
+            let mut args = Vec::new();
+            while !self.eat(')') {
+                match self.next()? {
+                    Tok::Num(t) | Tok::Ident(t) => args.push(t),
+                    other => return Err(self.err_prev(format!("expected a spec field, found {other:?}"))),
+                }
+                if !self.eat(',') {
+                    self.expect(')')?;
+                    break;
+                }
+            }
+            let kind = QuantSpecKind::from_parts(&kind_name, &args).map_err(|e| self.err_prev(e))?;
+            let params = if self.peek() == Some(&Tok::Punct('[')) {
+                let attrs = self.attrs()?;
+                Some(SpecParams::from_attrs(attrs).map_err(|e| self.err_prev(e))?)
+            } else {
+                None
+            };
+            let id = self.spec_for(n, at);
+            if std::mem::replace(&mut self.spec_defined[id.index()], true) {
+                return Err(Error::Parse { line: at.0, column: at.1, message: format!("spec s{n} defined twice") });
+            }
+            *self.prog.spec_mut(id) = QuantSpec { kind, params };
+        }
+        Ok(())
+    }
+
     fn bare(&mut self) -> Result<ValueId> {
         match self.next()? {
             Tok::Val(n) => Ok(self.id_for(n)),
@@ -411,6 +489,10 @@ impl Parser {
                 "true" => Ok(Attr::Bool(true)),
                 "false" => Ok(Attr::Bool(false)),
                 "inf" | "NaN" => Ok(Attr::Float(s.parse().unwrap())),
+                spec if spec_number(spec).is_some() => {
+                    let at = self.toks.get(self.pos - 1).map_or((0, 0), |t| (t.line, t.col));
+                    Ok(Attr::Spec(self.spec_for(spec_number(spec).unwrap(), at)))
+                }
                 "act" | "kv" | "fixed" | "const" | "rope" | "global" if self.peek() == Some(&Tok::Punct('(')) => {
                     self.expect('(')?;
                     let key = match self.next()? {
@@ -536,6 +618,11 @@ impl Parser {
             }
         }
     }
+}
+
+/// `s12` → 12.
+fn spec_number(t: &str) -> Option<u32> {
+    t.strip_prefix('s').filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))?.parse().ok()
 }
 
 fn is_float_text(t: &str) -> bool {

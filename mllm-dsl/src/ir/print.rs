@@ -7,8 +7,10 @@
 //! - A line that would exceed [`MAX_LINE`] characters puts one list item per line.
 //! - Unlike mllm, `@main` lists the trace inputs as its region inputs, so the text is closed SSA
 //!   and parses back ([`super::parse`]).
+//! - Quantization specs are numbered `s0, s1, ...` in order of first reference and printed as a
+//!   table after `@main` (`quant.specs { s0 = ... }`), only when the program has any.
 
-use super::{Attrs, Node, Program, Region, ValueId};
+use super::{Attr, Attrs, Node, Program, Region, SpecId, ValueId};
 use crate::dtype::fmt_shape;
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -26,6 +28,22 @@ pub(crate) fn numbering(p: &Program) -> Vec<ValueId> {
     // Values referenced but never defined in a typed position (malformed programs) still get numbers.
     n.order.extend(n.late.drain(..).collect::<Vec<_>>().into_iter().filter(|v| !n.seen.contains_key(v)));
     n.order
+}
+
+/// Spec ids in the order the printer numbers them: first reference by a value in `value_order`.
+pub(crate) fn spec_numbering(p: &Program, value_order: &[ValueId]) -> Vec<SpecId> {
+    let mut seen = vec![false; p.specs.len()];
+    let mut order = Vec::new();
+    for v in value_order {
+        for attr in p.value(*v).attrs.values() {
+            if let Attr::Spec(s) = attr {
+                if !std::mem::replace(&mut seen[s.index()], true) {
+                    order.push(*s);
+                }
+            }
+        }
+    }
+    order
 }
 
 #[derive(Default)]
@@ -76,15 +94,25 @@ impl Numbering {
 pub fn print(p: &Program) -> String {
     let order = numbering(p);
     let num: HashMap<ValueId, usize> = order.iter().enumerate().map(|(i, v)| (*v, i)).collect();
-    let pr = Printer { p, num };
+    let spec_order = spec_numbering(p, &order);
+    let spec_num: HashMap<SpecId, usize> = spec_order.iter().enumerate().map(|(i, s)| (*s, i)).collect();
+    let pr = Printer { p, num, spec_num };
     let mut out = String::new();
     pr.region("@main ", &p.main, 0, &mut out);
+    if !spec_order.is_empty() {
+        out.push_str("quant.specs {\n");
+        for (i, s) in spec_order.iter().enumerate() {
+            writeln!(out, "{INDENT}s{i} = {}", p.spec(*s)).unwrap();
+        }
+        out.push_str("}\n");
+    }
     out
 }
 
 struct Printer<'a> {
     p: &'a Program,
     num: HashMap<ValueId, usize>,
+    spec_num: HashMap<SpecId, usize>,
 }
 
 impl Printer<'_> {
@@ -100,7 +128,13 @@ impl Printer<'_> {
             write!(s, "[@{sym}]").unwrap();
         }
         if !def.attrs.is_empty() {
-            s.push_str(&attrs_text(&def.attrs));
+            let mut attrs = def.attrs.clone();
+            for attr in attrs.values_mut() {
+                if let Attr::Spec(id) = attr {
+                    *id = SpecId(self.spec_num[id] as u32);
+                }
+            }
+            s.push_str(&attrs_text(&attrs));
         }
         s
     }

@@ -6,13 +6,16 @@
 //! - [`fake_quant`]: torch's `fake_quantize_per_tensor_affine` and integer codes;
 //! - [`observer`]: min/max observers that turn calibration data into parameters;
 //! - [`lpbq`]: int4 linear weights with low-power blockwise (two-level) scales;
-//! - [`uint16`]: per-tensor u16 weights of RMSNorm and Embedding.
+//! - [`uint16`]: per-tensor u16 weights of RMSNorm and Embedding;
+//! - [`points`]: the QDQ points, concatenation groups and layer outputs of a traced program.
 //!
-//! The tensor and IR code calls into these; nothing here knows about tensors or graphs.
+//! The tensor and IR code calls into these; apart from [`points`], which reads a traced program,
+//! nothing here knows about tensors or graphs.
 
 pub mod fake_quant;
 pub mod lpbq;
 pub mod observer;
+pub mod points;
 pub mod spec;
 pub mod uint16;
 
@@ -20,7 +23,7 @@ mod rounding;
 
 pub use fake_quant::{dequantize, fake_quantize, quantize, FakeQuantizer};
 pub use lpbq::{decode_lpbq, quantize_lpbq, LpbqBlockQuant, LpbqExport, LpbqShape};
-pub use observer::{calculate_qparams, ConcatObserver, MinMaxObserver, ObserverScheme};
+pub use observer::{calculate_qparams, min_max_of, ConcatObserver, ConcatSharing, MinMaxObserver, ObserverScheme};
 pub use spec::{QdqKind, QuantParams, StorageType};
 pub use uint16::{decode_u16, export_u16, quantize_u16_weight, U16Weight};
 

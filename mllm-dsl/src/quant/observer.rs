@@ -10,8 +10,9 @@
 //! - symmetric with dtype uint8 and no custom range (the KV cache): the range is 0..=255,
 //!   `scale = max(max(-min_neg, max_pos) / 127.5, eps)` and the zero point is 128.
 //!
-//! [`ConcatObserver`] reproduces pymllm's `ConcatObserver`, which makes the two inputs of
-//! rotate_half's concatenation share one range.
+//! [`ConcatObserver`] makes the QDQ points feeding one concatenation share a range, either as
+//! pymllm's `ConcatObserver` ends up doing it ([`ConcatSharing::Pymllm`], aliasing included) or as
+//! the plain union of what they saw ([`ConcatSharing::Union`]).
 
 use super::rounding::round_half_even;
 use super::spec::{QuantParams, EPS_16BIT, KV_ZERO_POINT, U16_QMAX, U16_QMIN, U8_QMAX, U8_QMIN};
@@ -121,44 +122,106 @@ impl MinMaxObserver {
     }
 }
 
-/// pymllm's `ConcatObserver`: the running range of a concatenation's output, forced onto the
-/// observers of its inputs so they all end up with the same parameters.
+/// How the QDQ points feeding one concatenation come to share a range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConcatSharing {
+    /// What pymllm's `ConcatObserver` computes, tensor aliasing included.
+    ///
+    /// `ConcatObserver.forward` observes the concatenation's output and then *assigns* its own
+    /// `min_val` / `max_val` tensors to the linked observers. From then on the three share one
+    /// tensor object, and torch's `MinMaxObserver.forward` updates its range in place
+    /// (`self.min_val.copy_(...)`), so every later observation of a linked point widens the shared
+    /// range with that point's whole input. In the first forward the linked observers still own
+    /// their buffers, and what they saw is discarded by the assignment. The final range is
+    /// therefore: the first concatenation output, widened by everything the linked points see in
+    /// all later forwards (for Qwen3: `cat(-x2, x1)` of the first sequence, then the whole `q`
+    /// and `-x2` of every other sequence).
+    Pymllm,
+    /// Every linked point gets the union of everything any of them saw, over all forwards: the
+    /// smallest shared range that represents each point's whole tensor.
+    Union,
+}
+
+/// Observers of the QDQ points feeding one concatenation, which must end with one shared range
+/// (mllm's compiler gives a Concat one encoding for all inputs).
 ///
-/// In Qwen3's rotate_half, the concatenation `cat(-x2, x1)` links the observers of
-/// `q/k_norm_output_qdq` (x1's producer) and `q/k_rope_neg_half_qdq`. Each forward first lets those
-/// observers widen their own ranges, then the concat observer overwrites both with its own
-/// running range; the last overwrite is what calibration keeps.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// Each forward, every linked point reports what its QDQ saw ([`observe`](Self::observe)): the
+/// range of its whole tensor and the range of the part that enters the concatenation (a slice of
+/// it, or all of it). Once all points have reported, the concatenation itself is observed.
+#[derive(Clone, Debug, PartialEq)]
 pub struct ConcatObserver {
-    range: Option<(f32, f32)>,
+    sharing: ConcatSharing,
+    scheme: ObserverScheme,
+    /// Ranges the points own before the link is made (pymllm's first forward).
+    own: Vec<Option<(f32, f32)>>,
+    /// What each point contributed to the concatenation of the current forward.
+    pending: Vec<Option<(f32, f32)>>,
+    /// The concatenation observer's running range, shared by every point once linked.
+    shared: Option<(f32, f32)>,
     saw_nan: bool,
 }
 
 impl ConcatObserver {
-    pub fn new() -> Self {
-        Self::default()
+    /// Links `points` QDQ points whose parameters follow `scheme`.
+    pub fn new(points: usize, sharing: ConcatSharing, scheme: ObserverScheme) -> Self {
+        Self { sharing, scheme, own: vec![None; points], pending: vec![None; points], shared: None, saw_nan: false }
     }
 
-    /// Observes the concatenation output and overwrites the ranges of the `linked` observers.
-    pub fn observe(&mut self, concat_output: &[f32], linked: &mut [&mut MinMaxObserver]) {
-        if let Some((lo, hi, nan)) = min_max(concat_output) {
-            self.saw_nan |= nan;
-            self.range = Some(match self.range {
-                None => (lo, hi),
-                Some((a, b)) => (a.min(lo), b.max(hi)),
-            });
-        }
-        if let Some((lo, hi)) = self.range {
-            for observer in linked.iter_mut() {
-                observer.range = Some((lo, hi));
-                observer.saw_nan = self.saw_nan;
+    pub fn points(&self) -> usize {
+        self.own.len()
+    }
+
+    /// Point `point` saw a tensor spanning `whole`, of which `into_concat` enters the concatenation.
+    ///
+    /// # Panics
+    /// If `point` is not below [`points`](Self::points).
+    pub fn observe(&mut self, point: usize, whole: (f32, f32), into_concat: (f32, f32)) {
+        self.saw_nan |= [whole.0, whole.1, into_concat.0, into_concat.1].iter().any(|v| v.is_nan());
+        match self.sharing {
+            ConcatSharing::Union => self.shared = Some(widen(self.shared, whole)),
+            ConcatSharing::Pymllm => {
+                match self.shared {
+                    // Linked: the point's observer writes into the shared tensor.
+                    Some(shared) => self.shared = Some(widen(Some(shared), whole)),
+                    None => self.own[point] = Some(widen(self.own[point], whole)),
+                }
+                self.pending[point] = Some(widen(self.pending[point], into_concat));
+                if self.pending.iter().all(Option::is_some) {
+                    let cat = self.pending.iter().flatten().fold(None, |acc, &r| Some(widen(acc, r)));
+                    if let Some(cat) = cat {
+                        self.shared = Some(widen(self.shared, cat));
+                    }
+                    self.pending.iter_mut().for_each(|p| *p = None);
+                }
             }
         }
     }
 
-    pub fn range(&self) -> Option<(f32, f32)> {
-        self.range
+    /// The range point `point`'s observer holds now.
+    pub fn range(&self, point: usize) -> Option<(f32, f32)> {
+        self.shared.or(self.own[point])
     }
+
+    /// Parameters of point `point` (all points agree once the concatenation was observed).
+    pub fn qparams(&self, point: usize) -> Result<QuantParams, QuantError> {
+        let (min, max) = self.range(point).ok_or(QuantError::Unobserved)?;
+        if self.saw_nan {
+            return Err(QuantError::NonFiniteObservation { min: f32::NAN, max: f32::NAN });
+        }
+        calculate_qparams(self.scheme, min, max)
+    }
+}
+
+fn widen(acc: Option<(f32, f32)>, (lo, hi): (f32, f32)) -> (f32, f32) {
+    match acc {
+        None => (lo, hi),
+        Some((a, b)) => (a.min(lo), b.max(hi)),
+    }
+}
+
+/// Min and max of `xs`, or `None` for an empty slice; a NaN anywhere makes both NaN.
+pub fn min_max_of(xs: &[f32]) -> Option<(f32, f32)> {
+    min_max(xs).map(|(lo, hi, nan)| if nan { (f32::NAN, f32::NAN) } else { (lo, hi) })
 }
 
 /// Min, max and whether a NaN was present; `None` for an empty slice.
@@ -305,22 +368,42 @@ mod tests {
     }
 
     #[test]
-    fn concat_observer_overwrites_linked_ranges() {
-        let mut x1_obs = act();
-        let mut neg_obs = act();
-        let mut cat = ConcatObserver::new();
-        // Forward 1: x = [-1, 4 | 2, 3]; x1 = [-1, 4], -x2 = [-2, -3].
-        x1_obs.observe(&[-1.0, 4.0, 2.0, 3.0]);
-        neg_obs.observe(&[-2.0, -3.0]);
-        cat.observe(&[-2.0, -3.0, -1.0, 4.0], &mut [&mut x1_obs, &mut neg_obs]);
-        assert_eq!(x1_obs.range(), Some((-3.0, 4.0)));
-        assert_eq!(neg_obs.range(), Some((-3.0, 4.0)));
-        // Forward 2: x widens x1's own range to 9, but the concat output only reaches 1.
-        x1_obs.observe(&[0.0, 1.0, 9.0, 0.5]);
-        neg_obs.observe(&[-9.0, -0.5]);
-        cat.observe(&[-9.0, -0.5, 0.0, 1.0], &mut [&mut x1_obs, &mut neg_obs]);
-        assert_eq!(cat.range(), Some((-9.0, 4.0)));
-        assert_eq!(x1_obs.range(), Some((-9.0, 4.0)));
-        assert_eq!(x1_obs.qparams(), neg_obs.qparams());
+    fn concat_observer_reproduces_pymllm_aliasing() {
+        let scheme = ObserverScheme::activation_u16();
+        let mut cat = ConcatObserver::new(2, ConcatSharing::Pymllm, scheme);
+        // Point 0 is x's QDQ (x1 = first half of x enters the concat), point 1 is -x2's.
+        // Forward 1: x = [-1, 4 | 2, 9]: whole x spans [-1, 9], x1 = [-1, 4], -x2 = [-9, -2].
+        cat.observe(0, (-1.0, 9.0), (-1.0, 4.0));
+        assert_eq!(cat.range(0), Some((-1.0, 9.0)), "before the concat a point owns its range");
+        cat.observe(1, (-9.0, -2.0), (-9.0, -2.0));
+        // The first concat output [-9, 4] replaces both ranges; x's own 9 is lost.
+        assert_eq!(cat.range(0), Some((-9.0, 4.0)));
+        assert_eq!(cat.range(1), Some((-9.0, 4.0)));
+        // Forward 2: x's whole tensor (its second half too) now widens the shared range.
+        cat.observe(0, (0.0, 6.0), (0.0, 1.0));
+        assert_eq!(cat.range(1), Some((-9.0, 6.0)), "linked observers write into the shared range");
+        cat.observe(1, (-6.0, -5.0), (-6.0, -5.0));
+        assert_eq!(cat.range(0), Some((-9.0, 6.0)));
+        assert_eq!(cat.qparams(0), cat.qparams(1));
+        assert_eq!(cat.qparams(0).unwrap(), calculate_qparams(scheme, -9.0, 6.0).unwrap());
+    }
+
+    #[test]
+    fn concat_union_keeps_every_whole_tensor() {
+        let mut cat = ConcatObserver::new(2, ConcatSharing::Union, ObserverScheme::activation_u16());
+        assert_eq!(cat.qparams(0), Err(QuantError::Unobserved));
+        cat.observe(0, (-1.0, 9.0), (-1.0, 4.0));
+        cat.observe(1, (-9.0, -2.0), (-9.0, -2.0));
+        assert_eq!(cat.range(0), Some((-9.0, 9.0)), "x's second half must stay representable");
+        cat.observe(1, (f32::NAN, 0.0), (f32::NAN, 0.0));
+        assert!(matches!(cat.qparams(1), Err(QuantError::NonFiniteObservation { .. })));
+    }
+
+    #[test]
+    fn min_max_of_reports_nan_and_empty() {
+        assert_eq!(min_max_of(&[]), None);
+        assert_eq!(min_max_of(&[3.0, -1.0, 2.0]), Some((-1.0, 3.0)));
+        let (lo, hi) = min_max_of(&[1.0, f32::NAN]).unwrap();
+        assert!(lo.is_nan() && hi.is_nan());
     }
 }

@@ -123,9 +123,9 @@ pub(crate) fn tensor(arena: &mut Arena, desc: &TensorDesc, id: u32) -> Result<b:
     let mut v2: b::Qnn_TensorV2_t = zeroed();
     v2.id = id;
     v2.name = arena.c_str("tensor name", &desc.name)?;
-    v2.type_ = desc.tensor_type.code() as _;
+    v2.type_ = desc.tensor_type.raw() as _;
     v2.dataFormat = DATA_FORMAT_DENSE as _;
-    v2.dataType = desc.dtype.code() as _;
+    v2.dataType = desc.dtype.raw() as _;
     v2.quantizeParams = quantize_params(arena, &desc.encoding);
     v2.rank = desc.dims.len() as u32;
     v2.dimensions = arena.slice(desc.dims.clone());
@@ -151,7 +151,7 @@ pub(crate) fn tensor(arena: &mut Arena, desc: &TensorDesc, id: u32) -> Result<b:
 
 fn scalar(s: Scalar) -> b::Qnn_Scalar_t {
     let mut c: b::Qnn_Scalar_t = zeroed();
-    c.dataType = s.dtype().code() as _;
+    c.dataType = s.dtype().raw() as _;
     let u = &mut c.__bindgen_anon_1;
     match s {
         Scalar::Bool(v) => u.bool8Value = u8::from(v),
@@ -219,7 +219,7 @@ fn platform_info(arena: &mut Arena, p: &crate::sdk::config::HtpPlatformInfo) -> 
     on_chip.socModel = p.soc_model;
     on_chip.signedPdSupport = p.signed_pd_support;
     on_chip.dlbcSupport = p.dlbc_support;
-    on_chip.arch = p.arch.code() as _;
+    on_chip.arch = p.arch.raw() as _;
     let mut extension: b::QnnHtpDevice_DeviceInfoExtension_t = zeroed();
     extension.devType = HTP_DEVICE_TYPE_ON_CHIP as _;
     extension.__bindgen_anon_1.onChipDevice = on_chip;

@@ -114,7 +114,7 @@ unsafe fn tensors(list: *const b::Qnn_Tensor_t, count: u32) -> Result<Vec<Tensor
             };
             // SAFETY: tensor names are NUL-terminated.
             let name = unsafe { string(name) };
-            Ok(TensorInfo { name, dtype: DataType::from_code(dtype as u32), dims })
+            Ok(TensorInfo { name, dtype: DataType::from_raw(dtype as u32), dims })
         })
         .collect()
 }

@@ -1,0 +1,366 @@
+//! [`Interpreter`]: runs an IR [`Program`] at any pipeline stage on the CPU, to prove that passes
+//! preserve what the model computes.
+//!
+//! It executes nested subgraphs and calls (before SplitLLMGraph) as well as the flat graph (after
+//! it), with the eager executor's kernels: every op goes through [`CpuBackend`]'s
+//! [`Backend::execute`](mllm_dsl::Backend::execute) on materialized tensors, so a float run is bitwise identical to the eager
+//! model. Parameters are loaded from a [`WeightStore`] by symbol, in the role the op reading them
+//! gives them.
+//!
+//! In [`Mode::FakeQuant`] every value is fake-quantized where it is defined, with
+//! - its solved per-tensor spec, once PTQ has run (so values that merely share a spec are
+//!   quantized too, which is exact: shared specs only span ops that move data);
+//! - otherwise its QDQ point, with parameters from a [`QuantParamProvider`] (the trace stage);
+//!
+//! and a constant PTQ quantized is replaced by its dequantized code, which is what the NPU sees.
+//! Fake quantization is torch's ([`FakeQuantizer`]), the same arithmetic as eager fake-quant runs.
+
+use crate::executor::CpuBackend;
+use mllm_dsl::backend::Storage;
+use mllm_dsl::ir::{Attr, LinalgOp, Node, Program, Region, SubGraph, ValueId};
+use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
+use mllm_dsl::op::OpKind;
+use mllm_dsl::passes::{qdq_params, ParamError, QuantParamProvider};
+use mllm_dsl::quant::fake_quant::{dequantize, FakeQuantizer};
+use mllm_dsl::quant::spec::QuantParams;
+use mllm_dsl::{BackendRef, Tensor};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// How QDQ points and specs are treated.
+#[derive(Clone, Copy)]
+pub enum Mode<'a> {
+    /// Quantization metadata is ignored: the float model.
+    Float,
+    /// Values are fake-quantized with their specs or QDQ points (parameters from the provider).
+    FakeQuant(&'a dyn QuantParamProvider),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InterpError {
+    #[error("interpreter: op `{op}` in `{module}`: {message}")]
+    Op { op: String, module: String, message: String },
+    #[error("interpreter: parameter @{symbol}: {source}")]
+    Param {
+        symbol: String,
+        #[source]
+        source: mllm_dsl::Error,
+    },
+    #[error("interpreter: input {index}: {message}")]
+    Input { index: usize, message: String },
+    #[error("interpreter: fake-quantizing {what}: {source}")]
+    Quant {
+        what: String,
+        #[source]
+        source: ParamError,
+    },
+    #[error("interpreter: {0}")]
+    Program(String),
+}
+
+/// Nesting limit for calls (a cycle in the call graph would otherwise never end).
+const MAX_DEPTH: usize = 64;
+
+/// Runs one program.
+pub struct Interpreter<'a> {
+    program: &'a Program,
+    weights: &'a dyn WeightStore,
+    mode: Mode<'a>,
+    backend: BackendRef,
+    graphs: HashMap<&'a str, &'a SubGraph>,
+    roles: HashMap<ValueId, ParamRole>,
+    overrides: HashMap<String, Tensor>,
+}
+
+impl<'a> Interpreter<'a> {
+    pub fn new(program: &'a Program, weights: &'a dyn WeightStore, mode: Mode<'a>) -> Self {
+        let graphs = program.subgraphs().map(|g| (g.symbol.as_str(), g)).collect();
+        let mut roles = HashMap::new();
+        for op in program.linalg_ops() {
+            for (i, role) in weight_roles(&op.kind).iter().enumerate() {
+                if let (Some(role), Some(&v)) = (role, op.inputs.get(i)) {
+                    if program.value(v).symbol.is_some() {
+                        roles.entry(v).or_insert(*role);
+                    }
+                }
+            }
+        }
+        Interpreter { program, weights, mode, backend: CpuBackend::float(), graphs, roles, overrides: HashMap::new() }
+    }
+
+    /// Uses `tensor` for the parameter `symbol` instead of loading it (e.g. RoPE tables a model
+    /// computes when the checkpoint lacks them).
+    pub fn with_param(mut self, symbol: &str, tensor: Tensor) -> Self {
+        self.overrides.insert(symbol.to_string(), tensor);
+        self
+    }
+
+    /// Runs `@main` on `inputs` (in `@main`'s input order) and returns its outputs.
+    pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, InterpError> {
+        let p = self.program;
+        if inputs.len() != p.main.inputs.len() {
+            return Err(InterpError::Program(format!(
+                "@main takes {} inputs, got {}",
+                p.main.inputs.len(),
+                inputs.len()
+            )));
+        }
+        let mut env = Env { values: vec![None; p.values.len()] };
+        for (index, (t, &v)) in inputs.iter().zip(&p.main.inputs).enumerate() {
+            let ty = &p.value(v).ty;
+            if t.shape() != ty.shape.as_slice() {
+                let message = format!("expected shape {:?}, got {:?}", ty.shape, t.shape());
+                return Err(InterpError::Input { index, message });
+            }
+            let kind_ok = match t.storage() {
+                Some(Storage::I64(_)) => ty.dtype.is_index(),
+                Some(Storage::F32(_) | Storage::Native(_)) => !ty.dtype.is_index(),
+                None => false,
+            };
+            if !kind_ok {
+                let message = format!("expected eager {} data, got {t:?}", ty.dtype);
+                return Err(InterpError::Input { index, message });
+            }
+            let t = self.quantize(v, t.with_type(ty.clone()), &format!("graph input {index}"))?;
+            env.values[v.index()] = Some(t);
+        }
+        self.region(&p.main, "@main", &mut env, 0)?;
+        p.main.outputs.iter().map(|&v| self.get(&mut env, v, "@main")).collect()
+    }
+
+    fn region(&self, r: &Region, module: &str, env: &mut Env, depth: usize) -> Result<(), InterpError> {
+        if depth > MAX_DEPTH {
+            return Err(InterpError::Program(format!("calls nest deeper than {MAX_DEPTH} at `{module}` (a cycle?)")));
+        }
+        for n in &r.body {
+            match n {
+                Node::Linalg(op) => self.op(op, module, env)?,
+                Node::Constant { value, .. } => {
+                    let t = self.constant(*value)?;
+                    env.values[value.index()] = Some(t);
+                }
+                Node::Call(c) => {
+                    let g = self.graphs.get(c.symbol.as_str()).ok_or_else(|| {
+                        InterpError::Program(format!("`{module}` calls @{}, which is not defined", c.symbol))
+                    })?;
+                    if g.region.inputs.len() != c.inputs.len() || g.region.outputs.len() != c.outputs.len() {
+                        return Err(InterpError::Program(format!(
+                            "the call of @{} in `{module}` does not match the subgraph's inputs and outputs",
+                            c.symbol
+                        )));
+                    }
+                    for (&from, &to) in c.inputs.iter().zip(&g.region.inputs) {
+                        let t = self.get(env, from, module)?;
+                        env.values[to.index()] = Some(t);
+                    }
+                    self.region(&g.region, &g.symbol, env, depth + 1)?;
+                    for (&from, &to) in g.region.outputs.iter().zip(&c.outputs) {
+                        let t = self.get(env, from, &g.symbol)?;
+                        env.values[to.index()] = Some(t);
+                    }
+                }
+                // Subgraphs are definitions (run when called); parameters load on first use.
+                Node::SubGraph(_) | Node::Register { .. } | Node::Return(_) | Node::Comment(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn op(&self, op: &LinalgOp, module: &str, env: &mut Env) -> Result<(), InterpError> {
+        let name = op.name.clone().unwrap_or_else(|| op.kind.type_name().to_string());
+        let err = |message: String| InterpError::Op { op: name.clone(), module: module.to_string(), message };
+        let inputs = op.inputs.iter().map(|&v| self.get(env, v, module)).collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let [out] = op.outputs[..] else {
+            return Err(err(format!("expected one output, found {}", op.outputs.len())));
+        };
+        let ty = self.program.value(out).ty.clone();
+        let storage = self.backend.execute(&op.kind, &refs, &ty).map_err(err)?;
+        let t = Tensor::from_storage(ty, storage, self.backend.clone()).map_err(|e| err(e.to_string()))?;
+        let t = self.quantize(out, t, &format!("output of `{name}`"))?;
+        env.values[out.index()] = Some(t);
+        Ok(())
+    }
+
+    /// A defined value, loading parameters on first use.
+    fn get(&self, env: &mut Env, v: ValueId, module: &str) -> Result<Tensor, InterpError> {
+        if let Some(t) = &env.values[v.index()] {
+            return Ok(t.clone());
+        }
+        let def = self.program.value(v);
+        let Some(symbol) = &def.symbol else {
+            return Err(InterpError::Program(format!("`{module}` reads a value that was never computed ({def:?})")));
+        };
+        let t = match self.overrides.get(symbol) {
+            Some(t) => t.with_type(def.ty.clone()),
+            None => {
+                let role = self.roles.get(&v).copied().unwrap_or(ParamRole::NormWeight);
+                let req = ParamRequest { key: symbol, module_path: module, role, shape: &def.ty.shape };
+                let t =
+                    self.weights.load(&req).map_err(|source| InterpError::Param { symbol: symbol.clone(), source })?;
+                t.with_type(def.ty.clone())
+            }
+        };
+        let t = self.quantize(v, t, &format!("parameter @{symbol}"))?;
+        env.values[v.index()] = Some(t.clone());
+        Ok(t)
+    }
+
+    /// A scalar constant: its float value, or in fake-quant mode what the NPU sees.
+    fn constant(&self, v: ValueId) -> Result<Tensor, InterpError> {
+        let def = self.program.value(v);
+        let value = def.constant().ok_or_else(|| InterpError::Program(format!("constant without a value: {def:?}")))?;
+        let mut x = value;
+        if let Mode::FakeQuant(provider) = self.mode {
+            match (def.attrs.get("quantized"), self.spec_params(v)) {
+                (Some(Attr::Int(code)), Some(params)) => x = dequantize(*code as i32, &params),
+                _ => {
+                    if let Some(params) = self.params_of(v, provider, "a constant")? {
+                        x = FakeQuantizer::new(&params).fake(value);
+                    }
+                }
+            }
+        }
+        let storage = Storage::F32(Arc::from(vec![x]));
+        Tensor::from_storage(def.ty.clone(), storage, self.backend.clone())
+            .map_err(|e| InterpError::Program(e.to_string()))
+    }
+
+    /// Per-tensor parameters of a solved spec.
+    fn spec_params(&self, v: ValueId) -> Option<QuantParams> {
+        let spec = self.program.value_spec(v)?;
+        let (scale, zero_point) = spec.per_tensor()?;
+        let (qmin, qmax) = spec.kind.per_tensor_range()?;
+        Some(QuantParams { scale, zero_point, qmin, qmax })
+    }
+
+    fn params_of(
+        &self,
+        v: ValueId,
+        provider: &dyn QuantParamProvider,
+        what: &str,
+    ) -> Result<Option<QuantParams>, InterpError> {
+        if let Some(p) = self.spec_params(v) {
+            return Ok(Some(p));
+        }
+        match self.program.value(v).qdq() {
+            Some(q) => qdq_params(q, provider)
+                .map(Some)
+                .map_err(|source| InterpError::Quant { what: format!("{what} (QDQ {q})"), source }),
+            None => Ok(None),
+        }
+    }
+
+    fn quantize(&self, v: ValueId, t: Tensor, what: &str) -> Result<Tensor, InterpError> {
+        let Mode::FakeQuant(provider) = self.mode else { return Ok(t) };
+        let Some(params) = self.params_of(v, provider, what)? else { return Ok(t) };
+        let Some(data) = crate::executor::real_values(&t) else {
+            return Err(InterpError::Program(format!("{what} has quantization parameters but integer data")));
+        };
+        let mut out = data.to_vec();
+        FakeQuantizer::new(&params).apply_in_place(&mut out);
+        Tensor::from_storage(t.ty().clone(), Storage::F32(out.into()), self.backend.clone())
+            .map_err(|e| InterpError::Program(e.to_string()))
+    }
+}
+
+struct Env {
+    values: Vec<Option<Tensor>>,
+}
+
+/// The parameter role of each input of an op (`None` for activations).
+fn weight_roles(kind: &OpKind) -> Vec<Option<ParamRole>> {
+    match kind {
+        OpKind::Conv2d => vec![None, Some(ParamRole::Conv2dWeight), Some(ParamRole::Bias)],
+        OpKind::Linear => vec![None, Some(ParamRole::LinearWeight), Some(ParamRole::Bias)],
+        OpKind::RmsNorm { .. } => vec![None, Some(ParamRole::NormWeight)],
+        OpKind::Embedding => vec![None, Some(ParamRole::EmbeddingWeight)],
+        OpKind::Gather { .. } => vec![Some(ParamRole::RopeTable), None],
+        _ => vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mllm_dsl::ir::{CallGraph, Node};
+    use mllm_dsl::passes::SyntheticParams;
+    use mllm_dsl::{trace, DType, TraceInput};
+
+    struct NoWeights;
+
+    impl WeightStore for NoWeights {
+        fn load(&self, req: &ParamRequest<'_>) -> mllm_dsl::Result<Tensor> {
+            Err(mllm_dsl::Error::msg(format!("no weight {}", req.key)))
+        }
+        fn contains(&self, _key: &str) -> bool {
+            false
+        }
+        fn backend(&self) -> BackendRef {
+            CpuBackend::float()
+        }
+    }
+
+    fn input() -> Tensor {
+        let data: Vec<f32> = (0..6).map(|i| i as f32 * 0.37 - 1.0).collect();
+        Tensor::from_f32(data, vec![2, 3], CpuBackend::float()).unwrap()
+    }
+
+    /// `softmax(x * x + 1)` with a QDQ point on the product.
+    fn compute(x: &Tensor) -> mllm_dsl::Result<Tensor> {
+        let sq = mllm_dsl::qdq!(x.mul(x)?, "square_qdq")?;
+        sq.add_scalar(1.0)?.softmax(-1)
+    }
+
+    fn program() -> Program {
+        trace(&[TraceInput::new("x", [2, 3], DType::F32)], |t| compute(&t[0])).unwrap()
+    }
+
+    #[test]
+    fn float_runs_match_eager_bit_for_bit() {
+        let p = program();
+        let eager = compute(&input()).unwrap();
+        let out = Interpreter::new(&p, &NoWeights, Mode::Float).run(&[input()]).unwrap();
+        let (a, b) = (out[0].as_f32().unwrap(), eager.as_f32().unwrap());
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+
+    #[test]
+    fn fake_quant_applies_the_qdq_points_parameters() {
+        let p = program();
+        let params = SyntheticParams::for_program(&p, 16);
+        let q = qdq_params(p.values.iter().find_map(|d| d.qdq()).unwrap(), &params).unwrap();
+        let fq = FakeQuantizer::new(&q);
+        let x = input();
+        let sq: Vec<f32> = x.as_f32().unwrap().iter().map(|v| fq.fake(v * v)).collect();
+        let want = Tensor::from_f32(sq, vec![2, 3], CpuBackend::float())
+            .unwrap()
+            .add_scalar(1.0)
+            .unwrap()
+            .softmax(-1)
+            .unwrap();
+        let out = Interpreter::new(&p, &NoWeights, Mode::FakeQuant(&params)).run(&[x]).unwrap();
+        assert_eq!(out[0].as_f32().unwrap(), want.as_f32().unwrap());
+        let float = Interpreter::new(&p, &NoWeights, Mode::Float).run(&[input()]).unwrap();
+        assert_ne!(out[0].as_f32().unwrap(), float[0].as_f32().unwrap());
+    }
+
+    #[test]
+    fn bad_inputs_and_programs_are_errors() {
+        let p = program();
+        let run =
+            |inputs: &[Tensor]| Interpreter::new(&p, &NoWeights, Mode::Float).run(inputs).unwrap_err().to_string();
+        assert!(run(&[]).contains("@main takes 1 inputs, got 0"));
+        let wrong = Tensor::from_f32(vec![0.0; 6], vec![3, 2], CpuBackend::float()).unwrap();
+        assert!(run(&[wrong]).contains("input 0: expected shape [2, 3], got [3, 2]"));
+        let ids = Tensor::from_i64(vec![0; 6], vec![2, 3], DType::I32, CpuBackend::float()).unwrap();
+        assert!(run(&[ids]).contains("input 0: expected eager Float32 data"));
+        let mut broken = p.clone();
+        broken.main.body.insert(0, Node::Call(CallGraph { symbol: "nowhere".into(), inputs: vec![], outputs: vec![] }));
+        let err = Interpreter::new(&broken, &NoWeights, Mode::Float).run(&[input()]).unwrap_err().to_string();
+        assert!(err.contains("`@main` calls @nowhere, which is not defined"), "{err}");
+        let params = SyntheticParams::default();
+        let err = Interpreter::new(&p, &NoWeights, Mode::FakeQuant(&params)).run(&[input()]).unwrap_err().to_string();
+        assert!(err.contains("square_qdq.fake_quant.scale"), "{err}");
+    }
+}

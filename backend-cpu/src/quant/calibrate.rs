@@ -1,0 +1,397 @@
+//! Calibration: run a float checkpoint's model file on calibration sequences and observe every
+//! QDQ point with mllm's observer semantics ([`ObserverHook`]), while the model sees the weights
+//! calibration is meant to see ([`CalibrationWeights`]).
+//!
+//! Observers follow pymllm (`core/qdq.py`, `core/observer.py`): activations, constants and RoPE
+//! tables get per-tensor affine u16 MinMax observers with eps 1e-4/65535; the KV cache a symmetric
+//! u8 observer (zero point 128, eps 1e-4/255); fixed points (the sigmoid output, 1/65536) and
+//! global points (mask, `constant_zero`) are not observed; the QDQ points feeding one
+//! concatenation share one range ([`ConcatObserver`]). Activations pass through unchanged: as in
+//! pymllm, fake-quant is off while observing.
+//!
+//! Two modes:
+//! - [`CalibrationMode::MllmCompatible`] reproduces pymllm's parameters, quirks included:
+//!   1. the linears' weights are already int4 while activations are observed (pymllm's
+//!      `PerBlockParamFakeQuantize` has no off switch), with the fp32 block scales `q * s`, not
+//!      the exported two-level scales;
+//!   2. norms, embedding and RoPE tables stay float (their fake-quant is disabled);
+//!   3. QDQ points of the top module (`lm_head_input_qdq`, `lm_head_output_qdq`) observe only the
+//!      last position (`generate` passes `logits_to_keep=1`);
+//!   4. rotate_half's concatenation links its inputs the way pymllm's `ConcatObserver` aliases
+//!      tensors ([`ConcatSharing::Pymllm`]).
+//! - [`CalibrationMode::Deployed`] observes the model the NPU runs: linears with the deployed LPBQ
+//!   weights `q * scale1 * scale2`, norms and embedding decoded from uint16, every position of
+//!   every point, concatenation inputs sharing the union of their whole tensors.
+//!
+//! Each calibration sequence is one prefill with no past and a causal mask over the sequence
+//! only ([`prefill_logits`](super::prefill::prefill_logits)), like pymllm's `generate(...,
+//! max_new_tokens=1)`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use mllm_dsl::config::aot::AotConfig;
+use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
+use mllm_dsl::quant::lpbq::{lpbq_block_quantize, LpbqShape};
+use mllm_dsl::quant::observer::{min_max_of, ConcatObserver, ConcatSharing, MinMaxObserver, ObserverScheme};
+use mllm_dsl::quant::points::{ConcatGroup, SliceOf};
+use mllm_dsl::quant::spec::EPS_8BIT;
+use mllm_dsl::quant::{quantize_u16_weight, QuantParams};
+use mllm_dsl::{BackendRef, QdqAttr, QdqKind, Result as DslResult, Tensor};
+
+use super::error::QuantizationError;
+use super::params::QdqParams;
+use crate::executor::QdqHook;
+use crate::store::CheckpointStore;
+
+/// Which model calibration observes (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CalibrationMode {
+    Deployed,
+    MllmCompatible,
+}
+
+impl CalibrationMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            CalibrationMode::Deployed => "deployed",
+            CalibrationMode::MllmCompatible => "mllm-compatible",
+        }
+    }
+}
+
+/// The observer scheme of a point, or `None` for points with given parameters.
+fn scheme_of(kind: &QdqKind) -> Option<ObserverScheme> {
+    match kind {
+        QdqKind::Activation | QdqKind::Constant | QdqKind::Rope => Some(ObserverScheme::activation_u16()),
+        QdqKind::KvCache => Some(ObserverScheme::KvSymmetricU8 { eps: EPS_8BIT }),
+        QdqKind::Fixed { .. } | QdqKind::Global { .. } => None,
+    }
+}
+
+/// Where a point's observations go.
+enum Slot {
+    Own(MinMaxObserver),
+    /// Index into the concatenation observers, and this point's index inside that group.
+    Concat {
+        group: usize,
+        point: usize,
+    },
+}
+
+struct State {
+    slots: HashMap<String, Slot>,
+    concats: Vec<ConcatObserver>,
+    /// The slice of each concatenation member that enters the concatenation, by (group, point).
+    concat_slices: HashMap<(usize, usize), Option<SliceOf>>,
+    /// The last tensor seen at each RoPE point (the table the checkpoint stores, quantized).
+    rope_tables: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    /// Calls per point, for the report.
+    hits: HashMap<String, usize>,
+}
+
+/// The calibration [`QdqHook`]: observes, never changes a tensor.
+pub struct ObserverHook {
+    mode: CalibrationMode,
+    points: Vec<QdqAttr>,
+    state: Mutex<State>,
+}
+
+impl ObserverHook {
+    /// Observers for `points`; members of `concat_groups` share one range per group.
+    pub fn new(points: &[QdqAttr], concat_groups: &[ConcatGroup], mode: CalibrationMode) -> Self {
+        let sharing = match mode {
+            CalibrationMode::MllmCompatible => ConcatSharing::Pymllm,
+            CalibrationMode::Deployed => ConcatSharing::Union,
+        };
+        let mut slots = HashMap::new();
+        let mut concats = Vec::new();
+        let mut concat_slices = HashMap::new();
+        for group in concat_groups {
+            let keys = group.keys();
+            // Points with given parameters cannot follow a shared range; such a group is left to
+            // the compiler's consistency check, as in mllm.
+            let Some(scheme) = scheme_of(&group.members[0].point.kind) else { continue };
+            if keys.iter().any(|k| slots.contains_key(*k))
+                || group.members.iter().any(|m| scheme_of(&m.point.kind) != Some(scheme))
+            {
+                continue;
+            }
+            let g = concats.len();
+            concats.push(ConcatObserver::new(keys.len(), sharing, scheme));
+            for (i, key) in keys.iter().enumerate() {
+                slots.insert(key.to_string(), Slot::Concat { group: g, point: i });
+                let slice = group.members.iter().find(|m| m.point.key == *key).and_then(|m| m.slice);
+                concat_slices.insert((g, i), slice);
+            }
+        }
+        for p in points {
+            if let (false, Some(scheme)) = (slots.contains_key(&p.key), scheme_of(&p.kind)) {
+                slots.insert(p.key.clone(), Slot::Own(MinMaxObserver::new(scheme)));
+            }
+        }
+        let state = State { slots, concats, concat_slices, rope_tables: BTreeMap::new(), hits: HashMap::new() };
+        ObserverHook { mode, points: points.to_vec(), state: Mutex::new(state) }
+    }
+
+    pub fn mode(&self) -> CalibrationMode {
+        self.mode
+    }
+
+    /// Whether this point observes only the last position: the top module's points in
+    /// mllm-compatible mode (`logits_to_keep=1`).
+    fn last_position_only(&self, point: &QdqAttr) -> bool {
+        self.mode == CalibrationMode::MllmCompatible && !point.key.contains('.')
+    }
+
+    /// The parameters of every point, from what was observed. Fails on a point that was never
+    /// reached or saw a non-finite value.
+    pub fn finish(&self) -> Result<Calibration, QuantizationError> {
+        let state = self.state.lock().map_err(|_| QuantizationError::Report("observer state poisoned".into()))?;
+        let mut params = QdqParams::new();
+        let mut ranges = BTreeMap::new();
+        for point in &self.points {
+            let (p, range): (QuantParams, Option<(f32, f32)>) = match (&point.kind, state.slots.get(&point.key)) {
+                (QdqKind::Fixed { .. } | QdqKind::Global { .. }, _) => {
+                    let (scale, zp) = point.fixed_params().expect("fixed points carry parameters");
+                    let p = QuantParams::u16_affine(scale, zp).map_err(|e| QuantizationError::quant(&point.key, e))?;
+                    (p, None)
+                }
+                (_, Some(Slot::Own(o))) => (observed(point, o.qparams())?, o.range()),
+                (_, Some(Slot::Concat { group, point: i })) => {
+                    let c = &state.concats[*group];
+                    (observed(point, c.qparams(*i))?, c.range(*i))
+                }
+                (_, None) => return Err(QuantizationError::Unobserved { key: point.key.clone() }),
+            };
+            if let Some(r) = range {
+                ranges.insert(point.key.clone(), r);
+            }
+            params.insert(point.clone(), p);
+        }
+        Ok(Calibration {
+            params,
+            rope_tables: state.rope_tables.clone(),
+            ranges,
+            hits: state.hits.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            mode: self.mode,
+        })
+    }
+}
+
+fn observed(
+    point: &QdqAttr,
+    p: Result<QuantParams, mllm_dsl::quant::QuantError>,
+) -> Result<QuantParams, QuantizationError> {
+    p.map_err(|e| match e {
+        mllm_dsl::quant::QuantError::Unobserved => QuantizationError::Unobserved { key: point.key.clone() },
+        e => QuantizationError::quant(&point.key, e),
+    })
+}
+
+/// Range of the last position of every row block: the last `shape[r-2]` row of each outer index.
+fn last_position_range(x: &[f32], shape: &[usize]) -> Option<(f32, f32)> {
+    let r = shape.len();
+    if r < 2 {
+        return min_max_of(x);
+    }
+    let (rows, width) = (shape[r - 2], shape[r - 1]);
+    if rows == 0 || width == 0 {
+        return None;
+    }
+    let block = rows * width;
+    x.chunks_exact(block).filter_map(|b| min_max_of(&b[block - width..])).reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
+}
+
+/// Range of `x[.., start..end, ..]` along `slice.dim`.
+fn slice_range(x: &[f32], shape: &[usize], slice: SliceOf) -> Result<Option<(f32, f32)>, String> {
+    if slice.dim >= shape.len() || slice.end > shape[slice.dim] || slice.start > slice.end {
+        return Err(format!("concatenation slice {slice:?} does not fit a tensor of shape {shape:?}"));
+    }
+    let inner: usize = shape[slice.dim + 1..].iter().product();
+    let mid = shape[slice.dim];
+    let (a, b) = (slice.start * inner, slice.end * inner);
+    Ok(x.chunks_exact((mid * inner).max(1))
+        .filter_map(|blk| min_max_of(&blk[a..b]))
+        .reduce(|p, q| (p.0.min(q.0), p.1.max(q.1))))
+}
+
+impl QdqHook for ObserverHook {
+    fn apply(&self, point: &QdqAttr, x: &[f32], shape: &[usize]) -> Result<Option<Vec<f32>>, String> {
+        if scheme_of(&point.kind).is_none() {
+            return Ok(None);
+        }
+        let mut state = self.state.lock().map_err(|_| "observer state poisoned".to_string())?;
+        *state.hits.entry(point.key.clone()).or_default() += 1;
+        let whole = if self.last_position_only(point) { last_position_range(x, shape) } else { min_max_of(x) };
+        let Some(whole) = whole else { return Ok(None) };
+        if point.kind == QdqKind::Rope {
+            state.rope_tables.insert(point.key.clone(), (shape.to_vec(), x.to_vec()));
+        }
+        let state = &mut *state;
+        match state.slots.get_mut(&point.key) {
+            Some(Slot::Own(o)) => o.observe_range(whole.0, whole.1),
+            Some(Slot::Concat { group, point: i }) => {
+                let (g, i) = (*group, *i);
+                let into_concat = match state.concat_slices.get(&(g, i)).copied().flatten() {
+                    Some(slice) => slice_range(x, shape, slice)?.unwrap_or(whole),
+                    None => whole,
+                };
+                state.concats[g].observe(i, whole, into_concat);
+            }
+            None => {
+                return Err(format!(
+                    "QDQ point `{}` was not among the points traced from the model file; cannot observe it",
+                    point.key
+                ))
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// What calibration produced.
+#[derive(Clone, Debug)]
+pub struct Calibration {
+    /// Parameters of every QDQ point (observed, fixed or global).
+    pub params: QdqParams,
+    /// The tensors seen at RoPE points (`[1, L, D]` sin / cos tables), by QDQ key.
+    pub rope_tables: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    /// Final observed range of every observed point.
+    pub ranges: BTreeMap<String, (f32, f32)>,
+    /// How often each observed point was reached.
+    pub hits: BTreeMap<String, usize>,
+    pub mode: CalibrationMode,
+}
+
+/// The [`WeightStore`] a model binds to while it is calibrated: a float checkpoint's weights as
+/// the calibration mode wants them (module docs). Linear weights are LPBQ-quantized with the block
+/// size the AOT config gives their op.
+pub struct CalibrationWeights<'a> {
+    store: &'a CheckpointStore,
+    aot: &'a AotConfig,
+    mode: CalibrationMode,
+}
+
+impl<'a> CalibrationWeights<'a> {
+    /// `aot` must already have been checked against the model's linears
+    /// ([`AotConfig::check_block_size`]).
+    pub fn new(store: &'a CheckpointStore, aot: &'a AotConfig, mode: CalibrationMode) -> Self {
+        CalibrationWeights { store, aot, mode }
+    }
+
+    /// `[Out][In]` row-major weight → what calibration sees, `[Out][In]`.
+    fn linear(&self, req: &ParamRequest<'_>, w: &[f32], n_out: usize, n_in: usize) -> DslResult<Vec<f32>> {
+        let weight_err = |message: String| mllm_dsl::Error::Weight {
+            key: req.key.to_string(),
+            module_path: req.module_path.to_string(),
+            message,
+        };
+        let (bs, field) = self.aot.linear_block_size(req.module_path).map_err(|e| weight_err(e.to_string()))?;
+        let shape =
+            LpbqShape::new(n_out, n_in, bs).map_err(|e| weight_err(format!("LPBQ block size from `{field}`: {e}")))?;
+        let blocks = lpbq_block_quantize(w, shape).map_err(|e| weight_err(e.to_string()))?;
+        match self.mode {
+            CalibrationMode::MllmCompatible => Ok(blocks.fake_quant_weights()),
+            CalibrationMode::Deployed => blocks.to_export().decode().map_err(|e| weight_err(e.to_string())),
+        }
+    }
+}
+
+impl WeightStore for CalibrationWeights<'_> {
+    fn load(&self, req: &ParamRequest<'_>) -> DslResult<Tensor> {
+        let t = self.store.load(req)?;
+        let data = crate::executor::real_values(&t)
+            .ok_or_else(|| mllm_dsl::Error::msg(format!("`{}` has no real-valued data", req.key)))?;
+        let data = &*data;
+        let out = match req.role {
+            ParamRole::Conv2dWeight => {
+                // HWIO [1, 1, In, Out] <-> [Out][In].
+                let (n_in, n_out) = (req.shape[2], req.shape[3]);
+                let w = transpose(data, n_in, n_out);
+                transpose(&self.linear(req, &w, n_out, n_in)?, n_out, n_in)
+            }
+            ParamRole::LinearWeight => self.linear(req, data, req.shape[0], req.shape[1])?,
+            ParamRole::NormWeight | ParamRole::EmbeddingWeight if self.mode == CalibrationMode::Deployed => {
+                quantize_u16_weight(data)
+                    .map_err(|e| mllm_dsl::Error::Weight {
+                        key: req.key.to_string(),
+                        module_path: req.module_path.to_string(),
+                        message: format!("uint16 quantization: {e}"),
+                    })?
+                    .decode()
+            }
+            _ => return Ok(t),
+        };
+        Tensor::from_f32(out, req.shape.to_vec(), self.store.backend())
+    }
+
+    fn contains(&self, key: &str) -> bool {
+        self.store.contains(key)
+    }
+
+    fn backend(&self) -> BackendRef {
+        self.store.backend()
+    }
+}
+
+/// `rows x cols` row-major → `cols x rows`.
+pub(crate) fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; x.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = x[r * cols + c];
+        }
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_position_and_slices_pick_the_right_elements() {
+        // [1, 2, 3, 2]: two outer blocks of 3 rows x 2.
+        let x: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        assert_eq!(last_position_range(&x, &[1, 2, 3, 2]), Some((4.0, 11.0)));
+        assert_eq!(last_position_range(&x, &[2, 3, 2]), Some((4.0, 11.0)));
+        let x = [5.0, 1.0, 9.0, -2.0];
+        assert_eq!(last_position_range(&x, &[1, 1, 2, 2]), Some((-2.0, 9.0)));
+        // First half of the last dim of [2, 4]: elements 0,1 and 4,5.
+        let x = [1.0, -3.0, 7.0, 8.0, 0.5, 2.0, -9.0, 9.0];
+        assert_eq!(slice_range(&x, &[2, 4], SliceOf { dim: 1, start: 0, end: 2 }).unwrap(), Some((-3.0, 2.0)));
+        assert_eq!(slice_range(&x, &[2, 4], SliceOf { dim: 0, start: 1, end: 2 }).unwrap(), Some((-9.0, 9.0)));
+        assert!(slice_range(&x, &[2, 4], SliceOf { dim: 1, start: 0, end: 5 }).is_err());
+    }
+
+    #[test]
+    fn observes_without_changing_and_reports_unreached_points() {
+        let act = QdqAttr { kind: QdqKind::Activation, key: "m.a".into() };
+        let kv = QdqAttr { kind: QdqKind::KvCache, key: "m.k".into() };
+        let sig = QdqAttr { kind: QdqKind::Fixed { scale: 1.0 / 65536.0, zero_point: 0 }, key: "m.s".into() };
+        let hook = ObserverHook::new(&[act.clone(), kv.clone(), sig.clone()], &[], CalibrationMode::Deployed);
+        assert_eq!(hook.apply(&act, &[-1.0, 3.0], &[2]).unwrap(), None);
+        assert_eq!(hook.apply(&sig, &[0.5], &[1]).unwrap(), None);
+        assert!(matches!(hook.finish(), Err(QuantizationError::Unobserved { key }) if key == "m.k"));
+        hook.apply(&kv, &[-2.0, 1.0], &[2]).unwrap();
+        let cal = hook.finish().unwrap();
+        assert_eq!(cal.params.get("m.a").unwrap().scale, 4.0f32 / 65535.0);
+        assert_eq!(cal.params.get("m.k").unwrap().scale, 2.0f32 / 127.5);
+        assert_eq!(cal.params.get("m.k").unwrap().zero_point, 128);
+        assert_eq!(cal.params.get("m.s").unwrap().scale, 1.0 / 65536.0);
+        assert!(hook.apply(&QdqAttr { kind: QdqKind::Activation, key: "other".into() }, &[1.0], &[1]).is_err());
+    }
+
+    #[test]
+    fn top_module_points_observe_the_last_position_in_mllm_mode() {
+        let head = QdqAttr { kind: QdqKind::Activation, key: "lm_head_input_qdq".into() };
+        let x = [100.0, -100.0, 1.0, 2.0];
+        for (mode, expect) in [(CalibrationMode::MllmCompatible, 2.0f32), (CalibrationMode::Deployed, 200.0)] {
+            let hook = ObserverHook::new(std::slice::from_ref(&head), &[], mode);
+            hook.apply(&head, &x, &[1, 1, 2, 2]).unwrap();
+            let p = *hook.finish().unwrap().params.get("lm_head_input_qdq").unwrap();
+            assert_eq!(p.scale, expect / 65535.0, "{mode:?}");
+        }
+    }
+}

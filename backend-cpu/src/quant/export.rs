@@ -1,0 +1,370 @@
+//! Writing a quantized checkpoint in pymllm's key scheme and dtypes, so it loads unchanged in this
+//! project ([`CheckpointStore`](crate::CheckpointStore) + [`FakeQuantHook`](super::FakeQuantHook))
+//! and in mllm (`mllm-convertor` → `compile`).
+//!
+//! What is written comes from the model file's parameters, as a trace with
+//! [`ParamFormat::QnnW4A16`](mllm_dsl::ParamFormat) types them ([`plan_export`]):
+//!
+//! | parameter | tensors | how |
+//! |---|---|---|
+//! | LPBQ linear (`I4Lpbq`) | `<op>.weight` i8 `[1,1,In,Out]` nibbles, `<op>.scale1` u8 `[Out*In/bs]`, `<op>.scale2` f32 `[Out]` | [`quantize_lpbq`] |
+//! | norm / embedding (`U16Asym`) | `<op>.weight` u16, `<op>.scale` f32 `[1]`, `<op>.zero_point` i32 `[1]` | [`quantize_u16_weight`] |
+//! | RoPE table (`U16Asym` with a RoPE QDQ) | `model.mllm_max_{sin,cos}_embedding` u16 `[1,L,D]` | [`export_u16`] with the table's QDQ parameters |
+//! | anything else (biases) | f32 as stored | copied |
+//! | every QDQ point but globals | `<key>.fake_quant.scale` f32 `[1]`, `.zero_point` i32 `[1]` | calibration |
+//!
+//! A tied `lm_head.weight` is quantized from `model.embed_tokens.weight`, as pymllm copies it.
+//! pymllm's observer bookkeeping (`activation_post_process.*`, `*_enabled`) is not written:
+//! nothing reads it. `config.json` is the source's with `linear_block_size` set.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use mllm_dsl::config::aot::AotConfig;
+use mllm_dsl::ir::{Node, Program};
+use mllm_dsl::quant::lpbq::{quantize_lpbq, LpbqShape};
+use mllm_dsl::quant::uint16::export_u16;
+use mllm_dsl::quant::{quantize_u16_weight, QuantParams};
+use mllm_dsl::{DType, QdqKind};
+
+use super::error::QuantizationError;
+use super::params::QdqParams;
+use crate::checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype, TensorBytes};
+
+/// One model parameter and how it is exported.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ParamPlan {
+    /// A linear weight; `hwio` when the model file takes it as a 1x1 conv's `[1, 1, In, Out]`.
+    Lpbq {
+        key: String,
+        op: String,
+        out_features: usize,
+        in_features: usize,
+        block_size: usize,
+        hwio: bool,
+    },
+    /// A norm or embedding weight of this shape.
+    Uint16 {
+        key: String,
+        op: String,
+        shape: Vec<usize>,
+    },
+    /// A RoPE table, quantized with the parameters of QDQ point `point`.
+    Rope {
+        key: String,
+        point: String,
+        shape: Vec<usize>,
+    },
+    Float {
+        key: String,
+        shape: Vec<usize>,
+    },
+}
+
+impl ParamPlan {
+    pub fn key(&self) -> &str {
+        match self {
+            ParamPlan::Lpbq { key, .. }
+            | ParamPlan::Uint16 { key, .. }
+            | ParamPlan::Rope { key, .. }
+            | ParamPlan::Float { key, .. } => key,
+        }
+    }
+}
+
+/// Every parameter of a model file with its export, plus the one LPBQ block size pymllm's
+/// `config.json` records.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExportPlan {
+    pub params: Vec<ParamPlan>,
+    pub block_size: usize,
+}
+
+/// Reads the parameters off a trace made with `ParamFormat::QnnW4A16`, and checks the LPBQ block
+/// sizes: the AOT config's block size of each linear must agree with the HF config's
+/// `linear_block_size` (when it has one) and divide the linear's input width, and all linears
+/// must share one block size (pymllm's `config.json` holds a single `linear_block_size`).
+pub fn plan_export(
+    program: &Program,
+    aot: &AotConfig,
+    hf_linear_block_size: Option<usize>,
+) -> Result<ExportPlan, QuantizationError> {
+    let init = program
+        .subgraph("init")
+        .ok_or_else(|| QuantizationError::Report("the traced program has no @init subgraph".into()))?;
+    let mut params = Vec::new();
+    let mut widths = Vec::new();
+    for node in &init.region.body {
+        let Node::Register { value, .. } = node else { continue };
+        let def = program.value(*value);
+        let Some(key) = def.symbol.clone() else { continue };
+        let shape = def.ty.shape.clone();
+        let op = key.strip_suffix(".weight").unwrap_or(&key).to_string();
+        let plan = match def.ty.dtype {
+            DType::I4Lpbq => {
+                let (out_features, in_features, hwio) = match shape.as_slice() {
+                    [1, 1, i, o] => (*o, *i, true),
+                    [o, i] => (*o, *i, false),
+                    _ => {
+                        return Err(QuantizationError::Param {
+                            key,
+                            problem: format!("an LPBQ weight must be [1, 1, In, Out] or [Out, In], found {shape:?}"),
+                        })
+                    }
+                };
+                widths.push((op.clone(), in_features));
+                let (block_size, _) = aot.linear_block_size(&op)?;
+                ParamPlan::Lpbq { key, op, out_features, in_features, block_size, hwio }
+            }
+            DType::U16Asym => match def.qdq() {
+                Some(q) if q.kind == QdqKind::Rope => ParamPlan::Rope { key, point: q.key.clone(), shape },
+                _ => ParamPlan::Uint16 { key, op, shape },
+            },
+            _ => ParamPlan::Float { key, shape },
+        };
+        params.push(plan);
+    }
+    aot.check_block_size(hf_linear_block_size, &widths)?;
+    let mut sizes: BTreeMap<usize, String> = BTreeMap::new();
+    for p in &params {
+        if let ParamPlan::Lpbq { op, block_size, .. } = p {
+            sizes.entry(*block_size).or_insert_with(|| op.clone());
+        }
+    }
+    let block_size = match sizes.len() {
+        0 => hf_linear_block_size.unwrap_or(aot.linear_block_size("lm_head")?.0),
+        1 => *sizes.keys().next().expect("one entry"),
+        _ => {
+            let list: Vec<String> = sizes.iter().map(|(bs, op)| format!("{bs} (e.g. `{op}`)")).collect();
+            return Err(QuantizationError::BlockSize(format!(
+                "the AOT config gives the linears different block sizes ({}), but pymllm's config.json holds a \
+                 single `linear_block_size`",
+                list.join(", ")
+            )));
+        }
+    };
+    Ok(ExportPlan { params, block_size })
+}
+
+/// Owned data of one output tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TensorData {
+    I8(Vec<i8>),
+    U8(Vec<u8>),
+    U16(Vec<u16>),
+    I32(Vec<i32>),
+    F32(Vec<f32>),
+}
+
+impl TensorData {
+    pub fn dtype(&self) -> StDtype {
+        match self {
+            TensorData::I8(_) => StDtype::I8,
+            TensorData::U8(_) => StDtype::U8,
+            TensorData::U16(_) => StDtype::U16,
+            TensorData::I32(_) => StDtype::I32,
+            TensorData::F32(_) => StDtype::F32,
+        }
+    }
+
+    /// Little-endian bytes (every supported host is little-endian; see the compile check below).
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            TensorData::I8(v) => bytemuck::cast_slice(v),
+            TensorData::U8(v) => v,
+            TensorData::U16(v) => bytemuck::cast_slice(v),
+            TensorData::I32(v) => bytemuck::cast_slice(v),
+            TensorData::F32(v) => bytemuck::cast_slice(v),
+        }
+    }
+}
+
+#[cfg(target_endian = "big")]
+compile_error!("the checkpoint writer reinterprets host memory as little-endian safetensors data");
+
+/// One output tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: TensorData,
+}
+
+impl OutTensor {
+    fn new(name: impl Into<String>, shape: Vec<usize>, data: TensorData) -> Self {
+        OutTensor { name: name.into(), shape, data }
+    }
+}
+
+/// The quantized weights of a model, ready to be written.
+#[derive(Clone, Debug, Default)]
+pub struct QuantizedWeights {
+    pub tensors: Vec<OutTensor>,
+    /// Bytes of the source tensors read (each once).
+    pub input_bytes: u64,
+}
+
+/// Where a parameter's float data comes from: itself, or the embedding for a tied lm_head.
+fn source_key<'a>(ckpt: &SafetensorsCheckpoint, key: &'a str, tie_word_embeddings: bool) -> &'a str {
+    if key == "lm_head.weight" && tie_word_embeddings && !ckpt.contains(key) {
+        "model.embed_tokens.weight"
+    } else {
+        key
+    }
+}
+
+/// Quantizes every LPBQ, uint16 and float parameter of `plan` from the float checkpoint `source`
+/// (RoPE tables come from calibration; see [`write_quantized_checkpoint`]). Parameters sharing a
+/// source tensor (a tied lm_head) read it once. `progress(done, total, key)` is called after each
+/// source tensor.
+pub fn quantize_weights(
+    plan: &ExportPlan,
+    source: &SafetensorsCheckpoint,
+    tie_word_embeddings: bool,
+    progress: &mut dyn FnMut(usize, usize, &str),
+) -> Result<QuantizedWeights, QuantizationError> {
+    // Group by source tensor, keeping plan order of first use.
+    let mut groups: Vec<(&str, Vec<&ParamPlan>)> = Vec::new();
+    for p in plan.params.iter().filter(|p| !matches!(p, ParamPlan::Rope { .. })) {
+        let src = source_key(source, p.key(), tie_word_embeddings);
+        match groups.iter_mut().find(|(s, _)| *s == src) {
+            Some((_, ps)) => ps.push(p),
+            None => groups.push((src, vec![p])),
+        }
+    }
+    let mut out = QuantizedWeights::default();
+    let total = groups.len();
+    for (done, (src, params)) in groups.into_iter().enumerate() {
+        let (dtype, shape) = source.info(src)?;
+        let shape = shape.to_vec();
+        out.input_bytes += (shape.iter().product::<usize>() * dtype.bitsize() / 8) as u64;
+        let data = source.read_f32(src)?;
+        for p in params {
+            quantize_param(p, src, &shape, &data, &mut out.tensors)?;
+        }
+        progress(done + 1, total, src);
+    }
+    Ok(out)
+}
+
+fn quantize_param(
+    p: &ParamPlan,
+    src: &str,
+    src_shape: &[usize],
+    data: &[f32],
+    out: &mut Vec<OutTensor>,
+) -> Result<(), QuantizationError> {
+    let shape_err = |expected: String| QuantizationError::Param {
+        key: p.key().to_string(),
+        problem: format!("source tensor `{src}` has shape {src_shape:?}; expected {expected}"),
+    };
+    match p {
+        ParamPlan::Lpbq { key, op, out_features, in_features, block_size, .. } => {
+            if src_shape != [*out_features, *in_features] {
+                return Err(shape_err(format!("[{out_features}, {in_features}] (HF [out, in])")));
+            }
+            let shape = LpbqShape::new(*out_features, *in_features, *block_size)
+                .map_err(|e| QuantizationError::quant(key.clone(), e))?;
+            let ex = quantize_lpbq(data, shape).map_err(|e| QuantizationError::quant(key.clone(), e))?;
+            let n_blocks = ex.scale1.len();
+            out.push(OutTensor::new(
+                key.clone(),
+                vec![1, 1, *in_features, *out_features],
+                TensorData::I8(ex.weight_hwio),
+            ));
+            out.push(OutTensor::new(format!("{op}.scale1"), vec![n_blocks], TensorData::U8(ex.scale1)));
+            out.push(OutTensor::new(format!("{op}.scale2"), vec![*out_features], TensorData::F32(ex.scale2)));
+        }
+        ParamPlan::Uint16 { key, op, shape } => {
+            if shape.iter().product::<usize>() != data.len() {
+                return Err(shape_err(format!("{shape:?}")));
+            }
+            let w = quantize_u16_weight(data).map_err(|e| QuantizationError::quant(key.clone(), e))?;
+            out.push(OutTensor::new(key.clone(), shape.clone(), TensorData::U16(w.codes)));
+            out.push(OutTensor::new(format!("{op}.scale"), vec![1], TensorData::F32(vec![w.params.scale])));
+            out.push(OutTensor::new(format!("{op}.zero_point"), vec![1], TensorData::I32(vec![w.params.zero_point])));
+        }
+        ParamPlan::Float { key, shape } => {
+            if shape.iter().product::<usize>() != data.len() {
+                return Err(shape_err(format!("{shape:?}")));
+            }
+            out.push(OutTensor::new(key.clone(), shape.clone(), TensorData::F32(data.to_vec())));
+        }
+        ParamPlan::Rope { .. } => {}
+    }
+    Ok(())
+}
+
+/// The RoPE tables of `plan`, quantized with their QDQ parameters from `tables` (the float tables
+/// calibration saw, by QDQ key).
+pub fn quantize_rope_tables(
+    plan: &ExportPlan,
+    params: &QdqParams,
+    tables: &BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+) -> Result<Vec<OutTensor>, QuantizationError> {
+    let mut out = Vec::new();
+    for p in &plan.params {
+        let ParamPlan::Rope { key, point, shape } = p else { continue };
+        let (seen_shape, values) = tables.get(point).ok_or_else(|| QuantizationError::Param {
+            key: key.clone(),
+            problem: format!("calibration never saw the table at its QDQ point `{point}`"),
+        })?;
+        if seen_shape != shape {
+            return Err(QuantizationError::Param {
+                key: key.clone(),
+                problem: format!("calibration saw a {seen_shape:?} table at `{point}`, the model declares {shape:?}"),
+            });
+        }
+        let qp: &QuantParams = params.get(point).ok_or_else(|| QuantizationError::Unobserved { key: point.clone() })?;
+        let codes = export_u16(values, qp).map_err(|e| QuantizationError::quant(key.clone(), e))?;
+        out.push(OutTensor::new(key.clone(), shape.clone(), TensorData::U16(codes)));
+    }
+    Ok(out)
+}
+
+/// Writes `<out_dir>/model.safetensors` (weights, RoPE tables and QDQ parameters) and
+/// `<out_dir>/config.json` (the source config with `linear_block_size`), each atomically.
+pub fn write_quantized_checkpoint(
+    out_dir: &Path,
+    source_config: &Path,
+    block_size: usize,
+    tensors: &[OutTensor],
+    params: &QdqParams,
+) -> Result<(), QuantizationError> {
+    std::fs::create_dir_all(out_dir).map_err(|e| QuantizationError::io(out_dir, e))?;
+    let qdq = params.checkpoint_tensors();
+    let mut all: Vec<TensorBytes<'_>> =
+        tensors.iter().map(|t| (t.name.as_str(), t.data.dtype(), t.shape.as_slice(), t.data.bytes())).collect();
+    all.extend(qdq.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.as_slice(), b.as_slice())));
+    let metadata = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    write_safetensors_atomic(out_dir.join("model.safetensors"), &all, &metadata)?;
+
+    let text = std::fs::read_to_string(source_config).map_err(|e| QuantizationError::io(source_config, e))?;
+    let mut config: serde_json::Value = serde_json::from_str(&text).map_err(|e| QuantizationError::Param {
+        key: source_config.display().to_string(),
+        problem: format!("not valid JSON: {e}"),
+    })?;
+    let obj = config.as_object_mut().ok_or_else(|| QuantizationError::Param {
+        key: source_config.display().to_string(),
+        problem: "expected a JSON object".into(),
+    })?;
+    obj.insert("linear_block_size".into(), serde_json::json!(block_size));
+    let mut text = serde_json::to_string_pretty(&config).expect("JSON values serialize");
+    text.push('\n');
+    write_atomic(&out_dir.join("config.json"), text.as_bytes())
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), QuantizationError> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let result = std::fs::write(&tmp, bytes)
+        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(QuantizationError::io(path, e));
+    }
+    Ok(())
+}

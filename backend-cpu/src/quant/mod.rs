@@ -1,0 +1,34 @@
+//! Quantized execution on the CPU: fake-quant runs of quantized checkpoints, calibration of float
+//! checkpoints with mllm's observer semantics, export in pymllm's checkpoint format, and accuracy
+//! reports comparing the two.
+//!
+//! Everything here works on a model file's QDQ points as the trace of the model lists them
+//! ([`mllm_dsl::quant::points`]), so nothing is specific to one architecture:
+//! - [`params`]: scale / zero point of every QDQ point, read from a checkpoint and validated;
+//! - [`fake_quant`]: the [`QdqHook`](crate::QdqHook) that quantizes and dequantizes at each point;
+//! - [`calibrate`]: the observing hook, the weights the model sees while it observes, and the
+//!   prefill driver calibration and evaluation share;
+//! - [`export`]: LPBQ / uint16 weight quantization and the checkpoint writer;
+//! - [`accuracy`]: SQNR, max error and top-1 agreement per decoder layer and at the logits.
+
+pub mod accuracy;
+pub mod calibrate;
+pub mod error;
+pub mod export;
+pub mod fake_quant;
+pub mod params;
+pub mod prefill;
+
+pub use accuracy::{AccuracyReport, Comparison, RecordingHook};
+pub use calibrate::{Calibration, CalibrationMode, CalibrationWeights, ObserverHook};
+pub use error::QuantizationError;
+pub use export::{plan_export, quantize_weights, write_quantized_checkpoint, ExportPlan, ParamPlan, QuantizedWeights};
+pub use fake_quant::FakeQuantHook;
+pub use params::QdqParams;
+pub use prefill::prefill_logits;
+
+/// Whether a checkpoint holds quantized weights (pymllm's export or this project's): it has
+/// activation QDQ parameters or LPBQ scales.
+pub fn is_quantized_checkpoint(ckpt: &crate::checkpoint::SafetensorsCheckpoint) -> bool {
+    ckpt.keys().iter().any(|k| k.ends_with(".fake_quant.scale") || k.ends_with(".scale1"))
+}

@@ -1,0 +1,43 @@
+//! One whole sequence through a model file as a single prefill chunk with no past: how pymllm
+//! calibrates (HF `generate`'s first forward) and how the oracle's reference logits were made.
+
+use mllm_dsl::runtime::{dequantize_mask_value, MASK_ATTEND, MASK_MASKED};
+use mllm_dsl::{BackendRef, CausalLm, DType, Storage, Tensor, TensorType};
+
+use super::error::QuantizationError;
+
+/// Runs `ids` through `model` with positions `0..S`, a causal mask over the sequence only
+/// (`[1, 1, S, S]`, the dequantized u16 mask: 0.0 attends) and empty past K/V. Returns the logits,
+/// `S x vocab` row-major.
+pub fn prefill_logits(model: &dyn CausalLm, backend: &BackendRef, ids: &[i64]) -> Result<Vec<f32>, QuantizationError> {
+    let s = ids.len();
+    if s == 0 {
+        return Err(QuantizationError::CalibrationData("an empty sequence cannot be run".into()));
+    }
+    let shape = model.shape();
+    let (attend, masked) = (dequantize_mask_value(MASK_ATTEND), dequantize_mask_value(MASK_MASKED));
+    let mask: Vec<f32> = (0..s * s).map(|k| if k % s <= k / s { attend } else { masked }).collect();
+    let f32_tensor = |data: Vec<f32>, dims: Vec<usize>, dtype: DType| {
+        Tensor::from_storage(TensorType::new(dims, dtype), Storage::F32(data.into()), backend.clone())
+    };
+    let ids_t = Tensor::from_i64(ids.to_vec(), vec![1, s], DType::I32, backend.clone())?;
+    let pos = Tensor::from_i64((0..s as i64).collect::<Vec<_>>(), vec![s], DType::I32, backend.clone())?;
+    let mask = f32_tensor(mask, vec![1, 1, s, s], DType::F32)?;
+    let (kvh, d) = (shape.num_kv_heads, shape.head_dim);
+    let keys = (0..shape.num_layers)
+        .map(|_| f32_tensor(vec![], vec![1, kvh, d, 0], DType::U8Sym))
+        .collect::<Result<Vec<_>, _>>()?;
+    let values = (0..shape.num_layers)
+        .map(|_| f32_tensor(vec![], vec![1, kvh, 0, d], DType::U8Sym))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (logits, _, _) = model.forward(&ids_t, &pos, &mask, &keys, &values)?;
+    let data = logits.as_f32().ok_or_else(|| QuantizationError::Report("model logits hold no f32 data".into()))?;
+    if data.len() != s * shape.vocab_size {
+        return Err(QuantizationError::Report(format!(
+            "model returned {} logits for {s} positions of vocabulary {}",
+            data.len(),
+            shape.vocab_size
+        )));
+    }
+    Ok(data.to_vec())
+}

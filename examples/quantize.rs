@@ -1,0 +1,124 @@
+//! Quantizes an HF float checkpoint for mllm's QNN AOT flow (W4A16, uint8 KV cache), in Rust:
+//! calibration, LPBQ / uint16 weight quantization and export in pymllm's checkpoint format, then
+//! an accuracy report of fake-quant against float.
+//!
+//! ```text
+//! cargo run --release --example quantize -- --model HF_DIR [--aot-config JSON] \
+//!     (--calib-ids FILE | --calib-text FILE) [--mllm-compatible] --out DIR
+//! ```
+//!
+//! `--calib-ids`: safetensors with `calib_ids`, int64 `[N, L]` (each row one sequence).
+//! `--calib-text`: a text file whose blank-line separated paragraphs are tokenized with the
+//! model's `tokenizer.json` (through Qwen3's chat template with `--chat`, as pymllm does).
+//! `--mllm-compatible` reproduces pymllm's calibration, quirks included; the default observes the
+//! model as deployed. `DIR` receives `model.safetensors`, `config.json` (with
+//! `linear_block_size`), the tokenizer files and `report.json`; `generate --model DIR` then runs
+//! it in fake-quant mode.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use backend_cpu::quant::CalibrationMode;
+use clap::Parser;
+use mllm_dsl::config::hf::HfConfig;
+use mllm_examples::quant_pipeline::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
+
+#[derive(Parser, Debug)]
+#[command(about = "Calibrate and quantize an HF checkpoint into pymllm's W4A16KV8 checkpoint format")]
+struct Args {
+    /// HF float checkpoint directory (config.json + safetensors).
+    #[arg(long)]
+    model: PathBuf,
+    /// mllm QNN AOT config JSON (quant recipe, LPBQ block size); default: the built-in 1.7B one.
+    #[arg(long)]
+    aot_config: Option<PathBuf>,
+    /// Calibration token ids: safetensors with `calib_ids`, int64 [N, L].
+    #[arg(long, conflicts_with = "calib_text", required_unless_present = "calib_text")]
+    calib_ids: Option<PathBuf>,
+    /// Calibration text: paragraphs separated by blank lines, tokenized with tokenizer.json.
+    #[arg(long)]
+    calib_text: Option<PathBuf>,
+    /// With --calib-text: wrap each paragraph in Qwen3's non-thinking chat template.
+    #[arg(long, requires = "calib_text")]
+    chat: bool,
+    /// With --calib-text: tokens kept per paragraph.
+    #[arg(long, default_value_t = 1024)]
+    max_length: usize,
+    /// With --calib-text: paragraphs used.
+    #[arg(long, default_value_t = 128)]
+    num_samples: usize,
+    /// Evaluation ids for the report: safetensors with `eval_ids` (or `input_ids`), int64 [N, L].
+    /// Default: the calibration sequences.
+    #[arg(long)]
+    eval_ids: Option<PathBuf>,
+    /// Reproduce pymllm's observed parameters (its calibration quirks included).
+    #[arg(long)]
+    mllm_compatible: bool,
+    /// Rows of the RoPE tables (mllm_qualcomm_max_length).
+    #[arg(long, default_value_t = 1024)]
+    max_positions: usize,
+    /// Output directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// CPU threads (0: all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    backend_cpu::kernels::set_num_threads(args.threads)?;
+    let hf = HfConfig::from_dir(&args.model)?;
+    let calibration = match (&args.calib_ids, &args.calib_text) {
+        (Some(path), _) => load_id_sequences(path, "calib_ids", hf.vocab_size)?,
+        (None, Some(path)) => {
+            load_text_sequences(path, &args.model.join("tokenizer.json"), args.max_length, args.num_samples, args.chat)?
+        }
+        (None, None) => unreachable!("clap requires one calibration source"),
+    };
+    let evaluation = match &args.eval_ids {
+        Some(path) => {
+            let file = backend_cpu::checkpoint::SafetensorsCheckpoint::open_file(path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            let key = if file.contains("eval_ids") { "eval_ids" } else { "input_ids" };
+            drop(file);
+            Some(load_id_sequences(path, key, hf.vocab_size)?)
+        }
+        None => None,
+    };
+    let mode = if args.mllm_compatible { CalibrationMode::MllmCompatible } else { CalibrationMode::Deployed };
+    let opts = QuantizeOptions {
+        model: args.model.clone(),
+        aot_config: args.aot_config.clone(),
+        calibration,
+        evaluation,
+        mode,
+        out: args.out.clone(),
+        max_positions: args.max_positions,
+        progress: !args.quiet,
+    };
+    let outcome = quantize(&opts)?;
+    for w in &outcome.warnings {
+        eprintln!("warning: {w}");
+    }
+    println!(
+        "calibrated {} QDQ points ({} mode) on {} sequences in {:.1} s",
+        outcome.calibration.params.len(),
+        mode.name(),
+        opts.calibration.len(),
+        outcome.calibration_seconds
+    );
+    println!(
+        "quantized {:.1} MB of weights (LPBQ block {}) and wrote {} in {:.1} s",
+        outcome.weight_input_bytes as f64 / 1e6,
+        outcome.block_size,
+        args.out.display(),
+        outcome.weight_seconds
+    );
+    print!("{}", outcome.report.table());
+    println!("report: {}", args.out.join("report.json").display());
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! Building blocks the decoder model files share, in mllm's QNN-AOT form: the SwiGLU MLP and the
+//! steps of mllm's static-shape attention (split heads, RoPE, KV cache cast, masked attention).
+//!
+//! mllm's Qwen3, Qwen2 and Llama files differ only in how q/k/v come out of the projections; from
+//! there on their attention is the same code with the same QDQ names. The attention steps here are
+//! plain functions called from inside an attention module's `forward`, so their `qdq!` names
+//! resolve against that module (`model.layers.3.self_attn.qk_matmul_output_qdq`), as mllm's inline
+//! code does. The data flow is the NPU's static one:
+//! - linears are 1×1 convs on NHWC `[1, 1, S, in]`, hence the `view`s around each projection;
+//! - the KV cache is an input: past K `[1, Hkv, D, ctx-S]`, past V `[1, Hkv, ctx-S, D]`; a layer
+//!   returns only the new K `[1, Hkv, D, S]` and V `[1, Hkv, S, D]`;
+//! - the mask `[1, 1, S, ctx]` is 0.0 where a position may attend (mllm's uint16 65535 dequantized),
+//!   and the softmax is masked with `where(mask == 0, scores, rowmin(scores) - 20)`;
+//! - RoPE is written out: `x*cos + rotate_half(x)*sin` with rows `[1, S, D]` gathered by position.
+
+use crate::config::TransformerConfig;
+use mllm_dsl::prelude::*;
+
+/// mllm's compile-time parameters of the mask and of the `0.0` it is compared with
+/// (`addCausalMaskParams`): uint16 with zero point 65535, so 65535 (attend) dequantizes to 0.0.
+pub const MASK_SCALE: f32 = 0.001 / 65535.0;
+pub const MASK_ZERO_POINT: i32 = 65535;
+
+/// The SwiGLU MLP `down(silu(gate(x)) * up(x))`, identical in mllm's Qwen3, Qwen2 and Llama.
+#[module]
+pub struct Mlp {
+    gate_proj: Conv2d,
+    up_proj: Conv2d,
+    down_proj: Conv2d,
+    hidden: usize,
+    inter: usize,
+}
+
+impl Mlp {
+    pub fn new(cfg: &TransformerConfig) -> Self {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        Mlp {
+            gate_proj: Conv2d::new(h, i),
+            up_proj: Conv2d::new(h, i),
+            down_proj: Conv2d::new(i, h),
+            hidden: h,
+            inter: i,
+        }
+    }
+}
+
+#[module]
+impl Mlp {
+    /// `[1, S, H] -> [1, S, H]`
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (h, i) = (self.hidden as i64, self.inter as i64);
+        // 1. NHWC for the 1x1 convs: [1, S, H] -> [1, 1, S, H]
+        let x = qdq!(x, "up_proj_input_qdq")?.view(&[1, 1, -1, h])?;
+        // 2. up / gate: [1, 1, S, H] -> [1, S, I]
+        let up = qdq!(self.up_proj.forward(&x)?, "up_proj_output_qdq")?.view(&[1, -1, i])?;
+        let gate = qdq!(self.gate_proj.forward(&x)?, "gate_proj_output_qdq")?.view(&[1, -1, i])?;
+        // 3. SiLU as gate * sigmoid(gate), so the sigmoid gets its fixed 1/65536 QDQ
+        let sig = qdq!(fixed gate.sigmoid()?, "sigmoid_output_qdq", scale = 1.0 / 65536.0, zp = 0)?;
+        let act = qdq!(gate.mul(&sig)?, "act_output_qdq")?;
+        // 4. down: [1, S, I] -> [1, 1, S, I] -> [1, S, H]
+        let o = qdq!(act.mul(&up)?, "down_proj_input_qdq")?.view(&[1, 1, -1, i])?;
+        self.down_proj.forward(&o)?.view(&[1, -1, h])
+    }
+}
+
+/// A projection's output `[1, 1, S, n * D]` → heads `[1, n, S, D]`.
+pub fn split_heads(x: &Tensor, heads: usize, head_dim: usize) -> Result<Tensor> {
+    x.view(&[1, -1, heads as i64, head_dim as i64])?.transpose(1, 2)
+}
+
+/// RoPE of q `[1, H, S, D]` and k `[1, Hkv, S, D]` with this chunk's rows `sin`, `cos` `[1, S, D]`.
+pub fn rope_qk(q: &Tensor, k: &Tensor, sin: &Tensor, cos: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (cos, sin) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
+    let q_names =
+        ["q_rope_neg_half_qdq", "q_rope_mul_0_output_qdq", "q_rope_mul_1_output_qdq", "q_rope_add_0_output_qdq"];
+    let k_names =
+        ["k_rope_neg_half_qdq", "k_rope_mul_0_output_qdq", "k_rope_mul_1_output_qdq", "k_rope_add_0_output_qdq"];
+    Ok((rotate(q, &cos, &sin, q_names)?, rotate(k, &cos, &sin, k_names)?))
+}
+
+/// `x*cos + rotate_half(x)*sin` with `rotate_half(x) = cat(-x2, x1)`.
+/// `names` are the four QDQ points: neg_half, mul_0, mul_1, add_0.
+fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor, names: [&str; 4]) -> Result<Tensor> {
+    let d = x.dim(-1)?;
+    let (x1, x2) = (x.slice(-1, 0, d / 2)?, x.slice(-1, d / 2, d)?);
+    let rotated = Tensor::cat(&[&qdq!(x2.neg()?, names[0])?, &x1], -1)?;
+    let a = qdq!(x.mul(cos)?, names[1])?;
+    let b = qdq!(rotated.mul(sin)?, names[2])?;
+    qdq!(a.add(&b)?, names[3])
+}
+
+/// The new K `[1, Hkv, S, D]` and V into the uint8 cache layout: K `[1, Hkv, D, S]`, V `[1, Hkv, S, D]`.
+pub fn cache_kv(k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    let k = qdq!(kv k.to(DType::F32)?.to(DType::U8Sym)?, "k_cast_to_int8_qdq")?.transpose(2, 3)?;
+    let v = qdq!(v, "v_cast_to_int16_qdq")?;
+    let v = qdq!(kv v.to(DType::F32)?.to(DType::U8Sym)?, "v_cast_to_int8_qdq")?;
+    Ok((k, v))
+}
+
+/// Attention of q `[1, H, S, D]` over past ++ new K/V (as [`cache_kv`] lays them out), masked by
+/// `mask [1, 1, S, ctx]`, → `[1, 1, S, H * D]`, NHWC for o_proj.
+pub fn attend(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    past_key: &Tensor,
+    past_value: &Tensor,
+) -> Result<Tensor> {
+    let (heads, head_dim) = (q.dim(1)?, q.dim(-1)?);
+    // 1. past ++ new, repeated for GQA (repeat-interleave: query head j reads KV head j / groups)
+    let groups = heads / k.dim(1)?;
+    let kh = Tensor::cat(&[past_key, k], -1)?.repeat_interleave(groups, 1)?; // [1, H, D, T]
+    let vh = Tensor::cat(&[past_value, v], 2)?.repeat_interleave(groups, 1)?; // [1, H, T, D]
+                                                                              // 2. scores [1, H, S, T], scaled by 1/sqrt(D)
+    let attn = qdq!(q.matmul(&kh)?, "qk_matmul_output_qdq")?;
+    let scale = qdq!(const 1.0 / (head_dim as f32).sqrt(), "scaling_qdq")?;
+    let attn = qdq!(attn.mul(&scale)?, "mul_0_output_qdq")?;
+    // 3. masked softmax: masked scores become rowmin - 20
+    let attn_min = qdq!(attn.reduce_min(-1, true)?, "reduce_min_output_qdq")?;
+    let attn_vv = qdq!(attn_min.add(&qdq!(const -20.0, "neg_20_qdq")?)?, "minus_0_output_qdq")?;
+    let zero = qdq!(global const 0.0, "constant_zero", scale = MASK_SCALE, zp = MASK_ZERO_POINT)?;
+    let attn = qdq!(mask.eq(&zero)?.where_cond(&attn, &attn_vv)?, "where_attn_qdq")?;
+    let attn = qdq!(attn.softmax(-1)?, "softmax_output_qdq")?;
+    // 4. [1, H, S, D] -> [1, S, H, D] -> NHWC [1, 1, S, H*D]
+    let y = qdq!(attn.matmul(&vh)?, "attn_value_matmul_output_qdq")?;
+    y.transpose(1, 2)?.view(&[1, 1, -1, (heads * head_dim) as i64])
+}
