@@ -43,6 +43,7 @@ fn assert_close(got: &[f32], want: &[f64], what: &str) {
 
 /// KV-cache-like operands: `heads` source matrices, each the row (K) or column (N) join of a past
 /// part of `past` and a new part of `new`, every source used by `times` consecutive batches.
+#[allow(clippy::too_many_arguments)]
 fn joined_case(
     rng: &mut Lcg,
     axis: JoinAxis,
@@ -141,7 +142,7 @@ fn batch_repeat_maps_inner_batches() {
 
 #[test]
 fn matmul_parts_rejects_inconsistent_parts() {
-    let part = vec![0.0; 2 * 3 * 4];
+    let part = [0.0; 2 * 3 * 4];
     let rhs = RhsParts { parts: vec![(&part[..], 3)], axis: JoinAxis::K, k: 4, n: 4, batches: BatchRepeat::none(2) };
     assert!(matches!(kernels::matmul_parts(&[0.0; 16], 2, &rhs), Err(KernelError::InvalidArgument { .. })));
     let rhs = RhsParts { parts: vec![(&part[..], 3)], axis: JoinAxis::K, k: 3, n: 5, batches: BatchRepeat::none(2) };
