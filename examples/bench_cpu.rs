@@ -14,6 +14,7 @@
 //! (greedy, no EOS), `--runs` times. Prefill tok/s is prompt tokens / prefill time (chunks of
 //! `--chunk`); decode tok/s is decode steps / decode time (the first new token comes from the
 //! prefill logits, so `new - 1` steps), both as the runtime's `GenerationTimings` report them.
+//! With `MLLM_CPU_PROFILE=1` each child also prints its time per op kind.
 
 use anyhow::{bail, Context, Result};
 use backend_cpu::checkpoint::{write_safetensors_atomic, StDtype};
@@ -132,6 +133,9 @@ fn child(args: &Args, dir: &Path, threads: usize) -> Result<()> {
             rss_loaded as f64 / 1024.0,
             proc_status_kb("VmHWM")? as f64 / 1024.0,
         );
+    }
+    if backend_cpu::executor::profile::enabled() {
+        print!("{}", backend_cpu::executor::profile::report());
     }
     Ok(())
 }

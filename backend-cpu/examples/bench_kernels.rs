@@ -8,7 +8,11 @@
 //! Calls cycle through enough copies of the weight to exceed [`STREAM_BYTES`], so the weights come
 //! from DRAM as in a real decode step instead of staying in a large last-level cache.
 //!
-//! A second table times the other kernels at attention / MLP sizes of a 1-2B model (prefill of
+//! A second table times `linear_packed` (the path float checkpoints take: weights packed in panels,
+//! bf16 kept as bf16) with the same shapes, M and thread counts; GB/s there counts the weight bytes
+//! as stored (2 per bf16 value), the figure that bounds a decode step.
+//!
+//! A third table times the other kernels at attention / MLP sizes of a 1-2B model (prefill of
 //! 128 tokens, 16 heads of 128) in GB/s of data read and written.
 //!
 //! Run: `cargo run --release -p backend-cpu --example bench_kernels`
@@ -70,7 +74,60 @@ fn main() -> Result<(), kernels::KernelError> {
             }
         }
     }
+    bench_packed()?;
     bench_other()
+}
+
+/// Times `linear_packed` on bf16 and f32 panels, 1 and 2 threads.
+fn bench_packed() -> Result<(), kernels::KernelError> {
+    println!(
+        "\n{:<6} {:>4} {:>5} {:>5} {:>3} {:>10} {:>9} {:>8}",
+        "packed", "M", "K", "N", "thr", "us/call", "GFLOP/s", "GB/s"
+    );
+    for &(k, n) in &[(1024usize, 3072usize), (3072, 1024), (1024, 2048)] {
+        for bf16 in [true, false] {
+            let elem_bytes = if bf16 { 2 } else { 4 };
+            let copies = STREAM_BYTES.div_ceil(elem_bytes * k * n);
+            let weights = (0..copies)
+                .map(|c| {
+                    let rows = pseudo_random(k * n, 1 + c as u64);
+                    if bf16 {
+                        // Truncation to bf16 bit patterns: any bf16 value will do for timing.
+                        let bits: Vec<u16> = rows.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+                        kernels::PackedMatrix::from_rows_bf16(n, k, &bits)
+                    } else {
+                        kernels::PackedMatrix::from_rows_f32(n, k, &rows)
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let bias = pseudo_random(n, 1000);
+            for &m in &[1usize, 32, 128] {
+                let x = pseudo_random(m * k, 1001);
+                for threads in [1, 2] {
+                    kernels::set_num_threads(threads)?;
+                    let mut next = 0;
+                    let secs = best_time(|| {
+                        next = (next + 1) % copies;
+                        kernels::linear_packed(&x, m, &weights[next], Some(&bias)).map(|out| black_box(out).len())
+                    })?;
+                    let flops = 2.0 * (m * n * k) as f64;
+                    let bytes = (elem_bytes * k * n + 4 * (m * k + m * n)) as f64;
+                    println!(
+                        "{:<6} {:>4} {:>5} {:>5} {:>3} {:>10.1} {:>9.2} {:>8.2}",
+                        if bf16 { "bf16" } else { "f32" },
+                        m,
+                        k,
+                        n,
+                        threads,
+                        secs * 1e6,
+                        flops / secs / 1e9,
+                        bytes / secs / 1e9
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One timed kernel call; returns the output length so the work cannot be optimised away.

@@ -4,8 +4,11 @@
 //! mask. Eager shapes are free, so each chunk here receives only the `n_past` valid past columns and
 //! the matching mask columns: the same computation without the work on columns the mask excludes.
 
+use crate::executor::{profile, real_values};
 use mllm_dsl::runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
 use mllm_dsl::{BackendRef, CausalLm, DType, Storage, Tensor, TensorType};
+use std::borrow::Cow;
+use std::sync::Arc;
 
 /// Value of a masked mask entry (uint16 0 dequantized with mllm's mask encoding); 0.0 attends.
 const MASKED: f32 = -0.001;
@@ -23,8 +26,20 @@ impl CpuChunkModel {
     }
 
     fn tensor(&self, data: Vec<f32>, shape: Vec<usize>, dtype: DType) -> mllm_dsl::Result<Tensor> {
-        Tensor::from_storage(TensorType::new(shape, dtype), Storage::F32(data.into()), self.backend.clone())
+        self.tensor_arc(data.into(), shape, dtype)
     }
+
+    fn tensor_arc(&self, data: Arc<[f32]>, shape: Vec<usize>, dtype: DType) -> mllm_dsl::Result<Tensor> {
+        Tensor::from_storage(TensorType::new(shape, dtype), Storage::F32(data), self.backend.clone())
+    }
+}
+
+/// A new shared buffer of `len` floats written by `fill`, without the extra copy of going through
+/// a `Vec` (the past KV cache is the largest input of a decode step).
+fn filled(len: usize, fill: impl FnOnce(&mut [f32])) -> Arc<[f32]> {
+    let mut data: Arc<[f32]> = std::iter::repeat_n(0.0, len).collect();
+    fill(Arc::get_mut(&mut data).expect("a new Arc is unique"));
+    data
 }
 
 impl ChunkModel for CpuChunkModel {
@@ -46,6 +61,7 @@ impl ChunkModel for CpuChunkModel {
     }
 
     fn run_chunk(&mut self, inputs: &ChunkInputs<'_, f32>, outputs: &mut ChunkOutputs<f32>) -> Result<(), ModelError> {
+        let t0 = profile::start();
         let shape = self.model.shape();
         let (ar, n_past, ctx) = (inputs.ar(), inputs.n_past(), self.context_len);
         let (kvh, d) = (shape.num_kv_heads, shape.head_dim);
@@ -65,23 +81,34 @@ impl ChunkModel for CpuChunkModel {
         let (mut keys, mut values) = (Vec::new(), Vec::new());
         for l in 0..shape.num_layers {
             let (pk, pv) = (inputs.past_key(l), inputs.past_value(l));
-            // K rows (kv head, dim) hold one column per position; V heads hold one row per position.
-            let k: Vec<f32> = (0..kvh * d).flat_map(|r| pk[r * stride..r * stride + n_past].iter().copied()).collect();
-            let v: Vec<f32> =
-                (0..kvh).flat_map(|h| pv[h * stride * d..(h * stride + n_past) * d].iter().copied()).collect();
-            keys.push(self.tensor(k, vec![1, kvh, d, n_past], DType::U8Sym)?);
-            values.push(self.tensor(v, vec![1, kvh, n_past, d], DType::U8Sym)?);
+            // K rows (kv head, dim) hold one column per position: the first n_past of each row.
+            let k = filled(kvh * d * n_past, |dst| {
+                for (row, src) in dst.chunks_exact_mut(n_past.max(1)).zip(pk.chunks(stride)) {
+                    row.copy_from_slice(&src[..n_past]);
+                }
+            });
+            // V heads hold one row per position: the first n_past rows of each head.
+            let v = filled(kvh * n_past * d, |dst| {
+                for (head, src) in dst.chunks_exact_mut((n_past * d).max(1)).zip(pv.chunks(stride * d)) {
+                    head.copy_from_slice(&src[..n_past * d]);
+                }
+            });
+            keys.push(self.tensor_arc(k, vec![1, kvh, d, n_past], DType::U8Sym)?);
+            values.push(self.tensor_arc(v, vec![1, kvh, n_past, d], DType::U8Sym)?);
         }
+        let t1 = profile::lap(t0, "chunk: inputs");
         let (logits, new_k, new_v) = self.model.forward(&ids, &pos, &mask, &keys, &values)?;
-        let read = |t: &Tensor, what: &str| -> Result<Vec<f32>, ModelError> {
-            t.as_f32().map(|s| s.to_vec()).ok_or_else(|| format!("model output {what} has no f32 data").into())
-        };
+        let t2 = profile::lap(t1, "(chunk: model forward, ops included)");
+        fn read<'a>(t: &'a Tensor, what: &str) -> Result<Cow<'a, [f32]>, String> {
+            real_values(t).ok_or_else(|| format!("model output {what} has no real data"))
+        }
         outputs.logits_mut().copy_from_slice(&read(&logits, "logits")?);
         for l in 0..shape.num_layers {
             let (k, v) = outputs.present_kv_mut(l);
-            k.copy_from_slice(new_k[l].as_f32().ok_or("present key has no f32 data")?);
-            v.copy_from_slice(new_v[l].as_f32().ok_or("present value has no f32 data")?);
+            k.copy_from_slice(&read(&new_k[l], "present key")?);
+            v.copy_from_slice(&read(&new_v[l], "present value")?);
         }
+        profile::lap(t2, "chunk: outputs");
         Ok(())
     }
 }

@@ -4,8 +4,12 @@
 //! calibration observers) without touching the model file.
 
 use crate::kernels::{self, BinaryOp, ReduceKind as KReduce, UnaryOp};
+use crate::kernels::{BatchRepeat, JoinAxis, RhsParts};
+use crate::lazy::LazyJoin;
+use crate::packed_weight::{packed_of, WeightView};
 use mllm_dsl::op::{OpKind, ReduceKind};
 use mllm_dsl::{Backend, BackendRef, QdqAttr, Storage, Tensor, TensorType};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// What happens at a QDQ point in eager mode.
@@ -33,8 +37,87 @@ impl CpuBackend {
     }
 }
 
-fn f32_of<'a>(t: &'a Tensor, what: &str) -> Result<&'a [f32], String> {
-    t.as_f32().ok_or_else(|| format!("{what} must hold real-valued data, got {}", t.dtype()))
+/// Real values of an input: f32 data in place, packed weights and lazy joins materialized.
+fn f32_of<'a>(t: &'a Tensor, what: &str) -> Result<Cow<'a, [f32]>, String> {
+    real_values(t).ok_or_else(|| format!("{what} must hold real-valued data, got {}", t.dtype()))
+}
+
+/// `t`'s real values in its logical (row-major) layout: borrowed for f32 storage, computed for
+/// this backend's own storages ([`PackedWeight`](crate::PackedWeight), [`LazyJoin`]); `None` for
+/// integer or foreign data.
+pub fn real_values(t: &Tensor) -> Option<Cow<'_, [f32]>> {
+    match t.storage()? {
+        Storage::F32(v) => Some(Cow::Borrowed(v)),
+        Storage::Native(_) => match (packed_of(t), lazy_of(t)) {
+            (Some(w), _) => Some(Cow::Owned(w.to_f32())),
+            (_, Some(l)) => l.materialize().ok().map(Cow::Owned),
+            _ => None,
+        },
+        Storage::I64(_) => None,
+    }
+}
+
+/// The lazy join behind `t`, if it has one.
+fn lazy_of(t: &Tensor) -> Option<&LazyJoin> {
+    match t.storage()? {
+        Storage::Native(data) => data.downcast_ref::<LazyJoin>(),
+        _ => None,
+    }
+}
+
+/// Dense f32 data shared, not copied (for lazy joins).
+fn dense_arc(t: &Tensor) -> Option<Arc<[f32]>> {
+    match t.storage()? {
+        Storage::F32(v) => Some(v.clone()),
+        _ => None,
+    }
+}
+
+fn lazy_storage(lazy: LazyJoin, out: &TensorType) -> Result<Storage, String> {
+    if lazy.shape != out.shape {
+        return Err(format!("lazy result has shape {:?}, expected {out}", lazy.shape));
+    }
+    Ok(Storage::Native(Arc::new(lazy)))
+}
+
+/// `x @ y` read straight from `y`'s lazy parts: `y`'s batch dims must equal `x`'s (no
+/// broadcasting), it must be joined along one of its two matrix dims and repeated along a batch
+/// dim. `None` when the product does not have that form (the caller materializes `y`).
+fn matmul_lazy(x: &Tensor, y: &LazyJoin) -> Result<Option<Vec<f32>>, String> {
+    let (xs, ys) = (x.shape(), y.shape.as_slice());
+    let r = ys.len();
+    if r < 3 || xs.len() != r || xs[..r - 2] != ys[..r - 2] || xs[r - 1] != ys[r - 2] {
+        return Ok(None);
+    }
+    let axis = match (y.parts.len(), y.cat_dim) {
+        (1, _) => JoinAxis::K,
+        (_, d) if d == r - 2 => JoinAxis::K,
+        (_, d) if d == r - 1 => JoinAxis::N,
+        _ => return Ok(None),
+    };
+    if y.times > 1 && y.repeat_dim >= r - 2 {
+        return Ok(None);
+    }
+    let src_batch = &y.parts[0].1[..r - 2];
+    let batches = if y.times > 1 {
+        let d = y.repeat_dim;
+        BatchRepeat {
+            outer: src_batch[..d].iter().product(),
+            size: src_batch[d],
+            times: y.times,
+            inner: src_batch[d + 1..].iter().product(),
+        }
+    } else {
+        BatchRepeat::none(src_batch.iter().product())
+    };
+    let extent_dim = match axis {
+        JoinAxis::K => r - 2,
+        JoinAxis::N => r - 1,
+    };
+    let parts = y.parts.iter().map(|(data, shape)| (&data[..], shape[extent_dim])).collect();
+    let rhs = RhsParts { parts, axis, k: ys[r - 2], n: ys[r - 1], batches };
+    let a = f32_of(x, "lhs")?;
+    kernels::matmul_parts(&a, xs[r - 2], &rhs).map(Some).map_err(|e| e.to_string())
 }
 
 fn i64_of<'a>(t: &'a Tensor, what: &str) -> Result<&'a [i64], String> {
@@ -55,6 +138,31 @@ impl Backend for CpuBackend {
     }
 
     fn execute(&self, op: &OpKind, inputs: &[&Tensor], out: &TensorType) -> Result<Storage, String> {
+        match profile::start() {
+            None => self.run(op, inputs, out),
+            Some(t0) => {
+                let result = self.run(op, inputs, out);
+                profile::record(op, inputs, t0);
+                result
+            }
+        }
+    }
+
+    fn qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, String> {
+        let Some(hook) = &self.qdq else { return Ok(x.clone()) };
+        let data = f32_of(x, "QDQ input")?;
+        match hook.apply(point, &data, x.shape())? {
+            None => Ok(x.clone()),
+            Some(new) => {
+                let backend = x.backend().cloned().ok_or("QDQ input has no backend")?;
+                Tensor::from_storage(x.ty().clone(), out_f32(new), backend).map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
+impl CpuBackend {
+    fn run(&self, op: &OpKind, inputs: &[&Tensor], out: &TensorType) -> Result<Storage, String> {
         let x = inputs[0];
         let shape = x.shape();
         let e = |err: kernels::KernelError| err.to_string();
@@ -63,30 +171,61 @@ impl Backend for CpuBackend {
             OpKind::View { .. } | OpKind::Unsqueeze { .. } => return Ok(x.storage().cloned().ok_or("no data")?),
             OpKind::Cast { to } => return cast(x, *to),
             OpKind::Transpose { dim0, dim1 } => {
-                kernels::transpose(f32_of(x, "input")?, shape, *dim0 as isize, *dim1 as isize).map_err(e)?.0
+                kernels::transpose(&f32_of(x, "input")?, shape, *dim0 as isize, *dim1 as isize).map_err(e)?.0
             }
             OpKind::Permute { perm } => {
                 let perm: Vec<isize> = perm.iter().map(|&p| p as isize).collect();
-                kernels::permute(f32_of(x, "input")?, shape, &perm).map_err(e)?.0
+                kernels::permute(&f32_of(x, "input")?, shape, &perm).map_err(e)?.0
             }
             OpKind::Slice { dim, start, end } => {
-                kernels::slice(f32_of(x, "input")?, shape, *dim as isize, *start as isize, *end as isize).map_err(e)?.0
+                kernels::slice(&f32_of(x, "input")?, shape, *dim as isize, *start as isize, *end as isize).map_err(e)?.0
+            }
+            OpKind::Concat { dim } if inputs.len() > 1 && inputs.iter().all(|t| dense_arc(t).is_some()) => {
+                let parts = inputs.iter().filter_map(|t| Some((dense_arc(t)?, t.shape().to_vec()))).collect();
+                return lazy_storage(LazyJoin::concat(parts, *dim).map_err(e)?, out);
             }
             OpKind::Concat { dim } => {
-                let parts =
-                    inputs.iter().map(|t| Ok((f32_of(t, "input")?, t.shape()))).collect::<Result<Vec<_>, String>>()?;
+                let data = inputs.iter().map(|t| f32_of(t, "input")).collect::<Result<Vec<_>, String>>()?;
+                let parts: Vec<(&[f32], &[usize])> = data.iter().zip(inputs).map(|(d, t)| (&**d, t.shape())).collect();
                 kernels::concat(&parts, *dim as isize).map_err(e)?.0
             }
+            OpKind::Repeat { dim, times } if dense_arc(x).is_some() || lazy_of(x).is_some_and(|l| l.shape == shape) => {
+                let lazy = match (dense_arc(x), lazy_of(x)) {
+                    (Some(data), _) => LazyJoin {
+                        shape: shape.to_vec(),
+                        parts: vec![(data, shape.to_vec())],
+                        cat_dim: 0,
+                        repeat_dim: 0,
+                        times: 1,
+                    },
+                    (_, Some(l)) => l.clone(),
+                    _ => unreachable!("checked by the guard"),
+                };
+                match lazy.repeat(*dim, *times) {
+                    Some(repeated) => return lazy_storage(repeated, out),
+                    None => {
+                        kernels::repeat_interleave(&lazy.materialize().map_err(e)?, shape, *dim as isize, *times)
+                            .map_err(e)?
+                            .0
+                    }
+                }
+            }
             OpKind::Repeat { dim, times } => {
-                kernels::repeat_interleave(f32_of(x, "input")?, shape, *dim as isize, *times).map_err(e)?.0
+                kernels::repeat_interleave(&f32_of(x, "input")?, shape, *dim as isize, *times).map_err(e)?.0
             }
             OpKind::MatMul => {
                 let y = inputs[1];
-                kernels::matmul(f32_of(x, "lhs")?, shape, f32_of(y, "rhs")?, y.shape()).map_err(e)?.0
+                if let Some(lazy) = lazy_of(y).filter(|l| l.shape == y.shape()) {
+                    if let Some(data) = matmul_lazy(x, lazy)? {
+                        return check_len(data, out);
+                    }
+                }
+                kernels::matmul(&f32_of(x, "lhs")?, shape, &f32_of(y, "rhs")?, y.shape()).map_err(e)?.0
             }
             OpKind::Add | OpKind::Sub | OpKind::Mul | OpKind::Equal => {
                 let y = inputs[1];
                 let (a, b) = (f32_of(x, "lhs")?, f32_of(y, "rhs")?);
+                let (a, b) = (&*a, &*b);
                 match op {
                     OpKind::Equal => kernels::equal(a, shape, b, y.shape()),
                     OpKind::Add => kernels::binary(BinaryOp::Add, a, shape, b, y.shape()),
@@ -96,35 +235,55 @@ impl Backend for CpuBackend {
                 .map_err(e)?
                 .0
             }
-            OpKind::Neg => kernels::unary(UnaryOp::Neg, f32_of(x, "input")?),
-            OpKind::Sigmoid => kernels::unary(UnaryOp::Sigmoid, f32_of(x, "input")?),
-            OpKind::Silu => kernels::unary(UnaryOp::Silu, f32_of(x, "input")?),
-            OpKind::Softmax { dim } => kernels::softmax(f32_of(x, "input")?, shape, *dim as isize).map_err(e)?,
+            OpKind::Neg => kernels::unary(UnaryOp::Neg, &f32_of(x, "input")?),
+            OpKind::Sigmoid => kernels::unary(UnaryOp::Sigmoid, &f32_of(x, "input")?),
+            OpKind::Silu => kernels::unary(UnaryOp::Silu, &f32_of(x, "input")?),
+            OpKind::Softmax { dim } => kernels::softmax(&f32_of(x, "input")?, shape, *dim as isize).map_err(e)?,
             OpKind::RmsNorm { eps } => {
-                kernels::rms_norm(f32_of(x, "input")?, shape, f32_of(inputs[1], "weight")?, *eps).map_err(e)?
+                kernels::rms_norm(&f32_of(x, "input")?, shape, &f32_of(inputs[1], "weight")?, *eps).map_err(e)?
+            }
+            OpKind::Embedding if packed_of(inputs[1]).is_some_and(|w| w.view == WeightView::NK) => {
+                let w = packed_of(inputs[1]).ok_or("packed weight")?;
+                w.matrix.gather_columns(i64_of(x, "ids")?).map_err(e)?
             }
             OpKind::Embedding => {
                 let w = inputs[1];
-                kernels::index_select(f32_of(w, "weight")?, w.shape(), 0, i64_of(x, "ids")?, shape).map_err(e)?.0
+                kernels::index_select(&f32_of(w, "weight")?, w.shape(), 0, i64_of(x, "ids")?, shape).map_err(e)?.0
             }
             OpKind::Gather { dim } => {
                 let idx = inputs[1];
-                kernels::index_select(f32_of(x, "table")?, shape, *dim as isize, i64_of(idx, "indices")?, idx.shape())
+                kernels::index_select(&f32_of(x, "table")?, shape, *dim as isize, i64_of(idx, "indices")?, idx.shape())
                     .map_err(e)?
                     .0
+            }
+            OpKind::Conv2d | OpKind::Linear if packed_of(inputs[1]).is_some() => {
+                let w = packed_of(inputs[1]).ok_or("packed weight")?;
+                let k = *shape.last().unwrap_or(&1);
+                if k != w.matrix.k() {
+                    return Err(format!(
+                        "input has {k} features but the weight {:?} expects {}",
+                        w.matrix,
+                        w.matrix.k()
+                    ));
+                }
+                let bias = inputs.get(2).map(|b| f32_of(b, "bias")).transpose()?;
+                kernels::linear_packed(&f32_of(x, "input")?, x.numel() / k.max(1), &w.matrix, bias.as_deref())
+                    .map_err(e)?
             }
             OpKind::Conv2d => {
                 // NHWC [N, H, W, In] x HWIO [1, 1, In, Out]: a [N*H*W, In] x [In, Out] product.
                 let (w, k) = (inputs[1], shape[3]);
                 let n = w.shape()[3];
                 let bias = inputs.get(2).map(|b| f32_of(b, "bias")).transpose()?;
-                kernels::linear_kn(f32_of(x, "input")?, x.numel() / k, k, f32_of(w, "weight")?, n, bias).map_err(e)?
+                kernels::linear_kn(&f32_of(x, "input")?, x.numel() / k, k, &f32_of(w, "weight")?, n, bias.as_deref())
+                    .map_err(e)?
             }
             OpKind::Linear => {
                 let (w, k) = (inputs[1], *shape.last().unwrap_or(&1));
                 let n = w.shape()[0];
                 let bias = inputs.get(2).map(|b| f32_of(b, "bias")).transpose()?;
-                kernels::linear_nk(f32_of(x, "input")?, x.numel() / k, k, f32_of(w, "weight")?, n, bias).map_err(e)?
+                kernels::linear_nk(&f32_of(x, "input")?, x.numel() / k, k, &f32_of(w, "weight")?, n, bias.as_deref())
+                    .map_err(e)?
             }
             OpKind::Reduce { kind, dim, keepdim } => {
                 let kind = match kind {
@@ -132,39 +291,31 @@ impl Backend for CpuBackend {
                     ReduceKind::Max => KReduce::Max,
                     ReduceKind::Mean => KReduce::Mean,
                 };
-                kernels::reduce(f32_of(x, "input")?, shape, *dim as isize, *keepdim, kind).map_err(e)?.0
+                kernels::reduce(&f32_of(x, "input")?, shape, *dim as isize, *keepdim, kind).map_err(e)?.0
             }
             OpKind::Where => {
                 let (a, b) = (inputs[1], inputs[2]);
                 kernels::where_(
-                    f32_of(x, "condition")?,
+                    &f32_of(x, "condition")?,
                     shape,
-                    f32_of(a, "on_true")?,
+                    &f32_of(a, "on_true")?,
                     a.shape(),
-                    f32_of(b, "on_false")?,
+                    &f32_of(b, "on_false")?,
                     b.shape(),
                 )
                 .map_err(e)?
                 .0
             }
         };
-        if data.len() != out.numel() {
-            return Err(format!("kernel produced {} elements, expected {} for {out}", data.len(), out.numel()));
-        }
-        Ok(out_f32(data))
+        check_len(data, out)
     }
+}
 
-    fn qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, String> {
-        let Some(hook) = &self.qdq else { return Ok(x.clone()) };
-        let data = f32_of(x, "QDQ input")?;
-        match hook.apply(point, data, x.shape())? {
-            None => Ok(x.clone()),
-            Some(new) => {
-                let backend = x.backend().cloned().ok_or("QDQ input has no backend")?;
-                Tensor::from_storage(x.ty().clone(), out_f32(new), backend).map_err(|e| e.to_string())
-            }
-        }
+fn check_len(data: Vec<f32>, out: &TensorType) -> Result<Storage, String> {
+    if data.len() != out.numel() {
+        return Err(format!("kernel produced {} elements, expected {} for {out}", data.len(), out.numel()));
     }
+    Ok(out_f32(data))
 }
 
 /// Casts keep real values real (float and quantized dtypes all hold f32 data here: quantization
@@ -176,4 +327,86 @@ fn cast(x: &Tensor, to: mllm_dsl::DType) -> Result<Storage, String> {
         (Storage::I64(v), false) => Storage::F32(v.iter().map(|&i| i as f32).collect::<Vec<_>>().into()),
         (s, _) => s.clone(),
     })
+}
+
+/// Opt-in time per op kind (`MLLM_CPU_PROFILE=1`), to see where a model's time goes without an
+/// external profiler. Off by default: then an op costs one relaxed atomic load more.
+pub mod profile {
+    use mllm_dsl::op::OpKind;
+    use mllm_dsl::Tensor;
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicU8, Ordering};
+    use std::sync::{Mutex, PoisonError};
+    use std::time::{Duration, Instant};
+
+    /// The environment variable that switches profiling on (any value but `0` or empty).
+    pub const ENV: &str = "MLLM_CPU_PROFILE";
+
+    /// 0 = not read yet, 1 = off, 2 = on.
+    static STATE: AtomicU8 = AtomicU8::new(0);
+    static TABLE: Mutex<BTreeMap<String, (u64, Duration)>> = Mutex::new(BTreeMap::new());
+
+    /// Whether ops are being timed.
+    pub fn enabled() -> bool {
+        match STATE.load(Ordering::Relaxed) {
+            0 => {
+                let on = std::env::var(ENV).is_ok_and(|v| !v.is_empty() && v != "0");
+                STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+                on
+            }
+            s => s == 2,
+        }
+    }
+
+    pub(crate) fn start() -> Option<Instant> {
+        enabled().then(Instant::now)
+    }
+
+    /// Books the time since `t0` (when profiling) under `key`; returns the new start.
+    pub(crate) fn lap(t0: Option<Instant>, key: &str) -> Option<Instant> {
+        let t0 = t0?;
+        let now = Instant::now();
+        add(key.to_string(), now - t0);
+        Some(now)
+    }
+
+    /// Books the time since `t0` under the op's type and, for matrix products, whether the
+    /// left operand is a single row (decode) or several (prefill).
+    pub(super) fn record(op: &OpKind, inputs: &[&Tensor], t0: Instant) {
+        let mut key = op.type_name().to_string();
+        if matches!(op, OpKind::Conv2d | OpKind::Linear | OpKind::MatMul) {
+            let shape = inputs[0].shape();
+            let rows = shape.len().checked_sub(2).map_or(1, |d| shape[d]);
+            key.push_str(if rows == 1 { " (1 row)" } else { " (rows)" });
+        }
+        add(key, t0.elapsed());
+    }
+
+    /// Books `elapsed` under `key` (also used for work outside ops, e.g. feeding the KV cache).
+    pub fn add(key: String, elapsed: Duration) {
+        let mut table = TABLE.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = table.entry(key).or_default();
+        entry.0 += 1;
+        entry.1 += elapsed;
+    }
+
+    /// Clears the accumulated times.
+    pub fn reset() {
+        TABLE.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    }
+
+    /// One line per op kind, slowest first: calls, total ms, share. Keys in parentheses overlap
+    /// others and are left out of the total.
+    pub fn report() -> String {
+        let table = TABLE.lock().unwrap_or_else(PoisonError::into_inner);
+        let total: Duration = table.iter().filter(|(k, _)| !k.starts_with('(')).map(|(_, v)| v.1).sum();
+        let mut rows: Vec<_> = table.iter().collect();
+        rows.sort_by_key(|row| std::cmp::Reverse(row.1 .1));
+        let mut out = format!("op time, total {:.1} ms\n", total.as_secs_f64() * 1e3);
+        for (name, (calls, time)) in rows {
+            let share = 100.0 * time.as_secs_f64() / total.as_secs_f64().max(f64::MIN_POSITIVE);
+            out.push_str(&format!("{name:<28} {calls:>8} calls {:>10.1} ms {share:>5.1}%\n", time.as_secs_f64() * 1e3));
+        }
+        out
+    }
 }

@@ -114,7 +114,7 @@ impl<'a> Interpreter<'a> {
             }
             let kind_ok = match t.storage() {
                 Some(Storage::I64(_)) => ty.dtype.is_index(),
-                Some(Storage::F32(_)) => !ty.dtype.is_index(),
+                Some(Storage::F32(_) | Storage::Native(_)) => !ty.dtype.is_index(),
                 None => false,
             };
             if !kind_ok {
@@ -254,7 +254,7 @@ impl<'a> Interpreter<'a> {
     fn quantize(&self, v: ValueId, t: Tensor, what: &str) -> Result<Tensor, InterpError> {
         let Mode::FakeQuant(provider) = self.mode else { return Ok(t) };
         let Some(params) = self.params_of(v, provider, what)? else { return Ok(t) };
-        let Some(data) = t.as_f32() else {
+        let Some(data) = crate::executor::real_values(&t) else {
             return Err(InterpError::Program(format!("{what} has quantization parameters but integer data")));
         };
         let mut out = data.to_vec();

@@ -7,17 +7,29 @@
 //! - pymllm LPBQ weights (int8 nibbles `[1, 1, in, out]` + `scale1` + `scale2`) → their deployed f32
 //!   values `signext4(q) * scale1 * scale2`;
 //! - pymllm uint16 norm / embedding weights and RoPE tables → `(q - zero_point) * scale`.
+//!
+//! Float (f32 / bf16 / f16) linear, conv and embedding weights stored as HF rows `[out, in]` /
+//! `[vocab, hidden]` become [`PackedWeight`]s: packed once for the linear kernels, bf16 kept as bf16
+//! (exact, half the memory traffic), f16 widened to f32 (exact). A tied LM head and the embedding
+//! share one packed matrix.
 
 use crate::checkpoint::{CheckpointError, SafetensorsCheckpoint, StDtype};
+use crate::kernels::PackedMatrix;
+use crate::packed_weight::{PackedWeight, WeightView};
+use half::bf16;
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
 use mllm_dsl::quant::lpbq::decode_lpbq;
 use mllm_dsl::{BackendRef, Error, Result, Tensor};
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
 
 pub struct CheckpointStore {
     ckpt: SafetensorsCheckpoint,
     backend: BackendRef,
     tie_word_embeddings: bool,
+    /// Packed matrices by checkpoint key, so two parameters reading one tensor share it.
+    packed: Mutex<HashMap<String, Arc<PackedMatrix>>>,
 }
 
 /// The key a tied `lm_head.weight` falls back to.
@@ -26,7 +38,7 @@ const EMBED_KEY: &str = "model.embed_tokens.weight";
 impl CheckpointStore {
     pub fn open(dir: impl AsRef<Path>, backend: BackendRef, tie_word_embeddings: bool) -> Result<Self> {
         let ckpt = SafetensorsCheckpoint::open(dir).map_err(|e| Error::msg(e.to_string()))?;
-        Ok(CheckpointStore { ckpt, backend, tie_word_embeddings })
+        Ok(CheckpointStore { ckpt, backend, tie_word_embeddings, packed: Mutex::new(HashMap::new()) })
     }
 
     pub fn checkpoint(&self) -> &SafetensorsCheckpoint {
@@ -73,12 +85,56 @@ impl CheckpointStore {
         }
     }
 
-    fn load_data(&self, req: &ParamRequest<'_>) -> Result<Vec<f32>> {
-        let key = if req.key == "lm_head.weight" && self.tie_word_embeddings && !self.ckpt.contains(req.key) {
+    /// The checkpoint key that holds `req`'s data (a tied LM head reads the embedding).
+    fn source_key<'a>(&self, req: &ParamRequest<'a>) -> &'a str {
+        if req.key == "lm_head.weight" && self.tie_word_embeddings && !self.ckpt.contains(req.key) {
             EMBED_KEY
         } else {
             req.key
+        }
+    }
+
+    /// `req` as a packed weight when it is a float matrix stored as HF rows `[N, K]` that a conv
+    /// (`[1, 1, K, N]`), linear (`[N, K]`) or embedding (`[N, K]`) layer asks for; `None` otherwise.
+    fn load_packed(&self, req: &ParamRequest<'_>) -> Result<Option<PackedWeight>> {
+        let key = self.source_key(req);
+        let (dtype, shape) = self.ckpt.info(key).map_err(|e| self.err(req, e))?;
+        if !matches!(dtype, StDtype::F32 | StDtype::BF16 | StDtype::F16) {
+            return Ok(None);
+        }
+        let (n, k, view) = match (req.role, req.shape) {
+            (ParamRole::Conv2dWeight, &[1, 1, cin, cout]) => (cout, cin, WeightView::KN),
+            (ParamRole::LinearWeight | ParamRole::EmbeddingWeight, &[n, k]) => (n, k, WeightView::NK),
+            _ => return Ok(None),
         };
+        if shape != [n, k] {
+            return Ok(None);
+        }
+        let mut cache = self.packed.lock().unwrap_or_else(PoisonError::into_inner);
+        let matrix = match cache.get(key) {
+            Some(m) => m.clone(),
+            None => {
+                let bad = |e: crate::kernels::KernelError| Error::Weight {
+                    key: req.key.to_string(),
+                    module_path: req.module_path.to_string(),
+                    message: format!("packing checkpoint tensor `{key}`: {e}"),
+                };
+                let packed = if dtype == StDtype::BF16 {
+                    let v = self.ckpt.read_typed::<bf16>(key).map_err(|e| self.err(req, e))?;
+                    PackedMatrix::from_rows_bf16(n, k, bytemuck::cast_slice(&v)).map_err(bad)?
+                } else {
+                    PackedMatrix::from_rows_f32(n, k, &self.f32(req, key)?).map_err(bad)?
+                };
+                let m = Arc::new(packed);
+                cache.insert(key.to_string(), m.clone());
+                m
+            }
+        };
+        Ok(Some(PackedWeight { matrix, view }))
+    }
+
+    fn load_data(&self, req: &ParamRequest<'_>) -> Result<Vec<f32>> {
+        let key = self.source_key(req);
         let (dtype, shape) = self.ckpt.info(key).map_err(|e| self.err(req, e))?;
         let shape = shape.to_vec();
         let numel: usize = req.shape.iter().product();
@@ -166,6 +222,9 @@ fn out_in_to_hwio(w: &[f32], cin: usize, cout: usize) -> Vec<f32> {
 
 impl WeightStore for CheckpointStore {
     fn load(&self, req: &ParamRequest<'_>) -> Result<Tensor> {
+        if let Some(packed) = self.load_packed(req)? {
+            return packed.into_tensor(req.shape.to_vec(), self.backend.clone());
+        }
         let data = self.load_data(req)?;
         Tensor::from_f32(data, req.shape.to_vec(), self.backend.clone())
     }

@@ -5,14 +5,39 @@ use crate::dtype::TensorType;
 use crate::op::OpKind;
 use crate::qdq::QdqAttr;
 use crate::tensor::Tensor;
+use std::any::Any;
+use std::fmt;
 use std::sync::Arc;
 
 /// Host data of an eager tensor. Real-valued data (float and quantized dtypes, booleans as 0/1) is
-/// held as f32; token ids and positions as i64.
+/// held as f32; token ids and positions as i64. A backend may also keep data in a layout of its own
+/// ([`Storage::Native`]), e.g. the CPU backend's weights packed for its matrix kernels in bf16.
 #[derive(Clone, Debug)]
 pub enum Storage {
     F32(Arc<[f32]>),
     I64(Arc<[i64]>),
+    Native(Arc<dyn NativeData>),
+}
+
+/// Data in a backend's own layout. The core only needs its element count; the backend that made
+/// it reads it back with [`NativeData::downcast_ref`].
+pub trait NativeData: Any + Send + Sync + fmt::Debug {
+    /// Number of logical elements (the product of the tensor's shape).
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `self` as [`Any`], for downcasting to the concrete type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl dyn NativeData {
+    /// The concrete data, if it is a `T`.
+    pub fn downcast_ref<T: NativeData>(&self) -> Option<&T> {
+        self.as_any().downcast_ref()
+    }
 }
 
 impl Storage {
@@ -20,6 +45,7 @@ impl Storage {
         match self {
             Storage::F32(v) => v.len(),
             Storage::I64(v) => v.len(),
+            Storage::Native(v) => v.len(),
         }
     }
 

@@ -83,7 +83,7 @@ macro_rules! le_scalar {
 }
 
 le_scalar!(u8 => U8, i8 => I8, u16 => U16, i16 => I16, u32 => U32, i32 => I32, u64 => U64,
-           i64 => I64, f32 => F32, f64 => F64);
+           i64 => I64, f32 => F32, f64 => F64, bf16 => BF16, f16 => F16);
 
 /// Copies whole little-endian elements of `T` from `src` into `dst`.
 pub(crate) fn copy_le<T: LeScalar>(src: &[u8], dst: &mut [T]) {

@@ -21,7 +21,7 @@ use super::threads::{current, ThreadCtx};
 use super::KernelError;
 
 /// Below this many multiply-adds a product stays on the calling thread.
-const MIN_PARALLEL_MACS: usize = 1 << 17;
+pub(super) const MIN_PARALLEL_MACS: usize = 1 << 17;
 
 /// Products with fewer rows than this (and more than one) are cut along K, see [`depth_block`].
 const SMALL_M_LIMIT: usize = 64;
@@ -117,7 +117,7 @@ pub fn linear_with(
     let lhs = MatView { data: x, offset: 0, row_stride: k, col_stride: 1 };
     let ctx = current();
     let threads = ctx.for_work(m * n * k, MIN_PARALLEL_MACS);
-    product_into(&ctx, threads, strategy, Dims { m, n, k }, &mut out, accumulate, lhs, rhs);
+    product_into(&ctx, threads, strategy, Dims { m, n, k }, &mut out, n, accumulate, lhs, rhs);
     Ok(out)
 }
 
@@ -184,6 +184,7 @@ pub fn matmul(
             LinearStrategy::Auto,
             Dims { m: rows, n, k },
             &mut out,
+            n,
             false,
             MatView::row_major(a, 0, k),
             MatView::row_major(b, 0, n),
@@ -215,6 +216,7 @@ pub fn matmul(
                     LinearStrategy::Auto,
                     dims,
                     dst,
+                    n,
                     false,
                     MatView::row_major(a, a_off, k),
                     MatView::row_major(b, b_off, n),
@@ -229,6 +231,7 @@ pub fn matmul(
                 LinearStrategy::Auto,
                 dims,
                 dst,
+                n,
                 false,
                 MatView::row_major(a, a_off, k),
                 MatView::row_major(b, b_off, n),
@@ -240,16 +243,16 @@ pub fn matmul(
 
 /// Sizes of one product `[M, K] x [K, N]`.
 #[derive(Debug, Clone, Copy)]
-struct Dims {
-    m: usize,
-    n: usize,
-    k: usize,
+pub(super) struct Dims {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
 }
 
 /// A read-only strided matrix inside a slice: element `(r, c)` is
 /// `data[offset + r * row_stride + c * col_stride]`.
 #[derive(Clone, Copy)]
-struct MatView<'a> {
+pub(super) struct MatView<'a> {
     data: &'a [f32],
     offset: usize,
     row_stride: usize,
@@ -257,8 +260,13 @@ struct MatView<'a> {
 }
 
 impl<'a> MatView<'a> {
-    fn row_major(data: &'a [f32], offset: usize, cols: usize) -> Self {
+    pub(super) fn row_major(data: &'a [f32], offset: usize, cols: usize) -> Self {
         MatView { data, offset, row_stride: cols, col_stride: 1 }
+    }
+
+    /// Rows of contiguous elements `row_stride` apart (a column range of a wider matrix).
+    pub(super) fn rows(data: &'a [f32], offset: usize, row_stride: usize) -> Self {
+        MatView { data, offset, row_stride, col_stride: 1 }
     }
 
     /// Asserts (internal invariant, established by the public shape checks) that a `rows x cols`
@@ -302,39 +310,61 @@ fn resolve(strategy: LinearStrategy, dims: Dims) -> LinearStrategy {
 /// `dst[M, N] (+)= lhs[M, K] * rhs[K, N]` with `dst` contiguous row-major, using up to `threads`
 /// threads of `ctx` (1 = the calling thread only).
 #[allow(clippy::too_many_arguments)]
-fn product_into(
+pub(super) fn product_into(
     ctx: &ThreadCtx,
     threads: usize,
     strategy: LinearStrategy,
     dims: Dims,
     dst: &mut [f32],
+    ldc: usize,
     accumulate: bool,
     lhs: MatView<'_>,
     rhs: MatView<'_>,
 ) {
     let Dims { m, n, k } = dims;
-    assert_eq!(dst.len(), m * n, "destination size");
     lhs.assert_fits(m, k);
     rhs.assert_fits(k, n);
     if m == 0 || n == 0 {
         return;
     }
+    assert!(ldc >= n && dst.len() >= (m - 1) * ldc + n, "destination size");
     if k == 0 {
         if !accumulate {
-            dst.fill(0.0);
+            for r in 0..m {
+                dst[r * ldc..r * ldc + n].fill(0.0);
+            }
         }
         return;
     }
     let lhs_ptr = Ptr(lhs.data[lhs.offset..].as_ptr() as *mut f32);
     let rhs_ptr = Ptr(rhs.data[rhs.offset..].as_ptr() as *mut f32);
     let dst_ptr = Ptr(dst.as_mut_ptr());
+    let rows_of_rows = lhs.col_stride == 1 && rhs.col_stride == 1;
     let k_block = depth_block(dims, &rhs);
     let call = |n0: usize, cols: usize, parallelism: Parallelism| {
+        if m <= SMALL_M && rows_of_rows {
+            // SAFETY: as for gemm below.
+            unsafe {
+                few_rows_product(
+                    m,
+                    cols,
+                    k,
+                    dst_ptr.get().add(n0),
+                    ldc,
+                    accumulate,
+                    lhs_ptr.get(),
+                    lhs.row_stride,
+                    rhs_ptr.get().add(n0),
+                    rhs.row_stride,
+                )
+            };
+            return;
+        }
         let mut k0 = 0;
         while k0 < k {
             let depth = k_block.min(k - k0);
             // SAFETY: the views were checked to lie inside their slices, so rows k0..k0+depth and
-            // columns n0..n0+cols are inside them; columns n0..n0+cols of dst (row stride n) are
+            // columns n0..n0+cols are inside them; columns n0..n0+cols of dst (row stride ldc) are
             // inside `dst`, which is exclusively borrowed, and concurrent calls get disjoint
             // column ranges.
             unsafe {
@@ -344,7 +374,7 @@ fn product_into(
                     depth,
                     dst_ptr.get().add(n0),
                     1,
-                    n as isize,
+                    ldc as isize,
                     accumulate || k0 > 0,
                     lhs_ptr.get().add(k0 * lhs.col_stride),
                     lhs.col_stride as isize,
@@ -380,6 +410,109 @@ fn product_into(
         }
         _ => ctx.install(|| call(0, n, Parallelism::Rayon(threads))),
     }
+}
+
+/// Products with at most this many rows of contiguous operands (decode-step attention: one query
+/// row against the keys or values of a head) skip gemm, whose packing and dispatch cost more than
+/// the arithmetic there.
+const SMALL_M: usize = 4;
+
+/// `dst[i, :] (+)= Σ_p lhs[i, p] * rhs[p, :]` for `i < m`: each output row is built by adding
+/// scaled rows of `rhs`, so every operand is read front to back.
+///
+/// # Safety
+/// `lhs` has `m` rows of `k` (stride `lda`), `rhs` `k` rows of `n` (stride `ldb`), `dst` `m`
+/// writable rows of `n` (stride `ldc`), all contiguous within a row and `dst` not aliased.
+#[allow(clippy::too_many_arguments)]
+unsafe fn few_rows_product(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    lhs: *const f32,
+    lda: usize,
+    rhs: *const f32,
+    ldb: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return few_rows_avx512(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb);
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            return few_rows_avx2(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb);
+        }
+    }
+    few_rows_body(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb)
+}
+
+/// [`few_rows_product`]'s loop, compiled once per instruction set by the wrappers below so the
+/// compiler vectorises the row update with the widest registers available.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn few_rows_body(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    lhs: *const f32,
+    lda: usize,
+    rhs: *const f32,
+    ldb: usize,
+) {
+    for i in 0..m {
+        let out = std::slice::from_raw_parts_mut(dst.add(i * ldc), n);
+        if !accumulate {
+            out.fill(0.0);
+        }
+        for p in 0..k {
+            let s = *lhs.add(i * lda + p);
+            let row = std::slice::from_raw_parts(rhs.add(p * ldb), n);
+            for (o, &w) in out.iter_mut().zip(row) {
+                *o += s * w;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn few_rows_avx512(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    lhs: *const f32,
+    lda: usize,
+    rhs: *const f32,
+    ldb: usize,
+) {
+    few_rows_body(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn few_rows_avx2(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    lhs: *const f32,
+    lda: usize,
+    rhs: *const f32,
+    ldb: usize,
+) {
+    few_rows_body(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb)
 }
 
 /// A raw pointer that may cross into rayon tasks; soundness is argued at each use.

@@ -308,7 +308,9 @@ impl<'a> CalibrationWeights<'a> {
 impl WeightStore for CalibrationWeights<'_> {
     fn load(&self, req: &ParamRequest<'_>) -> DslResult<Tensor> {
         let t = self.store.load(req)?;
-        let data = t.as_f32().ok_or_else(|| mllm_dsl::Error::msg(format!("`{}` has no f32 data", req.key)))?;
+        let data = crate::executor::real_values(&t)
+            .ok_or_else(|| mllm_dsl::Error::msg(format!("`{}` has no real-valued data", req.key)))?;
+        let data = &*data;
         let out = match req.role {
             ParamRole::Conv2dWeight => {
                 // HWIO [1, 1, In, Out] <-> [Out][In].

@@ -1,0 +1,308 @@
+//! Weight matrices packed for the linear kernels, kept in their checkpoint precision (bf16 or f32),
+//! and the products and row gathers that read them.
+//!
+//! A [`PackedMatrix`] is the `[K, N]` (in features × out features) matrix of `y = x @ W`, cut into
+//! panels of [`PANEL`] output columns: panel `p` holds rows `k = 0..K` of columns
+//! `32p..32p + 32` one after the other, the last panel zero-padded. A matrix product then streams
+//! each panel once, front to back, for any number of input rows — the layout a decode step (one
+//! row, memory-bound) and a prefill chunk (many rows, compute-bound) both want.
+//!
+//! bf16 panels halve the bytes a decode step reads. Their values are widened to f32 in registers
+//! (a bf16 is the upper half of an f32, so this is exact) and all arithmetic is f32. Inside a bf16
+//! panel row, column `c < 16` sits at slot `2c` and column `16 + c` at slot `2c + 1`: one 64-byte
+//! load then yields both halves with a shift and a mask (see [`super::packed_tile`]).
+//!
+//! A tied embedding (the table `[V, H]` that is also the LM head `[H, V]`) is one packed matrix:
+//! its rows are the matrix's columns ([`PackedMatrix::gather_columns`]).
+
+use rayon::prelude::*;
+
+use super::packed_tile::{self, Isa, MAX_ROWS};
+use super::threads::current;
+use super::KernelError;
+use std::borrow::Cow;
+
+/// Output columns per panel.
+pub const PANEL: usize = 32;
+
+/// Below this many multiply-adds a product stays on the calling thread.
+const MIN_PARALLEL_MACS: usize = 1 << 17;
+
+/// Input rows per outer block: the block's rows of `x` stay in L2 while the panels stream past.
+/// A multiple of every tile height, so blocks start on tile boundaries of the packed rows.
+const ROW_BLOCK: usize = 10 * MAX_ROWS;
+
+/// Element storage of the panels.
+#[derive(Clone, PartialEq)]
+pub enum PackedElems {
+    /// bf16 bit patterns, in the slot order described in the module docs.
+    Bf16(Vec<u16>),
+    /// f32 values, columns in natural order.
+    F32(Vec<f32>),
+}
+
+/// A `[K, N]` weight matrix in panels of [`PANEL`] columns (see the module docs).
+#[derive(Clone, PartialEq)]
+pub struct PackedMatrix {
+    k: usize,
+    n: usize,
+    elems: PackedElems,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dtype = match self.elems {
+            PackedElems::Bf16(_) => "bf16",
+            PackedElems::F32(_) => "f32",
+        };
+        write!(f, "PackedMatrix({dtype}, K={}, N={})", self.k, self.n)
+    }
+}
+
+/// Slot of column `c` (`0..PANEL`) inside a bf16 panel row.
+#[inline]
+fn bf16_slot(c: usize) -> usize {
+    if c < PANEL / 2 {
+        2 * c
+    } else {
+        2 * (c - PANEL / 2) + 1
+    }
+}
+
+#[inline]
+fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
+
+impl PackedMatrix {
+    /// Packs bf16 bit patterns stored as `[N, K]` rows (the layout of an HF linear weight
+    /// `[out, in]` and of an embedding table `[vocab, hidden]`).
+    pub fn from_rows_bf16(n: usize, k: usize, rows: &[u16]) -> Result<Self, KernelError> {
+        check_rows("pack_bf16", n, k, rows.len())?;
+        let elems = PackedElems::Bf16(pack(n, k, |c, kk| rows[c * k + kk], bf16_slot));
+        Ok(PackedMatrix { k, n, elems })
+    }
+
+    /// Packs f32 values stored as `[N, K]` rows.
+    pub fn from_rows_f32(n: usize, k: usize, rows: &[f32]) -> Result<Self, KernelError> {
+        check_rows("pack_f32", n, k, rows.len())?;
+        let elems = PackedElems::F32(pack(n, k, |c, kk| rows[c * k + kk], |c| c));
+        Ok(PackedMatrix { k, n, elems })
+    }
+
+    /// Rows of `x` this matrix multiplies (`K`, in features).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Output columns (`N`, out features).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn elems(&self) -> &PackedElems {
+        &self.elems
+    }
+
+    /// Bytes held by the panels.
+    pub fn bytes(&self) -> usize {
+        match &self.elems {
+            PackedElems::Bf16(v) => v.len() * 2,
+            PackedElems::F32(v) => v.len() * 4,
+        }
+    }
+
+    fn panels(&self) -> usize {
+        self.n.div_ceil(PANEL)
+    }
+
+    /// `W[kk, c]` as f32.
+    #[inline]
+    fn get(&self, kk: usize, c: usize) -> f32 {
+        let base = ((c / PANEL) * self.k + kk) * PANEL;
+        match &self.elems {
+            PackedElems::Bf16(v) => bf16_to_f32(v[base + bf16_slot(c % PANEL)]),
+            PackedElems::F32(v) => v[base + c % PANEL],
+        }
+    }
+
+    /// `out[i, :] = W[:, ids[i]]`, i.e. rows of the `[N, K]` table this matrix was packed from
+    /// (an embedding lookup). Ids must lie in `0..N`.
+    pub fn gather_columns(&self, ids: &[i64]) -> Result<Vec<f32>, KernelError> {
+        let mut out = Vec::with_capacity(ids.len() * self.k);
+        for (position, &id) in ids.iter().enumerate() {
+            let c = usize::try_from(id).ok().filter(|&c| c < self.n).ok_or(KernelError::IndexOutOfRange {
+                op: "gather_columns",
+                index: id,
+                position,
+                dim: 0,
+                bound: self.n,
+            })?;
+            out.extend((0..self.k).map(|kk| self.get(kk, c)));
+        }
+        Ok(out)
+    }
+
+    /// The matrix as row-major f32 `[K, N]` (a HWIO 1×1 conv weight).
+    pub fn to_kn_f32(&self) -> Vec<f32> {
+        let mut out = vec![0.0f32; self.k * self.n];
+        for (kk, row) in out.chunks_exact_mut(self.n.max(1)).enumerate() {
+            for (c, o) in row.iter_mut().enumerate() {
+                *o = self.get(kk, c);
+            }
+        }
+        out
+    }
+
+    /// The matrix as row-major f32 `[N, K]` (the table it was packed from).
+    pub fn to_nk_f32(&self) -> Vec<f32> {
+        let mut out = vec![0.0f32; self.k * self.n];
+        for (c, row) in out.chunks_exact_mut(self.k.max(1)).enumerate() {
+            for (kk, o) in row.iter_mut().enumerate() {
+                *o = self.get(kk, c);
+            }
+        }
+        out
+    }
+}
+
+fn check_rows(op: &'static str, n: usize, k: usize, len: usize) -> Result<(), KernelError> {
+    super::shape::check_len_of(op, "rows", len, &[n, k])
+}
+
+/// Builds the panels: `value(c, kk)` reads source element (column `c`, row `kk`) and `slot(c)`
+/// places column `c % PANEL` inside a panel row. Panels are filled in parallel.
+fn pack<T: Copy + Default + Send + Sync>(
+    n: usize,
+    k: usize,
+    value: impl Fn(usize, usize) -> T + Sync,
+    slot: impl Fn(usize) -> usize + Sync,
+) -> Vec<T> {
+    let panels = n.div_ceil(PANEL);
+    let mut out = vec![T::default(); panels * k * PANEL];
+    if out.is_empty() {
+        return out;
+    }
+    let fill = |p: usize, panel: &mut [T]| {
+        for c in 0..PANEL.min(n - p * PANEL) {
+            let s = slot(c);
+            for kk in 0..k {
+                panel[kk * PANEL + s] = value(p * PANEL + c, kk);
+            }
+        }
+    };
+    let ctx = current();
+    ctx.install(|| out.par_chunks_mut(k * PANEL).enumerate().for_each(|(p, panel)| fill(p, panel)));
+    out
+}
+
+/// `x[M, K] @ W[K, N] (+ bias[N])` with `W` packed, accumulating in f32.
+pub fn linear_packed(x: &[f32], m: usize, w: &PackedMatrix, bias: Option<&[f32]>) -> Result<Vec<f32>, KernelError> {
+    linear_packed_with(packed_tile::detect(), x, m, w, bias)
+}
+
+/// [`linear_packed`] on an explicit instruction set (tests compare them; `isa` must be
+/// available on this CPU, see [`available_isas`]).
+pub fn linear_packed_with(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    w: &PackedMatrix,
+    bias: Option<&[f32]>,
+) -> Result<Vec<f32>, KernelError> {
+    const OP: &str = "linear_packed";
+    let (k, n) = (w.k, w.n);
+    super::shape::check_len(OP, "x", x, &[m, k])?;
+    if let Some(b) = bias {
+        super::shape::check_len(OP, "bias", b, &[n])?;
+    }
+    if !isa.available() {
+        return Err(KernelError::InvalidArgument { op: OP, reason: format!("{isa:?} is not supported by this CPU") });
+    }
+    let mut out = vec![0.0f32; m * n];
+    if out.is_empty() {
+        return Ok(out);
+    }
+    // A single row is its own packing.
+    let a: Cow<'_, [f32]> = if m == 1 { Cow::Borrowed(x) } else { Cow::Owned(packed_tile::pack_rows(isa, x, m, k)) };
+    let panels = w.panels();
+    let ctx = current();
+    let threads = ctx.for_work(m * n * k, MIN_PARALLEL_MACS);
+    let dst = OutPtr(out.as_mut_ptr());
+    // Columns [p0 * PANEL, p1 * PANEL) of every output row.
+    let run = |p0: usize, p1: usize| {
+        for r0 in (0..m).step_by(ROW_BLOCK) {
+            let rows = ROW_BLOCK.min(m - r0);
+            for p in p0..p1 {
+                let cols = PANEL.min(n - p * PANEL);
+                let mut init = [0.0f32; PANEL];
+                if let Some(b) = bias {
+                    init[..cols].copy_from_slice(&b[p * PANEL..p * PANEL + cols]);
+                }
+                let panel = PanelRef::new(w, p);
+                // SAFETY: rows r0..r0+rows of x exist (checked length m*k); the tile writes rows
+                // r0..r0+rows, columns p*PANEL..p*PANEL+cols of the m*n output, and concurrent
+                // calls cover disjoint panel ranges.
+                unsafe {
+                    packed_tile::panel_product(
+                        isa,
+                        a.as_ptr().add(r0 * k),
+                        rows,
+                        k,
+                        panel,
+                        dst.get().add(r0 * n + p * PANEL),
+                        n,
+                        cols,
+                        &init,
+                    );
+                }
+            }
+        }
+    };
+    if threads <= 1 || panels < 2 {
+        run(0, panels);
+    } else {
+        // A few chunks per thread so a thread slowed by other load is balanced out.
+        let chunk = panels.div_ceil(threads * 4).max(1);
+        ctx.install(|| {
+            (0..panels.div_ceil(chunk)).into_par_iter().for_each(|c| run(c * chunk, panels.min((c + 1) * chunk)))
+        });
+    }
+    Ok(out)
+}
+
+/// The instruction sets this CPU can run the packed kernels with, best first.
+pub fn available_isas() -> Vec<Isa> {
+    Isa::ALL.into_iter().filter(|i| i.available()).collect()
+}
+
+/// One panel's elements.
+#[derive(Clone, Copy)]
+pub(crate) enum PanelRef<'a> {
+    Bf16(&'a [u16]),
+    F32(&'a [f32]),
+}
+
+impl<'a> PanelRef<'a> {
+    fn new(w: &'a PackedMatrix, p: usize) -> Self {
+        let len = w.k * PANEL;
+        match &w.elems {
+            PackedElems::Bf16(v) => PanelRef::Bf16(&v[p * len..(p + 1) * len]),
+            PackedElems::F32(v) => PanelRef::F32(&v[p * len..(p + 1) * len]),
+        }
+    }
+}
+
+/// The output pointer shared by the panel tasks; each writes its own columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+
+// SAFETY: tasks write disjoint column ranges of a buffer that outlives them.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
