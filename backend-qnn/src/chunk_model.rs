@@ -100,9 +100,11 @@ impl GraphIo {
                     };
                     let dtype = t.dtype.ok_or_else(|| bad("has a data type this crate does not model".into()))?;
                     if dtype.is_fixed_point() && t.quant.is_none() {
-                        return Err(bad(format!(
-                            "is {dtype} but the binary's metadata gives no scale/offset; pass the lowered graphs"
-                        )));
+                        return Err(QnnModelError::MissingEncoding {
+                            graph: graph.name.clone(),
+                            tensor: t.name.clone(),
+                            dtype,
+                        });
                     }
                     Ok(IoTensor { name: t.name.clone(), dtype, dims: t.dims.clone(), quant: t.quant })
                 })
@@ -119,6 +121,13 @@ pub enum QnnModelError {
     Io { graph: String, tensor: String, detail: String },
     #[error("graph `{graph}`: {detail}")]
     Contract { graph: String, detail: String },
+    /// The binary's metadata has no scale/offset for fixed-point I/O; the lowered graphs the
+    /// binary was built from can supply them.
+    #[error(
+        "graph `{graph}`: `{tensor}` is {dtype} but the binary's metadata gives no scale/offset; \
+         open it with the lowered graphs it was built from"
+    )]
+    MissingEncoding { graph: String, tensor: String, dtype: DataType },
     #[error("graphs `{first}` and `{second}` disagree: {detail}")]
     Mismatch { first: String, second: String, detail: String },
     #[error("no graphs were given")]

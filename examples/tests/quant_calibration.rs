@@ -226,7 +226,8 @@ fn block_size_conflicts_are_reported_before_calibration() {
 #[test]
 fn text_calibration_splits_paragraphs_and_truncates() {
     let text = scratch("calib.txt");
-    std::fs::write(&text, "Alice was reading a book.\n\n\n  \nTwinkle, twinkle, little star.\nHow I wonder.\n").unwrap();
+    std::fs::write(&text, "Alice was reading a book.\n\n\n  \nTwinkle, twinkle, little star.\nHow I wonder.\n")
+        .unwrap();
     let tokenizer = fixture("tokenizer-tiny").join("tokenizer.json");
     let seqs = mllm_examples::quant_pipeline::load_text_sequences(&text, &tokenizer, 5, 10, false).unwrap();
     assert_eq!(seqs.len(), 2, "{seqs:?}");
