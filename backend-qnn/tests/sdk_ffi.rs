@@ -640,3 +640,35 @@ fn exec_errors_are_named() {
     let err = api.context_create_from_binary(&binary).unwrap_err();
     assert_eq!(err, ApiError::Qnn { function: "contextCreateFromBinary", code: 5000 });
 }
+
+/// `open_context_binary_with_sdk` (what `generate --qnn-context` calls) finds the libraries
+/// through `QNN_SDK_ROOT` and returns a chunk model the generator runs; a root without them is
+/// named in the error.
+#[test]
+fn open_with_sdk_finds_the_libraries_through_qnn_sdk_root() {
+    let _guard = lock();
+    let root = mock_sdk("plain", &[]);
+    let control = MockControl::open(&LibraryPaths::from_sdk_root(&root).backend);
+    let (binary, _) = qwen3_binary();
+    let saved = std::env::var_os("QNN_SDK_ROOT");
+    // The mock lock serializes every test that loads QNN libraries, the only readers of it.
+    std::env::set_var("QNN_SDK_ROOT", &root);
+    let opened = backend_qnn::sdk::open_context_binary_with_sdk(&binary, None);
+    std::env::set_var("QNN_SDK_ROOT", "/nonexistent/qairt");
+    let missing = backend_qnn::sdk::open_context_binary_with_sdk(&binary, None).err();
+    match saved {
+        Some(v) => std::env::set_var("QNN_SDK_ROOT", v),
+        None => std::env::remove_var("QNN_SDK_ROOT"),
+    }
+    let model = opened.unwrap();
+    assert_eq!(model.chunk_lens(), [qwen3_common::CHUNK, 1]);
+    let config = GenerationConfig { max_new_tokens: 3, prefill_chunk: 4, eos_ids: vec![], ..Default::default() };
+    let out = Generator::new(model).unwrap().generate(&[5, 17, 99, 3, 64], &config).unwrap();
+    assert_eq!(out.ids.len(), 3);
+    // Two prefill chunks (5 prompt tokens, chunk 4) and two decode steps.
+    let log = control.log();
+    assert_eq!(log.lines().filter(|l| l.starts_with("graphExecute(graph=graph1,")).count(), 2, "{log}");
+    assert_eq!(log.lines().filter(|l| l.starts_with("graphExecute(graph=graph2,")).count(), 2, "{log}");
+    let msg = missing.expect("no library under the root").to_string();
+    assert!(msg.contains("/nonexistent/qairt/lib/x86_64-linux-clang/libQnnHtp.so"), "{msg}");
+}

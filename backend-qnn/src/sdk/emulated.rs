@@ -8,10 +8,11 @@
 //! the code that would drive the SDK.
 //!
 //! The context binaries it accepts are those the recording API (and the clean-room mock
-//! provider) serialize: a listing of graph names, node counts and I/O. On
+//! provider) serialize: a listing of graph names, node counts and I/O
+//! ([`super::render::parse_fake_context_binary`]). On
 //! [`context_create_from_binary`](QnnExecApi::context_create_from_binary) every graph the
 //! binary lists must be one of the held graphs with exactly the listed node count and I/O
-//! (names, types, shapes, binding order), so a binary from other graphs is refused rather
+//! (names, types, shapes, encodings, binding order; tensor ids aside), so a binary from other graphs is refused rather
 //! than silently run with the wrong weights.
 
 use std::collections::HashMap;

@@ -58,6 +58,13 @@
 //!   checks, the versioned table, struct filling (encodings, configs, platform info, by-value
 //!   op configs), buffer lifetimes, error codes and cleanup order; unit tests compare our
 //!   numeric codes and struct sizes with the headers in use.
+//! - The execute path through the FFI (same test file): the mock loads the binary it serialized
+//!   (`contextCreateFromBinary`), retrieves graphs by name, and in `graphExecute` checks every
+//!   tensor against the graph's recorded I/O (ids, names, types, dims, scale/offset, buffer
+//!   sizes) and fills the outputs with a fixed function of the input bytes; one prefill and one
+//!   decode step of the tiny Qwen3 pair through [`crate::QnnChunkModel`] must deliver exactly
+//!   that function's bytes to the runtime (logits dequantized with the encodings `SystemApi`
+//!   read from the binary), and the mock's log must show the digests of the bytes written.
 //!
 //! Not proven without the SDK: that Qualcomm's HTP backend accepts our graphs (op
 //! constraints, LPBQ packing) and that the clean-room headers match Qualcomm's ABI. Building
