@@ -5,8 +5,8 @@ use crate::quant_pipeline::{load_model, RunMode};
 use crate::{qwen3_chat_prompt, write_f32_safetensors};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use backend_cpu::checkpoint::SafetensorsCheckpoint;
-use backend_qnn::sdk::EmulatedHtp;
-use backend_qnn::{LowerOptions, QnnChunkModel, QnnGraph, QnnLowering};
+use backend_qnn::sdk::{EmulatedHtp, SdkChunkModel, SdkError};
+use backend_qnn::{LowerOptions, QnnChunkModel, QnnGraph, QnnLowering, QnnModelError};
 use clap::Parser;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
@@ -65,7 +65,8 @@ pub struct GenerateArgs {
     pub float: bool,
     /// Generate from this QNN context binary (built from --model's quantized checkpoint with
     /// graphs for --chunk and 1 at --context) instead of the CPU model. Runs on the QNN SDK's HTP
-    /// backend, which needs `--features qnn-sdk` and QNN_SDK_ROOT; see --qnn-emulate.
+    /// backend (libQnnHtp.so of QNN_SDK_ROOT; on x86 its HTP emulation), which needs
+    /// `--features qnn-sdk`; --model supplies the tokenizer and config. See --qnn-emulate.
     #[arg(long, conflicts_with = "float")]
     pub qnn_context: Option<PathBuf>,
     /// Run --qnn-context on the CPU instead: backend-qnn's reference interpreter executes the
@@ -82,7 +83,13 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
     backend_cpu::kernels::set_num_threads(args.threads)?;
     let t0 = Instant::now();
     let model = match &args.qnn_context {
-        Some(binary) => Model::Qnn(Box::new(load_qnn_context(args, binary)?), HfConfig::from_dir(&args.model)?),
+        Some(binary) => {
+            let hf = HfConfig::from_dir(&args.model)?;
+            match load_qnn_context(args, binary)? {
+                QnnModel::Emulated(m) => Model::Qnn(m, hf),
+                QnnModel::Sdk(m) => Model::QnnSdk(m, hf),
+            }
+        }
         None => {
             let mode = if args.float { RunMode::Float } else { RunMode::Auto };
             let loaded = load_model(&args.model, args.context, mode)?;
@@ -99,7 +106,7 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
     };
     let load_s = t0.elapsed().as_secs_f64();
     let hf = match &model {
-        Model::Cpu(_, c) | Model::Qnn(_, c) => c.clone(),
+        Model::Cpu(_, c) | Model::Qnn(_, c) | Model::QnnSdk(_, c) => c.clone(),
     };
     let tokenizer = match &args.prompt {
         Some(_) => {
@@ -142,6 +149,7 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
     let out = match model {
         Model::Cpu(m, _) => generate(*m, &prompt, &config)?,
         Model::Qnn(m, _) => generate(*m, &prompt, &config)?,
+        Model::QnnSdk(m, _) => generate(*m, &prompt, &config)?,
     };
     let all: Vec<u32> = prompt.iter().chain(&out.ids).copied().collect();
     let mut lines = vec![format!("ids: {}", all.iter().map(u32::to_string).collect::<Vec<_>>().join(","))];
@@ -168,6 +176,13 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
 enum Model {
     Cpu(Box<backend_cpu::CpuChunkModel>, HfConfig),
     Qnn(Box<QnnChunkModel<EmulatedHtp>>, HfConfig),
+    QnnSdk(Box<SdkChunkModel>, HfConfig),
+}
+
+/// A context binary opened for generation: on the QNN SDK's backend or on the CPU emulator.
+enum QnnModel {
+    Emulated(Box<QnnChunkModel<EmulatedHtp>>),
+    Sdk(Box<SdkChunkModel>),
 }
 
 fn generate<M: ChunkModel>(model: M, prompt: &[u32], config: &GenerationConfig) -> Result<GenerationOutput> {
@@ -175,26 +190,48 @@ fn generate<M: ChunkModel>(model: M, prompt: &[u32], config: &GenerationConfig) 
 }
 
 /// The context binary at `binary` as a chunk model (see `--qnn-context` / `--qnn-emulate`).
-fn load_qnn_context(args: &GenerateArgs, binary: &Path) -> Result<QnnChunkModel<EmulatedHtp>> {
-    if !args.qnn_emulate {
-        if !backend_qnn::sdk::sdk_available() {
-            bail!(
-                "--qnn-context runs the binary on the QNN SDK's HTP backend, and this build has no QNN SDK support: {} \
-                 (for this example: cargo run --example generate --features qnn-sdk); or add --qnn-emulate to run it \
-                 on the CPU",
-                backend_qnn::sdk::ENABLE_SDK_HINT
-            );
-        }
+fn load_qnn_context(args: &GenerateArgs, binary: &Path) -> Result<QnnModel> {
+    if !args.qnn_emulate && !backend_qnn::sdk::sdk_available() {
         bail!(
-            "executing context binaries through libQnnHtp is not implemented yet (backend-qnn's SdkApi builds \
-             binaries but has no graphExecute path); add --qnn-emulate to run {} on the CPU",
-            binary.display()
+            "--qnn-context runs the binary on the QNN SDK's HTP backend, and this build has no QNN SDK support: {} \
+             (for this example: cargo run --example generate --features qnn-sdk); or add --qnn-emulate to run it \
+             on the CPU",
+            backend_qnn::sdk::ENABLE_SDK_HINT
         );
     }
     let bytes = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
-    let graphs = lower_for_context(&args.model, args.chunk, args.context)?;
-    QnnChunkModel::emulated(graphs, &bytes)
-        .with_context(|| format!("{} as a context binary of {}", binary.display(), args.model.display()))
+    let what = || format!("{} as a context binary of {}", binary.display(), args.model.display());
+    if args.qnn_emulate {
+        let graphs = lower_for_context(&args.model, args.chunk, args.context)?;
+        let model = QnnChunkModel::emulated(graphs, &bytes).with_context(what)?;
+        return Ok(QnnModel::Emulated(Box::new(model)));
+    }
+    // The graph I/O (and its encodings) comes from the binary's metadata; only when that lacks
+    // scale/offsets are the graphs lowered again from --model to supply them.
+    let model = match backend_qnn::sdk::open_context_binary_with_sdk(&bytes, None) {
+        Err(SdkError::Model(QnnModelError::MissingEncoding { graph, tensor, .. })) => {
+            eprintln!(
+                "{}: the metadata of `{graph}` has no encoding for `{tensor}`; lowering {} again for the I/O \
+                 encodings",
+                binary.display(),
+                args.model.display()
+            );
+            let graphs = lower_for_context(&args.model, args.chunk, args.context)?;
+            backend_qnn::sdk::open_context_binary_with_sdk(&bytes, Some(&graphs))
+        }
+        other => other,
+    };
+    let model = model.with_context(what)?;
+    let chunks = model.chunk_lens();
+    ensure!(
+        chunks.contains(&args.chunk),
+        "{} has graphs for chunks {chunks:?}, not for --chunk {}",
+        binary.display(),
+        args.chunk
+    );
+    let ctx = model.layout().context_len;
+    ensure!(ctx == args.context, "{} was built for context {ctx}, not --context {}", binary.display(), args.context);
+    Ok(QnnModel::Sdk(Box::new(model)))
 }
 
 /// The QNN graphs of a quantized checkpoint for prefill chunk `chunk` (and decode, chunk 1) at

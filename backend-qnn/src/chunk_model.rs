@@ -84,6 +84,36 @@ impl GraphIo {
     }
 }
 
+#[cfg(feature = "qnn-sdk")]
+impl GraphIo {
+    /// The I/O of a graph as a context binary's metadata records it ([`crate::sdk::SystemApi`]).
+    /// Every fixed-point tensor must carry its scale/offset there; when a binary's metadata
+    /// lacks them, take the I/O from the lowered graphs instead ([`GraphIo::from_graph`]).
+    pub fn from_info(graph: &crate::sdk::ffi::GraphInfo) -> Result<GraphIo, QnnModelError> {
+        let io = |list: &[crate::sdk::ffi::TensorInfo]| {
+            list.iter()
+                .map(|t| {
+                    let bad = |detail: String| QnnModelError::Io {
+                        graph: graph.name.clone(),
+                        tensor: t.name.clone(),
+                        detail,
+                    };
+                    let dtype = t.dtype.ok_or_else(|| bad("has a data type this crate does not model".into()))?;
+                    if dtype.is_fixed_point() && t.quant.is_none() {
+                        return Err(QnnModelError::MissingEncoding {
+                            graph: graph.name.clone(),
+                            tensor: t.name.clone(),
+                            dtype,
+                        });
+                    }
+                    Ok(IoTensor { name: t.name.clone(), dtype, dims: t.dims.clone(), quant: t.quant })
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(GraphIo { name: graph.name.clone(), inputs: io(&graph.inputs)?, outputs: io(&graph.outputs)? })
+    }
+}
+
 /// Why a context binary cannot be run as a chunk model.
 #[derive(Debug, Error)]
 pub enum QnnModelError {
@@ -91,6 +121,13 @@ pub enum QnnModelError {
     Io { graph: String, tensor: String, detail: String },
     #[error("graph `{graph}`: {detail}")]
     Contract { graph: String, detail: String },
+    /// The binary's metadata has no scale/offset for fixed-point I/O; the lowered graphs the
+    /// binary was built from can supply them.
+    #[error(
+        "graph `{graph}`: `{tensor}` is {dtype} but the binary's metadata gives no scale/offset; \
+         open it with the lowered graphs it was built from"
+    )]
+    MissingEncoding { graph: String, tensor: String, dtype: DataType },
     #[error("graphs `{first}` and `{second}` disagree: {detail}")]
     Mismatch { first: String, second: String, detail: String },
     #[error("no graphs were given")]
@@ -158,6 +195,11 @@ impl<A: QnnExecApi> QnnChunkModel<A> {
     pub fn api(&self) -> &A {
         &self.api
     }
+
+    /// The execute API, mutably (e.g. to collect what a recording wrapper saw).
+    pub fn api_mut(&mut self) -> &mut A {
+        &mut self.api
+    }
 }
 
 impl QnnChunkModel<EmulatedHtp> {
@@ -168,6 +210,65 @@ impl QnnChunkModel<EmulatedHtp> {
         let io = graphs.iter().map(GraphIo::from_graph).collect::<Result<Vec<_>, _>>()?;
         QnnChunkModel::open(EmulatedHtp::new(graphs)?, binary, io)
     }
+}
+
+#[cfg(feature = "qnn-sdk")]
+impl QnnChunkModel<crate::sdk::SdkApi> {
+    /// `binary` run by a QNN backend library through the FFI (on x86, `libQnnHtp.so`'s HTP
+    /// emulation). `api` must have a system library ([`crate::sdk::SdkApi::load_for_execution`]):
+    /// every graph the binary holds is opened, with the I/O its metadata records. When the
+    /// metadata carries no scale/offset for fixed-point I/O, give the `lowered` graphs the binary
+    /// was built from; their I/O must then agree with the metadata in names, types and shapes.
+    pub fn from_binary(
+        api: crate::sdk::SdkApi,
+        binary: &[u8],
+        lowered: Option<&[QnnGraph]>,
+    ) -> Result<Self, QnnModelError> {
+        let info = api.binary_info(binary)?;
+        let mut graphs = Vec::with_capacity(info.graphs.len());
+        for g in &info.graphs {
+            let io = match lowered {
+                None => GraphIo::from_info(g)?,
+                Some(lowered) => {
+                    let graph = lowered.iter().find(|l| l.name == g.name).ok_or_else(|| QnnModelError::Contract {
+                        graph: g.name.clone(),
+                        detail: "is in the binary but not among the lowered graphs".into(),
+                    })?;
+                    let io = GraphIo::from_graph(graph)?;
+                    check_against_metadata(&io, g)?;
+                    io
+                }
+            };
+            graphs.push(io);
+        }
+        QnnChunkModel::open(api, binary, graphs)
+    }
+}
+
+/// Lowered-graph I/O against the binary's metadata: same tensors, types and shapes in the same
+/// order, and the same scale/offset wherever the metadata records one.
+#[cfg(feature = "qnn-sdk")]
+fn check_against_metadata(io: &GraphIo, info: &crate::sdk::ffi::GraphInfo) -> Result<(), QnnModelError> {
+    let mismatch = |detail: String| QnnModelError::Mismatch {
+        first: format!("{} (lowered)", io.name),
+        second: format!("{} (binary metadata)", info.name),
+        detail,
+    };
+    for (kind, ours, theirs) in [("inputs", &io.inputs, &info.inputs), ("outputs", &io.outputs, &info.outputs)] {
+        if ours.len() != theirs.len() {
+            return Err(mismatch(format!("{} {kind} against {}", ours.len(), theirs.len())));
+        }
+        for (a, b) in ours.iter().zip(theirs) {
+            let quant_ok = b.quant.is_none() || b.quant == a.quant;
+            if a.name != b.name || Some(a.dtype) != b.dtype || a.dims != b.dims || !quant_ok {
+                return Err(mismatch(format!(
+                    "`{}` {} {:?} {:?} against `{}` {:?} {:?} {:?}",
+                    a.name, a.dtype, a.dims, a.quant, b.name, b.dtype, b.dims, b.quant
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl<A: QnnExecApi> Drop for QnnChunkModel<A> {

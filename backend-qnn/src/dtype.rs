@@ -110,6 +110,11 @@ impl DataType {
         &self.c_name()["QNN_DATATYPE_".len()..]
     }
 
+    /// The data type whose [`short_name`](Self::short_name) is `name`.
+    pub fn from_short_name(name: &str) -> Option<DataType> {
+        ALL_DATA_TYPES.iter().copied().find(|d| d.short_name() == name)
+    }
+
     /// Number of value bits (4, 8, 16, 32 or 64); 0 for `String` and `Undefined`.
     pub const fn bit_width(self) -> u32 {
         match self {

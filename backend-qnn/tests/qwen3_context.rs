@@ -7,7 +7,7 @@
 mod qwen3_common;
 
 use backend_qnn::context::{build_context, context_request, write_context_binary, ContextError};
-use backend_qnn::sdk::render::{self, FakeGraph};
+use backend_qnn::sdk::render::{self, FakeGraph, FakeIo};
 use backend_qnn::sdk::RecordingApi;
 use backend_qnn::target::{HtpTarget, TargetError};
 use backend_qnn::TensorType;
@@ -45,6 +45,16 @@ fn both_graphs_go_into_one_weight_sharing_context_in_order() {
     // The fake binary lists both graphs with their I/O in binding order.
     let (descs, options) = context_request(&graphs, &sm8650()).unwrap();
     assert!(options.weight_sharing);
+    let listed = render::parse_fake_context_binary(&binary).expect("a fake context binary");
+    assert_eq!(render::fake_context_binary(&listed), binary, "listing round trip");
+    let without_ids: Vec<FakeGraph> = listed
+        .iter()
+        .cloned()
+        .map(|mut g| {
+            g.inputs.iter_mut().chain(&mut g.outputs).for_each(|t| t.id = 0);
+            g
+        })
+        .collect();
     let fake: Vec<FakeGraph> = descs
         .iter()
         .map(|g| {
@@ -53,7 +63,11 @@ fn both_graphs_go_into_one_weight_sharing_context_in_order() {
                     .iter()
                     .map(|n| {
                         let t = g.tensors.iter().find(|t| &t.name == n).unwrap();
-                        (t.name.clone(), t.dtype, t.dims.clone())
+                        let quant = match &t.encoding {
+                            backend_qnn::sdk::Encoding::ScaleOffset(so) => Some(*so),
+                            _ => None,
+                        };
+                        FakeIo { id: 0, name: t.name.clone(), dtype: t.dtype, dims: t.dims.clone(), quant }
                     })
                     .collect()
             };
@@ -65,7 +79,14 @@ fn both_graphs_go_into_one_weight_sharing_context_in_order() {
             }
         })
         .collect();
-    assert_eq!(binary, render::fake_context_binary(&fake));
+    assert_eq!(without_ids, fake);
+    // I/O ids are the ones the backend assigned, distinct within the context.
+    let mut ids: Vec<u32> = listed.iter().flat_map(|g| g.inputs.iter().chain(&g.outputs).map(|t| t.id)).collect();
+    let n = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), n);
+    assert!(ids[0] > 0);
 
     insta::with_settings!({
         snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"),

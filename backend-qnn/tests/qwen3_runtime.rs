@@ -154,7 +154,7 @@ fn binaries_of_other_graphs_and_broken_io_are_refused() {
     let other = text.replace(&line, &format!("graph model.0.s1 nodes={}", s1.nodes.len() + 1));
     let emulator = EmulatedHtp::new(vec![s4.clone(), s1.clone()]).unwrap();
     let err = QnnChunkModel::open(emulator, other.as_bytes(), vec![io(&s1)]).unwrap_err().to_string();
-    assert!(err.contains("differ from the given graphs"), "{err}");
+    assert!(err.contains("differs from the given graph"), "{err}");
     // Not a context binary at all.
     let emulator = EmulatedHtp::new(vec![s4.clone(), s1.clone()]).unwrap();
     let err = QnnChunkModel::open(emulator, b"\x7fELF", vec![io(&s1)]).unwrap_err().to_string();

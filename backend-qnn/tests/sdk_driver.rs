@@ -110,11 +110,18 @@ fn fake_binary_lists_both_graphs() {
     assert_eq!(
         text,
         format!(
-            "{}\ngraph model.0.s32 nodes=2\nin x UFIXED_POINT_16 1x1x32x64\nout y UFIXED_POINT_16 1x1x32x32\n\
-             graph model.0.s1 nodes=2\nin x UFIXED_POINT_16 1x1x1x64\nout y UFIXED_POINT_16 1x1x1x32\n",
+            "{}\ngraph model.0.s32 nodes=2\nin 1 x UFIXED_POINT_16 1x1x32x64 1.00000005e-03 -32768\n\
+             out 2 y UFIXED_POINT_16 1x1x32x32 4.00000019e-03 -32768\n\
+             graph model.0.s1 nodes=2\nin 11 x UFIXED_POINT_16 1x1x1x64 1.00000005e-03 -32768\n\
+             out 12 y UFIXED_POINT_16 1x1x1x32 4.00000019e-03 -32768\n",
             render::FAKE_BINARY_MAGIC
         )
     );
+    // The listing parses back, scales exactly (`%.8e` round-trips an f32).
+    let listed = render::parse_fake_context_binary(text.as_bytes()).unwrap();
+    assert_eq!(listed[1].outputs[0].quant, Some(backend_qnn::sdk::ScaleOffset { scale: 0.004, offset: -32768 }));
+    assert_eq!(render::fake_context_binary(&listed), text.as_bytes());
+    assert!(render::parse_fake_context_binary(b"QNN-FAKE-CONTEXT-BINARY 2\nin 1 x UFIXED_POINT_16 1x2\n").is_none());
 }
 
 #[test]

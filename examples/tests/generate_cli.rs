@@ -173,11 +173,15 @@ fn a_qnn_context_binary_generates_like_the_cpu_fake_quant_model() {
     // Without --qnn-emulate the binary needs the SDK.
     let mut args = with(&["--qnn-context"]);
     args.push(bin.to_string());
-    let err = strs(&args).unwrap_err().to_string();
+    let err = format!("{:#}", strs(&args).unwrap_err());
     if !backend_qnn::sdk::sdk_available() {
         assert!(
             err.contains("--features qnn-sdk") && err.contains("QNN_SDK_ROOT") && err.contains("--qnn-emulate"),
             "{err}"
         );
+    } else if std::env::var_os("QNN_SDK_ROOT").is_none() {
+        // With SDK support the binary goes to libQnnHtp.so; the clean-room headers' root holds
+        // no library, and the error says which file and how to point at an SDK.
+        assert!(err.contains("libQnnHtp.so") && err.contains("QNN_SDK_ROOT"), "{err}");
     }
 }

@@ -8,18 +8,20 @@
 //! the code that would drive the SDK.
 //!
 //! The context binaries it accepts are those the recording API (and the clean-room mock
-//! provider) serialize: a listing of graph names, node counts and I/O. On
+//! provider) serialize: a listing of graph names, node counts and I/O
+//! ([`super::render::parse_fake_context_binary`]). On
 //! [`context_create_from_binary`](QnnExecApi::context_create_from_binary) every graph the
 //! binary lists must be one of the held graphs with exactly the listed node count and I/O
-//! (names, types, shapes, binding order), so a binary from other graphs is refused rather
+//! (names, types, shapes, encodings, binding order; tensor ids aside), so a binary from other graphs is refused rather
 //! than silently run with the wrong weights.
 
 use std::collections::HashMap;
 
 use super::api::{ApiError, ContextHandle, GraphHandle};
 use super::exec::{io_element_bytes, read_codes, read_f32, write_codes, QnnExecApi};
-use super::render::{fake_context_binary, FakeGraph, FAKE_BINARY_MAGIC};
+use super::render::{parse_fake_context_binary, FakeGraph, FakeIo, FAKE_BINARY_MAGIC};
 use crate::dtype::DataType;
+use crate::encoding::Encoding;
 use crate::graph::QnnGraph;
 use crate::interp::{InterpError, Interpreter, TensorValue, Values};
 
@@ -55,10 +57,24 @@ impl EmulatedHtp {
         h
     }
 
-    /// The binary listing of `graph` as the recording API serializes it.
+    /// The binary listing of `graph` as the recording API serializes it, tensor ids left out
+    /// (0): they depend on the build's creation order, not on the graph.
     fn listing(graph: &QnnGraph) -> FakeGraph {
         let io = |names: &[String]| {
-            names.iter().filter_map(|n| graph.tensor(n)).map(|t| (t.name.clone(), t.dtype, t.dims.clone())).collect()
+            names
+                .iter()
+                .filter_map(|n| graph.tensor(n))
+                .map(|t| FakeIo {
+                    id: 0,
+                    name: t.name.clone(),
+                    dtype: t.dtype,
+                    dims: t.dims.clone(),
+                    quant: match &t.encoding {
+                        Encoding::ScaleOffset(so) => Some(*so),
+                        _ => None,
+                    },
+                })
+                .collect()
         };
         FakeGraph {
             name: graph.name.clone(),
@@ -76,24 +92,22 @@ fn refuse(function: &'static str, reason: impl Into<String>) -> ApiError {
 impl QnnExecApi for EmulatedHtp {
     fn context_create_from_binary(&mut self, binary: &[u8]) -> Result<ContextHandle, ApiError> {
         const F: &str = "contextCreateFromBinary";
-        let text = std::str::from_utf8(binary).map_err(|_| refuse(F, "not a context binary this emulator reads"))?;
-        if text.lines().next() != Some(FAKE_BINARY_MAGIC) {
-            return Err(refuse(
-                F,
-                format!("not a context binary this emulator reads (no `{FAKE_BINARY_MAGIC}` header)"),
-            ));
-        }
+        let listed = parse_fake_context_binary(binary).ok_or_else(|| {
+            refuse(F, format!("not a context binary this emulator reads (no `{FAKE_BINARY_MAGIC}` listing)"))
+        })?;
         let mut held = Vec::new();
-        for line in text.lines().filter(|l| l.starts_with("graph ")) {
-            let name = line.split(' ').nth(1).unwrap_or_default();
-            let index = self.graphs.iter().position(|g| g.name == name).ok_or_else(|| {
-                refuse(F, format!("the binary holds graph `{name}`, which this emulator was not given"))
+        for mut graph in listed {
+            let index = self.graphs.iter().position(|g| g.name == graph.name).ok_or_else(|| {
+                refuse(F, format!("the binary holds graph `{}`, which this emulator was not given", graph.name))
             })?;
+            graph.inputs.iter_mut().chain(&mut graph.outputs).for_each(|t| t.id = 0);
+            if graph != Self::listing(&self.graphs[index]) {
+                return Err(refuse(
+                    F,
+                    format!("the binary's graph `{}` differs from the given graph (node count or I/O)", graph.name),
+                ));
+            }
             held.push(index);
-        }
-        let listings: Vec<FakeGraph> = held.iter().map(|&i| Self::listing(&self.graphs[i])).collect();
-        if fake_context_binary(&listings) != binary {
-            return Err(refuse(F, "the binary's graphs differ from the given graphs (node counts or I/O)"));
         }
         let handle = self.issue();
         self.contexts.insert(handle, held);

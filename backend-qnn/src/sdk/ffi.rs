@@ -6,12 +6,16 @@
 //!   and selecting a provider whose core API major version equals the bindings' and whose
 //!   minor version is at least the bindings'.
 //! - `marshal`: descriptors → C structs, with every pointed-to buffer owned by an arena.
-//! - [`SdkApi`]: the `QnnApi` implementation; [`SystemApi`]: context-binary metadata.
+//! - [`SdkApi`]: the `QnnApi` implementation (building binaries) and, opened with
+//!   [`SdkApi::load_for_execution`], the `QnnExecApi` one (`exec`: loading binaries and executing
+//!   their graphs on client buffers); [`SystemApi`]: context-binary metadata (graph I/O with ids
+//!   and scale/offset encodings).
 
 #[cfg(not(unix))]
 compile_error!("feature `qnn-sdk` loads QNN libraries with dlopen and supports Unix hosts only");
 
 mod bindings;
+mod exec;
 pub mod library;
 mod marshal;
 mod sdk_api;

@@ -12,8 +12,10 @@
 //!   serialize, free) written once against the trait.
 //! - [`graph_descs`]: lowered [`crate::QnnGraph`]s as [`GraphDesc`]s (static buffers shared, not copied).
 //! - [`QnnExecApi`]: the run-side API (load a binary, retrieve graphs, execute), which
-//!   [`crate::QnnChunkModel`] drives; [`EmulatedHtp`] implements it on the CPU with the reference
-//!   interpreter, as the CI stand-in for the SDK's HTP emulation.
+//!   [`crate::QnnChunkModel`] drives; `SdkApi` implements it through the FFI
+//!   (`SdkApi::load_for_execution`; [`open_context_binary_with_sdk`] opens a binary as a chunk
+//!   model in one call), and [`EmulatedHtp`] on the CPU with the reference interpreter, as the
+//!   SDK-free stand-in for the SDK's HTP emulation.
 //! - [`RecordingApi`]: records every call as a readable line and returns fake handles and a
 //!   deterministic fake binary, so the exact sequence is testable without the SDK.
 //! - `SdkApi` (cargo feature `qnn-sdk`): the real thing. `build.rs` runs bindgen over
@@ -56,6 +58,13 @@
 //!   checks, the versioned table, struct filling (encodings, configs, platform info, by-value
 //!   op configs), buffer lifetimes, error codes and cleanup order; unit tests compare our
 //!   numeric codes and struct sizes with the headers in use.
+//! - The execute path through the FFI (same test file): the mock loads the binary it serialized
+//!   (`contextCreateFromBinary`), retrieves graphs by name, and in `graphExecute` checks every
+//!   tensor against the graph's recorded I/O (ids, names, types, dims, scale/offset, buffer
+//!   sizes) and fills the outputs with a fixed function of the input bytes; one prefill and one
+//!   decode step of the tiny Qwen3 pair through [`crate::QnnChunkModel`] must deliver exactly
+//!   that function's bytes to the runtime (logits dequantized with the encodings `SystemApi`
+//!   read from the binary), and the mock's log must show the digests of the bytes written.
 //!
 //! Not proven without the SDK: that Qualcomm's HTP backend accepts our graphs (op
 //! constraints, LPBQ packing) and that the clean-room headers match Qualcomm's ABI. Building
@@ -110,6 +119,9 @@ pub enum SdkError {
     Load(#[from] ffi::LoadError),
     #[error(transparent)]
     Build(#[from] BuildError),
+    /// The context binary could not be opened as a chunk model.
+    #[error(transparent)]
+    Model(#[from] crate::QnnModelError),
 }
 
 /// Whether this build can talk to a real QNN backend.
@@ -132,6 +144,56 @@ pub fn build_context_binary_with_sdk(graphs: &[GraphDesc], target: &HtpOptions) 
         // Report invalid input as such, so callers fix their graphs before installing an SDK.
         target.check().map_err(BuildError::from)?;
         driver::check_graphs(graphs)?;
+        Err(SdkError::NotBuilt)
+    }
+}
+
+/// The execute API of this build's QNN SDK support: [`SdkApi`] with the `qnn-sdk` feature,
+/// an uninhabited type without it (so code naming [`SdkChunkModel`] compiles either way).
+#[cfg(feature = "qnn-sdk")]
+pub type SdkExecApi = ffi::SdkApi;
+
+/// The execute API of this build's QNN SDK support: none (no value of this type exists).
+#[cfg(not(feature = "qnn-sdk"))]
+#[derive(Debug)]
+pub enum SdkExecApi {}
+
+#[cfg(not(feature = "qnn-sdk"))]
+impl QnnExecApi for SdkExecApi {
+    fn context_create_from_binary(&mut self, _: &[u8]) -> Result<ContextHandle, ApiError> {
+        match *self {}
+    }
+    fn graph_retrieve(&mut self, _: ContextHandle, _: &str) -> Result<GraphHandle, ApiError> {
+        match *self {}
+    }
+    fn graph_execute(&mut self, _: GraphHandle, _: &[&[u8]], _: &mut [&mut [u8]]) -> Result<(), ApiError> {
+        match *self {}
+    }
+    fn context_free(&mut self, _: ContextHandle) -> Result<(), ApiError> {
+        match *self {}
+    }
+}
+
+/// A context binary run by the QNN SDK's backend library as the runtime's chunk model.
+pub type SdkChunkModel = crate::QnnChunkModel<SdkExecApi>;
+
+/// Opens `binary` with the QNN SDK found through `QNN_SDK_ROOT` (`libQnnHtp.so`, on x86 its HTP
+/// emulation, and `libQnnSystem.so` for the graph I/O), every graph of the binary bound as
+/// [`crate::QnnChunkModel::from_binary`] does; `lowered` (the graphs the binary was built from)
+/// supplies I/O encodings a binary's metadata lacks. Without the `qnn-sdk` feature:
+/// [`SdkError::NotBuilt`], which says how to enable it.
+pub fn open_context_binary_with_sdk(
+    binary: &[u8],
+    lowered: Option<&[crate::QnnGraph]>,
+) -> Result<SdkChunkModel, SdkError> {
+    #[cfg(feature = "qnn-sdk")]
+    {
+        let api = SdkApi::load_for_execution(&LibraryPaths::from_env()?)?;
+        Ok(crate::QnnChunkModel::from_binary(api, binary, lowered)?)
+    }
+    #[cfg(not(feature = "qnn-sdk"))]
+    {
+        let _ = (binary, lowered);
         Err(SdkError::NotBuilt)
     }
 }

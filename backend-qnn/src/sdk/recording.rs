@@ -14,8 +14,8 @@ use super::api::{
     TensorId,
 };
 use super::config::{ContextConfig, DeviceConfig, GraphConfig, LogLevel};
-use super::desc::{TensorDesc, TensorType};
-use super::render::{self, FakeGraph};
+use super::desc::{Encoding, TensorDesc, TensorType};
+use super::render::{self, FakeGraph, FakeIo};
 
 /// `QNN_COMMON_ERROR_INVALID_ARGUMENT`.
 pub const ERROR_INVALID_ARGUMENT: u64 = 1004;
@@ -280,7 +280,17 @@ impl QnnApi for RecordingApi {
                 );
                 let g = &mut self.graphs[graph.0 as usize - 1];
                 g.tensor_names.insert(tensor.name.clone());
-                let entry = (tensor.name.clone(), tensor.dtype, tensor.dims.clone());
+                let quant = match &tensor.encoding {
+                    Encoding::ScaleOffset(so) => Some(*so),
+                    _ => None,
+                };
+                let entry = FakeIo {
+                    id: id.0,
+                    name: tensor.name.clone(),
+                    dtype: tensor.dtype,
+                    dims: tensor.dims.clone(),
+                    quant,
+                };
                 match tensor.tensor_type {
                     TensorType::AppWrite => g.fake.inputs.push(entry),
                     TensorType::AppRead => g.fake.outputs.push(entry),

@@ -222,34 +222,96 @@ pub fn graph_configs(configs: &[GraphConfig]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
+/// One graph input or output as the fake context binary records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FakeIo {
+    /// The id the backend assigned at `tensorCreateGraphTensor`.
+    pub id: u32,
+    pub name: String,
+    pub dtype: DataType,
+    pub dims: Vec<u32>,
+    /// The scale/offset encoding, if the tensor has one (graph I/O has no other kind).
+    pub quant: Option<ScaleOffset>,
+}
+
 /// A graph as it appears in the fake context binary.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FakeGraph {
     pub name: String,
     pub nodes: u32,
-    /// (name, dtype, dims) of each APP_WRITE tensor in creation order.
-    pub inputs: Vec<(String, DataType, Vec<u32>)>,
-    /// (name, dtype, dims) of each APP_READ tensor in creation order.
-    pub outputs: Vec<(String, DataType, Vec<u32>)>,
+    /// Each APP_WRITE tensor in creation order.
+    pub inputs: Vec<FakeIo>,
+    /// Each APP_READ tensor in creation order.
+    pub outputs: Vec<FakeIo>,
 }
 
 /// First line of the fake context binary produced by the recording API and the mock provider.
-pub const FAKE_BINARY_MAGIC: &str = "QNN-FAKE-CONTEXT-BINARY 1";
+pub const FAKE_BINARY_MAGIC: &str = "QNN-FAKE-CONTEXT-BINARY 2";
 
 /// A deterministic stand-in for a context binary: a text listing of each graph's name, node
-/// count and I/O, the parts of a real binary's metadata the runtime relies on.
+/// count and I/O (id, name, dtype, dims and scale/offset), the parts of a real binary's
+/// metadata the runtime relies on. One line per tensor:
+/// `in|out <id> <name> <DTYPE> <d0>x<d1>.. [<scale %.8e> <offset>]`.
 pub fn fake_context_binary(graphs: &[FakeGraph]) -> Vec<u8> {
     let mut out = format!("{FAKE_BINARY_MAGIC}\n");
     for g in graphs {
         let _ = writeln!(out, "graph {} nodes={}", g.name, g.nodes);
         for (kind, list) in [("in", &g.inputs), ("out", &g.outputs)] {
-            for (name, dtype, d) in list {
-                let d: Vec<String> = d.iter().map(u32::to_string).collect();
-                let _ = writeln!(out, "{kind} {name} {} {}", dtype.short_name(), d.join("x"));
+            for t in list {
+                let d: Vec<String> = t.dims.iter().map(u32::to_string).collect();
+                let _ = write!(out, "{kind} {} {} {} {}", t.id, t.name, t.dtype.short_name(), d.join("x"));
+                if let Some(so) = t.quant {
+                    let _ = write!(out, " {} {}", c_exp_f32(so.scale), so.offset);
+                }
+                out.push('\n');
             }
         }
     }
     out.into_bytes()
+}
+
+/// The graphs listed by a [`fake_context_binary`]; `None` if `binary` is not one.
+pub fn parse_fake_context_binary(binary: &[u8]) -> Option<Vec<FakeGraph>> {
+    let text = std::str::from_utf8(binary).ok()?;
+    let mut lines = text.lines();
+    if lines.next()? != FAKE_BINARY_MAGIC {
+        return None;
+    }
+    let mut graphs: Vec<FakeGraph> = Vec::new();
+    for line in lines {
+        let fields: Vec<&str> = line.split(' ').collect();
+        match fields.as_slice() {
+            ["graph", name, nodes] => graphs.push(FakeGraph {
+                name: name.to_string(),
+                nodes: nodes.strip_prefix("nodes=")?.parse().ok()?,
+                inputs: vec![],
+                outputs: vec![],
+            }),
+            [kind @ ("in" | "out"), id, name, dtype, dims, quant @ ..] => {
+                let quant = match quant {
+                    [] => None,
+                    [scale, offset] => Some(ScaleOffset { scale: scale.parse().ok()?, offset: offset.parse().ok()? }),
+                    _ => return None,
+                };
+                let dims = if dims.is_empty() {
+                    vec![]
+                } else {
+                    dims.split('x').map(str::parse).collect::<Result<Vec<u32>, _>>().ok()?
+                };
+                let io = FakeIo {
+                    id: id.parse().ok()?,
+                    name: name.to_string(),
+                    dtype: DataType::from_short_name(dtype)?,
+                    dims,
+                    quant,
+                };
+                let g = graphs.last_mut()?;
+                if *kind == "in" { &mut g.inputs } else { &mut g.outputs }.push(io);
+            }
+            _ => return None,
+        }
+    }
+    Some(graphs)
 }
 
 #[cfg(test)]

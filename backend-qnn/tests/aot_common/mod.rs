@@ -237,7 +237,7 @@ pub fn calibrate(float_dir: &Path, out: &Path) -> Result<(), Box<dyn std::error:
     let calibration = hook.finish()?;
     // 3. Weights, RoPE tables and QDQ parameters in pymllm's layout.
     let source = SafetensorsCheckpoint::open(float_dir)?;
-    let mut tensors = quantize_weights(&plan, &source, hf.tie_word_embeddings, &mut |_, _, _| {})?.tensors;
+    let mut tensors = quantize_weights(&plan, &source, hf.tie_word_embeddings, &|_, _, _| {})?.tensors;
     tensors.extend(quantize_rope_tables(&plan, &calibration.params, &calibration.rope_tables)?);
     write_quantized_checkpoint(out, &hf.source, plan.block_size, &tensors, &calibration.params)?;
     Ok(())

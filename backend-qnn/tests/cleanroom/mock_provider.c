@@ -79,6 +79,9 @@ typedef struct {
   char* name;
   unsigned type, dtype, rank;
   uint32_t* dims;
+  int has_scale_offset; /* a SCALE_OFFSET encoding, the only one graph I/O carries */
+  float scale;
+  int32_t offset;
 } MockTensor;
 
 typedef struct {
@@ -506,7 +509,19 @@ static void append_graph_configs(Text* t, const QnnGraph_Config_t** configs) {
 /* A call line is built in `g_line` and committed to the log with its result. */
 static Text g_line;
 
+/* Why the current call was refused, appended to its error (execute-side calls only). */
+static char g_reason[512];
+
+static void reject(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_reason, sizeof g_reason, fmt, ap);
+  va_end(ap);
+}
+
+
 static void begin(const char* function) {
+  g_reason[0] = 0;
   text_clear(&g_line);
   text_append(&g_line, "%s(", function);
 }
@@ -515,6 +530,7 @@ static Qnn_ErrorHandle_t finish(Qnn_ErrorHandle_t code, const char* fmt, ...) {
   text_append(&g_line, ") -> ");
   if (code) {
     text_append(&g_line, "error %llu", (unsigned long long)code);
+    if (g_reason[0]) text_append(&g_line, " (%s)", g_reason);
   } else {
     va_list ap;
     va_start(ap, fmt);
@@ -660,7 +676,13 @@ static Qnn_ErrorHandle_t mock_tensor_create_graph_tensor(Qnn_GraphHandle_t graph
     if (ctx->tensors[i].graph == gi && strcmp(ctx->tensors[i].name, v.name) == 0)
       code = ERR_INVALID_ARGUMENT;
   if (code) return finish(code, "");
-  MockTensor m = {ctx->next_tensor_id++, (unsigned)gi, dup(v.name), v.type, v.dtype, v.rank, NULL};
+  MockTensor m = {ctx->next_tensor_id++, (unsigned)gi, dup(v.name), v.type, v.dtype, v.rank, NULL, 0, 0, 0};
+  if (v.quant->encodingDefinition == QNN_DEFINITION_DEFINED &&
+      v.quant->quantizationEncoding == QNN_QUANTIZATION_ENCODING_SCALE_OFFSET) {
+    m.has_scale_offset = 1;
+    m.scale = v.quant->scaleOffsetEncoding.scale;
+    m.offset = v.quant->scaleOffsetEncoding.offset;
+  }
   m.dims = malloc((v.rank ? v.rank : 1) * sizeof *m.dims);
   if (!m.dims) abort();
   memcpy(m.dims, v.dims, v.rank * sizeof *m.dims);
@@ -737,14 +759,61 @@ static Qnn_ErrorHandle_t mock_graph_finalize(Qnn_GraphHandle_t graph, Qnn_Profil
   return finish(code, "ok");
 }
 
+
+/* One line of the fake binary after the magic: a graph header or one of its I/O tensors. */
+typedef struct {
+  int is_graph, is_output;
+  char name[256];
+  unsigned nodes, id, dtype, rank;
+  uint32_t dims[8];
+  int has_scale_offset;
+  float scale;
+  int32_t offset;
+} FakeLine;
+
+static int parse_fake_line(const char* line, FakeLine* f) {
+  memset(f, 0, sizeof *f);
+  if (sscanf(line, "graph %255s nodes=%u", f->name, &f->nodes) == 2) {
+    f->is_graph = 1;
+    return 1;
+  }
+  char kind[4], dtype[64], dims[256];
+  int n = sscanf(line, "%3s %u %255s %63s %255s %f %d", kind, &f->id, f->name, dtype, dims, &f->scale,
+                 &f->offset);
+  if ((n != 5 && n != 7) || (strcmp(kind, "in") != 0 && strcmp(kind, "out") != 0)) return 0;
+  f->is_output = kind[0] == 'o';
+  f->has_scale_offset = n == 7;
+  f->dtype = dtype_from_name(dtype);
+  if (f->dtype == QNN_DATATYPE_UNDEFINED) return 0;
+  for (const char* p = dims; *p && f->rank < 8; ++f->rank) {
+    char* end;
+    f->dims[f->rank] = (uint32_t)strtoul(p, &end, 10);
+    if (end == p) return 0;
+    p = *end == 'x' ? end + 1 : end;
+  }
+  return 1;
+}
+
+/* Bytes per element of a data type: the low byte holds the bit width in decimal digits. */
+static size_t element_bytes(unsigned dtype) {
+  switch (dtype & 0xFF) {
+    case 0x08: return 1;
+    case 0x16: return 2;
+    case 0x32: return 4;
+    case 0x64: return 8;
+    default: return 0;
+  }
+}
+
 /* The fake binary of src/sdk/render.rs: graphs with their APP_WRITE / APP_READ tensors. */
+#define FAKE_MAGIC "QNN-FAKE-CONTEXT-BINARY 2\n"
 static uint64_t fake_binary(const void* context, Text* out) {
   MockContext* ctx = live_context(context);
   if (!ctx) return ERR_INVALID_ARGUMENT;
   size_t ci = handle_index(context, KIND_CONTEXT);
   for (size_t g = 0; g < g_num_graphs; ++g)
     if (g_graphs[g].context == ci && !g_graphs[g].finalized) return ERR_NOT_PERMITTED;
-  text_append(out, "QNN-FAKE-CONTEXT-BINARY 1\n");
+  text_append(out, "%s", FAKE_MAGIC);
   for (size_t g = 0; g < g_num_graphs; ++g) {
     if (g_graphs[g].context != ci) continue;
     text_append(out, "graph %s nodes=%u\n", g_graphs[g].name, g_graphs[g].nodes);
@@ -753,8 +822,9 @@ static uint64_t fake_binary(const void* context, Text* out) {
       for (size_t i = 0; i < ctx->num_tensors; ++i) {
         const MockTensor* m = &ctx->tensors[i];
         if (m->graph != g + 1 || m->type != kinds[k]) continue;
-        text_append(out, "%s %s %s ", k ? "out" : "in", m->name, dtype_name(m->dtype));
+        text_append(out, "%s %u %s %s ", k ? "out" : "in", m->id, m->name, dtype_name(m->dtype));
         for (unsigned d = 0; d < m->rank; ++d) text_append(out, "%s%u", d ? "x" : "", (unsigned)m->dims[d]);
+        if (m->has_scale_offset) text_append(out, " %.8e %d", (double)m->scale, (int)m->offset);
         text_append(out, "\n");
       }
     }
@@ -819,6 +889,213 @@ static Qnn_ErrorHandle_t mock_device_free(Qnn_DeviceHandle_t d) { return free_si
 static Qnn_ErrorHandle_t mock_backend_free(Qnn_BackendHandle_t b) { return free_simple("backendFree", KIND_BACKEND, b); }
 static Qnn_ErrorHandle_t mock_log_free(Qnn_LogHandle_t l) { return free_simple("logFree", KIND_LOG, l); }
 
+
+/* ---------------------------------------------------------------- execute side ------- */
+
+/* Rebuilds a context from a fake binary: its graphs come back finalized with their I/O. */
+static Qnn_ErrorHandle_t mock_context_create_from_binary(Qnn_BackendHandle_t backend, Qnn_DeviceHandle_t device,
+                                                         const QnnContext_Config_t** config, const void* binary,
+                                                         Qnn_ContextBinarySize_t size, Qnn_ContextHandle_t* context,
+                                                         Qnn_ProfileHandle_t profile) {
+  begin("contextCreateFromBinary");
+  text_append(&g_line, "backend=");
+  append_handle(&g_line, backend, KIND_BACKEND);
+  text_append(&g_line, ", device=");
+  append_handle(&g_line, device, KIND_DEVICE);
+  text_append(&g_line, ", config=");
+  append_context_configs(&g_line, config);
+  text_append(&g_line, ", binary=%lluB fnv=%016llx", (unsigned long long)size,
+              (unsigned long long)(binary ? fnv1a64(binary, size) : 0));
+  uint64_t code = injected("contextCreateFromBinary", "");
+  if (!code && (!simple_live(KIND_BACKEND, backend) || (device && !simple_live(KIND_DEVICE, device)) || profile ||
+                !context || !binary)) {
+    code = ERR_INVALID_ARGUMENT;
+    reject("bad handle or argument");
+  }
+  size_t magic = strlen(FAKE_MAGIC);
+  if (!code && (size < magic || memcmp(binary, FAKE_MAGIC, magic) != 0)) {
+    code = ERR_INVALID_ARGUMENT;
+    reject("not a context binary of this backend");
+  }
+  if (code) return finish(code, "");
+  char* text = malloc(size + 1);
+  if (!text) abort();
+  memcpy(text, binary, size);
+  text[size] = 0;
+  g_contexts = grow(g_contexts, g_num_contexts, sizeof *g_contexts);
+  g_contexts[g_num_contexts++] = (MockContext){1, 1, NULL, 0};
+  size_t ci = g_num_contexts;
+  MockContext* ctx = &g_contexts[ci - 1];
+  size_t graph = 0;
+  for (char* line = strtok(text + magic, "\n"); !code && line; line = strtok(NULL, "\n")) {
+    FakeLine f;
+    if (!parse_fake_line(line, &f) || (!f.is_graph && !graph)) {
+      code = ERR_INVALID_ARGUMENT;
+      reject("malformed binary line \"%.200s\"", line);
+    } else if (f.is_graph) {
+      g_graphs = grow(g_graphs, g_num_graphs, sizeof *g_graphs);
+      g_graphs[g_num_graphs++] = (MockGraph){(unsigned)ci, dup(f.name), 1, f.nodes};
+      graph = g_num_graphs;
+    } else {
+      MockTensor m = {f.id, (unsigned)graph, dup(f.name),
+                      f.is_output ? QNN_TENSOR_TYPE_APP_READ : QNN_TENSOR_TYPE_APP_WRITE, f.dtype, f.rank, NULL,
+                      f.has_scale_offset, f.scale, f.offset};
+      m.dims = malloc(8 * sizeof *m.dims);
+      if (!m.dims) abort();
+      memcpy(m.dims, f.dims, sizeof f.dims);
+      ctx->tensors = grow(ctx->tensors, ctx->num_tensors, sizeof *ctx->tensors);
+      ctx->tensors[ctx->num_tensors++] = m;
+    }
+  }
+  free(text);
+  if (code) {
+    ctx->live = 0;
+    return finish(code, "");
+  }
+  *context = make_handle(KIND_CONTEXT, ci);
+  return finish(0, "context%zu", ci);
+}
+
+static Qnn_ErrorHandle_t mock_graph_retrieve(Qnn_ContextHandle_t context, const char* name,
+                                             Qnn_GraphHandle_t* graph) {
+  begin("graphRetrieve");
+  text_append(&g_line, "context=");
+  append_handle(&g_line, context, KIND_CONTEXT);
+  text_append(&g_line, ", name=\"%s\"", name ? name : "");
+  uint64_t code = injected("graphRetrieve", name ? name : "");
+  if (!code && (!live_context(context) || !name || !graph)) {
+    code = ERR_INVALID_ARGUMENT;
+    reject("bad handle or argument");
+  }
+  size_t ci = handle_index(context, KIND_CONTEXT), found = 0;
+  for (size_t g = 0; !code && !found && g < g_num_graphs; ++g)
+    if (g_graphs[g].context == ci && strcmp(g_graphs[g].name, name) == 0) found = g + 1;
+  if (!code && !found) {
+    code = ERR_INVALID_ARGUMENT;
+    reject("no graph named \"%s\" in this context", name);
+  }
+  if (code) return finish(code, "");
+  *graph = make_handle(KIND_GRAPH, found);
+  return finish(0, "graph%zu", found);
+}
+
+/* The graph's APP_WRITE (or APP_READ) tensors in creation order = binding order. */
+static size_t graph_io(const MockContext* ctx, size_t graph, unsigned type, const MockTensor** out, size_t cap) {
+  size_t n = 0;
+  for (size_t i = 0; i < ctx->num_tensors; ++i)
+    if (ctx->tensors[i].graph == graph && ctx->tensors[i].type == type) {
+      if (n < cap) out[n] = &ctx->tensors[i];
+      n++;
+    }
+  return n;
+}
+
+/* Whether `t` is the recorded I/O tensor `m` with a client buffer of exactly its size. */
+static int bound_like(const Qnn_Tensor_t* t, const MockTensor* m, const char* what, uint32_t index) {
+  TensorView v;
+  if (!view_tensor(t, &v)) {
+    reject("%s %u: not a RAW, dense, static-shape tensor of version 1 or 2", what, index);
+    return 0;
+  }
+  if (v.id != m->id || !v.name || strcmp(v.name, m->name) != 0) {
+    reject("%s %u: id=%u \"%s\", the graph binds id=%u \"%s\"", what, index, (unsigned)v.id, v.name ? v.name : "",
+           m->id, m->name);
+    return 0;
+  }
+  if (v.type != m->type || v.dtype != m->dtype || v.rank != m->rank ||
+      memcmp(v.dims, m->dims, m->rank * sizeof *m->dims) != 0) {
+    reject("%s \"%s\": type, dtype or dims differ from the binary's", what, m->name);
+    return 0;
+  }
+  const Qnn_QuantizeParams_t* q = v.quant;
+  int defined = q->encodingDefinition == QNN_DEFINITION_DEFINED;
+  int same = m->has_scale_offset
+                 ? defined && q->quantizationEncoding == QNN_QUANTIZATION_ENCODING_SCALE_OFFSET &&
+                       q->scaleOffsetEncoding.scale == m->scale && q->scaleOffsetEncoding.offset == m->offset
+                 : !defined;
+  if (!same) {
+    reject("%s \"%s\": quantization differs from the binary's", what, m->name);
+    return 0;
+  }
+  size_t bytes = element_bytes(m->dtype);
+  for (unsigned d = 0; d < m->rank; ++d) bytes *= m->dims[d];
+  if (!v.data || v.data_size != bytes) {
+    reject("%s \"%s\": client buffer of %u bytes, expected %zu", what, m->name, (unsigned)v.data_size, bytes);
+    return 0;
+  }
+  return 1;
+}
+
+/* Fills output k's byte i with (sum of every input byte + 7 * k + i) mod 256, a function of
+ * all input bytes that the tests recompute. Each call is logged with its tensors and the FNV-1a
+ * digests of the input buffers. */
+static Qnn_ErrorHandle_t mock_graph_execute(Qnn_GraphHandle_t graph, const Qnn_Tensor_t* inputs, uint32_t num_inputs,
+                                            Qnn_Tensor_t* outputs, uint32_t num_outputs,
+                                            Qnn_ProfileHandle_t profile, Qnn_SignalHandle_t signal) {
+  begin("graphExecute");
+  text_append(&g_line, "graph=");
+  append_handle(&g_line, graph, KIND_GRAPH);
+  text_append(&g_line, ", inputs=[");
+  for (uint32_t i = 0; inputs && i < num_inputs; ++i) {
+    TensorView v;
+    view_tensor(&inputs[i], &v);
+    text_append(&g_line, "%sid=%u \"%s\" %uB fnv=%016llx", i ? ", " : "", (unsigned)v.id, v.name ? v.name : "",
+                (unsigned)v.data_size, (unsigned long long)(v.data ? fnv1a64(v.data, v.data_size) : 0));
+  }
+  text_append(&g_line, "], outputs=[");
+  for (uint32_t i = 0; outputs && i < num_outputs; ++i) {
+    TensorView v;
+    view_tensor(&outputs[i], &v);
+    text_append(&g_line, "%sid=%u \"%s\" %uB", i ? ", " : "", (unsigned)v.id, v.name ? v.name : "",
+                (unsigned)v.data_size);
+  }
+  text_append(&g_line, "]");
+  MockGraph* g = live_graph(graph);
+  uint64_t code = injected("graphExecute", g ? g->name : "");
+  if (!code && (!g || profile || signal || (num_inputs && !inputs) || (num_outputs && !outputs))) {
+    code = ERR_INVALID_ARGUMENT;
+    reject("bad handle or argument");
+  }
+  if (!code && !g->finalized) {
+    code = ERR_NOT_PERMITTED;
+    reject("graph \"%s\" is not finalized", g->name);
+  }
+  enum { MAX_IO = 256 };
+  const MockTensor* ins[MAX_IO];
+  const MockTensor* outs[MAX_IO];
+  if (!code) {
+    const MockContext* ctx = &g_contexts[g->context - 1];
+    size_t gi = handle_index(graph, KIND_GRAPH);
+    size_t n_in = graph_io(ctx, gi, QNN_TENSOR_TYPE_APP_WRITE, ins, MAX_IO);
+    size_t n_out = graph_io(ctx, gi, QNN_TENSOR_TYPE_APP_READ, outs, MAX_IO);
+    if (n_in != num_inputs || n_out != num_outputs || n_in > MAX_IO || n_out > MAX_IO) {
+      code = ERR_INVALID_ARGUMENT;
+      reject("graph \"%s\" binds %zu inputs and %zu outputs, got %u and %u", g->name, n_in, n_out,
+             (unsigned)num_inputs, (unsigned)num_outputs);
+    }
+  }
+  for (uint32_t i = 0; !code && i < num_inputs; ++i)
+    if (!bound_like(&inputs[i], ins[i], "input", i)) code = ERR_INVALID_ARGUMENT;
+  for (uint32_t i = 0; !code && i < num_outputs; ++i)
+    if (!bound_like(&outputs[i], outs[i], "output", i)) code = ERR_INVALID_ARGUMENT;
+  if (code) return finish(code, "");
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < num_inputs; ++i) {
+    TensorView v;
+    view_tensor(&inputs[i], &v);
+    for (uint32_t b = 0; b < v.data_size; ++b) sum += ((const unsigned char*)v.data)[b];
+  }
+  for (uint32_t k = 0; k < num_outputs; ++k) {
+    TensorView v;
+    view_tensor(&outputs[k], &v);
+    /* The output's client buffer: writable memory the caller owns. */
+    unsigned char* out = outputs[k].version == QNN_TENSOR_VERSION_2 ? outputs[k].v2.clientBuf.data
+                                                                  : outputs[k].v1.clientBuf.data;
+    for (uint32_t b = 0; b < v.data_size; ++b) out[b] = (unsigned char)((sum + 7u * k + b) & 0xFF);
+  }
+  return finish(0, "ok");
+}
+
 /* ---------------------------------------------------------------- providers ---------- */
 
 #ifndef MOCK_CORE_MAJOR
@@ -850,6 +1127,9 @@ EXPORT Qnn_ErrorHandle_t QnnInterface_getProviders(const QnnInterface_t*** list,
   table.graphAddNode = mock_graph_add_node;
   table.graphFinalize = mock_graph_finalize;
   table.tensorCreateGraphTensor = mock_tensor_create_graph_tensor;
+  table.contextCreateFromBinary = mock_context_create_from_binary;
+  table.graphRetrieve = mock_graph_retrieve;
+  table.graphExecute = mock_graph_execute;
 
   uint32_t n = 0;
 #if defined(MOCK_DECOY_PROVIDERS) || defined(MOCK_ONLY_DECOYS)
@@ -904,53 +1184,71 @@ static Qnn_ErrorHandle_t mock_system_context_create(QnnSystemContext_Handle_t* h
   return *handle ? QNN_SUCCESS : 1002;
 }
 
-static void add_io(MockSystemContext* s, uint32_t* count, Qnn_Tensor_t** list, const char* name,
-                   const char* dtype, const char* dims) {
+/* Inputs are reported as version-1 tensors and outputs as version-2 ones, so readers of the
+ * metadata are exercised with both layouts. */
+static void add_io(MockSystemContext* s, uint32_t* count, Qnn_Tensor_t** list, const FakeLine* f) {
   *list = realloc(*list, (*count + 1) * sizeof **list);
   if (!*list) abort();
   Qnn_Tensor_t* t = &(*list)[(*count)++];
   memset(t, 0, sizeof *t);
-  t->version = QNN_TENSOR_VERSION_2;
-  t->v2.name = own(s, dup(name));
-  t->v2.dataType = dtype_from_name(dtype);
   uint32_t* d = own(s, calloc(8, sizeof *d));
-  uint32_t rank = 0;
-  for (const char* p = dims; *p && rank < 8; ++rank) {
-    d[rank] = (uint32_t)strtoul(p, (char**)&p, 10);
-    if (*p == 'x') ++p;
+  memcpy(d, f->dims, sizeof f->dims);
+  Qnn_QuantizeParams_t q;
+  memset(&q, 0, sizeof q);
+  q.encodingDefinition = f->has_scale_offset ? QNN_DEFINITION_DEFINED : QNN_DEFINITION_UNDEFINED;
+  q.quantizationEncoding =
+      f->has_scale_offset ? QNN_QUANTIZATION_ENCODING_SCALE_OFFSET : QNN_QUANTIZATION_ENCODING_UNDEFINED;
+  q.scaleOffsetEncoding.scale = f->scale;
+  q.scaleOffsetEncoding.offset = f->offset;
+  unsigned type = f->is_output ? QNN_TENSOR_TYPE_APP_READ : QNN_TENSOR_TYPE_APP_WRITE;
+  if (f->is_output) {
+    t->version = QNN_TENSOR_VERSION_2;
+    t->v2.id = f->id;
+    t->v2.name = own(s, dup(f->name));
+    t->v2.type = type;
+    t->v2.dataType = f->dtype;
+    t->v2.quantizeParams = q;
+    t->v2.rank = f->rank;
+    t->v2.dimensions = d;
+    t->v2.sparseParams.type = QNN_SPARSE_LAYOUT_UNDEFINED;
+  } else {
+    t->version = QNN_TENSOR_VERSION_1;
+    t->v1.id = f->id;
+    t->v1.name = own(s, dup(f->name));
+    t->v1.type = type;
+    t->v1.dataType = f->dtype;
+    t->v1.quantizeParams = q;
+    t->v1.rank = f->rank;
+    t->v1.dimensions = d;
   }
-  t->v2.rank = rank;
-  t->v2.dimensions = d;
 }
 
 static Qnn_ErrorHandle_t mock_system_context_get_metadata(QnnSystemContext_Handle_t handle,
                                                           const void* buffer, uint64_t size,
                                                           const QnnSystemContext_BinaryInfo_t** info) {
   MockSystemContext* s = handle;
-  const char* magic = "QNN-FAKE-CONTEXT-BINARY 1\n";
+  const char* magic = FAKE_MAGIC;
   if (!s || !buffer || !info || size < strlen(magic) || memcmp(buffer, magic, strlen(magic)) != 0)
     return ERR_INVALID_ARGUMENT;
   char* text = own(s, malloc(size + 1));
   memcpy(text, buffer, size);
   text[size] = 0;
   for (char* line = strtok(text + strlen(magic), "\n"); line; line = strtok(NULL, "\n")) {
-    char a[256], b[256], c[256];
-    unsigned nodes;
-    if (sscanf(line, "graph %255s nodes=%u", a, &nodes) == 2) {
+    FakeLine f;
+    if (!parse_fake_line(line, &f) || (!f.is_graph && !s->num_graphs)) return ERR_INVALID_ARGUMENT;
+    if (f.is_graph) {
       s->graphs = realloc(s->graphs, (s->num_graphs + 1) * sizeof *s->graphs);
       if (!s->graphs) abort();
       QnnSystemContext_GraphInfo_t* g = &s->graphs[s->num_graphs++];
       memset(g, 0, sizeof *g);
       g->version = QNN_SYSTEM_CONTEXT_GRAPH_INFO_VERSION_1;
-      g->graphInfoV1.graphName = own(s, dup(a));
-    } else if (s->num_graphs && sscanf(line, "in %255s %255s %255s", a, b, c) == 3) {
+      g->graphInfoV1.graphName = own(s, dup(f.name));
+    } else if (f.is_output) {
       QnnSystemContext_GraphInfoV1_t* g = &s->graphs[s->num_graphs - 1].graphInfoV1;
-      add_io(s, &g->numGraphInputs, &g->graphInputs, a, b, c);
-    } else if (s->num_graphs && sscanf(line, "out %255s %255s %255s", a, b, c) == 3) {
-      QnnSystemContext_GraphInfoV1_t* g = &s->graphs[s->num_graphs - 1].graphInfoV1;
-      add_io(s, &g->numGraphOutputs, &g->graphOutputs, a, b, c);
+      add_io(s, &g->numGraphOutputs, &g->graphOutputs, &f);
     } else {
-      return ERR_INVALID_ARGUMENT;
+      QnnSystemContext_GraphInfoV1_t* g = &s->graphs[s->num_graphs - 1].graphInfoV1;
+      add_io(s, &g->numGraphInputs, &g->graphInputs, &f);
     }
   }
   memset(&s->info, 0, sizeof s->info);

@@ -336,3 +336,37 @@ pub(crate) fn graph_configs(arena: &mut Arena, configs: &[GraphConfig]) -> *mut 
         .collect();
     null_terminated(arena, built)
 }
+
+/// A `Qnn_Tensor_t` (version 2) binding one graph input (`APP_WRITE`) or output (`APP_READ`)
+/// for `graphExecute`, with the id, name, data type, dims and encoding the binary's metadata
+/// records and an empty client buffer, which the caller points at its data before each call.
+pub(crate) fn io_tensor(
+    arena: &mut Arena,
+    info: &super::system::TensorInfo,
+    dtype: crate::sdk::desc::DataType,
+    output: bool,
+) -> Result<b::Qnn_Tensor_t, String> {
+    let desc = TensorDesc {
+        name: info.name.clone(),
+        tensor_type: if output {
+            crate::sdk::desc::TensorType::AppRead
+        } else {
+            crate::sdk::desc::TensorType::AppWrite
+        },
+        dtype,
+        dims: info.dims.clone(),
+        encoding: info.quant.map_or(Encoding::Undefined, Encoding::ScaleOffset),
+        data: None,
+    };
+    tensor(arena, &desc, info.id)
+}
+
+/// Points the client buffer of a tensor built by [`io_tensor`] at `data`.
+pub(crate) fn set_client_buffer(t: &mut b::Qnn_Tensor_t, data: *mut c_void, size: u32) {
+    // SAFETY: tensors built here are version 2, so `v2` is the active member.
+    let v2 = unsafe { &mut t.__bindgen_anon_1.v2 };
+    let mut buffer: b::Qnn_ClientBuffer_t = zeroed();
+    buffer.data = data;
+    buffer.dataSize = size;
+    v2.__bindgen_anon_1.clientBuf = buffer;
+}

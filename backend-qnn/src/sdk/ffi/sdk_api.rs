@@ -6,8 +6,10 @@ use std::ptr;
 use libloading::os::unix::Library;
 
 use super::bindings as b;
+use super::exec::ExecIo;
 use super::library::{self, LibraryPaths, LoadError, ProviderInfo};
 use super::marshal::{self, Arena};
+use super::system::{BinaryInfo, SystemApi};
 use crate::sdk::api::{
     ApiError, BackendHandle, BoundParamValue, ContextHandle, DeviceHandle, GraphHandle, LogHandle, OpConfig, QnnApi,
     TensorId,
@@ -15,10 +17,12 @@ use crate::sdk::api::{
 use crate::sdk::config::{ContextConfig, DeviceConfig, GraphConfig, LogLevel};
 use crate::sdk::desc::TensorDesc;
 
-struct ContextSlot {
-    raw: b::Qnn_ContextHandle_t,
+pub(super) struct ContextSlot {
+    pub(super) raw: b::Qnn_ContextHandle_t,
     /// Tensors, op configs and configs QNN may read until the context is freed.
-    arena: Arena,
+    pub(super) arena: Arena,
+    /// For a context loaded from a binary: the binary's graphs and their I/O.
+    pub(super) info: Option<BinaryInfo>,
 }
 
 struct DeviceSlot {
@@ -27,10 +31,12 @@ struct DeviceSlot {
     _configs: Arena,
 }
 
-struct GraphSlot {
-    raw: b::Qnn_GraphHandle_t,
+pub(super) struct GraphSlot {
+    pub(super) raw: b::Qnn_GraphHandle_t,
     /// Index into `contexts`; the graph dies with its context.
-    context: usize,
+    pub(super) context: usize,
+    /// For a retrieved graph: its I/O tensors, bound by `graphExecute`.
+    pub(super) io: Option<ExecIo>,
 }
 
 /// The QNN C API of a loaded backend library (normally `libQnnHtp.so`).
@@ -42,23 +48,27 @@ struct GraphSlot {
 pub struct SdkApi {
     // Field order is drop order: C handles are freed in `Drop`, then the arenas they may
     // point into are dropped, and the library (owner of the function table) goes last.
-    contexts: Vec<Option<ContextSlot>>,
-    graphs: Vec<GraphSlot>,
+    pub(super) contexts: Vec<Option<ContextSlot>>,
+    pub(super) graphs: Vec<GraphSlot>,
     devices: Vec<Option<DeviceSlot>>,
     backends: Vec<Option<b::Qnn_BackendHandle_t>>,
     logs: Vec<Option<b::Qnn_LogHandle_t>>,
-    table: b::CoreTable,
+    /// The backend and device the execute side loads binaries into (created on first use).
+    pub(super) run_target: Option<(BackendHandle, DeviceHandle)>,
+    /// Reads the I/O metadata of binaries for the execute side.
+    pub(super) system: Option<SystemApi>,
+    pub(super) table: b::CoreTable,
     provider: ProviderInfo,
     path: PathBuf,
     /// Owner of the code behind `table`; never read, only kept loaded.
     _library: Library,
 }
 
-fn entry<F>(function: &'static str, f: Option<F>) -> Result<F, ApiError> {
+pub(super) fn entry<F>(function: &'static str, f: Option<F>) -> Result<F, ApiError> {
     f.ok_or(ApiError::Unsupported { function })
 }
 
-fn check(function: &'static str, code: b::Qnn_ErrorHandle_t) -> Result<(), ApiError> {
+pub(super) fn check(function: &'static str, code: b::Qnn_ErrorHandle_t) -> Result<(), ApiError> {
     // QNN_GET_ERROR_CODE: only the low 16 bits carry the code.
     if code & 0xFFFF == 0 {
         Ok(())
@@ -67,11 +77,11 @@ fn check(function: &'static str, code: b::Qnn_ErrorHandle_t) -> Result<(), ApiEr
     }
 }
 
-fn invalid(function: &'static str, reason: impl Into<String>) -> ApiError {
+pub(super) fn invalid(function: &'static str, reason: impl Into<String>) -> ApiError {
     ApiError::InvalidArgument { function, reason: reason.into() }
 }
 
-fn stale(function: &'static str, handle: impl std::fmt::Display) -> ApiError {
+pub(super) fn stale(function: &'static str, handle: impl std::fmt::Display) -> ApiError {
     invalid(function, format!("{handle} is not a live handle of this SdkApi"))
 }
 
@@ -109,11 +119,31 @@ impl SdkApi {
             devices: Vec::new(),
             backends: Vec::new(),
             logs: Vec::new(),
+            run_target: None,
+            system: None,
             table,
             provider,
             path: path.to_path_buf(),
             _library: library,
         })
+    }
+
+    /// Opens the backend and the system library of `paths`, as the execute side
+    /// ([`QnnExecApi`](crate::sdk::QnnExecApi)) needs both: the system library reads each
+    /// binary's graph I/O (ids, names, types, dims, encodings) to bind `graphExecute`'s tensors.
+    pub fn load_for_execution(paths: &LibraryPaths) -> Result<SdkApi, LoadError> {
+        Ok(SdkApi::load(paths)?.with_system(SystemApi::load(&paths.system)?))
+    }
+
+    /// Uses `system` to read the metadata of the binaries this API loads.
+    pub fn with_system(mut self, system: SystemApi) -> SdkApi {
+        self.system = Some(system);
+        self
+    }
+
+    /// The system library, if one was given.
+    pub fn system(&self) -> Option<&SystemApi> {
+        self.system.as_ref()
     }
 
     /// The provider in use.
@@ -133,11 +163,11 @@ impl SdkApi {
         }
     }
 
-    fn backend(&self, h: BackendHandle, function: &'static str) -> Result<b::Qnn_BackendHandle_t, ApiError> {
+    pub(super) fn backend(&self, h: BackendHandle, function: &'static str) -> Result<b::Qnn_BackendHandle_t, ApiError> {
         live(&self.backends, h.0).ok_or_else(|| stale(function, h))
     }
 
-    fn context_index(&self, h: ContextHandle, function: &'static str) -> Result<usize, ApiError> {
+    pub(super) fn context_index(&self, h: ContextHandle, function: &'static str) -> Result<usize, ApiError> {
         let index = (h.0 as usize).checked_sub(1).ok_or_else(|| stale(function, h))?;
         match self.contexts.get(index) {
             Some(Some(_)) => Ok(index),
@@ -146,7 +176,11 @@ impl SdkApi {
     }
 
     /// The raw graph handle and the index of its (live) context.
-    fn graph(&self, h: GraphHandle, function: &'static str) -> Result<(b::Qnn_GraphHandle_t, usize), ApiError> {
+    pub(super) fn graph(
+        &self,
+        h: GraphHandle,
+        function: &'static str,
+    ) -> Result<(b::Qnn_GraphHandle_t, usize), ApiError> {
         let slot = (h.0 as usize).checked_sub(1).and_then(|i| self.graphs.get(i)).ok_or_else(|| stale(function, h))?;
         match self.contexts.get(slot.context) {
             Some(Some(_)) => Ok((slot.raw, slot.context)),
@@ -154,7 +188,14 @@ impl SdkApi {
         }
     }
 
-    fn context_slot(&mut self, index: usize) -> &mut ContextSlot {
+    pub(super) fn device_raw(&self, h: DeviceHandle) -> Option<b::Qnn_DeviceHandle_t> {
+        match (h.0 as usize).checked_sub(1).and_then(|i| self.devices.get(i)) {
+            Some(Some(slot)) => Some(slot.raw),
+            _ => None,
+        }
+    }
+
+    pub(super) fn context_slot(&mut self, index: usize) -> &mut ContextSlot {
         self.contexts[index].as_mut().expect("index was checked to be live")
     }
 }
@@ -214,7 +255,7 @@ impl QnnApi for SdkApi {
         let mut raw: b::Qnn_ContextHandle_t = ptr::null_mut();
         // SAFETY: live handles; configs owned by `arena`, kept with the context.
         check(F, unsafe { create(raw_backend, raw_device, configs, &mut raw) })?;
-        self.contexts.push(Some(ContextSlot { raw, arena }));
+        self.contexts.push(Some(ContextSlot { raw, arena, info: None }));
         Ok(ContextHandle(self.contexts.len() as u32))
     }
 
@@ -235,7 +276,7 @@ impl QnnApi for SdkApi {
         // SAFETY: live context; name and configs outlive the call (configs with the context).
         check(F, unsafe { create(slot.raw, c_name.as_ptr(), configs, &mut raw) })?;
         slot.arena.hold(c_name);
-        self.graphs.push(GraphSlot { raw, context: index });
+        self.graphs.push(GraphSlot { raw, context: index, io: None });
         Ok(GraphHandle(self.graphs.len() as u32))
     }
 

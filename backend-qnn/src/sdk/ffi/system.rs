@@ -1,8 +1,8 @@
 //! [`SystemApi`]: reading a context binary's metadata through `libQnnSystem.so`.
 //!
 //! This is how a runtime learns which graphs a binary holds and how their inputs and outputs
-//! are ordered and typed (`systemContextGetMetaData`); here it lets the build check what it
-//! produced.
+//! are ordered, identified, typed and quantized (`systemContextGetMetaData`): the execute path
+//! binds its tensors from it, and the build checks what it produced.
 
 // C enum fields are `c_uint` or `c_int` depending on the header's values; the explicit
 // `as u32` casts keep this code valid for both.
@@ -17,19 +17,24 @@ use libloading::os::unix::Library;
 use super::bindings as b;
 use super::library::{self, LoadError, ProviderInfo};
 use crate::sdk::api::ApiError;
-use crate::sdk::desc::DataType;
+use crate::sdk::desc::{DataType, ScaleOffset};
 
 /// One graph input or output as recorded in a context binary.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TensorInfo {
+    /// The id `graphExecute` expects in the tensor bound to this input or output.
+    pub id: u32,
     pub name: String,
     /// `None` for a data type this crate does not model.
     pub dtype: Option<DataType>,
     pub dims: Vec<u32>,
+    /// The scale/offset encoding; `None` when the metadata defines no encoding (float and
+    /// integer tensors). Graph I/O with any other encoding is reported as an error.
+    pub quant: Option<ScaleOffset>,
 }
 
 /// One graph of a context binary, with I/O in binding order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GraphInfo {
     pub name: String,
     pub inputs: Vec<TensorInfo>,
@@ -37,7 +42,7 @@ pub struct GraphInfo {
 }
 
 /// What `systemContextGetMetaData` reports about a context binary.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BinaryInfo {
     pub graphs: Vec<GraphInfo>,
 }
@@ -61,6 +66,10 @@ fn check(function: &'static str, code: b::Qnn_ErrorHandle_t) -> Result<(), ApiEr
         Err(ApiError::Qnn { function, code })
     }
 }
+
+/// `QNN_DEFINITION_DEFINED` and `QNN_QUANTIZATION_ENCODING_SCALE_OFFSET` (qnn-api.md §2.4–2.5).
+const DEFINITION_DEFINED: u32 = 1;
+const ENCODING_SCALE_OFFSET: u32 = 0;
 
 fn unsupported_version(what: &str, version: u32) -> ApiError {
     ApiError::InvalidArgument {
@@ -93,15 +102,15 @@ unsafe fn tensors(list: *const b::Qnn_Tensor_t, count: u32) -> Result<Vec<Tensor
     list.iter()
         .map(|t| {
             // SAFETY: the version field selects the active member.
-            let (name, dtype, rank, dims) = unsafe {
+            let (id, name, dtype, quant, rank, dims) = unsafe {
                 match t.version as u32 {
                     1 => {
                         let v = &t.__bindgen_anon_1.v1;
-                        (v.name, v.dataType, v.rank, v.dimensions)
+                        (v.id, v.name, v.dataType, v.quantizeParams, v.rank, v.dimensions)
                     }
                     2 => {
                         let v = &t.__bindgen_anon_1.v2;
-                        (v.name, v.dataType, v.rank, v.dimensions)
+                        (v.id, v.name, v.dataType, v.quantizeParams, v.rank, v.dimensions)
                     }
                     other => return Err(unsupported_version("tensor", other)),
                 }
@@ -114,7 +123,23 @@ unsafe fn tensors(list: *const b::Qnn_Tensor_t, count: u32) -> Result<Vec<Tensor
             };
             // SAFETY: tensor names are NUL-terminated.
             let name = unsafe { string(name) };
-            Ok(TensorInfo { name, dtype: DataType::from_raw(dtype as u32), dims })
+            let quant = match (quant.encodingDefinition as u32, quant.quantizationEncoding as u32) {
+                (DEFINITION_DEFINED, ENCODING_SCALE_OFFSET) => {
+                    // SAFETY: the encoding selects the active union member.
+                    let so = unsafe { quant.__bindgen_anon_1.scaleOffsetEncoding };
+                    Some(ScaleOffset { scale: so.scale, offset: so.offset })
+                }
+                (DEFINITION_DEFINED, other) => {
+                    return Err(ApiError::InvalidArgument {
+                        function: "systemContextGetMetaData",
+                        reason: format!(
+                            "graph I/O tensor `{name}` has quantization encoding {other}, not scale/offset"
+                        ),
+                    })
+                }
+                _ => None,
+            };
+            Ok(TensorInfo { id, name, dtype: DataType::from_raw(dtype as u32), dims, quant })
         })
         .collect()
 }

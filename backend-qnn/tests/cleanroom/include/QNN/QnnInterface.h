@@ -63,6 +63,15 @@ typedef Qnn_ErrorHandle_t (*QnnContext_GetBinaryFn_t)(Qnn_ContextHandle_t contex
                                                       Qnn_ContextBinarySize_t* writtenBufferSize);
 typedef Qnn_ErrorHandle_t (*QnnContext_FreeFn_t)(Qnn_ContextHandle_t context,
                                                  Qnn_ProfileHandle_t profile);
+/* Deserializes a context from a binary made by contextGetBinary; its graphs come back
+ * finalized and are looked up by name with graphRetrieve. */
+typedef Qnn_ErrorHandle_t (*QnnContext_CreateFromBinaryFn_t)(Qnn_BackendHandle_t backend,
+                                                             Qnn_DeviceHandle_t device,
+                                                             const QnnContext_Config_t** config,
+                                                             const void* binaryBuffer,
+                                                             Qnn_ContextBinarySize_t binaryBufferSize,
+                                                             Qnn_ContextHandle_t* context,
+                                                             Qnn_ProfileHandle_t profile);
 
 typedef Qnn_ErrorHandle_t (*QnnGraph_CreateFn_t)(Qnn_ContextHandle_t contextHandle,
                                                  const char* graphName,
@@ -73,6 +82,19 @@ typedef Qnn_ErrorHandle_t (*QnnGraph_AddNodeFn_t)(Qnn_GraphHandle_t graphHandle,
 typedef Qnn_ErrorHandle_t (*QnnGraph_FinalizeFn_t)(Qnn_GraphHandle_t graphHandle,
                                                    Qnn_ProfileHandle_t profileHandle,
                                                    Qnn_SignalHandle_t signalHandle);
+typedef Qnn_ErrorHandle_t (*QnnGraph_RetrieveFn_t)(Qnn_ContextHandle_t contextHandle,
+                                                   const char* graphName,
+                                                   Qnn_GraphHandle_t* graphHandle);
+/* Synchronous execution of a finalized graph: one tensor per graph input / output, each with
+ * the id, name and metadata the binary records and a client buffer (memType RAW) holding the
+ * data; outputs are written into their client buffers. */
+typedef Qnn_ErrorHandle_t (*QnnGraph_ExecuteFn_t)(Qnn_GraphHandle_t graphHandle,
+                                                  const Qnn_Tensor_t* inputs,
+                                                  uint32_t numInputs,
+                                                  Qnn_Tensor_t* outputs,
+                                                  uint32_t numOutputs,
+                                                  Qnn_ProfileHandle_t profileHandle,
+                                                  Qnn_SignalHandle_t signalHandle);
 
 typedef Qnn_ErrorHandle_t (*QnnTensor_CreateGraphTensorFn_t)(Qnn_GraphHandle_t graph,
                                                              Qnn_Tensor_t* tensor);
@@ -92,15 +114,15 @@ typedef struct {
   QnnInterface_UnusedFn_t contextSetConfig;                 /* 10 */
   QnnContext_GetBinarySizeFn_t contextGetBinarySize;        /* 11 */
   QnnContext_GetBinaryFn_t contextGetBinary;                /* 12 */
-  QnnInterface_UnusedFn_t contextCreateFromBinary;          /* 13 */
+  QnnContext_CreateFromBinaryFn_t contextCreateFromBinary;  /* 13 */
   QnnContext_FreeFn_t contextFree;                          /* 14 */
   QnnGraph_CreateFn_t graphCreate;                          /* 15 */
   QnnInterface_UnusedFn_t graphCreateSubgraph;              /* 16 */
   QnnInterface_UnusedFn_t graphSetConfig;                   /* 17 */
   QnnGraph_AddNodeFn_t graphAddNode;                        /* 18 */
   QnnGraph_FinalizeFn_t graphFinalize;                      /* 19 */
-  QnnInterface_UnusedFn_t graphRetrieve;                    /* 20 */
-  QnnInterface_UnusedFn_t graphExecute;                     /* 21 */
+  QnnGraph_RetrieveFn_t graphRetrieve;                      /* 20 */
+  QnnGraph_ExecuteFn_t graphExecute;                        /* 21 */
   QnnInterface_UnusedFn_t graphExecuteAsync;                /* 22 */
   QnnInterface_UnusedFn_t tensorCreateContextTensor;        /* 23 */
   QnnTensor_CreateGraphTensorFn_t tensorCreateGraphTensor;  /* 24 */
