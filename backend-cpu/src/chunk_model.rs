@@ -97,12 +97,28 @@ impl ChunkModel for CpuChunkModel {
             values.push(self.tensor_arc(v, vec![1, kvh, n_past, d], DType::U8Sym)?);
         }
         let t1 = profile::lap(t0, "chunk: inputs");
-        let (logits, new_k, new_v) = self.model.forward(&ids, &pos, &mask, &keys, &values)?;
+        let rows = inputs.logit_rows();
+        let (logits, new_k, new_v) = self.model.forward_rows(&ids, &pos, &mask, &keys, &values, rows.clone())?;
         let t2 = profile::lap(t1, "(chunk: model forward, ops included)");
         fn read<'a>(t: &'a Tensor, what: &str) -> Result<Cow<'a, [f32]>, String> {
             real_values(t).ok_or_else(|| format!("model output {what} has no real data"))
         }
-        outputs.logits_mut().copy_from_slice(&read(&logits, "logits")?);
+        // All `ar` rows, or only the rows asked for when the model file honours them.
+        let logits = read(&logits, "logits")?;
+        let vocab = shape.vocab_size;
+        let dst = outputs.logits_mut();
+        if logits.len() == dst.len() {
+            dst.copy_from_slice(&logits);
+        } else if logits.len() == rows.len() * vocab {
+            dst[rows.start * vocab..rows.end * vocab].copy_from_slice(&logits);
+        } else {
+            return Err(format!(
+                "model output logits has {} values; expected {ar} or {} rows of {vocab}",
+                logits.len(),
+                rows.len()
+            )
+            .into());
+        }
         for l in 0..shape.num_layers {
             let (k, v) = outputs.present_kv_mut(l);
             k.copy_from_slice(&read(&new_k[l], "present key")?);

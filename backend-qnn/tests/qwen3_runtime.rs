@@ -24,7 +24,7 @@ use mllm_dsl::runtime::{
 use mllm_dsl::{trace, ParamFormat};
 use qwen3_common::*;
 
-/// Logits of the real (non-padding) rows of every chunk a model ran.
+/// Logits of the rows the runtime read of every chunk a model ran.
 struct Capture<M> {
     inner: M,
     steps: Vec<Vec<f32>>,
@@ -41,7 +41,7 @@ impl<M: ChunkModel> ChunkModel for Capture<M> {
     fn run_chunk(&mut self, i: &ChunkInputs<'_, M::Kv>, o: &mut ChunkOutputs<M::Kv>) -> Result<(), ModelError> {
         self.inner.run_chunk(i, o)?;
         let vocab = self.layout().vocab_size;
-        for row in 0..i.n_valid() {
+        for row in i.logit_rows() {
             self.steps.push(o.logits()[row * vocab..(row + 1) * vocab].to_vec());
         }
         Ok(())

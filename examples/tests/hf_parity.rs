@@ -40,7 +40,12 @@ fn check(dir: &str, reference_file: &str) {
             eos_ids: loaded.config.eos_token_ids.clone(),
             collect_prompt_logits: true,
         };
-        let out = Generator::new(loaded.model).unwrap().generate(&r.input_ids, &cfg).unwrap();
+        let mut generator = Generator::new(loaded.model).unwrap();
+        let out = generator.generate(&r.input_ids, &cfg).unwrap();
+        // Without prompt logits the model computes the lm_head of each chunk's last row only.
+        let last_row_only = GenerationConfig { collect_prompt_logits: false, ..cfg.clone() };
+        let ids = generator.generate(&r.input_ids, &last_row_only).unwrap().ids;
+        assert_eq!(ids, r.greedy_ids[r.input_ids.len()..], "{dir}/{reference_file} chunk {chunk}: last-row-only ids");
         let logits = out.prompt_logits.unwrap();
         assert_eq!(logits.len(), r.logits.len(), "{dir}: logits size");
         let max_diff = logits.iter().zip(&r.logits).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);

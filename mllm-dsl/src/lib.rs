@@ -64,7 +64,7 @@ pub mod tensor;
 pub mod trace;
 
 pub use backend::{Backend, BackendRef, NativeData, Storage};
-pub use causal_lm::{CausalLm, DecoderShape};
+pub use causal_lm::{logit_rows, CausalLm, DecoderShape};
 pub use dtype::{DType, Device, TensorType};
 pub use error::{CallSite, Error, Result};
 pub use ir::Program;

@@ -192,6 +192,11 @@ impl<A: DecoderAttention> DecoderForCausalLM<A> {
         past_values: &[Tensor],
     ) -> Result<Outputs> {
         let (x, keys, values) = self.model.forward(ids, positions, mask, past_keys, past_values)?;
+        // Eager runs that read a few rows only skip the lm_head for the others: [1, 1, S, H] -> [1, 1, r, H]
+        let x = match mllm_dsl::logit_rows() {
+            Some(rows) if rows.len() < ids.shape()[1] => x.slice(2, rows.start, rows.end)?,
+            _ => x,
+        };
         let logits = self.lm_head.forward(&qdq!(x, "lm_head_input_qdq")?)?;
         Ok((qdq!(logits, "lm_head_output_qdq")?, keys, values))
     }

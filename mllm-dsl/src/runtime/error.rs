@@ -23,6 +23,10 @@ pub enum RuntimeError {
     #[error("the model cannot run chunks of {ar} tokens ({purpose}); choose a chunk length its graphs were built for")]
     UnsupportedChunkLen { ar: usize, purpose: &'static str },
 
+    /// The logit rows to read are not a range within the chunk's tokens.
+    #[error("logit rows {start}..{end} are not a range within the chunk's {n_tokens} token(s)")]
+    InvalidLogitRows { start: usize, end: usize, n_tokens: usize },
+
     /// Generation needs at least one prompt token to produce the first logits.
     #[error("the prompt is empty; at least one token id is needed")]
     EmptyPrompt,

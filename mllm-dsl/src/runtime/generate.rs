@@ -188,7 +188,16 @@ impl PromptProcessor {
                 ar = 1;
                 n = 1;
             }
-            let out = seq.run_chunk(model, &prompt[done..done + n], ar)?;
+            // Every row's logits when collecting them; else only the prompt's last row (a CPU
+            // model then skips the lm_head for every other row, and for earlier chunks entirely).
+            let rows = if collect_logits {
+                0..n
+            } else if done + n == prompt.len() {
+                n - 1..n
+            } else {
+                n..n
+            };
+            let out = seq.run_chunk(model, &prompt[done..done + n], ar, rows)?;
             chunks += 1;
             if let Some(all) = prompt_logits.as_mut() {
                 all.extend_from_slice(&out.logits()[..n * vocab]);
@@ -270,7 +279,7 @@ impl TokenGenerator {
             if let Some(reason) = stop {
                 return Ok(done(ids, reason, steps));
             }
-            let out = seq.run_chunk(model, &[token], 1)?;
+            let out = seq.run_chunk(model, &[token], 1, 0..1)?;
             steps += 1;
             token = sampler.sample(out.logits_row(0))?;
         }

@@ -112,6 +112,7 @@ pub struct ChunkInputs<'a, T> {
     pub(crate) cache: &'a KvCache<T>,
     pub(crate) n_past: usize,
     pub(crate) n_valid: usize,
+    pub(crate) logit_rows: std::ops::Range<usize>,
 }
 
 impl<'a, T: Copy + Default> ChunkInputs<'a, T> {
@@ -154,6 +155,13 @@ impl<'a, T: Copy + Default> ChunkInputs<'a, T> {
     /// Real (non-padding) tokens in this chunk; also informational only.
     pub fn n_valid(&self) -> usize {
         self.n_valid
+    }
+
+    /// The rows whose logits the runtime reads (empty for a prompt chunk before the last one when
+    /// no prompt logits are collected). A model must fill these; it may
+    /// leave the other rows' logits stale (a static graph computes all of them anyway).
+    pub fn logit_rows(&self) -> std::ops::Range<usize> {
+        self.logit_rows.clone()
     }
 }
 

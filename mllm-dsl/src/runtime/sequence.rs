@@ -79,8 +79,15 @@ impl<T: Copy + Default> Sequence<T> {
     }
 
     /// Runs `tokens` (1..=ar of them) as one chunk of `ar` and returns the chunk's outputs; rows
-    /// `[0, tokens.len())` of its logits belong to the tokens, the rest to padding.
-    pub fn run_chunk<M>(&mut self, model: &mut M, tokens: &[u32], ar: usize) -> Result<&ChunkOutputs<T>, RuntimeError>
+    /// `[0, tokens.len())` of its logits belong to the tokens, the rest to padding. Only the logits
+    /// of rows `read_rows` (within the tokens; possibly none) are guaranteed to be computed.
+    pub fn run_chunk<M>(
+        &mut self,
+        model: &mut M,
+        tokens: &[u32],
+        ar: usize,
+        read_rows: std::ops::Range<usize>,
+    ) -> Result<&ChunkOutputs<T>, RuntimeError>
     where
         M: ChunkModel<Kv = T> + ?Sized,
     {
@@ -92,6 +99,9 @@ impl<T: Copy + Default> Sequence<T> {
         }
         if n == 0 || n > ar {
             return Err(RuntimeError::ChunkTokenCount { n_tokens: n, ar });
+        }
+        if read_rows.start > read_rows.end || read_rows.end > n {
+            return Err(RuntimeError::InvalidLogitRows { start: read_rows.start, end: read_rows.end, n_tokens: n });
         }
         if self.n_past + n > ctx {
             return Err(RuntimeError::ContextOverflow { n_past: self.n_past, n_tokens: n, context_len: ctx });
@@ -143,6 +153,7 @@ impl<T: Copy + Default> Sequence<T> {
             cache: &self.cache,
             n_past: self.n_past,
             n_valid: n,
+            logit_rows: read_rows,
         };
         let outputs = &mut self.outputs[slot];
         model.run_chunk(&inputs, outputs).map_err(|source| RuntimeError::ModelRun {
