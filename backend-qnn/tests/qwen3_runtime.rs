@@ -106,6 +106,8 @@ fn greedy_generation_from_the_context_binary_matches_the_cpu_fake_quant_run() {
         max_new_tokens: CONTEXT,
         prefill_chunk: CHUNK,
         eos_ids: vec![],
+        // Every prompt row's logits are read (and so captured), not only the last one.
+        collect_prompt_logits: true,
         ..GenerationConfig::default()
     };
     let mut qnn = Generator::new(Capture { inner: qnn, steps: vec![] }).unwrap();
