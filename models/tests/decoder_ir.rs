@@ -2,7 +2,9 @@
 //! form, per scope, like `qwen3_ir.rs`: `llama__<scope>__trace`, `qwen2__<scope>__trace`. Review
 //! changes with `cargo insta review`; every snapshot must also parse back.
 
-use mllm_dsl::ir::{parse, MAX_LINE};
+mod common;
+
+use common::snapshot;
 use mllm_dsl::prelude::*;
 use mllm_dsl::Program;
 use models::decoder::{DecoderAttention, DecoderForCausalLM, DecoderLayer};
@@ -14,24 +16,6 @@ use models::{blocks::Mlp, TransformerConfig};
 const CHUNK: usize = 4;
 const CONTEXT: usize = 16;
 const QNN: ParamSource<'static> = ParamSource::Symbolic(ParamFormat::QnnW4A16);
-
-fn snapshot(name: &str, program: &Program) {
-    let text = program.to_string();
-    // Deterministic, readable, and lossless: every snapshot round-trips through the parser.
-    for (i, line) in text.lines().enumerate() {
-        assert!(line.len() <= MAX_LINE, "{name}: line {} has {} chars", i + 1, line.len());
-    }
-    let reparsed = parse(&text).unwrap_or_else(|e| panic!("{name} does not parse back: {e}"));
-    assert_eq!(reparsed, program.canonicalize(), "{name}: parse(print(p)) != p");
-    assert_eq!(reparsed.to_string(), text);
-    insta::with_settings!({
-        snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"),
-        prepend_module_to_snapshot => false,
-        omit_expression => true,
-    }, {
-        insta::assert_snapshot!(name, text);
-    });
-}
 
 fn act(shape: &[usize]) -> TraceInput {
     TraceInput::new("x", shape.to_vec(), DType::U16Asym)

@@ -11,11 +11,14 @@
 //!   the flat graph, the I/O contract and tensor names; and PTQ's errors on a corrupted checkpoint.
 #![allow(clippy::result_large_err)] // PassError carries its context; see mllm_dsl::passes.
 
+mod common;
+
 use backend_cpu::checkpoint::SafetensorsCheckpoint;
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter, QdqHook};
+use common::snapshot;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::ir::{parse, Attr, Node, QuantSpecKind, SpecParams, MAX_LINE};
+use mllm_dsl::ir::{Attr, Node, QuantSpecKind, SpecParams};
 use mllm_dsl::passes::{qdq_params, ParamError, Pipeline, QuantParamProvider, StoredTensor};
 use mllm_dsl::prelude::*;
 use mllm_dsl::quant::fake_quant::FakeQuantizer;
@@ -68,23 +71,6 @@ fn after(n: usize, chunk: usize) -> Program {
         pass.run(&mut p).unwrap_or_else(|e| panic!("{e}"));
     }
     p
-}
-
-fn snapshot(name: &str, program: &Program) {
-    let text = program.to_string();
-    for (i, line) in text.lines().enumerate() {
-        assert!(line.len() <= MAX_LINE, "{name}: line {} has {} chars", i + 1, line.len());
-    }
-    let reparsed = parse(&text).unwrap_or_else(|e| panic!("{name} does not parse back: {e}"));
-    assert_eq!(reparsed, program.canonicalize(), "{name}: parse(print(p)) != p");
-    assert_eq!(reparsed.to_string(), text);
-    insta::with_settings!({
-        snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"),
-        prepend_module_to_snapshot => false,
-        omit_expression => true,
-    }, {
-        insta::assert_snapshot!(name, text);
-    });
 }
 
 /// Eager fake-quant: every QDQ point quantized with the checkpoint's parameters (torch's rounding).
