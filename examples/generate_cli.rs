@@ -1,20 +1,17 @@
 //! The `generate` example's command: argument parsing and the run itself, as a library function so
 //! tests drive it exactly like the command line does.
 
-use crate::quant_pipeline::{load_model, RunMode};
+use crate::quant_pipeline::{load_aot_config, load_model, trace_graph, RunMode};
 use crate::{qwen3_chat_prompt, write_f32_safetensors};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use backend_cpu::checkpoint::SafetensorsCheckpoint;
 use backend_qnn::sdk::{EmulatedHtp, SdkChunkModel, SdkError};
 use backend_qnn::{LowerOptions, QnnChunkModel, QnnGraph, QnnLowering, QnnModelError};
 use clap::Parser;
-use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::module::ParamSource;
 use mllm_dsl::passes::Pipeline;
 use mllm_dsl::runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator, RandomSampling, Sampling};
-use mllm_dsl::{trace, ParamFormat};
-use models::TransformerConfig;
+use mllm_dsl::ParamFormat;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -244,18 +241,12 @@ pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec
         _ => bail!("{}: not a quantized checkpoint with RoPE tables (`model.mllm_max_sin_embedding`)", dir.display()),
     };
     ensure!(context <= max_positions, "--context {context} exceeds the checkpoint's {max_positions} RoPE positions");
-    let cfg = TransformerConfig::from_hf(&hf, max_positions);
-    let mut aot = AotConfig::w4a16_kv8();
-    aot.quant_recipe.layers = cfg.num_hidden_layers as u32;
+    let (aot, _) = load_aot_config(None, &hf)?;
     let mut lowering = QnnLowering::new(&ckpt, LowerOptions::default());
     let mut graphs = Vec::new();
     let chunks: &[usize] = if chunk == 1 { &[1] } else { &[chunk, 1] };
     for &ar in chunks {
-        let mut model = models::build(&hf, max_positions)?;
-        model.bind_params(&ParamSource::Symbolic(ParamFormat::QnnW4A16))?;
-        let inputs = models::io::trace_inputs(&cfg, ar, context, ParamFormat::QnnW4A16);
-        let l = cfg.num_hidden_layers;
-        let mut program = trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + l], &t[3 + l..]))?;
+        let mut program = trace_graph(&hf, max_positions, ar, context, ParamFormat::QnnW4A16)?;
         Pipeline::qnn_aot(&aot, &ckpt).run(&mut program).with_context(|| format!("compiling chunk {ar}"))?;
         graphs.extend(lowering.lower_program(&program).with_context(|| format!("lowering chunk {ar}"))?);
     }
