@@ -6,9 +6,8 @@
 
 use crate::executor::{profile, real_values};
 use mllm_dsl::runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
-use mllm_dsl::{BackendRef, CausalLm, DType, Storage, Tensor, TensorType};
+use mllm_dsl::{BackendRef, CausalLm, DType, F32Buffer, Storage, Tensor, TensorType};
 use std::borrow::Cow;
-use std::sync::Arc;
 
 /// Value of a masked mask entry (uint16 0 dequantized with mllm's mask encoding); 0.0 attends.
 const MASKED: f32 = -0.001;
@@ -29,17 +28,16 @@ impl CpuChunkModel {
         self.tensor_arc(data.into(), shape, dtype)
     }
 
-    fn tensor_arc(&self, data: Arc<[f32]>, shape: Vec<usize>, dtype: DType) -> mllm_dsl::Result<Tensor> {
+    fn tensor_arc(&self, data: F32Buffer, shape: Vec<usize>, dtype: DType) -> mllm_dsl::Result<Tensor> {
         Tensor::from_storage(TensorType::new(shape, dtype), Storage::F32(data), self.backend.clone())
     }
 }
 
-/// A new shared buffer of `len` floats written by `fill`, without the extra copy of going through
-/// a `Vec` (the past KV cache is the largest input of a decode step).
-fn filled(len: usize, fill: impl FnOnce(&mut [f32])) -> Arc<[f32]> {
-    let mut data: Arc<[f32]> = std::iter::repeat_n(0.0, len).collect();
-    fill(Arc::get_mut(&mut data).expect("a new Arc is unique"));
-    data
+/// A new buffer of `len` floats written by `fill`.
+fn filled(len: usize, fill: impl FnOnce(&mut [f32])) -> F32Buffer {
+    let mut data = vec![0.0; len];
+    fill(&mut data);
+    data.into()
 }
 
 impl ChunkModel for CpuChunkModel {

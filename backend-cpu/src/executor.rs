@@ -8,7 +8,7 @@ use crate::kernels::{BatchRepeat, JoinAxis, RhsParts};
 use crate::lazy::LazyJoin;
 use crate::packed_weight::{packed_of, WeightView};
 use mllm_dsl::op::{OpKind, ReduceKind};
-use mllm_dsl::{Backend, BackendRef, QdqAttr, Storage, Tensor, TensorType};
+use mllm_dsl::{Backend, BackendRef, F32Buffer, QdqAttr, Storage, Tensor, TensorType};
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -66,7 +66,7 @@ fn lazy_of(t: &Tensor) -> Option<&LazyJoin> {
 }
 
 /// Dense f32 data shared, not copied (for lazy joins).
-fn dense_arc(t: &Tensor) -> Option<Arc<[f32]>> {
+fn dense_arc(t: &Tensor) -> Option<F32Buffer> {
     match t.storage()? {
         Storage::F32(v) => Some(v.clone()),
         _ => None,

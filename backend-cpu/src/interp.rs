@@ -25,7 +25,6 @@ use mllm_dsl::quant::fake_quant::{dequantize, FakeQuantizer};
 use mllm_dsl::quant::spec::QuantParams;
 use mllm_dsl::{BackendRef, Tensor};
 use std::collections::HashMap;
-use std::sync::Arc;
 
 /// How QDQ points and specs are treated.
 #[derive(Clone, Copy)]
@@ -221,7 +220,7 @@ impl<'a> Interpreter<'a> {
                 }
             }
         }
-        let storage = Storage::F32(Arc::from(vec![x]));
+        let storage = Storage::F32(vec![x].into());
         Tensor::from_storage(def.ty.clone(), storage, self.backend.clone())
             .map_err(|e| InterpError::Program(e.to_string()))
     }

@@ -7,9 +7,8 @@
 //! materialized data, computed by the same kernels the eager ops use.
 
 use crate::kernels::{self, KernelError};
-use mllm_dsl::NativeData;
+use mllm_dsl::{F32Buffer, NativeData};
 use std::any::Any;
-use std::sync::Arc;
 
 /// `repeat_interleave(cat(parts, cat_dim), times, repeat_dim)` of dense f32 parts.
 #[derive(Debug, Clone)]
@@ -17,7 +16,7 @@ pub struct LazyJoin {
     /// Shape of the result.
     pub shape: Vec<usize>,
     /// Dense parts with their shapes (one part: no concatenation).
-    pub parts: Vec<(Arc<[f32]>, Vec<usize>)>,
+    pub parts: Vec<(F32Buffer, Vec<usize>)>,
     pub cat_dim: usize,
     pub repeat_dim: usize,
     /// 1: no repeat.
@@ -36,7 +35,7 @@ impl NativeData for LazyJoin {
 
 impl LazyJoin {
     /// `cat(parts, dim)`, checked like the eager op.
-    pub fn concat(parts: Vec<(Arc<[f32]>, Vec<usize>)>, dim: usize) -> Result<Self, KernelError> {
+    pub fn concat(parts: Vec<(F32Buffer, Vec<usize>)>, dim: usize) -> Result<Self, KernelError> {
         let shapes: Vec<&[usize]> = parts.iter().map(|(_, s)| s.as_slice()).collect();
         let shape = concat_shape(&shapes, dim)?;
         for (data, shape) in &parts {

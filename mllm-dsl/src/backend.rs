@@ -14,9 +14,55 @@ use std::sync::Arc;
 /// ([`Storage::Native`]), e.g. the CPU backend's weights packed for its matrix kernels in bf16.
 #[derive(Clone, Debug)]
 pub enum Storage {
-    F32(Arc<[f32]>),
+    F32(F32Buffer),
     I64(Arc<[i64]>),
     Native(Arc<dyn NativeData>),
+}
+
+/// Shared, immutable f32 data of an eager tensor.
+///
+/// Made from a `Vec` without copying it: a kernel's output becomes a tensor as is (an `Arc<[f32]>`
+/// would copy every op's output once more, serially, between the kernels).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct F32Buffer(Arc<Vec<f32>>);
+
+impl F32Buffer {
+    /// The values, writable while no other tensor shares them.
+    pub fn get_mut(&mut self) -> Option<&mut [f32]> {
+        Arc::get_mut(&mut self.0).map(Vec::as_mut_slice)
+    }
+}
+
+impl std::ops::Deref for F32Buffer {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        &self.0
+    }
+}
+
+impl From<Vec<f32>> for F32Buffer {
+    fn from(v: Vec<f32>) -> Self {
+        F32Buffer(Arc::new(v))
+    }
+}
+
+impl From<&[f32]> for F32Buffer {
+    fn from(v: &[f32]) -> Self {
+        v.to_vec().into()
+    }
+}
+
+impl<const N: usize> From<[f32; N]> for F32Buffer {
+    fn from(v: [f32; N]) -> Self {
+        v.to_vec().into()
+    }
+}
+
+impl FromIterator<f32> for F32Buffer {
+    fn from_iter<I: IntoIterator<Item = f32>>(iter: I) -> Self {
+        iter.into_iter().collect::<Vec<_>>().into()
+    }
 }
 
 /// Data in a backend's own layout. The core only needs its element count; the backend that made

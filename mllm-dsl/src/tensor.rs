@@ -4,7 +4,7 @@
 //! [`trace`](crate::trace::trace)) is recorded as IR. Shape and dtype inference is shared, so a shape
 //! error is the same typed [`Error::Op`] in both modes, raised at the user's call with the module path.
 
-use crate::backend::{BackendRef, Storage};
+use crate::backend::{BackendRef, F32Buffer, Storage};
 use crate::dtype::{fmt_shape, DType, TensorType};
 use crate::error::{CallSite, Error, Result};
 use crate::ir::ValueId;
@@ -71,7 +71,7 @@ impl Tensor {
     }
 
     /// An eager f32 tensor.
-    pub fn from_f32(data: impl Into<Arc<[f32]>>, shape: impl Into<Vec<usize>>, backend: BackendRef) -> Result<Tensor> {
+    pub fn from_f32(data: impl Into<F32Buffer>, shape: impl Into<Vec<usize>>, backend: BackendRef) -> Result<Tensor> {
         Tensor::from_storage(TensorType::new(shape, DType::F32), Storage::F32(data.into()), backend)
     }
 

@@ -20,7 +20,6 @@ use rayon::prelude::*;
 use super::packed_tile::{self, Isa, MAX_ROWS};
 use super::threads::current;
 use super::KernelError;
-use std::borrow::Cow;
 
 /// Output columns per panel.
 pub const PANEL: usize = 32;
@@ -223,8 +222,6 @@ pub fn linear_packed_with(
     if out.is_empty() {
         return Ok(out);
     }
-    // A single row is its own packing.
-    let a: Cow<'_, [f32]> = if m == 1 { Cow::Borrowed(x) } else { Cow::Owned(packed_tile::pack_rows(isa, x, m, k)) };
     let panels = w.panels();
     let ctx = current();
     let threads = ctx.for_work(m * n * k, MIN_PARALLEL_MACS);
@@ -246,7 +243,7 @@ pub fn linear_packed_with(
                 unsafe {
                     packed_tile::panel_product(
                         isa,
-                        a.as_ptr().add(r0 * k),
+                        x.as_ptr().add(r0 * k),
                         rows,
                         k,
                         panel,

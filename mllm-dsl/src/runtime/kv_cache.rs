@@ -184,18 +184,34 @@ impl<T: Copy + Default> KvCache<T> {
 }
 
 /// Moves `blocks` blocks from stride `old` to stride `new` in place, keeping the first `valid`
-/// elements of each and filling the rest of each new block with the default value.
+/// elements of each. Given the cache invariant (everything outside the valid elements holds the
+/// default value), only the old valid elements that no new block covers need clearing: nothing at
+/// all for an empty cache, instead of a pass over the whole buffer.
 fn restride<T: Copy + Default>(buf: &mut [T], blocks: usize, old: usize, new: usize, valid: usize) {
-    let mut move_block = |b: usize| {
-        buf.copy_within(b * old..b * old + valid, b * new);
-        buf[b * new + valid..(b + 1) * new].fill(T::default());
-    };
+    if valid == 0 {
+        return;
+    }
+    let mut move_block = |b: usize| buf.copy_within(b * old..b * old + valid, b * new);
     if new > old {
         // Block b lands at or after its old start, over blocks > b: move those first.
         (0..blocks).rev().for_each(&mut move_block);
     } else {
         // Block b lands at or before its old start, over blocks < b: move those first.
         (0..blocks).for_each(&mut move_block);
+    }
+    for b in 0..blocks {
+        let (mut at, end) = (b * old, b * old + valid);
+        while at < end {
+            let block = at / new;
+            let (kept, block_end) = (block * new + valid, (block + 1) * new);
+            if block < blocks && at < kept {
+                at = kept.min(end);
+            } else {
+                let stop = if block < blocks { block_end.min(end) } else { end };
+                buf[at..stop].fill(T::default());
+                at = stop;
+            }
+        }
     }
 }
 
@@ -228,13 +244,17 @@ mod tests {
         (k, v)
     }
 
-    /// Checks every element of the visible past K/V against `val` for positions < len, 0 after.
+    /// Checks every element of the visible past K/V against `val` for positions < len, 0 after (and
+    /// 0 in the rest of each buffer).
     fn assert_contents(cache: &KvCache<u16>, len: usize) {
         let l = *cache.layout();
         let s = cache.past_cols();
         for layer in 0..l.num_layers {
             let (k, v) = (cache.past_key(layer), cache.past_value(layer));
             assert_eq!(k.len(), l.num_kv_heads * l.head_dim * s);
+            // The buffers' tails past the visible layout keep the invariant too.
+            assert!(cache.keys[layer][k.len()..].iter().all(|&x| x == 0), "K tail l{layer}");
+            assert!(cache.values[layer][v.len()..].iter().all(|&x| x == 0), "V tail l{layer}");
             for h in 0..l.num_kv_heads {
                 for d in 0..l.head_dim {
                     for c in 0..s {
