@@ -5,6 +5,7 @@
 //! the matching mask columns: the same computation without the work on columns the mask excludes.
 
 use crate::executor::{profile, real_values};
+use crate::kernels::run_in_pool;
 use mllm_dsl::runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
 use mllm_dsl::{BackendRef, CausalLm, DType, F32Buffer, Storage, Tensor, TensorType};
 use std::borrow::Cow;
@@ -96,7 +97,9 @@ impl ChunkModel for CpuChunkModel {
         }
         let t1 = profile::lap(t0, "chunk: inputs");
         let rows = inputs.logit_rows();
-        let (logits, new_k, new_v) = self.model.forward_rows(&ids, &pos, &mask, &keys, &values, rows.clone())?;
+        let model = &self.model;
+        let (logits, new_k, new_v) =
+            run_in_pool(|| model.forward_rows(&ids, &pos, &mask, &keys, &values, rows.clone()))?;
         let t2 = profile::lap(t1, "(chunk: model forward, ops included)");
         fn read<'a>(t: &'a Tensor, what: &str) -> Result<Cow<'a, [f32]>, String> {
             real_values(t).ok_or_else(|| format!("model output {what} has no real data"))

@@ -41,5 +41,5 @@ pub use reduce::{reduce, ReduceKind};
 pub use rms_norm::rms_norm;
 pub use shape::broadcast_shape;
 pub use softmax::softmax;
-pub use threads::{num_threads, set_num_threads};
+pub use threads::{num_threads, run_in_pool, set_num_threads};
 pub use unary::{exp, neg, sigmoid, silu, unary, unary_inplace, UnaryOp};

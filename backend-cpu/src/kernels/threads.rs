@@ -55,6 +55,17 @@ fn build_ctx(threads: usize) -> Result<ThreadCtx, KernelError> {
     Ok(ThreadCtx { threads, pool })
 }
 
+/// Runs `f` on a thread of the kernel pool (directly when single-threaded).
+///
+/// Kernels called inside split their work by work stealing from that thread: the caller starts on
+/// its share at once and a sleeping helper joins when it wakes. Called from outside, every
+/// parallel kernel is instead injected into the pool while the caller sleeps until it is done, a
+/// round trip that wakes two sleeping threads (tens of microseconds on a VM), longer than most
+/// element-wise ops of a decoder layer take. Run a whole model forward through this.
+pub fn run_in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    current().install(f)
+}
+
 /// The current configuration, created with the default count on first use (single-threaded if
 /// the pool cannot be built).
 pub(crate) fn current() -> ThreadCtx {
