@@ -14,7 +14,6 @@
 //! gemm per matrix in parallel instead.
 
 use gemm::Parallelism;
-use rayon::prelude::*;
 
 use super::shape::{broadcast_shape_for, broadcast_strides, check_len, contiguous_strides, numel};
 use super::threads::{current, ThreadCtx};
@@ -208,20 +207,19 @@ pub fn matmul(
     let threads = ctx.for_work(batches * m * n * k, MIN_PARALLEL_MACS);
     if threads > 1 && batches >= threads {
         // Coarse level: one single-threaded gemm per matrix, matrices spread over the pool.
-        ctx.install(|| {
-            out.par_chunks_mut(m * n).zip(offsets.par_iter()).for_each(|(dst, &(a_off, b_off))| {
-                product_into(
-                    &ctx,
-                    1,
-                    LinearStrategy::Auto,
-                    dims,
-                    dst,
-                    n,
-                    false,
-                    MatView::row_major(a, a_off, k),
-                    MatView::row_major(b, b_off, n),
-                );
-            });
+        ctx.for_each_chunk_mut(&mut out, m * n, |i, dst| {
+            let (a_off, b_off) = offsets[i];
+            product_into(
+                &ctx,
+                1,
+                LinearStrategy::Auto,
+                dims,
+                dst,
+                n,
+                false,
+                MatView::row_major(a, a_off, k),
+                MatView::row_major(b, b_off, n),
+            );
         });
     } else {
         for (dst, &(a_off, b_off)) in out.chunks_exact_mut(m * n).zip(&offsets) {
@@ -401,11 +399,9 @@ pub(super) fn product_into(
         LinearStrategy::SplitN => {
             let chunk = n.div_ceil(threads).next_multiple_of(SPLIT_N_ALIGN).min(n);
             let chunks = n.div_ceil(chunk);
-            ctx.install(|| {
-                (0..chunks).into_par_iter().for_each(|c| {
-                    let n0 = c * chunk;
-                    call(n0, chunk.min(n - n0), Parallelism::None);
-                });
+            ctx.for_each_index(chunks, |c| {
+                let n0 = c * chunk;
+                call(n0, chunk.min(n - n0), Parallelism::None);
             });
         }
         _ => ctx.install(|| call(0, n, Parallelism::Rayon(threads))),

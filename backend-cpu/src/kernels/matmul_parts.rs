@@ -7,8 +7,6 @@
 //! is the sum of one product per part over the matching columns of the left operand; an N-joined
 //! one writes each part's product into its own columns of the output.
 
-use rayon::prelude::*;
-
 use super::matmul::{product_into, Dims, LinearStrategy, MatView, MIN_PARALLEL_MACS};
 use super::threads::current;
 use super::KernelError;
@@ -126,7 +124,7 @@ pub fn matmul_parts(a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<Vec<f32>,
         }
     };
     if threads > 1 && batches >= threads {
-        ctx.install(|| out.par_chunks_mut(m * n).enumerate().for_each(|(b, dst)| one(b, dst, 1)));
+        ctx.for_each_chunk_mut(&mut out, m * n, |b, dst| one(b, dst, 1));
     } else {
         for (b, dst) in out.chunks_exact_mut(m * n).enumerate() {
             one(b, dst, threads);

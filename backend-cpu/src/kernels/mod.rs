@@ -25,6 +25,7 @@ mod reduce;
 mod rms_norm;
 pub mod shape;
 mod softmax;
+mod team;
 mod threads;
 mod unary;
 

@@ -261,9 +261,7 @@ pub fn linear_packed_with(
     } else {
         // A few chunks per thread so a thread slowed by other load is balanced out.
         let chunk = panels.div_ceil(threads * 4).max(1);
-        ctx.install(|| {
-            (0..panels.div_ceil(chunk)).into_par_iter().for_each(|c| run(c * chunk, panels.min((c + 1) * chunk)))
-        });
+        ctx.for_each_index(panels.div_ceil(chunk), |c| run(c * chunk, panels.min((c + 1) * chunk)));
     }
     Ok(out)
 }

@@ -7,8 +7,6 @@
 //! tiled 2-D transpose so both sides stay in cache. Large outputs are split over the pool along the
 //! outermost output dim.
 
-use rayon::prelude::*;
-
 use super::shape::{check_len, contiguous_strides, normalize_dim};
 use super::threads::current;
 use super::KernelError;
@@ -88,13 +86,11 @@ fn permute_for(
     if threads > 1 && sizes[0] >= 2 {
         // Split output dim 0: each task permutes a sub-block with dim 0 shortened.
         let per_task = sizes[0].div_ceil(threads * 2);
-        ctx.install(|| {
-            out.par_chunks_mut(per_task * outer_block).enumerate().for_each(|(t, chunk)| {
-                let mut sub = sizes.clone();
-                sub[0] = chunk.len() / outer_block;
-                let offset = t * per_task * strides[0];
-                copy_permuted(x, offset, &sub, &strides, chunk);
-            });
+        ctx.for_each_chunk_mut(&mut out, per_task * outer_block, |t, chunk| {
+            let mut sub = sizes.clone();
+            sub[0] = chunk.len() / outer_block;
+            let offset = t * per_task * strides[0];
+            copy_permuted(x, offset, &sub, &strides, chunk);
         });
     } else {
         copy_permuted(x, 0, &sizes, &strides, &mut out);

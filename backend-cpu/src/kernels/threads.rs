@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use rayon::ThreadPool;
 
+use super::team::Team;
 use super::KernelError;
 
 /// The configured count and its pool (`None` when running single-threaded).
@@ -18,6 +19,8 @@ use super::KernelError;
 pub(crate) struct ThreadCtx {
     pub threads: usize,
     pool: Option<Arc<ThreadPool>>,
+    /// `threads - 1` helpers that stay awake between kernels (see [`Team`]).
+    team: Option<Arc<Team>>,
 }
 
 static CURRENT: Mutex<Option<ThreadCtx>> = Mutex::new(None);
@@ -52,7 +55,13 @@ fn build_ctx(threads: usize) -> Result<ThreadCtx, KernelError> {
     } else {
         None
     };
-    Ok(ThreadCtx { threads, pool })
+    let team = if threads > 1 {
+        let team = Team::new(threads - 1).map_err(|e| KernelError::ThreadPool { threads, reason: e.to_string() })?;
+        Some(Arc::new(team))
+    } else {
+        None
+    };
+    Ok(ThreadCtx { threads, pool, team })
 }
 
 /// Runs `f` on a thread of the kernel pool (directly when single-threaded).
@@ -70,7 +79,7 @@ pub fn run_in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// the pool cannot be built).
 pub(crate) fn current() -> ThreadCtx {
     let mut guard = CURRENT.lock().unwrap_or_else(PoisonError::into_inner);
-    guard.get_or_insert_with(|| build_ctx(0).unwrap_or(ThreadCtx { threads: 1, pool: None })).clone()
+    guard.get_or_insert_with(|| build_ctx(0).unwrap_or(ThreadCtx { threads: 1, pool: None, team: None })).clone()
 }
 
 impl ThreadCtx {
@@ -83,6 +92,30 @@ impl ThreadCtx {
         }
     }
 
+    /// Runs `f(i)` for every `i` in `0..items` on the team and the calling thread (inline when
+    /// single-threaded). For the short loops of a forward pass; see [`Team`].
+    pub fn for_each_index(&self, items: usize, f: impl Fn(usize) + Sync) {
+        match &self.team {
+            Some(team) => team.run(items, f),
+            None => (0..items).for_each(f),
+        }
+    }
+
+    /// Runs `f(i, chunk)` for the `i`-th chunk of `chunk_len` elements of `out` (the last may be
+    /// shorter), in parallel like [`ThreadCtx::for_each_index`].
+    pub fn for_each_chunk_mut<T: Send>(&self, out: &mut [T], chunk_len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+        let (len, chunk_len) = (out.len(), chunk_len.max(1));
+        let base = SendPtr(out.as_mut_ptr());
+        self.for_each_index(len.div_ceil(chunk_len), |i| {
+            let start = i * chunk_len;
+            let n = chunk_len.min(len - start);
+            // SAFETY: chunk i covers [start, start + n) of `out`, disjoint from every other
+            // chunk, and each index runs exactly once while `out` is borrowed by this call.
+            let chunk = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), n) };
+            f(i, chunk)
+        });
+    }
+
     /// Runs `f` inside the dedicated pool (or directly when single-threaded), so rayon iterators
     /// and gemm's own rayon tasks in `f` use exactly the configured threads.
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -93,10 +126,30 @@ impl ThreadCtx {
     }
 }
 
+/// A base pointer shared by the chunk tasks of [`ThreadCtx::for_each_chunk_mut`].
+struct SendPtr<T>(*mut T);
+
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for SendPtr<T> {}
+
+// SAFETY: the tasks write disjoint chunks of a buffer that outlives them.
+unsafe impl<T: Send> Send for SendPtr<T> {}
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
 /// Fills `out` by calling `fill(start, chunk)` on contiguous chunks, in parallel over the pool when
 /// `out` has at least `min_len` elements and more than one thread is configured.
 pub(crate) fn par_fill(out: &mut [f32], min_len: usize, fill: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    use rayon::prelude::*;
     let ctx = current();
     let threads = ctx.for_work(out.len(), min_len);
     if threads <= 1 {
@@ -105,9 +158,7 @@ pub(crate) fn par_fill(out: &mut [f32], min_len: usize, fill: impl Fn(usize, &mu
     }
     // A few chunks per thread balance uneven progress; multiples of 64 keep chunks cache-aligned.
     let chunk = out.len().div_ceil(threads * 4).next_multiple_of(64);
-    ctx.install(|| {
-        out.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| fill(i * chunk, c));
-    });
+    ctx.for_each_chunk_mut(out, chunk, |i, c| fill(i * chunk, c));
 }
 
 /// Like [`par_fill`] but chunks hold whole rows of `row_len` elements: `fill(first_row, chunk)`.
@@ -118,7 +169,6 @@ pub(crate) fn par_fill_rows(
     min_len: usize,
     fill: impl Fn(usize, &mut [f32]) + Sync + Send,
 ) {
-    use rayon::prelude::*;
     if row_len == 0 || out.is_empty() {
         return;
     }
@@ -130,7 +180,5 @@ pub(crate) fn par_fill_rows(
         return;
     }
     let rows_per_chunk = rows.div_ceil(threads * 4);
-    ctx.install(|| {
-        out.par_chunks_mut(rows_per_chunk * row_len).enumerate().for_each(|(i, c)| fill(i * rows_per_chunk, c));
-    });
+    ctx.for_each_chunk_mut(out, rows_per_chunk * row_len, |i, c| fill(i * rows_per_chunk, c));
 }
