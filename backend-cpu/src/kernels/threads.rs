@@ -1,11 +1,13 @@
-//! The parallelism knob: how many threads the kernels may use, and the dedicated rayon pool they
-//! run in.
+//! The parallelism knob: how many threads the kernels may use, and the threads they run on.
 //!
-//! [`set_num_threads`] fixes the count for every later kernel call (gemm gets
-//! `Parallelism::Rayon(n)` and runs inside the same pool), so a bench can compare 1 against 2
-//! threads. Kernels use a single level of parallelism: either rayon over coarse chunks with
+//! [`set_num_threads`] fixes the count `n` for every later kernel call, so a bench can compare 1
+//! against 2 threads. It builds two things of that size: a [`Team`] (the calling thread plus
+//! `n - 1` helpers that stay awake between kernels), which runs the kernels' chunked loops
+//! ([`ThreadCtx::for_each_index`]), and a rayon pool, for gemm's own multi-threaded calls
+//! (`Parallelism::Rayon(n)`), packing at load time, and [`run_in_pool`], which runs a whole
+//! forward on a pool thread. Kernels use a single level of parallelism: either chunks with
 //! single-threaded gemm/loops inside, or one multi-threaded gemm call, never both. Small problems
-//! stay on the calling thread because a rayon dispatch costs microseconds.
+//! stay on the calling thread.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
