@@ -205,35 +205,18 @@ pub fn matmul(
         .collect();
     let dims = Dims { m, n, k };
     let threads = ctx.for_work(batches * m * n * k, MIN_PARALLEL_MACS);
+    // Matrix `i` of the batch; `threads` is how many threads its product may use.
+    let one = |i: usize, dst: &mut [f32], threads: usize| {
+        let (a_off, b_off) = offsets[i];
+        let (lhs, rhs) = (MatView::row_major(a, a_off, k), MatView::row_major(b, b_off, n));
+        product_into(&ctx, threads, LinearStrategy::Auto, dims, dst, n, false, lhs, rhs);
+    };
     if threads > 1 && batches >= threads {
-        // Coarse level: one single-threaded gemm per matrix, matrices spread over the pool.
-        ctx.for_each_chunk_mut(&mut out, m * n, |i, dst| {
-            let (a_off, b_off) = offsets[i];
-            product_into(
-                &ctx,
-                1,
-                LinearStrategy::Auto,
-                dims,
-                dst,
-                n,
-                false,
-                MatView::row_major(a, a_off, k),
-                MatView::row_major(b, b_off, n),
-            );
-        });
+        // Coarse level: one single-threaded gemm per matrix, matrices spread over the threads.
+        ctx.for_each_chunk_mut(&mut out, m * n, |i, dst| one(i, dst, 1));
     } else {
-        for (dst, &(a_off, b_off)) in out.chunks_exact_mut(m * n).zip(&offsets) {
-            product_into(
-                &ctx,
-                threads,
-                LinearStrategy::Auto,
-                dims,
-                dst,
-                n,
-                false,
-                MatView::row_major(a, a_off, k),
-                MatView::row_major(b, b_off, n),
-            );
+        for (i, dst) in out.chunks_exact_mut(m * n).enumerate() {
+            one(i, dst, threads);
         }
     }
     Ok((out, out_shape))
