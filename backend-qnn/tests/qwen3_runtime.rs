@@ -18,35 +18,9 @@ use backend_qnn::{GraphIo, QnnChunkModel, QnnModelError};
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::ParamSource;
 use mllm_dsl::quant::points::qdq_points;
-use mllm_dsl::runtime::{
-    argmax, ChunkInputs, ChunkModel, ChunkOutputs, GenerationConfig, Generator, ModelError, ModelLayout, StopReason,
-};
+use mllm_dsl::runtime::{argmax, ChunkModel, GenerationConfig, Generator, ModelLayout, StopReason};
 use mllm_dsl::{trace, ParamFormat};
 use qwen3_common::*;
-
-/// Logits of the rows the runtime read of every chunk a model ran.
-struct Capture<M> {
-    inner: M,
-    steps: Vec<Vec<f32>>,
-}
-
-impl<M: ChunkModel> ChunkModel for Capture<M> {
-    type Kv = M::Kv;
-    fn layout(&self) -> ModelLayout {
-        self.inner.layout()
-    }
-    fn supports_chunk_len(&self, ar: usize) -> bool {
-        self.inner.supports_chunk_len(ar)
-    }
-    fn run_chunk(&mut self, i: &ChunkInputs<'_, M::Kv>, o: &mut ChunkOutputs<M::Kv>) -> Result<(), ModelError> {
-        self.inner.run_chunk(i, o)?;
-        let vocab = self.layout().vocab_size;
-        for row in i.logit_rows() {
-            self.steps.push(o.logits()[row * vocab..(row + 1) * vocab].to_vec());
-        }
-        Ok(())
-    }
-}
 
 /// The checkpoint run eagerly by backend-cpu with its QDQ points fake-quantized.
 fn cpu_fake_quant_model() -> CpuChunkModel {
@@ -110,15 +84,15 @@ fn greedy_generation_from_the_context_binary_matches_the_cpu_fake_quant_run() {
         collect_prompt_logits: true,
         ..GenerationConfig::default()
     };
-    let mut qnn = Generator::new(Capture { inner: qnn, steps: vec![] }).unwrap();
-    let mut cpu = Generator::new(Capture { inner: cpu_fake_quant_model(), steps: vec![] }).unwrap();
+    let mut qnn = Generator::new(Capture::new(qnn, CaptureRows::Read)).unwrap();
+    let mut cpu = Generator::new(Capture::new(cpu_fake_quant_model(), CaptureRows::Read)).unwrap();
     let q = qnn.generate(&prompt, &config).unwrap();
     let c = cpu.generate(&prompt, &config).unwrap();
     assert_eq!(q.stop_reason, StopReason::ContextFull);
     assert_eq!(q.ids.len(), CONTEXT - prompt.len());
 
     // Every position's logits, while both runs saw the same tokens.
-    let (qs, cs) = (&qnn.model().steps, &cpu.model().steps);
+    let (qs, cs) = (&qnn.model().logits, &cpu.model().logits);
     assert_eq!(qs.len(), CONTEXT - 1, "prompt rows + decode steps");
     let mut agree = 0;
     let mut worst = f64::INFINITY;

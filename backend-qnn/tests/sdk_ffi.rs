@@ -322,7 +322,7 @@ fn real_sdk_builds_the_toy_for_sm8650() {
 use backend_qnn::sdk::render::{fnv1a64, parse_fake_context_binary};
 use backend_qnn::sdk::{ContextHandle, GraphHandle, QnnExecApi};
 use backend_qnn::{GraphIo, QnnChunkModel, QnnModelError};
-use mllm_dsl::runtime::{ChunkInputs, ChunkModel, ChunkOutputs, GenerationConfig, Generator, ModelError, ModelLayout};
+use mllm_dsl::runtime::{ChunkModel, GenerationConfig, Generator};
 
 /// What one `graphExecute` received and returned, as seen above the FFI.
 struct Executed {
@@ -360,30 +360,6 @@ impl<A: QnnExecApi> QnnExecApi for Tap<A> {
     }
     fn context_free(&mut self, context: ContextHandle) -> Result<(), ApiError> {
         self.inner.context_free(context)
-    }
-}
-
-/// Logits rows of every real (non-padding) position a chunk model ran.
-struct Capture<M> {
-    inner: M,
-    rows: Vec<Vec<f32>>,
-}
-
-impl<M: ChunkModel> ChunkModel for Capture<M> {
-    type Kv = M::Kv;
-    fn layout(&self) -> ModelLayout {
-        self.inner.layout()
-    }
-    fn supports_chunk_len(&self, ar: usize) -> bool {
-        self.inner.supports_chunk_len(ar)
-    }
-    fn run_chunk(&mut self, i: &ChunkInputs<'_, M::Kv>, o: &mut ChunkOutputs<M::Kv>) -> Result<(), ModelError> {
-        self.inner.run_chunk(i, o)?;
-        let vocab = self.layout().vocab_size;
-        for row in 0..i.n_valid() {
-            self.rows.push(o.logits()[row * vocab..(row + 1) * vocab].to_vec());
-        }
-        Ok(())
     }
 }
 
@@ -436,10 +412,10 @@ fn qwen3_pair_runs_prefill_and_decode_through_the_ffi_exec_path() {
         eos_ids: vec![],
         ..GenerationConfig::default()
     };
-    let mut generator = Generator::new(Capture { inner: model, rows: vec![] }).unwrap();
+    let mut generator = Generator::new(qwen3_common::Capture::new(model, qwen3_common::CaptureRows::Valid)).unwrap();
     let out = generator.generate(&prompt, &config).unwrap();
     assert_eq!(out.ids.len(), 2);
-    let rows = generator.model().rows.clone();
+    let rows = generator.model().logits.clone();
     let calls = std::mem::take(&mut generator.model_mut().inner.api_mut().calls);
     drop(generator);
 

@@ -13,6 +13,7 @@ use backend_cpu::checkpoint::SafetensorsCheckpoint;
 use backend_qnn::interp::TensorValue;
 use backend_qnn::QnnGraph;
 use mllm_dsl::config::aot::AotConfig;
+use mllm_dsl::runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
 use mllm_dsl::{Program, Tensor};
 use models::TransformerConfig;
 use std::path::PathBuf;
@@ -75,4 +76,48 @@ pub fn run_cpu_fake_quant(program: &Program, chunk: usize) -> Vec<Tensor> {
 /// The QNN reference interpreter's outputs `[logits, present K.., present V..]`.
 pub fn run_qnn(g: &QnnGraph, chunk: usize) -> Vec<TensorValue> {
     model().run_qnn(g, chunk)
+}
+
+/// Which logit rows of each chunk a [`Capture`] keeps.
+#[derive(Clone, Copy)]
+pub enum CaptureRows {
+    /// The rows the runtime reads ([`ChunkInputs::logit_rows`]).
+    Read,
+    /// Every real (non-padding) position of the chunk.
+    Valid,
+}
+
+/// A chunk model that keeps a copy of the logit rows (see [`CaptureRows`]) of every chunk it ran.
+pub struct Capture<M> {
+    pub inner: M,
+    pub rows: CaptureRows,
+    pub logits: Vec<Vec<f32>>,
+}
+
+impl<M> Capture<M> {
+    pub fn new(inner: M, rows: CaptureRows) -> Self {
+        Capture { inner, rows, logits: vec![] }
+    }
+}
+
+impl<M: ChunkModel> ChunkModel for Capture<M> {
+    type Kv = M::Kv;
+    fn layout(&self) -> ModelLayout {
+        self.inner.layout()
+    }
+    fn supports_chunk_len(&self, ar: usize) -> bool {
+        self.inner.supports_chunk_len(ar)
+    }
+    fn run_chunk(&mut self, i: &ChunkInputs<'_, M::Kv>, o: &mut ChunkOutputs<M::Kv>) -> Result<(), ModelError> {
+        self.inner.run_chunk(i, o)?;
+        let vocab = self.layout().vocab_size;
+        let rows = match self.rows {
+            CaptureRows::Read => i.logit_rows(),
+            CaptureRows::Valid => 0..i.n_valid(),
+        };
+        for row in rows {
+            self.logits.push(o.logits()[row * vocab..(row + 1) * vocab].to_vec());
+        }
+        Ok(())
+    }
 }
