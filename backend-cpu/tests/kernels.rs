@@ -2,22 +2,10 @@
 //! accumulation) on pseudo-random inputs of odd sizes, including broadcasting, negative dims and
 //! the error cases. Sizes above the parallel thresholds are included and run with 1 and 2 threads.
 
+mod common;
+
 use backend_cpu::kernels::{self, BinaryOp, KernelError, LinearStrategy, ReduceKind, UnaryOp, WeightLayout};
-
-/// Tiny deterministic generator (Knuth's MMIX LCG); values uniform in [-scale, scale).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next_f32(&mut self, scale: f32) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let unit = (self.0 >> 40) as f32 / (1u64 << 24) as f32;
-        (unit * 2.0 - 1.0) * scale
-    }
-
-    fn vec(&mut self, shape: &[usize], scale: f32) -> Vec<f32> {
-        (0..numel(shape)).map(|_| self.next_f32(scale)).collect()
-    }
-}
+use common::Lcg;
 
 fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
@@ -140,8 +128,8 @@ fn matmul_matches_naive_with_broadcasting() {
     ];
     let mut rng = Lcg(1);
     for &(a_shape, b_shape) in cases {
-        let a = rng.vec(a_shape, 1.0);
-        let b = rng.vec(b_shape, 1.0);
+        let a = rng.shaped(a_shape, 1.0);
+        let b = rng.shaped(b_shape, 1.0);
         let (want, want_shape) = naive_matmul(&a, a_shape, &b, b_shape);
         with_threads(|t| {
             let (got, shape) = kernels::matmul(&a, a_shape, &b, b_shape).unwrap();
@@ -200,9 +188,9 @@ fn linear_matches_naive_for_both_layouts_and_strategies() {
         (63, 97, 257),
         (2, 1, 3),
     ] {
-        let x = rng.vec(&[m, k], 1.0);
-        let w = rng.vec(&[k, n], 1.0);
-        let bias = rng.vec(&[n], 1.0);
+        let x = rng.shaped(&[m, k], 1.0);
+        let w = rng.shaped(&[k, n], 1.0);
+        let bias = rng.shaped(&[n], 1.0);
         for layout in [WeightLayout::KN, WeightLayout::NK] {
             let nk = layout == WeightLayout::NK;
             for b in [None, Some(bias.as_slice())] {
@@ -287,8 +275,8 @@ fn binary_ops_match_naive_bitwise() {
         (BinaryOp::Div, |x, y| x / y),
     ];
     for &(a_shape, b_shape) in BROADCAST_CASES {
-        let a = rng.vec(a_shape, 3.0);
-        let b = rng.vec(b_shape, 3.0);
+        let a = rng.shaped(a_shape, 3.0);
+        let b = rng.shaped(b_shape, 3.0);
         for (op, f) in ops {
             let (want, want_shape) = naive_broadcast_map(&a, a_shape, &b, b_shape, f);
             with_threads(|t| {
@@ -350,8 +338,8 @@ fn equal_and_where_match_naive() {
     ];
     for &(c_shape, a_shape, b_shape) in cases {
         let cond = small(&mut rng, c_shape);
-        let a = rng.vec(a_shape, 1.0);
-        let b = rng.vec(b_shape, 1.0);
+        let a = rng.shaped(a_shape, 1.0);
+        let b = rng.shaped(b_shape, 1.0);
         let ab = naive_broadcast(a_shape, b_shape).unwrap();
         let shape = naive_broadcast(c_shape, &ab).unwrap();
         let want: Vec<f32> = (0..numel(&shape))
@@ -378,9 +366,9 @@ fn equal_and_where_match_naive() {
 #[test]
 fn unary_ops_match_f64_reference() {
     let mut rng = Lcg(5);
-    let mut x = rng.vec(&[3, 5, 7], 8.0);
+    let mut x = rng.shaped(&[3, 5, 7], 8.0);
     x.extend([0.0, -0.0, 80.0, -80.0, 1e-8]);
-    let big = rng.vec(&[70_001], 8.0); // parallel path
+    let big = rng.shaped(&[70_001], 8.0); // parallel path
     let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
     let refs: [(UnaryOp, UnaryRef); 4] = [
         (UnaryOp::Neg, |v| -v),
@@ -432,7 +420,7 @@ fn softmax_matches_f64_reference() {
     ];
     for &(shape, dim) in cases {
         // Large logits check stability: exp without the max shift would overflow.
-        let mut x = rng.vec(shape, 30.0);
+        let mut x = rng.shaped(shape, 30.0);
         x[0] = 500.0;
         let d = norm_dim(dim, shape.len());
         let mut want = vec![0.0f64; x.len()];
@@ -483,9 +471,9 @@ fn softmax_matches_f64_reference() {
 fn rms_norm_matches_f64_reference() {
     let mut rng = Lcg(7);
     for shape in [&[1usize, 3, 5, 7][..], &[7], &[40, 1029]] {
-        let x = rng.vec(shape, 2.0);
+        let x = rng.shaped(shape, 2.0);
         let h = *shape.last().unwrap();
-        let w = rng.vec(&[h], 1.5);
+        let w = rng.shaped(&[h], 1.5);
         let eps = 1e-6f32;
         let mut want = Vec::with_capacity(x.len());
         for row in x.chunks(h) {
@@ -520,7 +508,7 @@ fn reduce_matches_naive() {
         (&[300, 301], 0), // parallel columns
     ];
     for &(shape, dim) in cases {
-        let x = rng.vec(shape, 4.0);
+        let x = rng.shaped(shape, 4.0);
         let d = norm_dim(dim, shape.len());
         let mut kept = shape.to_vec();
         kept[d] = 1;
@@ -557,7 +545,7 @@ fn reduce_matches_naive() {
         }
     }
     // NaN inside the vectorised part of a long row, and in a long column reduction.
-    let mut long = rng.vec(&[2, 40], 1.0);
+    let mut long = rng.shaped(&[2, 40], 1.0);
     long[20] = f32::NAN;
     for kind in [ReduceKind::Max, ReduceKind::Min] {
         let (row, _) = kernels::reduce(&long, &[2, 40], 1, false, kind).unwrap();
@@ -616,7 +604,7 @@ fn all_perms(n: usize) -> Vec<Vec<usize>> {
 fn permute_matches_naive_for_every_permutation() {
     let mut rng = Lcg(9);
     for shape in [&[2usize, 3, 5, 7][..], &[1, 3, 1, 7], &[3, 37, 41], &[1, 67, 5, 197]] {
-        let x = rng.vec(shape, 1.0);
+        let x = rng.shaped(shape, 1.0);
         for perm in all_perms(shape.len()) {
             let want = naive_permute(&x, shape, &perm);
             let iperm: Vec<isize> = perm.iter().map(|&p| p as isize).collect();
@@ -627,7 +615,7 @@ fn permute_matches_naive_for_every_permutation() {
     }
     // Negative dims and transpose.
     let shape = [2usize, 3, 5, 7];
-    let x = rng.vec(&shape, 1.0);
+    let x = rng.shaped(&shape, 1.0);
     assert_eq!(kernels::permute(&x, &shape, &[0, -2, 1, -1]).unwrap(), naive_permute(&x, &shape, &[0, 2, 1, 3]));
     assert_eq!(kernels::transpose(&x, &shape, -1, -2).unwrap(), naive_permute(&x, &shape, &[0, 1, 3, 2]));
     assert_eq!(kernels::transpose(&x, &shape, 0, 2).unwrap(), naive_permute(&x, &shape, &[2, 1, 0, 3]));
@@ -641,7 +629,7 @@ fn permute_matches_naive_for_every_permutation() {
 fn slice_matches_python_semantics() {
     let mut rng = Lcg(10);
     let shape = [3usize, 5, 7];
-    let x = rng.vec(&shape, 1.0);
+    let x = rng.shaped(&shape, 1.0);
     for dim in [0isize, 1, 2, -1] {
         let d = norm_dim(dim, 3);
         let size = shape[d] as isize;
@@ -681,7 +669,7 @@ fn concat_matches_naive() {
                 sh
             })
             .collect();
-        let datas: Vec<Vec<f32>> = shapes.iter().map(|s| rng.vec(s, 1.0)).collect();
+        let datas: Vec<Vec<f32>> = shapes.iter().map(|s| rng.shaped(s, 1.0)).collect();
         let parts: Vec<(&[f32], &[usize])> =
             datas.iter().zip(&shapes).map(|(x, s)| (x.as_slice(), s.as_slice())).collect();
         let mut out_shape = vec![3, 5, 7];
@@ -714,7 +702,7 @@ fn concat_matches_naive() {
 fn repeat_interleave_matches_torch_semantics() {
     let mut rng = Lcg(12);
     let shape = [1usize, 3, 5, 7];
-    let x = rng.vec(&shape, 1.0);
+    let x = rng.shaped(&shape, 1.0);
     for dim in [0isize, 1, 2, 3, -1] {
         let d = norm_dim(dim, 4);
         for repeats in [0usize, 1, 3] {
@@ -742,7 +730,7 @@ fn repeat_interleave_matches_torch_semantics() {
 fn index_select_matches_naive_and_reports_bad_indices() {
     let mut rng = Lcg(13);
     // Embedding: [V, H] by [B, S] -> [B, S, H].
-    let table = rng.vec(&[11, 7], 1.0);
+    let table = rng.shaped(&[11, 7], 1.0);
     let ids = [3i64, 0, 10, 3, 7, 1];
     let (out, shape) = kernels::index_select(&table, &[11, 7], 0, &ids, &[2, 3]).unwrap();
     assert_eq!(shape, vec![2, 3, 7]);
@@ -750,7 +738,7 @@ fn index_select_matches_naive_and_reports_bad_indices() {
     assert_eq!(out, want);
 
     // RoPE table [1, L, D] gathered on dim 1 by positions [S] -> [1, S, D], and a negative dim.
-    let rope = rng.vec(&[1, 9, 5], 1.0);
+    let rope = rng.shaped(&[1, 9, 5], 1.0);
     let pos = [4i64, 5, 6, 8];
     for dim in [1isize, -2] {
         let (out, shape) = kernels::index_select(&rope, &[1, 9, 5], dim, &pos, &[4]).unwrap();
@@ -760,7 +748,7 @@ fn index_select_matches_naive_and_reports_bad_indices() {
     }
 
     // Last dim with a 2-D index tensor on a 3-D table: [3, 5, 7] by [2, 2] on dim 2 -> [3, 5, 2, 2].
-    let x = rng.vec(&[3, 5, 7], 1.0);
+    let x = rng.shaped(&[3, 5, 7], 1.0);
     let idx = [6i64, 0, 2, 2];
     let (out, shape) = kernels::index_select(&x, &[3, 5, 7], -1, &idx, &[2, 2]).unwrap();
     assert_eq!(shape, vec![3, 5, 2, 2]);

@@ -3,22 +3,12 @@
 //! lazy until an op needs their data — as a matmul operand (joined along K or N, repeated along a
 //! batch dim, on 1 and 2 threads), as the operand of any other op, viewed, and as a model output.
 
+mod common;
+
 use backend_cpu::kernels::{self, BatchRepeat, JoinAxis, KernelError, RhsParts};
 use backend_cpu::CpuBackend;
+use common::Lcg;
 use mllm_dsl::{BackendRef, Tensor};
-
-struct Lcg(u64);
-
-impl Lcg {
-    fn vec(&mut self, len: usize) -> Vec<f32> {
-        (0..len)
-            .map(|_| {
-                self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                (self.0 >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
-}
 
 /// `[B, M, K] @ [B, K, N]` in f64.
 fn naive_bmm(a: &[f32], b: &[f32], batches: usize, m: usize, k: usize, n: usize) -> Vec<f64> {
@@ -59,7 +49,7 @@ fn joined_case(
         JoinAxis::K => (total, other),
         JoinAxis::N => (other, total),
     };
-    let (past_part, new_part) = (rng.vec(heads * past * other), rng.vec(heads * new * other));
+    let (past_part, new_part) = (rng.vec(heads * past * other, 1.0), rng.vec(heads * new * other, 1.0));
     // The full right operand, batch by batch, built by index arithmetic.
     let mut b = Vec::with_capacity(heads * times * k * n);
     for h in 0..heads * times {
@@ -81,7 +71,7 @@ fn joined_case(
         }
     }
     let batches = heads * times;
-    let a = rng.vec(batches * m * k);
+    let a = rng.vec(batches * m * k, 1.0);
     let want = naive_bmm(&a, &b, batches, m, k, n);
     let rhs = RhsParts {
         parts: vec![(&past_part[..], past), (&new_part[..], new)],
@@ -118,7 +108,7 @@ fn batch_repeat_maps_inner_batches() {
     // Batch dims [2, 3 -> 6, 2]: output batch (o, s*2 + j, t) reads source (o, s, t).
     let mut rng = Lcg(2);
     let (outer, size, times, inner, k, n, m) = (2, 3, 2, 2, 4, 5, 2);
-    let src = rng.vec(outer * size * inner * k * n);
+    let src = rng.vec(outer * size * inner * k * n, 1.0);
     let mut full = Vec::new();
     for o in 0..outer {
         for s in 0..size * times {
@@ -129,7 +119,7 @@ fn batch_repeat_maps_inner_batches() {
         }
     }
     let batches = outer * size * times * inner;
-    let a = rng.vec(batches * m * k);
+    let a = rng.vec(batches * m * k, 1.0);
     let rhs = RhsParts {
         parts: vec![(&src[..], k)],
         axis: JoinAxis::K,
@@ -150,7 +140,7 @@ fn matmul_parts_rejects_inconsistent_parts() {
 }
 
 fn tensor(rng: &mut Lcg, shape: &[usize], backend: &BackendRef) -> (Tensor, Vec<f32>) {
-    let data = rng.vec(shape.iter().product());
+    let data = rng.shaped(shape, 1.0);
     (Tensor::from_f32(data.clone(), shape.to_vec(), backend.clone()).unwrap(), data)
 }
 

@@ -3,22 +3,10 @@
 //! the tile heights, column counts around the panel width, with and without bias, on 1 and 2
 //! threads; gathers and unpacking bit-exact; bad inputs rejected.
 
+mod common;
+
 use backend_cpu::kernels::{self, Isa, KernelError, PackedMatrix, PANEL};
-
-/// Knuth's MMIX LCG; values uniform in [-scale, scale).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next_f32(&mut self, scale: f32) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let unit = (self.0 >> 40) as f32 / (1u64 << 24) as f32;
-        (unit * 2.0 - 1.0) * scale
-    }
-
-    fn vec(&mut self, len: usize, scale: f32) -> Vec<f32> {
-        (0..len).map(|_| self.next_f32(scale)).collect()
-    }
-}
+use common::Lcg;
 
 /// bf16 bit patterns (truncated f32s: any bf16 value will do) and their exact f32 values.
 fn bf16_values(rng: &mut Lcg, len: usize) -> (Vec<u16>, Vec<f32>) {
