@@ -421,28 +421,36 @@ fn recipe_shares_specs_through_data_movement_only() {
     assert!(p.specs.iter().all(|s| s.params.is_none()));
 }
 
+/// Defines `Outer { model: Inner { proj: $proj } }` whose forward is `proj(qdq(x))`: one
+/// projection at `model.proj` behind the QDQ point `model.proj_input_qdq`.
+macro_rules! one_projection_model {
+    ($proj:ty) => {
+        #[crate::module(crate = crate)]
+        struct Inner {
+            proj: $proj,
+        }
+        #[crate::module(crate = crate)]
+        impl Inner {
+            fn forward(&self, x: &Tensor) -> Result<Tensor> {
+                self.proj.forward(&qdq!(x, "proj_input_qdq")?)
+            }
+        }
+        #[crate::module(crate = crate)]
+        struct Outer {
+            model: Inner,
+        }
+        #[crate::module(crate = crate)]
+        impl Outer {
+            fn forward(&self, x: &Tensor) -> Result<Tensor> {
+                self.model.forward(x)
+            }
+        }
+    };
+}
+
 #[test]
 fn linear_has_no_recipe_rule() {
-    #[crate::module(crate = crate)]
-    struct Inner {
-        proj: Linear,
-    }
-    #[crate::module(crate = crate)]
-    impl Inner {
-        fn forward(&self, x: &Tensor) -> Result<Tensor> {
-            self.proj.forward(&qdq!(x, "proj_input_qdq")?)
-        }
-    }
-    #[crate::module(crate = crate)]
-    struct Outer {
-        model: Inner,
-    }
-    #[crate::module(crate = crate)]
-    impl Outer {
-        fn forward(&self, x: &Tensor) -> Result<Tensor> {
-            self.model.forward(x)
-        }
-    }
+    one_projection_model!(Linear);
     let mut m = Outer { model: Inner { proj: Linear::new(16, 8) } };
     m.declare(ParamFormat::QnnW4A16).unwrap();
     let mut p = trace(&[TraceInput::new("x", [1, 4, 16], DType::U16Asym)], |t| m.forward(&t[0])).unwrap();
@@ -453,26 +461,7 @@ fn linear_has_no_recipe_rule() {
 
 #[test]
 fn conv_bias_stays_a_raw_float_parameter() {
-    #[crate::module(crate = crate)]
-    struct Inner {
-        proj: Conv2d,
-    }
-    #[crate::module(crate = crate)]
-    impl Inner {
-        fn forward(&self, x: &Tensor) -> Result<Tensor> {
-            self.proj.forward(&qdq!(x, "proj_input_qdq")?)
-        }
-    }
-    #[crate::module(crate = crate)]
-    struct Outer {
-        model: Inner,
-    }
-    #[crate::module(crate = crate)]
-    impl Outer {
-        fn forward(&self, x: &Tensor) -> Result<Tensor> {
-            self.model.forward(x)
-        }
-    }
+    one_projection_model!(Conv2d);
     let mut m = Outer { model: Inner { proj: Conv2d::new(16, 8).with_bias(true) } };
     m.declare(ParamFormat::QnnW4A16).unwrap();
     let traced = trace(&[TraceInput::new("x", [1, 1, 4, 16], DType::U16Asym)], |t| m.forward(&t[0])).unwrap();
