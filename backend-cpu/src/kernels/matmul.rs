@@ -16,7 +16,7 @@
 use gemm::Parallelism;
 
 use super::shape::{broadcast_shape_for, broadcast_strides, check_len, contiguous_strides, numel};
-use super::threads::{current, ThreadCtx};
+use super::threads::{current, SendPtr, ThreadCtx};
 use super::KernelError;
 
 /// Below this many multiply-adds a product stays on the calling thread.
@@ -317,9 +317,11 @@ pub(super) fn product_into(
         }
         return;
     }
-    let lhs_ptr = Ptr(lhs.data[lhs.offset..].as_ptr() as *mut f32);
-    let rhs_ptr = Ptr(rhs.data[rhs.offset..].as_ptr() as *mut f32);
-    let dst_ptr = Ptr(dst.as_mut_ptr());
+    // Shared with gemm's tasks: the operands are only read, borrowed for the whole call; each
+    // task writes its own columns of `dst`.
+    let lhs_ptr = SendPtr(lhs.data[lhs.offset..].as_ptr() as *mut f32);
+    let rhs_ptr = SendPtr(rhs.data[rhs.offset..].as_ptr() as *mut f32);
+    let dst_ptr = SendPtr(dst.as_mut_ptr());
     let rows_of_rows = lhs.col_stride == 1 && rhs.col_stride == 1;
     let k_block = depth_block(dims, &rhs);
     let call = |n0: usize, cols: usize, parallelism: Parallelism| {
@@ -492,18 +494,4 @@ unsafe fn few_rows_avx2(
     ldb: usize,
 ) {
     few_rows_body(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb)
-}
-
-/// A raw pointer that may cross into rayon tasks; soundness is argued at each use.
-#[derive(Clone, Copy)]
-struct Ptr(*mut f32);
-
-// SAFETY: only used for disjoint writes (dst) or reads of data borrowed for the whole call.
-unsafe impl Send for Ptr {}
-unsafe impl Sync for Ptr {}
-
-impl Ptr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }

@@ -18,7 +18,7 @@
 use rayon::prelude::*;
 
 use super::packed_tile::{self, Isa, MAX_ROWS};
-use super::threads::current;
+use super::threads::{current, SendPtr};
 use super::KernelError;
 
 /// Output columns per panel.
@@ -225,7 +225,8 @@ pub fn linear_packed_with(
     let panels = w.panels();
     let ctx = current();
     let threads = ctx.for_work(m * n * k, MIN_PARALLEL_MACS);
-    let dst = OutPtr(out.as_mut_ptr());
+    // Each panel task writes its own columns.
+    let dst = SendPtr(out.as_mut_ptr());
     // Columns [p0 * PANEL, p1 * PANEL) of every output row.
     let run = |p0: usize, p1: usize| {
         for r0 in (0..m).step_by(ROW_BLOCK) {
@@ -285,19 +286,5 @@ impl<'a> PanelRef<'a> {
             PackedElems::Bf16(v) => PanelRef::Bf16(&v[p * len..(p + 1) * len]),
             PackedElems::F32(v) => PanelRef::F32(&v[p * len..(p + 1) * len]),
         }
-    }
-}
-
-/// The output pointer shared by the panel tasks; each writes its own columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-
-// SAFETY: tasks write disjoint column ranges of a buffer that outlives them.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    fn get(self) -> *mut f32 {
-        self.0
     }
 }

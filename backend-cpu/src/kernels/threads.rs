@@ -128,8 +128,10 @@ impl ThreadCtx {
     }
 }
 
-/// A base pointer shared by the chunk tasks of [`ThreadCtx::for_each_chunk_mut`].
-struct SendPtr<T>(*mut T);
+/// A raw pointer that parallel tasks may share: the base of a buffer they write in disjoint
+/// parts, or of data borrowed for the whole call that they only read. Soundness is argued at
+/// each use.
+pub(crate) struct SendPtr<T>(pub(crate) *mut T);
 
 impl<T> Clone for SendPtr<T> {
     fn clone(&self) -> Self {
@@ -139,12 +141,12 @@ impl<T> Clone for SendPtr<T> {
 
 impl<T> Copy for SendPtr<T> {}
 
-// SAFETY: the tasks write disjoint chunks of a buffer that outlives them.
+// SAFETY: see the type docs; every use states why its accesses do not race.
 unsafe impl<T: Send> Send for SendPtr<T> {}
 unsafe impl<T: Send> Sync for SendPtr<T> {}
 
 impl<T> SendPtr<T> {
-    fn get(self) -> *mut T {
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }
