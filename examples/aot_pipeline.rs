@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
-use backend_cpu::checkpoint::{SafetensorsCheckpoint, StDtype};
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::export::write_atomic;
 use backend_cpu::quant::{is_quantized_checkpoint, prefill_logits, CalibrationMode, FakeQuantHook, QdqParams};
@@ -36,6 +35,7 @@ use backend_qnn::artifacts::write_graph_artifacts;
 use backend_qnn::interp::TensorValue;
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
+use checkpoint::{SafetensorsCheckpoint, StDtype};
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::ParamSource;

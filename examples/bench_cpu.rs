@@ -17,7 +17,7 @@
 //! With `MLLM_CPU_PROFILE=1` each child also prints its time per op kind.
 
 use anyhow::{bail, Context, Result};
-use backend_cpu::checkpoint::{write_safetensors_atomic, StDtype};
+use checkpoint::{write_safetensors_atomic, StDtype};
 use clap::Parser;
 use half::bf16;
 use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};

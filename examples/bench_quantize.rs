@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use backend_cpu::checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
 use backend_cpu::quant::{plan_export, quantize_weights, write_quantized_checkpoint, QdqParams};
+use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
 use clap::Parser;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;

@@ -4,9 +4,9 @@
 use crate::quant_pipeline::{load_aot_config, load_model, trace_graph, RunMode};
 use crate::{qwen3_chat_prompt, write_f32_safetensors};
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use backend_cpu::checkpoint::SafetensorsCheckpoint;
 use backend_qnn::sdk::{EmulatedHtp, SdkChunkModel, SdkError};
 use backend_qnn::{LowerOptions, QnnChunkModel, QnnGraph, QnnLowering, QnnModelError};
+use checkpoint::SafetensorsCheckpoint;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::passes::Pipeline;

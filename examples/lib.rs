@@ -11,8 +11,8 @@ pub mod aot_cli;
 pub mod generate_cli;
 
 use anyhow::{Context, Result};
-use backend_cpu::checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
 use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel};
+use checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::ParamSource;
 use mllm_dsl::BackendRef;

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
-use backend_cpu::checkpoint::SafetensorsCheckpoint;
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::export::{quantize_rope_tables, write_atomic};
 use backend_cpu::quant::{
@@ -17,6 +16,7 @@ use backend_cpu::quant::{
     Calibration, CalibrationMode, CalibrationWeights, FakeQuantHook, ObserverHook, QdqParams, RecordingHook,
 };
 use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, QdqHook};
+use checkpoint::SafetensorsCheckpoint;
 use indicatif::{ProgressBar, ProgressStyle};
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
@@ -144,8 +144,8 @@ pub fn load_id_sequences(path: &Path, key: &str, vocab_size: usize) -> Result<Ve
     };
     ensure!(n > 0 && len > 0, "{}: `{key}` is empty ({shape:?})", path.display());
     let ids: Vec<i64> = match dtype {
-        backend_cpu::checkpoint::StDtype::I64 => file.read_i64(key)?,
-        backend_cpu::checkpoint::StDtype::I32 => file.read_i32(key)?.into_iter().map(i64::from).collect(),
+        checkpoint::StDtype::I64 => file.read_i64(key)?,
+        checkpoint::StDtype::I32 => file.read_i32(key)?.into_iter().map(i64::from).collect(),
         other => bail!("{}: `{key}` is {other}, expected int64 (or int32) token ids", path.display()),
     };
     if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id < 0 || id as usize >= vocab_size) {

@@ -81,7 +81,7 @@ fn main() -> Result<()> {
     };
     let evaluation = match &args.eval_ids {
         Some(path) => {
-            let file = backend_cpu::checkpoint::SafetensorsCheckpoint::open_file(path)
+            let file = checkpoint::SafetensorsCheckpoint::open_file(path)
                 .with_context(|| format!("opening {}", path.display()))?;
             let key = if file.contains("eval_ids") { "eval_ids" } else { "input_ids" };
             drop(file);

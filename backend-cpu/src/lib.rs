@@ -1,14 +1,12 @@
 //! backend-cpu: eager CPU execution of mllm-dsl model files, float and fake-quant, plus calibration
 //! and export of quantized checkpoints ([`quant`]).
 
-pub mod checkpoint;
 pub mod chunk_model;
 pub mod executor;
 pub mod interp;
 pub mod kernels;
 pub mod lazy;
 pub mod packed_weight;
-mod ptq_params;
 pub mod quant;
 pub mod store;
 

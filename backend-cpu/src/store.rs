@@ -13,9 +13,9 @@
 //! (exact, half the memory traffic), f16 widened to f32 (exact). A tied LM head and the embedding
 //! share one packed matrix.
 
-use crate::checkpoint::{CheckpointError, SafetensorsCheckpoint, StDtype};
 use crate::kernels::PackedMatrix;
 use crate::packed_weight::{PackedWeight, WeightView};
+use checkpoint::{CheckpointError, SafetensorsCheckpoint, StDtype};
 use half::bf16;
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
 use mllm_dsl::quant::lpbq::decode_lpbq;

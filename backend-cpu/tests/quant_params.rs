@@ -1,9 +1,9 @@
 //! QDQ parameters read from a checkpoint and applied by the fake-quant hook: values by hand, the
 //! KV range and zero point rule, fixed points checked against stored copies, errors naming keys.
 
-use backend_cpu::checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
 use backend_cpu::quant::{FakeQuantHook, QdqParams, QuantizationError};
 use backend_cpu::QdqHook;
+use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
 use mllm_dsl::{QdqAttr, QdqKind};
 use std::collections::BTreeMap;
 use std::path::PathBuf;

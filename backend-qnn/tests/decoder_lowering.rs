@@ -137,9 +137,7 @@ fn llama3_with_rope_scaling_lowers_and_matches_fake_quant() {
     let Encoding::ScaleOffset(so) = t.encoding else { panic!() };
     let codes = t.data.as_ref().unwrap().bytes().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
     let row: Vec<f32> = codes.skip(100 * 16).take(16).map(|c| (i32::from(c) + so.offset) as f32 * so.scale).collect();
-    let hf = backend_cpu::checkpoint::SafetensorsCheckpoint::open_file(aot_common::fixture(
-        "llama3-dev-f32/inv_freq.safetensors",
-    ));
+    let hf = checkpoint::SafetensorsCheckpoint::open_file(aot_common::fixture("llama3-dev-f32/inv_freq.safetensors"));
     let inv = hf.unwrap().read_f32("llama3_inv_freq").unwrap();
     assert_eq!(inv.len(), 8);
     for (i, f) in inv.iter().enumerate() {
@@ -175,7 +173,7 @@ fn qwen2_lowers_with_int32_biases_and_matches_fake_quant() {
     };
     assert_eq!(*axis, 0);
     let float_bias = {
-        let ckpt = backend_cpu::checkpoint::SafetensorsCheckpoint::open(aot_common::fixture("qwen2-dev-f32")).unwrap();
+        let ckpt = checkpoint::SafetensorsCheckpoint::open(aot_common::fixture("qwen2-dev-f32")).unwrap();
         ckpt.read_f32("model.layers.1.self_attn.k_proj.bias").unwrap()
     };
     assert!(float_bias.iter().any(|&v| v.abs() > 1e-3), "the fixture's biases are non-zero");
@@ -227,7 +225,7 @@ fn a_bias_that_does_not_fit_its_conv_is_named() {
 
 /// A checkpoint whose bias `key` lost its last value.
 struct ShortBias<'a> {
-    inner: &'a backend_cpu::checkpoint::SafetensorsCheckpoint,
+    inner: &'a checkpoint::SafetensorsCheckpoint,
     key: &'static str,
 }
 

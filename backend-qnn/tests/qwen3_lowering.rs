@@ -257,7 +257,7 @@ fn artifacts_are_deterministic_and_the_s1_json_is_snapshotted() {
 
 /// The checkpoint with one LPBQ weight's first byte given a high nibble.
 struct Corrupt {
-    ckpt: backend_cpu::checkpoint::SafetensorsCheckpoint,
+    ckpt: checkpoint::SafetensorsCheckpoint,
     key: &'static str,
 }
 

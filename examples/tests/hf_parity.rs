@@ -2,7 +2,7 @@
 //! fixtures/PROVENANCE.md): prompt logits within 1e-4 and identical greedy ids, for prefill chunk
 //! sizes 32, 5 and 1.
 
-use backend_cpu::checkpoint::SafetensorsCheckpoint;
+use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
 use mllm_examples::load_float;
 use std::path::{Path, PathBuf};

@@ -4,9 +4,9 @@
 //! `fake_quant.scale` / `zero_point` within 1e-4 relative, LPBQ nibbles and `scale1` exactly,
 //! `scale2` within 1e-6 relative, uint16 weights exactly.
 
-use backend_cpu::checkpoint::{SafetensorsCheckpoint, StDtype};
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::CalibrationMode;
+use checkpoint::{SafetensorsCheckpoint, StDtype};
 use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
 use mllm_examples::quant_pipeline::{
     load_id_sequences, load_model, quantize, QuantizeOptions, QuantizeOutcome, RunMode,

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use backend_cpu::checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, TensorBytes};
+use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, TensorBytes};
 use clap::{CommandFactory, Parser};
 use mllm_dsl::config::aot::AotConfig;
 use mllm_examples::aot_cli::{run_aot, AotArgs};

@@ -13,8 +13,8 @@
 
 mod common;
 
-use backend_cpu::checkpoint::SafetensorsCheckpoint;
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter, QdqHook};
+use checkpoint::SafetensorsCheckpoint;
 use common::snapshot;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;

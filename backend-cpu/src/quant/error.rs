@@ -7,7 +7,7 @@ use mllm_dsl::config::aot::AotConfigError;
 use mllm_dsl::quant::points::PointsError;
 use mllm_dsl::quant::QuantError;
 
-use crate::checkpoint::CheckpointError;
+use checkpoint::CheckpointError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum QuantizationError {

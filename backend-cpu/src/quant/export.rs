@@ -32,7 +32,7 @@ use rayon::prelude::*;
 
 use super::error::QuantizationError;
 use super::params::QdqParams;
-use crate::checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype, TensorBytes};
+use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype, TensorBytes};
 
 /// One model parameter and how it is exported.
 #[derive(Clone, Debug, PartialEq)]

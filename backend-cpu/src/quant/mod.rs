@@ -29,6 +29,6 @@ pub use prefill::prefill_logits;
 
 /// Whether a checkpoint holds quantized weights (pymllm's export or this project's): it has
 /// activation QDQ parameters or LPBQ scales.
-pub fn is_quantized_checkpoint(ckpt: &crate::checkpoint::SafetensorsCheckpoint) -> bool {
+pub fn is_quantized_checkpoint(ckpt: &checkpoint::SafetensorsCheckpoint) -> bool {
     ckpt.keys().iter().any(|k| k.ends_with(".fake_quant.scale") || k.ends_with(".scale1"))
 }

@@ -16,7 +16,7 @@ use mllm_dsl::quant::QuantParams;
 use mllm_dsl::{QdqAttr, QdqKind};
 
 use super::error::QuantizationError;
-use crate::checkpoint::{SafetensorsCheckpoint, StDtype};
+use checkpoint::{SafetensorsCheckpoint, StDtype};
 
 /// Parameters of each QDQ point, with the point itself.
 #[derive(Clone, Debug, Default, PartialEq)]

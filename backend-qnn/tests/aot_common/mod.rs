@@ -13,7 +13,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use backend_cpu::checkpoint::SafetensorsCheckpoint;
 use backend_cpu::quant::export::quantize_rope_tables;
 use backend_cpu::quant::{
     plan_export, prefill_logits, quantize_weights, write_quantized_checkpoint, CalibrationMode, CalibrationWeights,
@@ -22,6 +21,7 @@ use backend_cpu::quant::{
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::interp::{Interpreter as QnnInterpreter, TensorValue};
 use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
+use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::passes::{Pipeline, QuantParamProvider};

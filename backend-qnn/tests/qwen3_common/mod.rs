@@ -9,9 +9,9 @@ pub mod aot_common;
 
 use std::sync::OnceLock;
 
-use backend_cpu::checkpoint::SafetensorsCheckpoint;
 use backend_qnn::interp::TensorValue;
 use backend_qnn::QnnGraph;
+use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
 use mllm_dsl::{Program, Tensor};

@@ -3,7 +3,7 @@
 //! weights of a pymllm export. Metadata comes from the header; only scales, zero points and
 //! range-checked codes are read.
 
-use crate::checkpoint::{SafetensorsCheckpoint, StDtype};
+use crate::{SafetensorsCheckpoint, StDtype};
 use mllm_dsl::passes::{ParamError, QuantParamProvider, StoredTensor};
 use mllm_dsl::DType;
 
@@ -56,7 +56,7 @@ impl QuantParamProvider for SafetensorsCheckpoint {
 
     fn int_range(&self, key: &str) -> Result<Option<(i64, i64)>, ParamError> {
         let (dtype, _) = self.info(key).map_err(|e| self.error(key, e.to_string()))?;
-        let err = |e: crate::checkpoint::CheckpointError| self.error(key, e.to_string());
+        let err = |e: crate::CheckpointError| self.error(key, e.to_string());
         let range = match dtype {
             StDtype::I8 => min_max(&self.read_i8(key).map_err(err)?),
             StDtype::U8 => min_max(&self.read_u8(key).map_err(err)?),
