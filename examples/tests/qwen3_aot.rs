@@ -6,11 +6,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use aot::AotReport;
 use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, TensorBytes};
 use clap::{CommandFactory, Parser};
 use mllm_dsl::config::aot::AotConfig;
 use mllm_examples::aot_cli::{run_aot, AotArgs};
-use mllm_examples::aot_pipeline::AotReport;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures")
