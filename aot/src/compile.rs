@@ -108,8 +108,9 @@ pub const CONTEXT_BINARY_HINT: &str = "--context-binary needs the QNN SDK: build
 /// Runs the whole flow into `opts.out` and writes `report.json` there.
 pub fn run(opts: &AotOptions) -> Result<AotReport> {
     let start = Instant::now();
-    if opts.context_binary && !backend_qnn::sdk::sdk_available() {
-        bail!("{CONTEXT_BINARY_HINT}");
+    if opts.context_binary {
+        // Before any work: a missing SDK fails now, not after calibrating and lowering.
+        backend_qnn::sdk::check_sdk_libraries().with_context(|| CONTEXT_BINARY_HINT)?;
     }
     check_shapes(opts)?;
     let out = &opts.out;
