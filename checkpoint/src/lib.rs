@@ -1,6 +1,6 @@
 //! Checkpoint files, reachable by both backends and the tools: Hugging Face safetensors
 //! checkpoints read (single file or sharded, memory-mapped, converted on demand) and written
-//! atomically, and a checkpoint's stored quantization parameters served to mllm-dsl's PTQ pass.
+//! atomically, GGUF files read and converted to HF directories ([`gguf`]), and a checkpoint's stored quantization parameters served to mllm-dsl's PTQ pass.
 //!
 //! ```no_run
 //! let ckpt = checkpoint::SafetensorsCheckpoint::open("fixtures/qwen3-dev-f32")?;
@@ -14,6 +14,7 @@
 
 mod convert;
 mod error;
+pub mod gguf;
 mod mapped_file;
 mod near;
 mod reader;
