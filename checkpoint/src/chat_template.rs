@@ -136,13 +136,26 @@ impl ChatTemplate {
     /// The conversation as the model's prompt text; with `add_generation_prompt` it ends with
     /// the header of the assistant's next turn.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ChatTemplateError> {
+        self.render_with(messages, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// Like [`render`](Self::render), with extra template variables (HF's `apply_chat_template`
+    /// keyword arguments, e.g. Qwen3's `enable_thinking`); templates that do not use one ignore it.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, Value>,
+    ) -> Result<String, ChatTemplateError> {
         let template = self.env.get_template(NAME).expect("added in new");
-        let context = minijinja::context! {
+        let base = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_deref().unwrap_or(""),
             eos_token => self.eos_token.as_deref().unwrap_or(""),
         };
+        // The fixed variables win over `extra`.
+        let context = minijinja::context! { ..base, ..minijinja::Value::from_serialize(extra) };
         template
             .render(context)
             .map_err(|e| ChatTemplateError::Render { origin: self.origin.clone(), reason: describe(&e) })

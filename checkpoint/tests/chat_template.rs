@@ -70,6 +70,19 @@ fn template_errors_name_their_origin() {
     assert_eq!(t.render(&[ChatMessage::new("user", "hi")], false).unwrap(), "<s>hi</s>");
     assert_eq!(t.eos_token(), Some("</s>"));
 
+    // Extra variables (apply_chat_template's keyword arguments) reach the template.
+    let flag = ChatTemplate::new(
+        "{{ messages | length }}{% if enable_thinking is defined and enable_thinking is false %} no-think{% endif %}"
+            .into(),
+        "inline".into(),
+        None,
+        None,
+    )
+    .unwrap();
+    let extra: serde_json::Map<String, Value> = serde_json::from_str(r#"{"enable_thinking": false}"#).unwrap();
+    assert_eq!(flag.render_with(&[], true, &extra).unwrap(), "0 no-think");
+    assert_eq!(flag.render(&[], true).unwrap(), "0");
+
     std::fs::write(dir.join("chat_template.jinja"), "{% for m in messages %}{{ m.content }").unwrap();
     let err = ChatTemplate::from_dir(&dir).unwrap_err().to_string();
     assert!(err.contains("chat_template.jinja") && err.contains("does not parse"), "{err}");
