@@ -213,3 +213,72 @@ fn non_llama_files_are_refused_by_the_converter() {
     let err = convert_to_hf_dir(&gguf, &out).unwrap_err().to_string();
     assert!(err.contains("already exists"), "{err}");
 }
+
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn llama_gguf_converts_back_to_the_hf_checkpoint_it_was_made_from() {
+    // llama-tiny.gguf is fixtures/llama-dev-f32 written as llama.cpp writes llama models (q/k rows
+    // permuted) with tokenizer-tiny's vocabulary (make_llama_tiny.py).
+    let gguf = GgufFile::open(fixture("llama-tiny.gguf")).unwrap();
+    let dir = TempDir::new("gguf-llama-tiny");
+    let out = dir.path().join("hf");
+    convert_to_hf_dir(&gguf, &out).unwrap();
+    let hf_dir = fixture("../llama-dev-f32");
+
+    let ours = SafetensorsCheckpoint::open(&out).unwrap();
+    let theirs = SafetensorsCheckpoint::open(&hf_dir).unwrap();
+    let (mut a, mut b) = (ours.keys(), theirs.keys());
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(a, b);
+    for key in b {
+        assert_eq!(ours.info(key).unwrap().1, theirs.info(key).unwrap().1, "{key} shape");
+        let (x, y) = (ours.read_f32(key).unwrap(), theirs.read_f32(key).unwrap());
+        assert!(x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()), "{key} differs from HF");
+    }
+
+    use mllm_dsl::config::hf::HfConfig;
+    let (c, h) = (HfConfig::from_dir(&out).unwrap(), HfConfig::from_dir(&hf_dir).unwrap());
+    assert_eq!(
+        (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers),
+        (h.vocab_size, h.hidden_size, h.intermediate_size, h.num_hidden_layers)
+    );
+    assert_eq!(
+        (c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+        (h.num_attention_heads, h.num_key_value_heads, h.head_dim)
+    );
+    assert_eq!(
+        (c.rope_theta, c.tie_word_embeddings, c.eos_token_ids.clone()),
+        (h.rope_theta, h.tie_word_embeddings, h.eos_token_ids.clone())
+    );
+    assert_eq!(c.rms_norm_eps as f32, h.rms_norm_eps as f32);
+    assert_eq!(c.max_position_embeddings, h.max_position_embeddings);
+
+    let tok = read_json(&out.join("tokenizer.json"));
+    let tiny = read_json(&fixture("../tokenizer-tiny/tokenizer.json"));
+    assert_eq!(tok["model"]["vocab"], tiny["model"]["vocab"]);
+    let pairs = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|m| match m {
+                serde_json::Value::Array(p) => format!("{} {}", p[0].as_str().unwrap(), p[1].as_str().unwrap()),
+                s => s.as_str().unwrap().to_string(),
+            })
+            .collect()
+    };
+    assert_eq!(pairs(&tok["model"]["merges"]), pairs(&tiny["model"]["merges"]));
+    assert_eq!(tok["pre_tokenizer"], tiny["pre_tokenizer"]);
+    assert_eq!(tok["added_tokens"], tiny["added_tokens"]);
+
+    let config = read_json(&out.join("tokenizer_config.json"));
+    assert_eq!(config["eos_token"], "<|im_end|>");
+    assert_eq!(config["bos_token"], "<|im_start|>");
+    let chat = crate::ChatTemplate::from_dir(&out).unwrap();
+    let text = chat.render(&[crate::ChatMessage::new("user", "hi")], true).unwrap();
+    assert_eq!(text, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(read_json(&out.join("generation_config.json"))["eos_token_id"], 2);
+}

@@ -33,12 +33,34 @@ fn pre_tokenizer(gguf: &GgufFile, add_prefix_space: bool) -> Result<Value, GgufE
             "type": "Sequence",
             "pretokenizers": [{ "type": "Digits", "individual_digits": true }, byte_level],
         })),
+        // Qwen2/Qwen3 and Llama 3 split with one regex first; the byte-level step then only maps bytes.
+        "qwen2" => Ok(regex_then_bytes(QWEN2_SPLIT)),
+        "llama-bpe" | "llama3" => Ok(regex_then_bytes(LLAMA3_SPLIT)),
         other => Err(GgufError::InvalidKey {
             path: gguf.path().to_path_buf(),
             key: PRE_KEY.into(),
-            reason: format!("pre-tokenizer '{other}' is not supported (supported: default, gpt2, smollm, starcoder)"),
+            reason: format!(
+                "pre-tokenizer '{other}' is not supported (supported: default, gpt2, smollm, starcoder, qwen2, \
+                 llama-bpe)"
+            ),
         }),
     }
+}
+
+/// The split regexes of llama.cpp's `qwen2` and `llama-bpe` pre-tokenizers (the same as the models'
+/// HF tokenizers): they differ only in how many digits a number token takes.
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+fn regex_then_bytes(pattern: &str) -> Value {
+    json!({
+        "type": "Sequence",
+        "pretokenizers": [
+            { "type": "Split", "pattern": { "Regex": pattern }, "behavior": "Isolated", "invert": false },
+            { "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false },
+        ],
+    })
 }
 
 fn check_gpt2(gguf: &GgufFile) -> Result<(), GgufError> {
