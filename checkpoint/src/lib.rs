@@ -1,6 +1,7 @@
 //! Checkpoint files, reachable by both backends and the tools: Hugging Face safetensors
 //! checkpoints read (single file or sharded, memory-mapped, converted on demand) and written
-//! atomically, and a checkpoint's stored quantization parameters served to mllm-dsl's PTQ pass.
+//! atomically, GGUF files read and converted to HF directories ([`gguf`]), a directory's chat template
+//! rendered ([`ChatTemplate`]), and a checkpoint's stored quantization parameters served to mllm-dsl's PTQ pass.
 //!
 //! ```no_run
 //! let ckpt = checkpoint::SafetensorsCheckpoint::open("fixtures/qwen3-dev-f32")?;
@@ -12,8 +13,10 @@
 //! the loaders' job. Loaders attach their module path to a missing-tensor error with
 //! [`CheckpointError::requested_by`] and can warn about [`SafetensorsCheckpoint::unused_keys`].
 
+mod chat_template;
 mod convert;
 mod error;
+pub mod gguf;
 mod mapped_file;
 mod near;
 mod reader;
@@ -21,6 +24,7 @@ mod writer;
 // The checkpoint as the PTQ pass's `mllm_dsl::passes::QuantParamProvider`.
 mod ptq_params;
 
+pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE};
 pub use convert::LeScalar;
 pub use error::CheckpointError;
 pub use reader::{SafetensorsCheckpoint, SHARD_INDEX, SINGLE_FILE};

@@ -7,10 +7,10 @@ use safetensors::tensor::TensorView;
 use super::*;
 
 /// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
-    fn new(label: &str) -> Self {
+    pub(crate) fn new(label: &str) -> Self {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("backend-cpu-checkpoint-{}-{n}-{label}", std::process::id()));
@@ -19,7 +19,7 @@ impl TempDir {
         TempDir(dir)
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }

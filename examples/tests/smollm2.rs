@@ -1,0 +1,130 @@
+//! SmolLM2-135M-Instruct, converted from its GGUF by the project's own code (`scripts/fetch-smollm2`),
+//! against HF transformers (fixtures/smollm2, see fixtures/PROVENANCE.md): token ids through our
+//! tokenizer.json, the chat template through checkpoint::ChatTemplate, float logits within 2e-4 at
+//! the selected positions, greedy continuations identical.
+//!
+//! The converted directory is `$MLLM_DSL_SMOLLM2_DIR`, else `$MLLM_DSL_CACHE/smollm2-135m-instruct-hf`
+//! (cache default `~/.cache/mllm-dsl`). Without it the test fails, naming the script that makes it.
+
+use checkpoint::{ChatMessage, ChatTemplate, SafetensorsCheckpoint};
+use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
+use mllm_examples::load_float;
+use std::path::{Path, PathBuf};
+
+const TOLERANCE: f32 = 2e-4;
+const CONTEXT: usize = 128;
+const CASES: [&str; 4] = ["plain", "digits", "chat", "passage"];
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/smollm2")
+}
+
+fn model_dir() -> PathBuf {
+    let dir = match std::env::var_os("MLLM_DSL_SMOLLM2_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let cache = std::env::var_os("MLLM_DSL_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").expect("HOME or MLLM_DSL_CACHE")).join(".cache/mllm-dsl")
+            });
+            cache.join("smollm2-135m-instruct-hf")
+        }
+    };
+    assert!(
+        dir.join("model.safetensors").is_file(),
+        "{} has no converted SmolLM2-135M-Instruct: run scripts/fetch-smollm2 (or point MLLM_DSL_SMOLLM2_DIR at \
+         its output)",
+        dir.display()
+    );
+    dir
+}
+
+fn reference() -> SafetensorsCheckpoint {
+    SafetensorsCheckpoint::open_file(fixtures().join("reference.safetensors")).unwrap()
+}
+
+fn ids(r: &SafetensorsCheckpoint, key: &str) -> Vec<u32> {
+    r.read_i64(key).unwrap().into_iter().map(|v| v as u32).collect()
+}
+
+fn tokenizer(dir: &Path) -> tokenizers::Tokenizer {
+    tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap()
+}
+
+fn encode(tok: &tokenizers::Tokenizer, text: &str) -> Vec<u32> {
+    tok.encode(text, false).unwrap().get_ids().to_vec()
+}
+
+#[test]
+fn tokenizer_and_chat_template_match_hf() {
+    let dir = model_dir();
+    let tok = tokenizer(&dir);
+    let r = reference();
+    // The texts of the logit cases are decoded back from HF's ids; re-encoding must give them again.
+    for case in CASES {
+        let want = ids(&r, &format!("{case}.input_ids"));
+        let text = tok.decode(&want, false).unwrap();
+        assert_eq!(encode(&tok, &text), want, "{case}: ids of {text:?}");
+    }
+    // The converted directory's template (from the GGUF metadata) renders like HF, and the rendered
+    // text tokenizes to HF's ids.
+    let template = ChatTemplate::from_dir(&dir).unwrap();
+    assert_eq!(template.eos_token(), Some("<|im_end|>"));
+    let chat: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("chat.json")).unwrap()).unwrap();
+    let mut checked = 0;
+    for (name, case) in chat["cases"].as_object().unwrap() {
+        if case["template"] != "smollm2" {
+            continue;
+        }
+        let messages: Vec<ChatMessage> = case["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let text = template.render(&messages, case["add_generation_prompt"].as_bool().unwrap()).unwrap();
+        assert_eq!(text, case["text"].as_str().unwrap(), "{name}");
+        let want: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        assert_eq!(encode(&tok, &text), want, "{name}: ids");
+        checked += 1;
+    }
+    assert_eq!(checked, 6);
+}
+
+#[test]
+fn float_logits_and_greedy_match_hf() {
+    let dir = model_dir();
+    let r = reference();
+    let loaded = load_float(&dir, CONTEXT).unwrap();
+    assert!(loaded.unused.is_empty(), "unused tensors {:?}", loaded.unused);
+    assert_eq!(loaded.config.eos_token_ids, [2], "<|im_end|> ends a turn");
+    let vocab = loaded.config.vocab_size;
+    let mut generator = Generator::new(loaded.model).unwrap();
+    for case in CASES {
+        let prompt = ids(&r, &format!("{case}.input_ids"));
+        let positions: Vec<usize> =
+            r.read_i64(&format!("{case}.positions")).unwrap().iter().map(|&p| p as usize).collect();
+        let want_logits = r.read_f32(&format!("{case}.logits")).unwrap();
+        let greedy = r.read_i64(&format!("{case}.greedy_ids")).map(|v| v.into_iter().map(|x| x as u32).collect());
+        let greedy: Vec<u32> = greedy.unwrap_or_default();
+        let config = GenerationConfig {
+            max_new_tokens: greedy.len(),
+            prefill_chunk: 32,
+            sampling: Sampling::Greedy,
+            // HF generated without stopping at EOS; so does this run.
+            eos_ids: vec![],
+            collect_prompt_logits: true,
+        };
+        let out = generator.generate(&prompt, &config).unwrap();
+        let logits = out.prompt_logits.unwrap();
+        let mut max_diff = 0.0f32;
+        for (row, &p) in positions.iter().enumerate() {
+            let ours = &logits[p * vocab..(p + 1) * vocab];
+            let theirs = &want_logits[row * vocab..(row + 1) * vocab];
+            max_diff = ours.iter().zip(theirs).map(|(a, b)| (a - b).abs()).fold(max_diff, f32::max);
+        }
+        eprintln!("smollm2 {case}: {} prompt tokens, max |logits - HF| = {max_diff:e}", prompt.len());
+        assert!(max_diff <= TOLERANCE, "{case}: max |logits - HF| = {max_diff} > {TOLERANCE}");
+        assert_eq!(out.ids, greedy, "{case}: greedy ids");
+    }
+}
