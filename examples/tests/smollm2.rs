@@ -6,9 +6,9 @@
 //! The converted directory is `$MLLM_DSL_SMOLLM2_DIR`, else `$MLLM_DSL_CACHE/smollm2-135m-instruct-hf`
 //! (cache default `~/.cache/mllm-dsl`). Without it the test fails, naming the script that makes it.
 
+use aot::load_float;
 use checkpoint::{ChatMessage, ChatTemplate, SafetensorsCheckpoint};
 use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
-use mllm_examples::load_float;
 use std::path::{Path, PathBuf};
 
 const TOLERANCE: f32 = 2e-4;
