@@ -210,27 +210,25 @@ fn is_config_type(ty: &Type) -> bool {
     }
 }
 
+/// Wraps `forward` and `forward_*` methods (of an inherent impl or of a trait impl such as a
+/// model file's `impl DecoderAttention for ...`) so that each call enters the module's scope.
 fn expand_impl(mut imp: ItemImpl, krate: &Path, cx: &mut Ctxt) -> TokenStream {
-    if let Some((_, path, _)) = &imp.trait_ {
-        cx.error_spanned_by(
-            path,
-            "#[module] goes on the inherent impl block that defines `forward`, not on a trait impl",
-        );
-        return quote!(#imp);
-    }
     let mut found = false;
     for item in imp.items.iter_mut() {
         let ImplItem::Fn(f) = item else { continue };
-        if f.sig.ident != "forward" {
+        if !is_forward(&f.sig.ident) {
             continue;
         }
         found = true;
         if f.sig.receiver().is_none() {
-            cx.error_spanned_by(&f.sig, "`forward` must take `&self` (the module's path comes from self)");
+            cx.error_spanned_by(
+                &f.sig,
+                format!("`{}` must take `&self` (the module's path comes from self)", f.sig.ident),
+            );
             continue;
         }
         if f.sig.asyncness.is_some() {
-            cx.error_spanned_by(f.sig.asyncness, "`forward` cannot be async");
+            cx.error_spanned_by(f.sig.asyncness, format!("`{}` cannot be async", f.sig.ident));
             continue;
         }
         let ret = match &f.sig.output {
@@ -238,7 +236,7 @@ fn expand_impl(mut imp: ItemImpl, krate: &Path, cx: &mut Ctxt) -> TokenStream {
             ReturnType::Default => {
                 cx.error_spanned_by(
                     &f.sig,
-                    "`forward` must return mllm_dsl::Result<...> (tensors, tuples or vectors of them)",
+                    format!("`{}` must return mllm_dsl::Result<...> (tensors, tuples or vectors of them)", f.sig.ident),
                 );
                 continue;
             }
@@ -251,7 +249,16 @@ fn expand_impl(mut imp: ItemImpl, krate: &Path, cx: &mut Ctxt) -> TokenStream {
         f.block = new_body;
     }
     if !found {
-        cx.error_spanned_by(&imp.self_ty, "#[module] on an impl block wraps its `forward` method, but there is none");
+        cx.error_spanned_by(
+            &imp.self_ty,
+            "#[module] on an impl block wraps its `forward` (or `forward_*`) methods, but there is none",
+        );
     }
     quote!(#imp)
+}
+
+/// `forward`, or a variant such as `CausalLm::forward_rows`.
+fn is_forward(ident: &syn::Ident) -> bool {
+    let name = ident.to_string();
+    name == "forward" || name.starts_with("forward_")
 }

@@ -64,7 +64,7 @@ pub mod tensor;
 pub mod trace;
 
 pub use backend::{Backend, BackendRef, F32Buffer, NativeData, Storage};
-pub use causal_lm::{logit_rows, CausalLm, DecoderShape};
+pub use causal_lm::{CausalLm, DecoderShape};
 pub use dtype::{DType, Device, TensorType};
 pub use error::{CallSite, Error, Result};
 pub use ir::Program;
@@ -84,7 +84,8 @@ pub mod prelude {
     pub use crate::nn::{Conv2d, Embedding, Linear, Param, RmsNorm};
     pub use crate::qdq;
     pub use crate::{
-        trace, DType, Error, Module, ModuleList, ParamFormat, ParamRole, ParamSource, Result, Tensor, TraceInput,
+        trace, CausalLm, DType, Error, Module, ModuleList, ParamFormat, ParamRole, ParamSource, Result, Tensor,
+        TraceInput,
     };
 }
 

@@ -14,12 +14,11 @@
 //! - RoPE is written out: `x*cos + rotate_half(x)*sin` with rows `[1, S, D]` gathered by position.
 
 use crate::config::TransformerConfig;
+use crate::decoder::AttentionInputs;
 use mllm_dsl::prelude::*;
-
-/// mllm's compile-time parameters of the mask and of the `0.0` it is compared with
-/// (`addCausalMaskParams`): uint16 with zero point 65535, so 65535 (attend) dequantizes to 0.0.
-pub const MASK_SCALE: f32 = 0.001 / 65535.0;
-pub const MASK_ZERO_POINT: i32 = 65535;
+// The mask's compile-time parameters, also those of the `0.0` it is compared with (mllm's
+// `addCausalMaskParams`): uint16 with zero point 65535, so 65535 (attend) dequantizes to 0.0.
+use mllm_dsl::runtime::{MASK_SCALE, MASK_ZERO_POINT};
 
 /// The SwiGLU MLP `down(silu(gate(x)) * up(x))`, identical in mllm's Qwen3, Qwen2 and Llama.
 #[module]
@@ -69,8 +68,8 @@ pub fn split_heads(x: &Tensor, heads: usize, head_dim: usize) -> Result<Tensor> 
 }
 
 /// RoPE of q `[1, H, S, D]` and k `[1, Hkv, S, D]` with this chunk's rows `sin`, `cos` `[1, S, D]`.
-pub fn rope_qk(q: &Tensor, k: &Tensor, sin: &Tensor, cos: &Tensor) -> Result<(Tensor, Tensor)> {
-    let (cos, sin) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
+pub fn rope_qk(q: &Tensor, k: &Tensor, inputs: &AttentionInputs<'_>) -> Result<(Tensor, Tensor)> {
+    let (cos, sin) = (inputs.cos.unsqueeze(1)?, inputs.sin.unsqueeze(1)?);
     let q_names =
         ["q_rope_neg_half_qdq", "q_rope_mul_0_output_qdq", "q_rope_mul_1_output_qdq", "q_rope_add_0_output_qdq"];
     let k_names =
@@ -99,14 +98,8 @@ pub fn cache_kv(k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
 
 /// Attention of q `[1, H, S, D]` over past ++ new K/V (as [`cache_kv`] lays them out), masked by
 /// `mask [1, 1, S, ctx]`, → `[1, 1, S, H * D]`, NHWC for o_proj.
-pub fn attend(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: &Tensor,
-    past_key: &Tensor,
-    past_value: &Tensor,
-) -> Result<Tensor> {
+pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, inputs: &AttentionInputs<'_>) -> Result<Tensor> {
+    let AttentionInputs { mask, past_key, past_value, .. } = *inputs;
     let (heads, head_dim) = (q.dim(1)?, q.dim(-1)?);
     // 1. past ++ new, repeated for GQA (repeat-interleave: query head j reads KV head j / groups)
     let groups = heads / k.dim(1)?;

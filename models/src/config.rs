@@ -1,7 +1,7 @@
 //! The architecture numbers a decoder-only model file needs, independent of where they came from
 //! (an HF `config.json`, mllm's config, or a synthetic config for benches and snapshots).
 
-use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::config::hf::{default_inv_freq, HfConfig};
 
 /// Shapes and constants of a Qwen3 / Qwen2 / Llama style decoder.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,7 +19,7 @@ pub struct TransformerConfig {
     /// Rows of the RoPE tables (`mllm_qualcomm_max_length`): positions `0..max_positions`.
     pub max_positions: usize,
     pub tie_word_embeddings: bool,
-    /// q/k/v projections carry biases (Qwen2).
+    /// q/k/v projections carry biases (Qwen2; read by `LlamaAttention`).
     pub qkv_bias: bool,
 }
 
@@ -71,7 +71,7 @@ impl TransformerConfig {
         Self::tiny(500_000.0, false)
     }
 
-    fn tiny(rope_theta: f32, qkv_bias: bool) -> Self {
+    fn tiny(rope_theta: f64, qkv_bias: bool) -> Self {
         TransformerConfig {
             vocab_size: 128,
             hidden_size: 64,
@@ -81,7 +81,7 @@ impl TransformerConfig {
             num_key_value_heads: 2,
             head_dim: 16,
             rms_norm_eps: 1e-6,
-            rope_inv_freq: crate::rope::default_inv_freq(16, rope_theta),
+            rope_inv_freq: default_inv_freq(rope_theta, 16),
             max_positions: 16,
             tie_word_embeddings: true,
             qkv_bias,
@@ -99,7 +99,7 @@ impl TransformerConfig {
             num_key_value_heads: 8,
             head_dim: 128,
             rms_norm_eps: 1e-6,
-            rope_inv_freq: crate::rope::default_inv_freq(128, 1_000_000.0),
+            rope_inv_freq: default_inv_freq(1_000_000.0, 128),
             max_positions: 1024,
             tie_word_embeddings: true,
             qkv_bias: false,

@@ -2,8 +2,8 @@
 //! (the one part that differs between them):
 //! embedding → N × (norm, attention, residual, norm, MLP, residual) → norm → lm_head.
 //!
-//! A model file writes its attention, implements [`DecoderAttention`] for it and names the skeleton's
-//! types (`pub type LlamaForCausalLM = DecoderForCausalLM<LlamaAttention>`). Module names and QDQ
+//! A model file writes its attention as an `#[module] impl DecoderAttention for ...` block and names
+//! the skeleton's types (`pub type LlamaForCausalLM = DecoderForCausalLM<LlamaAttention>`). Module names and QDQ
 //! names are mllm's (`model.layers.{i}.input_layernorm_input_qdq`, `model.norm_input_qdq`, ...), so
 //! they match pymllm's checkpoints.
 
@@ -11,6 +11,7 @@ use crate::blocks::Mlp;
 use crate::config::TransformerConfig;
 use crate::rope::sin_cos_tables;
 use mllm_dsl::prelude::*;
+use std::ops::Range;
 
 /// `(hidden or logits, new K per layer, new V per layer)`
 type Outputs = (Tensor, Vec<Tensor>, Vec<Tensor>);
@@ -18,21 +19,27 @@ type Outputs = (Tensor, Vec<Tensor>, Vec<Tensor>);
 /// An attention's or a layer's `(y, new K, new V)`.
 pub type LayerOutputs = (Tensor, Tensor, Tensor);
 
-/// What the skeleton needs from a model's attention module (`self_attn`).
+/// What a layer's attention reads besides its hidden state: this chunk's RoPE rows, the mask and
+/// the layer's KV cache.
+#[derive(Clone, Copy)]
+pub struct AttentionInputs<'a> {
+    /// RoPE rows of this chunk's positions, `[1, S, D]` each.
+    pub sin: &'a Tensor,
+    pub cos: &'a Tensor,
+    /// `[1, 1, S, ctx]`, 0.0 where a position may attend.
+    pub mask: &'a Tensor,
+    /// This layer's past K `[1, Hkv, D, P]` and past V `[1, Hkv, P, D]`.
+    pub past_key: &'a Tensor,
+    pub past_value: &'a Tensor,
+}
+
+/// What the skeleton needs from a model's attention module (`self_attn`). Implement it in an
+/// `#[module]` block, so that `forward` is the module's scope.
 pub trait DecoderAttention: Module + Send + Sync + Sized {
     fn new(cfg: &TransformerConfig) -> Self;
 
-    /// `x [1, S, H]`, `sin/cos [1, S, D]`, `mask [1, 1, S, ctx]`, past K `[1, Hkv, D, P]`, past V
-    /// `[1, Hkv, P, D]` → `(y [1, S, H], new K [1, Hkv, D, S], new V [1, Hkv, S, D])`.
-    fn forward(
-        &self,
-        x: &Tensor,
-        sin: &Tensor,
-        cos: &Tensor,
-        mask: &Tensor,
-        past_key: &Tensor,
-        past_value: &Tensor,
-    ) -> Result<LayerOutputs>;
+    /// `x [1, S, H]` → `(y [1, S, H], new K [1, Hkv, D, S], new V [1, Hkv, S, D])`.
+    fn forward(&self, x: &Tensor, inputs: &AttentionInputs<'_>) -> Result<LayerOutputs>;
 }
 
 #[module]
@@ -59,19 +66,11 @@ impl<A: DecoderAttention> DecoderLayer<A> {
 #[module]
 impl<A: DecoderAttention> DecoderLayer<A> {
     /// `x [1, S, H]` → `(x [1, S, H], new K, new V)`
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        sin: &Tensor,
-        cos: &Tensor,
-        mask: &Tensor,
-        past_key: &Tensor,
-        past_value: &Tensor,
-    ) -> Result<LayerOutputs> {
+    pub fn forward(&self, x: &Tensor, inputs: &AttentionInputs<'_>) -> Result<LayerOutputs> {
         // 1. attention with residual (layer 0's input is the embedding, already quantized)
         let x = if self.layer_idx == 0 { x.clone() } else { qdq!(x, "input_layernorm_input_qdq")? };
         let h = self.input_layernorm.forward(&x)?;
-        let (a, k, v) = self.self_attn.forward(&h, sin, cos, mask, past_key, past_value)?;
+        let (a, k, v) = self.self_attn.forward(&h, inputs)?;
         let x = qdq!(x.add(&qdq!(a, "add_0_lhs_input_qdq")?)?, "add_0_output_qdq")?;
         // 2. MLP with residual
         let m = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?;
@@ -137,7 +136,9 @@ impl<A: DecoderAttention> DecoderModel<A> {
         // 3. decoder layers, collecting the new K/V
         let (mut keys, mut values) = (Vec::new(), Vec::new());
         for (i, layer) in self.layers.iter().enumerate() {
-            let (h, k, v) = layer.forward(&x, &sin, &cos, mask, &past_keys[i], &past_values[i])?;
+            let inputs =
+                AttentionInputs { sin: &sin, cos: &cos, mask, past_key: &past_keys[i], past_value: &past_values[i] };
+            let (h, k, v) = layer.forward(&x, &inputs)?;
             x = h;
             keys.push(k);
             values.push(v);
@@ -166,9 +167,25 @@ impl<A: DecoderAttention> DecoderForCausalLM<A> {
     }
 }
 
-impl<A: DecoderAttention> mllm_dsl::CausalLm for DecoderForCausalLM<A> {
-    fn forward(&self, ids: &Tensor, pos: &Tensor, mask: &Tensor, k: &[Tensor], v: &[Tensor]) -> Result<Outputs> {
-        DecoderForCausalLM::forward(self, ids, pos, mask, k, v)
+#[module]
+impl<A: DecoderAttention> CausalLm for DecoderForCausalLM<A> {
+    /// → `(logits [1, 1, r, vocab] for the `logit_rows`, new K per layer [1, Hkv, D, S], new V per
+    /// layer [1, Hkv, S, D])`
+    fn forward_rows(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+        past_keys: &[Tensor],
+        past_values: &[Tensor],
+        logit_rows: Range<usize>,
+    ) -> Result<Outputs> {
+        let (x, keys, values) = self.model.forward(ids, positions, mask, past_keys, past_values)?;
+        // 1. the lm_head only for rows the caller reads: [1, 1, S, H] -> [1, 1, r, H]
+        let x = if logit_rows.len() < ids.dim(-1)? { x.slice(2, logit_rows.start, logit_rows.end)? } else { x };
+        // 2. logits [1, 1, r, vocab]
+        let logits = self.lm_head.forward(&qdq!(x, "lm_head_input_qdq")?)?;
+        Ok((qdq!(logits, "lm_head_output_qdq")?, keys, values))
     }
 
     fn bind_params(&mut self, src: &ParamSource<'_>) -> Result<()> {
@@ -177,27 +194,5 @@ impl<A: DecoderAttention> mllm_dsl::CausalLm for DecoderForCausalLM<A> {
 
     fn shape(&self) -> mllm_dsl::DecoderShape {
         self.cfg.decoder_shape()
-    }
-}
-
-#[module]
-impl<A: DecoderAttention> DecoderForCausalLM<A> {
-    /// → `(logits [1, 1, S, vocab], new K per layer [1, Hkv, D, S], new V per layer [1, Hkv, S, D])`
-    pub fn forward(
-        &self,
-        ids: &Tensor,
-        positions: &Tensor,
-        mask: &Tensor,
-        past_keys: &[Tensor],
-        past_values: &[Tensor],
-    ) -> Result<Outputs> {
-        let (x, keys, values) = self.model.forward(ids, positions, mask, past_keys, past_values)?;
-        // Eager runs that read a few rows only skip the lm_head for the others: [1, 1, S, H] -> [1, 1, r, H]
-        let x = match mllm_dsl::logit_rows() {
-            Some(rows) if rows.len() < ids.shape()[1] => x.slice(2, rows.start, rows.end)?,
-            _ => x,
-        };
-        let logits = self.lm_head.forward(&qdq!(x, "lm_head_input_qdq")?)?;
-        Ok((qdq!(logits, "lm_head_output_qdq")?, keys, values))
     }
 }

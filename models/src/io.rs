@@ -3,8 +3,8 @@
 //! [1, Hkv, D, ctx-S]`, `past_value_0..L-1 [1, Hkv, ctx-S, D]`; outputs `logits [1, 1, S, V]`,
 //! `present_key_l [1, Hkv, D, S]`, `present_value_l [1, Hkv, S, D]`.
 
-use crate::blocks::{MASK_SCALE, MASK_ZERO_POINT};
 use crate::config::TransformerConfig;
+use mllm_dsl::runtime::{MASK_SCALE, MASK_ZERO_POINT};
 use mllm_dsl::{DType, ParamFormat, QdqAttr, QdqKind, TraceInput};
 
 /// Trace inputs for one chunk size. In the QNN form the mask is uint16 with its compile-time QDQ,

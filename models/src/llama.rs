@@ -1,4 +1,5 @@
-//! Llama (2 and 3) in mllm's QNN-AOT form (`examples/llama_qnn_aot/modeling_llama_qnn_aot.hpp`).
+//! Llama (2 and 3) in mllm's QNN-AOT form (`examples/llama_qnn_aot/modeling_llama_qnn_aot.hpp`);
+//! Qwen2 ([`crate::qwen2`]) is this attention with q/k/v biases.
 //!
 //! Llama's attention has no q/k norm: the q and k projections' outputs get a QDQ point each
 //! (`q_proj_output_qdq`, `k_proj_output_qdq`) and go straight to RoPE. The rest is shared with the
@@ -10,7 +11,7 @@
 
 use crate::blocks::{attend, cache_kv, rope_qk, split_heads, Mlp};
 use crate::config::TransformerConfig;
-use crate::decoder::{DecoderAttention, DecoderForCausalLM, DecoderLayer, DecoderModel, LayerOutputs};
+use crate::decoder::{AttentionInputs, DecoderAttention, DecoderForCausalLM, DecoderLayer, DecoderModel, LayerOutputs};
 use mllm_dsl::prelude::*;
 
 pub type LlamaMlp = Mlp;
@@ -30,14 +31,15 @@ pub struct LlamaAttention {
     head_dim: usize,
 }
 
-impl LlamaAttention {
-    pub fn new(cfg: &TransformerConfig) -> Self {
-        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+#[module]
+impl DecoderAttention for LlamaAttention {
+    fn new(cfg: &TransformerConfig) -> Self {
+        let (h, d, bias) = (cfg.hidden_size, cfg.head_dim, cfg.qkv_bias);
         let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
         LlamaAttention {
-            q_proj: Conv2d::new(h, nh * d),
-            k_proj: Conv2d::new(h, nkv * d),
-            v_proj: Conv2d::new(h, nkv * d),
+            q_proj: Conv2d::new(h, nh * d).with_bias(bias),
+            k_proj: Conv2d::new(h, nkv * d).with_bias(bias),
+            v_proj: Conv2d::new(h, nkv * d).with_bias(bias),
             o_proj: Conv2d::new(nh * d, h),
             hidden: h,
             heads: nh,
@@ -45,21 +47,9 @@ impl LlamaAttention {
             head_dim: d,
         }
     }
-}
 
-#[module]
-impl LlamaAttention {
-    /// `x [1, S, H]`, `sin/cos [1, S, D]`, `mask [1, 1, S, ctx]`, past K/V →
-    /// `(y [1, S, H], new K [1, Hkv, D, S], new V [1, Hkv, S, D])`.
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        sin: &Tensor,
-        cos: &Tensor,
-        mask: &Tensor,
-        past_key: &Tensor,
-        past_value: &Tensor,
-    ) -> Result<LayerOutputs> {
+    /// `x [1, S, H]` → `(y [1, S, H], new K [1, Hkv, D, S], new V [1, Hkv, S, D])`.
+    fn forward(&self, x: &Tensor, inputs: &AttentionInputs<'_>) -> Result<LayerOutputs> {
         let (h, d) = (self.hidden as i64, self.head_dim);
         // 1. projections on NHWC [1, 1, S, H]; q and k quantized right after the projection
         let x = qdq!(x, "q_proj_input_qdq")?.view(&[1, 1, -1, h])?;
@@ -71,29 +61,11 @@ impl LlamaAttention {
         let k = split_heads(&k, self.kv_heads, d)?;
         let v = split_heads(&v, self.kv_heads, d)?;
         // 3. RoPE, new K/V in the uint8 cache layout, masked attention over past ++ new
-        let (q, k) = rope_qk(&q, &k, sin, cos)?;
+        let (q, k) = rope_qk(&q, &k, inputs)?;
         let (k, v) = cache_kv(&k, &v)?;
-        let y = attend(&q, &k, &v, mask, past_key, past_value)?;
+        let y = attend(&q, &k, &v, inputs)?;
         // 4. o_proj: NHWC [1, 1, S, H*D] -> [1, S, hidden]
         let y = self.o_proj.forward(&y)?.view(&[1, -1, h])?;
         Ok((y, k, v))
-    }
-}
-
-impl DecoderAttention for LlamaAttention {
-    fn new(cfg: &TransformerConfig) -> Self {
-        LlamaAttention::new(cfg)
-    }
-
-    fn forward(
-        &self,
-        x: &Tensor,
-        sin: &Tensor,
-        cos: &Tensor,
-        mask: &Tensor,
-        past_key: &Tensor,
-        past_value: &Tensor,
-    ) -> Result<LayerOutputs> {
-        LlamaAttention::forward(self, x, sin, cos, mask, past_key, past_value)
     }
 }

@@ -9,10 +9,8 @@
 
 use crate::blocks::{attend, cache_kv, rope_qk, split_heads, Mlp};
 use crate::config::TransformerConfig;
-use crate::decoder::{DecoderAttention, DecoderForCausalLM, DecoderLayer, DecoderModel, LayerOutputs};
+use crate::decoder::{AttentionInputs, DecoderAttention, DecoderForCausalLM, DecoderLayer, DecoderModel, LayerOutputs};
 use mllm_dsl::prelude::*;
-
-pub use crate::blocks::{MASK_SCALE, MASK_ZERO_POINT};
 
 pub type Qwen3Mlp = Mlp;
 pub type Qwen3DecoderLayer = DecoderLayer<Qwen3Attention>;
@@ -33,8 +31,9 @@ pub struct Qwen3Attention {
     head_dim: usize,
 }
 
-impl Qwen3Attention {
-    pub fn new(cfg: &TransformerConfig) -> Self {
+#[module]
+impl DecoderAttention for Qwen3Attention {
+    fn new(cfg: &TransformerConfig) -> Self {
         let (h, d) = (cfg.hidden_size, cfg.head_dim);
         let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
         Qwen3Attention {
@@ -50,21 +49,9 @@ impl Qwen3Attention {
             head_dim: d,
         }
     }
-}
 
-#[module]
-impl Qwen3Attention {
-    /// `x [1, S, H]`, `sin/cos [1, S, D]`, `mask [1, 1, S, ctx]`, past K/V →
-    /// `(y [1, S, H], new K [1, Hkv, D, S], new V [1, Hkv, S, D])`.
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        sin: &Tensor,
-        cos: &Tensor,
-        mask: &Tensor,
-        past_key: &Tensor,
-        past_value: &Tensor,
-    ) -> Result<LayerOutputs> {
+    /// `x [1, S, H]` → `(y [1, S, H], new K [1, Hkv, D, S], new V [1, Hkv, S, D])`.
+    fn forward(&self, x: &Tensor, inputs: &AttentionInputs<'_>) -> Result<LayerOutputs> {
         let (h, d) = (self.hidden as i64, self.head_dim);
         // 1. projections on NHWC [1, 1, S, H], then heads: [1, S, n*D] -> [1, n, S, D]
         let x = qdq!(x, "q_proj_input_qdq")?.view(&[1, 1, -1, h])?;
@@ -75,29 +62,11 @@ impl Qwen3Attention {
         let q = qdq!(self.q_norm.forward(&qdq!(q, "q_norm_input_qdq")?)?, "q_norm_output_qdq")?;
         let k = qdq!(self.k_norm.forward(&qdq!(k, "k_norm_input_qdq")?)?, "k_norm_output_qdq")?;
         // 3. RoPE, new K/V in the uint8 cache layout, masked attention over past ++ new
-        let (q, k) = rope_qk(&q, &k, sin, cos)?;
+        let (q, k) = rope_qk(&q, &k, inputs)?;
         let (k, v) = cache_kv(&k, &v)?;
-        let y = attend(&q, &k, &v, mask, past_key, past_value)?;
+        let y = attend(&q, &k, &v, inputs)?;
         // 4. o_proj: NHWC [1, 1, S, H*D] -> [1, S, hidden]
         let y = self.o_proj.forward(&y)?.view(&[1, -1, h])?;
         Ok((y, k, v))
-    }
-}
-
-impl DecoderAttention for Qwen3Attention {
-    fn new(cfg: &TransformerConfig) -> Self {
-        Qwen3Attention::new(cfg)
-    }
-
-    fn forward(
-        &self,
-        x: &Tensor,
-        sin: &Tensor,
-        cos: &Tensor,
-        mask: &Tensor,
-        past_key: &Tensor,
-        past_value: &Tensor,
-    ) -> Result<LayerOutputs> {
-        Qwen3Attention::forward(self, x, sin, cos, mask, past_key, past_value)
     }
 }

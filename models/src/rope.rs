@@ -1,11 +1,6 @@
 //! RoPE tables as mllm's QNN models take them: `[1, L, head_dim]` sin/cos rows for positions `0..L`,
-//! gathered by position id inside the graph.
-
-/// HF's default inverse frequencies: `1 / theta^(2i / dim)`, computed like torch (`arange` in int64,
-/// converted to f32 before the power).
-pub fn default_inv_freq(head_dim: usize, theta: f32) -> Vec<f32> {
-    (0..head_dim).step_by(2).map(|i| 1.0 / theta.powf(i as f32 / head_dim as f32)).collect()
-}
+//! gathered by position id inside the graph. The inverse frequencies come from the config
+//! (`mllm_dsl::config::hf::default_inv_freq`, `HfConfig::rope_inv_freq`).
 
 /// `(sin, cos)` tables, each `[1, len, 2 * inv_freq.len()]` flattened: row `p` is
 /// `f(p * inv_freq) ++ f(p * inv_freq)` (HF's `cat(freqs, freqs)`), computed in f32 as HF does.
@@ -30,10 +25,11 @@ pub fn sin_cos_tables(inv_freq: &[f32], len: usize) -> (Vec<f32>, Vec<f32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mllm_dsl::config::hf::default_inv_freq;
 
     #[test]
     fn tables_follow_hf_layout() {
-        let inv = default_inv_freq(4, 10_000.0);
+        let inv = default_inv_freq(10_000.0, 4);
         assert_eq!(inv, vec![1.0, 0.01]);
         let (sin, cos) = sin_cos_tables(&inv, 3);
         // position 2: angles [2, 0.02, 2, 0.02]

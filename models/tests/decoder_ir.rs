@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::snapshot;
+use common::{layer_inputs, snapshot};
 use mllm_dsl::prelude::*;
 use mllm_dsl::Program;
 use models::decoder::{DecoderAttention, DecoderForCausalLM, DecoderLayer};
@@ -52,13 +52,13 @@ fn attention_inputs(cfg: &TransformerConfig) -> Vec<TraceInput> {
 fn attention_scope<A: DecoderAttention>(cfg: &TransformerConfig) -> Program {
     let mut attn = A::new(cfg);
     attn.bind("model.layers.0.self_attn", &QNN).unwrap();
-    trace(&attention_inputs(cfg), |t| attn.forward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5])).unwrap()
+    trace(&attention_inputs(cfg), |t| attn.forward(&t[0], &layer_inputs(t))).unwrap()
 }
 
 fn decoder_scope<A: DecoderAttention>(cfg: &TransformerConfig) -> Program {
     let mut layer = DecoderLayer::<A>::new(cfg, 1);
     layer.bind("model.layers.1", &QNN).unwrap();
-    trace(&attention_inputs(cfg), |t| layer.forward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5])).unwrap()
+    trace(&attention_inputs(cfg), |t| layer.forward(&t[0], &layer_inputs(t))).unwrap()
 }
 
 #[test]

@@ -3,8 +3,9 @@
 
 mod common;
 
-use common::snapshot;
+use common::{layer_inputs, snapshot};
 use mllm_dsl::prelude::*;
+use models::decoder::DecoderAttention;
 use models::io::trace_inputs;
 use models::qwen3::{Qwen3Attention, Qwen3DecoderLayer, Qwen3ForCausalLM, Qwen3Mlp};
 use models::TransformerConfig;
@@ -59,7 +60,7 @@ fn attention_scope() {
     let cfg = TransformerConfig::tiny_qwen3();
     let mut attn = Qwen3Attention::new(&cfg);
     attn.bind("model.layers.0.self_attn", &QNN).unwrap();
-    let program = trace(&attention_inputs(&cfg), |t| attn.forward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5])).unwrap();
+    let program = trace(&attention_inputs(&cfg), |t| attn.forward(&t[0], &layer_inputs(t))).unwrap();
     snapshot("qwen3__attention__trace", &program);
 }
 
@@ -68,7 +69,7 @@ fn decoder_scope() {
     let cfg = TransformerConfig::tiny_qwen3();
     let mut layer = Qwen3DecoderLayer::new(&cfg, 1);
     layer.bind("model.layers.1", &QNN).unwrap();
-    let program = trace(&attention_inputs(&cfg), |t| layer.forward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5])).unwrap();
+    let program = trace(&attention_inputs(&cfg), |t| layer.forward(&t[0], &layer_inputs(t))).unwrap();
     snapshot("qwen3__decoder__trace", &program);
 }
 

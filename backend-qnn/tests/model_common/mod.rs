@@ -18,8 +18,8 @@ use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::passes::{Pipeline, QuantParamProvider};
 use mllm_dsl::prelude::*;
+use mllm_dsl::runtime::{MASK_SCALE, MASK_ZERO_POINT};
 use mllm_dsl::{Program, Storage, TensorType};
-use models::blocks::{MASK_SCALE, MASK_ZERO_POINT};
 use models::TransformerConfig;
 
 pub const CHUNK: usize = 4;

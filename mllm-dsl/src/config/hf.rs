@@ -317,7 +317,9 @@ impl HfConfig {
     }
 }
 
-fn default_inv_freq(theta: f64, dim: usize) -> Vec<f32> {
+/// HF's default RoPE inverse frequencies `1 / theta^(2i / dim)`, `dim / 2` of them, as
+/// transformers computes them (see [`HfConfig::rope_inv_freq`]).
+pub fn default_inv_freq(theta: f64, dim: usize) -> Vec<f32> {
     // torch casts the Python scalar base to the tensor dtype (f32) before the power.
     let base = f64::from(theta as f32);
     (0..dim)

@@ -22,3 +22,10 @@ pub fn snapshot(name: &str, program: &Program) {
         insta::assert_snapshot!(name, text);
     });
 }
+
+/// The attention inputs of a scope traced alone, from the trace inputs
+/// `[x, sin, cos, mask, past_key, past_value]`.
+#[allow(dead_code)] // qwen3_passes shares this module but traces whole models only
+pub fn layer_inputs(t: &[mllm_dsl::Tensor]) -> models::decoder::AttentionInputs<'_> {
+    models::decoder::AttentionInputs { sin: &t[1], cos: &t[2], mask: &t[3], past_key: &t[4], past_value: &t[5] }
+}
