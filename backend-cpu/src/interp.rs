@@ -17,7 +17,7 @@
 
 use crate::executor::CpuBackend;
 use mllm_dsl::backend::Storage;
-use mllm_dsl::ir::{Attr, LinalgOp, Node, Program, Region, SubGraph, ValueId};
+use mllm_dsl::ir::{LinalgOp, Node, Program, Region, SubGraph, ValueId};
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
 use mllm_dsl::op::OpKind;
 use mllm_dsl::passes::{qdq_params, ParamError, QuantParamProvider};
@@ -208,11 +208,11 @@ impl<'a> Interpreter<'a> {
     /// A scalar constant: its float value, or in fake-quant mode what the NPU sees.
     fn constant(&self, v: ValueId) -> Result<Tensor, InterpError> {
         let def = self.program.value(v);
-        let value = def.constant().ok_or_else(|| InterpError::Program(format!("constant without a value: {def:?}")))?;
+        let value = def.constant.ok_or_else(|| InterpError::Program(format!("constant without a value: {def:?}")))?;
         let mut x = value;
         if let Mode::FakeQuant(provider) = self.mode {
-            match (def.attrs.get("quantized"), self.spec_params(v)) {
-                (Some(Attr::Int(code)), Some(params)) => x = dequantize(*code as i32, &params),
+            match (def.quantized, self.spec_params(v)) {
+                (Some(code), Some(params)) => x = dequantize(code as i32, &params),
                 _ => {
                     if let Some(params) = self.params_of(v, provider, "a constant")? {
                         x = FakeQuantizer::new(&params).fake(value);
@@ -242,7 +242,7 @@ impl<'a> Interpreter<'a> {
         if let Some(p) = self.spec_params(v) {
             return Ok(Some(p));
         }
-        match self.program.value(v).qdq() {
+        match self.program.value(v).qdq.as_ref() {
             Some(q) => qdq_params(q, provider)
                 .map(Some)
                 .map_err(|source| InterpError::Quant { what: format!("{what} (QDQ {q})"), source }),
@@ -328,7 +328,7 @@ mod tests {
     fn fake_quant_applies_the_qdq_points_parameters() {
         let p = program();
         let params = SyntheticParams::for_program(&p, 16);
-        let q = qdq_params(p.values.iter().find_map(|d| d.qdq()).unwrap(), &params).unwrap();
+        let q = qdq_params(p.values.iter().find_map(|d| d.qdq.as_ref()).unwrap(), &params).unwrap();
         let fq = FakeQuantizer::new(&q);
         let x = input();
         let sq: Vec<f32> = x.as_f32().unwrap().iter().map(|v| fq.fake(v * v)).collect();

@@ -216,7 +216,7 @@ fn errors_name_the_graph_and_what_cannot_be_lowered() {
     let mut lowering = QnnLowering::new(&ckpt, LowerOptions::default());
     lowering.lower_program(&compiled(CHUNK)).unwrap();
     let mut other = compiled(1);
-    let spec = other.values.iter().find(|d| d.symbol.as_deref() == Some("model.norm.weight")).unwrap().spec().unwrap();
+    let spec = other.values.iter().find(|d| d.symbol.as_deref() == Some("model.norm.weight")).unwrap().spec.unwrap();
     if let Some(mllm_dsl::ir::SpecParams::PerTensor { scale, .. }) = &mut other.spec_mut(spec).params {
         *scale *= 2.0;
     }

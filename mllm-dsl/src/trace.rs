@@ -12,7 +12,7 @@
 
 use crate::dtype::{DType, TensorType};
 use crate::error::{Error, Result};
-use crate::ir::{Attr, CallGraph, LinalgOp, Node, Program, Region, SubGraph, ValueDef, ValueId};
+use crate::ir::{CallGraph, LinalgOp, Node, Program, Region, SubGraph, ValueDef, ValueId};
 use crate::op::OpKind;
 use crate::qdq::QdqAttr;
 use crate::scope;
@@ -182,7 +182,7 @@ where
     for input in inputs {
         let mut def = ValueDef::new(input.ty.clone());
         if let Some(q) = &input.qdq {
-            def.attrs.insert("qdq".into(), Attr::Qdq(q.clone()));
+            def.qdq = Some(q.clone());
         }
         let v = prog.add_value(def);
         main.defined.insert(v);
@@ -255,10 +255,8 @@ impl Builder {
                     return Ok(v);
                 }
                 let mut def = ValueDef::new(t.ty().clone());
-                def.attrs.insert("constant".into(), Attr::Float(*value));
-                if let Some(q) = qdq {
-                    def.attrs.insert("qdq".into(), Attr::Qdq(q.clone()));
-                }
+                def.constant = Some(*value);
+                def.qdq = qdq.clone();
                 let v = self.prog.add_value(def);
                 let region = self.current();
                 region.body.push(Node::Constant { device: t.ty().device, value: v });
@@ -304,13 +302,13 @@ pub(crate) fn annotate_qdq(t: &Tensor, qdq: QdqAttr) -> Result<()> {
     with_builder(|b| {
         let v = b.value_of(t)?;
         let def = b.prog.value_mut(v);
-        if let Some(Attr::Qdq(old)) = def.attrs.get("qdq") {
+        if let Some(old) = &def.qdq {
             return Err(trace_err(format!(
                 "value already carries QDQ '{}'; apply '{}' to a new value",
                 old.key, qdq.key
             )));
         }
-        def.attrs.insert("qdq".into(), Attr::Qdq(qdq));
+        def.qdq = Some(qdq);
         Ok(())
     })
 }

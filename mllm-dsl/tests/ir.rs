@@ -122,6 +122,11 @@ fn parse_errors_report_line_and_column() {
     let redeclared = "@main (%0:tensor<[1], Float32, CPU>) -> (%0) {\n    \
                       linalg.CPU.NegOp (%0) -> (%0:tensor<[2], Float32, CPU>)\n}\n";
     assert_parse_error(redeclared, 2, 31, "redeclared");
+    // Value metadata is typed: an unknown key or a value of the wrong kind names the key.
+    let unknown = "@main (%0:tensor<[1], Float32, CPU>[colour:1]) -> (%0) {\n    cf.ReturnOp (%0) -> ()\n}\n";
+    assert_parse_error(unknown, 1, 45, "unknown value attribute 'colour'");
+    let wrong = "@main (%0:tensor<[1], Float32, CPU>[constant:\"x\"]) -> (%0) {\n    cf.ReturnOp (%0) -> ()\n}\n";
+    assert_parse_error(wrong, 1, 49, "value attribute 'constant' has the wrong kind of value");
 }
 
 // ----- lossless round trip ---------------------------------------------------------------------
@@ -137,8 +142,11 @@ impl Builder {
         self.p.add_value(ValueDef::new(TensorType::new(shape.to_vec(), dtype)))
     }
 
-    fn value_with(&mut self, ty: TensorType, symbol: Option<&str>, attrs: Attrs) -> ValueId {
-        self.p.add_value(ValueDef { ty, symbol: symbol.map(str::to_string), attrs })
+    fn value_with(&mut self, ty: TensorType, symbol: Option<&str>, meta: impl FnOnce(&mut ValueDef)) -> ValueId {
+        let mut def = ValueDef::new(ty);
+        def.symbol = symbol.map(str::to_string);
+        meta(&mut def);
+        self.p.add_value(def)
     }
 }
 
@@ -148,6 +156,16 @@ fn attrs(items: Vec<(&str, Attr)>) -> Attrs {
 
 fn qdq(kind: QdqKind, key: &str) -> Attr {
     Attr::Qdq(QdqAttr { kind, key: key.into() })
+}
+
+/// Every typed value field set, with awkward values (spec ids are covered by the pass snapshots).
+fn every_value_field(def: &mut ValueDef) {
+    def.qdq = Some(QdqAttr { kind: QdqKind::Activation, key: "key with \"quotes\"".into() });
+    def.constant = Some(f32::NEG_INFINITY);
+    def.name = Some("a \"quoted\" \\ name,\n\tcafé [x]".into());
+    def.quantized = Some(i64::MIN);
+    def.graph_input = true;
+    def.graph_output = true;
 }
 
 /// One attribute of every variant, with awkward values (escapes, infinities, extremes).
@@ -218,18 +236,19 @@ fn hand_built() -> Program {
     let mut b = Builder::default();
     // Created first but printed late: the printer renumbers.
     let out = b.value(&[1, 4, 8], DType::F32);
-    let mask_qdq = attrs(vec![("qdq", qdq(QdqKind::Global { scale: 0.5, zero_point: 65535 }, "causal_mask"))]);
+    let mask_qdq = |d: &mut ValueDef| {
+        d.qdq = Some(QdqAttr { kind: QdqKind::Global { scale: 0.5, zero_point: 65535 }, key: "causal_mask".into() })
+    };
     let mask = b.value_with(TensorType::new(vec![1, 1, 4, 16], DType::U16Asym), None, mask_qdq);
     let x = b.value(&[1, 4, 8], DType::F32);
     let mut qnn_ty = TensorType::new(vec![1, 1, 8, 16], DType::I4Lpbq);
     qnn_ty.device = Device::Qnn;
-    let weight = b.value_with(qnn_ty, Some("model.layers.0.mlp.up_proj.weight"), Attrs::new());
-    let norm_w = b.value_with(TensorType::new(vec![8], DType::U16Asym), Some("model.norm.weight"), every_attr());
-    let constant = b.value_with(
-        TensorType::new(vec![1], DType::F32),
-        None,
-        attrs(vec![("constant", Attr::Float(-20.0)), ("qdq", qdq(QdqKind::Constant, "model.neg_20_qdq"))]),
-    );
+    let weight = b.value_with(qnn_ty, Some("model.layers.0.mlp.up_proj.weight"), |_| {});
+    let norm_w = b.value_with(TensorType::new(vec![8], DType::U16Asym), Some("model.norm.weight"), every_value_field);
+    let constant = b.value_with(TensorType::new(vec![1], DType::F32), None, |d| {
+        d.constant = Some(-20.0);
+        d.qdq = Some(QdqAttr { kind: QdqKind::Constant, key: "model.neg_20_qdq".into() });
+    });
 
     // The module subgraph: every op kind, each reading x and defining a fresh value.
     let mut body = vec![Node::Comment("every op kind, in OpKind order".into())];

@@ -2,7 +2,7 @@
 //! scales and zero points, and the misuses `qdq!` rejects.
 
 use mllm_dsl::backend::{Backend, Storage};
-use mllm_dsl::ir::{Attr, Node};
+use mllm_dsl::ir::Node;
 use mllm_dsl::op::OpKind;
 use mllm_dsl::prelude::*;
 use mllm_dsl::tensor::apply_qdq;
@@ -49,7 +49,7 @@ fn outer() -> Outer {
 
 /// Every QDQ annotation of the program, in the order the values were created.
 fn qdq_attrs(p: &Program) -> Vec<QdqAttr> {
-    p.values.iter().filter_map(|v| v.qdq().cloned()).collect()
+    p.values.iter().filter_map(|v| v.qdq.clone()).collect()
 }
 
 fn keys(p: &Program) -> Vec<String> {
@@ -307,9 +307,9 @@ fn const_kind_emits_a_constant_with_its_qdq() {
     assert_eq!(consts.len(), 1);
     let def = p.value(consts[0]);
     assert_eq!(def.ty, TensorType::new(vec![1], DType::F32));
-    assert_eq!(def.constant(), Some(0.125));
+    assert_eq!(def.constant, Some(0.125));
     let want = QdqAttr { kind: QdqKind::Constant, key: format!("{ATTN}.scaling_qdq") };
-    assert_eq!(def.attrs.get("qdq"), Some(&Attr::Qdq(want)));
+    assert_eq!(def.qdq, Some(want));
     let constant = format!("%1:tensor<[1], Float32, CPU>[constant:0.125, qdq:const(\"{ATTN}.scaling_qdq\")]");
     let line = format!("tensor.CPU.constant () -> ({constant})");
     assert!(p.to_string().contains(&line), "{line}\nnot in\n{p}");

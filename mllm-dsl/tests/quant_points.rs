@@ -84,7 +84,7 @@ fn same_key_with_two_kinds_is_an_error() {
     let mut p = Program::default();
     for kind in [QdqKind::Activation, QdqKind::KvCache] {
         let mut def = ValueDef::new(TensorType::new(vec![1], DType::F32));
-        def.attrs.insert("qdq".into(), mllm_dsl::ir::Attr::Qdq(QdqAttr { kind, key: "a.b".into() }));
+        def.qdq = Some(QdqAttr { kind, key: "a.b".into() });
         p.add_value(def);
     }
     assert!(matches!(qdq_points(&p), Err(PointsError::ConflictingKinds { key, .. }) if key == "a.b"));

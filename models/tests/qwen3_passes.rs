@@ -18,7 +18,7 @@ use checkpoint::SafetensorsCheckpoint;
 use common::snapshot;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::ir::{Attr, Node, QuantSpecKind, SpecParams};
+use mllm_dsl::ir::{Node, QuantSpecKind, SpecParams};
 use mllm_dsl::passes::{qdq_params, ParamError, Pipeline, QuantParamProvider, StoredTensor};
 use mllm_dsl::prelude::*;
 use mllm_dsl::quant::fake_quant::FakeQuantizer;
@@ -209,11 +209,11 @@ fn recipe_gives_every_model_value_a_spec_with_mllms_sharing() {
     let model_ops = p.linalg_ops();
     for op in &model_ops {
         for v in op.inputs.iter().chain(&op.outputs) {
-            assert!(p.value(*v).spec().is_some(), "{:?}: {:?} has no spec", op.name, p.value(*v));
+            assert!(p.value(*v).spec.is_some(), "{:?}: {:?} has no spec", op.name, p.value(*v));
         }
     }
     let by_name = |n: &str| *model_ops.iter().find(|op| op.name.as_deref() == Some(n)).unwrap();
-    let spec = |v| p.value(v).spec().unwrap();
+    let spec = |v| p.value(v).spec.unwrap();
     // rotate_half: the concat output is the neg half's spec; the KV concat is past_key's.
     let rot = by_name("model.layers.0.self_attn.Concat.0");
     assert_eq!(spec(rot.outputs[0]), spec(rot.inputs[0]));
@@ -237,18 +237,18 @@ fn ptq_solves_every_spec_from_the_checkpoint() {
     assert!(p.specs.iter().all(|s| s.is_solved()));
     // QDQ-annotated values carry exactly the checkpoint's parameters.
     for def in &p.values {
-        let (Some(q), Some(s)) = (def.qdq(), def.spec()) else { continue };
+        let (Some(q), Some(s)) = (def.qdq.as_ref(), def.spec) else { continue };
         let want = qdq_params(q, &ckpt).unwrap();
         assert_eq!(p.spec(s).per_tensor(), Some((want.scale, want.zero_point)), "{}", q.key);
     }
     // Norm and embedding weights: `<op>.scale` / `.zero_point`.
     let norm = p.values.iter().find(|d| d.symbol.as_deref() == Some("model.norm.weight")).unwrap();
-    let (s, z) = p.spec(norm.spec().unwrap()).per_tensor().unwrap();
+    let (s, z) = p.spec(norm.spec.unwrap()).per_tensor().unwrap();
     assert_eq!(s, QuantParamProvider::scalar_f32(&ckpt, "model.norm.scale").unwrap());
     assert_eq!(z, QuantParamProvider::scalar_i32(&ckpt, "model.norm.zero_point").unwrap());
     // mllm's constant rule: 0.0 against the mask encoding is 65535.
-    let zero = p.values.iter().find(|d| d.qdq().is_some_and(|q| q.key == "constant_zero")).unwrap();
-    assert_eq!(zero.attrs.get("quantized"), Some(&Attr::Int(65535)));
+    let zero = p.values.iter().find(|d| d.qdq.as_ref().is_some_and(|q| q.key == "constant_zero")).unwrap();
+    assert_eq!(zero.quantized, Some(65535));
     assert_eq!(zero.ty.dtype, DType::U16Asym);
 }
 
@@ -322,8 +322,8 @@ fn split_mark_and_rename_give_mllms_graphs_and_io() {
         assert_eq!(symbols, ["init", "model", name.as_str()]);
         let flat = p.subgraph(&name).unwrap();
         assert_eq!(flat.region.inputs, p.main.inputs);
-        let io_name = |v| match p.value(v).attrs.get("name") {
-            Some(Attr::Str(s)) => s.clone(),
+        let io_name = |v| match &p.value(v).name {
+            Some(s) => s.clone(),
             other => panic!("{other:?}"),
         };
         let ins: Vec<String> = flat.region.inputs.iter().map(|v| io_name(*v)).collect();

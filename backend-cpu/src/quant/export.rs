@@ -119,7 +119,7 @@ pub fn plan_export(
                 let (block_size, _) = aot.linear_block_size(&op)?;
                 ParamPlan::Lpbq { key, op, out_features, in_features, block_size, hwio }
             }
-            DType::U16Asym => match def.qdq() {
+            DType::U16Asym => match def.qdq.as_ref() {
                 Some(q) if q.kind == QdqKind::Rope => ParamPlan::Rope { key, point: q.key.clone(), shape },
                 _ => ParamPlan::Uint16 { key, op, shape },
             },

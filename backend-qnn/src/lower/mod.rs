@@ -262,8 +262,8 @@ impl GraphLowering<'_, '_, '_> {
 
     /// `name` attribute of a value (TensorRenaming's).
     fn value_name(&self, v: ValueId) -> Result<String, LowerError> {
-        match self.program.value(v).attrs.get("name") {
-            Some(Attr::Str(s)) if !s.is_empty() => Ok(s.clone()),
+        match &self.program.value(v).name {
+            Some(s) if !s.is_empty() => Ok(s.clone()),
             _ => Err(self.value_err(v, "has no tensor name (run TensorRenaming)".into())),
         }
     }
@@ -271,8 +271,8 @@ impl GraphLowering<'_, '_, '_> {
     /// A value for messages: its name, symbol or id.
     fn describe(&self, v: ValueId) -> String {
         let def = self.program.value(v);
-        match (def.attrs.get("name"), &def.symbol) {
-            (Some(Attr::Str(s)), _) => format!("`{s}`"),
+        match (&def.name, &def.symbol) {
+            (Some(s), _) => format!("`{s}`"),
             (_, Some(sym)) => format!("@{sym}"),
             _ => format!("%{}", v.0),
         }
@@ -324,7 +324,7 @@ impl GraphLowering<'_, '_, '_> {
                     self.lowering.share_static(self.graph, t)?
                 }
             }
-        } else if def.constant().is_some() {
+        } else if def.constant.is_some() {
             let t = ops::constant_tensor(self.program, v, &name).map_err(|d| self.value_err(v, d))?;
             self.lowering.share_static(self.graph, t)?
         } else {

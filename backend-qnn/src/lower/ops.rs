@@ -11,21 +11,21 @@ use crate::opdef::OpType;
 
 use super::{encode, qnn_safe, GraphLowering, LowerError};
 
-/// The static tensor of a scalar constant: PTQ's quantized code (attribute `quantized`) in the
+/// The static tensor of a scalar constant: PTQ's quantized code (`ValueDef::quantized`) in the
 /// value's encoding, or the float itself for unquantized constants.
 pub(super) fn constant_tensor(p: &Program, v: ValueId, name: &str) -> Result<QnnTensor, String> {
     let def = p.value(v);
-    let value = def.constant().ok_or("is not a constant")?;
+    let value = def.constant.ok_or("is not a constant")?;
     let dims = encode::dims(&def.ty.shape)?;
     let numel: usize = def.ty.shape.iter().product();
     let (dtype, encoding) = encode::value_type(p, v)?;
-    let data = match (dtype, def.attrs.get("quantized")) {
-        (DataType::UFixedPoint16, Some(Attr::Int(q))) => {
-            let q = u16::try_from(*q).map_err(|_| format!("quantized code {q} does not fit uint16"))?;
+    let data = match (dtype, def.quantized) {
+        (DataType::UFixedPoint16, Some(q)) => {
+            let q = u16::try_from(q).map_err(|_| format!("quantized code {q} does not fit uint16"))?;
             StaticData::from_u16(&vec![q; numel])
         }
-        (DataType::UFixedPoint8, Some(Attr::Int(q))) => {
-            let q = u8::try_from(*q).map_err(|_| format!("quantized code {q} does not fit uint8"))?;
+        (DataType::UFixedPoint8, Some(q)) => {
+            let q = u8::try_from(q).map_err(|_| format!("quantized code {q} does not fit uint8"))?;
             StaticData::new(vec![q; numel])
         }
         (DataType::Float32, None) => StaticData::from_f32(&vec![value; numel]),

@@ -37,6 +37,13 @@ impl ValueId {
     }
 }
 
+/// A handle to one of `@main`'s subgraphs (the trace creates them flat in `@main`'s body). Only
+/// the program hands them out ([`Program::graph_ids`], [`Program::graph_id`]), so a handle addresses
+/// a subgraph and [`Program::graph`] needs no re-matching; like an arena handle, it is stale once a
+/// pass rebuilds `@main`'s body, and using it then is a bug that panics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GraphId(u32);
+
 /// An attribute value. Maps of attributes are `BTreeMap`s, so they print sorted.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Attr {
@@ -71,42 +78,100 @@ impl fmt::Display for Attr {
     }
 }
 
-/// The type and metadata of one SSA value.
+/// The type and metadata of one SSA value. Each fact has its own typed field; the printer shows
+/// them as one attribute list sorted by key (`[constant:-20.0, qdq:const("..."), spec:s3]`), the
+/// keys being [`ValueDef::ATTR_KEYS`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValueDef {
     pub ty: TensorType,
     /// Parameter symbol (`model.layers.0.mlp.up_proj.weight`) for registered parameters.
     pub symbol: Option<String>,
-    /// Value attributes: `qdq` annotation, `constant` value, I/O marks added by passes.
-    pub attrs: Attrs,
+    /// The QDQ point the model file put on this value (`qdq`).
+    pub qdq: Option<QdqAttr>,
+    /// The value of a scalar constant (`constant`).
+    pub constant: Option<f32>,
+    /// The quantization spec this value shares with others, once the quant recipe ran (`spec`).
+    pub spec: Option<SpecId>,
+    /// The QNN tensor name given by tensor renaming (`name`).
+    pub name: Option<String>,
+    /// A constant's quantized code, once PTQ solved its spec (`quantized`).
+    pub quantized: Option<i64>,
+    /// An input of a compiled graph (`qnn_graph_inputs`), marked by the tensor-I/O pass.
+    pub graph_input: bool,
+    /// An output of a compiled graph (`qnn_graph_outputs`).
+    pub graph_output: bool,
 }
 
 impl ValueDef {
+    /// The printed attribute keys of the typed fields, in print (sorted) order.
+    pub const ATTR_KEYS: [&'static str; 7] =
+        ["constant", "name", "qdq", "qnn_graph_inputs", "qnn_graph_outputs", "quantized", "spec"];
+
     pub fn new(ty: TensorType) -> Self {
-        ValueDef { ty, symbol: None, attrs: Attrs::new() }
-    }
-
-    pub fn qdq(&self) -> Option<&QdqAttr> {
-        match self.attrs.get("qdq") {
-            Some(Attr::Qdq(q)) => Some(q),
-            _ => None,
+        ValueDef {
+            ty,
+            symbol: None,
+            qdq: None,
+            constant: None,
+            spec: None,
+            name: None,
+            quantized: None,
+            graph_input: false,
+            graph_output: false,
         }
     }
 
-    /// The value of a scalar constant.
-    pub fn constant(&self) -> Option<f32> {
-        match self.attrs.get("constant") {
-            Some(Attr::Float(v)) => Some(*v),
-            _ => None,
+    /// The metadata as the printed attribute list (`spec` as stored; the printer renumbers it).
+    pub fn attrs(&self) -> Attrs {
+        let mut a = Attrs::new();
+        if let Some(c) = self.constant {
+            a.insert("constant".into(), Attr::Float(c));
         }
+        if let Some(n) = &self.name {
+            a.insert("name".into(), Attr::Str(n.clone()));
+        }
+        if let Some(q) = &self.qdq {
+            a.insert("qdq".into(), Attr::Qdq(q.clone()));
+        }
+        if self.graph_input {
+            a.insert("qnn_graph_inputs".into(), Attr::Bool(true));
+        }
+        if self.graph_output {
+            a.insert("qnn_graph_outputs".into(), Attr::Bool(true));
+        }
+        if let Some(code) = self.quantized {
+            a.insert("quantized".into(), Attr::Int(code));
+        }
+        if let Some(s) = self.spec {
+            a.insert("spec".into(), Attr::Spec(s));
+        }
+        a
     }
 
-    /// The quantization spec this value refers to (attribute `spec`).
-    pub fn spec(&self) -> Option<SpecId> {
-        match self.attrs.get("spec") {
-            Some(Attr::Spec(s)) => Some(*s),
-            _ => None,
+    /// Sets the metadata from a parsed attribute list; an unknown key or a value of the wrong
+    /// kind is an error naming the key and what it expects.
+    pub(crate) fn set_attrs(&mut self, attrs: Attrs) -> Result<(), String> {
+        for (key, value) in attrs {
+            match (key.as_str(), value) {
+                ("constant", Attr::Float(c)) => self.constant = Some(c),
+                ("name", Attr::Str(n)) => self.name = Some(n),
+                ("qdq", Attr::Qdq(q)) => self.qdq = Some(q),
+                ("qnn_graph_inputs", Attr::Bool(b)) => self.graph_input = b,
+                ("qnn_graph_outputs", Attr::Bool(b)) => self.graph_output = b,
+                ("quantized", Attr::Int(code)) => self.quantized = Some(code),
+                ("spec", Attr::Spec(s)) => self.spec = Some(s),
+                (k, v) if Self::ATTR_KEYS.contains(&k) => {
+                    return Err(format!("value attribute '{k}' has the wrong kind of value ({v})"))
+                }
+                (k, _) => {
+                    return Err(format!(
+                        "unknown value attribute '{k}' (expected one of {})",
+                        Self::ATTR_KEYS.join(", ")
+                    ))
+                }
+            }
         }
+        Ok(())
     }
 }
 
@@ -207,12 +272,39 @@ impl Program {
 
     /// The spec of a value, if it has one.
     pub fn value_spec(&self, v: ValueId) -> Option<&QuantSpec> {
-        self.value(v).spec().map(|s| self.spec(s))
+        self.value(v).spec.map(|s| self.spec(s))
     }
 
     /// Points a value at a spec (sharing it with every other value that points there).
     pub fn set_value_spec(&mut self, v: ValueId, spec: SpecId) {
-        self.value_mut(v).attrs.insert("spec".into(), Attr::Spec(spec));
+        self.value_mut(v).spec = Some(spec);
+    }
+
+    /// Every subgraph's handle, in print order.
+    pub fn graph_ids(&self) -> impl Iterator<Item = GraphId> + '_ {
+        self.main.body.iter().enumerate().filter_map(|(i, n)| match n {
+            Node::SubGraph(_) => Some(GraphId(i as u32)),
+            _ => None,
+        })
+    }
+
+    /// The handle of the subgraph with this symbol.
+    pub fn graph_id(&self, symbol: &str) -> Option<GraphId> {
+        self.graph_ids().find(|&g| self.graph(g).symbol == symbol)
+    }
+
+    pub fn graph(&self, id: GraphId) -> &SubGraph {
+        match self.main.body.get(id.0 as usize) {
+            Some(Node::SubGraph(g)) => g,
+            _ => panic!("stale {id:?}: @main's body changed after the handle was taken"),
+        }
+    }
+
+    pub fn graph_mut(&mut self, id: GraphId) -> &mut SubGraph {
+        match self.main.body.get_mut(id.0 as usize) {
+            Some(Node::SubGraph(g)) => g,
+            _ => panic!("stale {id:?}: @main's body changed after the handle was taken"),
+        }
     }
 
     /// The top-level subgraph with this symbol.
@@ -271,10 +363,8 @@ impl Program {
             spec_map[old.index()] = Some(SpecId(new as u32));
         }
         for def in &mut values {
-            for attr in def.attrs.values_mut() {
-                if let Attr::Spec(s) = attr {
-                    *s = spec_map[s.index()].expect("spec numbering covers every referenced spec");
-                }
+            if let Some(s) = &mut def.spec {
+                *s = spec_map[s.index()].expect("spec numbering covers every referenced spec");
             }
         }
         let specs = spec_order.iter().map(|s| self.specs[s.index()].clone()).collect();

@@ -418,7 +418,8 @@ impl Parser {
             self.expect(']')?;
         }
         if self.peek() == Some(&Tok::Punct('[')) {
-            def.attrs = self.attrs()?;
+            let attrs = self.attrs()?;
+            def.set_attrs(attrs).map_err(|e| self.err_prev(e))?;
         }
         if self.defined[id.index()] {
             if self.prog.value(id) != &def {

@@ -35,11 +35,9 @@ pub(crate) fn spec_numbering(p: &Program, value_order: &[ValueId]) -> Vec<SpecId
     let mut seen = vec![false; p.specs.len()];
     let mut order = Vec::new();
     for v in value_order {
-        for attr in p.value(*v).attrs.values() {
-            if let Attr::Spec(s) = attr {
-                if !std::mem::replace(&mut seen[s.index()], true) {
-                    order.push(*s);
-                }
+        if let Some(s) = p.value(*v).spec {
+            if !std::mem::replace(&mut seen[s.index()], true) {
+                order.push(s);
             }
         }
     }
@@ -127,12 +125,10 @@ impl Printer<'_> {
         if let Some(sym) = &def.symbol {
             write!(s, "[@{sym}]").unwrap();
         }
-        if !def.attrs.is_empty() {
-            let mut attrs = def.attrs.clone();
-            for attr in attrs.values_mut() {
-                if let Attr::Spec(id) = attr {
-                    *id = SpecId(self.spec_num[id] as u32);
-                }
+        let mut attrs = def.attrs();
+        if !attrs.is_empty() {
+            if let Some(Attr::Spec(id)) = attrs.get_mut("spec") {
+                *id = SpecId(self.spec_num[id] as u32);
             }
             s.push_str(&attrs_text(&attrs));
         }

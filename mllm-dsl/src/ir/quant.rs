@@ -375,7 +375,7 @@ quant.specs {
     fn spec_tables_round_trip_and_sharing_survives() {
         let p = parse(TEXT).unwrap();
         assert_eq!(p.to_string(), TEXT);
-        assert_eq!(p.value(p.main.inputs[0]).spec(), p.value(p.main.outputs[0]).spec());
+        assert_eq!(p.value(p.main.inputs[0]).spec, p.value(p.main.outputs[0]).spec);
         assert_eq!(p.specs.len(), 3);
         assert_eq!(p.specs[0].per_tensor(), Some((0.5, 3)));
         assert_eq!(
@@ -416,7 +416,7 @@ quant.specs {
         assert_ne!(unused, a);
         let c = p.canonicalize();
         assert_eq!(c.specs, vec![p.spec(a).clone(), p.spec(b).clone()]);
-        assert_eq!(c.value(c.main.inputs[0]).spec(), Some(SpecId(0)));
+        assert_eq!(c.value(c.main.inputs[0]).spec, Some(SpecId(0)));
         assert_eq!(parse(&p.to_string()).unwrap(), c);
     }
 }

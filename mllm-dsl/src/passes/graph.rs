@@ -2,37 +2,31 @@
 //! that follow calls, and descriptions of values for error messages.
 //!
 //! Subgraphs all sit in `@main`'s body (the trace creates them flat), so a node is addressed by the
-//! body index of its subgraph (or `@main`) and its index in that region.
+//! handle of its subgraph (or `@main`) and its index in that region.
 
 use super::PassError;
-use crate::ir::{numbering, CallGraph, LinalgOp, Node, Program, Region, ValueId};
+use crate::ir::{numbering, CallGraph, GraphId, LinalgOp, Node, Program, Region, ValueId};
 use std::collections::{HashMap, HashSet};
 
-/// A node's address: `graph` is the index in `@main`'s body of the subgraph holding it (`None` for
-/// `@main` itself), `node` its index in that region's body.
+/// A node's address: `graph` is the subgraph holding it (`None` for `@main` itself), `node` its
+/// index in that region's body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct NodeRef {
-    pub graph: Option<usize>,
+    pub graph: Option<GraphId>,
     pub node: usize,
 }
 
-pub(crate) fn region(p: &Program, graph: Option<usize>) -> &Region {
+pub(crate) fn region(p: &Program, graph: Option<GraphId>) -> &Region {
     match graph {
         None => &p.main,
-        Some(g) => match &p.main.body[g] {
-            Node::SubGraph(sg) => &sg.region,
-            _ => unreachable!("graph index {g} does not address a subgraph"),
-        },
+        Some(g) => &p.graph(g).region,
     }
 }
 
-pub(crate) fn region_mut(p: &mut Program, graph: Option<usize>) -> &mut Region {
+pub(crate) fn region_mut(p: &mut Program, graph: Option<GraphId>) -> &mut Region {
     match graph {
         None => &mut p.main,
-        Some(g) => match &mut p.main.body[g] {
-            Node::SubGraph(sg) => &mut sg.region,
-            _ => unreachable!("graph index {g} does not address a subgraph"),
-        },
+        Some(g) => &mut p.graph_mut(g).region,
     }
 }
 
@@ -59,13 +53,10 @@ pub(crate) fn linalg_mut(p: &mut Program, r: NodeRef) -> &mut LinalgOp {
 }
 
 /// The module path a node belongs to: its subgraph's symbol, or `@main`.
-pub(crate) fn module_of(p: &Program, graph: Option<usize>) -> String {
+pub(crate) fn module_of(p: &Program, graph: Option<GraphId>) -> String {
     match graph {
         None => "@main".into(),
-        Some(g) => match &p.main.body[g] {
-            Node::SubGraph(sg) => sg.symbol.clone(),
-            _ => unreachable!(),
-        },
+        Some(g) => p.graph(g).symbol.clone(),
     }
 }
 
@@ -74,17 +65,9 @@ pub(crate) fn op_name(op: &LinalgOp) -> String {
     op.name.clone().unwrap_or_else(|| format!("<unnamed {}>", op.kind.type_name()))
 }
 
-/// Body index of every subgraph, by symbol.
-pub(crate) fn subgraph_slots(p: &Program) -> HashMap<String, usize> {
-    p.main
-        .body
-        .iter()
-        .enumerate()
-        .filter_map(|(i, n)| match n {
-            Node::SubGraph(sg) => Some((sg.symbol.clone(), i)),
-            _ => None,
-        })
-        .collect()
+/// Every subgraph's handle, by symbol.
+pub(crate) fn subgraph_slots(p: &Program) -> HashMap<String, GraphId> {
+    p.graph_ids().map(|g| (p.graph(g).symbol.clone(), g)).collect()
 }
 
 /// The one `graph.CallGraphOp` in `@main` (mllm asserts there is exactly one: the call of `@model`).
@@ -113,8 +96,12 @@ pub(crate) fn top_call<'a>(p: &'a Program, pass: &'static str) -> Result<(usize,
     }
 }
 
-/// The body index of the subgraph a call targets.
-pub(crate) fn callee(slots: &HashMap<String, usize>, call: &CallGraph, pass: &'static str) -> Result<usize, PassError> {
+/// The subgraph a call targets.
+pub(crate) fn callee(
+    slots: &HashMap<String, GraphId>,
+    call: &CallGraph,
+    pass: &'static str,
+) -> Result<GraphId, PassError> {
     slots.get(&call.symbol).copied().ok_or_else(|| {
         PassError::structure(pass, format!("graph.CallGraphOp calls @{}, which is not defined", call.symbol))
     })
@@ -123,15 +110,15 @@ pub(crate) fn callee(slots: &HashMap<String, usize>, call: &CallGraph, pass: &'s
 /// One step of a program-order walk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Visit {
-    /// Entering the subgraph at this body index (before its nodes).
-    Enter(usize),
+    /// Entering this subgraph (before its nodes).
+    Enter(GraphId),
     /// A linalg op, constant or call, in program order; a call is followed by its callee's visits.
     Node(NodeRef),
 }
 
 /// Walks the subgraph at `start` and everything it calls, in program order (mllm's recursive
 /// `IRWriter::walk` through `CallGraphOp`s). Each subgraph is entered once.
-pub(crate) fn walk_from(p: &Program, start: usize, pass: &'static str) -> Result<Vec<Visit>, PassError> {
+pub(crate) fn walk_from(p: &Program, start: GraphId, pass: &'static str) -> Result<Vec<Visit>, PassError> {
     let slots = subgraph_slots(p);
     let mut out = Vec::new();
     let mut entered = HashSet::new();
@@ -141,9 +128,9 @@ pub(crate) fn walk_from(p: &Program, start: usize, pass: &'static str) -> Result
 
 fn walk_graph(
     p: &Program,
-    g: usize,
-    slots: &HashMap<String, usize>,
-    entered: &mut HashSet<usize>,
+    g: GraphId,
+    slots: &HashMap<String, GraphId>,
+    entered: &mut HashSet<GraphId>,
     out: &mut Vec<Visit>,
     pass: &'static str,
 ) -> Result<(), PassError> {
@@ -187,7 +174,7 @@ pub(crate) fn describe_value(p: &Program, v: ValueId) -> String {
         parts.push(origin);
     }
     parts.push(format!("{} {}", crate::dtype::fmt_shape(&def.ty.shape), def.ty.dtype));
-    if let Some(q) = def.qdq() {
+    if let Some(q) = def.qdq.as_ref() {
         parts.push(format!("qdq {q}"));
     }
     format!("{number} ({})", parts.join(", "))
@@ -200,7 +187,7 @@ fn origin(p: &Program, v: ValueId) -> Option<String> {
     if let Some(sym) = &p.value(v).symbol {
         return Some(format!("parameter @{sym}"));
     }
-    if let Some(c) = p.value(v).constant() {
+    if let Some(c) = p.value(v).constant {
         return Some(format!("constant {c:?}"));
     }
     let mut found = None;

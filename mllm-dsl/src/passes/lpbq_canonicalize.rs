@@ -50,7 +50,7 @@ impl Pass for LpbqCanonicalize<'_> {
                 continue;
             }
             let w = op.inputs[1];
-            let Some(sid) = p.value(w).spec() else { continue };
+            let Some(sid) = p.value(w).spec else { continue };
             let QuantSpecKind::Lpbq { block_size, ch_axis, .. } = p.spec(sid).kind else { continue };
             let name = op_name(op);
             let err = |p: &Program, message: String| PassError::Op {

@@ -46,15 +46,14 @@ impl Pass for MarkQnnGraph<'_> {
                 if !marked.insert(g) {
                     continue;
                 }
-                let Node::SubGraph(sg) = &mut p.main.body[g] else { unreachable!() };
+                let sg = p.graph_mut(g);
                 sg.attrs.insert(USING_QNN.into(), Attr::Bool(true));
                 for n in &mut sg.region.body {
                     if let Node::Linalg(op) = n {
                         op.attrs.insert(USING_QNN.into(), Attr::Bool(true));
                     }
                 }
-                let Node::SubGraph(sg) = &p.main.body[g] else { unreachable!() };
-                for n in &sg.region.body {
+                for n in &p.graph(g).region.body {
                     if let Node::Call(c) = n {
                         stack.push(callee(&slots, c, PASS)?);
                     }

@@ -11,7 +11,7 @@
 
 use super::graph::{linalg_mut, module_of, top_call, walk_from, walk_ops, NodeRef};
 use super::{Pass, PassError};
-use crate::ir::{Node, Program};
+use crate::ir::{GraphId, Node, Program};
 use std::collections::HashMap;
 
 pub struct OpNaming;
@@ -33,7 +33,7 @@ impl Pass for OpNaming {
         let walk = walk_from(p, start, PASS)?;
         let ops = walk_ops(p, &walk);
         // Per subgraph and op type, how many unnamed ops were named so far.
-        let mut counters: HashMap<(Option<usize>, &'static str), usize> = HashMap::new();
+        let mut counters: HashMap<(Option<GraphId>, &'static str), usize> = HashMap::new();
         let mut seen: HashMap<String, NodeRef> = HashMap::new();
         for r in ops {
             let symbol = module_of(p, r.graph);

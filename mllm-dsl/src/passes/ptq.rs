@@ -21,7 +21,7 @@ use super::graph::{
 use super::params::{qdq_params, QuantParamProvider};
 use super::{Pass, PassError};
 use crate::dtype::DType;
-use crate::ir::{Attr, Program, QuantSpecKind, SpecParams, ValueId};
+use crate::ir::{Program, QuantSpecKind, SpecParams, ValueId};
 use crate::op::OpKind;
 use crate::quant::fake_quant::quantize_constant;
 use crate::quant::spec::QuantParams;
@@ -37,9 +37,6 @@ impl<'a> Ptq<'a> {
 }
 
 const PASS: &str = "PTQ";
-
-/// Attribute holding a constant's quantized code.
-pub const QUANTIZED: &str = "quantized";
 
 /// Range of stored LPBQ codes (int4 nibbles) and level-0 block scales, as mllm's PTQ asserts.
 const LPBQ_CODE_RANGE: (i64, i64) = (0, 15);
@@ -132,7 +129,7 @@ impl Ptq<'_> {
             return Ok(());
         }
         let w = op.inputs[1];
-        let Some(sid) = p.value(w).spec() else { return Ok(()) };
+        let Some(sid) = p.value(w).spec else { return Ok(()) };
         if p.spec(sid).is_solved() {
             return Ok(());
         }
@@ -215,10 +212,10 @@ impl Ptq<'_> {
     /// Solves a value's per-tensor spec from its QDQ point; checks agreement with a spec that is
     /// already solved (through another value sharing it).
     fn solve_value(&self, p: &mut Program, r: NodeRef, v: ValueId, role: Role) -> Result<(), PassError> {
-        let Some(sid) = p.value(v).spec() else { return Ok(()) };
+        let Some(sid) = p.value(v).spec else { return Ok(()) };
         let kind = p.spec(sid).kind.clone();
         let Some((qmin, qmax)) = kind.per_tensor_range() else { return Ok(()) };
-        let Some(point) = p.value(v).qdq().cloned() else { return Ok(()) };
+        let Some(point) = p.value(v).qdq.clone() else { return Ok(()) };
         let q = qdq_params(&point, self.params).map_err(|e| self.param_error(p, r, v, e))?;
         let what = || format!("{} `{}`", role.text(), op_name(linalg(p, r)));
         if (q.qmin, q.qmax) != (qmin, qmax) {
@@ -275,8 +272,8 @@ fn quantize_constants(p: &mut Program, r: NodeRef) {
     let inputs = linalg(p, r).inputs.clone();
     for v in inputs {
         let def = p.value(v);
-        let (Some(value), Some(spec)) = (def.constant(), def.spec()) else { continue };
-        if def.attrs.contains_key(QUANTIZED) {
+        let (Some(value), Some(spec)) = (def.constant, def.spec) else { continue };
+        if def.quantized.is_some() {
             continue;
         }
         let spec = p.spec(spec);
@@ -293,7 +290,7 @@ fn quantize_constants(p: &mut Program, r: NodeRef) {
         let code = quantize_constant(value, &params, false);
         let def = p.value_mut(v);
         def.ty.dtype = storage;
-        def.attrs.insert(QUANTIZED.into(), Attr::Int(i64::from(code)));
+        def.quantized = Some(i64::from(code));
     }
 }
 
@@ -304,12 +301,12 @@ fn check_solved(p: &Program, r: NodeRef) -> Result<(), PassError> {
         let Some(spec) = p.value_spec(v) else { continue };
         let def = p.value(v);
         let reason = if !spec.is_solved() {
-            if def.qdq().is_some() {
+            if def.qdq.as_ref().is_some() {
                 "its QDQ point did not solve it".to_string()
             } else {
                 "no QDQ point annotates it or any value sharing its spec (add a qdq! where it is produced)".to_string()
             }
-        } else if let (Some(q), false) = (def.qdq(), spec.kind.needs_params()) {
+        } else if let (Some(q), false) = (def.qdq.as_ref(), spec.kind.needs_params()) {
             format!(
                 "it carries QDQ {q} but its spec is {} (not quantized): trace the model with quantized dtypes \
                  (ParamFormat::QnnW4A16)",

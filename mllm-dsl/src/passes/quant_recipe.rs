@@ -57,7 +57,7 @@ impl Pass for LlmQuantRecipe<'_> {
         for visit in walk_from(p, start, PASS)? {
             match visit {
                 Visit::Enter(g) => {
-                    let Node::SubGraph(sg) = &p.main.body[g] else { unreachable!() };
+                    let sg = p.graph(g);
                     let (inputs, symbol) = (sg.region.inputs.clone(), sg.symbol.clone());
                     for v in inputs {
                         ensure_simple(p, v).map_err(|m| PassError::Op {
@@ -95,7 +95,7 @@ fn fail(value: ValueId, message: impl Into<String>) -> RuleError {
 impl LlmQuantRecipe<'_> {
     fn apply(&self, p: &mut Program, op: &LinalgOp, module: &str) -> Result<(), PassError> {
         // Already processed (a second run, or a program that came with specs).
-        if op.outputs.iter().all(|v| p.value(*v).spec().is_some()) {
+        if op.outputs.iter().all(|v| p.value(*v).spec.is_some()) {
             return Ok(());
         }
         let result = match &op.kind {
@@ -218,8 +218,8 @@ impl LlmQuantRecipe<'_> {
             .value_spec(a)
             .map(|s| s.kind.clone())
             .ok_or_else(|| fail(a, "input 0 has no quantization spec (the op that produces it got no recipe)"))?;
-        if p.value(b).spec().is_none() {
-            if p.value(b).constant().is_none() {
+        if p.value(b).spec.is_none() {
+            if p.value(b).constant.is_none() {
                 return Err(fail(b, "input 1 has no quantization spec and is not a constant"));
             }
             // A constant takes input 0's kind, with its own parameters (from its own QDQ).
@@ -232,9 +232,9 @@ impl LlmQuantRecipe<'_> {
     fn equal(&self, p: &mut Program, op: &LinalgOp) -> Result<(), RuleError> {
         let (a, b) = (op.inputs[0], op.inputs[1]);
         require_spec(p, a)?;
-        if p.value(b).spec().is_none() {
+        if p.value(b).spec.is_none() {
             let def = p.value(b);
-            if def.constant().is_none() {
+            if def.constant.is_none() {
                 return Err(fail(b, "input 1 has no quantization spec and is not a constant"));
             }
             if !matches!(def.ty.dtype, DType::F32 | DType::U16 | DType::U16Asym) {
@@ -250,7 +250,7 @@ impl LlmQuantRecipe<'_> {
 }
 
 fn require_spec(p: &Program, v: ValueId) -> Result<(), RuleError> {
-    match p.value(v).spec() {
+    match p.value(v).spec {
         Some(_) => Ok(()),
         None => Err(fail(v, "this input has no quantization spec (the op that produces it got no recipe)")),
     }
@@ -258,7 +258,7 @@ fn require_spec(p: &Program, v: ValueId) -> Result<(), RuleError> {
 
 /// The value's spec, or a new simple spec for its dtype.
 fn ensure_simple(p: &mut Program, v: ValueId) -> Result<SpecId, String> {
-    if let Some(s) = p.value(v).spec() {
+    if let Some(s) = p.value(v).spec {
         return Ok(s);
     }
     let dtype = p.value(v).ty.dtype;
@@ -272,7 +272,7 @@ fn ensure_simple(p: &mut Program, v: ValueId) -> Result<SpecId, String> {
 /// Each output gets its own simple spec (deliberately not shared, so PTQ solves it on its own).
 fn own_output(p: &mut Program, op: &LinalgOp) -> Result<(), RuleError> {
     for &o in &op.outputs {
-        if p.value(o).spec().is_none() {
+        if p.value(o).spec.is_none() {
             ensure_simple(p, o).map_err(|m| fail(o, m))?;
         }
     }
@@ -292,7 +292,7 @@ fn u16_weight(p: &mut Program, w: ValueId) -> Result<SpecId, RuleError> {
         ));
     }
     p.value_mut(w).ty.dtype = DType::U16Asym;
-    Ok(match p.value(w).spec() {
+    Ok(match p.value(w).spec {
         Some(s) => s,
         None => {
             let s = p.add_spec(QuantSpec::new(QuantSpecKind::u16_asym()));

@@ -54,7 +54,7 @@ impl Pass for SplitLlmGraph<'_> {
         }
         let slots = subgraph_slots(p);
         let model = callee(&slots, call, PASS)?;
-        let Node::SubGraph(model_graph) = &p.main.body[model] else { unreachable!() };
+        let model_graph = p.graph(model);
         let (inputs, outputs) = (model_graph.region.inputs.clone(), model_graph.region.outputs.clone());
         let chunk = match inputs.first().map(|v| &p.value(*v).ty.shape[..]) {
             Some(&[_, s]) => s,
@@ -76,7 +76,7 @@ impl Pass for SplitLlmGraph<'_> {
             match node(p, r) {
                 Node::Call(c) => {
                     let target = callee(&slots, c, PASS)?;
-                    let Node::SubGraph(g) = &p.main.body[target] else { unreachable!() };
+                    let g = p.graph(target);
                     if g.region.inputs != c.inputs || g.region.outputs != c.outputs {
                         return Err(PassError::structure(
                             PASS,

@@ -90,7 +90,7 @@ fn params_of(key: &str) -> (f32, i32) {
 fn qdq_points(p: &Program) -> BTreeMap<String, QdqKind> {
     p.values
         .iter()
-        .filter_map(|d| d.qdq())
+        .filter_map(|d| d.qdq.as_ref())
         .filter(|q| q.fixed_params().is_none())
         .map(|q| (q.key.clone(), q.kind.clone()))
         .collect()
@@ -120,7 +120,7 @@ fn concat_groups(p: &Program) -> Vec<BTreeSet<String>> {
     collect(&p.main, &mut producer, &mut concats);
     let governing = |mut v: ValueId| -> Option<String> {
         for _ in 0..p.values.len() {
-            if let Some(q) = p.value(v).qdq() {
+            if let Some(q) = p.value(v).qdq.as_ref() {
                 return Some(q.key.clone());
             }
             let op = producer.get(&v)?;

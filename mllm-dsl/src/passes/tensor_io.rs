@@ -21,7 +21,7 @@ use super::pipeline::check_split_graph;
 use super::{Pass, PassError};
 use crate::config::aot::AotConfig;
 use crate::dtype::{fmt_shape, DType, TensorType};
-use crate::ir::{Attr, Node, Program, ValueId};
+use crate::ir::{Node, Program, ValueId};
 use std::collections::HashSet;
 
 pub struct MarkTensorIo<'a> {
@@ -35,11 +35,6 @@ impl<'a> MarkTensorIo<'a> {
 }
 
 const PASS: &str = "MarkTensorIO";
-
-/// Attribute on graph inputs.
-pub const GRAPH_INPUT: &str = "qnn_graph_inputs";
-/// Attribute on graph outputs.
-pub const GRAPH_OUTPUT: &str = "qnn_graph_outputs";
 
 /// The sizes behind the I/O contract of one compiled graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,7 +177,7 @@ impl Pass for MarkTensorIo<'_> {
         let mut chain = vec![(None, call_at)];
         let mut graph = callee(&slots, call, PASS)?;
         loop {
-            let Node::SubGraph(sg) = &mut p.main.body[graph] else { unreachable!() };
+            let sg = p.graph_mut(graph);
             reorder(&mut sg.region.inputs, &ins);
             reorder(&mut sg.region.outputs, &outs);
             let mut next = None;
@@ -213,10 +208,10 @@ impl Pass for MarkTensorIo<'_> {
             }
         }
         for v in ins {
-            p.value_mut(v).attrs.insert(GRAPH_INPUT.into(), Attr::Bool(true));
+            p.value_mut(v).graph_input = true;
         }
         for v in outs {
-            p.value_mut(v).attrs.insert(GRAPH_OUTPUT.into(), Attr::Bool(true));
+            p.value_mut(v).graph_output = true;
         }
         Ok(())
     }

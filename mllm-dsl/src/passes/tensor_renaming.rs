@@ -15,15 +15,12 @@
 
 use super::tensor_io::IoContract;
 use super::{Pass, PassError};
-use crate::ir::{Attr, Node, Program, ValueId};
+use crate::ir::{Attr, GraphId, Node, Program, ValueId};
 use std::collections::{HashMap, HashSet};
 
 pub struct TensorRenaming;
 
 const PASS: &str = "TensorRenaming";
-
-/// The value attribute holding the QNN tensor name.
-pub const NAME: &str = "name";
 
 impl Pass for TensorRenaming {
     fn name(&self) -> &'static str {
@@ -35,21 +32,13 @@ impl Pass for TensorRenaming {
     }
 
     fn run(&self, p: &mut Program) -> Result<(), PassError> {
-        let flat: Vec<usize> = p
-            .main
-            .body
-            .iter()
-            .enumerate()
-            .filter_map(|(i, n)| match n {
-                Node::SubGraph(g) if g.attrs.get("use_qnn") == Some(&Attr::Bool(true)) => Some(i),
-                _ => None,
-            })
-            .collect();
+        let flat: Vec<GraphId> =
+            p.graph_ids().filter(|&g| p.graph(g).attrs.get("use_qnn") == Some(&Attr::Bool(true))).collect();
         if flat.is_empty() {
             return Err(PassError::structure(PASS, "no flat QNN graph (use_qnn) to rename; run SplitLLMGraph first"));
         }
         for g in flat {
-            let Node::SubGraph(graph) = &p.main.body[g] else { unreachable!() };
+            let graph = p.graph(g);
             let symbol = graph.symbol.clone();
             let region = &graph.region;
             let types = |vs: &[ValueId]| vs.iter().map(|v| p.value(*v).ty.clone()).collect::<Vec<_>>();
@@ -70,7 +59,7 @@ impl Pass for TensorRenaming {
                     let def = p.value(v);
                     if let Some(sym) = &def.symbol {
                         names.assign(v, sym);
-                    } else if def.constant().is_some() {
+                    } else if def.constant.is_some() {
                         names.assign(v, &format!("{op_name}_in{k}"));
                     }
                 }
@@ -79,7 +68,7 @@ impl Pass for TensorRenaming {
                 }
             }
             for (v, name) in names.by_value {
-                p.value_mut(v).attrs.insert(NAME.into(), Attr::Str(name));
+                p.value_mut(v).name = Some(name);
             }
         }
         Ok(())

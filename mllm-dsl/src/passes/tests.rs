@@ -390,7 +390,7 @@ fn recipe_shares_specs_through_data_movement_only() {
             _ => None,
         })
         .collect();
-    let spec = |v| p.value(v).spec().unwrap();
+    let spec = |v| p.value(v).spec.unwrap();
     for op in &ops {
         let (i0, o) = (op.inputs[0], op.outputs[0]);
         match op.kind {
@@ -488,9 +488,9 @@ fn ptq_reports_values_no_qdq_point_solves() {
     // Drop the QDQ point of the first q_mul output.
     let v = (0..p.values.len())
         .map(|i| crate::ir::ValueId(i as u32))
-        .find(|v| p.value(*v).qdq().is_some_and(|q| q.key == "model.layers.0.self_attn.q_mul_qdq"))
+        .find(|v| p.value(*v).qdq.as_ref().is_some_and(|q| q.key == "model.layers.0.self_attn.q_mul_qdq"))
         .unwrap();
-    p.value_mut(v).attrs.remove("qdq");
+    p.value_mut(v).qdq = None;
     let params = tweaked(&p);
     let err = run_with(&mut p, &params).unwrap_err().to_string();
     assert!(err.starts_with("PTQ:"), "{err}");
@@ -538,12 +538,12 @@ fn ptq_quantizes_constants_with_mllms_rule() {
     after(5, &mut p);
     let mut seen = 0;
     for def in &p.values {
-        let Some(c) = def.constant() else { continue };
-        let Some(Attr::Int(code)) = def.attrs.get("quantized") else { panic!("{def:?} not quantized") };
-        let (s, z) = p.spec(def.spec().unwrap()).per_tensor().unwrap();
+        let Some(c) = def.constant else { continue };
+        let Some(code) = def.quantized else { panic!("{def:?} not quantized") };
+        let (s, z) = p.spec(def.spec.unwrap()).per_tensor().unwrap();
         // clamp(round(v / s) + z) computed independently, in f64 with half away from zero.
         let want = ((f64::from(c) / f64::from(s)).round() + f64::from(z)).clamp(0.0, 65535.0) as i64;
-        assert_eq!(*code, want, "{def:?}");
+        assert_eq!(code, want, "{def:?}");
         assert_eq!(def.ty.dtype, DType::U16Asym);
         seen += 1;
     }
@@ -648,7 +648,7 @@ fn io_follows_the_positional_contract() {
     assert_eq!(flat.region.inputs, p.main.inputs);
     assert_eq!(flat.region.outputs, p.main.outputs);
     for v in &p.main.inputs {
-        assert_eq!(p.value(*v).attrs.get("qnn_graph_inputs"), Some(&Attr::Bool(true)));
+        assert!(p.value(*v).graph_input);
     }
     // A config with another layer count breaks the contract.
     let mut p = tiny_program();
@@ -666,7 +666,7 @@ fn tensor_names_are_unique_safe_and_shared_across_chunk_sizes() {
         after(9, &mut p);
         let mut all = std::collections::BTreeMap::new();
         for def in &p.values {
-            if let Some(Attr::Str(n)) = def.attrs.get("name") {
+            if let Some(n) = &def.name {
                 assert!(n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "{n}");
                 assert!(all.insert(n.clone(), def.symbol.clone()).is_none(), "duplicate {n}");
             }

@@ -33,7 +33,7 @@ pub fn qdq_points(program: &Program) -> Result<Vec<QdqAttr>, PointsError> {
     let mut seen: HashMap<&str, &QdqAttr> = HashMap::new();
     let mut out = Vec::new();
     for def in &program.values {
-        let Some(q) = def.qdq() else { continue };
+        let Some(q) = def.qdq.as_ref() else { continue };
         match seen.get(q.key.as_str()) {
             Some(first) if first.kind != q.kind => {
                 return Err(PointsError::ConflictingKinds {
@@ -108,7 +108,7 @@ pub fn concat_groups(program: &Program) -> Vec<ConcatGroup> {
         let mut slice = None;
         let mut sliced = false;
         loop {
-            if let Some(q) = program.value(v).qdq() {
+            if let Some(q) = program.value(v).qdq.as_ref() {
                 return Some(ConcatMember { point: q.clone(), slice });
             }
             let op = producer.get(&v)?;
@@ -121,7 +121,7 @@ pub fn concat_groups(program: &Program) -> Vec<ConcatGroup> {
                 | OpKind::Cast { .. } => v = op.inputs[0],
                 OpKind::Slice { dim, start, end } if !sliced => {
                     sliced = true;
-                    if program.value(op.inputs[0]).qdq().is_some() {
+                    if program.value(op.inputs[0]).qdq.as_ref().is_some() {
                         slice = Some(SliceOf { dim: *dim, start: *start, end: *end });
                     }
                     v = op.inputs[0];
@@ -149,7 +149,7 @@ pub fn layer_output_points(program: &Program) -> Vec<(String, Option<QdqAttr>)> 
     visit_calls(&program.main, &mut |symbol, outputs| {
         let is_list_item = symbol.rsplit_once('.').is_some_and(|(_, last)| last.parse::<usize>().is_ok());
         if is_list_item && seen.insert(symbol.to_string()) {
-            let point = outputs.first().and_then(|&v| program.value(v).qdq()).cloned();
+            let point = outputs.first().and_then(|&v| program.value(v).qdq.as_ref()).cloned();
             out.push((symbol.to_string(), point));
         }
     });
