@@ -8,7 +8,7 @@ use crate::kernels::{BatchRepeat, JoinAxis, RhsParts};
 use crate::lazy::LazyJoin;
 use crate::packed_weight::{packed_of, WeightView};
 use mllm_dsl::op::{OpKind, ReduceKind};
-use mllm_dsl::{Backend, BackendRef, F32Buffer, QdqAttr, Storage, Tensor, TensorType};
+use mllm_dsl::{Backend, BackendError, BackendRef, F32Buffer, QdqAttr, Storage, Tensor, TensorType};
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -137,18 +137,26 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn execute(&self, op: &OpKind, inputs: &[&Tensor], out: &TensorType) -> Result<Storage, String> {
-        match profile::start() {
+    fn execute(&self, op: &OpKind, inputs: &[&Tensor], out: &TensorType) -> Result<Storage, BackendError> {
+        let result = match profile::start() {
             None => self.run(op, inputs, out),
             Some(t0) => {
                 let result = self.run(op, inputs, out);
                 profile::record(op, inputs, t0);
                 result
             }
-        }
+        };
+        result.map_err(BackendError::Op)
     }
 
-    fn qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, String> {
+    fn qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, BackendError> {
+        self.apply_qdq(x, point).map_err(|message| BackendError::Qdq { key: point.key.clone(), message })
+    }
+}
+
+impl CpuBackend {
+    /// [`Backend::qdq`] with a plain message (the hook's or the input's problem).
+    fn apply_qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, String> {
         let Some(hook) = &self.qdq else { return Ok(x.clone()) };
         let data = f32_of(x, "QDQ input")?;
         match hook.apply(point, &data, x.shape())? {
@@ -159,9 +167,7 @@ impl Backend for CpuBackend {
             }
         }
     }
-}
 
-impl CpuBackend {
     fn run(&self, op: &OpKind, inputs: &[&Tensor], out: &TensorType) -> Result<Storage, String> {
         let x = inputs[0];
         let shape = x.shape();
@@ -408,5 +414,39 @@ pub mod profile {
             out.push_str(&format!("{name:<28} {calls:>8} calls {:>10.1} ms {share:>5.1}%\n", time.as_secs_f64() * 1e3));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mllm_dsl::QdqKind;
+
+    /// A hook whose parameters are missing, as a checkpoint without the point's scale would be.
+    struct MissingParams;
+
+    impl QdqHook for MissingParams {
+        fn apply(&self, point: &QdqAttr, _x: &[f32], _shape: &[usize]) -> Result<Option<Vec<f32>>, String> {
+            Err(format!("{}.fake_quant.scale is not in the checkpoint", point.key))
+        }
+    }
+
+    #[test]
+    fn errors_say_whether_the_op_or_the_qdq_point_failed() {
+        let backend = CpuBackend::with_qdq(Arc::new(MissingParams));
+        let x = Tensor::from_f32(vec![1.0, 2.0], vec![2], backend.clone()).unwrap();
+        let point = QdqAttr { kind: QdqKind::Activation, key: "model.norm_input_qdq".into() };
+        let err = backend.qdq(&x, &point).unwrap_err();
+        assert_eq!(
+            err,
+            BackendError::Qdq {
+                key: "model.norm_input_qdq".into(),
+                message: "model.norm_input_qdq.fake_quant.scale is not in the checkpoint".into()
+            }
+        );
+        // An input without data is the op's problem.
+        let out = TensorType::new(vec![2], mllm_dsl::DType::F32);
+        let err = backend.execute(&OpKind::Neg, &[&Tensor::scalar(1.0)], &out).unwrap_err();
+        assert!(matches!(err, BackendError::Op(_)), "{err:?}");
     }
 }

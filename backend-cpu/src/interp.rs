@@ -174,7 +174,7 @@ impl<'a> Interpreter<'a> {
             return Err(err(format!("expected one output, found {}", op.outputs.len())));
         };
         let ty = self.program.value(out).ty.clone();
-        let storage = self.backend.execute(&op.kind, &refs, &ty).map_err(err)?;
+        let storage = self.backend.execute(&op.kind, &refs, &ty).map_err(|e| err(e.to_string()))?;
         let t = Tensor::from_storage(ty, storage, self.backend.clone()).map_err(|e| err(e.to_string()))?;
         let t = self.quantize(out, t, &format!("output of `{name}`"))?;
         env.values[out.index()] = Some(t);

@@ -100,18 +100,30 @@ impl Storage {
     }
 }
 
+/// Why a backend could not run an op or apply a QDQ point. The core wraps it with the op, module
+/// path and call site ([`crate::Error::Backend`], [`crate::Error::Qdq`]).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum BackendError {
+    /// The op cannot run on these inputs (a kernel's shape or dtype check, an input without data).
+    #[error("{0}")]
+    Op(String),
+    /// The QDQ point cannot be applied (its quantization parameters are missing or invalid).
+    #[error("QDQ point '{key}': {message}")]
+    Qdq { key: String, message: String },
+}
+
 /// Executes ops on eager tensors.
 pub trait Backend: Send + Sync {
     /// Short name for error messages (`cpu`, `cpu-fakequant`).
     fn name(&self) -> &str;
 
-    /// Computes `op` on `inputs`; `out` is the output type the core inferred. Errors are plain
-    /// messages; the core adds the op, module path and call site.
-    fn execute(&self, op: &OpKind, inputs: &[&Tensor], out: &TensorType) -> Result<Storage, String>;
+    /// Computes `op` on `inputs`; `out` is the output type the core inferred. The core adds the
+    /// op, module path and call site to an error.
+    fn execute(&self, op: &OpKind, inputs: &[&Tensor], out: &TensorType) -> Result<Storage, BackendError>;
 
     /// Applies a QDQ point: the identity in float mode, quantize-dequantize in fake-quant mode,
     /// observation during calibration.
-    fn qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, String>;
+    fn qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, BackendError>;
 }
 
 /// A shareable backend handle.

@@ -63,7 +63,7 @@ mod scope;
 pub mod tensor;
 pub mod trace;
 
-pub use backend::{Backend, BackendRef, F32Buffer, NativeData, Storage};
+pub use backend::{Backend, BackendError, BackendRef, F32Buffer, NativeData, Storage};
 pub use causal_lm::{CausalLm, DecoderShape};
 pub use dtype::{DType, Device, TensorType};
 pub use error::{CallSite, Error, Result};

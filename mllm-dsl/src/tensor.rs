@@ -366,7 +366,7 @@ pub fn apply(kind: OpKind, inputs: &[&Tensor], name: Option<&str>, site: CallSit
     let storage = backend.execute(&kind, &refs, &out_ty).map_err(|m| Error::Backend {
         op: format!("{} ({})", name.unwrap_or(kind.type_name()), site),
         module_path: scope::current_path(),
-        message: m,
+        message: m.to_string(),
     })?;
     Tensor::from_storage(out_ty, storage, backend)
 }
@@ -378,7 +378,7 @@ fn materialize(t: &Tensor, backend: &BackendRef, site: CallSite, op: &str) -> Re
         Repr::Constant { value, qdq, .. } => {
             let c = Tensor::from_f32(vec![*value], vec![1], backend.clone())?;
             match qdq {
-                Some(q) => backend.qdq(&c, q).map_err(|m| op_error(op, site, m)),
+                Some(q) => backend.qdq(&c, q).map_err(|e| op_error(op, site, e.to_string())),
                 None => Ok(c),
             }
         }
@@ -427,7 +427,7 @@ pub fn apply_qdq(x: &Tensor, name: &str, kind: QdqKind, site: CallSite) -> Resul
         return Ok(x.clone());
     }
     match x.backend() {
-        Some(b) => b.qdq(x, &attr).map_err(err),
+        Some(b) => b.qdq(x, &attr).map_err(|e| err(e.to_string())),
         None => Err(err("needs an eager tensor outside tracing".into())),
     }
 }

@@ -1,7 +1,7 @@
 //! QDQ naming: how `qdq!` names resolve to checkpoint keys against module paths, the key strings of
 //! scales and zero points, and the misuses `qdq!` rejects.
 
-use mllm_dsl::backend::{Backend, Storage};
+use mllm_dsl::backend::{Backend, BackendError, Storage};
 use mllm_dsl::ir::Node;
 use mllm_dsl::op::OpKind;
 use mllm_dsl::prelude::*;
@@ -97,14 +97,14 @@ impl Backend for Recorder {
         "recorder"
     }
 
-    fn execute(&self, op: &OpKind, inputs: &[&Tensor], _out: &TensorType) -> Result<Storage, String> {
+    fn execute(&self, op: &OpKind, inputs: &[&Tensor], _out: &TensorType) -> Result<Storage, BackendError> {
         match (op, inputs[0].as_f32()) {
             (OpKind::Neg, Some(x)) => Ok(Storage::F32(x.iter().map(|v| -v).collect())),
-            _ => Err(format!("recorder cannot compute {}", op.type_name())),
+            _ => Err(BackendError::Op(format!("recorder cannot compute {}", op.type_name()))),
         }
     }
 
-    fn qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, String> {
+    fn qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, BackendError> {
         self.points.lock().unwrap().push(point.clone());
         Ok(x.clone())
     }
