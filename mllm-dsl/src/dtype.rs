@@ -89,10 +89,23 @@ impl fmt::Display for DType {
     }
 }
 
+/// A dtype or device name that is not one of the printed IR's (`Float32`, `CPU`, ...).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} '{found}'")]
+pub struct UnknownName {
+    /// `dtype` or `device`.
+    pub what: &'static str,
+    pub found: String,
+}
+
 impl FromStr for DType {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        DType::ALL.iter().copied().find(|d| d.name() == s).ok_or_else(|| format!("unknown dtype '{s}'"))
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        DType::ALL
+            .iter()
+            .copied()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| UnknownName { what: "dtype", found: s.to_string() })
     }
 }
 
@@ -120,12 +133,12 @@ impl fmt::Display for Device {
 }
 
 impl FromStr for Device {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
         match s {
             "CPU" => Ok(Device::Cpu),
             "QNN" => Ok(Device::Qnn),
-            _ => Err(format!("unknown device '{s}'")),
+            _ => Err(UnknownName { what: "device", found: s.to_string() }),
         }
     }
 }

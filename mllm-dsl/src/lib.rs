@@ -65,7 +65,7 @@ pub mod trace;
 
 pub use backend::{Backend, BackendError, BackendRef, F32Buffer, NativeData, Storage};
 pub use causal_lm::{CausalLm, DecoderShape};
-pub use dtype::{DType, Device, TensorType};
+pub use dtype::{DType, Device, TensorType, UnknownName};
 pub use error::{CallSite, Error, Result};
 pub use ir::Program;
 pub use module::{Module, ModuleList, ParamFormat, ParamRequest, ParamRole, ParamSource, WeightStore};

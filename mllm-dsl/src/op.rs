@@ -540,11 +540,19 @@ pub fn resolve_view(input: &[usize], requested: &[i64]) -> Result<Vec<usize>, St
     Ok(s)
 }
 
+/// A dim outside `-rank..rank`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("dim {dim} out of range for rank {rank}")]
+pub struct DimOutOfRange {
+    pub dim: i64,
+    pub rank: usize,
+}
+
 /// Normalizes a possibly negative dim against a rank (`-1` is the last dim).
-pub fn norm_dim(dim: i64, rank: usize) -> Result<usize, String> {
+pub fn norm_dim(dim: i64, rank: usize) -> Result<usize, DimOutOfRange> {
     let d = if dim < 0 { dim + rank as i64 } else { dim };
     if d < 0 || d as usize >= rank {
-        Err(format!("dim {dim} out of range for rank {rank}"))
+        Err(DimOutOfRange { dim, rank })
     } else {
         Ok(d as usize)
     }

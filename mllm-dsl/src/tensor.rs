@@ -124,7 +124,7 @@ impl Tensor {
     #[track_caller]
     pub fn dim(&self, d: i64) -> Result<usize> {
         let site = CallSite::here();
-        let d = norm_dim(d, self.rank()).map_err(|m| op_error("dim", site, m))?;
+        let d = norm_dim(d, self.rank()).map_err(|e| op_error("dim", site, e.to_string()))?;
         Ok(self.shape()[d])
     }
 

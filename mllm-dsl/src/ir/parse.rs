@@ -4,7 +4,7 @@ use super::{
     Attr, Attrs, CallGraph, LinalgOp, Node, Program, QuantSpec, QuantSpecKind, Region, SpecId, SpecParams, SubGraph,
     ValueDef, ValueId,
 };
-use crate::dtype::{DType, Device, TensorType};
+use crate::dtype::{DType, Device, TensorType, UnknownName};
 use crate::error::{Error, Result};
 use crate::op::OpKind;
 use crate::qdq::{QdqAttr, QdqKind};
@@ -405,9 +405,9 @@ impl Parser {
             self.eat(',');
         }
         self.expect(',')?;
-        let dtype: DType = self.ident()?.parse().map_err(|e: String| self.err_prev(e))?;
+        let dtype: DType = self.ident()?.parse().map_err(|e: UnknownName| self.err_prev(e.to_string()))?;
         self.expect(',')?;
-        let device: Device = self.ident()?.parse().map_err(|e: String| self.err_prev(e))?;
+        let device: Device = self.ident()?.parse().map_err(|e: UnknownName| self.err_prev(e.to_string()))?;
         self.expect('>')?;
         let mut def = ValueDef::new(TensorType { shape, dtype, device });
         if self.peek() == Some(&Tok::Punct('['))
@@ -559,7 +559,7 @@ impl Parser {
                 let symbol = self.sym()?;
                 let device = match self.ident()?.as_str() {
                     "notype" => None,
-                    d => Some(d.parse().map_err(|e: String| self.err_prev(e))?),
+                    d => Some(d.parse().map_err(|e: UnknownName| self.err_prev(e.to_string()))?),
                 };
                 let attrs = if self.peek() == Some(&Tok::Punct('[')) { self.attrs()? } else { Attrs::new() };
                 self.expect('{')?;
@@ -581,7 +581,7 @@ impl Parser {
                 Ok(Node::Return(vals))
             }
             ["tensor", dev, kind @ ("register" | "constant")] => {
-                let device: Device = dev.parse().map_err(|e: String| self.err_prev(e))?;
+                let device: Device = dev.parse().map_err(|e: UnknownName| self.err_prev(e.to_string()))?;
                 let kind = kind.to_string();
                 self.list(false)?;
                 self.expect_arrow()?;
@@ -592,7 +592,7 @@ impl Parser {
                 Ok(if kind == "register" { Node::Register { device, value } } else { Node::Constant { device, value } })
             }
             ["linalg", dev, op] if op.ends_with("Op") => {
-                let device: Device = dev.parse().map_err(|e: String| self.err_prev(e))?;
+                let device: Device = dev.parse().map_err(|e: UnknownName| self.err_prev(e.to_string()))?;
                 let type_name = op.trim_end_matches("Op").to_string();
                 let mut name = None;
                 if self.eat('<') {

@@ -22,7 +22,7 @@
 //! [`Program::specs`]: super::Program::specs
 
 use super::{Attr, Attrs};
-use crate::dtype::DType;
+use crate::dtype::{DType, UnknownName};
 use std::fmt;
 
 /// Index of a spec in [`Program::specs`](super::Program::specs).
@@ -184,7 +184,7 @@ impl QuantSpecKind {
         let int = |i: usize| -> Result<i32, String> {
             args[i].parse().map_err(|_| format!("{name} field {i} must be an integer, found '{}'", args[i]))
         };
-        let dtype = |i: usize| -> Result<DType, String> { args[i].parse() };
+        let dtype = |i: usize| -> Result<DType, String> { args[i].parse().map_err(|e: UnknownName| e.to_string()) };
         let count = |i: usize| -> Result<usize, String> {
             args[i].parse().map_err(|_| format!("{name} field {i} must be a non-negative integer, found '{}'", args[i]))
         };
