@@ -19,7 +19,7 @@ pub mod quant;
 pub use parse::parse;
 pub(crate) use print::numbering;
 pub use print::{print, MAX_LINE};
-pub use quant::{QuantSpec, QuantSpecKind, SpecId, SpecParams};
+pub use quant::{QuantSpec, QuantSpecKind, SpecId, SpecParams, SpecSyntaxError};
 
 use crate::dtype::{DType, Device, TensorType};
 use crate::op::OpKind;
@@ -150,7 +150,7 @@ impl ValueDef {
 
     /// Sets the metadata from a parsed attribute list; an unknown key or a value of the wrong
     /// kind is an error naming the key and what it expects.
-    pub(crate) fn set_attrs(&mut self, attrs: Attrs) -> Result<(), String> {
+    pub(crate) fn set_attrs(&mut self, attrs: Attrs) -> Result<(), ValueAttrError> {
         for (key, value) in attrs {
             match (key.as_str(), value) {
                 ("constant", Attr::Float(c)) => self.constant = Some(c),
@@ -161,18 +161,22 @@ impl ValueDef {
                 ("quantized", Attr::Int(code)) => self.quantized = Some(code),
                 ("spec", Attr::Spec(s)) => self.spec = Some(s),
                 (k, v) if Self::ATTR_KEYS.contains(&k) => {
-                    return Err(format!("value attribute '{k}' has the wrong kind of value ({v})"))
+                    return Err(ValueAttrError::WrongKind { key: k.to_string(), found: v })
                 }
-                (k, _) => {
-                    return Err(format!(
-                        "unknown value attribute '{k}' (expected one of {})",
-                        Self::ATTR_KEYS.join(", ")
-                    ))
-                }
+                (k, _) => return Err(ValueAttrError::Unknown { key: k.to_string(), known: &Self::ATTR_KEYS }),
             }
         }
         Ok(())
     }
+}
+
+/// A parsed value attribute that is not one of [`ValueDef`]'s keys, or holds the wrong kind of value.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ValueAttrError {
+    #[error("value attribute '{key}' has the wrong kind of value ({found})")]
+    WrongKind { key: String, found: Attr },
+    #[error("unknown value attribute '{key}' (expected one of {})", known.join(", "))]
+    Unknown { key: String, known: &'static [&'static str] },
 }
 
 /// An ordered list of nodes with inputs and outputs.

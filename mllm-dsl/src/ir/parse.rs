@@ -362,10 +362,10 @@ impl Parser {
                     break;
                 }
             }
-            let kind = QuantSpecKind::from_parts(&kind_name, &args).map_err(|e| self.err_prev(e))?;
+            let kind = QuantSpecKind::from_parts(&kind_name, &args).map_err(|e| self.err_prev(e.to_string()))?;
             let params = if self.peek() == Some(&Tok::Punct('[')) {
                 let attrs = self.attrs()?;
-                Some(SpecParams::from_attrs(attrs).map_err(|e| self.err_prev(e))?)
+                Some(SpecParams::from_attrs(attrs).map_err(|e| self.err_prev(e.to_string()))?)
             } else {
                 None
             };
@@ -419,7 +419,7 @@ impl Parser {
         }
         if self.peek() == Some(&Tok::Punct('[')) {
             let attrs = self.attrs()?;
-            def.set_attrs(attrs).map_err(|e| self.err_prev(e))?;
+            def.set_attrs(attrs).map_err(|e| self.err_prev(e.to_string()))?;
         }
         if self.defined[id.index()] {
             if self.prog.value(id) != &def {

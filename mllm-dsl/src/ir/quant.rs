@@ -173,20 +173,24 @@ impl QuantSpecKind {
     }
 
     /// Rebuilds a kind from its printed name and fields (the parser's inverse of `Display`).
-    pub fn from_parts(name: &str, args: &[String]) -> Result<QuantSpecKind, String> {
-        let want = |n: usize| -> Result<(), String> {
+    pub fn from_parts(name: &str, args: &[String]) -> Result<QuantSpecKind, SpecSyntaxError> {
+        let want = |n: usize| -> Result<(), SpecSyntaxError> {
             if args.len() == n {
                 Ok(())
             } else {
-                Err(format!("{name} takes {n} fields, found {}", args.len()))
+                Err(SpecSyntaxError::FieldCount { kind: name.to_string(), want: n, found: args.len() })
             }
         };
-        let int = |i: usize| -> Result<i32, String> {
-            args[i].parse().map_err(|_| format!("{name} field {i} must be an integer, found '{}'", args[i]))
+        let field = |i: usize, expected: &'static str| SpecSyntaxError::Field {
+            kind: name.to_string(),
+            index: i,
+            expected,
+            found: args[i].clone(),
         };
-        let dtype = |i: usize| -> Result<DType, String> { args[i].parse().map_err(|e: UnknownName| e.to_string()) };
-        let count = |i: usize| -> Result<usize, String> {
-            args[i].parse().map_err(|_| format!("{name} field {i} must be a non-negative integer, found '{}'", args[i]))
+        let int = |i: usize| -> Result<i32, SpecSyntaxError> { args[i].parse().map_err(|_| field(i, "an integer")) };
+        let dtype = |i: usize| -> Result<DType, SpecSyntaxError> { Ok(args[i].parse::<DType>()?) };
+        let count = |i: usize| -> Result<usize, SpecSyntaxError> {
+            args[i].parse().map_err(|_| field(i, "a non-negative integer"))
         };
         Ok(match name {
             "Raw" => {
@@ -224,7 +228,7 @@ impl QuantSpecKind {
                     scale_1_type: dtype(6)?,
                 }
             }
-            other => return Err(format!("unknown quant spec kind '{other}'")),
+            other => return Err(SpecSyntaxError::UnknownKind(other.to_string())),
         })
     }
 }
@@ -233,6 +237,32 @@ impl fmt::Display for QuantSpecKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}({})", self.name(), self.args().join(", "))
     }
+}
+
+/// A printed quant spec (kind fields or parameter list) that does not read back.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SpecSyntaxError {
+    #[error("{kind} takes {want} fields, found {found}")]
+    FieldCount { kind: String, want: usize, found: usize },
+    /// Field `index` of `kind` is not `expected` ("an integer", "a non-negative integer").
+    #[error("{kind} field {index} must be {expected}, found '{found}'")]
+    Field { kind: String, index: usize, expected: &'static str, found: String },
+    #[error(transparent)]
+    DType(#[from] UnknownName),
+    #[error("unknown quant spec kind '{0}'")]
+    UnknownKind(String),
+    #[error("spec parameter 'from' must be a string, found {0:?}")]
+    FromNotString(Option<Attr>),
+    #[error("spec parameter 'scale' must be a float, found {0}")]
+    ScaleNotFloat(Attr),
+    #[error("zero_point {0} out of range")]
+    ZeroPointRange(i64),
+    #[error("spec parameter 'zero_point' must be an integer, found {0:?}")]
+    ZeroPointNotInt(Option<Attr>),
+    #[error("spec parameter '{key}' must be a non-negative integer, found {found}")]
+    NotCount { key: String, found: Attr },
+    #[error("unknown spec parameter '{0}'")]
+    UnknownParam(String),
 }
 
 /// The solved parameters of a spec.
@@ -286,31 +316,31 @@ impl SpecParams {
     }
 
     /// The parser's inverse of [`to_attrs`](Self::to_attrs).
-    pub(crate) fn from_attrs(mut a: Attrs) -> Result<SpecParams, String> {
+    pub(crate) fn from_attrs(mut a: Attrs) -> Result<SpecParams, SpecSyntaxError> {
         let from = match a.remove("from") {
             Some(Attr::Str(s)) => s,
-            other => return Err(format!("spec parameter 'from' must be a string, found {other:?}")),
+            other => return Err(SpecSyntaxError::FromNotString(other)),
         };
         let params = if let Some(scale) = a.remove("scale") {
             let scale = match scale {
                 Attr::Float(s) => s,
-                other => return Err(format!("spec parameter 'scale' must be a float, found {other}")),
+                other => return Err(SpecSyntaxError::ScaleNotFloat(other)),
             };
             let zero_point = match a.remove("zero_point") {
-                Some(Attr::Int(z)) => i32::try_from(z).map_err(|_| format!("zero_point {z} out of range"))?,
-                other => return Err(format!("spec parameter 'zero_point' must be an integer, found {other:?}")),
+                Some(Attr::Int(z)) => i32::try_from(z).map_err(|_| SpecSyntaxError::ZeroPointRange(z))?,
+                other => return Err(SpecSyntaxError::ZeroPointNotInt(other)),
             };
             SpecParams::PerTensor { scale, zero_point, from }
         } else {
             let mut count = |k: &str| match a.remove(k) {
                 None => Ok(None),
                 Some(Attr::Int(n)) if n >= 0 => Ok(Some(n as usize)),
-                Some(other) => Err(format!("spec parameter '{k}' must be a non-negative integer, found {other}")),
+                Some(other) => Err(SpecSyntaxError::NotCount { key: k.to_string(), found: other }),
             };
             SpecParams::Lpbq { from, blocks: count("blocks")?, channels: count("channels")? }
         };
         match a.keys().next() {
-            Some(k) => Err(format!("unknown spec parameter '{k}'")),
+            Some(k) => Err(SpecSyntaxError::UnknownParam(k.clone())),
             None => Ok(params),
         }
     }

@@ -48,7 +48,7 @@ pub use ptq::Ptq;
 pub use quant_recipe::LlmQuantRecipe;
 pub use split_graph::SplitLlmGraph;
 pub use synthetic::SyntheticParams;
-pub use tensor_io::{IoContract, MarkTensorIo};
+pub use tensor_io::{IoContract, IoContractError, MarkTensorIo};
 pub use tensor_renaming::TensorRenaming;
 
 use crate::ir::Program;

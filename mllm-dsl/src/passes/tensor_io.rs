@@ -52,28 +52,38 @@ pub struct IoContract {
 impl IoContract {
     /// Reads the sizes from the graph's input and output types and checks every position; `layers`
     /// is the expected layer count.
-    pub fn check(inputs: &[TensorType], outputs: &[TensorType], layers: usize) -> Result<IoContract, String> {
+    pub fn check(inputs: &[TensorType], outputs: &[TensorType], layers: usize) -> Result<IoContract, IoContractError> {
         let (n_in, n_out) = (3 + 2 * layers, 1 + 2 * layers);
         if inputs.len() != n_in || outputs.len() != n_out {
-            return Err(format!(
-                "a {layers}-layer LLM graph has {n_in} inputs and {n_out} outputs, found {} and {}",
-                inputs.len(),
-                outputs.len()
-            ));
+            return Err(IoContractError::Arity {
+                layers,
+                want_inputs: n_in,
+                want_outputs: n_out,
+                inputs: inputs.len(),
+                outputs: outputs.len(),
+            });
         }
-        let chunk = *inputs[0].shape.get(1).ok_or("input 0 (input_ids) must be [1, S]")?;
-        let context = *inputs[2].shape.get(3).ok_or("input 2 (attention_mask) must be [1, 1, S, C]")?;
+        let rank = |position: &'static str, expected: &'static str| IoContractError::Rank { position, expected };
+        let chunk = *inputs[0].shape.get(1).ok_or(rank("input 0 (input_ids)", "[1, S]"))?;
+        let context = *inputs[2].shape.get(3).ok_or(rank("input 2 (attention_mask)", "[1, 1, S, C]"))?;
         let (kv_heads, head_dim) = match inputs.get(3).map(|t| &t.shape[..]) {
             Some(&[1, h, d, _]) => (h, d),
             _ if layers == 0 => (0, 0),
-            _ => return Err("input 3 (past_key_0) must be [1, Hkv, D, C-S]".into()),
+            _ => return Err(rank("input 3 (past_key_0)", "[1, Hkv, D, C-S]")),
         };
-        let vocab = *outputs[0].shape.get(3).ok_or("output 0 (logits) must be [1, 1, S, V]")?;
+        let vocab = *outputs[0].shape.get(3).ok_or(rank("output 0 (logits)", "[1, 1, S, V]"))?;
         let c = IoContract { layers, chunk, context, kv_heads, head_dim, vocab };
         if context < chunk {
-            return Err(format!("the mask has {context} columns, fewer than the chunk's {chunk} tokens"));
+            return Err(IoContractError::ChunkExceedsContext { context, chunk });
         }
         let past = context - chunk;
+        let expect =
+            |side: &'static str, index: usize, name: String, found: &TensorType, dtype: DType, shape: Vec<usize>| {
+                if found.dtype != dtype || found.shape != shape {
+                    return Err(IoContractError::Mismatch { side, index, name, dtype, shape, found: found.clone() });
+                }
+                Ok(())
+            };
         for (i, t) in inputs.iter().enumerate() {
             let (dtype, shape) = match i {
                 0 => (DType::I32, vec![1, chunk]),
@@ -82,7 +92,7 @@ impl IoContract {
                 i if i < 3 + layers => (DType::U8Sym, vec![1, kv_heads, head_dim, past]),
                 _ => (DType::U8Sym, vec![1, kv_heads, past, head_dim]),
             };
-            expect(t, dtype, &shape).map_err(|m| format!("input {i} ({}): {m}", c.input_name(i)))?;
+            expect("input", i, c.input_name(i), t, dtype, shape)?;
         }
         for (i, t) in outputs.iter().enumerate() {
             let (dtype, shape) = match i {
@@ -90,7 +100,7 @@ impl IoContract {
                 i if i < 1 + layers => (DType::U8Sym, vec![1, kv_heads, head_dim, chunk]),
                 _ => (DType::U8Sym, vec![1, kv_heads, chunk, head_dim]),
             };
-            expect(t, dtype, &shape).map_err(|m| format!("output {i} ({}): {m}", c.output_name(i)))?;
+            expect("output", i, c.output_name(i), t, dtype, shape)?;
         }
         Ok(c)
     }
@@ -116,11 +126,21 @@ impl IoContract {
     }
 }
 
-fn expect(t: &TensorType, dtype: DType, shape: &[usize]) -> Result<(), String> {
-    if t.dtype != dtype || t.shape != shape {
-        return Err(format!("expected {dtype} {}, found {} {}", fmt_shape(shape), t.dtype, fmt_shape(&t.shape)));
-    }
-    Ok(())
+/// Why a graph's inputs and outputs do not follow mllm's positional LLM I/O contract.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum IoContractError {
+    #[error(
+        "a {layers}-layer LLM graph has {want_inputs} inputs and {want_outputs} outputs, found {inputs} and {outputs}"
+    )]
+    Arity { layers: usize, want_inputs: usize, want_outputs: usize, inputs: usize, outputs: usize },
+    /// A position whose rank is too small to read a size from.
+    #[error("{position} must be {expected}")]
+    Rank { position: &'static str, expected: &'static str },
+    #[error("the mask has {context} columns, fewer than the chunk's {chunk} tokens")]
+    ChunkExceedsContext { context: usize, chunk: usize },
+    /// `side` is "input" or "output", `name` mllm runtime's name of that position.
+    #[error("{side} {index} ({name}): expected {dtype} {}, found {} {}", fmt_shape(shape), found.dtype, fmt_shape(&found.shape))]
+    Mismatch { side: &'static str, index: usize, name: String, dtype: DType, shape: Vec<usize>, found: TensorType },
 }
 
 impl Pass for MarkTensorIo<'_> {
