@@ -167,23 +167,26 @@ impl OpKind {
     /// Rebuilds an op from its type name and attributes (the parser's inverse of
     /// [`type_name`](Self::type_name) + [`option_attrs`](Self::option_attrs)). Option attributes are
     /// removed from `attrs`; what remains are the op's other attributes.
-    pub fn from_parts(name: &str, attrs: &mut BTreeMap<String, Attr>) -> Result<OpKind, String> {
-        let mut take = |k: &str| attrs.remove(k).ok_or_else(|| format!("{name}Op needs attribute '{k}'"));
-        let usize_of = |a: Attr, k: &str| match a {
+    pub fn from_parts(name: &str, attrs: &mut BTreeMap<String, Attr>) -> Result<OpKind, OpAttrError> {
+        let mut take =
+            |k: &str| attrs.remove(k).ok_or_else(|| OpAttrError::Missing { op: name.to_string(), key: k.to_string() });
+        let wrong =
+            |key: &'static str, expected: &'static str, found: Attr| OpAttrError::WrongKind { key, expected, found };
+        let usize_of = |a: Attr, k: &'static str| match a {
             Attr::Int(v) if v >= 0 => Ok(v as usize),
-            other => Err(format!("attribute '{k}' must be a non-negative int, found {other}")),
+            other => Err(wrong(k, "a non-negative int", other)),
         };
         Ok(match name {
             "View" => match take("shape")? {
                 Attr::Ints(v) => OpKind::View { shape: v },
-                other => return Err(format!("attribute 'shape' must be a list of ints, found {other}")),
+                other => return Err(wrong("shape", "a list of ints", other)),
             },
             "Transpose" => {
                 OpKind::Transpose { dim0: usize_of(take("dim0")?, "dim0")?, dim1: usize_of(take("dim1")?, "dim1")? }
             }
             "Permute" => match take("perm")? {
                 Attr::Ints(v) => OpKind::Permute { perm: v.iter().map(|&d| d as usize).collect() },
-                other => return Err(format!("attribute 'perm' must be a list of ints, found {other}")),
+                other => return Err(wrong("perm", "a list of ints", other)),
             },
             "Unsqueeze" => OpKind::Unsqueeze { dim: usize_of(take("dim")?, "dim")? },
             "Concat" => OpKind::Concat { dim: usize_of(take("dim")?, "dim")? },
@@ -199,7 +202,7 @@ impl OpKind {
             }
             "RMSNorm" => match take("eps")? {
                 Attr::Float(e) => OpKind::RmsNorm { eps: e },
-                other => return Err(format!("attribute 'eps' must be a float, found {other}")),
+                other => return Err(wrong("eps", "a float", other)),
             },
             "ReduceMin" | "ReduceMax" | "ReduceMean" => {
                 let kind = match name {
@@ -210,13 +213,13 @@ impl OpKind {
                 let dim = usize_of(take("dim")?, "dim")?;
                 let keepdim = match take("keepdim")? {
                     Attr::Bool(b) => b,
-                    other => return Err(format!("attribute 'keepdim' must be a bool, found {other}")),
+                    other => return Err(wrong("keepdim", "a bool", other)),
                 };
                 OpKind::Reduce { kind, dim, keepdim }
             }
             "CastType" => match take("to")? {
                 Attr::DType(d) => OpKind::Cast { to: d },
-                other => return Err(format!("attribute 'to' must be a dtype, found {other}")),
+                other => return Err(wrong("to", "a dtype", other)),
             },
             "MatMul" => OpKind::MatMul,
             "Add" => OpKind::Add,
@@ -230,7 +233,7 @@ impl OpKind {
             "Linear" => OpKind::Linear,
             "Equal" => OpKind::Equal,
             "Where" => OpKind::Where,
-            other => return Err(format!("unknown op type '{other}'")),
+            other => return Err(OpAttrError::UnknownOp(other.to_string())),
         })
     }
 
@@ -254,10 +257,10 @@ impl OpKind {
 
     /// Infers the output type from the input types. The error message names the shapes involved;
     /// the caller adds the op name, module path and call site.
-    pub fn infer(&self, inputs: &[&TensorType]) -> Result<TensorType, String> {
+    pub fn infer(&self, inputs: &[&TensorType]) -> Result<TensorType, InferError> {
         let (lo, hi) = self.arity();
         if inputs.len() < lo || inputs.len() > hi {
-            return Err(format!("expects {} inputs, got {}", arity_text(lo, hi), inputs.len()));
+            return Err(InferError::Arity { expected: arity_text(lo, hi), found: inputs.len() });
         }
         let x = inputs[0];
         let out = |shape: Vec<usize>, dtype: DType| Ok(TensorType { shape, dtype, device: x.device });
@@ -265,7 +268,7 @@ impl OpKind {
             if dim < rank {
                 Ok(())
             } else {
-                Err(format!("dim {dim} out of range for shape {}", fmt_shape(&x.shape)))
+                Err(InferError::Dim { dim, shape: x.shape.clone() })
             }
         };
         match self {
@@ -282,7 +285,7 @@ impl OpKind {
                 if perm.len() != x.rank()
                     || perm.iter().any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true))
                 {
-                    return Err(format!("perm {perm:?} is not a permutation of the dims of {}", fmt_shape(&x.shape)));
+                    return Err(InferError::Permutation { perm: perm.clone(), shape: x.shape.clone() });
                 }
                 out(perm.iter().map(|&p| x.shape[p]).collect(), x.dtype)
             }
@@ -295,7 +298,7 @@ impl OpKind {
             OpKind::Slice { dim, start, end } => {
                 dim_ok(*dim, x.rank())?;
                 if start > end || *end > x.shape[*dim] {
-                    return Err(format!("slice {start}..{end} out of range for dim {dim} of {}", fmt_shape(&x.shape)));
+                    return Err(InferError::Slice { start: *start, end: *end, dim: *dim, shape: x.shape.clone() });
                 }
                 let mut s = x.shape.clone();
                 s[*dim] = end - start;
@@ -308,11 +311,7 @@ impl OpKind {
                     let same_other_dims = t.rank() == x.rank()
                         && t.shape.iter().zip(&x.shape).enumerate().all(|(i, (a, b))| i == *dim || a == b);
                     if !same_other_dims {
-                        return Err(format!(
-                            "cannot concat {} with {} along dim {dim}",
-                            fmt_shape(&x.shape),
-                            fmt_shape(&t.shape)
-                        ));
+                        return Err(InferError::Concat { a: x.shape.clone(), b: t.shape.clone(), dim: *dim });
                     }
                     same_dtype(x, t)?;
                     s[*dim] += t.shape[*dim];
@@ -328,19 +327,18 @@ impl OpKind {
             OpKind::MatMul => {
                 let y = inputs[1];
                 if x.rank() < 2 || y.rank() < 2 {
-                    return Err(format!("needs rank >= 2, got {} and {}", fmt_shape(&x.shape), fmt_shape(&y.shape)));
+                    return Err(InferError::MatMulRank { a: x.shape.clone(), b: y.shape.clone() });
                 }
                 let (m, k) = (x.shape[x.rank() - 2], x.shape[x.rank() - 1]);
                 let (k2, n) = (y.shape[y.rank() - 2], y.shape[y.rank() - 1]);
                 if k != k2 {
-                    return Err(format!("inner dims differ: {} x {}", fmt_shape(&x.shape), fmt_shape(&y.shape)));
+                    return Err(InferError::InnerDims { a: x.shape.clone(), b: y.shape.clone() });
                 }
                 // Mixed operands are fine (uint16 activations x uint8 KV in the QNN form).
                 numeric(x)?;
                 numeric(y)?;
-                let mut s = broadcast(&x.shape[..x.rank() - 2], &y.shape[..y.rank() - 2]).map_err(|_| {
-                    format!("batch dims do not broadcast: {} x {}", fmt_shape(&x.shape), fmt_shape(&y.shape))
-                })?;
+                let mut s = broadcast(&x.shape[..x.rank() - 2], &y.shape[..y.rank() - 2])
+                    .map_err(|_| InferError::BatchDims { a: x.shape.clone(), b: y.shape.clone() })?;
                 s.extend([m, n]);
                 out(s, x.dtype)
             }
@@ -348,7 +346,7 @@ impl OpKind {
                 let y = inputs[1];
                 let s = broadcast(&x.shape, &y.shape)?;
                 if !x.dtype.is_numeric() || !y.dtype.is_numeric() {
-                    return Err(format!("needs numeric inputs, got {} and {}", x.dtype, y.dtype));
+                    return Err(InferError::NumericPair(x.dtype, y.dtype));
                 }
                 // A scalar constant (f32 [1]) combines with any numeric dtype; otherwise dtypes agree.
                 if !is_scalar_f32(y) && !is_scalar_f32(x) {
@@ -367,13 +365,9 @@ impl OpKind {
             }
             OpKind::RmsNorm { .. } => {
                 let w = inputs[1];
-                let d = *x.shape.last().ok_or("needs rank >= 1")?;
+                let d = *x.shape.last().ok_or(InferError::Scalar)?;
                 if w.shape != [d] {
-                    return Err(format!(
-                        "weight {} does not match last dim of {}",
-                        fmt_shape(&w.shape),
-                        fmt_shape(&x.shape)
-                    ));
+                    return Err(InferError::NormWeight { weight: w.shape.clone(), input: x.shape.clone() });
                 }
                 numeric(x)?;
                 out(x.shape.clone(), x.dtype)
@@ -381,10 +375,10 @@ impl OpKind {
             OpKind::Embedding => {
                 let w = inputs[1];
                 if !x.dtype.is_index() {
-                    return Err(format!("ids must be Int32/Int64, got {}", x.dtype));
+                    return Err(InferError::Index { what: "ids", found: x.dtype });
                 }
                 if w.rank() != 2 {
-                    return Err(format!("weight must be [vocab, hidden], got {}", fmt_shape(&w.shape)));
+                    return Err(InferError::EmbeddingWeight(w.shape.clone()));
                 }
                 let mut s = x.shape.clone();
                 s.push(w.shape[1]);
@@ -394,7 +388,7 @@ impl OpKind {
                 let idx = inputs[1];
                 dim_ok(*dim, x.rank())?;
                 if !idx.dtype.is_index() {
-                    return Err(format!("indices must be Int32/Int64, got {}", idx.dtype));
+                    return Err(InferError::Index { what: "indices", found: idx.dtype });
                 }
                 let mut s = x.shape[..*dim].to_vec();
                 s.extend(&idx.shape);
@@ -404,11 +398,7 @@ impl OpKind {
             OpKind::Conv2d => {
                 let w = inputs[1];
                 if x.rank() != 4 || w.rank() != 4 || w.shape[0] != 1 || w.shape[1] != 1 || w.shape[2] != x.shape[3] {
-                    return Err(format!(
-                        "needs NHWC input [N, H, W, In] and 1x1 HWIO weight [1, 1, In, Out], got {} and {}",
-                        fmt_shape(&x.shape),
-                        fmt_shape(&w.shape)
-                    ));
+                    return Err(InferError::Conv2d { input: x.shape.clone(), weight: w.shape.clone() });
                 }
                 check_bias(inputs.get(2), w.shape[3])?;
                 numeric(x)?;
@@ -416,13 +406,9 @@ impl OpKind {
             }
             OpKind::Linear => {
                 let w = inputs[1];
-                let k = *x.shape.last().ok_or("needs rank >= 1")?;
+                let k = *x.shape.last().ok_or(InferError::Scalar)?;
                 if w.rank() != 2 || w.shape[1] != k {
-                    return Err(format!(
-                        "weight {} does not match input {} (expected [out, {k}])",
-                        fmt_shape(&w.shape),
-                        fmt_shape(&x.shape)
-                    ));
+                    return Err(InferError::LinearWeight { weight: w.shape.clone(), input: x.shape.clone(), k });
                 }
                 check_bias(inputs.get(2), w.shape[0])?;
                 numeric(x)?;
@@ -448,7 +434,7 @@ impl OpKind {
             OpKind::Where => {
                 let (a, b) = (inputs[1], inputs[2]);
                 if x.dtype != DType::Bool {
-                    return Err(format!("condition must be Bool, got {}", x.dtype));
+                    return Err(InferError::Condition(x.dtype));
                 }
                 let s = broadcast(&broadcast(&x.shape, &a.shape)?, &b.shape)?;
                 if !is_scalar_f32(a) && !is_scalar_f32(b) {
@@ -478,31 +464,31 @@ fn is_scalar_f32(t: &TensorType) -> bool {
     t.dtype == DType::F32 && t.numel() == 1 && t.rank() <= 1
 }
 
-fn numeric(t: &TensorType) -> Result<(), String> {
+fn numeric(t: &TensorType) -> Result<(), InferError> {
     if t.dtype.is_numeric() {
         Ok(())
     } else {
-        Err(format!("needs a float or quantized input, got {}", t.dtype))
+        Err(InferError::NotNumeric(t.dtype))
     }
 }
 
-fn same_dtype(a: &TensorType, b: &TensorType) -> Result<(), String> {
+fn same_dtype(a: &TensorType, b: &TensorType) -> Result<(), InferError> {
     if a.dtype == b.dtype {
         Ok(())
     } else {
-        Err(format!("dtypes differ: {} and {}", a.dtype, b.dtype))
+        Err(InferError::DTypes(a.dtype, b.dtype))
     }
 }
 
-fn check_bias(bias: Option<&&TensorType>, out: usize) -> Result<(), String> {
+fn check_bias(bias: Option<&&TensorType>, out: usize) -> Result<(), InferError> {
     match bias {
-        Some(b) if b.shape != [out] => Err(format!("bias {} does not match {out} outputs", fmt_shape(&b.shape))),
+        Some(b) if b.shape != [out] => Err(InferError::Bias { bias: b.shape.clone(), outputs: out }),
         _ => Ok(()),
     }
 }
 
 /// Numpy broadcasting of two shapes.
-pub fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
+pub fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, InferError> {
     let n = a.len().max(b.len());
     let mut s = vec![0; n];
     for i in 0..n {
@@ -512,22 +498,22 @@ pub fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
             (x, y) if x == y => x,
             (1, y) => y,
             (x, 1) => x,
-            _ => return Err(format!("shapes {} and {} do not broadcast", fmt_shape(a), fmt_shape(b))),
+            _ => return Err(InferError::Broadcast { a: a.to_vec(), b: b.to_vec() }),
         };
     }
     Ok(s)
 }
 
 /// Resolves a view shape with at most one `-1` against the input's element count.
-pub fn resolve_view(input: &[usize], requested: &[i64]) -> Result<Vec<usize>, String> {
+pub fn resolve_view(input: &[usize], requested: &[i64]) -> Result<Vec<usize>, InferError> {
     let numel: usize = input.iter().product();
     let mut infer_at = None;
     let mut known = 1usize;
     for (i, &d) in requested.iter().enumerate() {
         match d {
             -1 if infer_at.is_none() => infer_at = Some(i),
-            -1 => return Err(format!("view {requested:?} has more than one -1")),
-            d if d < 0 => return Err(format!("view {requested:?} has a negative dim {d}")),
+            -1 => return Err(InferError::ViewTwoInferred(requested.to_vec())),
+            d if d < 0 => return Err(InferError::ViewNegative { view: requested.to_vec(), dim: d }),
             d => known *= d as usize,
         }
     }
@@ -535,9 +521,77 @@ pub fn resolve_view(input: &[usize], requested: &[i64]) -> Result<Vec<usize>, St
     match infer_at {
         Some(i) if known != 0 && numel.is_multiple_of(known) => s[i] = numel / known,
         None if known == numel => {}
-        _ => return Err(format!("cannot view {} ({numel} elements) as {requested:?}", fmt_shape(input))),
+        _ => return Err(InferError::View { input: input.to_vec(), numel, view: requested.to_vec() }),
     }
     Ok(s)
+}
+
+/// An op's printed attributes that do not rebuild it.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum OpAttrError {
+    #[error("{op}Op needs attribute '{key}'")]
+    Missing { op: String, key: String },
+    #[error("attribute '{key}' must be {expected}, found {found}")]
+    WrongKind { key: &'static str, expected: &'static str, found: Attr },
+    #[error("unknown op type '{0}'")]
+    UnknownOp(String),
+}
+
+/// Why an op's output type cannot be inferred from its inputs. The texts name the shapes and dtypes
+/// involved; the caller adds the op name, module path and call site.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum InferError {
+    #[error("expects {expected} inputs, got {found}")]
+    Arity { expected: String, found: usize },
+    #[error("dim {dim} out of range for shape {}", fmt_shape(shape))]
+    Dim { dim: usize, shape: Vec<usize> },
+    #[error("perm {perm:?} is not a permutation of the dims of {}", fmt_shape(shape))]
+    Permutation { perm: Vec<usize>, shape: Vec<usize> },
+    #[error("slice {start}..{end} out of range for dim {dim} of {}", fmt_shape(shape))]
+    Slice { start: usize, end: usize, dim: usize, shape: Vec<usize> },
+    #[error("cannot concat {} with {} along dim {dim}", fmt_shape(a), fmt_shape(b))]
+    Concat { a: Vec<usize>, b: Vec<usize>, dim: usize },
+    #[error("needs rank >= 2, got {} and {}", fmt_shape(a), fmt_shape(b))]
+    MatMulRank { a: Vec<usize>, b: Vec<usize> },
+    #[error("inner dims differ: {} x {}", fmt_shape(a), fmt_shape(b))]
+    InnerDims { a: Vec<usize>, b: Vec<usize> },
+    #[error("batch dims do not broadcast: {} x {}", fmt_shape(a), fmt_shape(b))]
+    BatchDims { a: Vec<usize>, b: Vec<usize> },
+    #[error("shapes {} and {} do not broadcast", fmt_shape(a), fmt_shape(b))]
+    Broadcast { a: Vec<usize>, b: Vec<usize> },
+    #[error("needs numeric inputs, got {0} and {1}")]
+    NumericPair(DType, DType),
+    #[error("needs a float or quantized input, got {0}")]
+    NotNumeric(DType),
+    #[error("dtypes differ: {0} and {1}")]
+    DTypes(DType, DType),
+    #[error("needs rank >= 1")]
+    Scalar,
+    #[error("weight {} does not match last dim of {}", fmt_shape(weight), fmt_shape(input))]
+    NormWeight { weight: Vec<usize>, input: Vec<usize> },
+    /// `what` is "ids" (Embedding) or "indices" (Gather).
+    #[error("{what} must be Int32/Int64, got {found}")]
+    Index { what: &'static str, found: DType },
+    #[error("weight must be [vocab, hidden], got {}", fmt_shape(.0))]
+    EmbeddingWeight(Vec<usize>),
+    #[error(
+        "needs NHWC input [N, H, W, In] and 1x1 HWIO weight [1, 1, In, Out], got {} and {}",
+        fmt_shape(input),
+        fmt_shape(weight)
+    )]
+    Conv2d { input: Vec<usize>, weight: Vec<usize> },
+    #[error("weight {} does not match input {} (expected [out, {k}])", fmt_shape(weight), fmt_shape(input))]
+    LinearWeight { weight: Vec<usize>, input: Vec<usize>, k: usize },
+    #[error("bias {} does not match {outputs} outputs", fmt_shape(bias))]
+    Bias { bias: Vec<usize>, outputs: usize },
+    #[error("condition must be Bool, got {0}")]
+    Condition(DType),
+    #[error("view {0:?} has more than one -1")]
+    ViewTwoInferred(Vec<i64>),
+    #[error("view {view:?} has a negative dim {dim}")]
+    ViewNegative { view: Vec<i64>, dim: i64 },
+    #[error("cannot view {} ({numel} elements) as {view:?}", fmt_shape(input))]
+    View { input: Vec<usize>, numel: usize, view: Vec<i64> },
 }
 
 /// A dim outside `-rank..rank`.

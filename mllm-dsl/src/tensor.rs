@@ -340,7 +340,7 @@ pub(crate) fn op_error(op: &str, site: CallSite, message: String) -> Error {
 /// Layers pass their path as `name`; anonymous ops are named by the trace.
 pub fn apply(kind: OpKind, inputs: &[&Tensor], name: Option<&str>, site: CallSite) -> Result<Tensor> {
     let types: Vec<&TensorType> = inputs.iter().map(|t| t.ty()).collect();
-    let out_ty = kind.infer(&types).map_err(|m| op_error(kind.type_name(), site, m))?;
+    let out_ty = kind.infer(&types).map_err(|m| op_error(kind.type_name(), site, m.to_string()))?;
     if trace::is_tracing() {
         return trace::record(kind, inputs, out_ty, name.map(str::to_string));
     }

@@ -607,7 +607,7 @@ impl Parser {
                     self.expect('>')?;
                 }
                 let mut attrs = if self.peek() == Some(&Tok::Punct('[')) { self.attrs()? } else { Attrs::new() };
-                let kind = OpKind::from_parts(&type_name, &mut attrs).map_err(|e| self.err(e))?;
+                let kind = OpKind::from_parts(&type_name, &mut attrs).map_err(|e| self.err(e.to_string()))?;
                 let inputs = self.list(false)?;
                 self.expect_arrow()?;
                 let outputs = self.list(true)?;
