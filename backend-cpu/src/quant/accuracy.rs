@@ -61,14 +61,15 @@ pub struct Comparison {
 
 impl Comparison {
     /// Compares two equally long tensors whose rows are `row_len` long (argmax per row).
-    pub fn new(name: impl Into<String>, reference: &[f32], test: &[f32], row_len: usize) -> Result<Self, String> {
+    pub fn new(
+        name: impl Into<String>,
+        reference: &[f32],
+        test: &[f32],
+        row_len: usize,
+    ) -> Result<Self, ComparisonError> {
         let name = name.into();
         if reference.len() != test.len() || row_len == 0 || !reference.len().is_multiple_of(row_len) {
-            return Err(format!(
-                "`{name}`: cannot compare {} reference values with {} test values in rows of {row_len}",
-                reference.len(),
-                test.len()
-            ));
+            return Err(ComparisonError { name, reference: reference.len(), test: test.len(), row_len });
         }
         let (mut signal, mut noise, mut max_abs) = (0f64, 0f64, 0f32);
         for (&r, &t) in reference.iter().zip(test) {
@@ -86,6 +87,16 @@ impl Comparison {
             .count();
         Ok(Comparison { name, sqnr_db, max_abs_error: max_abs, top1_agreement: agree as f64 / rows as f64, rows })
     }
+}
+
+/// Two tensors that cannot be compared row by row: their lengths differ or are not whole rows.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{name}`: cannot compare {reference} reference values with {test} test values in rows of {row_len}")]
+pub struct ComparisonError {
+    pub name: String,
+    pub reference: usize,
+    pub test: usize,
+    pub row_len: usize,
 }
 
 /// Index of the first largest value (NaN never wins).

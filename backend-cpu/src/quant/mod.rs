@@ -19,7 +19,7 @@ pub mod fake_quant;
 pub mod params;
 pub mod prefill;
 
-pub use accuracy::{AccuracyReport, Comparison, RecordingHook};
+pub use accuracy::{AccuracyReport, Comparison, ComparisonError, RecordingHook};
 pub use calibrate::{Calibration, CalibrationMode, CalibrationWeights, ObserverHook};
 pub use error::QuantizationError;
 pub use export::{plan_export, quantize_weights, write_quantized_checkpoint, ExportPlan, ParamPlan, QuantizedWeights};
