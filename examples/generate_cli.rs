@@ -157,14 +157,13 @@ pub fn run_generate_io(
         collect_prompt_logits: args.logits_out.is_some(),
     };
     let mut generator = match model {
-        Model::Cpu(m, _) => AnyGenerator::Cpu(Generator::new(*m)?),
-        Model::Qnn(m, _) => AnyGenerator::Qnn(Generator::new(*m)?),
-        Model::QnnSdk(m, _) => AnyGenerator::QnnSdk(Generator::new(*m)?),
+        Model::Cpu(m, _) => AnyGenerator::Cpu(Box::new(Generator::new(*m)?)),
+        Model::Qnn(m, _) => AnyGenerator::Qnn(Box::new(Generator::new(*m)?)),
+        Model::QnnSdk(m, _) => AnyGenerator::QnnSdk(Box::new(Generator::new(*m)?)),
     };
     let mut lines = Vec::new();
     // Several turns: user lines from `input` until it ends.
-    if conversation.is_some() && args.prompt.is_none() {
-        let (conv, tok) = (conversation.as_mut().expect("chat"), tokenizer.as_ref().expect("chat loads it"));
+    if let (Some(conv), Some(tok), None) = (conversation.as_mut(), tokenizer.as_ref(), &args.prompt) {
         let mut line = String::new();
         loop {
             write!(output, "> ")?;
@@ -257,9 +256,9 @@ fn turn_lines(
 
 /// A generator over any of the models, so one can serve several turns.
 enum AnyGenerator {
-    Cpu(Generator<backend_cpu::CpuChunkModel>),
-    Qnn(Generator<QnnChunkModel<EmulatedHtp>>),
-    QnnSdk(Generator<SdkChunkModel>),
+    Cpu(Box<Generator<backend_cpu::CpuChunkModel>>),
+    Qnn(Box<Generator<QnnChunkModel<EmulatedHtp>>>),
+    QnnSdk(Box<Generator<SdkChunkModel>>),
 }
 
 impl AnyGenerator {
