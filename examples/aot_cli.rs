@@ -61,7 +61,8 @@ pub struct AotArgs {
     /// Calibration text: paragraphs separated by blank lines, tokenized with the model dir's tokenizer.json.
     #[arg(long, value_name = "FILE")]
     pub calib_text: Option<PathBuf>,
-    /// With --calib-text: wrap each paragraph in Qwen3's non-thinking chat template (as pymllm does).
+    /// With --calib-text: each paragraph as a user turn through the model's own chat template
+    /// (chat_template.jinja or tokenizer_config.json; Qwen3's in non-thinking mode), as pymllm does.
     #[arg(long, requires = "calib_text")]
     pub chat: bool,
     /// Context length of the graphs: the mask width, K/V cache = context - chunk positions.

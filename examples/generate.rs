@@ -3,7 +3,14 @@
 //! ```text
 //! cargo run --release --example generate -- --model fixtures/qwen3-dev-f32 --prompt-ids 5,17,42
 //! ```
-//! Prints `ids: a,b,c,…` (prompt then generated ids); with `--prompt` also the decoded text.
+//! Prints `ids: a,b,c,…` (prompt then generated ids); with `--prompt` the text first, as it is
+//! produced. `--chat` applies the model's own chat template (`--system` sets the system prompt);
+//! without `--prompt` it reads user turns from standard input, one per line:
+//!
+//! ```text
+//! cargo run --release --example generate -- --model "$(scripts/fetch-smollm2)" --chat \
+//!     --prompt "What is the capital of France?"
+//! ```
 //!
 //! A quantized checkpoint (mllm's pymllm export, or `quantize`'s output) runs in fake-quant mode:
 //! weights, norms, embedding and RoPE tables are decoded from the file and every QDQ point
@@ -21,10 +28,14 @@
 //! ```
 
 use clap::Parser;
-use mllm_examples::generate_cli::{run_generate, GenerateArgs};
+use mllm_examples::generate_cli::{run_generate_io, GenerateArgs};
 
 fn main() -> anyhow::Result<()> {
-    for line in run_generate(&GenerateArgs::parse())? {
+    let args = GenerateArgs::parse();
+    // Text prompts stream their answer as it is produced; the summary lines follow.
+    let stream = args.prompt.is_some() || args.chat;
+    let mut stdout = std::io::stdout();
+    for line in run_generate_io(&args, &mut std::io::stdin().lock(), &mut stdout, stream)? {
         println!("{line}");
     }
     Ok(())

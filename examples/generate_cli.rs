@@ -2,7 +2,7 @@
 //! tests drive it exactly like the command line does.
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use aot::{load_model, lower_for_context, qwen3_chat_prompt, RunMode};
+use aot::{load_chat_template, load_model, lower_for_context, stop_ids, Conversation, RunMode, TextStream};
 use backend_qnn::sdk::{EmulatedHtp, SdkChunkModel, SdkError};
 use backend_qnn::{QnnChunkModel, QnnModelError};
 use checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
@@ -10,6 +10,8 @@ use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator, RandomSampling, Sampling};
 use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -20,14 +22,20 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub model: PathBuf,
     /// Prompt as comma-separated token ids, e.g. 5,17,42.
-    #[arg(long, value_delimiter = ',', conflicts_with = "prompt", required_unless_present = "prompt")]
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt", "chat"], required_unless_present_any = ["prompt", "chat"])]
     pub prompt_ids: Vec<u32>,
     /// Prompt text, tokenized with the directory's tokenizer.json.
     #[arg(long)]
     pub prompt: Option<String>,
-    /// Apply Qwen3's chat template (non-thinking) to --prompt.
-    #[arg(long, requires = "prompt")]
+    /// Chat with the model's own chat template (chat_template.jinja or tokenizer_config.json's
+    /// `chat_template`; Qwen3's in non-thinking mode): --prompt is the user's turn; without
+    /// --prompt, user turns are read from standard input, one per line, and each is answered with
+    /// the whole conversation so far. Generation stops at the model's EOS tokens.
+    #[arg(long)]
     pub chat: bool,
+    /// With --chat: the system prompt (else the template's default, if it has one).
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
     #[arg(long, default_value_t = 32)]
     pub max_new_tokens: usize,
     /// Prefill chunk size (the last chunk is zero-padded).
@@ -70,8 +78,21 @@ pub struct GenerateArgs {
     pub qnn_emulate: bool,
 }
 
-/// Runs generation and returns the lines the command prints.
+/// Runs generation and returns the lines the command prints (`ids: …`, `text: …`, timings); with
+/// --chat and no --prompt there are no user turns to read, so nothing is generated.
 pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
+    run_generate_io(args, &mut std::io::empty(), &mut std::io::sink(), false)
+}
+
+/// Like [`run_generate`], reading chat turns from `input` (--chat without --prompt) and, with
+/// `stream`, writing the generated text to `output` as it is produced (the returned lines then
+/// leave it out).
+pub fn run_generate_io(
+    args: &GenerateArgs,
+    input: &mut dyn BufRead,
+    output: &mut dyn Write,
+    stream: bool,
+) -> Result<Vec<String>> {
     if args.chunk == 0 || args.chunk >= args.context {
         bail!("--chunk {} must be at least 1 and smaller than --context {}", args.chunk, args.context);
     }
@@ -103,27 +124,17 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
     let hf = match &model {
         Model::Cpu(_, c) | Model::Qnn(_, c) | Model::QnnSdk(_, c) => c.clone(),
     };
-    let tokenizer = match &args.prompt {
-        Some(_) => {
-            let path = args.model.join("tokenizer.json");
-            Some(tokenizers::Tokenizer::from_file(&path).map_err(|e| anyhow!("cannot load {}: {e}", path.display()))?)
-        }
-        None => None,
+    let tokenizer = if args.prompt.is_some() || args.chat {
+        let path = args.model.join("tokenizer.json");
+        Some(tokenizers::Tokenizer::from_file(&path).map_err(|e| anyhow!("cannot load {}: {e}", path.display()))?)
+    } else {
+        None
     };
-    let prompt: Vec<u32> = match (&args.prompt, &tokenizer) {
-        (Some(text), Some(tok)) => {
-            let text = if args.chat { qwen3_chat_prompt(text) } else { text.clone() };
-            tok.encode(text, false).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec()
-        }
-        _ => args.prompt_ids.clone(),
+    let mut conversation = match args.chat {
+        true => Some(Conversation::new(load_chat_template(&args.model)?, args.system.as_deref())),
+        false => None,
     };
-    if prompt.is_empty() {
-        bail!("the prompt is empty");
-    }
     let vocab = hf.vocab_size;
-    if let Some(&bad) = prompt.iter().find(|&&id| id as usize >= vocab) {
-        bail!("prompt id {bad} is outside the vocabulary of {} ({vocab} ids)", args.model.display());
-    }
     let sampling = if args.temperature > 0.0 {
         Sampling::Random(RandomSampling {
             temperature: args.temperature,
@@ -134,23 +145,68 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
     } else {
         Sampling::Greedy
     };
+    let eos_ids = match &tokenizer {
+        Some(tok) => stop_ids(&hf.eos_token_ids, conversation.as_ref().map(Conversation::template), tok),
+        None => hf.eos_token_ids.clone(),
+    };
     let config = GenerationConfig {
         max_new_tokens: args.max_new_tokens,
         prefill_chunk: args.chunk,
         sampling,
-        eos_ids: hf.eos_token_ids.clone(),
+        eos_ids,
         collect_prompt_logits: args.logits_out.is_some(),
     };
-    let out = match model {
-        Model::Cpu(m, _) => generate(*m, &prompt, &config)?,
-        Model::Qnn(m, _) => generate(*m, &prompt, &config)?,
-        Model::QnnSdk(m, _) => generate(*m, &prompt, &config)?,
+    let mut generator = match model {
+        Model::Cpu(m, _) => AnyGenerator::Cpu(Box::new(Generator::new(*m)?)),
+        Model::Qnn(m, _) => AnyGenerator::Qnn(Box::new(Generator::new(*m)?)),
+        Model::QnnSdk(m, _) => AnyGenerator::QnnSdk(Box::new(Generator::new(*m)?)),
     };
-    let all: Vec<u32> = prompt.iter().chain(&out.ids).copied().collect();
-    let mut lines = vec![format!("ids: {}", all.iter().map(u32::to_string).collect::<Vec<_>>().join(","))];
-    if let Some(tok) = &tokenizer {
-        let text = tok.decode(&out.ids, true).map_err(|e| anyhow!("decoding: {e}"))?;
-        lines.push(format!("text: {text}"));
+    let mut lines = Vec::new();
+    // Several turns: user lines from `input` until it ends.
+    if let (Some(conv), Some(tok), None) = (conversation.as_mut(), tokenizer.as_ref(), &args.prompt) {
+        let mut line = String::new();
+        loop {
+            write!(output, "> ")?;
+            output.flush()?;
+            line.clear();
+            if input.read_line(&mut line).context("reading the next user turn")? == 0 {
+                break;
+            }
+            let user = line.trim();
+            if user.is_empty() {
+                continue;
+            }
+            let prompt = encode(tok, &conv.user_says(user)?, vocab, &args.model)?;
+            let out = generator.generate(&prompt, &config, tok, stream, output)?;
+            let reply = tok.decode(&out.ids, true).map_err(|e| anyhow!("decoding: {e}"))?;
+            conv.assistant_said(reply.trim());
+            lines.extend(turn_lines(&prompt, &out, tok, stream)?);
+        }
+        return Ok(lines);
+    }
+    let prompt: Vec<u32> = match (&args.prompt, &tokenizer) {
+        (Some(text), Some(tok)) => {
+            let text = match conversation.as_mut() {
+                Some(conv) => conv.user_says(text)?,
+                None => text.clone(),
+            };
+            encode(tok, &text, vocab, &args.model)?
+        }
+        _ => args.prompt_ids.clone(),
+    };
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    if let Some(&bad) = prompt.iter().find(|&&id| id as usize >= vocab) {
+        bail!("prompt id {bad} is outside the vocabulary of {} ({vocab} ids)", args.model.display());
+    }
+    let out = match &tokenizer {
+        Some(tok) => generator.generate(&prompt, &config, tok, stream, output)?,
+        None => generator.generate_ids(&prompt, &config)?,
+    };
+    match &tokenizer {
+        Some(tok) => lines.extend(turn_lines(&prompt, &out, tok, stream)?),
+        None => lines.push(ids_line(&prompt, &out)),
     }
     if let (Some(path), Some(logits)) = (&args.logits_out, &out.prompt_logits) {
         let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -169,6 +225,94 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
     Ok(lines)
 }
 
+/// `text`'s ids, checked against the vocabulary.
+fn encode(tok: &tokenizers::Tokenizer, text: &str, vocab: usize, model: &Path) -> Result<Vec<u32>> {
+    let ids = tok.encode(text, false).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec();
+    ensure!(!ids.is_empty(), "the prompt is empty");
+    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+        bail!("{}: tokenizer.json gives id {bad}, outside the model's vocabulary of {vocab} ids", model.display());
+    }
+    Ok(ids)
+}
+
+fn ids_line(prompt: &[u32], out: &GenerationOutput) -> String {
+    let all: Vec<String> = prompt.iter().chain(&out.ids).map(u32::to_string).collect();
+    format!("ids: {}", all.join(","))
+}
+
+/// `ids: …` and, unless the text was already streamed, `text: …`.
+fn turn_lines(
+    prompt: &[u32],
+    out: &GenerationOutput,
+    tok: &tokenizers::Tokenizer,
+    streamed: bool,
+) -> Result<Vec<String>> {
+    let mut lines = vec![ids_line(prompt, out)];
+    if !streamed {
+        lines.push(format!("text: {}", tok.decode(&out.ids, true).map_err(|e| anyhow!("decoding: {e}"))?));
+    }
+    Ok(lines)
+}
+
+/// A generator over any of the models, so one can serve several turns.
+enum AnyGenerator {
+    Cpu(Box<Generator<backend_cpu::CpuChunkModel>>),
+    Qnn(Box<Generator<QnnChunkModel<EmulatedHtp>>>),
+    QnnSdk(Box<Generator<SdkChunkModel>>),
+}
+
+impl AnyGenerator {
+    fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        config: &GenerationConfig,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<GenerationOutput> {
+        let out = match self {
+            AnyGenerator::Cpu(g) => g.generate_streaming(prompt, config, on_token),
+            AnyGenerator::Qnn(g) => g.generate_streaming(prompt, config, on_token),
+            AnyGenerator::QnnSdk(g) => g.generate_streaming(prompt, config, on_token),
+        };
+        out.context("generation failed")
+    }
+
+    fn generate_ids(&mut self, prompt: &[u32], config: &GenerationConfig) -> Result<GenerationOutput> {
+        self.generate_with(prompt, config, &mut |_| ControlFlow::Continue(()))
+    }
+
+    /// Generates; with `stream`, writes the text to `output` as each token arrives.
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        config: &GenerationConfig,
+        tok: &tokenizers::Tokenizer,
+        stream: bool,
+        output: &mut dyn Write,
+    ) -> Result<GenerationOutput> {
+        if !stream {
+            return self.generate_ids(prompt, config);
+        }
+        let mut text = TextStream::new(tok);
+        let mut failed = None;
+        let out = self.generate_with(prompt, config, &mut |id| {
+            let written =
+                text.push(id).and_then(|piece| Ok(output.write_all(piece.as_bytes()).and_then(|()| output.flush())?));
+            match written {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(e) => {
+                    failed = Some(e);
+                    ControlFlow::Break(())
+                }
+            }
+        })?;
+        if let Some(e) = failed {
+            return Err(e.context("writing the generated text"));
+        }
+        writeln!(output)?;
+        Ok(out)
+    }
+}
+
 /// The model generation runs on, with the checkpoint's config (vocabulary, EOS ids).
 enum Model {
     Cpu(Box<backend_cpu::CpuChunkModel>, HfConfig),
@@ -180,10 +324,6 @@ enum Model {
 enum QnnModel {
     Emulated(Box<QnnChunkModel<EmulatedHtp>>),
     Sdk(Box<SdkChunkModel>),
-}
-
-fn generate<M: ChunkModel>(model: M, prompt: &[u32], config: &GenerationConfig) -> Result<GenerationOutput> {
-    Generator::new(model)?.generate(prompt, config).context("generation failed")
 }
 
 /// The context binary at `binary` as a chunk model (see `--qnn-context` / `--qnn-emulate`).

@@ -9,7 +9,8 @@
 //!
 //! `--calib-ids`: safetensors with `calib_ids`, int64 `[N, L]` (each row one sequence).
 //! `--calib-text`: a text file whose blank-line separated paragraphs are tokenized with the
-//! model's `tokenizer.json` (through Qwen3's chat template with `--chat`, as pymllm does).
+//! model's `tokenizer.json` (with `--chat`, each as a user turn through the model's own chat template,
+//! as pymllm does).
 //! `--mllm-compatible` reproduces pymllm's calibration, quirks included; the default observes the
 //! model as deployed. `DIR` receives `model.safetensors`, `config.json` (with
 //! `linear_block_size`), the tokenizer files and `report.json`; `generate --model DIR` then runs
@@ -38,7 +39,8 @@ struct Args {
     /// Calibration text: paragraphs separated by blank lines, tokenized with tokenizer.json.
     #[arg(long)]
     calib_text: Option<PathBuf>,
-    /// With --calib-text: wrap each paragraph in Qwen3's non-thinking chat template.
+    /// With --calib-text: each paragraph as a user turn through the model's own chat template
+    /// (chat_template.jinja or tokenizer_config.json; Qwen3's in non-thinking mode).
     #[arg(long, requires = "calib_text")]
     chat: bool,
     /// With --calib-text: tokens kept per paragraph.
@@ -75,7 +77,9 @@ fn main() -> Result<()> {
     let calibration = match (&args.calib_ids, &args.calib_text) {
         (Some(path), _) => load_id_sequences(path, "calib_ids", hf.vocab_size)?,
         (None, Some(path)) => {
-            load_text_sequences(path, &args.model.join("tokenizer.json"), args.max_length, args.num_samples, args.chat)?
+            let template = if args.chat { Some(aot::load_chat_template(&args.model)?) } else { None };
+            let tokenizer = args.model.join("tokenizer.json");
+            load_text_sequences(path, &tokenizer, args.max_length, args.num_samples, template.as_ref())?
         }
         (None, None) => unreachable!("clap requires one calibration source"),
     };

@@ -60,7 +60,7 @@ pub enum CalibSource {
     /// Safetensors with `calib_ids`, int64 (or int32) `[N, L]`.
     Ids(PathBuf),
     /// Paragraphs separated by blank lines, tokenized with the model directory's `tokenizer.json`
-    /// (through Qwen3's chat template when `chat`).
+    /// (each paragraph as a user turn through the model directory's own chat template when `chat`).
     Text { path: PathBuf, chat: bool },
 }
 
@@ -158,7 +158,9 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
             let calibration = match &calib {
                 CalibSource::Ids(path) => load_id_sequences(path, "calib_ids", hf.vocab_size)?,
                 CalibSource::Text { path, chat } => {
-                    load_text_sequences(path, &float_dir.join("tokenizer.json"), opts.max_positions, 128, *chat)?
+                    let template = if *chat { Some(crate::chat::load_chat_template(float_dir)?) } else { None };
+                    let tokenizer = float_dir.join("tokenizer.json");
+                    load_text_sequences(path, &tokenizer, opts.max_positions, 128, template.as_ref())?
                 }
             };
             timings.load += t.elapsed().as_secs_f64();

@@ -15,6 +15,7 @@
 //! backend-cpu, lowering and artifacts come from backend-qnn, and the ledger compares the two.
 
 pub mod calibrate;
+pub mod chat;
 pub mod compile;
 pub mod config;
 pub mod embedded;
@@ -27,10 +28,11 @@ pub mod sequences;
 pub mod trace;
 
 pub use calibrate::{evaluate, quantize, QuantizeOptions, QuantizeOutcome};
+pub use chat::{load_chat_template, stop_ids, user_turn_prompt, Conversation, TextStream};
 pub use compile::{lower_for_context, run, AotOptions, CalibSource, ModelSource, CONTEXT_BINARY_HINT};
 pub use config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
 pub use ledger::LedgerEntry;
 pub use load::{load_float, load_model, CpuModel, RunMode};
 pub use report::{AotReport, GraphReport, Timings};
-pub use sequences::{load_id_sequences, load_text_sequences, qwen3_chat_prompt};
+pub use sequences::{load_id_sequences, load_text_sequences};
 pub use trace::{trace_graph, trace_model};

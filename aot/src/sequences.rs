@@ -4,7 +4,9 @@
 use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
-use checkpoint::SafetensorsCheckpoint;
+use checkpoint::{ChatTemplate, SafetensorsCheckpoint};
+
+use crate::chat::user_turn_prompt;
 
 /// Token sequences from `calib_ids`-style safetensors: an int64 (or int32) `[N, L]` tensor `key`.
 pub fn load_id_sequences(path: &Path, key: &str, vocab_size: usize) -> Result<Vec<Vec<i64>>> {
@@ -27,21 +29,24 @@ pub fn load_id_sequences(path: &Path, key: &str, vocab_size: usize) -> Result<Ve
 }
 
 /// Calibration sequences from a text file: paragraphs separated by blank lines, each tokenized
-/// with `tokenizer.json` (through Qwen3's non-thinking chat template when `chat`, as pymllm's
-/// calibration does) and cut to `max_len` tokens; at most `max_samples` of them.
+/// with `tokenizer.json` (as one user turn through the model's chat template when `chat` is given,
+/// as pymllm's calibration does) and cut to `max_len` tokens; at most `max_samples` of them.
 pub fn load_text_sequences(
     path: &Path,
     tokenizer: &Path,
     max_len: usize,
     max_samples: usize,
-    chat: bool,
+    chat: Option<&ChatTemplate>,
 ) -> Result<Vec<Vec<i64>>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let tok = tokenizers::Tokenizer::from_file(tokenizer)
         .map_err(|e| anyhow::anyhow!("cannot load tokenizer {}: {e}", tokenizer.display()))?;
     let mut out = Vec::new();
     for para in text.split("\n\n").map(str::trim).filter(|p| !p.is_empty()).take(max_samples) {
-        let input = if chat { qwen3_chat_prompt(para) } else { para.to_string() };
+        let input = match chat {
+            Some(template) => user_turn_prompt(template, para)?,
+            None => para.to_string(),
+        };
         let enc = tok.encode(input, false).map_err(|e| anyhow::anyhow!("tokenizing {}: {e}", path.display()))?;
         let ids: Vec<i64> = enc.get_ids().iter().take(max_len).map(|&i| i64::from(i)).collect();
         if !ids.is_empty() {
@@ -50,9 +55,4 @@ pub fn load_text_sequences(
     }
     ensure!(!out.is_empty(), "{}: no non-empty paragraph to calibrate on", path.display());
     Ok(out)
-}
-
-/// Qwen3's chat template in non-thinking mode (`enable_thinking=False`), as mllm's runner applies it.
-pub fn qwen3_chat_prompt(user: &str) -> String {
-    format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
 }

@@ -24,7 +24,9 @@ fn model_with_tokenizer(name: &str) -> PathBuf {
     for f in ["config.json", "generation_config.json", "model.safetensors"] {
         std::fs::copy(fixtures().join("qwen3-dev-f32").join(f), dir.join(f)).unwrap();
     }
-    std::fs::copy(fixtures().join("tokenizer-tiny/tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    for f in ["tokenizer.json", "chat_template.jinja"] {
+        std::fs::copy(fixtures().join("tokenizer-tiny").join(f), dir.join(f)).unwrap();
+    }
     dir
 }
 
@@ -103,8 +105,10 @@ fn text_prompt_is_tokenized_with_tokenizer_json() {
     assert!(lines[1].starts_with("text: "), "{lines:?}");
 }
 
+/// The directory's chat template (tokenizer-tiny's Qwen3-style one) in non-thinking mode gives the
+/// ids of mllm's runner prompt (expected.json).
 #[test]
-fn chat_applies_qwen3_non_thinking_template() {
+fn chat_applies_the_directory_template_non_thinking() {
     let dir = model_with_tokenizer("gen_tok_chat");
     let chat = &expected_json()["chat"];
     let lines = run(&[

@@ -227,12 +227,13 @@ fn text_calibration_splits_paragraphs_and_truncates() {
     std::fs::write(&text, "Alice was reading a book.\n\n\n  \nTwinkle, twinkle, little star.\nHow I wonder.\n")
         .unwrap();
     let tokenizer = fixture("tokenizer-tiny").join("tokenizer.json");
-    let seqs = aot::load_text_sequences(&text, &tokenizer, 5, 10, false).unwrap();
+    let seqs = aot::load_text_sequences(&text, &tokenizer, 5, 10, None).unwrap();
     assert_eq!(seqs.len(), 2, "{seqs:?}");
     // expected.json: "Alice was reading a book." -> [81, 92, 113, 127, 78, 126, 8], cut to 5.
     assert_eq!(seqs[0], vec![81, 92, 113, 127, 78]);
     assert!(seqs[1].len() == 5);
-    let chat = aot::load_text_sequences(&text, &tokenizer, 1000, 1, true).unwrap();
+    let template = checkpoint::ChatTemplate::from_dir(&fixture("tokenizer-tiny")).unwrap();
+    let chat = aot::load_text_sequences(&text, &tokenizer, 1000, 1, Some(&template)).unwrap();
     assert_eq!(chat.len(), 1);
     assert_eq!(chat[0][0], 1, "the chat template starts with <|im_start|>");
     let _ = std::fs::remove_file(&text);

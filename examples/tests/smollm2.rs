@@ -128,3 +128,53 @@ fn float_logits_and_greedy_match_hf() {
         assert_eq!(out.ids, greedy, "{case}: greedy ids");
     }
 }
+
+fn generate_args(dir: &Path, extra: &[&str]) -> mllm_examples::generate_cli::GenerateArgs {
+    use clap::Parser;
+    let mut argv = vec!["generate", "--model", dir.to_str().unwrap(), "--context", "256", "--max-new-tokens", "24"];
+    argv.extend_from_slice(extra);
+    mllm_examples::generate_cli::GenerateArgs::try_parse_from(argv).unwrap()
+}
+
+fn ids_of(line: &str) -> Vec<u32> {
+    line.strip_prefix("ids: ").unwrap().split(',').map(|s| s.parse().unwrap()).collect()
+}
+
+/// `generate --chat --prompt`: the model's own template (HF's ids for the prompt), HF's greedy
+/// answer, stopped at the model's EOS `<|im_end|>`; streamed text equals the decoded answer.
+#[test]
+fn generate_chat_is_text_in_text_out() {
+    let dir = model_dir();
+    let r = reference();
+    let want_prompt = ids(&r, "chat.input_ids");
+    let greedy = ids(&r, "chat.greedy_ids");
+    let eos = greedy.iter().position(|&id| id == 2).expect("HF's answer ends its turn");
+    let args = generate_args(&dir, &["--chat", "--prompt", "What is the capital of France?"]);
+    let mut streamed = Vec::new();
+    let lines =
+        mllm_examples::generate_cli::run_generate_io(&args, &mut std::io::empty(), &mut streamed, true).unwrap();
+    let got = ids_of(&lines[0]);
+    assert_eq!(got[..want_prompt.len()], want_prompt[..], "prompt ids");
+    assert_eq!(got[want_prompt.len()..], greedy[..=eos], "answer ids, stopped at <|im_end|>");
+    let text = tokenizer(&dir).decode(&greedy[..eos], true).unwrap();
+    assert_eq!(String::from_utf8(streamed).unwrap(), format!("{text}\n"));
+    assert!(text.contains("Paris"), "{text}");
+}
+
+/// Several turns from standard input with a system prompt: each turn's prompt is the whole
+/// conversation, so it starts with the previous turn's prompt and answer (ending in `<|im_end|>`).
+#[test]
+fn generate_chat_keeps_the_conversation() {
+    let dir = model_dir();
+    let args = generate_args(&dir, &["--chat", "--system", "Answer in one short sentence."]);
+    let mut input = std::io::Cursor::new("What is the capital of France?\n\nAnd of Italy?\n");
+    let lines = mllm_examples::generate_cli::run_generate_io(&args, &mut input, &mut std::io::sink(), false).unwrap();
+    assert_eq!(lines.len(), 4, "ids and text per turn: {lines:?}");
+    let (first, second) = (ids_of(&lines[0]), ids_of(&lines[2]));
+    assert_eq!(first.last(), Some(&2), "the first answer ends at <|im_end|>");
+    assert_eq!(second[..first.len()], first[..], "the second prompt continues the first turn");
+    let tok = tokenizer(&dir);
+    let system = tok.decode(&first[..12], false).unwrap();
+    assert!(system.starts_with("<|im_start|>system\nAnswer in one short sentence."), "{system}");
+    assert!(lines[3].starts_with("text: ") && lines[3].len() > "text: ".len(), "{lines:?}");
+}
