@@ -300,23 +300,6 @@ fn missing_library_names_the_path() {
     assert!(msg.starts_with("cannot open QNN library /nonexistent/qairt/lib/x86_64-linux-clang/libQnnHtp.so"), "{msg}");
 }
 
-/// With a real QAIRT SDK (`QNN_SDK_ROOT` set for build and run): prepare the toy for SM8650
-/// with Qualcomm's HTP backend and read the binary back with its system library.
-#[test]
-#[ignore = "needs a real QAIRT SDK; run with --ignored"]
-fn real_sdk_builds_the_toy_for_sm8650() {
-    let paths = LibraryPaths::from_env().unwrap();
-    let mut api = SdkApi::load(&paths).unwrap();
-    let binary = build_context_binary(&common::toy_model(), &HtpOptions::sm8650(), &mut api).unwrap();
-    let info = SystemApi::load(&paths.system).unwrap().binary_info(&binary).unwrap();
-    let names: Vec<&str> = info.graphs.iter().map(|g| g.name.as_str()).collect();
-    assert_eq!(names, ["model.0.s32", "model.0.s1"]);
-    for g in &info.graphs {
-        assert_eq!(g.inputs[0].name, "x");
-        assert_eq!(g.outputs[0].name, "y");
-    }
-}
-
 // ------------------------------------------------------------------ execute side ------------
 
 use backend_qnn::sdk::render::{fnv1a64, parse_fake_context_binary};

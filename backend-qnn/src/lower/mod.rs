@@ -56,7 +56,7 @@
 //! A [`QnnLowering`] keeps every `STATIC` tensor it has made, by name. Lowering the prefill and
 //! decode programs with the same instance gives both graphs the very same weight buffers
 //! (`Arc`, read from the checkpoint once), which is what the one weight-sharing context needs
-//! (statics are created once per context by name). A static of the same name that differs
+//! (the backend stores same-named statics once per context). A static of the same name that differs
 //! between graphs is an error.
 //!
 //! # Errors

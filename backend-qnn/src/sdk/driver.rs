@@ -9,8 +9,10 @@
 //!    their declared order (the runtime binds I/O positionally in creation order); then per
 //!    node: tensors on first use (inputs, then outputs), the node's parameter tensors, then
 //!    `backendValidateOpConfig` and `graphAddNode`; finally `graphFinalize`.
-//!    STATIC tensors are created once per context, keyed by name, and reused by later graphs,
-//!    which is what lets prefill and decode graphs share weights.
+//!    Every graph creates its own STATIC tensors: QNN tensor ids belong to one graph (Qualcomm's
+//!    HTP backend rejects a node naming another graph's tensor with "Did not find registered
+//!    tensor"). Prefill and decode graphs share weights through the context's weight-sharing
+//!    config, under which the backend stores STATIC tensors of the same name once.
 //! 3. `contextGetBinarySize` → `contextGetBinary`.
 //! 4. `contextFree` → `deviceFree` → `backendFree` → `logFree`, also after a failure.
 //!
@@ -56,8 +58,8 @@ pub enum BuildError {
 
 /// Builds one QNN context holding `graphs` for `target` and returns its serialized binary.
 ///
-/// All graphs share one context (with `weight_sharing`, STATIC tensors of the same name are
-/// created once and used by every graph). Handles are freed before returning, on success and
+/// All graphs share one context (with `weight_sharing`, the backend stores STATIC tensors of
+/// the same name once; each graph still creates its own, see the module docs). Handles are freed before returning, on success and
 /// on failure; after a failure the first error is returned and cleanup errors are dropped,
 /// since the context is being discarded anyway.
 pub fn build_context_binary(
@@ -111,13 +113,11 @@ impl Session {
         self.context = Some(context);
 
         let graph_configs = target.graph.graph_configs();
-        let mut statics: HashMap<&str, TensorId> = HashMap::new();
         for graph in graphs {
             let handle = api
                 .graph_create(context, &graph.name, &graph_configs)
                 .map_err(api_step(format!("creating graph `{}`", graph.name)))?;
-            let mut builder =
-                GraphBuilder { api: &mut *api, backend, handle, graph, statics: &mut statics, ids: HashMap::new() };
+            let mut builder = GraphBuilder { api: &mut *api, backend, handle, graph, ids: HashMap::new() };
             builder.build()?;
             api.graph_finalize(handle).map_err(api_step(format!("finalizing graph `{}`", graph.name)))?;
         }
@@ -158,18 +158,16 @@ impl Session {
 }
 
 /// Creates one graph's tensors and nodes.
-struct GraphBuilder<'g, 's, 'a> {
+struct GraphBuilder<'g, 'a> {
     api: &'a mut dyn QnnApi,
     backend: BackendHandle,
     handle: GraphHandle,
     graph: &'g GraphDesc,
-    /// STATIC tensors of the whole context, by name.
-    statics: &'s mut HashMap<&'g str, TensorId>,
-    /// Non-static tensors of this graph, by name.
+    /// Tensors of this graph created so far, by name.
     ids: HashMap<&'g str, TensorId>,
 }
 
-impl<'g> GraphBuilder<'g, '_, '_> {
+impl<'g> GraphBuilder<'g, '_> {
     fn build(&mut self) -> Result<(), BuildError> {
         let tensors: HashMap<&str, &TensorDesc> = self.graph.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
         for name in self.graph.inputs.iter().chain(&self.graph.outputs) {
@@ -213,22 +211,13 @@ impl<'g> GraphBuilder<'g, '_, '_> {
             .map_err(api_step(format!("adding node `{}` ({}) to graph `{}`", node.name, node.op_type, self.graph.name)))
     }
 
-    /// The id of `desc`, creating it on first use (STATIC: first use in the context).
+    /// The id of `desc` in this graph, creating it on first use.
     fn ensure(&mut self, desc: &'g TensorDesc) -> Result<TensorId, BuildError> {
-        let known = if desc.tensor_type == TensorType::Static {
-            self.statics.get(desc.name.as_str())
-        } else {
-            self.ids.get(desc.name.as_str())
-        };
-        if let Some(&id) = known {
+        if let Some(&id) = self.ids.get(desc.name.as_str()) {
             return Ok(id);
         }
         let id = self.create(desc)?;
-        if desc.tensor_type == TensorType::Static {
-            self.statics.insert(&desc.name, id);
-        } else {
-            self.ids.insert(&desc.name, id);
-        }
+        self.ids.insert(&desc.name, id);
         Ok(id)
     }
 

@@ -21,7 +21,9 @@ mod marshal;
 mod sdk_api;
 mod system;
 
-pub use library::{LibraryPaths, LoadError, ProviderInfo, HOST_LIB_DIR, HTP_BACKEND_ID};
+pub use library::{
+    LibraryPaths, LoadError, ProviderInfo, FETCHED_SDK_SUBDIR, FETCH_HINT, HOST_LIB_DIR, HTP_BACKEND_ID,
+};
 pub use sdk_api::SdkApi;
 pub use system::{BinaryInfo, GraphInfo, SystemApi, TensorInfo};
 
@@ -101,5 +103,43 @@ mod tests {
         assert_eq!(std::mem::offset_of!(b::QnnInterface_t, __bindgen_anon_1), 40);
         assert_eq!(std::mem::offset_of!(b::CoreTable, graphAddNode), 144);
         assert_eq!(std::mem::offset_of!(b::CoreTable, tensorCreateGraphTensor), 192);
+    }
+
+    /// Layouts established against Qualcomm's QAIRT 2.51 x86_64 libraries (see the ABI
+    /// comments in `tests/cleanroom/include/QNN`; `tests/sdk_real.rs` exercises them on the
+    /// real `libQnnHtp.so` / `libQnnSystem.so`).
+    #[test]
+    fn layouts_match_qualcomms_libraries() {
+        use std::mem::{offset_of, size_of};
+        // HTP custom configs: the value union is 8-aligned, so every value sits at offset 8.
+        assert_eq!(offset_of!(b::QnnHtpDevice_CustomConfig_t, __bindgen_anon_1), 8);
+        assert_eq!(size_of::<b::QnnHtpDevice_CustomConfig_t>(), 16);
+        assert_eq!(offset_of!(b::QnnHtpContext_CustomConfig_t, __bindgen_anon_1), 8);
+        assert_eq!(size_of::<b::QnnHtpContext_CustomConfig_t>(), 24);
+        assert_eq!(offset_of!(b::QnnHtpGraph_CustomConfig_t, __bindgen_anon_1), 8);
+        assert_eq!(size_of::<b::QnnHtpGraph_CustomConfig_t>(), 56);
+        // Context-binary metadata as libQnnSystem.so writes it (measured byte by byte).
+        assert_eq!(size_of::<b::QnnSystemContext_GraphInfo_t>(), 88);
+        assert_eq!(offset_of!(b::QnnSystemContext_BinaryInfo_t, __bindgen_anon_1), 8);
+        assert_eq!(offset_of!(b::QnnSystemContext_BinaryInfoV3_t, contextBlobSize), 64);
+        assert_eq!(offset_of!(b::QnnSystemContext_BinaryInfoV3_t, numGraphs), 88);
+        assert_eq!(offset_of!(b::QnnSystemContext_BinaryInfoV3_t, graphs), 96);
+        assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV3_t, graphInputs), 16);
+        assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV3_t, graphOutputs), 32);
+        assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV3_t, graphBlobInfoSize), 56);
+        // Qnn_TensorV2_t fields where the metadata's tensors have them.
+        assert_eq!(offset_of!(b::Qnn_TensorV2_t, name), 8);
+        assert_eq!(offset_of!(b::Qnn_TensorV2_t, dataType), 24);
+        assert_eq!(offset_of!(b::Qnn_TensorV2_t, quantizeParams), 32);
+        assert_eq!(offset_of!(b::Qnn_TensorV2_t, rank), 72);
+        assert_eq!(offset_of!(b::Qnn_TensorV2_t, dimensions), 80);
+        assert_eq!(offset_of!(b::Qnn_TensorV2_t, memType), 88);
+        assert_eq!(offset_of!(b::Qnn_TensorV2_t, sparseParams), 120);
+        // Enumerators the real backend accepted.
+        assert_eq!(b::QNN_HTP_DEVICE_CONFIG_OPTION_SOC as u32, 0);
+        assert_eq!(b::QNN_DEVICE_CONFIG_OPTION_CUSTOM as u32, 0);
+        assert_eq!(b::QNN_DEVICE_CONFIG_OPTION_PLATFORM_INFO as u32, 1);
+        assert_eq!(b::QNN_HTP_GRAPH_CONFIG_OPTION_VTCM_SIZE_IN_MB as u32, 3);
+        assert_eq!(b::QNN_SYSTEM_CONTEXT_BINARY_INFO_VERSION_3 as u32, 3);
     }
 }

@@ -8,7 +8,7 @@
 //!   target (SoC, VTCM, signed PD, precision, O-level, weight sharing).
 //! - [`QnnApi`]: the compile-side C API as a trait, one method per C entry point.
 //! - [`build_context_binary`]: the call sequence (one weight-sharing context, graphs in order,
-//!   tensors on first use, shared STATIC weights created once, validate before add, finalize,
+//!   tensors on first use, STATIC weights created in each graph (shared by the weight-sharing context), validate before add, finalize,
 //!   serialize, free) written once against the trait.
 //! - [`graph_descs`]: lowered [`crate::QnnGraph`]s as [`GraphDesc`]s (static buffers shared, not copied).
 //! - [`QnnExecApi`]: the run-side API (load a binary, retrieve graphs, execute), which
@@ -66,13 +66,15 @@
 //!   that function's bytes to the runtime (logits dequantized with the encodings `SystemApi`
 //!   read from the binary), and the mock's log must show the digests of the bytes written.
 //!
-//! Not proven without the SDK: that Qualcomm's HTP backend accepts our graphs (op
-//! constraints, LPBQ packing) and that the clean-room headers match Qualcomm's ABI. Building
-//! and testing with a real `QNN_SDK_ROOT` runs the same tests against Qualcomm's headers (the
-//! mock is then compiled against them too), and
-//! `cargo test -p backend-qnn --features qnn-sdk -- --ignored` prepares the toy with the real
-//! `libQnnHtp.so`.
-
+//! # Qualcomm's libraries as the judge
+//!
+//! `scripts/fetch-qnn-sdk` fetches Qualcomm's x86_64 QNN libraries (QAIRT 2.51, from PyPI's
+//! onnxruntime-qnn wheel) into the cache; [`ffi::LibraryPaths::real`] finds them (or a QAIRT
+//! SDK through `QNN_SDK_ROOT`). `tests/sdk_real.rs` builds with the real `libQnnHtp.so`, reads
+//! the binary back with the real `libQnnSystem.so`, and fails (naming the script) when they
+//! are absent. The clean-room headers carry the layouts established against those libraries
+//! (`ffi` unit test `layouts_match_qualcomms_libraries`).
+//!
 pub mod api;
 pub mod config;
 pub mod desc;

@@ -21,6 +21,13 @@ use super::bindings as b;
 pub const HOST_LIB_DIR: &str = "lib/x86_64-linux-clang";
 /// `QNN_BACKEND_ID_HTP`.
 pub const HTP_BACKEND_ID: u32 = 6;
+/// Where `scripts/fetch-qnn-sdk` lays out Qualcomm's x86_64 libraries (from PyPI's
+/// onnxruntime-qnn 2.7.0 wheel), under the project cache `$MLLM_DSL_CACHE` (default
+/// `~/.cache/mllm-dsl`).
+pub const FETCHED_SDK_SUBDIR: &str = "qnn-sdk/onnxruntime-qnn-2.7.0";
+/// How to get Qualcomm's libraries, for messages.
+pub const FETCH_HINT: &str =
+    "run `scripts/fetch-qnn-sdk` (fetches Qualcomm's x86_64 QNN libraries into the cache) or set QNN_SDK_ROOT to a QAIRT SDK";
 
 /// Paths of the two libraries the SDK layer opens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +43,27 @@ impl LibraryPaths {
     pub fn from_sdk_root(root: impl AsRef<Path>) -> LibraryPaths {
         let dir = root.as_ref().join(HOST_LIB_DIR);
         LibraryPaths { backend: dir.join("libQnnHtp.so"), system: dir.join("libQnnSystem.so") }
+    }
+
+    /// The SDK root `scripts/fetch-qnn-sdk` writes, whether or not it exists yet.
+    pub fn fetched_sdk_root() -> Option<PathBuf> {
+        let cache = match std::env::var_os("MLLM_DSL_CACHE").filter(|c| !c.is_empty()) {
+            Some(cache) => PathBuf::from(cache),
+            None => PathBuf::from(std::env::var_os("HOME").filter(|h| !h.is_empty())?).join(".cache/mllm-dsl"),
+        };
+        Some(cache.join(FETCHED_SDK_SUBDIR))
+    }
+
+    /// Qualcomm's libraries if this machine has them: `QNN_SDK_ROOT` when it holds them, else
+    /// the root `scripts/fetch-qnn-sdk` fills. `None` when neither does ([`FETCH_HINT`] says
+    /// how to get them).
+    pub fn real() -> Option<LibraryPaths> {
+        let from_env = std::env::var_os("QNN_SDK_ROOT").filter(|r| !r.is_empty()).map(PathBuf::from);
+        from_env
+            .into_iter()
+            .chain(LibraryPaths::fetched_sdk_root())
+            .map(LibraryPaths::from_sdk_root)
+            .find(|p| p.backend.is_file() && p.system.is_file())
     }
 
     /// From `QNN_SDK_ROOT` at run time, else the SDK root the bindings were built from.

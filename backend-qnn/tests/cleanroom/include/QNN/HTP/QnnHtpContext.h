@@ -20,10 +20,19 @@ typedef enum {
   QNN_HTP_CONTEXT_CONFIG_OPTION_UNKNOWN = 0x7fffffff
 } QnnHtpContext_ConfigOption_t;
 
+/* ABI: the value union holds 16-byte members (a context handle with a u64 budget), so it
+ * is 8-aligned and 16 bytes: the value sits at offset 8 and the struct is 24 bytes. */
+typedef struct {
+  Qnn_ContextHandle_t firstContext;
+  uint64_t spillFillBytes;
+} QnnHtpContext_ContextGroup_t;
+
 typedef struct {
   QnnHtpContext_ConfigOption_t option;
   union {
     bool weightSharingEnabled;
+    QnnHtpContext_ContextGroup_t contextGroup;
+    uint64_t u64Value;
   };
 } QnnHtpContext_CustomConfig_t;
 

@@ -45,12 +45,16 @@ typedef enum {
   QNN_HTP_DEVICE_CONFIG_OPTION_UNKNOWN = 0x7fffffff
 } QnnHtpDevice_ConfigOption_t;
 
+/* ABI (checked against libQnnHtp.so of QAIRT 2.51, see tests/sdk_abi.rs): the value union
+ * also holds a pointer-sized member, so it is 8-aligned: the value sits at offset 8, not 4,
+ * and the struct is 16 bytes. With the value at offset 4 the backend reads socModel 0. */
 typedef struct {
   QnnHtpDevice_ConfigOption_t option;
   union {
     uint32_t socModel;
     QnnHtpDevice_Minimum_Arch_t arch;
     QnnHtpDevice_UseSignedProcessDomain_t useSignedProcessDomain;
+    void* pointerSizedValue;
   };
 } QnnHtpDevice_CustomConfig_t;
 

@@ -38,6 +38,8 @@ typedef enum {
   QNN_HTP_GRAPH_CONFIG_OPTION_UNKNOWN = 0x7fffffff
 } QnnHtpGraph_ConfigOption_t;
 
+/* ABI: the value union is 8-aligned (value at offset 8) and, through its largest member
+ * (a parallel-execution config of 11 u32s), 48 bytes: the backend may copy that many. */
 typedef struct {
   QnnHtpGraph_ConfigOption_t option;
   union {
@@ -47,6 +49,7 @@ typedef struct {
     bool foldReluActivationIntoConvOff;
     bool shortDepthConvOnHmxOff;
     uint64_t numHvxThreads;
+    uint32_t largestValue[11];
   };
 } QnnHtpGraph_CustomConfig_t;
 

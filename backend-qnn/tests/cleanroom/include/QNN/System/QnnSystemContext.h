@@ -54,6 +54,9 @@ typedef struct {
   Qnn_Tensor_t* updateableTensors;
   uint32_t graphBlobInfoSize;
   void* graphBlobInfo;
+  /* ABI: libQnnSystem.so of QAIRT 2.51 lays V3 graph infos out 88 bytes apart (80 with the
+   * members above): 8 more bytes follow that this project does not read. */
+  uint32_t unreadTail[2];
 } QnnSystemContext_GraphInfoV3_t;
 
 typedef struct {
