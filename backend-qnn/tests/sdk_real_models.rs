@@ -14,13 +14,13 @@ mod model_common;
 
 use std::sync::Mutex;
 
-use model_common::{fixture, AotModel};
 use backend_qnn::context::{build_context, context_request};
 use backend_qnn::encoding::Int4Storage;
 use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi, SystemApi, FETCH_HINT};
 use backend_qnn::sdk::{DataType, Encoding};
 use backend_qnn::target::HtpTarget;
 use backend_qnn::LowerOptions;
+use model_common::{fixture, AotModel};
 
 /// Context length of the traced graphs (the KV cache inputs' length), as `qwen3_aot` uses.
 const CONTEXT: usize = 1024;
@@ -86,11 +86,11 @@ fn qwen2_compiles_with_qualcomms_backend() {
 
 // ------------------------------------------------------------------ execution ---------------
 
-use model_common::{sqnr_db, CHUNK};
 use backend_qnn::interp::TensorValue;
 use backend_qnn::sdk::exec::{io_element_bytes, read_codes, write_codes};
 use backend_qnn::sdk::{build_context_binary, QnnExecApi};
 use backend_qnn::QnnGraph;
+use model_common::{sqnr_db, CHUNK};
 
 /// Runs `g` of `binary` once on Qualcomm's x86 HTP emulation with `inputs`; the outputs as values.
 fn execute_on_htp(binary: &[u8], g: &QnnGraph, inputs: &[TensorValue]) -> Vec<TensorValue> {
