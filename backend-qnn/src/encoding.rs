@@ -30,8 +30,13 @@
 //!   CI-tested `16a4w_block` route (qnn-api.md §5.3).
 //!
 //! We follow mllm by default ([`Int4Storage::LowNibble`]) because mllm's Qwen3 AOT flow is the
-//! flow this crate replaces, and keep the other two selectable per graph so the choice can be
-//! flipped once it has been checked against a real SDK (finalize + emulated execute).
+//! flow this crate replaces, and keep the other two selectable per graph.
+//!
+//! Checked against Qualcomm's QAIRT 2.51 x86_64 HTP backend (`tests/sdk_real_models.rs`): it
+//! refuses `SFIXED_POINT_4` tensors at creation ("tensor datatype 772 not supported", 7004),
+//! and with [`Int4Storage::Int8Container`] every fixture validates, finalizes and executes in
+//! HTP emulation within 48–68 dB of the reference interpreter. Context binaries for the real
+//! backend must therefore be lowered with `Int8Container`.
 
 use std::sync::Arc;
 

@@ -12,7 +12,7 @@ use aot::QuantizeOptions;
 use backend_cpu::quant::CalibrationMode;
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::interp::{Interpreter as QnnInterpreter, TensorValue};
-use backend_qnn::QnnGraph;
+use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
@@ -81,7 +81,12 @@ impl AotModel {
 
     /// The model traced with symbolic W4A16 parameters at `chunk` tokens, context [`CONTEXT`].
     pub fn traced(&self, chunk: usize) -> Program {
-        aot::trace_graph(&self.hf, MAX_POSITIONS, chunk, CONTEXT, ParamFormat::QnnW4A16)
+        self.traced_at(chunk, CONTEXT)
+    }
+
+    /// The model traced at `chunk` tokens over `context` positions.
+    pub fn traced_at(&self, chunk: usize, context: usize) -> Program {
+        aot::trace_graph(&self.hf, MAX_POSITIONS, chunk, context, ParamFormat::QnnW4A16)
             .unwrap_or_else(|e| panic!("{e:#}"))
     }
 
@@ -98,6 +103,20 @@ impl AotModel {
     /// The program after the whole pipeline (TensorRenaming).
     pub fn compiled(&self, chunk: usize) -> Program {
         self.compiled_through(usize::MAX, chunk)
+    }
+
+    /// The graphs `model.0.s<chunk>` for each of `chunks` over `context` positions, through the
+    /// whole pipeline and lowered with `options` by one [`QnnLowering`] (as for one context).
+    pub fn lowered_at(&self, chunks: &[usize], context: usize, options: LowerOptions) -> Vec<QnnGraph> {
+        let cfg = self.aot_config();
+        let mut lowering = QnnLowering::new(&self.ckpt, options);
+        let mut graphs = Vec::new();
+        for &chunk in chunks {
+            let mut p = self.traced_at(chunk, context);
+            Pipeline::qnn_aot(&cfg, &self.ckpt).run(&mut p).unwrap_or_else(|e| panic!("{}: {e}", self.dir.display()));
+            graphs.extend(lowering.lower_program(&p).unwrap_or_else(|e| panic!("{e}")));
+        }
+        graphs
     }
 
     /// `model.0.s<CHUNK>` and `model.0.s1`, lowered by one `QnnLowering` (as for one context).
@@ -148,6 +167,11 @@ impl AotModel {
     /// The QNN reference interpreter on `g` with the same inputs: `[logits, present K.., present V..]`.
     pub fn run_qnn(&self, g: &QnnGraph, chunk: usize) -> Vec<TensorValue> {
         let interp = QnnInterpreter::new(g).unwrap();
+        interp.run(&self.qnn_inputs(g, chunk)).unwrap_or_else(|e| panic!("{}: {e}", g.name))
+    }
+
+    /// The fixed inputs of `g` as QNN values, in the graph's input order.
+    pub fn qnn_inputs(&self, g: &QnnGraph, chunk: usize) -> Vec<TensorValue> {
         let x = self.inputs(chunk);
         let meta = |n: &str| g.tensor(n).unwrap_or_else(|| panic!("{}: no tensor `{n}`", g.name));
         let codes = |n: &str, v: Vec<i64>| TensorValue::from_codes(meta(n), v).unwrap();
@@ -159,7 +183,7 @@ impl AotModel {
         for (i, kv) in x.kv_codes.iter().enumerate() {
             values.push(codes(&g.inputs[3 + i], kv.iter().map(|&c| i64::from(c)).collect()));
         }
-        interp.run(&values).unwrap_or_else(|e| panic!("{}: {e}", g.name))
+        values
     }
 
     /// SQNR (dB) of the lowered graph's logits (QNN reference interpreter) against the CPU

@@ -1,0 +1,190 @@
+//! The tiny Qwen3, Llama, Llama 3 and Qwen2 fixtures compiled by Qualcomm's own HTP backend.
+//!
+//! Each model is quantized (pymllm's export for Qwen3, W4A16/KV8 calibrated here for the
+//! others), traced as `model.0.s32` and `model.0.s1`, run through mllm's passes, lowered, and
+//! built for SM8650 / V75 with the real `libQnnHtp.so`: every node passes the backend's
+//! `backendValidateOpConfig`, both graphs finalize into one weight-sharing context, and the
+//! real `libQnnSystem.so` reads the binary back with the graph names, I/O names, dtypes, dims
+//! and scale/offset encodings we declared. Fails, naming `scripts/fetch-qnn-sdk`, when the
+//! libraries are absent (see `tests/sdk_real.rs`).
+
+#![cfg(feature = "qnn-sdk")]
+
+mod model_common;
+
+use std::sync::Mutex;
+
+use backend_qnn::context::{build_context, context_request};
+use backend_qnn::encoding::Int4Storage;
+use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi, SystemApi, FETCH_HINT};
+use backend_qnn::sdk::{DataType, Encoding};
+use backend_qnn::target::HtpTarget;
+use backend_qnn::LowerOptions;
+use model_common::{fixture, AotModel};
+
+/// Context length of the traced graphs (the KV cache inputs' length), as `qwen3_aot` uses.
+const CONTEXT: usize = 1024;
+
+/// Qualcomm's HTP backend is a process-wide singleton: one build at a time.
+static BACKEND: Mutex<()> = Mutex::new(());
+
+fn compiles_for_real(model: AotModel) {
+    let paths = LibraryPaths::real().unwrap_or_else(|| panic!("Qualcomm's QNN libraries were not found: {FETCH_HINT}"));
+    let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
+    let graphs = model.lowered_at(&[32, 1], CONTEXT, options);
+    let names: Vec<&str> = graphs.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(names, ["model.0.s32", "model.0.s1"]);
+    let target = HtpTarget::from_json(&model.aot_config().target_machine_json).unwrap();
+    let binary = {
+        let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut api = SdkApi::load(&paths).unwrap();
+        build_context(&graphs, &target, &mut api).unwrap_or_else(|e| panic!("{}: {e}", model.dir.display()))
+    };
+    let info = SystemApi::load(&paths.system).unwrap().binary_info(&binary).unwrap();
+    let (descs, _) = context_request(&graphs, &target).unwrap();
+    assert_eq!(info.graphs.len(), descs.len());
+    for (read, desc) in info.graphs.iter().zip(&descs) {
+        assert_eq!(read.name, desc.name);
+        let listed: Vec<_> = read.inputs.iter().chain(&read.outputs).collect();
+        let declared: Vec<_> = desc.inputs.iter().chain(&desc.outputs).collect();
+        assert_eq!(listed.len(), declared.len(), "{}", desc.name);
+        for (t, name) in listed.into_iter().zip(declared) {
+            let d = desc.tensors.iter().find(|d| &d.name == name).unwrap();
+            assert_eq!(&t.name, name, "{}", desc.name);
+            assert_eq!(t.dtype, Some(d.dtype), "{}: {name}", desc.name);
+            assert_eq!(t.dims, d.dims, "{}: {name}", desc.name);
+            match d.encoding {
+                Encoding::ScaleOffset(q) => assert_eq!(t.quant, Some(q), "{}: {name}", desc.name),
+                _ => {
+                    assert!(matches!(d.dtype, DataType::Int32 | DataType::UInt32 | DataType::Float32));
+                    assert_eq!(t.quant, None, "{}: {name}", desc.name);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn qwen3_compiles_with_qualcomms_backend() {
+    compiles_for_real(AotModel::open(fixture("pymllm-qwen3-dev-f32")));
+}
+
+#[test]
+fn llama_compiles_with_qualcomms_backend() {
+    compiles_for_real(AotModel::calibrated("llama-dev-f32"));
+}
+
+#[test]
+fn llama3_compiles_with_qualcomms_backend() {
+    compiles_for_real(AotModel::calibrated("llama3-dev-f32"));
+}
+
+#[test]
+fn qwen2_compiles_with_qualcomms_backend() {
+    compiles_for_real(AotModel::calibrated("qwen2-dev-f32"));
+}
+
+// ------------------------------------------------------------------ execution ---------------
+
+use backend_qnn::interp::TensorValue;
+use backend_qnn::sdk::exec::{io_element_bytes, read_codes, write_codes};
+use backend_qnn::sdk::{build_context_binary, QnnExecApi};
+use backend_qnn::QnnGraph;
+use model_common::{sqnr_db, CHUNK};
+
+/// Runs `g` of `binary` once on Qualcomm's x86 HTP emulation with `inputs`; the outputs as values.
+fn execute_on_htp(binary: &[u8], g: &QnnGraph, inputs: &[TensorValue]) -> Vec<TensorValue> {
+    let paths = LibraryPaths::real().unwrap_or_else(|| panic!("Qualcomm's QNN libraries were not found: {FETCH_HINT}"));
+    let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut api = SdkApi::load_for_execution(&paths).unwrap();
+    let context = api.context_create_from_binary(binary).unwrap();
+    let handle = api.graph_retrieve(context, &g.name).unwrap();
+    let bytes: Vec<Vec<u8>> = inputs
+        .iter()
+        .map(|v| {
+            let codes = v.codes().expect("quantized or integer input");
+            let mut out = vec![0u8; codes.len() * io_element_bytes(v.dtype).unwrap()];
+            write_codes(v.dtype, codes, &mut out).unwrap();
+            out
+        })
+        .collect();
+    let metas: Vec<_> = g.outputs.iter().map(|n| g.tensor(n).unwrap()).collect();
+    let mut outputs: Vec<Vec<u8>> =
+        metas.iter().map(|m| vec![0u8; m.numel() as usize * io_element_bytes(m.dtype).unwrap()]).collect();
+    let input_refs: Vec<&[u8]> = bytes.iter().map(|b| b.as_slice()).collect();
+    let mut output_refs: Vec<&mut [u8]> = outputs.iter_mut().map(|b| b.as_mut_slice()).collect();
+    api.graph_execute(handle, &input_refs, &mut output_refs).unwrap_or_else(|e| panic!("{}: {e}", g.name));
+    api.context_free(context).unwrap();
+    metas
+        .iter()
+        .zip(&outputs)
+        .map(|(m, b)| TensorValue::from_codes(m, read_codes(m.dtype, b).unwrap()).unwrap())
+        .collect()
+}
+
+/// Logits SQNR of the HTP emulation against this project's reference interpreter and against
+/// backend-cpu's fake-quant run, per graph.
+fn htp_matches_the_references(model: AotModel) {
+    let paths = LibraryPaths::real().unwrap_or_else(|| panic!("Qualcomm's QNN libraries were not found: {FETCH_HINT}"));
+    let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
+    let graphs = model.lowered_at(&[CHUNK, 1], model_common::CONTEXT, options);
+    let target = HtpTarget::from_json(&model.aot_config().target_machine_json).unwrap();
+    // x86 HTP emulation refuses weight-shared binaries at load ("Shared weights buffer isn't
+    // supported on this platform"), so the binary run here is built without weight sharing.
+    let (descs, mut htp_options) = context_request(&graphs, &target).unwrap();
+    htp_options.weight_sharing = false;
+    let binary = {
+        let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        build_context_binary(&descs, &htp_options, &mut SdkApi::load(&paths).unwrap()).unwrap()
+    };
+    for (g, chunk) in graphs.iter().zip([CHUNK, 1]) {
+        let htp = execute_on_htp(&binary, g, &model.qnn_inputs(g, chunk));
+        let interp = model.run_qnn(g, chunk);
+        let cpu = model.run_cpu_fake_quant(&model.compiled(chunk), chunk);
+        let htp_logits = htp[0].to_real().unwrap();
+        let vs_interp = sqnr_db(&htp_logits, &interp[0].to_real().unwrap());
+        let vs_fakequant = sqnr_db(&htp_logits, cpu[0].as_f32().unwrap());
+        eprintln!(
+            "{} {}: htp_vs_interp {vs_interp:.2} dB, htp_vs_fakequant {vs_fakequant:.2} dB",
+            model.dir.display(),
+            g.name
+        );
+        assert!(vs_interp >= 35.0 && vs_fakequant >= 35.0, "{}: {vs_interp} / {vs_fakequant} dB", g.name);
+    }
+}
+
+#[test]
+fn qwen3_runs_on_the_htp_emulation() {
+    htp_matches_the_references(AotModel::open(fixture("pymllm-qwen3-dev-f32")));
+}
+
+#[test]
+fn llama_runs_on_the_htp_emulation() {
+    htp_matches_the_references(AotModel::calibrated("llama-dev-f32"));
+}
+
+#[test]
+fn llama3_runs_on_the_htp_emulation() {
+    htp_matches_the_references(AotModel::calibrated("llama3-dev-f32"));
+}
+
+#[test]
+fn qwen2_runs_on_the_htp_emulation() {
+    htp_matches_the_references(AotModel::calibrated("qwen2-dev-f32"));
+}
+
+/// Backend rule: QAIRT 2.51's HTP backend refuses SFIXED_POINT_4 tensors ("tensor datatype 772
+/// not supported", 7004 at tensorCreateGraphTensor), so mllm's low-nibble int4 weights must go
+/// as SFIXED_POINT_8 containers (`Int4Storage::Int8Container`), as above.
+#[test]
+fn sfixed_point_4_weights_are_refused_by_qualcomms_backend() {
+    let paths = LibraryPaths::real().unwrap_or_else(|| panic!("Qualcomm's QNN libraries were not found: {FETCH_HINT}"));
+    let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
+    let options = LowerOptions { int4_storage: Int4Storage::LowNibble };
+    let graphs = model.lowered_at(&[1], model_common::CONTEXT, options);
+    let target = HtpTarget::from_json(&model.aot_config().target_machine_json).unwrap();
+    let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let err = build_context(&graphs, &target, &mut SdkApi::load(&paths).unwrap()).unwrap_err().to_string();
+    assert!(err.contains("creating tensor `model_layers_0_self_attn_q_proj_weight`"), "{err}");
+    assert!(err.contains("tensorCreateGraphTensor returned error 7004"), "{err}");
+}
