@@ -337,6 +337,7 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
                 out: quant_dir.clone(),
                 max_positions: opts.max_positions,
                 progress: opts.progress,
+                weight_method: backend_cpu::quant::WeightMethod::Rtn,
             })?;
             timings.calibrate = outcome.calibration_seconds;
             timings.quantize = outcome.weight_seconds;
