@@ -262,8 +262,8 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     let start = Instant::now();
     let weight_method =
         if opts.mode == CalibrationMode::MllmCompatible { WeightMethod::Rtn } else { opts.weight_method };
-    let stats = if weight_method.wants_input_stats() {
-        let hook = Arc::new(InputStatsHook::new(&linear_inputs(&qnn_program)));
+    let stats = if let Some(depth) = weight_method.input_stats() {
+        let hook = Arc::new(InputStatsHook::new(&linear_inputs(&qnn_program), depth));
         let backend = CpuBackend::with_qdq(hook.clone());
         let store = CheckpointStore::open(model_dir, backend.clone(), hf.tie_word_embeddings)?;
         let mut model = models::build(&hf, opts.max_positions)?;
@@ -278,7 +278,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     } else {
         None
     };
-    let linears = LinearQuantizer::new(weight_method, stats);
+    let linears = LinearQuantizer::new(weight_method, stats)?;
     let input_stats_seconds = start.elapsed().as_secs_f64();
 
     // 3. Calibration.

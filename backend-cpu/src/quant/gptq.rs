@@ -3,7 +3,7 @@
 //!
 //! ```ignore
 //! let scales = lpbq_mse_search(&w, shape, Some(stats.diagonal()))?;
-//! let rounded = gptq_lpbq(&w, &scales, stats)?; // same scales, codes with error feedback
+//! let rounded = gptq_lpbq(&w, &scales, &HessianFactors::new(stats)?)?; // same scales, GPTQ codes
 //! ```
 //!
 //! For each output channel the input columns are rounded in order; the error of column `i`
@@ -14,7 +14,8 @@
 //! Because the scales are fixed beforehand (`scale1 * scale2`, the deployed steps), the codes are
 //! exactly what the NPU multiplies: no second rounding of scales undoes the compensation.
 //!
-//! Cost: `H^-1`'s factor is `O(In^3)`; inputs wider than [`MAX_HESSIAN_BLOCK`] are split into
+//! Columns go in "act order" (most input energy first). Cost: `H^-1`'s factor is `O(In^3)`, once
+//! per distinct input ([`HessianFactors`]); inputs wider than [`MAX_HESSIAN_BLOCK`] are split into
 //! diagonal blocks (error feedback stays inside a block), which keeps `down_proj`-sized inputs
 //! cheap. The feedback itself is `O(Out * In * block)`, parallel over output channels.
 
@@ -44,11 +45,12 @@ pub const MAX_HESSIAN_BLOCK: usize = 768;
 ///
 /// `H = V V^T` with `V = U^-1` upper triangular is a Cholesky factorization in reversed index
 /// order, so `U` is the reversed inverse of the ordinary Cholesky factor of reversed `H`.
-fn inverse_upper_factor(h: &[f32], stride: usize, start: usize, n: usize) -> Result<Vec<f32>, GptqError> {
-    let rev = |i: usize| start + n - 1 - i;
+fn inverse_upper_factor(h: &[f32], stride: usize, cols: &[usize]) -> Result<Vec<f32>, GptqError> {
+    let n = cols.len();
+    let rev = |i: usize| cols[n - 1 - i];
     // Reversed, damped H in f64.
     let mut a = vec![0f64; n * n];
-    let mean_diag = (0..n).map(|i| f64::from(h[(start + i) * stride + start + i])).sum::<f64>() / n as f64;
+    let mean_diag = cols.iter().map(|&c| f64::from(h[c * stride + c])).sum::<f64>() / n as f64;
     let damp = DAMP * mean_diag.max(f64::MIN_POSITIVE);
     for i in 0..n {
         for j in 0..n {
@@ -62,7 +64,7 @@ fn inverse_upper_factor(h: &[f32], stride: usize, start: usize, n: usize) -> Res
     // Lower Cholesky in place (row-wise, dot products over contiguous rows).
     for i in 0..n {
         for j in 0..=i {
-            let dot: f64 = a[i * n..i * n + j].iter().zip(&a[j * n..j * n + j]).map(|(x, y)| x * y).sum();
+            let dot = dot4(&a[i * n..i * n + j], &a[j * n..j * n + j]);
             let v = a[i * n + j] - dot;
             if i == j {
                 if v <= 0.0 {
@@ -77,14 +79,21 @@ fn inverse_upper_factor(h: &[f32], stride: usize, start: usize, n: usize) -> Res
             a[i * n + j] = 0.0;
         }
     }
-    // Inverse of the lower factor, column by column (forward substitution on unit vectors).
+    // Inverse of the lower factor, row by row: X[i] = (e_i - sum_{k<i} L[i][k] X[k]) / L[i][i],
+    // each step an axpy over contiguous rows.
     let mut inv = vec![0f64; n * n];
-    for c in 0..n {
-        inv[c * n + c] = 1.0 / a[c * n + c];
-        for i in c + 1..n {
-            let s: f64 = (c..i).map(|k| a[i * n + k] * inv[k * n + c]).sum();
-            inv[i * n + c] = -s / a[i * n + i];
+    for i in 0..n {
+        let (done, rest) = inv.split_at_mut(i * n);
+        let row = &mut rest[..n];
+        row[i] = 1.0;
+        for k in 0..i {
+            let l = a[i * n + k];
+            if l != 0.0 {
+                row[..=k].iter_mut().zip(&done[k * n..k * n + k + 1]).for_each(|(r, x)| *r -= l * x);
+            }
         }
+        let d = a[i * n + i];
+        row[..=i].iter_mut().for_each(|r| *r /= d);
     }
     // U[i][j] = inv[rev(j)][rev(i)] in block-local indices: reversed and transposed.
     let mut u = vec![0f32; n * n];
@@ -96,8 +105,61 @@ fn inverse_upper_factor(h: &[f32], stride: usize, start: usize, n: usize) -> Res
     Ok(u)
 }
 
+/// `sum x_i y_i` with four independent accumulators (so the compiler can vectorize it).
+#[inline]
+fn dot4(x: &[f64], y: &[f64]) -> f64 {
+    let mut acc = [0f64; 4];
+    let (xc, yc) = (x.chunks_exact(4), y.chunks_exact(4));
+    let tail: f64 = xc.remainder().iter().zip(yc.remainder()).map(|(a, b)| a * b).sum();
+    for (a, b) in xc.zip(yc) {
+        for k in 0..4 {
+            acc[k] += a[k] * b[k];
+        }
+    }
+    acc[0] + acc[1] + acc[2] + acc[3] + tail
+}
+
+/// What GPTQ needs from one input Hessian, computed once for all linears sharing the input
+/// (q/k/v, gate/up): the diagonal blocks of at most [`MAX_HESSIAN_BLOCK`] columns, each in
+/// "act order" (columns with the most input energy first, so the error of the most sensitive
+/// columns is spread over the most others), and `U` of each block.
+pub struct HessianFactors {
+    features: usize,
+    /// Per block, the original column indices in processing order.
+    blocks: Vec<Vec<usize>>,
+    /// Per block, `U` `[n][n]` of the permuted block.
+    factors: Vec<Vec<f32>>,
+}
+
+impl HessianFactors {
+    pub fn new(stats: &LinearStats) -> Result<Self, GptqError> {
+        let inp = stats.features();
+        if !stats.has_hessian() {
+            return Err(GptqError::Shape(QuantError::LengthMismatch {
+                what: "GPTQ input Hessian [In][In]",
+                expected: inp * inp,
+                found: stats.hessian().len(),
+            }));
+        }
+        let parts = inp.div_ceil(MAX_HESSIAN_BLOCK).max(1);
+        let per = inp.div_ceil(parts);
+        let diag = stats.diagonal();
+        let blocks: Vec<Vec<usize>> = (0..inp)
+            .step_by(per.max(1))
+            .map(|s| {
+                let mut cols: Vec<usize> = (s..(s + per).min(inp)).collect();
+                cols.sort_by(|&a, &b| diag[b].total_cmp(&diag[a]));
+                cols
+            })
+            .collect();
+        let factors =
+            blocks.par_iter().map(|cols| inverse_upper_factor(stats.hessian(), inp, cols)).collect::<Result<_, _>>()?;
+        Ok(HessianFactors { features: inp, blocks, factors })
+    }
+}
+
 /// GPTQ codes for the row-major `[Out][In]` `weight` on the steps of `scales` (module docs).
-pub fn gptq_lpbq(weight: &[f32], scales: &LpbqRounded, stats: &LinearStats) -> Result<LpbqRounded, GptqError> {
+pub fn gptq_lpbq(weight: &[f32], scales: &LpbqRounded, h: &HessianFactors) -> Result<LpbqRounded, GptqError> {
     let shape = scales.shape;
     let (inp, bs, nb) = (shape.in_features(), shape.block_size(), shape.blocks_per_channel());
     if weight.len() != shape.num_weights() {
@@ -108,33 +170,27 @@ pub fn gptq_lpbq(weight: &[f32], scales: &LpbqRounded, stats: &LinearStats) -> R
         }
         .into());
     }
-    if stats.features() != inp {
-        let found = stats.features();
-        return Err(QuantError::LengthMismatch { what: "GPTQ input Hessian [In]", expected: inp, found }.into());
+    if h.features != inp {
+        return Err(
+            QuantError::LengthMismatch { what: "GPTQ input Hessian [In]", expected: inp, found: h.features }.into()
+        );
     }
-    // Diagonal blocks of at most MAX_HESSIAN_BLOCK columns, each a whole number of LPBQ blocks.
-    let parts = inp.div_ceil(MAX_HESSIAN_BLOCK);
-    let per = inp.div_ceil(parts).div_ceil(bs) * bs;
-    let ranges: Vec<(usize, usize)> = (0..inp).step_by(per).map(|s| (s, (s + per).min(inp))).collect();
-    let factors: Vec<Vec<f32>> = ranges
-        .par_iter()
-        .map(|&(s, e)| inverse_upper_factor(stats.hessian(), inp, s, e - s))
-        .collect::<Result<_, _>>()?;
     let mut codes = vec![0i8; weight.len()];
     codes.par_chunks_mut(inp).zip(weight.par_chunks(inp)).enumerate().with_min_len(4).for_each(
         |(o, (q_row, w_row))| {
-            let mut w = w_row.to_vec();
             let s2 = scales.scale2[o];
-            for (&(start, end), u) in ranges.iter().zip(&factors) {
-                let n = end - start;
+            for (cols, u) in h.blocks.iter().zip(&h.factors) {
+                let n = cols.len();
+                // The block's weights in processing order, updated in place.
+                let mut w: Vec<f32> = cols.iter().map(|&c| w_row[c]).collect();
                 for i in 0..n {
-                    let col = start + i;
+                    let col = cols[i];
                     let s1 = scales.scale1[o * nb + col / bs];
-                    let q = lpbq_code(w[col], f32::from(s1) * s2);
+                    let q = lpbq_code(w[i], f32::from(s1) * s2);
                     q_row[col] = q;
                     let deq = f32::from(i16::from(q) * i16::from(s1)) * s2;
-                    let err = (w[col] - deq) / u[i * n + i];
-                    let (rest, u_row) = (&mut w[col + 1..end], &u[i * n + i + 1..(i + 1) * n]);
+                    let err = (w[i] - deq) / u[i * n + i];
+                    let (rest, u_row) = (&mut w[i + 1..], &u[i * n + i + 1..(i + 1) * n]);
                     rest.iter_mut().zip(u_row).for_each(|(x, &f)| *x -= err * f);
                 }
             }
@@ -170,7 +226,7 @@ mod tests {
                 }
             }
         }
-        let u = inverse_upper_factor(&h, n, 0, n).unwrap();
+        let u = inverse_upper_factor(&h, n, &(0..n).collect::<Vec<_>>()).unwrap();
         // (U^T U) (H + damp I) = I
         let damp = DAMP * (0..n).map(|i| f64::from(h[i * n + i])).sum::<f64>() / n as f64;
         for i in 0..n {
@@ -209,7 +265,8 @@ mod tests {
         let stats = LinearStats::from_sum(inp, sum, rows).unwrap();
         let shape = LpbqShape::new(out, inp, 16).unwrap();
         let scales = lpbq_mse_search(&w, shape, Some(stats.diagonal())).unwrap();
-        let gptq = gptq_lpbq(&w, &scales, &stats).unwrap();
+        let factors = HessianFactors::new(&stats).unwrap();
+        let gptq = gptq_lpbq(&w, &scales, &factors).unwrap();
         assert_eq!((&gptq.scale1, &gptq.scale2), (&scales.scale1, &scales.scale2));
         let out_err = |wq: &[f32]| -> f64 {
             x.chunks_exact(inp)
@@ -225,6 +282,6 @@ mod tests {
         };
         let (e_near, e_gptq) = (out_err(&scales.deployed_weights()), out_err(&gptq.deployed_weights()));
         assert!(e_gptq < 0.8 * e_near, "GPTQ {e_gptq} vs nearest {e_near}");
-        assert!(gptq_lpbq(&w[1..], &scales, &stats).is_err());
+        assert!(gptq_lpbq(&w[1..], &scales, &factors).is_err());
     }
 }

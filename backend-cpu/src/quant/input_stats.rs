@@ -45,6 +45,22 @@ impl LinearStats {
         Ok(LinearStats { features, hessian: sum, diagonal, rows })
     }
 
+    /// Statistics that know only `E[x_i^2]` (summed over `rows`); [`hessian`](Self::hessian) is
+    /// then empty.
+    pub fn from_diagonal_sum(mut sum: Vec<f32>, rows: usize) -> Result<Self, String> {
+        if rows == 0 {
+            return Err("no input rows".into());
+        }
+        let inv = 1.0 / rows as f32;
+        sum.iter_mut().for_each(|v| *v *= inv);
+        Ok(LinearStats { features: sum.len(), hessian: Vec::new(), diagonal: sum, rows })
+    }
+
+    /// Whether the whole `X^T X` is known (GPTQ needs it).
+    pub fn has_hessian(&self) -> bool {
+        self.hessian.len() == self.features * self.features
+    }
+
     pub fn features(&self) -> usize {
         self.features
     }
@@ -76,8 +92,24 @@ impl InputStats {
         self.by_op.get(op).map(|s| s.as_ref())
     }
 
+    /// [`get`](Self::get) as the shared handle (one per distinct input).
+    pub fn get_shared(&self, op: &str) -> Option<Arc<LinearStats>> {
+        self.by_op.get(op).cloned()
+    }
+
     pub fn len(&self) -> usize {
         self.by_op.len()
+    }
+
+    /// Each distinct statistics once (linears sharing an input share one).
+    pub fn distinct(&self) -> Vec<Arc<LinearStats>> {
+        let mut out: Vec<Arc<LinearStats>> = Vec::new();
+        for s in self.by_op.values() {
+            if !out.iter().any(|o| Arc::ptr_eq(o, s)) {
+                out.push(s.clone());
+            }
+        }
+        out
     }
 
     pub fn is_empty(&self) -> bool {
@@ -92,8 +124,18 @@ struct Accumulator {
     rows: usize,
 }
 
+/// What [`InputStatsHook`] accumulates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatsDepth {
+    /// `E[x_i^2]` only (`O(N * In)`): the weighted scale search.
+    Diagonal,
+    /// The whole `X^T X` (`O(N * In^2)`): GPTQ.
+    Full,
+}
+
 /// The [`QdqHook`] that accumulates `X^T X` (module docs).
 pub struct InputStatsHook {
+    depth: StatsDepth,
     /// Accumulator indices by QDQ key.
     by_point: HashMap<String, Vec<usize>>,
     /// Linear module path → accumulator index.
@@ -102,7 +144,7 @@ pub struct InputStatsHook {
 }
 
 impl InputStatsHook {
-    pub fn new(inputs: &[LinearInput]) -> Self {
+    pub fn new(inputs: &[LinearInput], depth: StatsDepth) -> Self {
         let mut by_point: HashMap<String, Vec<usize>> = HashMap::new();
         let mut keys: Vec<(String, Vec<InputMove>)> = Vec::new();
         let mut ops = Vec::new();
@@ -125,7 +167,7 @@ impl InputStatsHook {
             };
             ops.push((input.op.clone(), index));
         }
-        InputStatsHook { by_point, ops, accumulators }
+        InputStatsHook { depth, by_point, ops, accumulators }
     }
 
     /// The statistics of every linear whose input was seen. Fails when a linear's input never
@@ -145,10 +187,12 @@ impl InputStatsHook {
                             "the input of linear `{op}` was never seen"
                         )));
                     }
-                    let s = Arc::new(
-                        LinearStats::from_sum(acc.features, acc.sum.clone(), acc.rows)
-                            .map_err(|e| QuantizationError::CalibrationData(format!("linear `{op}`: {e}")))?,
-                    );
+                    let stats = match self.depth {
+                        StatsDepth::Full => LinearStats::from_sum(acc.features, acc.sum.clone(), acc.rows),
+                        StatsDepth::Diagonal => LinearStats::from_diagonal_sum(acc.sum.clone(), acc.rows),
+                    };
+                    let s =
+                        Arc::new(stats.map_err(|e| QuantizationError::CalibrationData(format!("linear `{op}`: {e}")))?);
                     by_index.insert(*index, s.clone());
                     s
                 }
@@ -193,9 +237,20 @@ impl QdqHook for InputStatsHook {
                 ));
             }
             let rows = data.len() / features;
-            // X^T X: [In, N] x [N, In].
-            let xt = crate::quant::calibrate::transpose(&data, rows, features);
-            let gram = kernels::linear_kn(&xt, features, rows, &data, features, None).map_err(|e| e.to_string())?;
+            let gram = match self.depth {
+                StatsDepth::Diagonal => {
+                    let mut sq = vec![0f32; features];
+                    for row in data.chunks_exact(features) {
+                        sq.iter_mut().zip(row).for_each(|(s, x)| *s += x * x);
+                    }
+                    sq
+                }
+                StatsDepth::Full => {
+                    // X^T X: [In, N] x [N, In].
+                    let xt = crate::quant::calibrate::transpose(&data, rows, features);
+                    kernels::linear_kn(&xt, features, rows, &data, features, None).map_err(|e| e.to_string())?
+                }
+            };
             if acc.sum.is_empty() {
                 acc.sum = gram;
             } else {
@@ -229,7 +284,7 @@ mod tests {
                 in_features: 2,
             },
         ];
-        let hook = InputStatsHook::new(&inputs);
+        let hook = InputStatsHook::new(&inputs, StatsDepth::Full);
         assert!(hook.finish().is_err(), "nothing seen yet");
         // [1, heads 2, S 3, D 1] -> transpose(1, 2) -> rows of (head0, head1) per position.
         let x = [1.0, 2.0, 3.0, 10.0, 20.0, 30.0];
@@ -244,5 +299,12 @@ mod tests {
         }
         assert_eq!(s.diagonal().len(), 2);
         assert!(std::ptr::eq(stats.get("l.other").unwrap(), s), "one accumulator for a shared input");
+
+        let hook = InputStatsHook::new(&inputs, StatsDepth::Diagonal);
+        hook.apply(&point, &x, &[1, 2, 3, 1]).unwrap();
+        let stats = hook.finish().unwrap();
+        let d = stats.get("l.o_proj").unwrap();
+        assert!(!d.has_hessian());
+        assert!((d.diagonal()[0] - 14.0 / 3.0).abs() < 1e-5 && (d.diagonal()[1] - 1400.0 / 3.0).abs() < 1e-3);
     }
 }

@@ -22,8 +22,10 @@ use mllm_dsl::quant::lpbq::{quantize_lpbq, LpbqExport, LpbqShape};
 use mllm_dsl::quant::lpbq_search::lpbq_mse_search;
 
 use super::error::QuantizationError;
-use super::gptq::gptq_lpbq;
-use super::input_stats::InputStats;
+use rayon::prelude::*;
+
+use super::gptq::{gptq_lpbq, GptqError, HessianFactors};
+use super::input_stats::{InputStats, StatsDepth};
 
 /// How linear weights are rounded to LPBQ (module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -46,9 +48,13 @@ impl WeightMethod {
         }
     }
 
-    /// Whether the method uses the linears' input statistics.
-    pub fn wants_input_stats(self) -> bool {
-        self != WeightMethod::Rtn
+    /// The input statistics the method uses, if any.
+    pub fn input_stats(self) -> Option<StatsDepth> {
+        match self {
+            WeightMethod::Rtn => None,
+            WeightMethod::Mse => Some(StatsDepth::Diagonal),
+            WeightMethod::Gptq => Some(StatsDepth::Full),
+        }
     }
 }
 
@@ -68,19 +74,33 @@ impl std::str::FromStr for WeightMethod {
 pub struct LinearQuantizer {
     method: WeightMethod,
     stats: Option<Arc<InputStats>>,
+    /// GPTQ's factors of each distinct input Hessian, by the statistics' address.
+    factors: HashMap<usize, HessianFactors>,
     cache: Mutex<HashMap<String, Arc<LpbqExport>>>,
 }
 
 impl LinearQuantizer {
     /// `stats`: the linears' input statistics from calibration data ([`InputStats`]); GPTQ fails
     /// without them, the MSE search then weighs every input channel the same.
-    pub fn new(method: WeightMethod, stats: Option<Arc<InputStats>>) -> Self {
-        LinearQuantizer { method, stats, cache: Mutex::new(HashMap::new()) }
+    ///
+    /// For GPTQ the factors of every distinct input Hessian are computed here, in parallel.
+    pub fn new(method: WeightMethod, stats: Option<Arc<InputStats>>) -> Result<Self, QuantizationError> {
+        let mut factors = HashMap::new();
+        if let (WeightMethod::Gptq, Some(stats)) = (method, &stats) {
+            let distinct = stats.distinct();
+            let made: Vec<Result<HessianFactors, GptqError>> =
+                distinct.par_iter().map(|s| HessianFactors::new(s)).collect();
+            for (s, f) in distinct.iter().zip(made) {
+                let f = f.map_err(|e| QuantizationError::CalibrationData(format!("GPTQ input Hessian: {e}")))?;
+                factors.insert(Arc::as_ptr(s) as usize, f);
+            }
+        }
+        Ok(LinearQuantizer { method, stats, factors, cache: Mutex::new(HashMap::new()) })
     }
 
     /// pymllm's rounding, no statistics.
     pub fn rtn() -> Self {
-        Self::new(WeightMethod::Rtn, None)
+        LinearQuantizer { method: WeightMethod::Rtn, stats: None, factors: HashMap::new(), cache: Mutex::default() }
     }
 
     pub fn method(&self) -> WeightMethod {
@@ -95,11 +115,11 @@ impl LinearQuantizer {
                 return Ok(hit);
             }
         }
-        let stats = self.stats.as_ref().and_then(|s| s.get(op));
+        let stats = self.stats.as_ref().and_then(|s| s.get_shared(op));
         let quant = |e| QuantizationError::quant(op, e);
         let export = match self.method {
             WeightMethod::Rtn => quantize_lpbq(weight, shape).map_err(quant)?,
-            WeightMethod::Mse => lpbq_mse_search(weight, shape, stats.map(|s| s.diagonal()))
+            WeightMethod::Mse => lpbq_mse_search(weight, shape, stats.as_ref().map(|s| s.diagonal()))
                 .and_then(|r| r.to_export())
                 .map_err(quant)?,
             WeightMethod::Gptq => {
@@ -109,8 +129,11 @@ impl LinearQuantizer {
                               (its input is no QDQ point the statistics pass could follow)"
                         .into(),
                 })?;
+                let factors = self.factors.get(&(Arc::as_ptr(&stats) as usize)).ok_or_else(|| {
+                    QuantizationError::Report(format!("no GPTQ factors were made for the input of `{op}`"))
+                })?;
                 let scales = lpbq_mse_search(weight, shape, Some(stats.diagonal())).map_err(quant)?;
-                let rounded = gptq_lpbq(weight, &scales, stats)
+                let rounded = gptq_lpbq(weight, &scales, factors)
                     .map_err(|e| QuantizationError::Param { key: format!("{op}.weight"), problem: e.to_string() })?;
                 rounded.to_export().map_err(quant)?
             }

@@ -32,7 +32,7 @@ pub use export::{
     QuantizedWeights,
 };
 pub use fake_quant::FakeQuantHook;
-pub use input_stats::{InputStats, InputStatsHook, LinearStats};
+pub use input_stats::{InputStats, InputStatsHook, LinearStats, StatsDepth};
 pub use linear::{LinearQuantizer, WeightMethod};
 pub use params::QdqParams;
 pub use prefill::prefill_logits;

@@ -28,7 +28,7 @@ use super::lpbq::{LpbqExport, LpbqShape, LPBQ_QMAX, LPBQ_QMIN, SCALE1_STEPS};
 use super::QuantError;
 
 /// Fractions of the channel maximum tried for `scale2`.
-pub const SCALE2_GRID: [f32; 4] = [1.0, 0.94, 0.88, 0.8];
+pub const SCALE2_GRID: [f32; 4] = [1.0, 0.94, 0.87, 0.8];
 /// How far below its round-to-nearest value a block's `scale1` is searched (clipping the block).
 const SCALE1_BELOW: u8 = 4;
 
@@ -68,24 +68,48 @@ impl LpbqRounded {
 /// Round-to-nearest code of `w` for the deployed step `step = scale1 * scale2`.
 #[inline(always)]
 pub fn lpbq_code(w: f32, step: f32) -> i8 {
-    (w / step).round_ties_even().clamp(f32::from(LPBQ_QMIN), f32::from(LPBQ_QMAX)) as i8
+    code_with_inverse(w, 1.0 / step)
+}
+
+/// `clamp(round_half_even(w * inv), -7, 7)`. The product is clamped to +-8 first, far inside the
+/// range where adding 1.5 * 2^23 rounds half to even exactly, so the sum's low mantissa bits are
+/// the integer (no float-to-int conversion or libm call in the search's inner loop).
+#[inline(always)]
+fn code_with_inverse(w: f32, inv: f32) -> i8 {
+    const MAGIC: f32 = 12_582_912.0;
+    const MAGIC_BITS: i32 = 0x4B40_0000;
+    let x = (w * inv).clamp(-8.0, 8.0);
+    let q = (x + MAGIC).to_bits() as i32 - MAGIC_BITS;
+    q.clamp(i32::from(LPBQ_QMIN), i32::from(LPBQ_QMAX)) as i8
 }
 
 /// Weighted squared error of one block at level-1 scale `s1`, and its codes when `codes` is given.
 #[inline]
 fn block_error(w: &[f32], h: Option<&[f32]>, s1: u8, scale2: f32, codes: Option<&mut [i8]>) -> f64 {
-    let step = f32::from(s1) * scale2;
-    let mut err = 0f64;
-    let mut write = codes;
-    for (i, &x) in w.iter().enumerate() {
-        let q = lpbq_code(x, step);
-        let d = (x - f32::from(i16::from(q) * i16::from(s1)) * scale2) as f64;
-        err += d * d * h.map_or(1.0, |h| f64::from(h[i]));
-        if let Some(c) = write.as_deref_mut() {
-            c[i] = q;
+    let inv = 1.0 / (f32::from(s1) * scale2);
+    let mut err = 0f32;
+    match h {
+        Some(h) => {
+            for (&x, &hi) in w.iter().zip(h) {
+                let q = code_with_inverse(x, inv);
+                let d = x - f32::from(i16::from(q) * i16::from(s1)) * scale2;
+                err += d * d * hi;
+            }
+        }
+        None => {
+            for &x in w {
+                let q = code_with_inverse(x, inv);
+                let d = x - f32::from(i16::from(q) * i16::from(s1)) * scale2;
+                err += d * d;
+            }
         }
     }
-    err
+    if let Some(c) = codes {
+        for (c, &x) in c.iter_mut().zip(w) {
+            *c = code_with_inverse(x, inv);
+        }
+    }
+    f64::from(err)
 }
 
 /// The module docs' search for a row-major `[Out][In]` weight. `importance`, when given, holds
