@@ -10,6 +10,8 @@ pub mod aot_cli;
 
 pub mod generate_cli;
 
+pub mod text_quality;
+
 use anyhow::{Context, Result};
 use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel};
 use checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
