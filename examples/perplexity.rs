@@ -57,6 +57,10 @@ struct Args {
     /// RTN baseline bits.
     #[arg(long, value_name = "N", default_value_t = 4)]
     rtn_bits: u32,
+    /// With --calib-text / --calib-ids: how linear weights are rounded to LPBQ (rtn, mse, gptq;
+    /// see docs/quantization.md).
+    #[arg(long, value_name = "METHOD", default_value = "rtn")]
+    weight_method: backend_cpu::quant::WeightMethod,
     /// Skip the RTN baseline.
     #[arg(long)]
     no_rtn: bool,
@@ -105,6 +109,7 @@ fn main() -> Result<()> {
             out: out.clone(),
             max_positions: 1024,
             progress: !args.quiet,
+            weight_method: args.weight_method,
         })?;
         for w in &outcome.warnings {
             eprintln!("warning: {w}");
