@@ -7,9 +7,8 @@ use anyhow::Result;
 use backend_cpu::quant::WeightMethod;
 use clap::Parser;
 
-use crate::aot_pipeline::{
-    default_out_dir, run, AotOptions, AotReport, CalibSource, ModelSource, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN,
-    DEFAULT_MAX_POSITIONS,
+use aot::{
+    run, AotOptions, AotReport, CalibSource, ModelSource, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS,
 };
 
 const AFTER_HELP: &str = "\
@@ -124,8 +123,19 @@ impl AotArgs {
     }
 }
 
-/// Runs the command: sets the thread count, then the whole flow (see [`crate::aot_pipeline::run`]).
+/// Runs the command: sets the thread count, then the whole flow (see [`aot::run`]).
 pub fn run_aot(args: &AotArgs) -> Result<AotReport> {
     backend_cpu::kernels::set_num_threads(args.threads)?;
     run(&args.options())
+}
+
+/// `<target dir>/qwen3_aot`: the target directory this example binary was built into
+/// (`<target>/<profile>/examples/qwen3_aot`), else `./target/qwen3_aot`.
+pub fn default_out_dir() -> PathBuf {
+    let from_exe = std::env::current_exe().ok().and_then(|exe| {
+        let examples = exe.parent()?;
+        (examples.file_name()? == "examples").then_some(())?;
+        Some(examples.parent()?.parent()?.join("qwen3_aot"))
+    });
+    from_exe.unwrap_or_else(|| PathBuf::from("target/qwen3_aot"))
 }

@@ -17,11 +17,11 @@
 //! With `MLLM_CPU_PROFILE=1` each child also prints its time per op kind.
 
 use anyhow::{bail, Context, Result};
+use aot::load_float;
 use checkpoint::{write_safetensors_atomic, StDtype};
 use clap::Parser;
 use half::bf16;
 use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
-use mllm_examples::load_float;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -16,13 +16,13 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use aot::trace_model;
 use backend_cpu::quant::{plan_export, quantize_weights, write_quantized_checkpoint, QdqParams};
 use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
 use clap::Parser;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::ParamFormat;
-use mllm_examples::quant_pipeline::trace_model;
 
 #[derive(Parser, Debug)]
 struct Args {

@@ -1,17 +1,15 @@
 //! The `generate` example's command: argument parsing and the run itself, as a library function so
 //! tests drive it exactly like the command line does.
 
-use crate::quant_pipeline::{load_aot_config, load_model, trace_graph, RunMode};
-use crate::{qwen3_chat_prompt, write_f32_safetensors};
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use aot::{load_model, lower_for_context, qwen3_chat_prompt, RunMode};
 use backend_qnn::sdk::{EmulatedHtp, SdkChunkModel, SdkError};
-use backend_qnn::{LowerOptions, QnnChunkModel, QnnGraph, QnnLowering, QnnModelError};
-use checkpoint::SafetensorsCheckpoint;
+use backend_qnn::{QnnChunkModel, QnnModelError};
+use checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::passes::Pipeline;
 use mllm_dsl::runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator, RandomSampling, Sampling};
-use mllm_dsl::ParamFormat;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -155,7 +153,9 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
         lines.push(format!("text: {text}"));
     }
     if let (Some(path), Some(logits)) = (&args.logits_out, &out.prompt_logits) {
-        write_f32_safetensors(path, "logits", &[1, prompt.len(), vocab], logits)?;
+        let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let tensor: TensorBytes<'_> = ("logits", StDtype::F32, &[1, prompt.len(), vocab], &bytes);
+        write_safetensors_atomic(path, &[tensor], &BTreeMap::new())?;
     }
     if args.timings {
         let t = &out.timings;
@@ -229,26 +229,4 @@ fn load_qnn_context(args: &GenerateArgs, binary: &Path) -> Result<QnnModel> {
     let ctx = model.layout().context_len;
     ensure!(ctx == args.context, "{} was built for context {ctx}, not --context {}", binary.display(), args.context);
     Ok(QnnModel::Sdk(Box::new(model)))
-}
-
-/// The QNN graphs of a quantized checkpoint for prefill chunk `chunk` (and decode, chunk 1) at
-/// `context`, lowered together as for one context binary: `model.0.s<chunk>`, `model.0.s1`.
-pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec<QnnGraph>> {
-    let hf = HfConfig::from_dir(dir)?;
-    let ckpt = SafetensorsCheckpoint::open(dir)?;
-    let max_positions = match ckpt.info("model.mllm_max_sin_embedding") {
-        Ok((_, &[1, rows, _])) => rows,
-        _ => bail!("{}: not a quantized checkpoint with RoPE tables (`model.mllm_max_sin_embedding`)", dir.display()),
-    };
-    ensure!(context <= max_positions, "--context {context} exceeds the checkpoint's {max_positions} RoPE positions");
-    let (aot, _) = load_aot_config(None, &hf)?;
-    let mut lowering = QnnLowering::new(&ckpt, LowerOptions::default());
-    let mut graphs = Vec::new();
-    let chunks: &[usize] = if chunk == 1 { &[1] } else { &[chunk, 1] };
-    for &ar in chunks {
-        let mut program = trace_graph(&hf, max_positions, ar, context, ParamFormat::QnnW4A16)?;
-        Pipeline::qnn_aot(&aot, &ckpt).run(&mut program).with_context(|| format!("compiling chunk {ar}"))?;
-        graphs.extend(lowering.lower_program(&program).with_context(|| format!("lowering chunk {ar}"))?);
-    }
-    Ok(graphs)
 }

@@ -14,11 +14,11 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
+use aot::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
 use backend_cpu::quant::export::write_atomic;
 use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
-use mllm_examples::quant_pipeline::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
 use mllm_examples::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
 
 #[derive(Parser, Debug)]

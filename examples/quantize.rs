@@ -18,10 +18,10 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use aot::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
 use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
-use mllm_examples::quant_pipeline::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
 
 #[derive(Parser, Debug)]
 #[command(about = "Calibrate and quantize an HF checkpoint into pymllm's W4A16KV8 checkpoint format")]

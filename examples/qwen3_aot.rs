@@ -7,7 +7,7 @@
 //! ```
 //!
 //! `--help` documents every argument and the files written; the README walks through the flow
-//! ("Compile a model ahead of time"). The logic is [`mllm_examples::aot_pipeline`], the command
+//! ("Compile a model ahead of time"). The logic is the `aot` crate ([`aot::run`]), the command
 //! line [`mllm_examples::aot_cli`].
 
 use clap::Parser;

@@ -16,7 +16,9 @@ use mllm_dsl::module::ParamSource;
 use mllm_dsl::quant::points::qdq_points;
 use mllm_dsl::{BackendRef, CausalLm, ParamFormat};
 
-use crate::quant_pipeline::{bar, trace_model, ROPE_SIN_KEY};
+use aot::load::ROPE_SIN_KEY;
+use aot::progress::bar;
+use aot::trace_model;
 
 /// The first `max_tokens` tokens of a text file, tokenized with `tokenizer.json` as a plain text
 /// (the tokenizer's own special-token rules, no chat template).

@@ -10,12 +10,12 @@
 //!   Qwen2's q/k/v convs (QNN int32, scale = input scale × channel scale).
 //! - The chunk-1 graph's structure (node list and summary) is snapshotted per model.
 
-mod aot_common;
+mod model_common;
 
-use aot_common::{op_census, AotModel, CHUNK};
 use backend_qnn::graph::StaticData;
 use backend_qnn::{DataType, Encoding, OpType, QnnGraph, TensorType};
 use mllm_dsl::passes::{ParamError, QuantParamProvider, StoredTensor};
+use model_common::{op_census, AotModel, CHUNK};
 
 /// Op census of the chunk-N graph of a 2-layer model without q/k norm; `bias` = Qwen2.
 fn expected_census() -> Vec<(String, usize)> {
@@ -137,7 +137,7 @@ fn llama3_with_rope_scaling_lowers_and_matches_fake_quant() {
     let Encoding::ScaleOffset(so) = t.encoding else { panic!() };
     let codes = t.data.as_ref().unwrap().bytes().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
     let row: Vec<f32> = codes.skip(100 * 16).take(16).map(|c| (i32::from(c) + so.offset) as f32 * so.scale).collect();
-    let hf = checkpoint::SafetensorsCheckpoint::open_file(aot_common::fixture("llama3-dev-f32/inv_freq.safetensors"));
+    let hf = checkpoint::SafetensorsCheckpoint::open_file(model_common::fixture("llama3-dev-f32/inv_freq.safetensors"));
     let inv = hf.unwrap().read_f32("llama3_inv_freq").unwrap();
     assert_eq!(inv.len(), 8);
     for (i, f) in inv.iter().enumerate() {
@@ -173,7 +173,7 @@ fn qwen2_lowers_with_int32_biases_and_matches_fake_quant() {
     };
     assert_eq!(*axis, 0);
     let float_bias = {
-        let ckpt = checkpoint::SafetensorsCheckpoint::open(aot_common::fixture("qwen2-dev-f32")).unwrap();
+        let ckpt = checkpoint::SafetensorsCheckpoint::open(model_common::fixture("qwen2-dev-f32")).unwrap();
         ckpt.read_f32("model.layers.1.self_attn.k_proj.bias").unwrap()
     };
     assert!(float_bias.iter().any(|&v| v.abs() > 1e-3), "the fixture's biases are non-zero");
@@ -201,7 +201,7 @@ fn qwen2_lowers_with_int32_biases_and_matches_fake_quant() {
     }
     let qnn = model.run_qnn(&no_bias, CHUNK)[0].to_real().unwrap();
     let cpu = model.run_cpu_fake_quant(&model.compiled(CHUNK), CHUNK);
-    let db = aot_common::sqnr_db(&qnn, cpu[0].as_f32().unwrap());
+    let db = model_common::sqnr_db(&qnn, cpu[0].as_f32().unwrap());
     eprintln!("qwen2 without biases: logits SQNR {db:.2} dB");
     assert!(db < 35.0, "dropping the biases gives {db:.2} dB; the check would not see them");
     snapshot("qwen2__model__qnn_s1", &s1);

@@ -7,38 +7,19 @@
 
 mod qwen3_common;
 
-use std::sync::Arc;
-
-use backend_cpu::quant::{FakeQuantHook, QdqParams};
-use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, QdqHook};
+use backend_cpu::CpuChunkModel;
 use backend_qnn::context::write_context_binary;
 use backend_qnn::sdk::{ApiError, EmulatedHtp, RecordingApi};
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{GraphIo, QnnChunkModel, QnnModelError};
-use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::module::ParamSource;
-use mllm_dsl::quant::points::qdq_points;
 use mllm_dsl::runtime::{argmax, ChunkModel, GenerationConfig, Generator, ModelLayout, StopReason};
-use mllm_dsl::{trace, ParamFormat};
 use qwen3_common::*;
 
 /// The checkpoint run eagerly by backend-cpu with its QDQ points fake-quantized.
 fn cpu_fake_quant_model() -> CpuChunkModel {
-    let hf = HfConfig::from_dir(fixture()).unwrap();
-    let cfg = model_config();
-    // The QDQ points of the model file (any trace shape names the same points).
-    let mut symbolic = models::build(&hf, MAX_POSITIONS).unwrap();
-    symbolic.bind_params(&ParamSource::Symbolic(ParamFormat::Float)).unwrap();
-    let inputs = models::io::trace_inputs(&cfg, 1, 2, ParamFormat::Float);
-    let l = cfg.num_hidden_layers;
-    let program = trace(&inputs, |t| symbolic.forward(&t[0], &t[1], &t[2], &t[3..3 + l], &t[3 + l..])).unwrap();
-    let params = QdqParams::from_checkpoint(&checkpoint(), &qdq_points(&program).unwrap()).unwrap();
-    let hook: Arc<dyn QdqHook> = Arc::new(FakeQuantHook::new(&params));
-    let backend = CpuBackend::with_qdq(hook);
-    let mut model = models::build(&hf, MAX_POSITIONS).unwrap();
-    let store = CheckpointStore::open(fixture(), backend.clone(), cfg.tie_word_embeddings).unwrap();
-    model.bind_params(&ParamSource::Store(&store)).unwrap();
-    CpuChunkModel::new(model, backend, CONTEXT)
+    let loaded = aot::load_model(&fixture(), CONTEXT, aot::RunMode::Auto).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(loaded.fake_quant);
+    loaded.model
 }
 
 fn sm8650() -> HtpTarget {

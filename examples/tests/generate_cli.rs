@@ -1,9 +1,10 @@
 //! The `generate` command as a user runs it: ids in, ids out; text prompts through tokenizer.json
 //! (with and without the chat template); logits written to safetensors; clear errors.
 
+use aot::lower_for_context;
 use checkpoint::SafetensorsCheckpoint;
 use clap::Parser;
-use mllm_examples::generate_cli::{lower_for_context, run_generate, GenerateArgs};
+use mllm_examples::generate_cli::{run_generate, GenerateArgs};
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {

@@ -2,9 +2,9 @@
 //! fixtures/PROVENANCE.md): prompt logits within 1e-4 and identical greedy ids, for prefill chunk
 //! sizes 32, 5 and 1.
 
+use aot::load_float;
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
-use mllm_examples::load_float;
 use std::path::{Path, PathBuf};
 
 const TOLERANCE: f32 = 1e-4;

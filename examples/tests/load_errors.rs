@@ -1,8 +1,8 @@
 //! Loading a broken or surprising checkpoint gives errors that name the tensor, the module that asked
 //! for it and what was expected; extra tensors are listed as unused.
 
+use aot::load_float;
 use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
-use mllm_examples::load_float;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

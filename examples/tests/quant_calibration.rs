@@ -4,13 +4,11 @@
 //! `fake_quant.scale` / `zero_point` within 1e-4 relative, LPBQ nibbles and `scale1` exactly,
 //! `scale2` within 1e-6 relative, uint16 weights exactly.
 
+use aot::{load_id_sequences, load_model, quantize, QuantizeOptions, QuantizeOutcome, RunMode};
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::CalibrationMode;
 use checkpoint::{SafetensorsCheckpoint, StDtype};
 use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
-use mllm_examples::quant_pipeline::{
-    load_id_sequences, load_model, quantize, QuantizeOptions, QuantizeOutcome, RunMode,
-};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -231,12 +229,12 @@ fn text_calibration_splits_paragraphs_and_truncates() {
     std::fs::write(&text, "Alice was reading a book.\n\n\n  \nTwinkle, twinkle, little star.\nHow I wonder.\n")
         .unwrap();
     let tokenizer = fixture("tokenizer-tiny").join("tokenizer.json");
-    let seqs = mllm_examples::quant_pipeline::load_text_sequences(&text, &tokenizer, 5, 10, false).unwrap();
+    let seqs = aot::load_text_sequences(&text, &tokenizer, 5, 10, false).unwrap();
     assert_eq!(seqs.len(), 2, "{seqs:?}");
     // expected.json: "Alice was reading a book." -> [81, 92, 113, 127, 78, 126, 8], cut to 5.
     assert_eq!(seqs[0], vec![81, 92, 113, 127, 78]);
     assert!(seqs[1].len() == 5);
-    let chat = mllm_examples::quant_pipeline::load_text_sequences(&text, &tokenizer, 1000, 1, true).unwrap();
+    let chat = aot::load_text_sequences(&text, &tokenizer, 1000, 1, true).unwrap();
     assert_eq!(chat.len(), 1);
     assert_eq!(chat[0][0], 1, "the chat template starts with <|im_start|>");
     let _ = std::fs::remove_file(&text);

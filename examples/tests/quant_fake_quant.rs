@@ -4,10 +4,10 @@
 //! weights, with pymllm's fake-quant activations) with the same argmax at every position, for
 //! prefill chunks of 8 (the whole prompt, as the oracle ran it), 32 (zero-padded) and 1.
 
+use aot::{load_model, RunMode};
 use backend_cpu::quant::accuracy::Comparison;
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
-use mllm_examples::quant_pipeline::{load_model, RunMode};
 use std::path::{Path, PathBuf};
 
 const CONTEXT: usize = 64;

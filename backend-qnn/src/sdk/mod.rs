@@ -117,6 +117,10 @@ pub enum SdkError {
     #[cfg(feature = "qnn-sdk")]
     #[error(transparent)]
     Load(#[from] ffi::LoadError),
+    /// A QNN library is not where `QNN_SDK_ROOT` says it is.
+    #[cfg(feature = "qnn-sdk")]
+    #[error("QNN library {} not found: set QNN_SDK_ROOT to the QAIRT SDK root (the directory holding lib/)", path.display())]
+    MissingLibrary { path: std::path::PathBuf },
     #[error(transparent)]
     Build(#[from] BuildError),
     /// The context binary could not be opened as a chunk model.
@@ -127,6 +131,19 @@ pub enum SdkError {
 /// Whether this build can talk to a real QNN backend.
 pub const fn sdk_available() -> bool {
     cfg!(feature = "qnn-sdk")
+}
+
+/// Checks, before any work is done, that [`build_context_binary_with_sdk`] can run: this build has
+/// SDK support and both QNN libraries exist where they will be loaded from (`QNN_SDK_ROOT`).
+pub fn check_sdk_libraries() -> Result<(), SdkError> {
+    #[cfg(feature = "qnn-sdk")]
+    {
+        let paths = LibraryPaths::from_env()?;
+        let missing = [paths.backend, paths.system].into_iter().find(|p| !p.is_file());
+        missing.map_or(Ok(()), |path| Err(SdkError::MissingLibrary { path }))
+    }
+    #[cfg(not(feature = "qnn-sdk"))]
+    Err(SdkError::NotBuilt)
 }
 
 /// Builds the context binary with the QNN SDK located through `QNN_SDK_ROOT`.

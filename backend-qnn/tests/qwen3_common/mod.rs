@@ -1,11 +1,11 @@
 //! The tiny quantized Qwen3 of `fixtures/pymllm-qwen3-dev-f32` (pymllm's export) through the
-//! shared AOT glue ([`aot_common`]): the pipeline, its lowering, fixed inputs and the CPU
+//! shared AOT glue ([`model_common`], the `aot` library underneath): the pipeline, its lowering, fixed inputs and the CPU
 //! fake-quant reference run, as free functions for the lowering and SDK tests.
 
 #![allow(dead_code, unused_imports)]
 
-#[path = "../aot_common/mod.rs"]
-pub mod aot_common;
+#[path = "../model_common/mod.rs"]
+pub mod model_common;
 
 use std::sync::OnceLock;
 
@@ -18,7 +18,7 @@ use mllm_dsl::{Program, Tensor};
 use models::TransformerConfig;
 use std::path::PathBuf;
 
-pub use aot_common::{sqnr_db, AotModel, Inputs, TempDir, CHUNK, CONTEXT, MAX_POSITIONS, N_PAST};
+pub use model_common::{sqnr_db, AotModel, Inputs, TempDir, CHUNK, CONTEXT, MAX_POSITIONS, N_PAST};
 
 /// The pymllm Qwen3 checkpoint, opened once per test binary.
 pub fn model() -> &'static AotModel {
@@ -27,7 +27,7 @@ pub fn model() -> &'static AotModel {
 }
 
 pub fn fixture() -> PathBuf {
-    aot_common::fixture("pymllm-qwen3-dev-f32")
+    model_common::fixture("pymllm-qwen3-dev-f32")
 }
 
 pub fn model_config() -> TransformerConfig {
@@ -62,7 +62,7 @@ pub fn lowered_pair() -> (QnnGraph, QnnGraph) {
 }
 
 impl Inputs {
-    /// The fixed inputs of [`aot_common::Inputs`] for this model.
+    /// The fixed inputs of [`model_common::Inputs`] for this model.
     pub fn new(chunk: usize) -> Inputs {
         model().inputs(chunk)
     }

@@ -1,14 +1,13 @@
-//! The quantization path from an HF float checkpoint to a quantized checkpoint in pymllm's
-//! format, without Python: trace the model file to learn its QDQ points and parameters,
-//! calibrate on token sequences, quantize and write the weights, then compare fake-quant against
-//! float ([`quantize`]). Also the loader that runs a quantized checkpoint in fake-quant mode
-//! ([`load_model`]).
+//! Calibration and quantization beside the CPU executor: an HF float checkpoint becomes a
+//! quantized checkpoint in pymllm's format, without Python. Trace the model file to learn its QDQ
+//! points and parameters, calibrate on token sequences, quantize and write the weights, then
+//! compare fake-quant against float ([`quantize`], [`evaluate`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::export::{quantize_rope_tables, write_atomic};
 use backend_cpu::quant::{
@@ -16,170 +15,17 @@ use backend_cpu::quant::{
     AccuracyReport, Calibration, CalibrationMode, CalibrationWeights, FakeQuantHook, InputStatsHook, LinearQuantizer,
     ObserverHook, QdqParams, RecordingHook, WeightMethod,
 };
-use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, QdqHook};
+use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
-use indicatif::{ProgressBar, ProgressStyle};
-use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::ParamSource;
 use mllm_dsl::quant::points::{concat_groups, layer_output_points, linear_inputs, qdq_points};
-use mllm_dsl::{trace, BackendRef, ParamFormat, Program, QdqAttr};
-use models::TransformerConfig;
+use mllm_dsl::{ParamFormat, QdqAttr};
 
-use crate::CpuModel;
-
-/// RoPE table key whose shape tells how many positions a quantized checkpoint covers.
-pub const ROPE_SIN_KEY: &str = "model.mllm_max_sin_embedding";
-
-/// Traces the model file of `hf` once (decode shape: one token, one past position) with symbolic
-/// parameters typed as `format`. Cheap: no weights are touched.
-pub fn trace_model(hf: &HfConfig, max_positions: usize, format: ParamFormat) -> Result<Program> {
-    trace_graph(hf, max_positions, 1, 2, format)
-}
-
-/// Traces the model file of `hf` for one graph: `chunk` new tokens, a mask `context` wide (the
-/// past K/V cache holds `context - chunk` positions), parameters typed as `format`.
-pub fn trace_graph(
-    hf: &HfConfig,
-    max_positions: usize,
-    chunk: usize,
-    context: usize,
-    format: ParamFormat,
-) -> Result<Program> {
-    let cfg = TransformerConfig::from_hf(hf, max_positions);
-    let mut model = models::build(hf, max_positions)?;
-    model.bind_params(&ParamSource::Symbolic(format))?;
-    let layers = cfg.num_hidden_layers;
-    let inputs = models::io::trace_inputs(&cfg, chunk, context, format);
-    let program = trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + layers], &t[3 + layers..]))
-        .with_context(|| {
-            format!("tracing the model file of {} (chunk {chunk}, context {context})", hf.source.display())
-        })?;
-    Ok(program)
-}
-
-/// mllm's QNN AOT config from `path`, or the built-in W4A16KV8 one (block size 16) with the
-/// model's layer count; plus warnings about the pair.
-pub fn load_aot_config(path: Option<&Path>, hf: &HfConfig) -> Result<(AotConfig, Vec<String>)> {
-    let aot = match path {
-        Some(p) => AotConfig::from_file(p)?,
-        None => {
-            let mut c = AotConfig::w4a16_kv8();
-            c.quant_recipe.layers = hf.num_hidden_layers as u32;
-            c
-        }
-    };
-    let mut warnings = aot.warnings();
-    if aot.quant_recipe.layers as usize != hf.num_hidden_layers {
-        warnings.push(format!(
-            "AOT config `quant_recipe.layers` is {} but the model has {} layers",
-            aot.quant_recipe.layers, hf.num_hidden_layers
-        ));
-    }
-    Ok((aot, warnings))
-}
-
-/// How to run a checkpoint directory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RunMode {
-    /// Fake-quant when the checkpoint is quantized (pymllm's export or this project's), else float.
-    Auto,
-    /// Float, even for a quantized checkpoint: its weights are decoded and QDQ points do nothing.
-    Float,
-}
-
-/// Loads `dir` for eager CPU execution, in fake-quant mode when it holds a quantized checkpoint
-/// (unless `mode` is [`RunMode::Float`]). A quantized checkpoint's RoPE tables fix how many
-/// positions the model covers; `context_len` must not exceed them.
-pub fn load_model(dir: &Path, context_len: usize, mode: RunMode) -> Result<CpuModel> {
-    let ckpt = SafetensorsCheckpoint::open(dir)?;
-    if !is_quantized_checkpoint(&ckpt) {
-        return crate::load_float(dir, context_len);
-    }
-    let config = HfConfig::from_dir(dir)?;
-    let max_positions = match ckpt.info(ROPE_SIN_KEY) {
-        Ok((_, &[1, rows, _])) => rows,
-        Ok((_, shape)) => bail!("{}: `{ROPE_SIN_KEY}` has shape {shape:?}, expected [1, L, head_dim]", dir.display()),
-        Err(_) => context_len,
-    };
-    ensure!(
-        context_len <= max_positions,
-        "{}: the checkpoint's RoPE tables cover {max_positions} positions; a context of {context_len} needs more",
-        dir.display()
-    );
-    let points = qdq_points(&trace_model(&config, max_positions, ParamFormat::Float)?)?;
-    let (backend, used): (BackendRef, Vec<String>) = match mode {
-        RunMode::Auto => {
-            let params = QdqParams::from_checkpoint(&ckpt, &points)
-                .with_context(|| format!("reading the QDQ parameters of {}", dir.display()))?;
-            let hook: Arc<dyn QdqHook> = Arc::new(FakeQuantHook::new(&params));
-            (CpuBackend::with_qdq(hook), params.source_keys().to_vec())
-        }
-        // Deliberately ignored, so not worth an "unused" warning.
-        RunMode::Float => {
-            (CpuBackend::float(), points.iter().flat_map(|p| [p.scale_key(), p.zero_point_key()]).collect())
-        }
-    };
-    let mut model = models::build(&config, max_positions)?;
-    let store = CheckpointStore::open(dir, backend.clone(), config.tie_word_embeddings)?;
-    model.bind_params(&ParamSource::Store(&store)).with_context(|| format!("loading {}", dir.display()))?;
-    for key in used.iter().filter(|k| store.checkpoint().contains(k)) {
-        store.checkpoint().mark_used(key)?;
-    }
-    let unused = store.unused_keys();
-    Ok(CpuModel {
-        config,
-        model: CpuChunkModel::new(model, backend, context_len),
-        unused,
-        fake_quant: mode == RunMode::Auto,
-    })
-}
-
-/// Token sequences from `calib_ids`-style safetensors: an int64 (or int32) `[N, L]` tensor `key`.
-pub fn load_id_sequences(path: &Path, key: &str, vocab_size: usize) -> Result<Vec<Vec<i64>>> {
-    let file = SafetensorsCheckpoint::open_file(path).with_context(|| format!("opening {}", path.display()))?;
-    let (dtype, shape) = file.info(key).with_context(|| format!("{}: tensor `{key}`", path.display()))?;
-    let shape = shape.to_vec();
-    let [n, len] = shape[..] else {
-        bail!("{}: `{key}` has shape {shape:?}, expected [N, L] (sequences x tokens)", path.display());
-    };
-    ensure!(n > 0 && len > 0, "{}: `{key}` is empty ({shape:?})", path.display());
-    let ids: Vec<i64> = match dtype {
-        checkpoint::StDtype::I64 => file.read_i64(key)?,
-        checkpoint::StDtype::I32 => file.read_i32(key)?.into_iter().map(i64::from).collect(),
-        other => bail!("{}: `{key}` is {other}, expected int64 (or int32) token ids", path.display()),
-    };
-    if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id < 0 || id as usize >= vocab_size) {
-        bail!("{}: `{key}` element {i} is token id {id}, outside the vocabulary 0..{vocab_size}", path.display());
-    }
-    Ok(ids.chunks_exact(len).map(<[i64]>::to_vec).collect())
-}
-
-/// Calibration sequences from a text file: paragraphs separated by blank lines, each tokenized
-/// with `tokenizer.json` (through Qwen3's non-thinking chat template when `chat`, as pymllm's
-/// calibration does) and cut to `max_len` tokens; at most `max_samples` of them.
-pub fn load_text_sequences(
-    path: &Path,
-    tokenizer: &Path,
-    max_len: usize,
-    max_samples: usize,
-    chat: bool,
-) -> Result<Vec<Vec<i64>>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let tok = tokenizers::Tokenizer::from_file(tokenizer)
-        .map_err(|e| anyhow::anyhow!("cannot load tokenizer {}: {e}", tokenizer.display()))?;
-    let mut out = Vec::new();
-    for para in text.split("\n\n").map(str::trim).filter(|p| !p.is_empty()).take(max_samples) {
-        let input = if chat { crate::qwen3_chat_prompt(para) } else { para.to_string() };
-        let enc = tok.encode(input, false).map_err(|e| anyhow::anyhow!("tokenizing {}: {e}", path.display()))?;
-        let ids: Vec<i64> = enc.get_ids().iter().take(max_len).map(|&i| i64::from(i)).collect();
-        if !ids.is_empty() {
-            out.push(ids);
-        }
-    }
-    ensure!(!out.is_empty(), "{}: no non-empty paragraph to calibrate on", path.display());
-    Ok(out)
-}
+use crate::config::load_aot_config;
+use crate::load::{build_model, open_model};
+use crate::progress::bar;
+use crate::trace::trace_model;
 
 /// Everything `quantize` needs.
 pub struct QuantizeOptions {
@@ -210,20 +56,6 @@ pub struct QuantizeOutcome {
     /// The input statistics pass of the weight method (0 for pymllm's rounding).
     pub input_stats_seconds: f64,
     pub warnings: Vec<String>,
-}
-
-/// A progress bar on stderr (hidden when `progress` is off; indicatif hides it without a TTY).
-pub fn bar(progress: bool, len: usize, what: &str) -> ProgressBar {
-    if !progress {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(len as u64);
-    let style = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {elapsed_precise} {msg}")
-        .expect("valid template")
-        .progress_chars("=> ");
-    pb.set_style(style);
-    pb.set_prefix(what.to_string());
-    pb
 }
 
 /// Calibrates `opts.model`, writes the quantized checkpoint (`model.safetensors`, `config.json`,
@@ -288,8 +120,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     let calibration = {
         let store = CheckpointStore::open(model_dir, backend.clone(), hf.tie_word_embeddings)?;
         let weights = CalibrationWeights::new(&store, &aot, opts.mode).with_linears(&linears);
-        let mut model = models::build(&hf, opts.max_positions)?;
-        model.bind_params(&ParamSource::Store(&weights)).with_context(|| format!("loading {}", model_dir.display()))?;
+        let model = build_model(&hf, opts.max_positions, &ParamSource::Store(&weights), model_dir)?;
         let pb = bar(opts.progress, opts.calibration.len(), "calibrating");
         for (i, seq) in opts.calibration.iter().enumerate() {
             ensure!(
@@ -391,9 +222,7 @@ pub fn evaluate(
     let run = |dir: &Path, inner: Option<Arc<dyn QdqHook>>, label: &str| -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
         let recorder = Arc::new(RecordingHook::new(inner, keys.clone()));
         let backend = CpuBackend::with_qdq(recorder.clone());
-        let store = CheckpointStore::open(dir, backend.clone(), hf.tie_word_embeddings)?;
-        let mut model = models::build(&hf, max_positions)?;
-        model.bind_params(&ParamSource::Store(&store)).with_context(|| format!("loading {}", dir.display()))?;
+        let (model, _store) = open_model(dir, &hf, max_positions, &backend)?;
         let pb = bar(progress, sequences.len(), label);
         let mut logits = Vec::new();
         for seq in sequences {

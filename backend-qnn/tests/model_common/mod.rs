@@ -1,35 +1,25 @@
-//! The end-to-end AOT glue every model shares: a quantized checkpoint of a tiny model → the model
-//! file traced at a chunk size (any `model_type`, through `models::build`) → `Pipeline::qnn_aot`
-//! → one [`QnnLowering`] for the chunk-N and chunk-1 graphs → the QNN reference interpreter and
-//! backend-cpu's fake-quant interpreter on the same fixed inputs.
-//!
-//! The quantized checkpoint is either pymllm's export ([`AotModel::open`], the Qwen3 fixture) or
-//! made here from a float HF fixture ([`AotModel::calibrated`]): calibrated on a few seeded token
-//! sequences and written in pymllm's format by backend-cpu's quantizer, as `examples/quantize`
-//! does.
+//! A quantized checkpoint of a tiny model taken through the `aot` library's pipeline (any
+//! `model_type`): calibrated and quantized by [`aot::quantize`] or pymllm's export as it is,
+//! traced by [`aot::trace_graph`], lowered by [`aot::lower_for_context`]; plus what the tests
+//! check it with: fixed graph inputs and the QNN reference interpreter and backend-cpu's
+//! fake-quant interpreter on them.
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 
-use backend_cpu::quant::export::quantize_rope_tables;
-use backend_cpu::quant::{
-    plan_export, prefill_logits, quantize_weights, write_quantized_checkpoint, CalibrationMode, CalibrationWeights,
-    ObserverHook,
-};
+use aot::QuantizeOptions;
+use backend_cpu::quant::CalibrationMode;
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::interp::{Interpreter as QnnInterpreter, TensorValue};
-use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
+use backend_qnn::QnnGraph;
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::passes::{Pipeline, QuantParamProvider};
 use mllm_dsl::prelude::*;
-use mllm_dsl::quant::points::{concat_groups, qdq_points};
-use mllm_dsl::{CausalLm, Program, Storage, TensorType};
+use mllm_dsl::{Program, Storage, TensorType};
 use models::blocks::{MASK_SCALE, MASK_ZERO_POINT};
-use models::io::trace_inputs;
 use models::TransformerConfig;
 
 pub const CHUNK: usize = 4;
@@ -63,32 +53,37 @@ impl AotModel {
         AotModel { dir, hf, cfg, ckpt, _owned: None }
     }
 
-    /// The float fixture `fixtures/<name>`, calibrated on [`calibration_ids`] and quantized
-    /// (W4A16, KV8) into a temporary directory.
+    /// The float fixture `fixtures/<name>`, calibrated on [`calibration_ids`] (mllm-compatible
+    /// mode) and quantized (W4A16 LPBQ, KV8) into a temporary directory by [`aot::quantize`].
     pub fn calibrated(name: &str) -> AotModel {
         let out = TempDir::new(&format!("calibrated-{name}"));
-        calibrate(&fixture(name), &out.0).unwrap_or_else(|e| panic!("calibrating {name}: {e}"));
+        let hf = HfConfig::from_dir(fixture(name)).unwrap_or_else(|e| panic!("{e}"));
+        aot::quantize(&QuantizeOptions {
+            model: fixture(name),
+            aot_config: None,
+            calibration: calibration_ids(hf.vocab_size),
+            evaluation: None,
+            mode: CalibrationMode::MllmCompatible,
+            out: out.0.clone(),
+            max_positions: MAX_POSITIONS,
+            progress: false,
+            weight_method: backend_cpu::quant::WeightMethod::Rtn,
+        })
+        .unwrap_or_else(|e| panic!("calibrating {name}: {e:#}"));
         let mut model = AotModel::open(out.0.clone());
         model._owned = Some(out);
         model
     }
 
+    /// The built-in W4A16 KV8 AOT config for this model's layer count.
     pub fn aot_config(&self) -> AotConfig {
-        aot_config(&self.hf)
-    }
-
-    /// The unbound model file of this checkpoint's `model_type`.
-    pub fn model(&self) -> Box<dyn CausalLm> {
-        models::build(&self.hf, MAX_POSITIONS).unwrap_or_else(|e| panic!("{e}"))
+        aot::load_aot_config(None, &self.hf).unwrap_or_else(|e| panic!("{e:#}")).0
     }
 
     /// The model traced with symbolic W4A16 parameters at `chunk` tokens, context [`CONTEXT`].
     pub fn traced(&self, chunk: usize) -> Program {
-        let mut model = self.model();
-        model.bind_params(&ParamSource::Symbolic(ParamFormat::QnnW4A16)).unwrap();
-        let inputs = trace_inputs(&self.cfg, chunk, CONTEXT, ParamFormat::QnnW4A16);
-        let l = self.cfg.num_hidden_layers;
-        trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + l], &t[3 + l..])).unwrap()
+        aot::trace_graph(&self.hf, MAX_POSITIONS, chunk, CONTEXT, ParamFormat::QnnW4A16)
+            .unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// The program after the first `n` passes of the QNN AOT pipeline.
@@ -106,13 +101,12 @@ impl AotModel {
         self.compiled_through(usize::MAX, chunk)
     }
 
-    /// `model.0.s<CHUNK>` and `model.0.s1`, lowered by one [`QnnLowering`] (as for one context).
+    /// `model.0.s<CHUNK>` and `model.0.s1`, lowered by one `QnnLowering` (as for one context).
     pub fn lowered_pair(&self) -> (QnnGraph, QnnGraph) {
-        let mut lowering = QnnLowering::new(&self.ckpt, LowerOptions::default());
-        let mut sn = lowering.lower_program(&self.compiled(CHUNK)).unwrap_or_else(|e| panic!("{e}"));
-        let mut s1 = lowering.lower_program(&self.compiled(1)).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!((sn.len(), s1.len()), (1, 1));
-        (sn.remove(0), s1.remove(0))
+        let mut graphs = aot::lower_for_context(&self.dir, CHUNK, CONTEXT).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(graphs.len(), 2);
+        let s1 = graphs.pop().unwrap();
+        (graphs.pop().unwrap(), s1)
     }
 
     pub fn inputs(&self, chunk: usize) -> Inputs {
@@ -185,13 +179,6 @@ impl AotModel {
     }
 }
 
-/// The built-in W4A16 KV8 AOT config for `hf`'s layer count.
-pub fn aot_config(hf: &HfConfig) -> AotConfig {
-    let mut c = AotConfig::w4a16_kv8();
-    c.quant_recipe.layers = hf.num_hidden_layers as u32;
-    c
-}
-
 /// Deterministic calibration sequences: 4 × 24 token ids from a seeded xorshift, in `0..vocab`.
 pub fn calibration_ids(vocab: usize) -> Vec<Vec<i64>> {
     let mut seed = 0x9e37_79b9u32;
@@ -207,40 +194,6 @@ pub fn calibration_ids(vocab: usize) -> Vec<Vec<i64>> {
                 .collect()
         })
         .collect()
-}
-
-/// Quantizes the float HF checkpoint `float_dir` into `out` (pymllm's format): trace the model
-/// file, calibrate its QDQ points on [`calibration_ids`] (mllm-compatible mode), quantize the
-/// weights (LPBQ, uint16) and RoPE tables, write `model.safetensors` and `config.json`.
-pub fn calibrate(float_dir: &Path, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let hf = HfConfig::from_dir(float_dir)?;
-    let aot = aot_config(&hf);
-    let cfg = TransformerConfig::from_hf(&hf, MAX_POSITIONS);
-    let mut model = models::build(&hf, MAX_POSITIONS)?;
-    // 1. What the model file quantizes (traced in decode shape).
-    model.bind_params(&ParamSource::Symbolic(ParamFormat::QnnW4A16))?;
-    let l = cfg.num_hidden_layers;
-    let inputs = trace_inputs(&cfg, 1, 2, ParamFormat::QnnW4A16);
-    let program = trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + l], &t[3 + l..]))?;
-    let plan = plan_export(&program, &aot, hf.linear_block_size)?;
-    let mode = CalibrationMode::MllmCompatible;
-    let hook = Arc::new(ObserverHook::new(&qdq_points(&program)?, &concat_groups(&program), mode));
-    // 2. Calibration on the float weights (LPBQ fake-quantized, as mllm's calibration sees them).
-    let backend = CpuBackend::with_qdq(hook.clone());
-    let store = CheckpointStore::open(float_dir, backend.clone(), hf.tie_word_embeddings)?;
-    let weights = CalibrationWeights::new(&store, &aot, mode);
-    let mut model = models::build(&hf, MAX_POSITIONS)?;
-    model.bind_params(&ParamSource::Store(&weights))?;
-    for ids in calibration_ids(hf.vocab_size) {
-        prefill_logits(model.as_ref(), &backend, &ids)?;
-    }
-    let calibration = hook.finish()?;
-    // 3. Weights, RoPE tables and QDQ parameters in pymllm's layout.
-    let source = SafetensorsCheckpoint::open(float_dir)?;
-    let mut tensors = quantize_weights(&plan, &source, hf.tie_word_embeddings, &|_, _, _| {})?.tensors;
-    tensors.extend(quantize_rope_tables(&plan, &calibration.params, &calibration.rope_tables)?);
-    write_quantized_checkpoint(out, &hf.source, plan.block_size, &tensors, &calibration.params)?;
-    Ok(())
 }
 
 /// Fixed graph inputs: ids, positions N_PAST.., a causal mask over N_PAST valid past columns

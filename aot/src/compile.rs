@@ -1,0 +1,417 @@
+//! The main job end to end: an HF float checkpoint (or an already quantized one) becomes QNN
+//! graphs, with a per-stage accuracy ledger that says which stage lost accuracy ([`run`]).
+//!
+//! 1. **load**: the model directory (or the embedded tiny Qwen3, materialised into the output
+//!    directory), its `config.json` and the AOT config;
+//! 2. **calibrate** + **quantize** ([`crate::quantize`]): observers over the calibration ids,
+//!    LPBQ / uint16 weights, a quantized checkpoint in pymllm's format;
+//! 3. **trace** one graph per chunk size (mllm's `model.0.s<chunk>`), **passes**: mllm's QNN AOT
+//!    pipeline, dumping the IR after every pass;
+//! 4. **lower** to QNN with one [`QnnLowering`] (weights shared by name, as in one context),
+//!    validate, write `qnn/<graph>.{json,cpp,bin,summary.txt}`;
+//! 5. **validate**: the ledger ([`crate::ledger`]).
+//!
+//! Every file is written to a temporary name and renamed. Two runs with the same inputs write
+//! byte-identical files, except `report.json`'s `timings_s`, the only field that varies.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Context, Result};
+use backend_cpu::quant::accuracy::Comparison;
+use backend_cpu::quant::export::write_atomic;
+use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, WeightMethod};
+use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
+use backend_qnn::artifacts::summary::summarize;
+use backend_qnn::artifacts::write_graph_artifacts;
+use backend_qnn::target::HtpTarget;
+use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
+use checkpoint::SafetensorsCheckpoint;
+use mllm_dsl::config::aot::AotConfig;
+use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::passes::Pipeline;
+use mllm_dsl::ParamFormat;
+
+use crate::calibrate::{quantize, QuantizeOptions};
+use crate::config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
+use crate::embedded::{EMBEDDED_CALIB_IDS, EMBEDDED_MODEL, EMBEDDED_MODEL_NAME};
+use crate::ledger::{float_vs_reference, quantized_vs_reference_float, LedgerEntry};
+use crate::load::{rope_positions, ROPE_SIN_KEY};
+use crate::probe::Probe;
+use crate::progress::bar;
+use crate::report::{AotReport, GraphReport, Timings};
+use crate::sequences::{load_id_sequences, load_text_sequences};
+use crate::trace::trace_graph;
+
+/// Where the model comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSource {
+    /// The embedded tiny Qwen3 (written to `<out>/embedded/`), calibrated on the embedded ids.
+    Embedded,
+    /// An HF float checkpoint directory, calibrated here.
+    Float(PathBuf),
+    /// A quantized checkpoint directory (pymllm's export or this project's): no calibration.
+    Quantized(PathBuf),
+}
+
+/// Calibration token sequences.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CalibSource {
+    /// Safetensors with `calib_ids`, int64 (or int32) `[N, L]`.
+    Ids(PathBuf),
+    /// Paragraphs separated by blank lines, tokenized with the model directory's `tokenizer.json`
+    /// (through Qwen3's chat template when `chat`).
+    Text { path: PathBuf, chat: bool },
+}
+
+/// Everything [`run`] needs.
+#[derive(Clone, Debug)]
+pub struct AotOptions {
+    pub source: ModelSource,
+    /// mllm's QNN AOT config JSON; the built-in W4A16KV8 one (with the model's layer count) when absent.
+    pub aot_config: Option<PathBuf>,
+    /// Required for [`ModelSource::Float`]; the embedded ids for [`ModelSource::Embedded`] when absent.
+    pub calibration: Option<CalibSource>,
+    /// Positions of the K/V cache plus the current chunk (the mask width).
+    pub context_len: usize,
+    /// One graph per chunk size, in this order.
+    pub chunks: Vec<usize>,
+    pub out: PathBuf,
+    /// Also build the QNN context binary (needs the `qnn-sdk` feature and `QNN_SDK_ROOT`).
+    pub context_binary: bool,
+    /// RoPE table rows when calibrating (a quantized checkpoint's tables fix their own).
+    pub max_positions: usize,
+    pub progress: bool,
+    /// How linear weights are rounded to LPBQ when calibrating (docs/quantization.md).
+    pub weight_method: WeightMethod,
+}
+
+impl AotOptions {
+    /// The embedded default: chunks 32 and 1, context 1024, into `out`.
+    pub fn embedded(out: impl Into<PathBuf>) -> AotOptions {
+        AotOptions {
+            source: ModelSource::Embedded,
+            aot_config: None,
+            calibration: None,
+            context_len: DEFAULT_CONTEXT_LEN,
+            chunks: DEFAULT_CHUNKS.to_vec(),
+            out: out.into(),
+            context_binary: false,
+            max_positions: DEFAULT_MAX_POSITIONS,
+            progress: false,
+            weight_method: WeightMethod::Rtn,
+        }
+    }
+}
+
+/// How to enable `--context-binary` in a build that cannot do it.
+pub const CONTEXT_BINARY_HINT: &str = "--context-binary needs the QNN SDK: build the example with \
+     `--features mllm-examples/qnn-sdk` and set QNN_SDK_ROOT=/path/to/qairt/<ver> (libclang is needed for bindgen)";
+
+/// Runs the whole flow into `opts.out` and writes `report.json` there.
+pub fn run(opts: &AotOptions) -> Result<AotReport> {
+    let start = Instant::now();
+    if opts.context_binary {
+        // Before any work: a missing SDK fails now, not after calibrating and lowering.
+        backend_qnn::sdk::check_sdk_libraries().with_context(|| CONTEXT_BINARY_HINT)?;
+    }
+    check_shapes(opts)?;
+    let out = &opts.out;
+    std::fs::create_dir_all(out).with_context(|| format!("creating the output directory {}", out.display()))?;
+    let mut files = Files::new(out);
+    let mut timings = Timings::default();
+    let mut warnings = Vec::new();
+
+    // 1. Load.
+    let t = Instant::now();
+    // The checkpoint directory, and what to calibrate it on (nothing for a quantized one).
+    let (model_name, model_dir, calibration_src) = match &opts.source {
+        ModelSource::Embedded => {
+            let dir = out.join("embedded/qwen3-dev-f32");
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            for (name, bytes) in EMBEDDED_MODEL {
+                files.write(&dir.join(name), bytes)?;
+            }
+            let ids = out.join("embedded/calib_ids.safetensors");
+            files.write(&ids, EMBEDDED_CALIB_IDS)?;
+            let calib = opts.calibration.clone().unwrap_or(CalibSource::Ids(ids));
+            (EMBEDDED_MODEL_NAME.to_string(), dir, Some(calib))
+        }
+        ModelSource::Float(dir) => {
+            let Some(calib) = opts.calibration.clone() else {
+                bail!("--model {} needs calibration data: pass --calib-ids FILE or --calib-text FILE", dir.display());
+            };
+            (dir.display().to_string(), dir.clone(), Some(calib))
+        }
+        ModelSource::Quantized(dir) => (dir.display().to_string(), dir.clone(), None),
+    };
+    let hf = HfConfig::from_dir(&model_dir)
+        .with_context(|| format!("reading the model config of {}", model_dir.display()))?;
+    let (aot, aot_warnings) = load_aot_config(opts.aot_config.as_deref(), &hf)?;
+    let target = htp_target(&aot)?;
+    warnings.extend(aot_warnings);
+    timings.load = t.elapsed().as_secs_f64();
+
+    let mut ledger = Vec::new();
+    // 2. Calibrate and quantize (or take the quantized checkpoint as it is).
+    let (quant_dir, max_positions) = match calibration_src {
+        Some(calib) => {
+            let float_dir = &model_dir;
+            let t = Instant::now();
+            let calibration = match &calib {
+                CalibSource::Ids(path) => load_id_sequences(path, "calib_ids", hf.vocab_size)?,
+                CalibSource::Text { path, chat } => {
+                    load_text_sequences(path, &float_dir.join("tokenizer.json"), opts.max_positions, 128, *chat)?
+                }
+            };
+            timings.load += t.elapsed().as_secs_f64();
+            if let Some(entry) = float_vs_reference(float_dir, &hf, opts.max_positions)? {
+                ledger.push(entry);
+            }
+            let quant_dir = out.join("quantized");
+            let outcome = quantize(&QuantizeOptions {
+                model: float_dir.clone(),
+                aot_config: opts.aot_config.clone(),
+                calibration,
+                evaluation: None,
+                mode: CalibrationMode::Deployed,
+                out: quant_dir.clone(),
+                max_positions: opts.max_positions,
+                progress: opts.progress,
+                weight_method: opts.weight_method,
+            })?;
+            // The weight method's input statistics pass is part of calibrating.
+            timings.calibrate = outcome.input_stats_seconds + outcome.calibration_seconds;
+            timings.quantize = outcome.weight_seconds;
+            warnings.extend(outcome.warnings.iter().filter(|w| !warnings.contains(w)).cloned().collect::<Vec<_>>());
+            let logits = outcome.report.rows.last().context("the quantization report has no logits row")?;
+            ledger.push(LedgerEntry {
+                stage: "fakequant_vs_float",
+                graph: None,
+                detail: format!(
+                    "eager fake-quant of the quantized checkpoint vs float, prefill of the {} calibration sequences ({} tokens)",
+                    outcome.report.sequences, outcome.report.tokens
+                ),
+                comparison: logits.clone(),
+            });
+            files.record_dir(&quant_dir)?;
+            (quant_dir, opts.max_positions)
+        }
+        None => {
+            let dir = model_dir.clone();
+            let ckpt = SafetensorsCheckpoint::open(&dir)?;
+            ensure!(
+                is_quantized_checkpoint(&ckpt),
+                "--quantized {} holds a float checkpoint (no `*.fake_quant.scale` / `*.scale1` tensors); \
+                 calibrate it with --model",
+                dir.display()
+            );
+            let Some(rows) = rope_positions(&ckpt)? else {
+                bail!("{}: the quantized checkpoint has no RoPE table `{ROPE_SIN_KEY}`", dir.display())
+            };
+            drop(ckpt);
+            if let Some(entry) = quantized_vs_reference_float(&dir, &hf, rows)? {
+                ledger.push(entry);
+            }
+            (dir, rows)
+        }
+    };
+    ensure!(
+        opts.context_len <= max_positions,
+        "--context-len {} exceeds the {max_positions} positions the checkpoint's RoPE tables cover",
+        opts.context_len
+    );
+
+    // 3. Trace and run the pass pipeline, one graph per chunk size.
+    let ckpt = SafetensorsCheckpoint::open(&quant_dir)
+        .with_context(|| format!("opening the quantized checkpoint {}", quant_dir.display()))?;
+    let mut programs = Vec::new();
+    for &chunk in &opts.chunks {
+        let name = format!("model.0.s{chunk}");
+        let t = Instant::now();
+        let mut program = trace_graph(&hf, max_positions, chunk, opts.context_len, ParamFormat::QnnW4A16)?;
+        timings.trace += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let dump_dir = out.join("ir").join(&name);
+        let report = Pipeline::qnn_aot(&aot, &ckpt)
+            .dump_to(&dump_dir)
+            .run(&mut program)
+            .with_context(|| format!("compiling graph `{name}` with the QNN AOT pass pipeline"))?;
+        timings.passes += t.elapsed().as_secs_f64();
+        for path in report.dumps {
+            files.record(&path);
+        }
+        programs.push((name, chunk, program));
+    }
+
+    // 4. Lower, validate, write the artifacts.
+    let t = Instant::now();
+    let qnn_dir = out.join("qnn");
+    std::fs::create_dir_all(&qnn_dir).with_context(|| format!("creating {}", qnn_dir.display()))?;
+    let mut lowering = QnnLowering::new(&ckpt, LowerOptions::default());
+    let pb = bar(opts.progress, programs.len(), "lowering");
+    let mut graphs = Vec::new();
+    for (name, _, program) in &programs {
+        pb.set_message(name.clone());
+        let mut lowered = lowering.lower_program(program).with_context(|| format!("lowering graph `{name}` to QNN"))?;
+        ensure!(lowered.len() == 1, "graph `{name}` lowered to {} QNN graphs, expected 1", lowered.len());
+        let graph = lowered.remove(0);
+        ensure!(&graph.name == name, "the pipeline named the graph `{}`, expected `{name}`", graph.name);
+        let paths = write_graph_artifacts(&graph, &qnn_dir).with_context(|| format!("writing graph `{name}`"))?;
+        for p in [&paths.netron_json, &paths.model_cpp, &paths.model_bin, &paths.summary] {
+            files.record(p);
+        }
+        graphs.push(graph);
+        pb.inc(1);
+    }
+    pb.finish();
+    timings.lower = t.elapsed().as_secs_f64();
+
+    // 5. Per-graph ledger stages.
+    let t = Instant::now();
+    for ((name, chunk, program), graph) in programs.iter().zip(&graphs) {
+        let probe = Probe::new(&hf, &ckpt, *chunk, opts.context_len)?;
+        let eager = probe.run_eager(&quant_dir, &hf, &ckpt, max_positions)?;
+        let store = CheckpointStore::open(&quant_dir, CpuBackend::float(), hf.tie_word_embeddings)?;
+        let cpu = Interpreter::new(program, &store, InterpMode::FakeQuant(&ckpt))
+            .run(&probe.cpu_inputs(&CpuBackend::float())?)
+            .with_context(|| format!("running graph `{name}` on backend-cpu's IR interpreter"))?;
+        let cpu_logits = cpu[0].as_f32().context("the interpreter's logits hold no f32 data")?;
+        ledger.push(LedgerEntry {
+            stage: "passes_vs_eager",
+            graph: Some(name.clone()),
+            detail: probe
+                .describe("backend-cpu's interpreter (fake-quant) on the final IR vs the eager fake-quant model"),
+            comparison: Comparison::new("logits", &eager, cpu_logits, hf.vocab_size).map_err(anyhow::Error::msg)?,
+        });
+        let qnn = probe.run_qnn(graph)?;
+        ledger.push(LedgerEntry {
+            stage: "qnn_vs_fakequant",
+            graph: Some(name.clone()),
+            detail: probe
+                .describe("backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run"),
+            comparison: Comparison::new("logits", cpu_logits, &qnn, hf.vocab_size).map_err(anyhow::Error::msg)?,
+        });
+    }
+    timings.validate = t.elapsed().as_secs_f64();
+
+    // 6. The context binary, when asked for.
+    if opts.context_binary {
+        let path = qnn_dir.join("context.bin");
+        backend_qnn::context::build_context_binary(&graphs, &target, &path)
+            .with_context(|| format!("building the QNN context binary {}", path.display()))?;
+        files.record(&path);
+    }
+
+    let graph_reports = graphs
+        .iter()
+        .map(|g| {
+            let s = summarize(g);
+            GraphReport {
+                name: g.name.clone(),
+                ops: s.ops_by_type,
+                tensors: g.tensors.len(),
+                static_bytes: g.static_bytes(),
+            }
+        })
+        .collect();
+    files.record(&out.join("report.json"));
+    timings.total = start.elapsed().as_secs_f64();
+    let report =
+        AotReport { model: model_name, ledger, timings, graphs: graph_reports, artifacts: files.relative()?, warnings };
+    let mut text = serde_json::to_string_pretty(&report.to_json())?;
+    text.push('\n');
+    write_atomic(&out.join("report.json"), text.as_bytes())?;
+    Ok(report)
+}
+
+/// Chunk sizes and context length that make sense together.
+fn check_shapes(opts: &AotOptions) -> Result<()> {
+    ensure!(!opts.chunks.is_empty(), "no chunk size: pass --chunk N at least once");
+    for (i, &c) in opts.chunks.iter().enumerate() {
+        ensure!(c >= 1, "--chunk must be at least 1");
+        ensure!(
+            c < opts.context_len,
+            "--chunk {c} must be smaller than --context-len {} (the rest of the context is the K/V cache)",
+            opts.context_len
+        );
+        ensure!(!opts.chunks[..i].contains(&c), "--chunk {c} is given twice");
+    }
+    Ok(())
+}
+
+/// Files this run wrote, for the report.
+struct Files<'a> {
+    root: &'a Path,
+    paths: Vec<PathBuf>,
+}
+
+impl<'a> Files<'a> {
+    fn new(root: &'a Path) -> Self {
+        Files { root, paths: Vec::new() }
+    }
+
+    fn write(&mut self, path: &Path, bytes: &[u8]) -> Result<()> {
+        write_atomic(path, bytes)?;
+        self.record(path);
+        Ok(())
+    }
+
+    fn record(&mut self, path: &Path) {
+        self.paths.push(path.to_path_buf());
+    }
+
+    /// Every file directly in `dir`.
+    fn record_dir(&mut self, dir: &Path) -> Result<()> {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_file() {
+                self.record(&path);
+            }
+        }
+        Ok(())
+    }
+
+    fn relative(&self) -> Result<Vec<String>> {
+        let mut rel = self
+            .paths
+            .iter()
+            .map(|p| {
+                let r = p
+                    .strip_prefix(self.root)
+                    .with_context(|| format!("{} is outside the output directory", p.display()))?;
+                Ok(r.to_string_lossy().replace('\\', "/"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        rel.sort();
+        rel.dedup();
+        Ok(rel)
+    }
+}
+
+/// The HTP target of the AOT config's `target_machine`, checked against the chipset table
+/// (known SoC, arch matching the chipset, VTCM within the chip's).
+fn htp_target(aot: &AotConfig) -> Result<HtpTarget> {
+    HtpTarget::from_json(&aot.to_json()["target_machine"]).context("AOT config `target_machine`")
+}
+
+/// The QNN graphs of a quantized checkpoint for prefill chunk `chunk` (and decode, chunk 1) at
+/// `context`, lowered together as for one context binary: `model.0.s<chunk>`, `model.0.s1`.
+pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec<QnnGraph>> {
+    let hf = HfConfig::from_dir(dir)?;
+    let ckpt = SafetensorsCheckpoint::open(dir)?;
+    let Some(max_positions) = rope_positions(&ckpt)? else {
+        bail!("{}: not a quantized checkpoint with RoPE tables (`{ROPE_SIN_KEY}`)", dir.display())
+    };
+    ensure!(context <= max_positions, "--context {context} exceeds the checkpoint's {max_positions} RoPE positions");
+    let (aot, _) = load_aot_config(None, &hf)?;
+    let mut lowering = QnnLowering::new(&ckpt, LowerOptions::default());
+    let mut graphs = Vec::new();
+    let chunks: &[usize] = if chunk == 1 { &[1] } else { &[chunk, 1] };
+    for &ar in chunks {
+        let mut program = trace_graph(&hf, max_positions, ar, context, ParamFormat::QnnW4A16)?;
+        Pipeline::qnn_aot(&aot, &ckpt).run(&mut program).with_context(|| format!("compiling chunk {ar}"))?;
+        graphs.extend(lowering.lower_program(&program).with_context(|| format!("lowering chunk {ar}"))?);
+    }
+    Ok(graphs)
+}

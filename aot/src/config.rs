@@ -1,0 +1,35 @@
+//! mllm's QNN AOT config for a model, and the run's defaults.
+
+use std::path::Path;
+
+use anyhow::Result;
+use mllm_dsl::config::aot::AotConfig;
+use mllm_dsl::config::hf::HfConfig;
+
+/// Chunk sizes mllm compiles for Qwen3: prefill 32, decode 1.
+pub const DEFAULT_CHUNKS: [usize; 2] = [32, 1];
+/// mllm's context length for the QNN AOT graphs.
+pub const DEFAULT_CONTEXT_LEN: usize = 1024;
+/// Rows of the RoPE tables a calibration writes (`mllm_qualcomm_max_length`).
+pub const DEFAULT_MAX_POSITIONS: usize = 1024;
+
+/// mllm's QNN AOT config from `path`, or the built-in W4A16KV8 one (block size 16) with the
+/// model's layer count; plus warnings about the pair.
+pub fn load_aot_config(path: Option<&Path>, hf: &HfConfig) -> Result<(AotConfig, Vec<String>)> {
+    let aot = match path {
+        Some(p) => AotConfig::from_file(p)?,
+        None => {
+            let mut c = AotConfig::w4a16_kv8();
+            c.quant_recipe.layers = hf.num_hidden_layers as u32;
+            c
+        }
+    };
+    let mut warnings = aot.warnings();
+    if aot.quant_recipe.layers as usize != hf.num_hidden_layers {
+        warnings.push(format!(
+            "AOT config `quant_recipe.layers` is {} but the model has {} layers",
+            aot.quant_recipe.layers, hf.num_hidden_layers
+        ));
+    }
+    Ok((aot, warnings))
+}

@@ -1,0 +1,36 @@
+//! The main job as library calls: an HF checkpoint calibrated and quantized on the CPU
+//! ([`quantize`]), compiled into QNN graphs and artifacts with a per-stage accuracy ledger
+//! ([`run`]), and loaded back for eager runs ([`load_model`]).
+//!
+//! # Quick start
+//!
+//! ```no_run
+//! // The embedded tiny Qwen3, calibrated, quantized, lowered, its artifacts written into `out/`.
+//! let report = aot::run(&aot::AotOptions::embedded("out"))?;
+//! print!("{}", report.summary());
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+//!
+//! It is the one crate that sees the model files and both backends: calibration runs on
+//! backend-cpu, lowering and artifacts come from backend-qnn, and the ledger compares the two.
+
+pub mod calibrate;
+pub mod compile;
+pub mod config;
+pub mod embedded;
+pub mod ledger;
+pub mod load;
+mod probe;
+pub mod progress;
+pub mod report;
+pub mod sequences;
+pub mod trace;
+
+pub use calibrate::{evaluate, quantize, QuantizeOptions, QuantizeOutcome};
+pub use compile::{lower_for_context, run, AotOptions, CalibSource, ModelSource, CONTEXT_BINARY_HINT};
+pub use config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
+pub use ledger::LedgerEntry;
+pub use load::{load_float, load_model, CpuModel, RunMode};
+pub use report::{AotReport, GraphReport, Timings};
+pub use sequences::{load_id_sequences, load_text_sequences, qwen3_chat_prompt};
+pub use trace::{trace_graph, trace_model};

@@ -1,0 +1,136 @@
+//! A checkpoint directory as a model on the CPU: the model file its `model_type` names, built and
+//! bound to the checkpoint's tensors on a backend (float, fake-quant, or calibration observers).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, ensure, Context, Result};
+use backend_cpu::quant::{is_quantized_checkpoint, FakeQuantHook, QdqParams};
+use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, QdqHook};
+use checkpoint::SafetensorsCheckpoint;
+use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::module::ParamSource;
+use mllm_dsl::quant::points::qdq_points;
+use mllm_dsl::{BackendRef, CausalLm, ParamFormat};
+
+use crate::trace::trace_model;
+
+/// RoPE table key whose shape tells how many positions a quantized checkpoint covers.
+pub const ROPE_SIN_KEY: &str = "model.mllm_max_sin_embedding";
+
+/// A checkpoint loaded for eager CPU execution.
+pub struct CpuModel {
+    pub config: HfConfig,
+    pub model: CpuChunkModel,
+    /// Checkpoint tensors nothing asked for.
+    pub unused: Vec<String>,
+    /// QDQ points quantize (a quantized checkpoint run in fake-quant mode).
+    pub fake_quant: bool,
+}
+
+/// How to run a checkpoint directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunMode {
+    /// Fake-quant when the checkpoint is quantized (pymllm's export or this project's), else float.
+    Auto,
+    /// Float, even for a quantized checkpoint: its weights are decoded and QDQ points do nothing.
+    Float,
+}
+
+/// The model file of `hf` for `max_positions` RoPE rows, its parameters bound from `params`
+/// (the checkpoint of `dir`, named in errors).
+pub fn build_model(hf: &HfConfig, max_positions: usize, params: &ParamSource, dir: &Path) -> Result<Box<dyn CausalLm>> {
+    let mut model = models::build(hf, max_positions)?;
+    model.bind_params(params).with_context(|| format!("loading {}", dir.display()))?;
+    Ok(model)
+}
+
+/// The checkpoint of `dir` opened on `backend` and the model file of `hf` bound to it; the store
+/// tells afterwards which tensors nothing asked for.
+pub fn open_model(
+    dir: &Path,
+    hf: &HfConfig,
+    max_positions: usize,
+    backend: &BackendRef,
+) -> Result<(Box<dyn CausalLm>, CheckpointStore)> {
+    let store = CheckpointStore::open(dir, backend.clone(), hf.tie_word_embeddings)?;
+    let model = build_model(hf, max_positions, &ParamSource::Store(&store), dir)?;
+    Ok((model, store))
+}
+
+/// The fake-quant backend of a quantized checkpoint: every QDQ point with its stored parameters.
+pub fn fake_quant_backend(ckpt: &SafetensorsCheckpoint, hf: &HfConfig, max_positions: usize) -> Result<BackendRef> {
+    Ok(CpuBackend::with_qdq(fake_quant_hook(ckpt, hf, max_positions)?.0))
+}
+
+/// The fake-quant hook of a quantized checkpoint and the checkpoint keys its parameters came from.
+fn fake_quant_hook(
+    ckpt: &SafetensorsCheckpoint,
+    hf: &HfConfig,
+    max_positions: usize,
+) -> Result<(Arc<dyn QdqHook>, Vec<String>)> {
+    let points = qdq_points(&trace_model(hf, max_positions, ParamFormat::Float)?)?;
+    let params = QdqParams::from_checkpoint(ckpt, &points)
+        .with_context(|| format!("reading the QDQ parameters of {}", ckpt.root().display()))?;
+    Ok((Arc::new(FakeQuantHook::new(&params)), params.source_keys().to_vec()))
+}
+
+/// How many positions a quantized checkpoint's RoPE tables cover (`[1, L, head_dim]` rows);
+/// `None` when it has no tables.
+pub fn rope_positions(ckpt: &SafetensorsCheckpoint) -> Result<Option<usize>> {
+    match ckpt.info(ROPE_SIN_KEY) {
+        Ok((_, &[1, rows, _])) => Ok(Some(rows)),
+        Ok((_, shape)) => {
+            bail!("{}: `{ROPE_SIN_KEY}` has shape {shape:?}, expected [1, L, head_dim]", ckpt.root().display())
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+/// Float CPU execution of `dir` (config.json + safetensors).
+pub fn load_float(dir: &Path, context_len: usize) -> Result<CpuModel> {
+    let config = HfConfig::from_dir(dir)?;
+    let backend = CpuBackend::float();
+    let (model, store) = open_model(dir, &config, context_len, &backend)?;
+    let unused = store.unused_keys();
+    Ok(CpuModel { config, model: CpuChunkModel::new(model, backend, context_len), unused, fake_quant: false })
+}
+
+/// Loads `dir` for eager CPU execution, in fake-quant mode when it holds a quantized checkpoint
+/// (unless `mode` is [`RunMode::Float`]). A quantized checkpoint's RoPE tables fix how many
+/// positions the model covers; `context_len` must not exceed them.
+pub fn load_model(dir: &Path, context_len: usize, mode: RunMode) -> Result<CpuModel> {
+    let ckpt = SafetensorsCheckpoint::open(dir)?;
+    if !is_quantized_checkpoint(&ckpt) {
+        return load_float(dir, context_len);
+    }
+    let config = HfConfig::from_dir(dir)?;
+    let max_positions = rope_positions(&ckpt)?.unwrap_or(context_len);
+    ensure!(
+        context_len <= max_positions,
+        "{}: the checkpoint's RoPE tables cover {max_positions} positions; a context of {context_len} needs more",
+        dir.display()
+    );
+    let (backend, used): (BackendRef, Vec<String>) = match mode {
+        RunMode::Auto => {
+            let (hook, used) = fake_quant_hook(&ckpt, &config, max_positions)?;
+            (CpuBackend::with_qdq(hook), used)
+        }
+        // Deliberately ignored, so not worth an "unused" warning.
+        RunMode::Float => {
+            let points = qdq_points(&trace_model(&config, max_positions, ParamFormat::Float)?)?;
+            (CpuBackend::float(), points.iter().flat_map(|p| [p.scale_key(), p.zero_point_key()]).collect())
+        }
+    };
+    let (model, store) = open_model(dir, &config, max_positions, &backend)?;
+    for key in used.iter().filter(|k| store.checkpoint().contains(k)) {
+        store.checkpoint().mark_used(key)?;
+    }
+    let unused = store.unused_keys();
+    Ok(CpuModel {
+        config,
+        model: CpuChunkModel::new(model, backend, context_len),
+        unused,
+        fake_quant: mode == RunMode::Auto,
+    })
+}

@@ -1,0 +1,125 @@
+//! What a compile did ([`AotReport`]): the accuracy ledger, the graphs, the files written and
+//! the wall times, as `report.json` and as the short summary the example prints.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::ledger::LedgerEntry;
+
+/// Size and content of one lowered graph.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphReport {
+    pub name: String,
+    pub ops: BTreeMap<String, usize>,
+    pub tensors: usize,
+    pub static_bytes: u64,
+}
+
+/// Wall time of each step, in seconds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Timings {
+    pub load: f64,
+    pub calibrate: f64,
+    pub quantize: f64,
+    pub trace: f64,
+    pub passes: f64,
+    pub lower: f64,
+    pub validate: f64,
+    pub total: f64,
+}
+
+/// What [`run`] did; `report.json` is [`AotReport::to_json`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct AotReport {
+    pub model: String,
+    pub ledger: Vec<LedgerEntry>,
+    pub timings: Timings,
+    pub graphs: Vec<GraphReport>,
+    /// Files written, relative to the output directory, sorted.
+    pub artifacts: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+impl AotReport {
+    /// `report.json`'s content. Infinite SQNR (identical outputs) is written as `null`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let num = |x: f64| if x.is_finite() { serde_json::json!(x) } else { serde_json::Value::Null };
+        let ledger: Vec<_> = self
+            .ledger
+            .iter()
+            .map(|e| {
+                let mut row = serde_json::json!({
+                    "stage": e.stage,
+                    "sqnr_db": num(e.comparison.sqnr_db),
+                    "top1_agreement": e.comparison.top1_agreement,
+                    "max_abs_err": e.comparison.max_abs_error,
+                    "rows": e.comparison.rows,
+                    "detail": e.detail,
+                });
+                if let Some(g) = &e.graph {
+                    row["graph"] = serde_json::json!(g);
+                }
+                row
+            })
+            .collect();
+        let t = &self.timings;
+        let round = |x: f64| (x * 1e3).round() / 1e3;
+        serde_json::json!({
+            "model": self.model,
+            "ledger": ledger,
+            "timings_s": {
+                "load": round(t.load), "calibrate": round(t.calibrate), "quantize": round(t.quantize),
+                "trace": round(t.trace), "passes": round(t.passes), "lower": round(t.lower),
+                "validate": round(t.validate), "total": round(t.total),
+            },
+            "graphs": self.graphs.iter().map(|g| serde_json::json!({
+                "name": g.name, "ops": g.ops, "tensors": g.tensors, "static_bytes": g.static_bytes,
+            })).collect::<Vec<_>>(),
+            "artifacts": self.artifacts,
+            "warnings": self.warnings,
+        })
+    }
+
+    /// The short human summary the example prints (the same content as `report.json`).
+    pub fn summary(&self) -> String {
+        let mut s = format!("model: {}\n\naccuracy ledger (test vs reference, logits):\n", self.model);
+        let _ = writeln!(s, "  {:<20} {:<12} {:>9} {:>7} {:>11}", "stage", "graph", "SQNR dB", "top-1", "max |err|");
+        for e in &self.ledger {
+            let db =
+                if e.comparison.sqnr_db.is_finite() { format!("{:.2}", e.comparison.sqnr_db) } else { "inf".into() };
+            let _ = writeln!(
+                s,
+                "  {:<20} {:<12} {:>9} {:>6.1}% {:>11.3e}",
+                e.stage,
+                e.graph.as_deref().unwrap_or("-"),
+                db,
+                e.comparison.top1_agreement * 100.0,
+                e.comparison.max_abs_error
+            );
+        }
+        s.push_str("\ngraphs:\n");
+        for g in &self.graphs {
+            let ops: Vec<String> = g.ops.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(
+                s,
+                "  {}: {} tensors, {} static bytes; ops: {}",
+                g.name,
+                g.tensors,
+                g.static_bytes,
+                ops.join(", ")
+            );
+        }
+        let t = &self.timings;
+        let _ = writeln!(
+            s,
+            "\ntimings (s): load {:.2}, calibrate {:.2}, quantize {:.2}, trace {:.2}, passes {:.2}, lower {:.2}, \
+             validate {:.2}, total {:.2}",
+            t.load, t.calibrate, t.quantize, t.trace, t.passes, t.lower, t.validate, t.total
+        );
+        let _ = writeln!(s, "{} files written", self.artifacts.len());
+        for w in &self.warnings {
+            let _ = writeln!(s, "warning: {w}");
+        }
+        s
+    }
+}

@@ -1,0 +1,58 @@
+//! Token sequences to calibrate or evaluate on: ids from safetensors, or text paragraphs through
+//! the model's tokenizer.
+
+use std::path::Path;
+
+use anyhow::{bail, ensure, Context, Result};
+use checkpoint::SafetensorsCheckpoint;
+
+/// Token sequences from `calib_ids`-style safetensors: an int64 (or int32) `[N, L]` tensor `key`.
+pub fn load_id_sequences(path: &Path, key: &str, vocab_size: usize) -> Result<Vec<Vec<i64>>> {
+    let file = SafetensorsCheckpoint::open_file(path).with_context(|| format!("opening {}", path.display()))?;
+    let (dtype, shape) = file.info(key).with_context(|| format!("{}: tensor `{key}`", path.display()))?;
+    let shape = shape.to_vec();
+    let [n, len] = shape[..] else {
+        bail!("{}: `{key}` has shape {shape:?}, expected [N, L] (sequences x tokens)", path.display());
+    };
+    ensure!(n > 0 && len > 0, "{}: `{key}` is empty ({shape:?})", path.display());
+    let ids: Vec<i64> = match dtype {
+        checkpoint::StDtype::I64 => file.read_i64(key)?,
+        checkpoint::StDtype::I32 => file.read_i32(key)?.into_iter().map(i64::from).collect(),
+        other => bail!("{}: `{key}` is {other}, expected int64 (or int32) token ids", path.display()),
+    };
+    if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id < 0 || id as usize >= vocab_size) {
+        bail!("{}: `{key}` element {i} is token id {id}, outside the vocabulary 0..{vocab_size}", path.display());
+    }
+    Ok(ids.chunks_exact(len).map(<[i64]>::to_vec).collect())
+}
+
+/// Calibration sequences from a text file: paragraphs separated by blank lines, each tokenized
+/// with `tokenizer.json` (through Qwen3's non-thinking chat template when `chat`, as pymllm's
+/// calibration does) and cut to `max_len` tokens; at most `max_samples` of them.
+pub fn load_text_sequences(
+    path: &Path,
+    tokenizer: &Path,
+    max_len: usize,
+    max_samples: usize,
+    chat: bool,
+) -> Result<Vec<Vec<i64>>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let tok = tokenizers::Tokenizer::from_file(tokenizer)
+        .map_err(|e| anyhow::anyhow!("cannot load tokenizer {}: {e}", tokenizer.display()))?;
+    let mut out = Vec::new();
+    for para in text.split("\n\n").map(str::trim).filter(|p| !p.is_empty()).take(max_samples) {
+        let input = if chat { qwen3_chat_prompt(para) } else { para.to_string() };
+        let enc = tok.encode(input, false).map_err(|e| anyhow::anyhow!("tokenizing {}: {e}", path.display()))?;
+        let ids: Vec<i64> = enc.get_ids().iter().take(max_len).map(|&i| i64::from(i)).collect();
+        if !ids.is_empty() {
+            out.push(ids);
+        }
+    }
+    ensure!(!out.is_empty(), "{}: no non-empty paragraph to calibrate on", path.display());
+    Ok(out)
+}
+
+/// Qwen3's chat template in non-thinking mode (`enable_thinking=False`), as mllm's runner applies it.
+pub fn qwen3_chat_prompt(user: &str) -> String {
+    format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+}
