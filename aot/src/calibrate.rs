@@ -110,8 +110,10 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     } else {
         None
     };
+    let collected = stats.is_some();
     let linears = LinearQuantizer::new(weight_method, stats)?;
-    let input_stats_seconds = start.elapsed().as_secs_f64();
+    // With GPTQ this includes factorizing the input Hessians.
+    let input_stats_seconds = if collected { start.elapsed().as_secs_f64() } else { 0.0 };
 
     // 3. Calibration.
     let start = Instant::now();
