@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
+use backend_cpu::quant::WeightMethod;
 use clap::Parser;
 
 use aot::{
@@ -81,6 +82,11 @@ pub struct AotArgs {
     /// `--features mllm-examples/qnn-sdk` and QNN_SDK_ROOT set; otherwise an error says so.
     #[arg(long)]
     pub context_binary: bool,
+    /// How linear weights are rounded to LPBQ when calibrating: rtn (pymllm's round-to-nearest),
+    /// mse (scale search on the deployed grid) or gptq (mse scales, GPTQ codes on calibration
+    /// activations). See docs/quantization.md for their effect and cost.
+    #[arg(long, value_name = "METHOD", default_value = "rtn")]
+    pub weight_method: WeightMethod,
     /// CPU threads (0: all cores).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub threads: usize,
@@ -113,6 +119,7 @@ impl AotArgs {
             context_binary: self.context_binary,
             max_positions: self.max_positions,
             progress: !self.quiet,
+            weight_method: self.weight_method,
         }
     }
 }

@@ -4,3 +4,5 @@
 pub mod aot_cli;
 
 pub mod generate_cli;
+
+pub mod text_quality;

@@ -59,6 +59,11 @@ struct Args {
     /// Rows of the RoPE tables (mllm_qualcomm_max_length).
     #[arg(long, default_value_t = 1024)]
     max_positions: usize,
+    /// How linear weights are rounded to LPBQ: rtn (pymllm's), mse (scale search on the deployed
+    /// grid, weighted by the inputs' energy) or gptq (mse scales, GPTQ codes). Ignored with
+    /// --mllm-compatible. See docs/quantization.md.
+    #[arg(long, default_value = "rtn")]
+    weight_method: backend_cpu::quant::WeightMethod,
     /// Output directory.
     #[arg(long)]
     out: PathBuf,
@@ -103,6 +108,7 @@ fn main() -> Result<()> {
         out: args.out.clone(),
         max_positions: args.max_positions,
         progress: !args.quiet,
+        weight_method: args.weight_method,
     };
     let outcome = quantize(&opts)?;
     for w in &outcome.warnings {

@@ -11,14 +11,15 @@ use anyhow::{ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::export::{quantize_rope_tables, write_atomic};
 use backend_cpu::quant::{
-    is_quantized_checkpoint, plan_export, prefill_logits, quantize_weights, write_quantized_checkpoint, AccuracyReport,
-    Calibration, CalibrationMode, CalibrationWeights, FakeQuantHook, ObserverHook, QdqParams, RecordingHook,
+    is_quantized_checkpoint, plan_export, prefill_logits, quantize_weights_with, write_quantized_checkpoint,
+    AccuracyReport, Calibration, CalibrationMode, CalibrationWeights, FakeQuantHook, InputStatsHook, LinearQuantizer,
+    ObserverHook, QdqParams, RecordingHook, WeightMethod,
 };
 use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::ParamSource;
-use mllm_dsl::quant::points::{concat_groups, layer_output_points, qdq_points};
+use mllm_dsl::quant::points::{concat_groups, layer_output_points, linear_inputs, qdq_points};
 use mllm_dsl::{ParamFormat, QdqAttr};
 
 use crate::config::load_aot_config;
@@ -40,6 +41,8 @@ pub struct QuantizeOptions {
     /// Rows of the RoPE tables (`mllm_qualcomm_max_length`), 1024 in mllm.
     pub max_positions: usize,
     pub progress: bool,
+    /// How linear weights are rounded (deployed mode only; `--mllm-compatible` is pymllm's).
+    pub weight_method: WeightMethod,
 }
 
 /// What `quantize` did.
@@ -50,6 +53,8 @@ pub struct QuantizeOutcome {
     pub weight_input_bytes: u64,
     pub weight_seconds: f64,
     pub calibration_seconds: f64,
+    /// The input statistics pass of the weight method (0 for pymllm's rounding).
+    pub input_stats_seconds: f64,
     pub warnings: Vec<String>,
 }
 
@@ -85,13 +90,38 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     let points = qdq_points(&qnn_program)?;
     let groups = concat_groups(&qnn_program);
 
-    // 2. Calibration.
+    // 2. The linears' input statistics (float model) when the weight method uses them.
+    let start = Instant::now();
+    let weight_method =
+        if opts.mode == CalibrationMode::MllmCompatible { WeightMethod::Rtn } else { opts.weight_method };
+    let stats = if let Some(depth) = weight_method.input_stats() {
+        let hook = Arc::new(InputStatsHook::new(&linear_inputs(&qnn_program), depth));
+        let backend = CpuBackend::with_qdq(hook.clone());
+        let store = CheckpointStore::open(model_dir, backend.clone(), hf.tie_word_embeddings)?;
+        let mut model = models::build(&hf, opts.max_positions)?;
+        model.bind_params(&ParamSource::Store(&store)).with_context(|| format!("loading {}", model_dir.display()))?;
+        let pb = bar(opts.progress, opts.calibration.len(), "input stats");
+        for (i, seq) in opts.calibration.iter().enumerate() {
+            prefill_logits(model.as_ref(), &backend, seq).with_context(|| format!("calibration sequence {i}"))?;
+            pb.inc(1);
+        }
+        pb.finish();
+        Some(Arc::new(hook.finish()?))
+    } else {
+        None
+    };
+    let collected = stats.is_some();
+    let linears = LinearQuantizer::new(weight_method, stats)?;
+    // With GPTQ this includes factorizing the input Hessians.
+    let input_stats_seconds = if collected { start.elapsed().as_secs_f64() } else { 0.0 };
+
+    // 3. Calibration.
     let start = Instant::now();
     let hook = Arc::new(ObserverHook::new(&points, &groups, opts.mode));
     let backend = CpuBackend::with_qdq(hook.clone());
     let calibration = {
         let store = CheckpointStore::open(model_dir, backend.clone(), hf.tie_word_embeddings)?;
-        let weights = CalibrationWeights::new(&store, &aot, opts.mode);
+        let weights = CalibrationWeights::new(&store, &aot, opts.mode).with_linears(&linears);
         let model = build_model(&hf, opts.max_positions, &ParamSource::Store(&weights), model_dir)?;
         let pb = bar(opts.progress, opts.calibration.len(), "calibrating");
         for (i, seq) in opts.calibration.iter().enumerate() {
@@ -109,11 +139,11 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     };
     let calibration_seconds = start.elapsed().as_secs_f64();
 
-    // 3. Weights, RoPE tables, QDQ parameters.
+    // 4. Weights, RoPE tables, QDQ parameters.
     let start = Instant::now();
     let groups_total = plan.params.len();
     let pb = bar(opts.progress, groups_total, "quantizing");
-    let mut weights = quantize_weights(&plan, &source, hf.tie_word_embeddings, &|done, total, key| {
+    let mut weights = quantize_weights_with(&plan, &source, hf.tie_word_embeddings, &linears, &|done, total, key| {
         pb.set_length(total as u64);
         pb.set_position(done as u64);
         pb.set_message(key.to_string());
@@ -125,7 +155,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     let weight_seconds = start.elapsed().as_secs_f64();
     drop(weights);
 
-    // 4. Accuracy of what was written.
+    // 5. Accuracy of what was written.
     let eval = opts.evaluation.as_ref().unwrap_or(&opts.calibration);
     let eval_name = if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" };
     let report = evaluate(model_dir, &opts.out, opts.max_positions, eval, eval_name, opts.progress)?;
@@ -133,6 +163,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
         "model": model_dir.display().to_string(),
         "out": opts.out.display().to_string(),
         "calibration_mode": opts.mode.name(),
+        "weight_method": weight_method.name(),
         "calibration_sequences": opts.calibration.len(),
         "linear_block_size": plan.block_size,
         "qdq_points": calibration.params.len(),
@@ -149,6 +180,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
         weight_input_bytes: weights_input_bytes(&source, &plan),
         weight_seconds,
         calibration_seconds,
+        input_stats_seconds,
         warnings,
     })
 }

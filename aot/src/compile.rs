@@ -20,7 +20,7 @@ use std::time::Instant;
 use anyhow::{bail, ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::export::write_atomic;
-use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode};
+use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, WeightMethod};
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::artifacts::summary::summarize;
 use backend_qnn::artifacts::write_graph_artifacts;
@@ -82,6 +82,8 @@ pub struct AotOptions {
     /// RoPE table rows when calibrating (a quantized checkpoint's tables fix their own).
     pub max_positions: usize,
     pub progress: bool,
+    /// How linear weights are rounded to LPBQ when calibrating (docs/quantization.md).
+    pub weight_method: WeightMethod,
 }
 
 impl AotOptions {
@@ -97,6 +99,7 @@ impl AotOptions {
             context_binary: false,
             max_positions: DEFAULT_MAX_POSITIONS,
             progress: false,
+            weight_method: WeightMethod::Rtn,
         }
     }
 }
@@ -177,8 +180,10 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
                 out: quant_dir.clone(),
                 max_positions: opts.max_positions,
                 progress: opts.progress,
+                weight_method: opts.weight_method,
             })?;
-            timings.calibrate = outcome.calibration_seconds;
+            // The weight method's input statistics pass is part of calibrating.
+            timings.calibrate = outcome.input_stats_seconds + outcome.calibration_seconds;
             timings.quantize = outcome.weight_seconds;
             warnings.extend(outcome.warnings.iter().filter(|w| !warnings.contains(w)).cloned().collect::<Vec<_>>());
             let logits = outcome.report.rows.last().context("the quantization report has no logits row")?;

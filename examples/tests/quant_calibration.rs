@@ -36,6 +36,7 @@ fn run(mode: CalibrationMode, out: &Path) -> QuantizeOutcome {
         out: out.to_path_buf(),
         max_positions: 1024,
         progress: false,
+        weight_method: backend_cpu::quant::WeightMethod::Rtn,
     };
     quantize(&opts).unwrap()
 }
@@ -190,6 +191,7 @@ fn quantize_error(model: PathBuf, aot_config: Option<PathBuf>) -> String {
         out: scratch("never-written"),
         max_positions: 1024,
         progress: false,
+        weight_method: backend_cpu::quant::WeightMethod::Rtn,
     };
     let err = quantize(&opts).err().expect("quantize must refuse this configuration");
     eprintln!("{err:#}");

@@ -47,6 +47,7 @@ use mllm_dsl::quant::{quantize_u16_weight, QuantParams};
 use mllm_dsl::{BackendRef, QdqAttr, QdqKind, Result as DslResult, Tensor};
 
 use super::error::QuantizationError;
+use super::linear::LinearQuantizer;
 use super::params::QdqParams;
 use crate::executor::QdqHook;
 use crate::store::CheckpointStore;
@@ -278,13 +279,22 @@ pub struct CalibrationWeights<'a> {
     store: &'a CheckpointStore,
     aot: &'a AotConfig,
     mode: CalibrationMode,
+    /// In deployed mode, how the linears are rounded (pymllm's rounding when absent).
+    linears: Option<&'a LinearQuantizer>,
 }
 
 impl<'a> CalibrationWeights<'a> {
     /// `aot` must already have been checked against the model's linears
     /// ([`AotConfig::check_block_size`]).
     pub fn new(store: &'a CheckpointStore, aot: &'a AotConfig, mode: CalibrationMode) -> Self {
-        CalibrationWeights { store, aot, mode }
+        CalibrationWeights { store, aot, mode, linears: None }
+    }
+
+    /// Deployed mode observes the linears as `linears` rounds them (the export must use the same
+    /// quantizer). mllm-compatible mode ignores it: pymllm's rounding is part of what it reproduces.
+    pub fn with_linears(mut self, linears: &'a LinearQuantizer) -> Self {
+        self.linears = Some(linears);
+        self
     }
 
     /// `[Out][In]` row-major weight → what calibration sees, `[Out][In]`.
@@ -297,6 +307,11 @@ impl<'a> CalibrationWeights<'a> {
         let (bs, field) = self.aot.linear_block_size(req.module_path).map_err(|e| weight_err(e.to_string()))?;
         let shape =
             LpbqShape::new(n_out, n_in, bs).map_err(|e| weight_err(format!("LPBQ block size from `{field}`: {e}")))?;
+        if let (CalibrationMode::Deployed, Some(linears)) = (self.mode, self.linears) {
+            let op = req.key.strip_suffix(".weight").unwrap_or(req.key);
+            let export = linears.quantize(op, w, shape).map_err(|e| weight_err(e.to_string()))?;
+            return export.decode().map_err(|e| weight_err(e.to_string()));
+        }
         let blocks = lpbq_block_quantize(w, shape).map_err(|e| weight_err(e.to_string()))?;
         match self.mode {
             CalibrationMode::MllmCompatible => Ok(blocks.fake_quant_weights()),

@@ -24,7 +24,9 @@ use std::time::Instant;
 
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::ir::{Node, Program};
-use mllm_dsl::quant::lpbq::{quantize_lpbq, LpbqShape};
+use mllm_dsl::quant::lpbq::LpbqShape;
+
+use super::linear::LinearQuantizer;
 use mllm_dsl::quant::uint16::export_u16;
 use mllm_dsl::quant::{quantize_u16_weight, QuantParams};
 use mllm_dsl::{DType, QdqKind};
@@ -234,6 +236,17 @@ pub fn quantize_weights(
     tie_word_embeddings: bool,
     progress: &(dyn Fn(usize, usize, &str) + Sync),
 ) -> Result<QuantizedWeights, QuantizationError> {
+    quantize_weights_with(plan, source, tie_word_embeddings, &LinearQuantizer::rtn(), progress)
+}
+
+/// [`quantize_weights`] with the linears rounded by `linears` (a [`WeightMethod`](super::WeightMethod)).
+pub fn quantize_weights_with(
+    plan: &ExportPlan,
+    source: &SafetensorsCheckpoint,
+    tie_word_embeddings: bool,
+    linears: &LinearQuantizer,
+    progress: &(dyn Fn(usize, usize, &str) + Sync),
+) -> Result<QuantizedWeights, QuantizationError> {
     // Group by source tensor, keeping plan order of first use.
     let mut groups: Vec<(&str, Vec<&ParamPlan>)> = Vec::new();
     for p in plan.params.iter().filter(|p| !matches!(p, ParamPlan::Rope { .. })) {
@@ -261,7 +274,7 @@ pub fn quantize_weights(
         let data = source.read_f32(src)?;
         let t1 = Instant::now();
         for p in params {
-            quantize_param(p, src, &shape, &data, &mut out.tensors)?;
+            quantize_param(p, src, &shape, &data, linears, &mut out.tensors)?;
         }
         out.read_seconds = (t1 - t0).as_secs_f64();
         out.quantize_seconds = t1.elapsed().as_secs_f64();
@@ -286,6 +299,7 @@ fn quantize_param(
     src: &str,
     src_shape: &[usize],
     data: &[f32],
+    linears: &LinearQuantizer,
     out: &mut Vec<OutTensor>,
 ) -> Result<(), QuantizationError> {
     let shape_err = |expected: String| QuantizationError::Param {
@@ -299,15 +313,15 @@ fn quantize_param(
             }
             let shape = LpbqShape::new(*out_features, *in_features, *block_size)
                 .map_err(|e| QuantizationError::quant(key.clone(), e))?;
-            let ex = quantize_lpbq(data, shape).map_err(|e| QuantizationError::quant(key.clone(), e))?;
+            let ex = linears.quantize(op, data, shape)?;
             let n_blocks = ex.scale1.len();
             out.push(OutTensor::new(
                 key.clone(),
                 vec![1, 1, *in_features, *out_features],
-                TensorData::I8(ex.weight_hwio),
+                TensorData::I8(ex.weight_hwio.clone()),
             ));
-            out.push(OutTensor::new(format!("{op}.scale1"), vec![n_blocks], TensorData::U8(ex.scale1)));
-            out.push(OutTensor::new(format!("{op}.scale2"), vec![*out_features], TensorData::F32(ex.scale2)));
+            out.push(OutTensor::new(format!("{op}.scale1"), vec![n_blocks], TensorData::U8(ex.scale1.clone())));
+            out.push(OutTensor::new(format!("{op}.scale2"), vec![*out_features], TensorData::F32(ex.scale2.clone())));
         }
         ParamPlan::Uint16 { key, op, shape } => {
             if shape.iter().product::<usize>() != data.len() {

@@ -67,6 +67,7 @@ impl AotModel {
             out: out.0.clone(),
             max_positions: MAX_POSITIONS,
             progress: false,
+            weight_method: backend_cpu::quant::WeightMethod::Rtn,
         })
         .unwrap_or_else(|e| panic!("calibrating {name}: {e:#}"));
         let mut model = AotModel::open(out.0.clone());

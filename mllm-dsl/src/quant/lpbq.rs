@@ -241,6 +241,27 @@ impl LpbqBlockQuant {
     }
 }
 
+impl LpbqExport {
+    /// The export of `[Out][In]` codes in -7..=7 with already chosen two-level scales (what
+    /// [`lpbq_search`](super::lpbq_search) and GPTQ-style rounding produce). Fails on lengths
+    /// that do not fit `shape` or on values outside the format's ranges.
+    pub fn from_codes(shape: LpbqShape, codes: &[i8], scale1: Vec<u8>, scale2: Vec<f32>) -> Result<Self, QuantError> {
+        shape.check_len("LPBQ codes [Out][In]", shape.num_weights(), codes.len())?;
+        if let Some((index, &c)) = codes.iter().enumerate().find(|(_, &c)| !(LPBQ_QMIN..=LPBQ_QMAX).contains(&c)) {
+            return Err(QuantError::CodeOutOfRange {
+                what: "LPBQ codes [Out][In]",
+                index,
+                value: i64::from(c),
+                min: i64::from(LPBQ_QMIN),
+                max: i64::from(LPBQ_QMAX),
+            });
+        }
+        let export = LpbqExport { shape, weight_hwio: transpose_to_hwio_nibbles(codes, shape), scale1, scale2 };
+        export.validate()?;
+        Ok(export)
+    }
+}
+
 /// `[Out][In]` int4 codes to `[In][Out]` low nibbles, parallel over groups of `In` rows.
 ///
 /// The bulk moves 8x8 byte tiles through registers ([`transpose_8x8`]); ragged edges (a

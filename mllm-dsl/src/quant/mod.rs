@@ -6,6 +6,7 @@
 //! - [`fake_quant`]: torch's `fake_quantize_per_tensor_affine` and integer codes;
 //! - [`observer`]: min/max observers that turn calibration data into parameters;
 //! - [`lpbq`]: int4 linear weights with low-power blockwise (two-level) scales;
+//! - [`lpbq_search`]: LPBQ scales chosen by (activation-weighted) error search on the deployed grid;
 //! - [`uint16`]: per-tensor u16 weights of RMSNorm and Embedding;
 //! - [`points`]: the QDQ points, concatenation groups and layer outputs of a traced program.
 //!
@@ -14,6 +15,7 @@
 
 pub mod fake_quant;
 pub mod lpbq;
+pub mod lpbq_search;
 pub mod observer;
 pub mod points;
 pub mod spec;

@@ -9,6 +9,7 @@
 //!   (`PTQPass`), which pymllm guarantees with a `ConcatObserver` linking the inputs' observers.
 //!   In Qwen3 that is rotate_half's `cat(-x2, x1)`: `x1` is a slice of the `q/k_norm_output_qdq`
 //!   value and `-x2` carries `q/k_rope_neg_half_qdq`.
+//! - [`linear_inputs`]: the QDQ point each linear's input comes from (for GPTQ-style statistics).
 //! - [`layer_output_points`]: the QDQ point sitting on each decoder layer's output value (the next
 //!   layer's `input_layernorm_input_qdq`, the last layer's `model.norm_input_qdq`); QDQ is metadata
 //!   on a value, so the layer's output *is* that point's input.
@@ -164,4 +165,68 @@ fn visit_calls(region: &Region, f: &mut dyn FnMut(&str, &[ValueId])) {
             _ => {}
         }
     }
+}
+
+/// A data movement between a QDQ point's tensor and a linear's input, replayed on the point's
+/// tensor to get the linear's input rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InputMove {
+    Transpose { dim0: usize, dim1: usize },
+    Permute { perm: Vec<usize> },
+}
+
+/// Where a linear's input comes from: the QDQ point whose tensor, after `moves`, is the input
+/// with the linear's input features as its last dimension.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearInput {
+    /// The linear's module path (its weight key without `.weight`).
+    pub op: String,
+    pub point: QdqAttr,
+    /// In execution order; views are left out (they keep the values in order).
+    pub moves: Vec<InputMove>,
+    /// The linear's input width: the moved tensor is `[rows, in_features]` in row-major order.
+    pub in_features: usize,
+}
+
+/// The input point of every Linear / Conv2D whose data input traces back to a QDQ point through
+/// ops that only move values (View, Transpose, Permute), in program order. A linear whose chain
+/// reshapes before it transposes (dims would not match the point's tensor) is left out, like
+/// linears whose input is no QDQ point.
+pub fn linear_inputs(program: &Program) -> Vec<LinearInput> {
+    let ops = program.linalg_ops();
+    let producer: HashMap<ValueId, &LinalgOp> =
+        ops.iter().flat_map(|&op| op.outputs.iter().map(move |&o| (o, op))).collect();
+    let resolve = |start: ValueId| -> Option<(QdqAttr, Vec<InputMove>)> {
+        let (mut v, mut moves) = (start, Vec::new());
+        loop {
+            if let Some(q) = program.value(v).qdq() {
+                moves.reverse();
+                return Some((q.clone(), moves));
+            }
+            let op = producer.get(&v)?;
+            match &op.kind {
+                // Walking backwards: a view met after a move runs before it, on other dims.
+                OpKind::View { .. } if !moves.is_empty() => return None,
+                OpKind::View { .. } => {}
+                OpKind::Transpose { dim0, dim1 } => moves.push(InputMove::Transpose { dim0: *dim0, dim1: *dim1 }),
+                OpKind::Permute { perm } => moves.push(InputMove::Permute { perm: perm.clone() }),
+                _ => return None,
+            }
+            v = op.inputs[0];
+        }
+    };
+    let mut out = Vec::new();
+    for op in ops.iter().filter(|op| matches!(op.kind, OpKind::Conv2d | OpKind::Linear)) {
+        let Some(&w) = op.inputs.get(1) else { continue };
+        let Some(weight) = program.value(w).symbol.clone() else { continue };
+        // Conv2D weights are HWIO [1, 1, In, Out], Linear weights [Out, In].
+        let in_features = match (&op.kind, program.value(w).ty.shape.as_slice()) {
+            (OpKind::Conv2d, [1, 1, i, _]) | (OpKind::Linear, [_, i]) => *i,
+            _ => continue,
+        };
+        let Some((point, moves)) = op.inputs.first().and_then(|&x| resolve(x)) else { continue };
+        let name = weight.strip_suffix(".weight").unwrap_or(&weight).to_string();
+        out.push(LinearInput { op: name, point, moves, in_features });
+    }
+    out
 }

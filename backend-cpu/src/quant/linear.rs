@@ -1,0 +1,147 @@
+//! How linear weights become LPBQ: one owner for the choice, used both by calibration (which
+//! observes the model with the deployed weights) and by the export (which writes them), so the
+//! two always agree.
+//!
+//! ```ignore
+//! let linears = LinearQuantizer::new(WeightMethod::Gptq, Some(stats));
+//! let export = linears.quantize("model.layers.0.mlp.up_proj", &w, LpbqShape::new(out, inp, 16)?)?;
+//! ```
+//!
+//! | method | codes and scales | needs |
+//! |---|---|---|
+//! | [`WeightMethod::Rtn`] | pymllm's: block max / 7, rounded, then the scales squeezed to two levels ([`quantize_lpbq`]) | nothing |
+//! | [`WeightMethod::Mse`] | scales searched on the deployed grid for the least (input-energy weighted) error ([`lpbq_mse_search`]) | input statistics optional |
+//! | [`WeightMethod::Gptq`] | the `Mse` scales, codes chosen column by column with GPTQ's error feedback ([`super::gptq`]) | input statistics |
+//!
+//! Results are cached by key: GPTQ runs once per linear although calibration and export both ask.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use mllm_dsl::quant::lpbq::{quantize_lpbq, LpbqExport, LpbqShape};
+use mllm_dsl::quant::lpbq_search::lpbq_mse_search;
+
+use super::error::QuantizationError;
+use rayon::prelude::*;
+
+use super::gptq::{gptq_lpbq, GptqError, HessianFactors};
+use super::input_stats::{InputStats, StatsDepth};
+
+/// How linear weights are rounded to LPBQ (module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightMethod {
+    /// pymllm's round-to-nearest with the block maximum.
+    #[default]
+    Rtn,
+    /// Scales searched for the least error on the deployed grid.
+    Mse,
+    /// `Mse` scales, codes by GPTQ on calibration activations.
+    Gptq,
+}
+
+impl WeightMethod {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightMethod::Rtn => "rtn",
+            WeightMethod::Mse => "mse",
+            WeightMethod::Gptq => "gptq",
+        }
+    }
+
+    /// The input statistics the method uses, if any.
+    pub fn input_stats(self) -> Option<StatsDepth> {
+        match self {
+            WeightMethod::Rtn => None,
+            WeightMethod::Mse => Some(StatsDepth::Diagonal),
+            WeightMethod::Gptq => Some(StatsDepth::Full),
+        }
+    }
+}
+
+impl std::str::FromStr for WeightMethod {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "rtn" => Ok(WeightMethod::Rtn),
+            "mse" => Ok(WeightMethod::Mse),
+            "gptq" => Ok(WeightMethod::Gptq),
+            other => Err(format!("unknown weight method `{other}`; expected rtn, mse or gptq")),
+        }
+    }
+}
+
+/// Quantizes linear weights with one [`WeightMethod`], caching each linear's result.
+pub struct LinearQuantizer {
+    method: WeightMethod,
+    stats: Option<Arc<InputStats>>,
+    /// GPTQ's factors of each distinct input Hessian, by the statistics' address.
+    factors: HashMap<usize, HessianFactors>,
+    cache: Mutex<HashMap<String, Arc<LpbqExport>>>,
+}
+
+impl LinearQuantizer {
+    /// `stats`: the linears' input statistics from calibration data ([`InputStats`]); GPTQ fails
+    /// without them, the MSE search then weighs every input channel the same.
+    ///
+    /// For GPTQ the factors of every distinct input Hessian are computed here, in parallel.
+    pub fn new(method: WeightMethod, stats: Option<Arc<InputStats>>) -> Result<Self, QuantizationError> {
+        let mut factors = HashMap::new();
+        if let (WeightMethod::Gptq, Some(stats)) = (method, &stats) {
+            let distinct = stats.distinct();
+            let made: Vec<Result<HessianFactors, GptqError>> =
+                distinct.par_iter().map(|s| HessianFactors::new(s)).collect();
+            for (s, f) in distinct.iter().zip(made) {
+                let f = f.map_err(|e| QuantizationError::CalibrationData(format!("GPTQ input Hessian: {e}")))?;
+                factors.insert(Arc::as_ptr(s) as usize, f);
+            }
+        }
+        Ok(LinearQuantizer { method, stats, factors, cache: Mutex::new(HashMap::new()) })
+    }
+
+    /// pymllm's rounding, no statistics.
+    pub fn rtn() -> Self {
+        LinearQuantizer { method: WeightMethod::Rtn, stats: None, factors: HashMap::new(), cache: Mutex::default() }
+    }
+
+    pub fn method(&self) -> WeightMethod {
+        self.method
+    }
+
+    /// The LPBQ export of the linear `op` (module path, e.g. `model.layers.0.mlp.up_proj`) whose
+    /// row-major `[Out][In]` weight is `weight`.
+    pub fn quantize(&self, op: &str, weight: &[f32], shape: LpbqShape) -> Result<Arc<LpbqExport>, QuantizationError> {
+        if let Some(hit) = self.cache.lock().ok().and_then(|c| c.get(op).cloned()) {
+            if hit.shape == shape {
+                return Ok(hit);
+            }
+        }
+        let stats = self.stats.as_ref().and_then(|s| s.get_shared(op));
+        let quant = |e| QuantizationError::quant(op, e);
+        let export = match self.method {
+            WeightMethod::Rtn => quantize_lpbq(weight, shape).map_err(quant)?,
+            WeightMethod::Mse => lpbq_mse_search(weight, shape, stats.as_ref().map(|s| s.diagonal()))
+                .and_then(|r| r.to_export())
+                .map_err(quant)?,
+            WeightMethod::Gptq => {
+                let stats = stats.ok_or_else(|| QuantizationError::Param {
+                    key: format!("{op}.weight"),
+                    problem: "GPTQ needs the linear's input statistics from calibration, and none were collected \
+                              (its input is no QDQ point the statistics pass could follow)"
+                        .into(),
+                })?;
+                let factors = self.factors.get(&(Arc::as_ptr(&stats) as usize)).ok_or_else(|| {
+                    QuantizationError::Report(format!("no GPTQ factors were made for the input of `{op}`"))
+                })?;
+                let scales = lpbq_mse_search(weight, shape, Some(stats.diagonal())).map_err(quant)?;
+                let rounded = gptq_lpbq(weight, &scales, factors)
+                    .map_err(|e| QuantizationError::Param { key: format!("{op}.weight"), problem: e.to_string() })?;
+                rounded.to_export().map_err(quant)?
+            }
+        };
+        let export = Arc::new(export);
+        if let Ok(mut c) = self.cache.lock() {
+            c.insert(op.to_string(), export.clone());
+        }
+        Ok(export)
+    }
+}

@@ -1,0 +1,257 @@
+//! LPBQ scales chosen by error search instead of by each block's maximum (the `mse` weight
+//! method; [`lpbq`](super::lpbq) is pymllm's round-to-nearest).
+//!
+//! ```ignore
+//! let shape = LpbqShape::new(out, inp, 16)?;
+//! let rounded = lpbq_mse_search(&w, shape, Some(&input_energy))?; // E[x_i^2] per input channel
+//! let export = rounded.to_export()?;                            // pymllm's weight / scale1 / scale2
+//! ```
+//!
+//! pymllm rounds each block with its own fp32 scale `max|w| / 7` and only afterwards squeezes the
+//! scales onto the deployed grid `scale1 (1..=16) * scale2`, so the deployed weight is not what
+//! the codes were rounded for. Here the search works on the deployed grid directly, per output
+//! channel:
+//! 1. `scale2 = gamma * max_b(max|w_b|) / (7 * 16)` for each `gamma` of [`SCALE2_GRID`]
+//!    (`gamma < 1` clips the channel's largest block and makes the scale1 steps finer);
+//! 2. each block picks the `scale1` near its round-to-nearest value that minimizes
+//!    `sum_i h_i (w_i - q_i * scale1 * scale2)^2` with `q_i = clamp(round(w_i / (scale1 * scale2)), -7, 7)`;
+//!    `h_i` is the input channel's energy on calibration data (`E[x_i^2]`, the diagonal of the
+//!    layer's Hessian), or 1 without it;
+//! 3. the channel keeps the `gamma` with the lowest total error.
+//!
+//! The codes are then exactly the deployed weight's codes, so decoding the export gives the
+//! weight whose error was minimized.
+
+use rayon::prelude::*;
+
+use super::lpbq::{LpbqExport, LpbqShape, LPBQ_QMAX, LPBQ_QMIN, SCALE1_STEPS};
+use super::QuantError;
+
+/// Fractions of the channel maximum tried for `scale2`.
+pub const SCALE2_GRID: [f32; 4] = [1.0, 0.94, 0.87, 0.8];
+/// How far below its round-to-nearest value a block's `scale1` is searched (clipping the block).
+const SCALE1_BELOW: u8 = 4;
+
+/// Codes and two-level scales on the deployed grid, `[Out][In]` codes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LpbqRounded {
+    pub shape: LpbqShape,
+    /// `[Out][In]` codes in -7..=7.
+    pub codes: Vec<i8>,
+    /// `[Out * In/bs]` channel-major level-1 scales in 1..=16.
+    pub scale1: Vec<u8>,
+    /// `[Out]` level-2 scales.
+    pub scale2: Vec<f32>,
+}
+
+impl LpbqRounded {
+    /// The deployed weight `[Out][In]`, `(q * scale1) * scale2` as [`decode_lpbq`](super::decode_lpbq) computes it.
+    pub fn deployed_weights(&self) -> Vec<f32> {
+        let (inp, bs) = (self.shape.in_features(), self.shape.block_size());
+        let nb = self.shape.blocks_per_channel();
+        let mut out = vec![0f32; self.codes.len()];
+        out.par_chunks_mut(inp).zip(self.codes.par_chunks(inp)).enumerate().for_each(|(o, (row, codes))| {
+            for (i, (v, &q)) in row.iter_mut().zip(codes).enumerate() {
+                let s1 = self.scale1[o * nb + i / bs];
+                *v = f32::from(i16::from(q) * i16::from(s1)) * self.scale2[o];
+            }
+        });
+        out
+    }
+
+    /// pymllm's export tensors for these codes and scales.
+    pub fn to_export(&self) -> Result<LpbqExport, QuantError> {
+        LpbqExport::from_codes(self.shape, &self.codes, self.scale1.clone(), self.scale2.clone())
+    }
+}
+
+/// Round-to-nearest code of `w` for the deployed step `step = scale1 * scale2`.
+#[inline(always)]
+pub fn lpbq_code(w: f32, step: f32) -> i8 {
+    code_with_inverse(w, 1.0 / step)
+}
+
+/// `clamp(round_half_even(w * inv), -7, 7)`. The product is clamped to +-8 first, far inside the
+/// range where adding 1.5 * 2^23 rounds half to even exactly, so the sum's low mantissa bits are
+/// the integer (no float-to-int conversion or libm call in the search's inner loop).
+#[inline(always)]
+fn code_with_inverse(w: f32, inv: f32) -> i8 {
+    const MAGIC: f32 = 12_582_912.0;
+    const MAGIC_BITS: i32 = 0x4B40_0000;
+    let x = (w * inv).clamp(-8.0, 8.0);
+    let q = (x + MAGIC).to_bits() as i32 - MAGIC_BITS;
+    q.clamp(i32::from(LPBQ_QMIN), i32::from(LPBQ_QMAX)) as i8
+}
+
+/// Weighted squared error of one block at level-1 scale `s1`, and its codes when `codes` is given.
+#[inline]
+fn block_error(w: &[f32], h: Option<&[f32]>, s1: u8, scale2: f32, codes: Option<&mut [i8]>) -> f64 {
+    let inv = 1.0 / (f32::from(s1) * scale2);
+    let mut err = 0f32;
+    match h {
+        Some(h) => {
+            for (&x, &hi) in w.iter().zip(h) {
+                let q = code_with_inverse(x, inv);
+                let d = x - f32::from(i16::from(q) * i16::from(s1)) * scale2;
+                err += d * d * hi;
+            }
+        }
+        None => {
+            for &x in w {
+                let q = code_with_inverse(x, inv);
+                let d = x - f32::from(i16::from(q) * i16::from(s1)) * scale2;
+                err += d * d;
+            }
+        }
+    }
+    if let Some(c) = codes {
+        for (c, &x) in c.iter_mut().zip(w) {
+            *c = code_with_inverse(x, inv);
+        }
+    }
+    f64::from(err)
+}
+
+/// The module docs' search for a row-major `[Out][In]` weight. `importance`, when given, holds
+/// one non-negative weight per input channel. Parallel over output channels.
+pub fn lpbq_mse_search(
+    weight: &[f32],
+    shape: LpbqShape,
+    importance: Option<&[f32]>,
+) -> Result<LpbqRounded, QuantError> {
+    let (inp, bs, nb) = (shape.in_features(), shape.block_size(), shape.blocks_per_channel());
+    if weight.len() != shape.num_weights() {
+        return Err(QuantError::LengthMismatch {
+            what: "LPBQ weight [Out][In]",
+            expected: shape.num_weights(),
+            found: weight.len(),
+        });
+    }
+    if let Some(i) = weight.iter().position(|x| !x.is_finite()) {
+        return Err(QuantError::NonFinite { what: "LPBQ weight [Out][In]", index: i, value: weight[i] });
+    }
+    if let Some(h) = importance {
+        if h.len() != inp {
+            return Err(QuantError::LengthMismatch {
+                what: "LPBQ input importance [In]",
+                expected: inp,
+                found: h.len(),
+            });
+        }
+        if let Some(i) = h.iter().position(|x| !(x.is_finite() && *x >= 0.0)) {
+            return Err(QuantError::NonFinite { what: "LPBQ input importance [In]", index: i, value: h[i] });
+        }
+    }
+    let mut codes = vec![0i8; shape.num_weights()];
+    let mut scale1 = vec![0u8; shape.num_blocks()];
+    let mut scale2 = vec![0f32; shape.out_features()];
+    codes
+        .par_chunks_mut(inp)
+        .zip(scale1.par_chunks_mut(nb))
+        .zip(scale2.par_iter_mut())
+        .zip(weight.par_chunks(inp))
+        .with_min_len(4)
+        .for_each(|(((code_row, s1_row), s2), w_row)| {
+            let absmax: Vec<f32> = w_row.chunks_exact(bs).map(|b| b.iter().fold(0f32, |m, x| m.max(x.abs()))).collect();
+            let row_max = absmax.iter().copied().fold(0f32, f32::max);
+            if row_max == 0.0 {
+                // An all-zero channel: any scale decodes to zero; keep pymllm's eps-sized one.
+                *s2 = super::lpbq::LPBQ_EPS / f32::from(SCALE1_STEPS);
+                s1_row.fill(1);
+                code_row.fill(0);
+                return;
+            }
+            let mut best: Option<(f64, f32, Vec<u8>)> = None;
+            for gamma in SCALE2_GRID {
+                let cand_s2 = gamma * row_max / (f32::from(LPBQ_QMAX) * f32::from(SCALE1_STEPS));
+                let mut total = 0f64;
+                let mut picks = Vec::with_capacity(nb);
+                for (b, w) in w_row.chunks_exact(bs).enumerate() {
+                    let h = importance.map(|h| &h[b * bs..(b + 1) * bs]);
+                    let nearest = (absmax[b] / f32::from(LPBQ_QMAX) / cand_s2).round().clamp(1.0, 16.0) as u8;
+                    let lo = nearest.saturating_sub(SCALE1_BELOW).max(1);
+                    let hi = (nearest + 1).min(SCALE1_STEPS);
+                    let (e, s) = (lo..=hi)
+                        .map(|s| (block_error(w, h, s, cand_s2, None), s))
+                        .min_by(|a, b| a.0.total_cmp(&b.0))
+                        .expect("at least one scale1 candidate");
+                    total += e;
+                    picks.push(s);
+                }
+                if best.as_ref().is_none_or(|(e, _, _)| total < *e) {
+                    best = Some((total, cand_s2, picks));
+                }
+            }
+            let (_, best_s2, picks) = best.expect("SCALE2_GRID is not empty");
+            *s2 = best_s2;
+            for (b, (w, c)) in w_row.chunks_exact(bs).zip(code_row.chunks_exact_mut(bs)).enumerate() {
+                block_error(w, None, picks[b], best_s2, Some(c));
+            }
+            s1_row.copy_from_slice(&picks);
+        });
+    Ok(LpbqRounded { shape, codes, scale1, scale2 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::lpbq::quantize_lpbq;
+
+    fn synthetic(n: usize, seed: u32) -> Vec<f32> {
+        // Heavy-ish tails: a few large values per block, like trained weights.
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                let u = (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
+                u * u * u * 8.0
+            })
+            .collect()
+    }
+
+    fn sq_err(a: &[f32], b: &[f32], h: Option<&[f32]>, inp: usize) -> f64 {
+        a.iter()
+            .zip(b)
+            .enumerate()
+            .map(|(k, (x, y))| f64::from(x - y).powi(2) * h.map_or(1.0, |h| f64::from(h[k % inp])))
+            .sum()
+    }
+
+    #[test]
+    fn search_beats_pymllm_rounding_and_decodes_to_its_own_weights() {
+        let (out, inp) = (24, 64);
+        let w = synthetic(out * inp, 7);
+        let shape = LpbqShape::new(out, inp, 16).unwrap();
+        let rtn = quantize_lpbq(&w, shape).unwrap().decode().unwrap();
+        let found = lpbq_mse_search(&w, shape, None).unwrap();
+        let export = found.to_export().unwrap();
+        assert_eq!(export.decode().unwrap(), found.deployed_weights());
+        let (e_rtn, e_mse) = (sq_err(&w, &rtn, None, inp), sq_err(&w, &found.deployed_weights(), None, inp));
+        assert!(e_mse < 0.9 * e_rtn, "search {e_mse} vs round-to-nearest {e_rtn}");
+    }
+
+    #[test]
+    fn importance_moves_error_to_unimportant_channels() {
+        let (out, inp) = (16, 32);
+        let w = synthetic(out * inp, 11);
+        let shape = LpbqShape::new(out, inp, 16).unwrap();
+        let h: Vec<f32> = (0..inp).map(|i| if i % 16 < 4 { 100.0 } else { 0.01 }).collect();
+        let plain = lpbq_mse_search(&w, shape, None).unwrap().deployed_weights();
+        let weighted = lpbq_mse_search(&w, shape, Some(&h)).unwrap().deployed_weights();
+        assert!(sq_err(&w, &weighted, Some(&h), inp) <= sq_err(&w, &plain, Some(&h), inp));
+    }
+
+    #[test]
+    fn zero_channels_and_bad_inputs() {
+        let shape = LpbqShape::new(2, 16, 16).unwrap();
+        let mut w = vec![0f32; 32];
+        w[20] = 1.0;
+        let r = lpbq_mse_search(&w, shape, None).unwrap();
+        assert!(r.codes[..16].iter().all(|&c| c == 0));
+        assert_eq!(r.deployed_weights()[20], 1.0);
+        assert!(lpbq_mse_search(&w[..31], shape, None).is_err());
+        w[3] = f32::NAN;
+        assert!(matches!(lpbq_mse_search(&w, shape, None), Err(QuantError::NonFinite { index: 3, .. })));
+        assert!(lpbq_mse_search(&[0.0; 32], shape, Some(&[1.0; 15])).is_err());
+    }
+}
