@@ -50,6 +50,7 @@ pub mod causal_lm;
 pub mod config;
 pub mod dtype;
 pub mod error;
+pub mod files;
 pub mod ir;
 pub mod macros;
 pub mod module;
