@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
-use backend_cpu::quant::export::{quantize_rope_tables, write_atomic};
+use backend_cpu::quant::export::quantize_rope_tables;
 use backend_cpu::quant::{
     is_quantized_checkpoint, plan_export, prefill_logits, quantize_weights, write_quantized_checkpoint, AccuracyReport,
     Calibration, CalibrationMode, CalibrationWeights, FakeQuantHook, ObserverHook, QdqParams, RecordingHook,
@@ -17,6 +17,7 @@ use backend_cpu::quant::{
 use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::files::write_atomic_bytes as write_atomic;
 use mllm_dsl::module::ParamSource;
 use mllm_dsl::quant::points::{concat_groups, layer_output_points, qdq_points};
 use mllm_dsl::{ParamFormat, QdqAttr};

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
-use backend_cpu::quant::export::write_atomic;
+use mllm_dsl::files::write_atomic_bytes as write_atomic;
 use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode};
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::artifacts::summary::summarize;

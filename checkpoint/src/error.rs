@@ -45,6 +45,8 @@ pub enum CheckpointError {
     UnsupportedDtype { key: String, path: PathBuf, dtype: StDtype },
     #[error("cannot write {path}: {reason}")]
     Write { path: PathBuf, reason: String },
+    #[error(transparent)]
+    File(#[from] mllm_dsl::files::FileError),
 }
 
 impl CheckpointError {

@@ -237,3 +237,16 @@ fn outputs_that_are_inputs_are_refused() {
     assert!(ensure_not_input(&model.join("logits.safetensors"), &[&weights]).is_ok(), "a new file next to an input");
     assert!(ensure_not_input(&dir.path().join("new/out"), &[&model]).is_ok());
 }
+
+#[test]
+fn outputs_get_the_usual_modes_not_private_temp_modes() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    std::fs::write(dir.path().join("probe"), "").unwrap();
+    std::fs::create_dir(dir.path().join("probe-dir")).unwrap();
+    let out = dir.path().join("out");
+    run_into(&out, &[("report.json", "{}")]).unwrap();
+    assert_eq!(mode(&out.join("report.json")), mode(&dir.path().join("probe")));
+    assert_eq!(mode(&out), mode(&dir.path().join("probe-dir")));
+}

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use mllm_dsl::config::aot::AotConfig;
+use mllm_dsl::files::write_atomic_bytes;
 use mllm_dsl::ir::{Node, Program};
 use mllm_dsl::quant::lpbq::{quantize_lpbq, LpbqShape};
 use mllm_dsl::quant::uint16::export_u16;
@@ -32,7 +33,7 @@ use rayon::prelude::*;
 
 use super::error::QuantizationError;
 use super::params::QdqParams;
-use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype, TensorBytes};
+use checkpoint::{write_safetensors_atomic, CheckpointError, SafetensorsCheckpoint, StDtype, TensorBytes};
 
 /// One model parameter and how it is exported.
 #[derive(Clone, Debug, PartialEq)]
@@ -385,20 +386,6 @@ pub fn write_quantized_checkpoint(
     obj.insert("linear_block_size".into(), serde_json::json!(block_size));
     let mut text = serde_json::to_string_pretty(&config).expect("JSON values serialize");
     text.push('\n');
-    write_atomic(&out_dir.join("config.json"), text.as_bytes())
-}
-
-/// Writes `bytes` to `path` through a temporary file and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), QuantizationError> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = std::path::PathBuf::from(tmp);
-    let result = std::fs::write(&tmp, bytes)
-        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(QuantizationError::io(path, e));
-    }
+    write_atomic_bytes(&out_dir.join("config.json"), text.as_bytes()).map_err(CheckpointError::from)?;
     Ok(())
 }

@@ -16,11 +16,12 @@ pub fn write_atomic(path: &Path, fill: impl FnOnce(&mut dyn Write) -> std::io::R
     let mut prefix = std::ffi::OsString::from(".");
     prefix.push(name);
     prefix.push(".");
-    let tmp = tempfile::Builder::new()
-        .prefix(&prefix)
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .map_err(FileError::io("creating a temporary file for", path))?;
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp");
+    // A normal file once renamed, not a private temp file: the mode follows the umask.
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let tmp = builder.tempfile_in(dir).map_err(FileError::io("creating a temporary file for", path))?;
     let mut writer = BufWriter::with_capacity(1 << 20, tmp);
     fill(&mut writer).map_err(FileError::io("writing", path))?;
     let tmp = writer.into_inner().map_err(|e| FileError::io("writing", path)(e.into_error()))?;

@@ -45,12 +45,12 @@ impl StagingDir {
         let prefix = hidden(name, ".staging-");
         remove_stale(parent, &prefix)?;
         // mkdir with a random name: fails rather than reuse anything (a link included) already there.
-        let dir = tempfile::Builder::new()
-            .prefix(&prefix)
-            .rand_bytes(8)
-            .tempdir_in(parent)
-            .map_err(FileError::io("creating a staging directory in", parent))?
-            .keep();
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(&prefix).rand_bytes(8);
+        // The output directory it becomes gets the usual mode (umask applied), not a temp dir's 0700.
+        #[cfg(unix)]
+        builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o777));
+        let dir = builder.tempdir_in(parent).map_err(FileError::io("creating a staging directory in", parent))?.keep();
         let lock = File::open(&dir).map_err(FileError::io("opening", &dir))?;
         lock.lock().map_err(FileError::io("locking", &dir))?;
         drop(guard);
