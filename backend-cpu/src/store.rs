@@ -68,7 +68,7 @@ impl CheckpointStore {
     }
 
     fn f32(&self, req: &ParamRequest<'_>, key: &str) -> Result<Vec<f32>> {
-        self.ckpt.read_f32(key).map_err(|e| self.err(req, e))
+        self.ckpt.read_float_param(key).map_err(|e| self.err(req, e))
     }
 
     /// `(scale, zero_point)` of a per-tensor uint16 tensor stored by pymllm.
@@ -76,11 +76,14 @@ impl CheckpointStore {
         let scale = self.f32(req, &format!("{prefix}.scale"))?;
         let zp = self.ckpt.read_i32(&format!("{prefix}.zero_point")).map_err(|e| self.err(req, e))?;
         match (scale.as_slice(), zp.as_slice()) {
-            ([s], [z]) if *s > 0.0 => Ok((*s, *z)),
+            ([s], [z]) if *s > 0.0 && s.is_finite() => Ok((*s, *z)),
             _ => Err(Error::Weight {
                 key: req.key.to_string(),
                 module_path: req.module_path.to_string(),
-                message: format!("`{prefix}.scale` / `.zero_point` must be one positive scale and one zero point"),
+                message: format!(
+                    "`{prefix}.scale` / `.zero_point` must be one positive finite scale and one zero point, found \
+                     {scale:?} / {zp:?}"
+                ),
             }),
         }
     }
@@ -121,6 +124,11 @@ impl CheckpointStore {
                 };
                 let packed = if dtype == StDtype::BF16 {
                     let v = self.ckpt.read_typed::<bf16>(key).map_err(|e| self.err(req, e))?;
+                    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+                        let path = self.ckpt.root().to_path_buf();
+                        let e = CheckpointError::NonFinite { key: key.into(), path, index: i, value: v[i].to_f32() };
+                        return Err(self.err(req, e));
+                    }
                     PackedMatrix::from_rows_bf16(n, k, bytemuck::cast_slice(&v)).map_err(bad)?
                 } else {
                     PackedMatrix::from_rows_f32(n, k, &self.f32(req, key)?).map_err(bad)?

@@ -259,7 +259,7 @@ pub fn quantize_weights(
             ..Default::default()
         };
         let t0 = Instant::now();
-        let data = source.read_f32(src)?;
+        let data = source.read_float_param(src)?;
         let t1 = Instant::now();
         for p in params {
             quantize_param(p, src, &shape, &data, &mut out.tensors)?;
@@ -374,7 +374,8 @@ pub fn write_quantized_checkpoint(
     let metadata = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     write_safetensors_atomic(out_dir.join("model.safetensors"), &all, &metadata)?;
 
-    let text = std::fs::read_to_string(source_config).map_err(|e| QuantizationError::io(source_config, e))?;
+    let text = mllm_dsl::files::read_text_bounded(source_config, mllm_dsl::files::CONFIG_SIZE_LIMIT)
+        .map_err(CheckpointError::from)?;
     let mut config: serde_json::Value = serde_json::from_str(&text).map_err(|e| QuantizationError::Param {
         key: source_config.display().to_string(),
         problem: format!("not valid JSON: {e}"),

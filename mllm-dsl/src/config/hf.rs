@@ -36,6 +36,9 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// Not a regular file (a FIFO, a device), over [`crate::files::CONFIG_SIZE_LIMIT`], not UTF-8.
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
     #[error("{path} is not valid JSON: {source}")]
     Json {
         path: PathBuf,
@@ -432,7 +435,7 @@ fn is_positive(x: f64) -> bool {
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 
 fn read_text(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.to_path_buf(), source })
+    Ok(crate::files::read_text_bounded(path, crate::files::CONFIG_SIZE_LIMIT)?)
 }
 
 fn parse_object(text: &str, path: &Path) -> Result<Map<String, Value>, ConfigError> {
