@@ -91,7 +91,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     let hook = Arc::new(ObserverHook::new(&points, &groups, opts.mode));
     let backend = CpuBackend::with_qdq(hook.clone());
     let calibration = {
-        let store = CheckpointStore::open(model_dir, backend.clone(), hf.tie_word_embeddings)?;
+        let store = CheckpointStore::for_config(model_dir, backend.clone(), &hf)?;
         let weights = CalibrationWeights::new(&store, &aot, opts.mode);
         let model = build_model(&hf, opts.max_positions, &ParamSource::Store(&weights), model_dir)?;
         let pb = bar(opts.progress, opts.calibration.len(), "calibrating");

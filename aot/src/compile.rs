@@ -19,7 +19,6 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
-use mllm_dsl::files::write_atomic_bytes as write_atomic;
 use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode};
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::artifacts::summary::summarize;
@@ -29,6 +28,7 @@ use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::files::write_atomic_bytes as write_atomic;
 use mllm_dsl::passes::Pipeline;
 use mllm_dsl::ParamFormat;
 
@@ -267,7 +267,7 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
     for ((name, chunk, program), graph) in programs.iter().zip(&graphs) {
         let probe = Probe::new(&hf, &ckpt, *chunk, opts.context_len)?;
         let eager = probe.run_eager(&quant_dir, &hf, &ckpt, max_positions)?;
-        let store = CheckpointStore::open(&quant_dir, CpuBackend::float(), hf.tie_word_embeddings)?;
+        let store = CheckpointStore::for_config(&quant_dir, CpuBackend::float(), &hf)?;
         let cpu = Interpreter::new(program, &store, InterpMode::FakeQuant(&ckpt))
             .run(&probe.cpu_inputs(&CpuBackend::float())?)
             .with_context(|| format!("running graph `{name}` on backend-cpu's IR interpreter"))?;

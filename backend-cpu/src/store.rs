@@ -17,6 +17,7 @@ use crate::kernels::PackedMatrix;
 use crate::packed_weight::{PackedWeight, WeightView};
 use checkpoint::{CheckpointError, SafetensorsCheckpoint, StDtype};
 use half::bf16;
+use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
 use mllm_dsl::quant::lpbq::decode_lpbq;
 use mllm_dsl::{BackendRef, Error, Result, Tensor};
@@ -39,6 +40,15 @@ impl CheckpointStore {
     pub fn open(dir: impl AsRef<Path>, backend: BackendRef, tie_word_embeddings: bool) -> Result<Self> {
         let ckpt = SafetensorsCheckpoint::open(dir).map_err(|e| Error::msg(e.to_string()))?;
         Ok(CheckpointStore { ckpt, backend, tie_word_embeddings, packed: Mutex::new(HashMap::new()) })
+    }
+
+    /// [`CheckpointStore::open`] for the checkpoint `config` describes, after checking the two
+    /// agree ([`checkpoint::check_config`]: layer count, embedding and attention widths), so a
+    /// mismatched config fails before a model is built from it.
+    pub fn for_config(dir: impl AsRef<Path>, backend: BackendRef, config: &HfConfig) -> Result<Self> {
+        let store = Self::open(dir, backend, config.tie_word_embeddings)?;
+        checkpoint::check_config(&store.ckpt, config).map_err(|e| Error::msg(e.to_string()))?;
+        Ok(store)
     }
 
     pub fn checkpoint(&self) -> &SafetensorsCheckpoint {

@@ -48,6 +48,8 @@ pub enum CheckpointError {
          (inf or NaN would silently poison every output)"
     )]
     NonFinite { key: String, path: PathBuf, index: usize, value: f32 },
+    #[error("{config} field `{field}` does not match the checkpoint {checkpoint}: {reason}")]
+    ConfigMismatch { config: PathBuf, field: String, checkpoint: PathBuf, reason: String },
     #[error("cannot write {path}: {reason}")]
     Write { path: PathBuf, reason: String },
     #[error(transparent)]
