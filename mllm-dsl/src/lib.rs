@@ -51,6 +51,7 @@ pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod files;
+pub mod fuzz;
 pub mod ir;
 pub mod macros;
 pub mod module;
