@@ -8,6 +8,7 @@ use backend_qnn::{QnnChunkModel, QnnModelError};
 use checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::config::run_sizes::{available_memory, RunSizes};
 use mllm_dsl::runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator, RandomSampling, Sampling};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -75,6 +76,22 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
     if args.chunk == 0 || args.chunk >= args.context {
         bail!("--chunk {} must be at least 1 and smaller than --context {}", args.chunk, args.context);
     }
+    if let Some(path) = &args.logits_out {
+        // Every file of the model directory (and the context binary) is an input.
+        let mut inputs: Vec<PathBuf> = std::fs::read_dir(&args.model)
+            .with_context(|| format!("listing --model {}", args.model.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        inputs.extend(args.qnn_context.clone());
+        mllm_dsl::files::ensure_not_input(path, &inputs).context("--logits-out")?;
+    }
+    // 0 is greedy; anything else (NaN, negative, inf included) goes to the sampler's checks.
+    if args.temperature != 0.0 && !(args.temperature.is_finite() && args.temperature > 0.0) {
+        bail!("--temperature {} must be 0 (greedy) or a finite value > 0", args.temperature);
+    }
+    // Sizes checked against each other, the config and the machine's memory before loading.
+    let sizes = RunSizes { max_positions: args.context, context: args.context, chunk: args.chunk };
+    sizes.check(&HfConfig::from_dir(&args.model)?, available_memory())?;
     backend_cpu::kernels::set_num_threads(args.threads)?;
     let t0 = Instant::now();
     let model = match &args.qnn_context {
@@ -120,6 +137,14 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }
+    let wanted = prompt.len().saturating_add(args.max_new_tokens);
+    ensure!(
+        wanted <= args.context,
+        "the prompt ({} tokens) + --max-new-tokens {} = {wanted} tokens do not fit in --context {}",
+        prompt.len(),
+        args.max_new_tokens,
+        args.context
+    );
     let vocab = hf.vocab_size;
     if let Some(&bad) = prompt.iter().find(|&&id| id as usize >= vocab) {
         bail!("prompt id {bad} is outside the vocabulary of {} ({vocab} ids)", args.model.display());

@@ -57,15 +57,20 @@ pub struct QuantizeOutcome {
 /// Calibrates `opts.model`, writes the quantized checkpoint (`model.safetensors`, `config.json`,
 /// the tokenizer files) and `report.json` into `opts.out`, and evaluates fake-quant against float.
 pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
+    let mut inputs = vec![opts.model.clone()];
+    inputs.extend(opts.aot_config.clone());
+    mllm_dsl::files::ensure_not_input(&opts.out, &inputs)?;
+    // Built aside and swapped in whole: a failed run leaves the previous `--out` as it was.
+    let staging = mllm_dsl::files::StagingDir::new(&opts.out)?;
+    let outcome = quantize_to(opts, staging.path())?;
+    staging.commit()?;
+    Ok(outcome)
+}
+
+/// [`quantize`] writing straight into `out` (a fresh directory: the caller's staging area).
+pub(crate) fn quantize_to(opts: &QuantizeOptions, out: &Path) -> Result<QuantizeOutcome> {
     let model_dir = &opts.model;
     ensure!(!opts.calibration.is_empty(), "no calibration sequences");
-    if let (Ok(a), Ok(b)) = (model_dir.canonicalize(), opts.out.canonicalize()) {
-        ensure!(
-            a != b,
-            "--out {} is the model directory; write the quantized checkpoint elsewhere",
-            opts.out.display()
-        );
-    }
     let hf = HfConfig::from_dir(model_dir)?;
     let (aot, warnings) = load_aot_config(opts.aot_config.as_deref(), &hf)?;
     let source = SafetensorsCheckpoint::open(model_dir)?;
@@ -121,18 +126,17 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     })?;
     pb.finish_with_message("done");
     weights.tensors.extend(quantize_rope_tables(&plan, &calibration.params, &calibration.rope_tables)?);
-    write_quantized_checkpoint(&opts.out, &hf.source, plan.block_size, &weights.tensors, &calibration.params)?;
-    copy_tokenizer_files(model_dir, &opts.out)?;
+    write_quantized_checkpoint(out, &hf.source, plan.block_size, &weights.tensors, &calibration.params)?;
+    copy_tokenizer_files(model_dir, out)?;
     let weight_seconds = start.elapsed().as_secs_f64();
     drop(weights);
 
     // 4. Accuracy of what was written.
     let eval = opts.evaluation.as_ref().unwrap_or(&opts.calibration);
     let eval_name = if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" };
-    let report = evaluate(model_dir, &opts.out, opts.max_positions, eval, eval_name, opts.progress)?;
+    let report = evaluate(model_dir, out, opts.max_positions, eval, eval_name, opts.progress)?;
     let json = serde_json::json!({
         "model": model_dir.display().to_string(),
-        "out": opts.out.display().to_string(),
         "calibration_mode": opts.mode.name(),
         "calibration_sequences": opts.calibration.len(),
         "linear_block_size": plan.block_size,
@@ -142,7 +146,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     });
     let mut text = serde_json::to_string_pretty(&json)?;
     text.push('\n');
-    write_atomic(&opts.out.join("report.json"), text.as_bytes())?;
+    write_atomic(&out.join("report.json"), text.as_bytes())?;
     Ok(QuantizeOutcome {
         calibration,
         report,

@@ -409,3 +409,50 @@ fn calibration_text_goes_through_the_model_directorys_tokenizer() {
     assert_eq!(json["model"], model.to_str().unwrap());
     assert!(out.join("quantized/tokenizer.json").is_file());
 }
+
+/// Issue #14: the output directory is replaced whole or not at all.
+#[test]
+fn outputs_are_transactional_and_inputs_are_never_outputs() {
+    let dir = temp("transactional");
+    let out = dir.join("out");
+    let ckpt = fixtures().join("pymllm-qwen3-dev-f32");
+    let base = ["--quantized", ckpt.to_str().unwrap(), "--context-len", "16", "--out", out.to_str().unwrap()];
+    let with = |extra: &[&str]| base.iter().copied().chain(extra.iter().copied()).collect::<Vec<_>>();
+    run(&with(&["--chunk", "4", "--chunk", "1"])).unwrap();
+    let before = files(&out);
+    assert!(before.contains_key("qnn/model.0.s4.bin"));
+
+    // A config that disagrees with the model fails before any work, naming the field; the
+    // previous output is byte-identical and no staging directory is left behind.
+    let mut cfg = AotConfig::w4a16_kv8().to_json();
+    cfg["quant_recipe"]["layers"] = 3.into();
+    let cfg_path = dir.join("three_layers.json");
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let err = error(&with(&["--chunk", "4", "--aot-config", cfg_path.to_str().unwrap()]));
+    assert!(err.contains("quant_recipe.layers") && err.contains('3') && err.contains("num_hidden_layers 2"), "{err}");
+    let mut cfg = AotConfig::w4a16_kv8().to_json();
+    cfg["op_on_qnn"] = serde_json::json!([]);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let err = error(&with(&["--chunk", "4", "--aot-config", cfg_path.to_str().unwrap()]));
+    assert!(err.contains("op_on_qnn"), "{err}");
+    let q = ckpt.to_str().unwrap();
+    let err = error(&["--quantized", q, "--context-len", "1000000000", "--chunk", "4", "--out", out.to_str().unwrap()]);
+    assert!(err.contains("--context") && err.contains("1000000000"), "{err}");
+    assert_eq!(files(&out), before);
+    let mut names: Vec<_> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, [".out.lock", "out", "three_layers.json"]);
+
+    // A successful rerun with other graphs leaves none of the earlier run's files.
+    run(&with(&["--chunk", "2"])).unwrap();
+    let after = files(&out);
+    assert!(after.keys().all(|k| !k.contains("model.0.s4")), "{:?}", after.keys());
+    assert!(after.contains_key("qnn/model.0.s2.bin"));
+
+    // The input checkpoint cannot be the output (nor contain it).
+    let err = error(&["--quantized", ckpt.to_str().unwrap(), "--context-len", "16", "--out", ckpt.to_str().unwrap()]);
+    assert!(err.contains("would overwrite or remove the input"), "{err}");
+    let err = error(&["--quantized", ckpt.to_str().unwrap(), "--out", fixtures().to_str().unwrap()]);
+    assert!(err.contains("would overwrite or remove the input"), "{err}");
+}
