@@ -29,6 +29,7 @@ pub struct GenerateArgs {
     /// Apply Qwen3's chat template (non-thinking) to --prompt.
     #[arg(long, requires = "prompt")]
     pub chat: bool,
+    /// Tokens to generate at most (fewer on an EOS); prompt + this must fit in --context.
     #[arg(long, default_value_t = 32)]
     pub max_new_tokens: usize,
     /// Prefill chunk size (the last chunk is zero-padded).
@@ -37,10 +38,11 @@ pub struct GenerateArgs {
     /// Context length (KV cache capacity, RoPE table rows).
     #[arg(long, default_value_t = 1024)]
     pub context: usize,
-    /// Write the prompt positions' logits as safetensors tensor `logits`, f32 [1, prompt_len, vocab].
+    /// Write the prompt positions' logits as safetensors tensor `logits`, f32 [1, prompt_len, vocab]
+    /// (written atomically; a file of --model is refused).
     #[arg(long)]
     pub logits_out: Option<PathBuf>,
-    /// Sampling temperature; 0 means greedy.
+    /// Sampling temperature: 0 means greedy, else a finite value > 0.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
     /// Keep the k most likely tokens (0: all).
@@ -50,7 +52,7 @@ pub struct GenerateArgs {
     pub top_p: f32,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// CPU threads (0: all cores).
+    /// CPU threads (0: all cores; more than the machine has are capped with a warning).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
     /// Print `prefill_tok_s=X decode_tok_s=Y load_s=Z` as the last line.

@@ -57,10 +57,11 @@ struct Args {
     /// Rows of the RoPE tables (mllm_qualcomm_max_length).
     #[arg(long, default_value_t = 1024)]
     max_positions: usize,
-    /// Output directory.
+    /// Output directory, replaced whole when the run succeeds (built in a staging directory next
+    /// to it; a failed run leaves it as it was). It may not be or contain --model.
     #[arg(long)]
     out: PathBuf,
-    /// CPU threads (0: all cores).
+    /// CPU threads (0: all cores; more than the machine has are capped with a warning).
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// No progress bars.
