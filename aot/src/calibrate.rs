@@ -135,8 +135,14 @@ pub(crate) fn quantize_to(opts: &QuantizeOptions, out: &Path) -> Result<Quantize
     let eval = opts.evaluation.as_ref().unwrap_or(&opts.calibration);
     let eval_name = if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" };
     let report = evaluate(model_dir, out, opts.max_positions, eval, eval_name, opts.progress)?;
+    // Relative to the output's directory when the model sits next to it (the AOT run's embedded
+    // model), so the report does not embed a per-run staging path.
+    let model_name = out
+        .parent()
+        .and_then(|p| model_dir.strip_prefix(p).ok())
+        .map_or_else(|| model_dir.display().to_string(), |r| r.display().to_string());
     let json = serde_json::json!({
-        "model": model_dir.display().to_string(),
+        "model": model_name,
         "calibration_mode": opts.mode.name(),
         "calibration_sequences": opts.calibration.len(),
         "linear_block_size": plan.block_size,
@@ -222,7 +228,8 @@ pub fn evaluate(
     }
     rows.push(Comparison::new("logits", &float_logits, &quant_logits, hf.vocab_size).map_err(anyhow::Error::msg)?);
     Ok(AccuracyReport {
-        description: format!("fake-quant {} vs float {} on {what}", quant_dir.display(), float_dir.display()),
+        // No paths: the report is the same wherever the run writes (its `model` names the input).
+        description: format!("fake-quant of the quantized checkpoint vs the float model on {what}"),
         sequences: sequences.len(),
         tokens: sequences.iter().map(Vec::len).sum(),
         rows,

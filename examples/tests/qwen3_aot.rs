@@ -305,6 +305,7 @@ fn bad_inputs_fail_with_messages_naming_the_file_or_field() {
     // A block size that does not divide the linears' input width (32).
     let mut cfg = AotConfig::w4a16_kv8().to_json();
     cfg["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["block_size"] = 24.into();
+    cfg["quant_recipe"]["layers"] = 2.into(); // the tiny model's, so the block size is what fails
     let cfg_path = dir.join("block24.json");
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let err = error(&[&quantized[..], &["--aot-config", cfg_path.to_str().unwrap()][..]].concat());
@@ -417,8 +418,10 @@ fn outputs_are_transactional_and_inputs_are_never_outputs() {
     let out = dir.join("out");
     let ckpt = fixtures().join("pymllm-qwen3-dev-f32");
     let base = ["--quantized", ckpt.to_str().unwrap(), "--context-len", "16", "--out", out.to_str().unwrap()];
-    let with = |extra: &[&str]| base.iter().copied().chain(extra.iter().copied()).collect::<Vec<_>>();
-    run(&with(&["--chunk", "4", "--chunk", "1"])).unwrap();
+    fn join<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        base.iter().chain(extra).copied().collect()
+    }
+    run(&join(&base, &["--chunk", "4", "--chunk", "1"])).unwrap();
     let before = files(&out);
     assert!(before.contains_key("qnn/model.0.s4.bin"));
 
@@ -428,12 +431,13 @@ fn outputs_are_transactional_and_inputs_are_never_outputs() {
     cfg["quant_recipe"]["layers"] = 3.into();
     let cfg_path = dir.join("three_layers.json");
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-    let err = error(&with(&["--chunk", "4", "--aot-config", cfg_path.to_str().unwrap()]));
+    let err = error(&join(&base, &["--chunk", "4", "--aot-config", cfg_path.to_str().unwrap()]));
     assert!(err.contains("quant_recipe.layers") && err.contains('3') && err.contains("num_hidden_layers 2"), "{err}");
     let mut cfg = AotConfig::w4a16_kv8().to_json();
     cfg["op_on_qnn"] = serde_json::json!([]);
+    cfg["quant_recipe"]["layers"] = 2.into();
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-    let err = error(&with(&["--chunk", "4", "--aot-config", cfg_path.to_str().unwrap()]));
+    let err = error(&join(&base, &["--chunk", "4", "--aot-config", cfg_path.to_str().unwrap()]));
     assert!(err.contains("op_on_qnn"), "{err}");
     let q = ckpt.to_str().unwrap();
     let err = error(&["--quantized", q, "--context-len", "1000000000", "--chunk", "4", "--out", out.to_str().unwrap()]);
@@ -445,7 +449,7 @@ fn outputs_are_transactional_and_inputs_are_never_outputs() {
     assert_eq!(names, [".out.lock", "out", "three_layers.json"]);
 
     // A successful rerun with other graphs leaves none of the earlier run's files.
-    run(&with(&["--chunk", "2"])).unwrap();
+    run(&join(&base, &["--chunk", "2"])).unwrap();
     let after = files(&out);
     assert!(after.keys().all(|k| !k.contains("model.0.s4")), "{:?}", after.keys());
     assert!(after.contains_key("qnn/model.0.s2.bin"));

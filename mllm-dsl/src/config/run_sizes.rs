@@ -40,8 +40,8 @@ impl RunSizes {
             }
             Ok(())
         };
-        range("--max-positions", max_positions)?;
         range("--context", context)?;
+        range("--max-positions", max_positions)?;
         range("--chunk", chunk)?;
         if chunk > context {
             return Err(RunSizeError::Order {
