@@ -35,7 +35,8 @@ report.json's ledger compares each stage with the previous one on the same input
   qnn_vs_fakequant    backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run, per graph
 Each row has sqnr_db (null = identical), top1_agreement (fraction of positions whose argmax agrees) and max_abs_err.
 
-Every file is written to a temporary name and renamed. Two runs with the same inputs write byte-identical files;
+The output is built in a fresh .<out>.staging-* directory next to --out and replaces --out whole only when the run
+succeeded: a failed or interrupted run leaves the previous --out as it was. --out may not be or contain an input. Two runs with the same inputs write byte-identical files;
 the only exception is report.json's \"timings_s\" object (wall times), so compare report.json without it.";
 
 #[derive(Parser, Debug)]
@@ -87,7 +88,7 @@ pub struct AotArgs {
     /// activations). See docs/quantization.md for their effect and cost.
     #[arg(long, value_name = "METHOD", default_value = "rtn")]
     pub weight_method: WeightMethod,
-    /// CPU threads (0: all cores).
+    /// CPU threads (0: all cores; more than the machine has are capped with a warning).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub threads: usize,
     /// No progress bars.

@@ -203,10 +203,7 @@ fn write_checkpoint(dir: &Path) -> Result<()> {
         "bos_token_id": 151643,
         "eos_token_id": 151645,
     });
-    let tmp = dir.join("config.json.tmp");
-    std::fs::write(&tmp, serde_json::to_string_pretty(&config)?)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, dir.join("config.json")).context("renaming config.json.tmp")?;
+    mllm_dsl::files::write_atomic_bytes(&dir.join("config.json"), serde_json::to_string_pretty(&config)?.as_bytes())?;
     Ok(())
 }
 

@@ -8,6 +8,7 @@ use backend_qnn::{QnnChunkModel, QnnModelError};
 use checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::config::run_sizes::{available_memory, RunSizes};
 use mllm_dsl::runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator, RandomSampling, Sampling};
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -36,6 +37,7 @@ pub struct GenerateArgs {
     /// With --chat: the system prompt (else the template's default, if it has one).
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
+    /// Tokens to generate at most (fewer on an EOS); prompt + this must fit in --context.
     #[arg(long, default_value_t = 32)]
     pub max_new_tokens: usize,
     /// Prefill chunk size (the last chunk is zero-padded).
@@ -44,10 +46,11 @@ pub struct GenerateArgs {
     /// Context length (KV cache capacity, RoPE table rows).
     #[arg(long, default_value_t = 1024)]
     pub context: usize,
-    /// Write the prompt positions' logits as safetensors tensor `logits`, f32 [1, prompt_len, vocab].
+    /// Write the prompt positions' logits as safetensors tensor `logits`, f32 [1, prompt_len, vocab]
+    /// (written atomically; a file of --model is refused).
     #[arg(long)]
     pub logits_out: Option<PathBuf>,
-    /// Sampling temperature; 0 means greedy.
+    /// Sampling temperature: 0 means greedy, else a finite value > 0.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
     /// Keep the k most likely tokens (0: all).
@@ -57,7 +60,7 @@ pub struct GenerateArgs {
     pub top_p: f32,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// CPU threads (0: all cores).
+    /// CPU threads (0: all cores; more than the machine has are capped with a warning).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
     /// Print `prefill_tok_s=X decode_tok_s=Y load_s=Z` as the last line.
@@ -96,6 +99,22 @@ pub fn run_generate_io(
     if args.chunk == 0 || args.chunk >= args.context {
         bail!("--chunk {} must be at least 1 and smaller than --context {}", args.chunk, args.context);
     }
+    if let Some(path) = &args.logits_out {
+        // Every file of the model directory (and the context binary) is an input.
+        let mut inputs: Vec<PathBuf> = std::fs::read_dir(&args.model)
+            .with_context(|| format!("listing --model {}", args.model.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        inputs.extend(args.qnn_context.clone());
+        mllm_dsl::files::ensure_not_input(path, &inputs).context("--logits-out")?;
+    }
+    // 0 is greedy; anything else (NaN, negative, inf included) goes to the sampler's checks.
+    if args.temperature != 0.0 && !(args.temperature.is_finite() && args.temperature > 0.0) {
+        bail!("--temperature {} must be 0 (greedy) or a finite value > 0", args.temperature);
+    }
+    // Sizes checked against each other, the config and the machine's memory before loading.
+    let sizes = RunSizes { max_positions: args.context, context: args.context, chunk: args.chunk };
+    sizes.check(&HfConfig::from_dir(&args.model)?, available_memory())?;
     backend_cpu::kernels::set_num_threads(args.threads)?;
     let t0 = Instant::now();
     let model = match &args.qnn_context {
@@ -177,6 +196,7 @@ pub fn run_generate_io(
                 continue;
             }
             let prompt = encode(tok, &conv.user_says(user)?, vocab, &args.model)?;
+            fits_in_context(&prompt, args)?;
             let out = generator.generate(&prompt, &config, tok, stream, output)?;
             let reply = tok.decode(&out.ids, true).map_err(|e| anyhow!("decoding: {e}"))?;
             conv.assistant_said(reply.trim());
@@ -197,6 +217,7 @@ pub fn run_generate_io(
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }
+    fits_in_context(&prompt, args)?;
     if let Some(&bad) = prompt.iter().find(|&&id| id as usize >= vocab) {
         bail!("prompt id {bad} is outside the vocabulary of {} ({vocab} ids)", args.model.display());
     }
@@ -369,4 +390,18 @@ fn load_qnn_context(args: &GenerateArgs, binary: &Path) -> Result<QnnModel> {
     let ctx = model.layout().context_len;
     ensure!(ctx == args.context, "{} was built for context {ctx}, not --context {}", binary.display(), args.context);
     Ok(QnnModel::Sdk(Box::new(model)))
+}
+
+/// The prompt plus `--max-new-tokens` must fit in `--context`: checked before generating, so a
+/// run never stops short without a word.
+fn fits_in_context(prompt: &[u32], args: &GenerateArgs) -> Result<()> {
+    let wanted = prompt.len().saturating_add(args.max_new_tokens);
+    ensure!(
+        wanted <= args.context,
+        "the prompt ({} tokens) + --max-new-tokens {} = {wanted} tokens do not fit in --context {}",
+        prompt.len(),
+        args.max_new_tokens,
+        args.context
+    );
+    Ok(())
 }

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use aot::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
-use backend_cpu::quant::export::write_atomic;
+use mllm_dsl::files::write_atomic_bytes as write_atomic;
 use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
@@ -95,7 +95,7 @@ fn main() -> Result<()> {
     // 1. Calibrate and quantize first, when asked to.
     let calibration = match (&args.calib_ids, &args.calib_text) {
         (Some(path), _) => Some(load_id_sequences(path, "calib_ids", hf.vocab_size)?),
-        (None, Some(path)) => Some(load_text_sequences(path, &args.model.join("tokenizer.json"), 1024, 128, false)?),
+        (None, Some(path)) => Some(load_text_sequences(path, &args.model.join("tokenizer.json"), 1024, 128, None)?),
         (None, None) => None,
     };
     if let Some(calibration) = calibration {

@@ -64,10 +64,11 @@ struct Args {
     /// --mllm-compatible. See docs/quantization.md.
     #[arg(long, default_value = "rtn")]
     weight_method: backend_cpu::quant::WeightMethod,
-    /// Output directory.
+    /// Output directory, replaced whole when the run succeeds (built in a staging directory next
+    /// to it; a failed run leaves it as it was). It may not be or contain --model.
     #[arg(long)]
     out: PathBuf,
-    /// CPU threads (0: all cores).
+    /// CPU threads (0: all cores; more than the machine has are capped with a warning).
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// No progress bars.

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
-use backend_cpu::quant::export::{quantize_rope_tables, write_atomic};
+use backend_cpu::quant::export::quantize_rope_tables;
 use backend_cpu::quant::{
     is_quantized_checkpoint, plan_export, prefill_logits, quantize_weights_with, write_quantized_checkpoint,
     AccuracyReport, Calibration, CalibrationMode, CalibrationWeights, FakeQuantHook, InputStatsHook, LinearQuantizer,
@@ -18,6 +18,7 @@ use backend_cpu::quant::{
 use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::files::write_atomic_bytes as write_atomic;
 use mllm_dsl::module::ParamSource;
 use mllm_dsl::quant::points::{concat_groups, layer_output_points, linear_inputs, qdq_points};
 use mllm_dsl::{ParamFormat, QdqAttr};
@@ -61,15 +62,20 @@ pub struct QuantizeOutcome {
 /// Calibrates `opts.model`, writes the quantized checkpoint (`model.safetensors`, `config.json`,
 /// the tokenizer files) and `report.json` into `opts.out`, and evaluates fake-quant against float.
 pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
+    let mut inputs = vec![opts.model.clone()];
+    inputs.extend(opts.aot_config.clone());
+    mllm_dsl::files::ensure_not_input(&opts.out, &inputs)?;
+    // Built aside and swapped in whole: a failed run leaves the previous `--out` as it was.
+    let staging = mllm_dsl::files::StagingDir::new(&opts.out)?;
+    let outcome = quantize_to(opts, staging.path())?;
+    staging.commit()?;
+    Ok(outcome)
+}
+
+/// [`quantize`] writing straight into `out` (a fresh directory: the caller's staging area).
+pub(crate) fn quantize_to(opts: &QuantizeOptions, out: &Path) -> Result<QuantizeOutcome> {
     let model_dir = &opts.model;
     ensure!(!opts.calibration.is_empty(), "no calibration sequences");
-    if let (Ok(a), Ok(b)) = (model_dir.canonicalize(), opts.out.canonicalize()) {
-        ensure!(
-            a != b,
-            "--out {} is the model directory; write the quantized checkpoint elsewhere",
-            opts.out.display()
-        );
-    }
     let hf = HfConfig::from_dir(model_dir)?;
     let (aot, warnings) = load_aot_config(opts.aot_config.as_deref(), &hf)?;
     let source = SafetensorsCheckpoint::open(model_dir)?;
@@ -120,7 +126,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     let hook = Arc::new(ObserverHook::new(&points, &groups, opts.mode));
     let backend = CpuBackend::with_qdq(hook.clone());
     let calibration = {
-        let store = CheckpointStore::open(model_dir, backend.clone(), hf.tie_word_embeddings)?;
+        let store = CheckpointStore::for_config(model_dir, backend.clone(), &hf)?;
         let weights = CalibrationWeights::new(&store, &aot, opts.mode).with_linears(&linears);
         let model = build_model(&hf, opts.max_positions, &ParamSource::Store(&weights), model_dir)?;
         let pb = bar(opts.progress, opts.calibration.len(), "calibrating");
@@ -150,18 +156,23 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     })?;
     pb.finish_with_message("done");
     weights.tensors.extend(quantize_rope_tables(&plan, &calibration.params, &calibration.rope_tables)?);
-    write_quantized_checkpoint(&opts.out, &hf.source, plan.block_size, &weights.tensors, &calibration.params)?;
-    copy_tokenizer_files(model_dir, &opts.out)?;
+    write_quantized_checkpoint(out, &hf.source, plan.block_size, &weights.tensors, &calibration.params)?;
+    copy_tokenizer_files(model_dir, out)?;
     let weight_seconds = start.elapsed().as_secs_f64();
     drop(weights);
 
     // 5. Accuracy of what was written.
     let eval = opts.evaluation.as_ref().unwrap_or(&opts.calibration);
     let eval_name = if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" };
-    let report = evaluate(model_dir, &opts.out, opts.max_positions, eval, eval_name, opts.progress)?;
+    let report = evaluate(model_dir, out, opts.max_positions, eval, eval_name, opts.progress)?;
+    // Relative to the output's directory when the model sits next to it (the AOT run's embedded
+    // model), so the report does not embed a per-run staging path.
+    let model_name = out
+        .parent()
+        .and_then(|p| model_dir.strip_prefix(p).ok())
+        .map_or_else(|| model_dir.display().to_string(), |r| r.display().to_string());
     let json = serde_json::json!({
-        "model": model_dir.display().to_string(),
-        "out": opts.out.display().to_string(),
+        "model": model_name,
         "calibration_mode": opts.mode.name(),
         "weight_method": weight_method.name(),
         "calibration_sequences": opts.calibration.len(),
@@ -172,7 +183,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     });
     let mut text = serde_json::to_string_pretty(&json)?;
     text.push('\n');
-    write_atomic(&opts.out.join("report.json"), text.as_bytes())?;
+    write_atomic(&out.join("report.json"), text.as_bytes())?;
     Ok(QuantizeOutcome {
         calibration,
         report,
@@ -249,7 +260,8 @@ pub fn evaluate(
     }
     rows.push(Comparison::new("logits", &float_logits, &quant_logits, hf.vocab_size).map_err(anyhow::Error::msg)?);
     Ok(AccuracyReport {
-        description: format!("fake-quant {} vs float {} on {what}", quant_dir.display(), float_dir.display()),
+        // No paths: the report is the same wherever the run writes (its `model` names the input).
+        description: format!("fake-quant of the quantized checkpoint vs the float model on {what}"),
         sequences: sequences.len(),
         tokens: sequences.iter().map(Vec::len).sum(),
         rows,

@@ -19,7 +19,6 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
-use backend_cpu::quant::export::write_atomic;
 use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, WeightMethod};
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::artifacts::summary::summarize;
@@ -29,10 +28,11 @@ use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::files::write_atomic_bytes as write_atomic;
 use mllm_dsl::passes::Pipeline;
 use mllm_dsl::ParamFormat;
 
-use crate::calibrate::{quantize, QuantizeOptions};
+use crate::calibrate::{quantize_to, QuantizeOptions};
 use crate::config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
 use crate::embedded::{EMBEDDED_CALIB_IDS, EMBEDDED_MODEL, EMBEDDED_MODEL_NAME};
 use crate::ledger::{float_vs_reference, quantized_vs_reference_float, LedgerEntry};
@@ -42,6 +42,7 @@ use crate::progress::bar;
 use crate::report::{AotReport, GraphReport, Timings};
 use crate::sequences::{load_id_sequences, load_text_sequences};
 use crate::trace::trace_graph;
+use mllm_dsl::config::run_sizes::{available_memory, RunSizes};
 
 /// Where the model comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,15 +110,35 @@ pub const CONTEXT_BINARY_HINT: &str = "--context-binary needs the QNN SDK: build
      `--features mllm-examples/qnn-sdk` and set QNN_SDK_ROOT=/path/to/qairt/<ver> (libclang is needed for bindgen)";
 
 /// Runs the whole flow into `opts.out` and writes `report.json` there.
+///
+/// The output is built in a fresh staging directory next to `opts.out` and swapped into place
+/// only when every step succeeded ([`mllm_dsl::files::StagingDir`]): a failed or killed run leaves
+/// the previous `opts.out` byte-identical, and files of an earlier run never linger.
 pub fn run(opts: &AotOptions) -> Result<AotReport> {
+    let mut inputs: Vec<PathBuf> = opts.aot_config.iter().cloned().collect();
+    match &opts.source {
+        ModelSource::Float(dir) | ModelSource::Quantized(dir) => inputs.push(dir.clone()),
+        ModelSource::Embedded => {}
+    }
+    match &opts.calibration {
+        Some(CalibSource::Ids(path)) | Some(CalibSource::Text { path, .. }) => inputs.push(path.clone()),
+        None => {}
+    }
+    mllm_dsl::files::ensure_not_input(&opts.out, &inputs)?;
+    let staging = mllm_dsl::files::StagingDir::new(&opts.out)?;
+    let report = run_in(opts, staging.path())?;
+    staging.commit()?;
+    Ok(report)
+}
+
+/// [`run`] writing straight into `out` (a fresh directory: the staging area).
+fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     let start = Instant::now();
     if opts.context_binary {
         // Before any work: a missing SDK fails now, not after calibrating and lowering.
         backend_qnn::sdk::check_sdk_libraries().with_context(|| CONTEXT_BINARY_HINT)?;
     }
     check_shapes(opts)?;
-    let out = &opts.out;
-    std::fs::create_dir_all(out).with_context(|| format!("creating the output directory {}", out.display()))?;
     let mut files = Files::new(out);
     let mut timings = Timings::default();
     let mut warnings = Vec::new();
@@ -147,6 +168,13 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
     };
     let hf = HfConfig::from_dir(&model_dir)
         .with_context(|| format!("reading the model config of {}", model_dir.display()))?;
+    // Sizes checked against each other, the config and the memory before any work (a quantized
+    // checkpoint's own RoPE tables are checked against --context-len once it is opened).
+    let positions =
+        if matches!(opts.source, ModelSource::Quantized(_)) { opts.context_len } else { opts.max_positions };
+    let largest_chunk = opts.chunks.iter().copied().max().unwrap_or(1);
+    RunSizes { max_positions: positions, context: opts.context_len, chunk: largest_chunk }
+        .check(&hf, available_memory())?;
     let (aot, aot_warnings) = load_aot_config(opts.aot_config.as_deref(), &hf)?;
     let target = htp_target(&aot)?;
     warnings.extend(aot_warnings);
@@ -171,7 +199,7 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
                 ledger.push(entry);
             }
             let quant_dir = out.join("quantized");
-            let outcome = quantize(&QuantizeOptions {
+            let options = QuantizeOptions {
                 model: float_dir.clone(),
                 aot_config: opts.aot_config.clone(),
                 calibration,
@@ -181,7 +209,10 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
                 max_positions: opts.max_positions,
                 progress: opts.progress,
                 weight_method: opts.weight_method,
-            })?;
+            };
+            // Straight into this run's staging directory, which is swapped in as a whole.
+            std::fs::create_dir(&quant_dir).with_context(|| format!("creating {}", quant_dir.display()))?;
+            let outcome = quantize_to(&options, &quant_dir)?;
             // The weight method's input statistics pass is part of calibrating.
             timings.calibrate = outcome.input_stats_seconds + outcome.calibration_seconds;
             timings.quantize = outcome.weight_seconds;
@@ -274,7 +305,7 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
     for ((name, chunk, program), graph) in programs.iter().zip(&graphs) {
         let probe = Probe::new(&hf, &ckpt, *chunk, opts.context_len)?;
         let eager = probe.run_eager(&quant_dir, &hf, &ckpt, max_positions)?;
-        let store = CheckpointStore::open(&quant_dir, CpuBackend::float(), hf.tie_word_embeddings)?;
+        let store = CheckpointStore::for_config(&quant_dir, CpuBackend::float(), &hf)?;
         let cpu = Interpreter::new(program, &store, InterpMode::FakeQuant(&ckpt))
             .run(&probe.cpu_inputs(&CpuBackend::float())?)
             .with_context(|| format!("running graph `{name}` on backend-cpu's IR interpreter"))?;

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
 
@@ -14,7 +14,8 @@ pub const DEFAULT_CONTEXT_LEN: usize = 1024;
 pub const DEFAULT_MAX_POSITIONS: usize = 1024;
 
 /// mllm's QNN AOT config from `path`, or the built-in W4A16KV8 one (block size 16) with the
-/// model's layer count; plus warnings about the pair.
+/// model's layer count; plus its warnings. A config whose layer count differs from the model's,
+/// or that keeps the lm_head off QNN, is an error.
 pub fn load_aot_config(path: Option<&Path>, hf: &HfConfig) -> Result<(AotConfig, Vec<String>)> {
     let aot = match path {
         Some(p) => AotConfig::from_file(p)?,
@@ -24,12 +25,20 @@ pub fn load_aot_config(path: Option<&Path>, hf: &HfConfig) -> Result<(AotConfig,
             c
         }
     };
-    let mut warnings = aot.warnings();
-    if aot.quant_recipe.layers as usize != hf.num_hidden_layers {
-        warnings.push(format!(
-            "AOT config `quant_recipe.layers` is {} but the model has {} layers",
-            aot.quant_recipe.layers, hf.num_hidden_layers
-        ));
-    }
+    // Checked against the model before any work (these used to fail after files were written).
+    let name = path.map_or_else(|| "the built-in AOT config".to_string(), |p| p.display().to_string());
+    ensure!(
+        aot.quant_recipe.layers as usize == hf.num_hidden_layers,
+        "{name}: `quant_recipe.layers` is {} but {} has num_hidden_layers {}",
+        aot.quant_recipe.layers,
+        hf.source.display(),
+        hf.num_hidden_layers
+    );
+    ensure!(
+        !aot.op_on_qnn.is_empty(),
+        "{name}: `op_on_qnn` is []; the AOT flow lowers the whole model to QNN, so it must name the ops outside \
+         the decoder graphs that run there too (mllm's configs: [\"lm_head\"])"
+    );
+    let warnings = aot.warnings();
     Ok((aot, warnings))
 }

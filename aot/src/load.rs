@@ -53,7 +53,7 @@ pub fn open_model(
     max_positions: usize,
     backend: &BackendRef,
 ) -> Result<(Box<dyn CausalLm>, CheckpointStore)> {
-    let store = CheckpointStore::open(dir, backend.clone(), hf.tie_word_embeddings)?;
+    let store = CheckpointStore::for_config(dir, backend.clone(), hf)?;
     let model = build_model(hf, max_positions, &ParamSource::Store(&store), dir)?;
     Ok((model, store))
 }

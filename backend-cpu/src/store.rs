@@ -17,6 +17,7 @@ use crate::kernels::PackedMatrix;
 use crate::packed_weight::{PackedWeight, WeightView};
 use checkpoint::{CheckpointError, SafetensorsCheckpoint, StDtype};
 use half::bf16;
+use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
 use mllm_dsl::quant::lpbq::decode_lpbq;
 use mllm_dsl::{BackendRef, Error, Result, Tensor};
@@ -39,6 +40,15 @@ impl CheckpointStore {
     pub fn open(dir: impl AsRef<Path>, backend: BackendRef, tie_word_embeddings: bool) -> Result<Self> {
         let ckpt = SafetensorsCheckpoint::open(dir).map_err(|e| Error::msg(e.to_string()))?;
         Ok(CheckpointStore { ckpt, backend, tie_word_embeddings, packed: Mutex::new(HashMap::new()) })
+    }
+
+    /// [`CheckpointStore::open`] for the checkpoint `config` describes, after checking the two
+    /// agree ([`checkpoint::check_config`]: layer count, embedding and attention widths), so a
+    /// mismatched config fails before a model is built from it.
+    pub fn for_config(dir: impl AsRef<Path>, backend: BackendRef, config: &HfConfig) -> Result<Self> {
+        let store = Self::open(dir, backend, config.tie_word_embeddings)?;
+        checkpoint::check_config(&store.ckpt, config).map_err(|e| Error::msg(e.to_string()))?;
+        Ok(store)
     }
 
     pub fn checkpoint(&self) -> &SafetensorsCheckpoint {
@@ -68,7 +78,7 @@ impl CheckpointStore {
     }
 
     fn f32(&self, req: &ParamRequest<'_>, key: &str) -> Result<Vec<f32>> {
-        self.ckpt.read_f32(key).map_err(|e| self.err(req, e))
+        self.ckpt.read_float_param(key).map_err(|e| self.err(req, e))
     }
 
     /// `(scale, zero_point)` of a per-tensor uint16 tensor stored by pymllm.
@@ -76,11 +86,14 @@ impl CheckpointStore {
         let scale = self.f32(req, &format!("{prefix}.scale"))?;
         let zp = self.ckpt.read_i32(&format!("{prefix}.zero_point")).map_err(|e| self.err(req, e))?;
         match (scale.as_slice(), zp.as_slice()) {
-            ([s], [z]) if *s > 0.0 => Ok((*s, *z)),
+            ([s], [z]) if *s > 0.0 && s.is_finite() => Ok((*s, *z)),
             _ => Err(Error::Weight {
                 key: req.key.to_string(),
                 module_path: req.module_path.to_string(),
-                message: format!("`{prefix}.scale` / `.zero_point` must be one positive scale and one zero point"),
+                message: format!(
+                    "`{prefix}.scale` / `.zero_point` must be one positive finite scale and one zero point, found \
+                     {scale:?} / {zp:?}"
+                ),
             }),
         }
     }
@@ -121,6 +134,11 @@ impl CheckpointStore {
                 };
                 let packed = if dtype == StDtype::BF16 {
                     let v = self.ckpt.read_typed::<bf16>(key).map_err(|e| self.err(req, e))?;
+                    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+                        let path = self.ckpt.root().to_path_buf();
+                        let e = CheckpointError::NonFinite { key: key.into(), path, index: i, value: v[i].to_f32() };
+                        return Err(self.err(req, e));
+                    }
                     PackedMatrix::from_rows_bf16(n, k, bytemuck::cast_slice(&v)).map_err(bad)?
                 } else {
                     PackedMatrix::from_rows_f32(n, k, &self.f32(req, key)?).map_err(bad)?

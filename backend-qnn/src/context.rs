@@ -15,12 +15,12 @@
 //! - [`write_context_binary`]: the same through any [`QnnApi`] (CI uses `RecordingApi`).
 //! - [`build_context`] / [`build_context_with_sdk`]: the binary in memory.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use mllm_dsl::files::write_atomic;
 use thiserror::Error;
 
-use crate::artifacts::{write_atomic, ArtifactError};
+use crate::artifacts::ArtifactError;
 use crate::graph::QnnGraph;
 use crate::sdk::{self, BuildError, ConvertError, GraphDesc, HtpOptions, QnnApi, SdkError};
 use crate::target::{HtpTarget, TargetError};
@@ -98,7 +98,7 @@ pub fn write_context_binary(
 }
 
 fn write_binary(graphs: &[QnnGraph], binary: &[u8], out: &Path) -> Result<WrittenContext, ContextError> {
-    write_atomic(out, |w| w.write_all(binary))?;
+    write_atomic(out, |w| w.write_all(binary)).map_err(ArtifactError::from)?;
     Ok(WrittenContext {
         path: out.to_path_buf(),
         bytes: binary.len() as u64,

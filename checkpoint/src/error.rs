@@ -43,8 +43,17 @@ pub enum CheckpointError {
     DtypeMismatch { key: String, path: PathBuf, expected: String, found: StDtype },
     #[error("tensor '{key}' in {path} has dtype {dtype}, which cannot be converted to f32")]
     UnsupportedDtype { key: String, path: PathBuf, dtype: StDtype },
+    #[error(
+        "tensor '{key}' in {path}: element {index} is {value} as f32; a float parameter must be finite \
+         (inf or NaN would silently poison every output)"
+    )]
+    NonFinite { key: String, path: PathBuf, index: usize, value: f32 },
+    #[error("{config} field `{field}` does not match the checkpoint {checkpoint}: {reason}")]
+    ConfigMismatch { config: PathBuf, field: String, checkpoint: PathBuf, reason: String },
     #[error("cannot write {path}: {reason}")]
     Write { path: PathBuf, reason: String },
+    #[error(transparent)]
+    File(#[from] mllm_dsl::files::FileError),
 }
 
 impl CheckpointError {

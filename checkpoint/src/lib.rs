@@ -14,6 +14,7 @@
 //! [`CheckpointError::requested_by`] and can warn about [`SafetensorsCheckpoint::unused_keys`].
 
 mod chat_template;
+mod consistency;
 mod convert;
 mod error;
 pub mod gguf;
@@ -25,6 +26,7 @@ mod writer;
 mod ptq_params;
 
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE};
+pub use consistency::check_config;
 pub use convert::LeScalar;
 pub use error::CheckpointError;
 pub use reader::{SafetensorsCheckpoint, SHARD_INDEX, SINGLE_FILE};

@@ -88,8 +88,7 @@ impl SafetensorsCheckpoint {
 
     fn open_sharded(dir: &Path, index: &Path) -> Result<Self, CheckpointError> {
         let bad = |reason: String| CheckpointError::BadIndex { path: index.to_path_buf(), reason };
-        let text = std::fs::read_to_string(index)
-            .map_err(|source| CheckpointError::Io { path: index.to_path_buf(), source })?;
+        let text = mllm_dsl::files::read_text_bounded(index, mllm_dsl::files::CONFIG_SIZE_LIMIT)?;
         let root: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
         let weight_map = root
             .get("weight_map")
@@ -230,6 +229,25 @@ impl SafetensorsCheckpoint {
         self.read_converted(entry, |src, dst| convert::to_f32(dtype, src, dst))
     }
 
+    /// A float parameter (a weight, a norm, a quantization scale) as f32: the stored dtype must be
+    /// a float one (F32, BF16, F16, F64) and every value finite after the conversion to f32, so an
+    /// integer or boolean tensor at a weight's key, or an `inf` scale, is an error naming the
+    /// tensor instead of numbers silently used.
+    pub fn read_float_param(&self, key: &str) -> Result<Vec<f32>, CheckpointError> {
+        let entry = self.entry(key)?;
+        if !matches!(entry.dtype, StDtype::F32 | StDtype::BF16 | StDtype::F16 | StDtype::F64) {
+            return Err(CheckpointError::DtypeMismatch {
+                key: key.to_string(),
+                path: self.files[entry.file].path.clone(),
+                expected: "a float dtype (F32, BF16, F16 or F64) for a float parameter".into(),
+                found: entry.dtype,
+            });
+        }
+        let values = self.read_f32(key)?;
+        check_finite(key, &self.files[entry.file].path, &values)?;
+        Ok(values)
+    }
+
     /// A `U8` tensor (e.g. quantization scales stored as bytes).
     pub fn read_u8(&self, key: &str) -> Result<Vec<u8>, CheckpointError> {
         self.read_typed(key)
@@ -321,6 +339,19 @@ impl SafetensorsCheckpoint {
         }
         entry.used.store(true, Ordering::Relaxed);
         Ok(out)
+    }
+}
+
+/// Every value of the float tensor `key` is finite; the error names the first that is not.
+fn check_finite(key: &str, path: &Path, values: &[f32]) -> Result<(), CheckpointError> {
+    match values.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(index) => Err(CheckpointError::NonFinite {
+            key: key.to_string(),
+            path: path.to_path_buf(),
+            index,
+            value: values[index],
+        }),
     }
 }
 

@@ -712,3 +712,48 @@ fn atomic_writer_rejects_bad_input_and_keeps_old_file() {
     let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(leftovers, vec![std::ffi::OsString::from("out.safetensors")]);
 }
+
+#[test]
+fn float_params_refuse_integer_dtypes_and_non_finite_values() {
+    let dir = TempDir::new("float-params");
+    let f64_huge = 1e300f64.to_le_bytes().to_vec();
+    write_with_crate(
+        &dir.path().join(SINGLE_FILE),
+        &[
+            tensor("i64.weight", StDtype::I64, &[1], 7i64.to_le_bytes().to_vec()),
+            tensor("i32.weight", StDtype::I32, &[1], 7i32.to_le_bytes().to_vec()),
+            tensor("i16.weight", StDtype::I16, &[1], 7i16.to_le_bytes().to_vec()),
+            tensor("u8.weight", StDtype::U8, &[1], vec![7]),
+            tensor("bool.weight", StDtype::BOOL, &[1], vec![1]),
+            tensor(
+                "inf.scale",
+                StDtype::F32,
+                &[2],
+                [1.0f32, f32::INFINITY].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
+            tensor("nan.bf16", StDtype::BF16, &[1], u16_bytes(&[0x7FC0])),
+            tensor("huge.f64", StDtype::F64, &[1], f64_huge),
+            tensor("ok.f16", StDtype::F16, &[1], u16_bytes(&[0x3C00])),
+        ],
+        &[],
+    );
+    let ckpt = SafetensorsCheckpoint::open(dir.path()).unwrap();
+    for (key, dtype) in [
+        ("i64.weight", StDtype::I64),
+        ("i32.weight", StDtype::I32),
+        ("i16.weight", StDtype::I16),
+        ("u8.weight", StDtype::U8),
+        ("bool.weight", StDtype::BOOL),
+    ] {
+        let err = ckpt.read_float_param(key).unwrap_err();
+        assert!(matches!(&err, CheckpointError::DtypeMismatch { found, .. } if *found == dtype), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains(key) && msg.contains("a float dtype") && msg.contains(SINGLE_FILE), "{msg}");
+    }
+    for (key, index) in [("inf.scale", 1), ("nan.bf16", 0), ("huge.f64", 0)] {
+        let err = ckpt.read_float_param(key).unwrap_err();
+        assert!(matches!(&err, CheckpointError::NonFinite { index: i, .. } if *i == index), "{key}: {err}");
+        assert!(err.to_string().contains(key) && err.to_string().contains("must be finite"), "{err}");
+    }
+    assert_eq!(ckpt.read_float_param("ok.f16").unwrap(), [1.0]);
+}

@@ -1,9 +1,7 @@
 //! Writing safetensors files atomically: readers see the old file or the complete new one.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use safetensors::tensor::{Metadata, TensorInfo};
 
@@ -14,8 +12,8 @@ pub type TensorBytes<'a> = (&'a str, StDtype, &'a [usize], &'a [u8]);
 
 /// Writes `tensors` and `metadata` (the header's `__metadata__`) as a safetensors file at `path`.
 ///
-/// The file is written to `<path>.tmp`, flushed to disk, then renamed over `path`, so a crash or
-/// an error never leaves a half-written `path`. Byte lengths are checked against shapes first.
+/// The file is written through [`mllm_dsl::files::write_atomic`] (a fresh temporary name, flushed,
+/// then renamed over `path`), so a crash or an error never leaves a half-written `path`. Byte lengths are checked against shapes first.
 /// Like the safetensors crate, tensors are laid out by decreasing dtype alignment, then name,
 /// so every tensor stays aligned for readers that reinterpret the mapping in place.
 pub fn write_safetensors_atomic(
@@ -45,12 +43,11 @@ pub fn write_safetensors_atomic(
     ordered.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     let header = header_bytes(&ordered, metadata).map_err(fail)?;
 
-    let tmp = tmp_path(path)?;
-    let result = write_then_rename(&tmp, path, &header, &ordered);
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    mllm_dsl::files::write_atomic(path, |w| {
+        w.write_all(&header)?;
+        ordered.iter().try_for_each(|t| w.write_all(t.3))
+    })?;
+    Ok(())
 }
 
 /// Length prefix + JSON header (serialised by the safetensors crate), space-padded to 8 bytes
@@ -75,44 +72,8 @@ fn header_bytes(ordered: &[&TensorBytes<'_>], metadata: &BTreeMap<String, String
     Ok(out)
 }
 
-fn write_then_rename(
-    tmp: &Path,
-    path: &Path,
-    header: &[u8],
-    ordered: &[&TensorBytes<'_>],
-) -> Result<(), CheckpointError> {
-    let io = |what: &str, target: &Path, e: std::io::Error| CheckpointError::Write {
-        path: path.to_path_buf(),
-        reason: format!("{what} {}: {e}", target.display()),
-    };
-    let file = File::create(tmp).map_err(|e| io("creating", tmp, e))?;
-    let mut writer = BufWriter::with_capacity(1 << 20, file);
-    writer
-        .write_all(header)
-        .and_then(|()| ordered.iter().try_for_each(|t| writer.write_all(t.3)))
-        .map_err(|e| io("writing", tmp, e))?;
-    let file = writer.into_inner().map_err(|e| io("writing", tmp, e.into_error()))?;
-    file.sync_all().map_err(|e| io("flushing", tmp, e))?;
-    drop(file);
-    std::fs::rename(tmp, path).map_err(|e| io("renaming", tmp, e))?;
-    // Persist the rename itself; best effort, as not every platform can sync a directory.
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        let _ = File::open(parent).and_then(|d| d.sync_all());
-    }
-    Ok(())
-}
-
 fn expected_bytes(dtype: StDtype, shape: &[usize]) -> Option<usize> {
     let elements = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
     let bits = elements.checked_mul(dtype.bitsize())?;
     (bits & 7 == 0).then_some(bits / 8)
-}
-
-fn tmp_path(path: &Path) -> Result<PathBuf, CheckpointError> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| CheckpointError::Write { path: path.to_path_buf(), reason: "path has no file name".into() })?;
-    let mut tmp = name.to_os_string();
-    tmp.push(".tmp");
-    Ok(path.with_file_name(tmp))
 }

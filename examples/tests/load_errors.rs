@@ -85,3 +85,87 @@ fn unsupported_model_type_and_corrupt_file_are_clear() {
     let err = load_err(&dir);
     assert!(err.contains("model.safetensors") && err.contains("truncated"), "{err}");
 }
+
+/// A copy of the checkpoint `fixture` with tensor `key` replaced by `dtype` `bytes` (shape kept
+/// unless `shape` is given) and `config.json` edited by `config`.
+fn with_tensor(
+    name: &str,
+    fixture: &str,
+    key: &str,
+    dtype: StDtype,
+    bytes: impl Fn(usize) -> Vec<u8>,
+    config: impl Fn(String) -> String,
+) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(fixture);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(src.join("config.json")).unwrap();
+    std::fs::write(dir.join("config.json"), config(text)).unwrap();
+    let ckpt = SafetensorsCheckpoint::open(&src).unwrap();
+    let tensors: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = ckpt
+        .keys()
+        .iter()
+        .map(|k| {
+            let (d, shape) = ckpt.info(k).unwrap();
+            let n: usize = shape.iter().product();
+            if *k == key {
+                (k.to_string(), dtype, shape.to_vec(), bytes(n))
+            } else {
+                (k.to_string(), d, shape.to_vec(), ckpt.read_bytes(k).unwrap())
+            }
+        })
+        .collect();
+    let views: Vec<_> = tensors.iter().map(|t| (t.0.as_str(), t.1, t.2.as_slice(), t.3.as_slice())).collect();
+    write_safetensors_atomic(dir.join("model.safetensors"), &views, &BTreeMap::new()).unwrap();
+    dir
+}
+
+#[test]
+fn integer_tensor_where_a_float_weight_is_expected_is_an_error() {
+    let key = "model.layers.0.post_attention_layernorm.weight";
+    for (dtype, width) in
+        [(StDtype::I64, 8), (StDtype::I32, 4), (StDtype::I16, 2), (StDtype::U8, 1), (StDtype::BOOL, 1)]
+    {
+        let dir =
+            with_tensor(&format!("int_weight_{dtype}"), "qwen3-dev-f32", key, dtype, |n| vec![1; n * width], |c| c);
+        let err = load_err(&dir);
+        assert!(err.contains(key) && err.contains(&dtype.to_string()) && err.contains("float dtype"), "{err}");
+    }
+}
+
+#[test]
+fn infinite_scale_in_a_quantized_checkpoint_is_an_error() {
+    let key = "model.embed_tokens.scale";
+    let dir = with_tensor(
+        "inf_scale",
+        "pymllm-qwen3-dev-f32",
+        key,
+        StDtype::F32,
+        |n| f32::INFINITY.to_le_bytes().repeat(n),
+        |c| c,
+    );
+    let err = format!("{:#}", aot::load_model(&dir, 64, aot::RunMode::Auto).err().expect("must fail"));
+    assert!(err.contains("model.embed_tokens") && err.contains("inf"), "{err}");
+}
+
+#[test]
+fn layer_count_that_disagrees_with_the_checkpoint_is_an_error() {
+    for (layers, stored) in [(1, "stores 2 layers"), (3, "stores 2 layers"), (100_000_000, "over the limit")] {
+        let dir = with_tensor(
+            &format!("layers_{layers}"),
+            "qwen3-dev-f32",
+            "",
+            StDtype::F32,
+            |_| Vec::new(),
+            |c| {
+                let mut v: serde_json::Value = serde_json::from_str(&c).unwrap();
+                v.as_object_mut().unwrap().remove("layer_types");
+                v["num_hidden_layers"] = layers.into();
+                v.to_string()
+            },
+        );
+        let err = load_err(&dir);
+        assert!(err.contains("num_hidden_layers") && err.contains(&layers.to_string()), "{err}");
+        assert!(err.contains(stored), "{err}");
+    }
+}

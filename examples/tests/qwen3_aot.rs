@@ -305,6 +305,7 @@ fn bad_inputs_fail_with_messages_naming_the_file_or_field() {
     // A block size that does not divide the linears' input width (32).
     let mut cfg = AotConfig::w4a16_kv8().to_json();
     cfg["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["block_size"] = 24.into();
+    cfg["quant_recipe"]["layers"] = 2.into(); // the tiny model's, so the block size is what fails
     let cfg_path = dir.join("block24.json");
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let err = error(&[&quantized[..], &["--aot-config", cfg_path.to_str().unwrap()][..]].concat());
@@ -408,4 +409,54 @@ fn calibration_text_goes_through_the_model_directorys_tokenizer() {
     assert_eq!(rows(&json, "fakequant_vs_float")[0]["rows"], tokens);
     assert_eq!(json["model"], model.to_str().unwrap());
     assert!(out.join("quantized/tokenizer.json").is_file());
+}
+
+/// Issue #14: the output directory is replaced whole or not at all.
+#[test]
+fn outputs_are_transactional_and_inputs_are_never_outputs() {
+    let dir = temp("transactional");
+    let out = dir.join("out");
+    let ckpt = fixtures().join("pymllm-qwen3-dev-f32");
+    let base = ["--quantized", ckpt.to_str().unwrap(), "--context-len", "16", "--out", out.to_str().unwrap()];
+    fn join<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        base.iter().chain(extra).copied().collect()
+    }
+    run(&join(&base, &["--chunk", "4", "--chunk", "1"])).unwrap();
+    let before = files(&out);
+    assert!(before.contains_key("qnn/model.0.s4.bin"));
+
+    // A config that disagrees with the model fails before any work, naming the field; the
+    // previous output is byte-identical and no staging directory is left behind.
+    let mut cfg = AotConfig::w4a16_kv8().to_json();
+    cfg["quant_recipe"]["layers"] = 3.into();
+    let cfg_path = dir.join("three_layers.json");
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let err = error(&join(&base, &["--chunk", "4", "--aot-config", cfg_path.to_str().unwrap()]));
+    assert!(err.contains("quant_recipe.layers") && err.contains('3') && err.contains("num_hidden_layers 2"), "{err}");
+    let mut cfg = AotConfig::w4a16_kv8().to_json();
+    cfg["op_on_qnn"] = serde_json::json!([]);
+    cfg["quant_recipe"]["layers"] = 2.into();
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let err = error(&join(&base, &["--chunk", "4", "--aot-config", cfg_path.to_str().unwrap()]));
+    assert!(err.contains("op_on_qnn"), "{err}");
+    let q = ckpt.to_str().unwrap();
+    let err = error(&["--quantized", q, "--context-len", "1000000000", "--chunk", "4", "--out", out.to_str().unwrap()]);
+    assert!(err.contains("--context") && err.contains("1000000000"), "{err}");
+    assert_eq!(files(&out), before);
+    let mut names: Vec<_> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, [".out.lock", "out", "three_layers.json"]);
+
+    // A successful rerun with other graphs leaves none of the earlier run's files.
+    run(&join(&base, &["--chunk", "2"])).unwrap();
+    let after = files(&out);
+    assert!(after.keys().all(|k| !k.contains("model.0.s4")), "{:?}", after.keys());
+    assert!(after.contains_key("qnn/model.0.s2.bin"));
+
+    // The input checkpoint cannot be the output (nor contain it).
+    let err = error(&["--quantized", ckpt.to_str().unwrap(), "--context-len", "16", "--out", ckpt.to_str().unwrap()]);
+    assert!(err.contains("would overwrite or remove the input"), "{err}");
+    let err = error(&["--quantized", ckpt.to_str().unwrap(), "--out", fixtures().to_str().unwrap()]);
+    assert!(err.contains("would overwrite or remove the input"), "{err}");
 }

@@ -50,6 +50,8 @@ pub mod causal_lm;
 pub mod config;
 pub mod dtype;
 pub mod error;
+pub mod files;
+pub mod fuzz;
 pub mod ir;
 pub mod macros;
 pub mod module;

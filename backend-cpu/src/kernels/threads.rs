@@ -28,7 +28,9 @@ pub(crate) struct ThreadCtx {
 static CURRENT: Mutex<Option<ThreadCtx>> = Mutex::new(None);
 
 /// Sets how many threads later kernel calls may use; `0` means the machine's available
-/// parallelism. Builds a dedicated rayon pool of that size when it is more than one.
+/// parallelism, and more than that is capped to it with a warning on stderr (extra threads only
+/// contend for the same cores, and `--threads 100000` would spawn without limit). Builds a
+/// dedicated rayon pool of that size when it is more than one.
 pub fn set_num_threads(threads: usize) -> Result<(), KernelError> {
     let ctx = build_ctx(threads)?;
     *CURRENT.lock().unwrap_or_else(PoisonError::into_inner) = Some(ctx);
@@ -46,7 +48,15 @@ fn default_threads() -> usize {
 }
 
 fn build_ctx(threads: usize) -> Result<ThreadCtx, KernelError> {
-    let threads = if threads == 0 { default_threads() } else { threads };
+    let available = default_threads();
+    let threads = match threads {
+        0 => available,
+        n if n > available => {
+            eprintln!("warning: {n} threads requested, using the machine's {available}");
+            available
+        }
+        n => n,
+    };
     let pool = if threads > 1 {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

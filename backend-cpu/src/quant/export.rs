@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use mllm_dsl::config::aot::AotConfig;
+use mllm_dsl::files::write_atomic_bytes;
 use mllm_dsl::ir::{Node, Program};
 use mllm_dsl::quant::lpbq::LpbqShape;
 
@@ -34,7 +35,7 @@ use rayon::prelude::*;
 
 use super::error::QuantizationError;
 use super::params::QdqParams;
-use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype, TensorBytes};
+use checkpoint::{write_safetensors_atomic, CheckpointError, SafetensorsCheckpoint, StDtype, TensorBytes};
 
 /// One model parameter and how it is exported.
 #[derive(Clone, Debug, PartialEq)]
@@ -271,7 +272,7 @@ pub fn quantize_weights_with(
             ..Default::default()
         };
         let t0 = Instant::now();
-        let data = source.read_f32(src)?;
+        let data = source.read_float_param(src)?;
         let t1 = Instant::now();
         for p in params {
             quantize_param(p, src, &shape, &data, linears, &mut out.tensors)?;
@@ -387,7 +388,8 @@ pub fn write_quantized_checkpoint(
     let metadata = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     write_safetensors_atomic(out_dir.join("model.safetensors"), &all, &metadata)?;
 
-    let text = std::fs::read_to_string(source_config).map_err(|e| QuantizationError::io(source_config, e))?;
+    let text = mllm_dsl::files::read_text_bounded(source_config, mllm_dsl::files::CONFIG_SIZE_LIMIT)
+        .map_err(CheckpointError::from)?;
     let mut config: serde_json::Value = serde_json::from_str(&text).map_err(|e| QuantizationError::Param {
         key: source_config.display().to_string(),
         problem: format!("not valid JSON: {e}"),
@@ -399,20 +401,6 @@ pub fn write_quantized_checkpoint(
     obj.insert("linear_block_size".into(), serde_json::json!(block_size));
     let mut text = serde_json::to_string_pretty(&config).expect("JSON values serialize");
     text.push('\n');
-    write_atomic(&out_dir.join("config.json"), text.as_bytes())
-}
-
-/// Writes `bytes` to `path` through a temporary file and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), QuantizationError> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = std::path::PathBuf::from(tmp);
-    let result = std::fs::write(&tmp, bytes)
-        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(QuantizationError::io(path, e));
-    }
+    write_atomic_bytes(&out_dir.join("config.json"), text.as_bytes()).map_err(CheckpointError::from)?;
     Ok(())
 }

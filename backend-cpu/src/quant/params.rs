@@ -133,7 +133,7 @@ fn read_pair(
     used: &mut Vec<String>,
 ) -> Result<(f32, i32), QuantizationError> {
     let (scale_key, zp_key) = (point.scale_key(), point.zero_point_key());
-    let scale = ckpt.read_f32(&scale_key)?;
+    let scale = ckpt.read_float_param(&scale_key)?;
     let zp = match ckpt.info(&zp_key)?.0 {
         StDtype::I64 => {
             ckpt.read_i64(&zp_key)?.into_iter().map(|v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32).collect()

@@ -5,7 +5,8 @@
 //!   `qnn-model-lib-generator` compiles into a model library ([`model_cpp`], [`tar`]);
 //! - `<graph>.summary.txt`: ops by type, tensors by dtype, static bytes, MACs ([`summary`]).
 //!
-//! Every file is written to a temporary name in the target directory and renamed into place,
+//! Every file is written to a fresh temporary name in the target directory and renamed into place
+//! ([`mllm_dsl::files::write_atomic`]),
 //! and the bytes depend only on the graph (no timestamps, no hash-map iteration order).
 
 pub mod model_cpp;
@@ -14,9 +15,9 @@ pub mod summary;
 pub mod symbols;
 pub mod tar;
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+
+use mllm_dsl::files::write_atomic;
 
 use crate::graph::QnnGraph;
 use crate::validate::{validate, ValidationError};
@@ -34,6 +35,8 @@ pub enum ArtifactError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    File(#[from] mllm_dsl::files::FileError),
     #[error("model.bin entry `{entry}`: {detail}")]
     Tar { entry: String, detail: String },
 }
@@ -60,7 +63,7 @@ pub fn write_graph_artifacts(graph: &QnnGraph, dir: &Path) -> Result<ArtifactPat
     let lib = model_cpp::render(graph, stem)?;
     write_atomic(&paths.netron_json, |w| w.write_all(netron::render(graph).as_bytes()))?;
     write_atomic(&paths.model_cpp, |w| w.write_all(lib.cpp.as_bytes()))?;
-    write_atomic(&paths.model_bin, |w| tar::write(w, &lib.bin_entries))?;
+    write_atomic(&paths.model_bin, |mut w| tar::write(&mut w, &lib.bin_entries))?;
     write_atomic(&paths.summary, |w| w.write_all(summary::summarize(graph).render().as_bytes()))?;
     Ok(paths)
 }
@@ -74,26 +77,4 @@ fn file_stem(name: &str) -> Result<&str, ArtifactError> {
         return Err(bad("it contains a path separator or NUL"));
     }
     Ok(name)
-}
-
-/// Write through `fill` into `<path>.tmp`, flush and sync, then rename over `path`.
-pub fn write_atomic(
-    path: &Path,
-    fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
-) -> Result<(), ArtifactError> {
-    let io = |source| ArtifactError::Io { path: path.to_path_buf(), source };
-    let mut tmp_name = path.as_os_str().to_owned();
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = PathBuf::from(tmp_name);
-    let result = (|| {
-        let mut w = BufWriter::new(File::create(&tmp)?);
-        fill(&mut w)?;
-        let file = w.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(io)
 }

@@ -28,6 +28,9 @@ pub enum AotConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// Not a regular file (a FIFO, a device), over [`crate::files::CONFIG_SIZE_LIMIT`], not UTF-8.
+    #[error("cannot read AOT config: {0}")]
+    File(#[from] crate::files::FileError),
     #[error("AOT config is not valid JSON: {0}")]
     Syntax(#[source] serde_json::Error),
     #[error("AOT config field `{field}`: {problem}")]
@@ -291,8 +294,7 @@ impl AotConfig {
     /// Reads and validates a config file; errors carry the file path.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, AotConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| AotConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = crate::files::read_text_bounded(path, crate::files::CONFIG_SIZE_LIMIT)?;
         Self::from_json_str(&text).map_err(|e| AotConfigError::InFile { path: path.to_path_buf(), source: Box::new(e) })
     }
 

@@ -36,6 +36,9 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// Not a regular file (a FIFO, a device), over [`crate::files::CONFIG_SIZE_LIMIT`], not UTF-8.
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
     #[error("{path} is not valid JSON: {source}")]
     Json {
         path: PathBuf,
@@ -178,15 +181,15 @@ impl HfConfig {
         let fields = Fields::top(path, &root);
 
         let model_type = fields.req_str("model_type")?.to_string();
-        let vocab_size = fields.req_positive("vocab_size")?;
-        let hidden_size = fields.req_positive("hidden_size")?;
-        let intermediate_size = fields.req_positive("intermediate_size")?;
-        let num_hidden_layers = fields.req_positive("num_hidden_layers")?;
-        let num_attention_heads = fields.req_positive("num_attention_heads")?;
+        let vocab_size = fields.req_bounded("vocab_size", limits::VOCAB)?;
+        let hidden_size = fields.req_bounded("hidden_size", limits::WIDTH)?;
+        let intermediate_size = fields.req_bounded("intermediate_size", limits::WIDTH)?;
+        let num_hidden_layers = fields.req_bounded("num_hidden_layers", limits::LAYERS)?;
+        let num_attention_heads = fields.req_bounded("num_attention_heads", limits::HEADS)?;
         let num_key_value_heads = match fields.opt_usize("num_key_value_heads")? {
             None => num_attention_heads,
             Some(0) => return Err(fields.invalid("num_key_value_heads", "must be at least 1")),
-            Some(n) => n,
+            Some(n) => fields.bounded("num_key_value_heads", n, limits::HEADS)?,
         };
         if num_attention_heads % num_key_value_heads != 0 {
             return Err(fields.invalid(
@@ -199,7 +202,7 @@ impl HfConfig {
         }
         let head_dim = match fields.opt_usize("head_dim")? {
             Some(0) => return Err(fields.invalid("head_dim", "must be at least 1")),
-            Some(d) => d,
+            Some(d) => fields.bounded("head_dim", d, limits::HEAD_DIM)?,
             None if hidden_size % num_attention_heads != 0 => {
                 return Err(fields.invalid(
                     "hidden_size",
@@ -209,18 +212,27 @@ impl HfConfig {
                     ),
                 ))
             }
-            None => hidden_size / num_attention_heads,
+            None => fields.bounded("head_dim", hidden_size / num_attention_heads, limits::HEAD_DIM)?,
         };
+        // The widest projection (q: heads * head_dim) must stay a sane width too.
+        if num_attention_heads.checked_mul(head_dim).is_none_or(|w| w > limits::WIDTH) {
+            return Err(fields.invalid(
+                "head_dim",
+                format!(
+                    "num_attention_heads ({num_attention_heads}) x head_dim ({head_dim}) is over the {} limit",
+                    limits::WIDTH
+                ),
+            ));
+        }
         if head_dim % 2 != 0 {
             return Err(
                 fields.invalid("head_dim", format!("{head_dim} is odd; rotary embeddings rotate pairs of features"))
             );
         }
         let rms_norm_eps = fields.req_f64("rms_norm_eps")?;
-        if !is_positive(rms_norm_eps) {
-            return Err(fields.invalid("rms_norm_eps", format!("{rms_norm_eps} is not > 0")));
-        }
-        let max_position_embeddings = fields.req_positive("max_position_embeddings")?;
+        fields.check_positive_f32("rms_norm_eps", rms_norm_eps)?;
+        let max_position_embeddings = fields.req_bounded("max_position_embeddings", limits::POSITIONS)?;
+        check_unsupported_features(&fields, num_hidden_layers)?;
         let partial_rotary = fields.opt_f64("partial_rotary_factor")?;
         if partial_rotary.is_some_and(|f| f != 1.0) {
             return Err(fields.invalid("partial_rotary_factor", "only full rotary embeddings (1.0) are supported"));
@@ -389,8 +401,14 @@ fn parse_rope(fields: &Fields<'_>) -> Result<(f64, RopeScaling), ConfigError> {
             .invalid_self("per-layer-type RoPE parameters are not supported (expected one rope_type for all layers)"));
     }
     let theta = nested.opt_f64("rope_theta")?.or(top_theta).unwrap_or(DEFAULT_ROPE_THETA);
-    if !is_positive(theta) {
-        return Err(fields.invalid("rope_theta", format!("{theta} is not > 0")));
+    let theta_field =
+        if nested.opt_f64("rope_theta")?.is_some() { nested.name("rope_theta") } else { "rope_theta".into() };
+    if !is_positive(theta) || !is_positive(f64::from(theta as f32)) {
+        return Err(ConfigError::InvalidValue {
+            path: fields.path.to_path_buf(),
+            field: theta_field,
+            reason: format!("{theta:e} must be > 0 and finite as f32 (at most {:e})", f32::MAX),
+        });
     }
 
     let scheme = match rope_type {
@@ -399,13 +417,11 @@ fn parse_rope(fields: &Fields<'_>) -> Result<(f64, RopeScaling), ConfigError> {
             let factor = nested.req_f64("factor")?;
             let low_freq_factor = nested.req_f64("low_freq_factor")?;
             let high_freq_factor = nested.req_f64("high_freq_factor")?;
-            let original_max_position_embeddings = nested.req_positive("original_max_position_embeddings")?;
-            if !is_positive(factor) {
-                return Err(nested.invalid("factor", format!("{factor} is not > 0")));
-            }
-            if !is_positive(low_freq_factor) {
-                return Err(nested.invalid("low_freq_factor", format!("{low_freq_factor} is not > 0")));
-            }
+            let original_max_position_embeddings =
+                nested.req_bounded("original_max_position_embeddings", limits::POSITIONS)?;
+            nested.check_positive_f32("factor", factor)?;
+            nested.check_positive_f32("low_freq_factor", low_freq_factor)?;
+            nested.check_positive_f32("high_freq_factor", high_freq_factor)?;
             if high_freq_factor <= low_freq_factor || !high_freq_factor.is_finite() {
                 return Err(nested.invalid(
                     "high_freq_factor",
@@ -425,6 +441,57 @@ fn parse_rope(fields: &Fields<'_>) -> Result<(f64, RopeScaling), ConfigError> {
     Ok((theta, scheme))
 }
 
+/// Upper bounds on sizes read from a config: far above any released model, far below what
+/// would make a bad file allocate terabytes before its checkpoint is even looked at.
+pub mod limits {
+    /// `num_hidden_layers` (released models: up to ~130).
+    pub const LAYERS: usize = 4096;
+    /// `hidden_size`, `intermediate_size`, and `num_attention_heads * head_dim`.
+    pub const WIDTH: usize = 1 << 20;
+    /// `vocab_size` (released models: up to ~260k).
+    pub const VOCAB: usize = 1 << 24;
+    /// `num_attention_heads`, `num_key_value_heads`.
+    pub const HEADS: usize = 1 << 12;
+    /// `head_dim` (released models: 64 to 256).
+    pub const HEAD_DIM: usize = 1 << 12;
+    /// `max_position_embeddings` and any context length or position count asked for.
+    pub const POSITIONS: usize = 1 << 24;
+}
+
+/// Config features the model files do not implement: an error, never silently ignored.
+fn check_unsupported_features(fields: &Fields<'_>, num_hidden_layers: usize) -> Result<(), ConfigError> {
+    if let Some(act) = fields.opt_str("hidden_act")? {
+        if act != "silu" {
+            return Err(fields.invalid("hidden_act", format!("'{act}' is not supported (the model files use silu)")));
+        }
+    }
+    if fields.opt_bool("mlp_bias")? == Some(true) {
+        return Err(fields.invalid("mlp_bias", "true is not supported: the model files have no bias on the MLP"));
+    }
+    if fields.opt_bool("use_sliding_window")? == Some(true) {
+        return Err(fields.invalid("use_sliding_window", "true is not supported: only full attention is implemented"));
+    }
+    match fields.get("layer_types") {
+        None => {}
+        Some(Value::Array(types)) => {
+            if types.len() != num_hidden_layers {
+                return Err(fields.invalid(
+                    "layer_types",
+                    format!("lists {} layers but num_hidden_layers is {num_hidden_layers}", types.len()),
+                ));
+            }
+            if let Some((i, t)) = types.iter().enumerate().find(|(_, t)| t.as_str() != Some("full_attention")) {
+                return Err(fields.invalid(
+                    &format!("layer_types[{i}]"),
+                    format!("{} is not supported: only \"full_attention\" layers are implemented", describe(t)),
+                ));
+            }
+        }
+        Some(other) => return Err(fields.wrong_type("layer_types", "a list of layer types", other)),
+    }
+    Ok(())
+}
+
 /// A usable positive scale (JSON numbers are never NaN, but may be zero, negative or huge).
 fn is_positive(x: f64) -> bool {
     x > 0.0 && x.is_finite()
@@ -434,7 +501,10 @@ fn is_positive(x: f64) -> bool {
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 
 fn read_text(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.to_path_buf(), source })
+    crate::files::read_text_bounded(path, crate::files::CONFIG_SIZE_LIMIT).map_err(|e| match e {
+        crate::files::FileError::Io { source, .. } => ConfigError::Io { path: path.to_path_buf(), source },
+        other => ConfigError::File(other),
+    })
 }
 
 fn parse_object(text: &str, path: &Path) -> Result<Map<String, Value>, ConfigError> {
@@ -524,6 +594,36 @@ impl<'a> Fields<'a> {
             Some(f) if f >= 0.0 && f.fract() == 0.0 && f < usize::MAX as f64 => Ok(Some(f as usize)),
             _ => Err(self.wrong_type(key, EXPECTED, value)),
         }
+    }
+
+    /// A required size in `1..=limit`.
+    fn req_bounded(&self, key: &str, limit: usize) -> Result<usize, ConfigError> {
+        let n = self.req_positive(key)?;
+        self.bounded(key, n, limit)
+    }
+
+    fn bounded(&self, key: &str, n: usize, limit: usize) -> Result<usize, ConfigError> {
+        if n > limit {
+            return Err(self.invalid(key, format!("{n} is over the limit of {limit}")));
+        }
+        Ok(n)
+    }
+
+    /// A float parameter the runtime uses as f32: positive, and positive and finite once
+    /// rounded to f32 (1e300 would be inf, 1e-50 would be 0).
+    fn check_positive_f32(&self, key: &str, value: f64) -> Result<(), ConfigError> {
+        let as_f32 = value as f32;
+        if !is_positive(value) || !as_f32.is_finite() || as_f32 < f32::MIN_POSITIVE {
+            return Err(self.invalid(
+                key,
+                format!(
+                    "{value} must be > 0 and a finite, non-zero f32 (between {:e} and {:e})",
+                    f32::MIN_POSITIVE,
+                    f32::MAX
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn req_positive(&self, key: &str) -> Result<usize, ConfigError> {

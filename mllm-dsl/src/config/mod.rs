@@ -3,3 +3,4 @@
 
 pub mod aot;
 pub mod hf;
+pub mod run_sizes;

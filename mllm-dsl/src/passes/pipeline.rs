@@ -112,9 +112,8 @@ fn dump(dir: &Path, index: usize, stage: &str, program: &Program) -> Result<Path
     let path = dir.join(format!("{index:02}-{stage}.mir"));
     let io = |source| PassError::Dump { path: path.clone(), source };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let tmp = dir.join(format!(".{index:02}-{stage}.mir.tmp"));
-    std::fs::write(&tmp, program.to_string()).map_err(io)?;
-    std::fs::rename(&tmp, &path).map_err(io)?;
+    crate::files::write_atomic_bytes(&path, program.to_string().as_bytes())
+        .map_err(|e| io(std::io::Error::other(e)))?;
     Ok(path)
 }
 

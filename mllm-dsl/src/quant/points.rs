@@ -199,7 +199,7 @@ pub fn linear_inputs(program: &Program) -> Vec<LinearInput> {
     let resolve = |start: ValueId| -> Option<(QdqAttr, Vec<InputMove>)> {
         let (mut v, mut moves) = (start, Vec::new());
         loop {
-            if let Some(q) = program.value(v).qdq() {
+            if let Some(q) = &program.value(v).qdq {
                 moves.reverse();
                 return Some((q.clone(), moves));
             }

@@ -517,3 +517,97 @@ fn llama32_inv_freq_factor_32() {
     let expected = reference_llama3(&base, 32.0, 1.0, 4.0, 8192.0);
     assert_close(&c.rope_inv_freq(), &expected, 1e-5);
 }
+
+// ---- issue #14: unsupported features, float ranges, size limits ------------------------------
+
+/// `QWEN3_DEV_F32` with the text `from` replaced by `to` (which must be there).
+fn edited(from: &str, to: &str) -> String {
+    assert!(QWEN3_DEV_F32.contains(from), "fixture lacks {from}");
+    QWEN3_DEV_F32.replace(from, to)
+}
+
+fn invalid_field(text: &str) -> (String, String) {
+    let (err, msg) = err_of(text);
+    match err {
+        ConfigError::InvalidValue { field, .. } => (field, msg),
+        other => panic!("expected InvalidValue, got {other}"),
+    }
+}
+
+#[test]
+fn unsupported_features_are_errors_not_ignored() {
+    let (field, msg) = invalid_field(&edited("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""));
+    assert_eq!(field, "hidden_act");
+    assert!(msg.contains("'gelu'") && msg.contains("silu"), "{msg}");
+
+    let (field, _) =
+        invalid_field(&edited("\"attention_bias\": false", "\"attention_bias\": false, \"mlp_bias\": true"));
+    assert_eq!(field, "mlp_bias");
+    let (field, _) = invalid_field(&edited("\"use_sliding_window\": false", "\"use_sliding_window\": true"));
+    assert_eq!(field, "use_sliding_window");
+
+    let (field, msg) = invalid_field(&edited(
+        "[\"full_attention\", \"full_attention\"]",
+        "[\"full_attention\", \"sliding_attention\"]",
+    ));
+    assert_eq!(field, "layer_types[1]");
+    assert!(msg.contains("sliding_attention"), "{msg}");
+    let (field, msg) = invalid_field(&edited("[\"full_attention\", \"full_attention\"]", "[\"full_attention\"]"));
+    assert_eq!(field, "layer_types");
+    assert!(msg.contains("1 layers") && msg.contains("num_hidden_layers is 2"), "{msg}");
+
+    for rope_type in ["linear", "dynamic", "yarn", "longrope"] {
+        let (err, msg) = err_of(&edited("\"rope_type\": \"default\"", &format!("\"rope_type\": \"{rope_type}\"")));
+        assert!(matches!(err, ConfigError::UnsupportedRope { .. }), "{msg}");
+    }
+    // What is supported still parses.
+    parse(&edited("\"hidden_act\": \"silu\"", "\"hidden_act\": \"silu\", \"mlp_bias\": false")).unwrap();
+}
+
+#[test]
+fn float_parameters_must_be_finite_f32() {
+    for eps in ["1e300", "1e-50", "0", "-1e-6", "1e39"] {
+        let (field, msg) = invalid_field(&edited("\"rms_norm_eps\": 1e-06", &format!("\"rms_norm_eps\": {eps}")));
+        assert_eq!(field, "rms_norm_eps", "{eps}");
+        assert!(msg.contains("finite"), "{msg}");
+    }
+    for theta in ["1e39", "1e300", "0"] {
+        let (field, msg) = invalid_field(&edited("\"rope_theta\": 1000000.0", &format!("\"rope_theta\": {theta}")));
+        assert_eq!(field, "rope_parameters.rope_theta", "{theta}");
+        assert!(msg.contains(theta) && msg.contains("finite as f32"), "{msg}");
+    }
+    let llama = |from: &str, to: &str| {
+        assert!(LLAMA32_STYLE.contains(from));
+        parse(&LLAMA32_STYLE.replace(from, to)).unwrap_err()
+    };
+    let err = llama("\"factor\": 32.0", "\"factor\": 1e40");
+    assert!(matches!(&err, ConfigError::InvalidValue { field, .. } if field == "rope_scaling.factor"), "{err}");
+    let err = llama("\"high_freq_factor\": 4.0", "\"high_freq_factor\": 1e300");
+    assert!(
+        matches!(&err, ConfigError::InvalidValue { field, .. } if field == "rope_scaling.high_freq_factor"),
+        "{err}"
+    );
+    let err = llama("\"rope_theta\": 500000.0", "\"rope_theta\": 1e300");
+    assert!(matches!(&err, ConfigError::InvalidValue { field, .. } if field == "rope_theta"), "{err}");
+}
+
+#[test]
+fn sizes_are_bounded_before_anything_is_allocated() {
+    for (from, to, field) in [
+        ("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 100000000", "num_hidden_layers"),
+        ("\"head_dim\": 8", "\"head_dim\": 1000000000", "head_dim"),
+        ("\"hidden_size\": 32", "\"hidden_size\": 10000000000", "hidden_size"),
+        ("\"intermediate_size\": 64", "\"intermediate_size\": 100000000", "intermediate_size"),
+        ("\"vocab_size\": 128", "\"vocab_size\": 1000000000", "vocab_size"),
+        ("\"num_attention_heads\": 4", "\"num_attention_heads\": 1000000", "num_attention_heads"),
+        ("\"max_position_embeddings\": 256", "\"max_position_embeddings\": 1000000000", "max_position_embeddings"),
+        // Each within its own limit, but heads * head_dim is not.
+        ("\"head_dim\": 8", "\"head_dim\": 4096, \"num_attention_heads\": 4096, \"x\": 0", "head_dim"),
+    ] {
+        let text = edited(from, to).replace("\"num_attention_heads\": 4,", "");
+        let text = if to.contains("num_attention_heads") { text } else { edited(from, to) };
+        let (got, msg) = invalid_field(&text);
+        assert_eq!(got, field, "{to}: {msg}");
+        assert!(msg.contains("limit"), "{msg}");
+    }
+}
