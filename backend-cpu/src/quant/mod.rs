@@ -9,23 +9,29 @@
 //! - [`calibrate`]: the observing hook, the weights the model sees while it observes, and the
 //!   prefill driver calibration and evaluation share;
 //! - [`export`]: LPBQ / uint16 weight quantization and the checkpoint writer;
-//! - [`accuracy`]: SQNR, max error and top-1 agreement per decoder layer and at the logits.
+//! - [`accuracy`]: SQNR, max error and top-1 agreement per decoder layer and at the logits;
+//! - [`eval`]: perplexity, mean KL(float‖quant) and top-1 agreement on a text, as users measure quality;
+//! - [`rtn`]: the naive weight-only round-to-nearest baseline a recipe must beat.
 
 pub mod accuracy;
 pub mod calibrate;
 pub mod error;
+pub mod eval;
 pub mod export;
 pub mod fake_quant;
 pub mod params;
 pub mod prefill;
+pub mod rtn;
 
 pub use accuracy::{AccuracyReport, Comparison, RecordingHook};
 pub use calibrate::{Calibration, CalibrationMode, CalibrationWeights, ObserverHook};
 pub use error::QuantizationError;
+pub use eval::{score_logits, QualityRow, TextEval};
 pub use export::{plan_export, quantize_weights, write_quantized_checkpoint, ExportPlan, ParamPlan, QuantizedWeights};
 pub use fake_quant::FakeQuantHook;
 pub use params::QdqParams;
 pub use prefill::prefill_logits;
+pub use rtn::RtnWeights;
 
 /// Whether a checkpoint holds quantized weights (pymllm's export or this project's): it has
 /// activation QDQ parameters or LPBQ scales.

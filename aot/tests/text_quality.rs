@@ -1,0 +1,83 @@
+//! `perplexity`'s scoring against references made elsewhere.
+//!
+//! On the tiny fixture (fixtures/qwen3-dev-f32, logits from HF transformers): the float perplexity
+//! `TextEval` measures on the CPU model equals the one HF's stored logits give, and a quantized
+//! checkpoint (pymllm's export of the same model) scores against float with the KL and agreement
+//! computed from pymllm's own fake-quant logits.
+
+use std::path::{Path, PathBuf};
+
+use backend_cpu::quant::{score_logits, TextEval};
+use backend_cpu::{CheckpointStore, CpuBackend};
+use checkpoint::SafetensorsCheckpoint;
+use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::module::ParamSource;
+use aot::text_quality::{load_fake_quant, text_quality, RtnBaseline, TextQualityOptions};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)
+}
+
+const VOCAB: usize = 128;
+
+#[test]
+fn float_perplexity_equals_hf_logits_perplexity() {
+    let dir = fixture("qwen3-dev-f32");
+    let r = SafetensorsCheckpoint::open_file(dir.join("reference_long.safetensors")).unwrap();
+    let ids = r.read_i64("input_ids").unwrap();
+    let hf_logits = r.read_f32("logits").unwrap();
+    let (hf, _) = score_logits(&hf_logits, &hf_logits, &ids, VOCAB).unwrap();
+
+    let cfg = HfConfig::from_dir(&dir).unwrap();
+    let backend = CpuBackend::float();
+    let store = CheckpointStore::open(&dir, backend.clone(), cfg.tie_word_embeddings).unwrap();
+    let mut model = models::build(&cfg, 64).unwrap();
+    model.bind_params(&ParamSource::Store(&store)).unwrap();
+    let eval = TextEval::new(model.as_ref(), &backend, &ids, 64, &|_, _| {}).unwrap();
+    eprintln!("float perplexity: ours {:.6}, HF {:.6}", eval.float_perplexity(), hf.perplexity);
+    assert_eq!(eval.float().predictions, ids.len() - 1);
+    assert!((eval.float_perplexity() / hf.perplexity - 1.0).abs() < 1e-5);
+    // Random weights over 128 tokens: perplexity well above 1, not the vocabulary's uniform 128 exactly.
+    assert!(eval.float_perplexity() > 2.0 && (eval.float_perplexity() - 128.0).abs() > 1.0);
+
+    // Scoring the float model against itself: KL 0, full agreement.
+    let own = eval.score("again", model.as_ref(), &backend, &|_, _| {}).unwrap();
+    assert!(own.mean_kl.abs() < 1e-12 && own.top1_agreement == 1.0, "{own:?}");
+
+    // Windows of 16: three prefills (16, 16, 8 tokens), 15 + 15 + 7 predictions.
+    let windowed = TextEval::new(model.as_ref(), &backend, &ids, 16, &|_, _| {}).unwrap();
+    assert_eq!((windowed.windows(), windowed.float().predictions), (3, 37));
+    assert!(TextEval::new(model.as_ref(), &backend, &ids, 1, &|_, _| {}).is_err());
+    assert!(TextEval::new(model.as_ref(), &backend, &[5, 128], 8, &|_, _| {}).is_err());
+}
+
+#[test]
+fn fake_quant_scores_match_pymllms_fake_quant_logits() {
+    // pymllm's export of qwen3-dev-f32, with its float and deployed-simulation logits.
+    let qdir = fixture("pymllm-qwen3-dev-f32");
+    let r = SafetensorsCheckpoint::open_file(qdir.join("reference.safetensors")).unwrap();
+    let ids = r.read_i64("input_ids").unwrap();
+    let (float_ref, deployed_ref) =
+        score_logits(&r.read_f32("float_logits").unwrap(), &r.read_f32("deployedsim_logits").unwrap(), &ids, VOCAB)
+            .unwrap();
+    let q = text_quality(&TextQualityOptions {
+        model: fixture("qwen3-dev-f32"),
+        quantized: vec![("pymllm".into(), qdir.clone())],
+        rtn: Some(RtnBaseline::default()),
+        ids: ids.clone(),
+        window: 64,
+        progress: false,
+    })
+    .unwrap();
+    eprintln!("{}", q.table());
+    let (float, quant, rtn) = (&q.rows[0], &q.rows[1], &q.rows[2]);
+    assert!((float.perplexity / float_ref.perplexity - 1.0).abs() < 1e-4, "{float:?} vs {float_ref:?}");
+    assert!((quant.perplexity / deployed_ref.perplexity - 1.0).abs() < 1e-3, "{quant:?} vs {deployed_ref:?}");
+    assert!((quant.mean_kl - deployed_ref.mean_kl).abs() < 1e-3 * deployed_ref.mean_kl.max(1e-3), "{quant:?}");
+    assert_eq!(quant.top1_agreement, deployed_ref.top1_agreement);
+    // RTN int4 on random weights loses something, and is a different model from float.
+    assert!(rtn.mean_kl > 1e-4 && rtn.name.contains("RTN int4 block 16"), "{rtn:?}");
+    assert_eq!(q.rows.len(), 3);
+    let (_, _, rows) = load_fake_quant(&qdir).unwrap();
+    assert_eq!(rows, 1024);
+}

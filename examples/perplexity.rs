@@ -1,0 +1,146 @@
+//! Quantization quality the way users measure it: perplexity on a text, float vs fake-quant, with
+//! mean KL(float‖quant), top-1 agreement with float, and the naive weight-only RTN baseline.
+//!
+//! ```text
+//! cargo run --release --example perplexity -- --model HF_DIR --text fixtures/text/eval.txt \
+//!     (--quantized QDIR | --calib-text fixtures/text/calibration.txt [--out DIR]) [--tokens 256]
+//! ```
+//!
+//! `--quantized` scores a quantized checkpoint (pymllm's format, `quantize`'s or `qwen3_aot`'s
+//! `quantized/`), repeatable; `--calib-text` / `--calib-ids` first calibrates and quantizes the model
+//! with the W4A16KV8 recipe (`--aot-config`) into `--out`. The logic is
+//! [`aot::text_quality`].
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use backend_cpu::quant::export::write_atomic;
+use backend_cpu::quant::CalibrationMode;
+use clap::Parser;
+use mllm_dsl::config::hf::HfConfig;
+use aot::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
+use aot::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
+
+#[derive(Parser, Debug)]
+#[command(about = "Perplexity, mean KL and top-1 agreement of quantized models against float on a text file")]
+struct Args {
+    /// HF float checkpoint directory (config.json, safetensors, tokenizer.json).
+    #[arg(long, value_name = "HF_DIR")]
+    model: PathBuf,
+    /// Evaluation text (plain UTF-8), tokenized with the model's tokenizer.json. Never the calibration text.
+    #[arg(long, value_name = "FILE")]
+    text: PathBuf,
+    /// Tokens of the text scored (its first N).
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    tokens: usize,
+    /// Tokens per prefill window; each window starts with no past.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    window: usize,
+    /// Quantized checkpoint to score in fake-quant mode (repeatable).
+    #[arg(long, value_name = "DIR")]
+    quantized: Vec<PathBuf>,
+    /// Calibrate and quantize the model first on this text (paragraphs separated by blank lines).
+    #[arg(long, value_name = "FILE", conflicts_with = "calib_ids")]
+    calib_text: Option<PathBuf>,
+    /// Calibrate and quantize the model first on these ids (safetensors `calib_ids`, int64 [N, L]).
+    #[arg(long, value_name = "FILE")]
+    calib_ids: Option<PathBuf>,
+    /// mllm's QNN AOT config JSON for the calibration; default: the built-in W4A16KV8 one.
+    #[arg(long, value_name = "JSON")]
+    aot_config: Option<PathBuf>,
+    /// Where the calibrated checkpoint goes. Default: <cargo target dir>/perplexity/quantized.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// RTN baseline block size (input values per float scale).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    rtn_block: usize,
+    /// RTN baseline bits.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    rtn_bits: u32,
+    /// Skip the RTN baseline.
+    #[arg(long)]
+    no_rtn: bool,
+    /// Also write the scores as JSON here.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// CPU threads (0: all cores).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    threads: usize,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// `<target dir>/perplexity` next to this binary's `examples/` folder, else `./target/perplexity`.
+fn default_out() -> PathBuf {
+    let from_exe = std::env::current_exe().ok().and_then(|exe| {
+        let examples = exe.parent()?;
+        (examples.file_name()? == "examples").then_some(())?;
+        Some(examples.parent()?.parent()?.join("perplexity"))
+    });
+    from_exe.unwrap_or_else(|| PathBuf::from("target/perplexity")).join("quantized")
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    backend_cpu::kernels::set_num_threads(args.threads)?;
+    let hf = HfConfig::from_dir(&args.model)?;
+    let mut quantized: Vec<(String, PathBuf)> =
+        args.quantized.iter().map(|d| (format!("fake-quant {}", d.display()), d.clone())).collect();
+
+    // 1. Calibrate and quantize first, when asked to.
+    let calibration = match (&args.calib_ids, &args.calib_text) {
+        (Some(path), _) => Some(load_id_sequences(path, "calib_ids", hf.vocab_size)?),
+        (None, Some(path)) => Some(load_text_sequences(path, &args.model.join("tokenizer.json"), 1024, 128, false)?),
+        (None, None) => None,
+    };
+    if let Some(calibration) = calibration {
+        let out = args.out.clone().unwrap_or_else(default_out);
+        let outcome = quantize(&QuantizeOptions {
+            model: args.model.clone(),
+            aot_config: args.aot_config.clone(),
+            calibration,
+            evaluation: None,
+            mode: CalibrationMode::Deployed,
+            out: out.clone(),
+            max_positions: 1024,
+            progress: !args.quiet,
+        })?;
+        for w in &outcome.warnings {
+            eprintln!("warning: {w}");
+        }
+        eprintln!(
+            "calibrated in {:.1} s, quantized in {:.1} s into {}",
+            outcome.calibration_seconds,
+            outcome.weight_seconds,
+            out.display()
+        );
+        quantized.insert(0, ("W4A16KV8 fake-quant".to_string(), out));
+    }
+
+    // 2. Score.
+    let ids = load_text_ids(&args.text, &args.model.join("tokenizer.json"), args.tokens)?;
+    let quality = text_quality(&TextQualityOptions {
+        model: args.model.clone(),
+        quantized,
+        rtn: (!args.no_rtn).then_some(RtnBaseline { bits: args.rtn_bits, block: args.rtn_block }),
+        ids,
+        window: args.window,
+        progress: !args.quiet,
+    })?;
+    println!(
+        "{} on the first {} predictions of {} ({} window(s) of <= {} tokens)",
+        args.model.display(),
+        quality.rows[0].predictions,
+        args.text.display(),
+        quality.windows,
+        args.window
+    );
+    print!("{}", quality.table());
+    if let Some(path) = &args.json {
+        let mut text = serde_json::to_string_pretty(&quality.to_json())?;
+        text.push('\n');
+        write_atomic(path, text.as_bytes())?;
+    }
+    Ok(())
+}
