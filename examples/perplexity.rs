@@ -14,12 +14,12 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
+use aot::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
+use aot::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
 use backend_cpu::quant::export::write_atomic;
 use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
-use aot::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
-use aot::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
 
 #[derive(Parser, Debug)]
 #[command(about = "Perplexity, mean KL and top-1 agreement of quantized models against float on a text file")]
