@@ -4,5 +4,3 @@
 pub mod aot_cli;
 
 pub mod generate_cli;
-
-pub mod text_quality;

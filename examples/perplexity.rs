@@ -9,17 +9,17 @@
 //! `--quantized` scores a quantized checkpoint (pymllm's format, `quantize`'s or `qwen3_aot`'s
 //! `quantized/`), repeatable; `--calib-text` / `--calib-ids` first calibrates and quantizes the model
 //! with the W4A16KV8 recipe (`--aot-config`) into `--out`. The logic is
-//! [`mllm_examples::text_quality`].
+//! [`aot::text_quality`].
 
 use std::path::PathBuf;
 
 use anyhow::Result;
+use aot::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
 use aot::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
-use mllm_dsl::files::write_atomic_bytes as write_atomic;
 use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
-use mllm_examples::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
+use mllm_dsl::files::write_atomic_bytes as write_atomic;
 
 #[derive(Parser, Debug)]
 #[command(about = "Perplexity, mean KL and top-1 agreement of quantized models against float on a text file")]

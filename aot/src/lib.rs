@@ -25,6 +25,7 @@ mod probe;
 pub mod progress;
 pub mod report;
 pub mod sequences;
+pub mod text_quality;
 pub mod trace;
 
 pub use calibrate::{evaluate, quantize, QuantizeOptions, QuantizeOutcome};

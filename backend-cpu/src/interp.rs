@@ -96,6 +96,18 @@ impl<'a> Interpreter<'a> {
 
     /// Runs `@main` on `inputs` (in `@main`'s input order) and returns its outputs.
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, InterpError> {
+        let mut env = self.run_env(inputs)?;
+        self.program.main.outputs.iter().map(|&v| self.get(&mut env, v, "@main")).collect()
+    }
+
+    /// Runs `@main` on `inputs` and returns every value it computed or loaded, indexed by
+    /// [`ValueId::index`] (`None` for values never reached): to compare two stages of a program
+    /// op by op and find the first value on which they disagree.
+    pub fn run_all_values(&self, inputs: &[Tensor]) -> Result<Vec<Option<Tensor>>, InterpError> {
+        Ok(self.run_env(inputs)?.values)
+    }
+
+    fn run_env(&self, inputs: &[Tensor]) -> Result<Env, InterpError> {
         let p = self.program;
         if inputs.len() != p.main.inputs.len() {
             return Err(InterpError::Program(format!(
@@ -124,7 +136,7 @@ impl<'a> Interpreter<'a> {
             env.values[v.index()] = Some(t);
         }
         self.region(&p.main, "@main", &mut env, 0)?;
-        p.main.outputs.iter().map(|&v| self.get(&mut env, v, "@main")).collect()
+        Ok(env)
     }
 
     fn region(&self, r: &Region, module: &str, env: &mut Env, depth: usize) -> Result<(), InterpError> {
@@ -176,9 +188,34 @@ impl<'a> Interpreter<'a> {
         let ty = self.program.value(out).ty.clone();
         let storage = self.backend.execute(&op.kind, &refs, &ty).map_err(|e| err(e.to_string()))?;
         let t = Tensor::from_storage(ty, storage, self.backend.clone()).map_err(|e| err(e.to_string()))?;
-        let t = self.quantize(out, t, &format!("output of `{name}`"))?;
+        // An op that only moves values already on its output's grid leaves them on it: quantizing
+        // again is the identity in value, but it would materialize lazy joins (concatenated K/V)
+        // that the eager model keeps, and the matmul then sums in another order than eager does.
+        let t =
+            if self.moves_values_on_grid(op, out) { t } else { self.quantize(out, t, &format!("output of `{name}`"))? };
         env.values[out.index()] = Some(t);
         Ok(())
+    }
+
+    /// Whether `op` (a pure data movement: view, transpose, slice, concat, repeat, gather,
+    /// embedding lookup) produces `out` from inputs that are all quantized with `out`'s own
+    /// per-tensor parameters, so every output element is already on the output's grid.
+    fn moves_values_on_grid(&self, op: &LinalgOp, out: ValueId) -> bool {
+        let Mode::FakeQuant(_) = self.mode else { return false };
+        let data_inputs: &[ValueId] = match op.kind {
+            OpKind::View { .. }
+            | OpKind::Transpose { .. }
+            | OpKind::Permute { .. }
+            | OpKind::Unsqueeze { .. }
+            | OpKind::Slice { .. }
+            | OpKind::Concat { .. }
+            | OpKind::Repeat { .. } => &op.inputs,
+            OpKind::Gather { .. } => &op.inputs[..1],
+            OpKind::Embedding => &op.inputs[1..2],
+            _ => return false,
+        };
+        let Some(grid) = self.spec_params(out) else { return false };
+        !data_inputs.is_empty() && data_inputs.iter().all(|&v| self.spec_params(v) == Some(grid))
     }
 
     /// A defined value, loading parameters on first use.
@@ -342,6 +379,50 @@ mod tests {
         assert_eq!(out[0].as_f32().unwrap(), want.as_f32().unwrap());
         let float = Interpreter::new(&p, &NoWeights, Mode::Float).run(&[input()]).unwrap();
         assert_ne!(out[0].as_f32().unwrap(), float[0].as_f32().unwrap());
+    }
+
+    /// Regression (SmolLM2, issue 16): after PTQ the joined V of an attention (past ++ new along
+    /// the contraction axis) shares the spec of its parts, so re-quantizing it is the identity in
+    /// value; but it materialized the lazy join, and the product then summed the contraction in
+    /// one pass instead of part by part as the eager model does, flipping codes of the
+    /// next QDQ point by one step, which 30 layers amplified to 8.7 dB at the logits.
+    #[test]
+    fn data_moved_on_its_grid_keeps_the_eager_kernels() {
+        use mllm_dsl::ir::{QuantSpec, QuantSpecKind, SpecParams};
+        let (scale, zero_point) = (0.03f32, 128);
+        let compute = |t: &[Tensor]| t[0].matmul(&Tensor::cat(&[&t[1], &t[2]], -2)?);
+        let inputs = [
+            TraceInput::new("weights", [1, 1, 32, 1024], DType::F32),
+            TraceInput::new("past", [1, 1, 992, 64], DType::F32),
+            TraceInput::new("new", [1, 1, 32, 64], DType::F32),
+        ];
+        let mut p = trace(&inputs, compute).unwrap();
+        // The PTQ'd form: both parts and their join on one u8 grid (SmolLM2's value product:
+        // 32 rows, 992 past + 32 new positions of a 1024 context, head_dim 64).
+        let spec = p.add_spec(QuantSpec::new(QuantSpecKind::simple(DType::U8Sym).unwrap()));
+        p.spec_mut(spec).params = Some(SpecParams::PerTensor { scale, zero_point, from: "kv".into() });
+        let cat = p.linalg_ops().iter().find(|op| op.kind.type_name() == "Concat").unwrap().outputs[0];
+        for v in [p.main.inputs[1], p.main.inputs[2], cat] {
+            p.set_value_spec(v, spec);
+        }
+        let mut seed = 7u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            seed >> 8
+        };
+        let mut grid =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| ((next() % 256) as i32 - zero_point) as f32 * scale).collect() };
+        let q: Vec<f32> = (0..32 * 1024).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.0131).collect();
+        let make = |d: Vec<f32>, s: Vec<usize>| Tensor::from_f32(d, s, CpuBackend::float()).unwrap();
+        let x = [
+            make(q, vec![1, 1, 32, 1024]),
+            make(grid(992 * 64), vec![1, 1, 992, 64]),
+            make(grid(32 * 64), vec![1, 1, 32, 64]),
+        ];
+        let eager = compute(&x).unwrap();
+        let out = Interpreter::new(&p, &NoWeights, Mode::FakeQuant(&SyntheticParams::default())).run(&x).unwrap();
+        let (a, b) = (out[0].as_f32().unwrap(), eager.as_f32().unwrap());
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "the interpreter differs from eager");
     }
 
     #[test]

@@ -16,9 +16,9 @@ use mllm_dsl::module::ParamSource;
 use mllm_dsl::quant::points::qdq_points;
 use mllm_dsl::{BackendRef, CausalLm, ParamFormat};
 
-use aot::load::ROPE_SIN_KEY;
-use aot::progress::bar;
-use aot::trace_model;
+use crate::load::ROPE_SIN_KEY;
+use crate::progress::bar;
+use crate::trace::trace_model;
 
 /// The first `max_tokens` tokens of a text file, tokenized with `tokenizer.json` as a plain text
 /// (the tokenizer's own special-token rules, no chat template).

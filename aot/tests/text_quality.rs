@@ -7,12 +7,12 @@
 
 use std::path::{Path, PathBuf};
 
+use aot::text_quality::{load_fake_quant, text_quality, RtnBaseline, TextQualityOptions};
 use backend_cpu::quant::{score_logits, TextEval};
 use backend_cpu::{CheckpointStore, CpuBackend};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::ParamSource;
-use mllm_examples::text_quality::{load_fake_quant, text_quality, RtnBaseline, TextQualityOptions};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mllm_examples::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
+use aot::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
 
 fn model_dir() -> PathBuf {
     let dir = match std::env::var_os("MLLM_DSL_SMOLLM2_DIR") {
