@@ -598,6 +598,11 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
             expect_dims(in0.dims.clone())
         }
         OpType::RmsNorm => {
+            // Qualcomm's HTP backend refuses plain integer inputs (3110 for INT_32): normalizing
+            // needs a float or fixed-point value.
+            if !(in0.dtype.is_float() || in0.dtype.is_fixed_point()) {
+                return Err(fail(format!("input `{}` must be float or fixed-point, found {}", in0.name, in0.dtype)));
+            }
             let eps = params::float(node, "epsilon").map_err(read)?;
             if eps < 0.0 {
                 return Err(param_err(node, "epsilon", format!("must be >= 0, found {eps}")));

@@ -205,21 +205,17 @@ fn wrong_rank_is_refused_by_both() {
     both_refuse("MatMul with a rank-1 second operand", g);
 }
 
-/// DISAGREEMENT (open, our validator's gap): RmsNorm's activation input as INT_32 (no
-/// encoding) while gamma and the output are UFIXED_POINT_16. Qualcomm's backend refuses it
-/// (3110); our `validate` has no dtype rule for RmsNorm's input and accepts it. Pinned so the
-/// fix (an RmsNorm dtype rule in `validate.rs`) turns this test red and it becomes `both_refuse`.
+/// An RmsNorm whose activation input is a plain INT_32 tensor (no encoding) while gamma and the
+/// output are UFIXED_POINT_16: Qualcomm's backend refuses it (3110), and so does our validator
+/// (normalizing needs a float or fixed-point input).
 #[test]
-fn wrong_dtype_rmsnorm_input_is_refused_by_qualcomm_only() {
+fn wrong_dtype_rmsnorm_input_is_refused_by_both() {
     let mut g = qwen3_node(OpType::RmsNorm);
     let x = g.nodes[0].inputs[0].clone();
     let t = tensor_mut(&mut g, &x);
     t.dtype = DataType::Int32;
     t.encoding = Encoding::Undefined;
-    assert_eq!(validate(&g), Ok(()), "our validator now refuses it: make this test `both_refuse`");
-    let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let theirs = qualcomms_verdict(&mut real_api(), &g);
-    assert!(matches!(theirs, Err(ApiError::Qnn { code: 3110, .. })), "{theirs:?}");
+    both_refuse("RmsNorm with an INT_32 input", g);
 }
 
 #[test]
