@@ -171,5 +171,8 @@ fn invalid_graphs_and_names_are_rejected() {
     assert!(matches!(write_graph_artifacts(&g, &dir), Err(ArtifactError::FileName { .. })));
     let missing = dir.join(format!("backend-qnn-missing-{}", std::process::id())).join("x");
     let err = write_graph_artifacts(&graph(), &missing).unwrap_err();
-    assert!(matches!(&err, ArtifactError::Io { path, .. } if path.starts_with(&missing)), "{err}");
+    assert!(
+        matches!(&err, ArtifactError::File(mllm_dsl::files::FileError::Io { path, .. }) if path.starts_with(&missing)),
+        "{err}"
+    );
 }
