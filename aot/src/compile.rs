@@ -36,12 +36,12 @@ use crate::calibrate::{quantize_to, QuantizeOptions};
 use crate::config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
 use crate::embedded::{EMBEDDED_CALIB_IDS, EMBEDDED_MODEL, EMBEDDED_MODEL_NAME};
 use crate::ledger::{float_vs_reference, quantized_vs_reference_float, LedgerEntry};
-use crate::load::{rope_positions, ROPE_SIN_KEY};
+use crate::load::{fake_quant_backend, open_model, rope_positions, ROPE_SIN_KEY};
 use crate::probe::Probe;
 use crate::progress::bar;
 use crate::report::{AotReport, GraphReport, Timings};
 use crate::sequences::{load_id_sequences, load_text_sequences};
-use crate::trace::trace_graph;
+use crate::trace::{trace_graph, trace_model};
 use mllm_dsl::config::run_sizes::{available_memory, RunSizes};
 
 /// Where the model comes from.
@@ -182,7 +182,8 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
 
     let mut ledger = Vec::new();
     // 2. Calibrate and quantize (or take the quantized checkpoint as it is).
-    let (quant_dir, max_positions) = match calibration_src {
+    // The model file traced once for its QDQ points (by the calibration, or here).
+    let (quant_dir, max_positions, traced) = match calibration_src {
         Some(calib) => {
             let float_dir = &model_dir;
             let t = Instant::now();
@@ -212,7 +213,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
             };
             // Straight into this run's staging directory, which is swapped in as a whole.
             std::fs::create_dir(&quant_dir).with_context(|| format!("creating {}", quant_dir.display()))?;
-            let outcome = quantize_to(&options, &quant_dir)?;
+            let outcome = quantize_to(&hf, &options, &quant_dir)?;
             // The weight method's input statistics pass is part of calibrating.
             timings.calibrate = outcome.input_stats_seconds + outcome.calibration_seconds;
             timings.quantize = outcome.weight_seconds;
@@ -228,7 +229,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 comparison: logits.clone(),
             });
             files.record_dir(&quant_dir)?;
-            (quant_dir, opts.max_positions)
+            (quant_dir, opts.max_positions, outcome.traced)
         }
         None => {
             let dir = model_dir.clone();
@@ -243,10 +244,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 bail!("{}: the quantized checkpoint has no RoPE table `{ROPE_SIN_KEY}`", dir.display())
             };
             drop(ckpt);
-            if let Some(entry) = quantized_vs_reference_float(&dir, &hf, rows)? {
-                ledger.push(entry);
-            }
-            (dir, rows)
+            (dir, rows, trace_model(&hf, rows, ParamFormat::QnnW4A16)?)
         }
     };
     ensure!(
@@ -255,9 +253,18 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         opts.context_len
     );
 
-    // 3.-4. Trace, run the pass pipeline and lower, one graph per chunk size; write the artifacts.
     let ckpt = SafetensorsCheckpoint::open(&quant_dir)
         .with_context(|| format!("opening the quantized checkpoint {}", quant_dir.display()))?;
+    // The eager fake-quant model, built once for the ledger.
+    let eager_backend = fake_quant_backend(&ckpt, &traced)?;
+    let (eager_model, _) = open_model(&quant_dir, &hf, max_positions, &eager_backend)?;
+    if matches!(opts.source, ModelSource::Quantized(_)) {
+        if let Some(entry) = quantized_vs_reference_float(&quant_dir, &hf, eager_model.as_ref(), &eager_backend)? {
+            ledger.push(entry);
+        }
+    }
+
+    // 3.-4. Trace, run the pass pipeline and lower, one graph per chunk size; write the artifacts.
     let compile_opts = CompileOptions {
         context_len: opts.context_len,
         chunks: &opts.chunks,
@@ -287,7 +294,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     let t = Instant::now();
     for CompiledGraph { name, chunk, program, graph } in &compiled.graphs {
         let probe = Probe::new(&hf, &ckpt, *chunk, opts.context_len)?;
-        let eager = probe.run_eager(&quant_dir, &hf, &ckpt, max_positions)?;
+        let eager = probe.run_eager(eager_model.as_ref(), &eager_backend)?;
         let store = CheckpointStore::for_config(&quant_dir, CpuBackend::float(), &hf)?;
         let cpu = Interpreter::new(program, &store, InterpMode::FakeQuant(&ckpt))
             .run(&probe.cpu_inputs(&CpuBackend::float())?)

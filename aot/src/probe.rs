@@ -1,20 +1,15 @@
 //! Fixed graph inputs for the per-graph ledger stages, and the three runs that consume them: the
 //! eager fake-quant model, backend-cpu's IR interpreter and backend-qnn's reference interpreter.
 
-use std::path::Path;
-
 use anyhow::{ensure, Context, Result};
 use backend_qnn::interp::TensorValue;
 use backend_qnn::QnnGraph;
-use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::passes::QuantParamProvider;
 use mllm_dsl::runtime::{dequantize_mask_value, MASK_ATTEND, MASK_MASKED};
-use mllm_dsl::{BackendRef, DType, Storage, Tensor, TensorType};
+use mllm_dsl::{BackendRef, CausalLm, DType, Storage, Tensor, TensorType};
 use models::io::{kv_qdq, KvCache};
 use models::TransformerConfig;
-
-use crate::load::{fake_quant_backend, open_model};
 
 /// Valid past tokens in the K/V cache of the ledger's probe inputs (fewer when the graph has less).
 pub const PROBE_PAST: usize = 8;
@@ -104,17 +99,10 @@ impl Probe {
         Ok(inputs)
     }
 
-    /// The eager model in fake-quant mode on these inputs: its logits.
-    pub(crate) fn run_eager(
-        &self,
-        dir: &Path,
-        hf: &HfConfig,
-        ckpt: &SafetensorsCheckpoint,
-        max_positions: usize,
-    ) -> Result<Vec<f32>> {
-        let backend = fake_quant_backend(ckpt, hf, max_positions)?;
-        let (model, _) = open_model(dir, hf, max_positions, &backend)?;
-        let x = self.cpu_inputs(&backend)?;
+    /// The eager model in fake-quant mode (`model` on its fake-quant `backend`) on these inputs:
+    /// its logits.
+    pub(crate) fn run_eager(&self, model: &dyn CausalLm, backend: &BackendRef) -> Result<Vec<f32>> {
+        let x = self.cpu_inputs(backend)?;
         let (logits, _, _) = model.forward_graph(&x).context("eager fake-quant run")?;
         Ok(logits.as_f32().context("eager logits hold no f32 data")?.to_vec())
     }
