@@ -11,7 +11,7 @@
 
 use mllm_dsl::passes::{Pipeline, SyntheticParams};
 use mllm_dsl::prelude::*;
-use mllm_dsl::{config::aot::AotConfig, Program};
+use mllm_dsl::{config::aot::AotConfig, CausalLm, Program};
 use models::io::trace_inputs;
 use models::qwen3::Qwen3ForCausalLM;
 use models::TransformerConfig;
@@ -90,8 +90,7 @@ fn run(mlp_scale: usize) -> anyhow::Result<()> {
 
 fn trace_chunk(model: &Qwen3ForCausalLM, cfg: &TransformerConfig, chunk: usize) -> Result<Program> {
     let inputs = trace_inputs(cfg, chunk, CONTEXT, ParamFormat::QnnW4A16);
-    let layers = cfg.num_hidden_layers;
-    trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + layers], &t[3 + layers..]))
+    trace(&inputs, |t| model.forward_graph(t))
 }
 
 /// Size of the parameters the program registers, as deployed (int4 LPBQ codes at half a byte,

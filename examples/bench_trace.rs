@@ -5,7 +5,7 @@
 //! `cargo run --release --example bench_trace`
 
 use mllm_dsl::prelude::*;
-use mllm_dsl::Program;
+use mllm_dsl::{CausalLm, Program};
 use models::io::trace_inputs;
 use models::qwen3::Qwen3ForCausalLM;
 use models::TransformerConfig;
@@ -15,8 +15,7 @@ const CONTEXT: usize = 1024;
 
 fn trace_chunk(model: &Qwen3ForCausalLM, cfg: &TransformerConfig, chunk: usize) -> Result<Program> {
     let inputs = trace_inputs(cfg, chunk, CONTEXT, ParamFormat::QnnW4A16);
-    let layers = cfg.num_hidden_layers;
-    trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + layers], &t[3 + layers..]))
+    trace(&inputs, |t| model.forward_graph(t))
 }
 
 fn main() -> anyhow::Result<()> {

@@ -12,31 +12,137 @@
 //!     --prompt "What is the capital of France?"
 //! ```
 //!
-//! A quantized checkpoint (mllm's pymllm export, or `quantize`'s output) runs in fake-quant mode:
-//! weights, norms, embedding and RoPE tables are decoded from the file and every QDQ point
-//! quantizes with its stored parameters. `--float` runs it without the QDQ points instead.
-//!
-//! `--qnn-context FILE` generates from a QNN context binary built from the same quantized
-//! checkpoint (graphs `model.0.s<chunk>` + `model.0.s1` at `--context`) instead of the CPU model.
-//! Running it on the QNN SDK needs `--features qnn-sdk` and `QNN_SDK_ROOT` (without them the
-//! error says so); `--qnn-emulate` runs it on the CPU, executing the graphs lowered again from
-//! `--model` with backend-qnn's reference interpreter (`backend_qnn::sdk::EmulatedHtp`):
+//! A quantized checkpoint (pymllm's export, or `quantize`'s output) runs in fake-quant mode (its
+//! QDQ points quantize with their stored parameters); `--float` runs it without them.
+//! `--qnn-context FILE` generates from a QNN context binary built from it instead: on the QNN SDK
+//! (`--features qnn-sdk`, `QNN_SDK_ROOT`), or with `--qnn-emulate` on backend-qnn's interpreter:
 //!
 //! ```text
 //! cargo run --release --example generate -- --model fixtures/pymllm-qwen3-dev-f32 --prompt-ids 5,17,99 \
 //!     --chunk 4 --context 16 --qnn-context qwen3-tiny.bin --qnn-emulate
 //! ```
 
-use clap::Parser;
-use mllm_examples::generate_cli::{run_generate_io, GenerateArgs};
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
 
-fn main() -> anyhow::Result<()> {
+use anyhow::Result;
+use aot::GenerateRequest;
+use clap::Parser;
+
+fn main() -> Result<()> {
     let args = GenerateArgs::parse();
     // Text prompts stream their answer as it is produced; the summary lines follow.
     let stream = args.prompt.is_some() || args.chat;
-    let mut stdout = std::io::stdout();
-    for line in run_generate_io(&args, &mut std::io::stdin().lock(), &mut stdout, stream)? {
+    for line in run_generate_io(&args, &mut std::io::stdin().lock(), &mut std::io::stdout(), stream)? {
         println!("{line}");
     }
     Ok(())
+}
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Generate tokens on the CPU with a model file from an HF checkpoint directory")]
+pub struct GenerateArgs {
+    /// HF model directory: config.json + model.safetensors (or shards with an index).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Prompt as comma-separated token ids, e.g. 5,17,42.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt", "chat"], required_unless_present_any = ["prompt", "chat"])]
+    pub prompt_ids: Vec<u32>,
+    /// Prompt text, tokenized with the directory's tokenizer.json.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Chat with the model's own chat template (chat_template.jinja or tokenizer_config.json's
+    /// `chat_template`; Qwen3's in non-thinking mode): --prompt is the user's turn; without
+    /// --prompt, user turns are read from standard input, one per line, and each is answered with
+    /// the whole conversation so far. Generation stops at the model's EOS tokens.
+    #[arg(long)]
+    pub chat: bool,
+    /// With --chat: the system prompt (else the template's default, if it has one).
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Tokens to generate at most (fewer on an EOS); prompt + this must fit in --context.
+    #[arg(long, default_value_t = 32)]
+    pub max_new_tokens: usize,
+    /// Prefill chunk size (the last chunk is zero-padded).
+    #[arg(long, default_value_t = 32)]
+    pub chunk: usize,
+    /// Context length (KV cache capacity, RoPE table rows).
+    #[arg(long, default_value_t = 1024)]
+    pub context: usize,
+    /// Write the prompt positions' logits as safetensors tensor `logits`, f32 [1, prompt_len, vocab]
+    /// (written atomically; a file of --model is refused).
+    #[arg(long)]
+    pub logits_out: Option<PathBuf>,
+    /// Sampling temperature: 0 means greedy, else a finite value > 0.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// CPU threads (0: all cores; more than the machine has are capped with a warning).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Print `prefill_tok_s=X decode_tok_s=Y load_s=Z` as the last line.
+    #[arg(long)]
+    pub timings: bool,
+    /// Run a quantized checkpoint without fake-quant (decoded weights, QDQ points off).
+    #[arg(long)]
+    pub float: bool,
+    /// Generate from this QNN context binary (built from --model's quantized checkpoint with
+    /// graphs for --chunk and 1 at --context) instead of the CPU model. Runs on the QNN SDK's HTP
+    /// backend (libQnnHtp.so of QNN_SDK_ROOT; on x86 its HTP emulation), which needs
+    /// `--features qnn-sdk`; --model supplies the tokenizer and config. See --qnn-emulate.
+    #[arg(long, conflicts_with = "float")]
+    pub qnn_context: Option<PathBuf>,
+    /// Run --qnn-context on the CPU instead: backend-qnn's reference interpreter executes the
+    /// graphs lowered again from --model (the binary must list exactly those graphs).
+    #[arg(long, requires = "qnn_context")]
+    pub qnn_emulate: bool,
+}
+
+impl GenerateArgs {
+    /// The run these arguments ask for.
+    pub fn request(&self) -> GenerateRequest {
+        let a = self.clone();
+        GenerateRequest {
+            model: a.model,
+            prompt_ids: a.prompt_ids,
+            prompt: a.prompt,
+            chat: a.chat,
+            system: a.system,
+            max_new_tokens: a.max_new_tokens,
+            chunk: a.chunk,
+            context: a.context,
+            logits_out: a.logits_out,
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            seed: a.seed,
+            threads: a.threads,
+            timings: a.timings,
+            float: a.float,
+            qnn_context: a.qnn_context,
+            qnn_emulate: a.qnn_emulate,
+        }
+    }
+}
+
+/// Runs generation and returns the lines the command prints (see [`aot::generation::run`]); with
+/// --chat and no --prompt there are no user turns to read, so nothing is generated.
+pub fn run_generate(args: &GenerateArgs) -> Result<Vec<String>> {
+    run_generate_io(args, &mut std::io::empty(), &mut std::io::sink(), false)
+}
+
+/// Like [`run_generate`], reading chat turns from `input` and streaming to `output`.
+pub fn run_generate_io(
+    args: &GenerateArgs,
+    input: &mut dyn BufRead,
+    output: &mut dyn Write,
+    stream: bool,
+) -> Result<Vec<String>> {
+    aot::generation::run(&args.request(), input, output, stream)
 }

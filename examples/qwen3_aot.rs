@@ -7,16 +7,143 @@
 //! ```
 //!
 //! `--help` documents every argument and the files written; the README walks through the flow
-//! ("Compile a model ahead of time"). The logic is the `aot` crate ([`aot::run`]), the command
-//! line [`mllm_examples::aot_cli`].
+//! ("Compile a model ahead of time"). The work is the `aot` crate's ([`aot::run`]); this file is
+//! the command line.
 
+use std::path::PathBuf;
+
+use anyhow::Result;
+use aot::{
+    default_out_dir, run, AotOptions, AotReport, CalibSource, ModelSource, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN,
+    DEFAULT_MAX_POSITIONS,
+};
+use backend_cpu::quant::WeightMethod;
 use clap::Parser;
-use mllm_examples::aot_cli::{run_aot, AotArgs};
 
-fn main() -> anyhow::Result<()> {
+fn main() -> Result<()> {
     let args = AotArgs::parse();
     let report = run_aot(&args)?;
     print!("{}", report.summary());
     println!("report: {}", args.options().out.join("report.json").display());
     Ok(())
+}
+
+const AFTER_HELP: &str = "\
+With no arguments, compiles an embedded tiny Qwen3 (fixtures/qwen3-dev-f32, random weights, 2 layers) calibrated on
+embedded token ids, so the whole flow runs without a download.
+
+Steps: load -> calibrate + quantize (W4A16 LPBQ weights, u16 activations, u8 K/V) -> trace one graph per --chunk
+(mllm's model.0.s<chunk>) -> mllm's QNN AOT pass pipeline -> lower to QNN -> validate -> accuracy ledger.
+
+Files written into --out (default: <cargo target dir>/qwen3_aot):
+  embedded/                 the embedded checkpoint and calibration ids (default run only)
+  quantized/                the quantized checkpoint in pymllm's format (model.safetensors, config.json, report.json)
+  ir/<graph>/NN-<stage>.mir the IR before the first pass (00-trace) and after every pass (01..09)
+  qnn/<graph>.json          the QNN graph in QNN Netron's net.json schema
+  qnn/<graph>.cpp, .bin     model.cpp / model.bin for qnn-model-lib-generator
+  qnn/<graph>.summary.txt   ops by type, tensors by dtype, static bytes
+  qnn/context.bin           with --context-binary: the QNN HTP context binary holding every graph
+  report.json               model, accuracy ledger, timings, graphs, artifacts (paths relative to --out)
+
+report.json's ledger compares each stage with the previous one on the same inputs (logits):
+  float_vs_reference  CPU float vs the checkpoint dir's reference.safetensors (when present)
+  fakequant_vs_float  eager fake-quant vs float (calibration sequences; for --quantized, reference float_logits)
+  passes_vs_eager     backend-cpu's interpreter on the final IR vs the eager fake-quant model, per graph
+  qnn_vs_fakequant    backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run, per graph
+Each row has sqnr_db (null = identical), top1_agreement (fraction of positions whose argmax agrees) and max_abs_err.
+
+The output is built in a fresh .<out>.staging-* directory next to --out and replaces --out whole only when the run
+succeeded: a failed or interrupted run leaves the previous --out as it was. --out may not be or contain an input. Two runs with the same inputs write byte-identical files;
+the only exception is report.json's \"timings_s\" object (wall times), so compare report.json without it.";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "qwen3_aot",
+    about = "Compile an LLM checkpoint for Qualcomm QNN (HTP) ahead of time, with a per-stage accuracy ledger",
+    after_help = AFTER_HELP
+)]
+pub struct AotArgs {
+    /// HF float checkpoint directory (config.json + safetensors) to calibrate and quantize.
+    /// Its model_type picks the model file (qwen3; llama/qwen2 where the pipeline supports them).
+    #[arg(long, value_name = "HF_DIR", conflicts_with = "quantized")]
+    pub model: Option<PathBuf>,
+    /// Quantized checkpoint directory (pymllm's export or this project's `quantize`): no calibration.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["calib_ids", "calib_text"])]
+    pub quantized: Option<PathBuf>,
+    /// mllm's QNN AOT config JSON (target_machine, graph_on_qnn, quant_recipe); default: the built-in
+    /// W4A16KV8 config (SM8650/V75, LPBQ block 16) with the model's layer count.
+    #[arg(long, value_name = "JSON")]
+    pub aot_config: Option<PathBuf>,
+    /// Calibration token ids: safetensors with `calib_ids`, int64 [N, L]. Default run: embedded ids.
+    #[arg(long, value_name = "FILE", conflicts_with = "calib_text")]
+    pub calib_ids: Option<PathBuf>,
+    /// Calibration text: paragraphs separated by blank lines, tokenized with the model dir's tokenizer.json.
+    #[arg(long, value_name = "FILE")]
+    pub calib_text: Option<PathBuf>,
+    /// With --calib-text: each paragraph as a user turn through the model's own chat template
+    /// (chat_template.jinja or tokenizer_config.json; Qwen3's in non-thinking mode), as pymllm does.
+    #[arg(long, requires = "calib_text")]
+    pub chat: bool,
+    /// Context length of the graphs: the mask width, K/V cache = context - chunk positions.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_CONTEXT_LEN)]
+    pub context_len: usize,
+    /// Chunk size (new tokens per call); repeat to build one graph per size (model.0.s<N>). Default: 32 and 1.
+    #[arg(long = "chunk", value_name = "N")]
+    pub chunks: Vec<usize>,
+    /// RoPE table rows written when calibrating (mllm_qualcomm_max_length).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_POSITIONS)]
+    pub max_positions: usize,
+    /// Output directory. Default: <cargo target dir>/qwen3_aot.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Also build the QNN context binary (qnn/context.bin). Needs a build with
+    /// `--features mllm-examples/qnn-sdk` and QNN_SDK_ROOT set; otherwise an error says so.
+    #[arg(long)]
+    pub context_binary: bool,
+    /// How linear weights are rounded to LPBQ when calibrating: rtn (pymllm's round-to-nearest),
+    /// mse (scale search on the deployed grid) or gptq (mse scales, GPTQ codes on calibration
+    /// activations). See docs/quantization.md for their effect and cost.
+    #[arg(long, value_name = "METHOD", default_value = "rtn")]
+    pub weight_method: WeightMethod,
+    /// CPU threads (0: all cores; more than the machine has are capped with a warning).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub threads: usize,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl AotArgs {
+    /// The run these arguments ask for.
+    pub fn options(&self) -> AotOptions {
+        let source = match (&self.model, &self.quantized) {
+            (Some(dir), _) => ModelSource::Float(dir.clone()),
+            (None, Some(dir)) => ModelSource::Quantized(dir.clone()),
+            (None, None) => ModelSource::Embedded,
+        };
+        let calibration = match (&self.calib_ids, &self.calib_text) {
+            (Some(path), _) => Some(CalibSource::Ids(path.clone())),
+            (None, Some(path)) => Some(CalibSource::Text { path: path.clone(), chat: self.chat }),
+            (None, None) => None,
+        };
+        let chunks = if self.chunks.is_empty() { DEFAULT_CHUNKS.to_vec() } else { self.chunks.clone() };
+        AotOptions {
+            source,
+            aot_config: self.aot_config.clone(),
+            calibration,
+            context_len: self.context_len,
+            chunks,
+            out: self.out.clone().unwrap_or_else(|| default_out_dir("qwen3_aot")),
+            context_binary: self.context_binary,
+            max_positions: self.max_positions,
+            progress: !self.quiet,
+            weight_method: self.weight_method,
+        }
+    }
+}
+
+/// Runs the command: sets the thread count, then the whole flow (see [`aot::run`]).
+pub fn run_aot(args: &AotArgs) -> Result<AotReport> {
+    backend_cpu::kernels::set_num_threads(args.threads)?;
+    run(&args.options())
 }

@@ -21,7 +21,7 @@ use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::files::write_atomic_bytes as write_atomic;
 use mllm_dsl::module::ParamSource;
 use mllm_dsl::quant::points::{concat_groups, layer_output_points, linear_inputs, qdq_points};
-use mllm_dsl::{ParamFormat, QdqAttr};
+use mllm_dsl::{ParamFormat, Program, QdqAttr};
 
 use crate::config::load_aot_config;
 use crate::load::{build_model, open_model};
@@ -57,6 +57,9 @@ pub struct QuantizeOutcome {
     /// The input statistics pass of the weight method (0 for pymllm's rounding).
     pub input_stats_seconds: f64,
     pub warnings: Vec<String>,
+    /// The model file traced once in decode shape with W4A16 parameters: what it quantizes (its
+    /// QDQ points), for whoever runs the quantized checkpoint next.
+    pub traced: Program,
 }
 
 /// Calibrates `opts.model`, writes the quantized checkpoint (`model.safetensors`, `config.json`,
@@ -65,19 +68,20 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     let mut inputs = vec![opts.model.clone()];
     inputs.extend(opts.aot_config.clone());
     mllm_dsl::files::ensure_not_input(&opts.out, &inputs)?;
+    let hf = HfConfig::from_dir(&opts.model)?;
     // Built aside and swapped in whole: a failed run leaves the previous `--out` as it was.
     let staging = mllm_dsl::files::StagingDir::new(&opts.out)?;
-    let outcome = quantize_to(opts, staging.path())?;
+    let outcome = quantize_to(&hf, opts, staging.path())?;
     staging.commit()?;
     Ok(outcome)
 }
 
-/// [`quantize`] writing straight into `out` (a fresh directory: the caller's staging area).
-pub(crate) fn quantize_to(opts: &QuantizeOptions, out: &Path) -> Result<QuantizeOutcome> {
+/// [`quantize`] with the model's config already read (`hf` must be `opts.model`'s), writing
+/// straight into `out` (a fresh directory: the caller's staging area).
+pub(crate) fn quantize_to(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> Result<QuantizeOutcome> {
     let model_dir = &opts.model;
     ensure!(!opts.calibration.is_empty(), "no calibration sequences");
-    let hf = HfConfig::from_dir(model_dir)?;
-    let (aot, warnings) = load_aot_config(opts.aot_config.as_deref(), &hf)?;
+    let (aot, warnings) = load_aot_config(opts.aot_config.as_deref(), hf)?;
     let source = SafetensorsCheckpoint::open(model_dir)?;
     ensure!(
         !is_quantized_checkpoint(&source),
@@ -86,7 +90,7 @@ pub(crate) fn quantize_to(opts: &QuantizeOptions, out: &Path) -> Result<Quantize
     );
 
     // 1. What the model file quantizes: QDQ points, concatenations, parameters.
-    let qnn_program = trace_model(&hf, opts.max_positions, ParamFormat::QnnW4A16)?;
+    let qnn_program = trace_model(hf, opts.max_positions, ParamFormat::QnnW4A16)?;
     let aot_name = match &opts.aot_config {
         Some(p) => format!("AOT config {}", p.display()),
         None => "the built-in W4A16KV8 AOT config".to_string(),
@@ -104,7 +108,7 @@ pub(crate) fn quantize_to(opts: &QuantizeOptions, out: &Path) -> Result<Quantize
         let hook = Arc::new(InputStatsHook::new(&linear_inputs(&qnn_program), depth));
         let backend = CpuBackend::with_qdq(hook.clone());
         let store = CheckpointStore::open(model_dir, backend.clone(), hf.tie_word_embeddings)?;
-        let mut model = models::build(&hf, opts.max_positions)?;
+        let mut model = models::build(hf, opts.max_positions)?;
         model.bind_params(&ParamSource::Store(&store)).with_context(|| format!("loading {}", model_dir.display()))?;
         let pb = bar(opts.progress, opts.calibration.len(), "input stats");
         for (i, seq) in opts.calibration.iter().enumerate() {
@@ -126,9 +130,9 @@ pub(crate) fn quantize_to(opts: &QuantizeOptions, out: &Path) -> Result<Quantize
     let hook = Arc::new(ObserverHook::new(&points, &groups, opts.mode));
     let backend = CpuBackend::with_qdq(hook.clone());
     let calibration = {
-        let store = CheckpointStore::for_config(model_dir, backend.clone(), &hf)?;
+        let store = CheckpointStore::for_config(model_dir, backend.clone(), hf)?;
         let weights = CalibrationWeights::new(&store, &aot, opts.mode).with_linears(&linears);
-        let model = build_model(&hf, opts.max_positions, &ParamSource::Store(&weights), model_dir)?;
+        let model = build_model(hf, opts.max_positions, &ParamSource::Store(&weights), model_dir)?;
         let pb = bar(opts.progress, opts.calibration.len(), "calibrating");
         for (i, seq) in opts.calibration.iter().enumerate() {
             ensure!(
@@ -164,7 +168,7 @@ pub(crate) fn quantize_to(opts: &QuantizeOptions, out: &Path) -> Result<Quantize
     // 5. Accuracy of what was written.
     let eval = opts.evaluation.as_ref().unwrap_or(&opts.calibration);
     let eval_name = if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" };
-    let report = evaluate(model_dir, out, opts.max_positions, eval, eval_name, opts.progress)?;
+    let report = evaluate(hf, &qnn_program, model_dir, out, opts.max_positions, eval, eval_name, opts.progress)?;
     // Relative to the output's directory when the model sits next to it (the AOT run's embedded
     // model), so the report does not embed a per-run staging path.
     let model_name = out
@@ -193,6 +197,7 @@ pub(crate) fn quantize_to(opts: &QuantizeOptions, out: &Path) -> Result<Quantize
         calibration_seconds,
         input_stats_seconds,
         warnings,
+        traced: qnn_program,
     })
 }
 
@@ -218,7 +223,12 @@ fn copy_tokenizer_files(from: &Path, to: &Path) -> Result<()> {
 
 /// Runs `sequences` through the float checkpoint `float_dir` and the quantized one `quant_dir`
 /// (fake-quant), one model at a time, recording each decoder layer's output, and compares them.
+/// `hf` is the model's config and `traced` its model file traced once ([`trace_model`]): which
+/// QDQ points there are and which of them are layer outputs.
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
+    hf: &HfConfig,
+    traced: &Program,
     float_dir: &Path,
     quant_dir: &Path,
     max_positions: usize,
@@ -226,16 +236,14 @@ pub fn evaluate(
     what: &str,
     progress: bool,
 ) -> Result<AccuracyReport> {
-    let hf = HfConfig::from_dir(float_dir)?;
-    let program = trace_model(&hf, max_positions, ParamFormat::Float)?;
     let layers: Vec<(String, QdqAttr)> =
-        layer_output_points(&program).into_iter().filter_map(|(s, p)| p.map(|p| (s, p))).collect();
+        layer_output_points(traced).into_iter().filter_map(|(s, p)| p.map(|p| (s, p))).collect();
     let keys: Vec<String> = layers.iter().map(|(_, p)| p.key.clone()).collect();
 
     let run = |dir: &Path, inner: Option<Arc<dyn QdqHook>>, label: &str| -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
         let recorder = Arc::new(RecordingHook::new(inner, keys.clone()));
         let backend = CpuBackend::with_qdq(recorder.clone());
-        let (model, _store) = open_model(dir, &hf, max_positions, &backend)?;
+        let (model, _store) = open_model(dir, hf, max_positions, &backend)?;
         let pb = bar(progress, sequences.len(), label);
         let mut logits = Vec::new();
         for seq in sequences {
@@ -249,7 +257,7 @@ pub fn evaluate(
 
     let (float_logits, float_layers) = run(float_dir, None, "eval float")?;
     let quant_ckpt = SafetensorsCheckpoint::open(quant_dir)?;
-    let params = QdqParams::from_checkpoint(&quant_ckpt, &qdq_points(&program)?)?;
+    let params = QdqParams::from_checkpoint(&quant_ckpt, &qdq_points(traced)?)?;
     drop(quant_ckpt);
     let (quant_logits, quant_layers) = run(quant_dir, Some(Arc::new(FakeQuantHook::new(&params))), "eval quant")?;
 

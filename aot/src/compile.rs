@@ -30,18 +30,18 @@ use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::files::write_atomic_bytes as write_atomic;
 use mllm_dsl::passes::Pipeline;
-use mllm_dsl::ParamFormat;
+use mllm_dsl::{ParamFormat, Program};
 
 use crate::calibrate::{quantize_to, QuantizeOptions};
 use crate::config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
 use crate::embedded::{EMBEDDED_CALIB_IDS, EMBEDDED_MODEL, EMBEDDED_MODEL_NAME};
 use crate::ledger::{float_vs_reference, quantized_vs_reference_float, LedgerEntry};
-use crate::load::{rope_positions, ROPE_SIN_KEY};
+use crate::load::{fake_quant_backend, open_model, rope_positions, ROPE_SIN_KEY};
 use crate::probe::Probe;
 use crate::progress::bar;
 use crate::report::{AotReport, GraphReport, Timings};
 use crate::sequences::{load_id_sequences, load_text_sequences};
-use crate::trace::trace_graph;
+use crate::trace::{trace_graph, trace_model};
 use mllm_dsl::config::run_sizes::{available_memory, RunSizes};
 
 /// Where the model comes from.
@@ -182,7 +182,8 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
 
     let mut ledger = Vec::new();
     // 2. Calibrate and quantize (or take the quantized checkpoint as it is).
-    let (quant_dir, max_positions) = match calibration_src {
+    // The model file traced once for its QDQ points (by the calibration, or here).
+    let (quant_dir, max_positions, traced) = match calibration_src {
         Some(calib) => {
             let float_dir = &model_dir;
             let t = Instant::now();
@@ -212,7 +213,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
             };
             // Straight into this run's staging directory, which is swapped in as a whole.
             std::fs::create_dir(&quant_dir).with_context(|| format!("creating {}", quant_dir.display()))?;
-            let outcome = quantize_to(&options, &quant_dir)?;
+            let outcome = quantize_to(&hf, &options, &quant_dir)?;
             // The weight method's input statistics pass is part of calibrating.
             timings.calibrate = outcome.input_stats_seconds + outcome.calibration_seconds;
             timings.quantize = outcome.weight_seconds;
@@ -228,7 +229,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 comparison: logits.clone(),
             });
             files.record_dir(&quant_dir)?;
-            (quant_dir, opts.max_positions)
+            (quant_dir, opts.max_positions, outcome.traced)
         }
         None => {
             let dir = model_dir.clone();
@@ -243,10 +244,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 bail!("{}: the quantized checkpoint has no RoPE table `{ROPE_SIN_KEY}`", dir.display())
             };
             drop(ckpt);
-            if let Some(entry) = quantized_vs_reference_float(&dir, &hf, rows)? {
-                ledger.push(entry);
-            }
-            (dir, rows)
+            (dir, rows, trace_model(&hf, rows, ParamFormat::QnnW4A16)?)
         }
     };
     ensure!(
@@ -255,56 +253,48 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         opts.context_len
     );
 
-    // 3. Trace and run the pass pipeline, one graph per chunk size.
     let ckpt = SafetensorsCheckpoint::open(&quant_dir)
         .with_context(|| format!("opening the quantized checkpoint {}", quant_dir.display()))?;
-    let mut programs = Vec::new();
-    for &chunk in &opts.chunks {
-        let name = format!("model.0.s{chunk}");
-        let t = Instant::now();
-        let mut program = trace_graph(&hf, max_positions, chunk, opts.context_len, ParamFormat::QnnW4A16)?;
-        timings.trace += t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        let dump_dir = out.join("ir").join(&name);
-        let report = Pipeline::qnn_aot(&aot, &ckpt)
-            .dump_to(&dump_dir)
-            .run(&mut program)
-            .with_context(|| format!("compiling graph `{name}` with the QNN AOT pass pipeline"))?;
-        timings.passes += t.elapsed().as_secs_f64();
-        for path in report.dumps {
-            files.record(&path);
+    // The eager fake-quant model, built once for the ledger.
+    let eager_backend = fake_quant_backend(&ckpt, &traced)?;
+    let (eager_model, _) = open_model(&quant_dir, &hf, max_positions, &eager_backend)?;
+    if matches!(opts.source, ModelSource::Quantized(_)) {
+        if let Some(entry) = quantized_vs_reference_float(&quant_dir, &hf, eager_model.as_ref(), &eager_backend)? {
+            ledger.push(entry);
         }
-        programs.push((name, chunk, program));
     }
 
-    // 4. Lower, validate, write the artifacts.
+    // 3.-4. Trace, run the pass pipeline and lower, one graph per chunk size; write the artifacts.
+    let compile_opts = CompileOptions {
+        context_len: opts.context_len,
+        chunks: &opts.chunks,
+        max_positions,
+        dump_ir: Some(&out.join("ir")),
+        progress: opts.progress,
+    };
+    let compiled = compile(&hf, &ckpt, &aot, &compile_opts)?;
+    (timings.trace, timings.passes, timings.lower) = (compiled.timings.trace, compiled.timings.passes, 0.0);
+    for path in &compiled.ir_dumps {
+        files.record(path);
+    }
     let t = Instant::now();
     let qnn_dir = out.join("qnn");
     std::fs::create_dir_all(&qnn_dir).with_context(|| format!("creating {}", qnn_dir.display()))?;
-    let mut lowering = QnnLowering::new(&ckpt, LowerOptions::default());
-    let pb = bar(opts.progress, programs.len(), "lowering");
-    let mut graphs = Vec::new();
-    for (name, _, program) in &programs {
-        pb.set_message(name.clone());
-        let mut lowered = lowering.lower_program(program).with_context(|| format!("lowering graph `{name}` to QNN"))?;
-        ensure!(lowered.len() == 1, "graph `{name}` lowered to {} QNN graphs, expected 1", lowered.len());
-        let graph = lowered.remove(0);
-        ensure!(&graph.name == name, "the pipeline named the graph `{}`, expected `{name}`", graph.name);
-        let paths = write_graph_artifacts(&graph, &qnn_dir).with_context(|| format!("writing graph `{name}`"))?;
+    for g in &compiled.graphs {
+        let name = &g.name;
+        let paths = write_graph_artifacts(&g.graph, &qnn_dir).with_context(|| format!("writing graph `{name}`"))?;
         for p in [&paths.netron_json, &paths.model_cpp, &paths.model_bin, &paths.summary] {
             files.record(p);
         }
-        graphs.push(graph);
-        pb.inc(1);
     }
-    pb.finish();
-    timings.lower = t.elapsed().as_secs_f64();
+    timings.lower = compiled.timings.lower + t.elapsed().as_secs_f64();
+    let graphs: Vec<QnnGraph> = compiled.graphs.iter().map(|g| g.graph.clone()).collect();
 
     // 5. Per-graph ledger stages.
     let t = Instant::now();
-    for ((name, chunk, program), graph) in programs.iter().zip(&graphs) {
+    for CompiledGraph { name, chunk, program, graph } in &compiled.graphs {
         let probe = Probe::new(&hf, &ckpt, *chunk, opts.context_len)?;
-        let eager = probe.run_eager(&quant_dir, &hf, &ckpt, max_positions)?;
+        let eager = probe.run_eager(eager_model.as_ref(), &eager_backend)?;
         let store = CheckpointStore::for_config(&quant_dir, CpuBackend::float(), &hf)?;
         let cpu = Interpreter::new(program, &store, InterpMode::FakeQuant(&ckpt))
             .run(&probe.cpu_inputs(&CpuBackend::float())?)
@@ -428,6 +418,88 @@ fn htp_target(aot: &AotConfig) -> Result<HtpTarget> {
     HtpTarget::from_json(&aot.to_json()["target_machine"]).context("AOT config `target_machine`")
 }
 
+/// One graph compiled: the IR after mllm's passes and the QNN graph lowered from it.
+pub struct CompiledGraph {
+    /// mllm's name, `model.0.s<chunk>`.
+    pub name: String,
+    pub chunk: usize,
+    pub program: Program,
+    pub graph: QnnGraph,
+}
+
+/// What [`compile`] made.
+pub struct CompiledModel {
+    /// One per chunk size, in the order asked for.
+    pub graphs: Vec<CompiledGraph>,
+    /// The IR dumps written (with [`CompileOptions::dump_ir`]).
+    pub ir_dumps: Vec<PathBuf>,
+    pub timings: CompileTimings,
+}
+
+/// Wall time of [`compile`]'s steps, in seconds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CompileTimings {
+    pub trace: f64,
+    pub passes: f64,
+    pub lower: f64,
+}
+
+/// The graphs [`compile`] makes.
+pub struct CompileOptions<'a> {
+    /// Positions of the K/V cache plus the current chunk (the mask width).
+    pub context_len: usize,
+    /// One graph per chunk size, in this order.
+    pub chunks: &'a [usize],
+    /// RoPE table rows of the checkpoint.
+    pub max_positions: usize,
+    /// Dump the IR before the first pass and after every pass into `<dir>/<graph>/`.
+    pub dump_ir: Option<&'a Path>,
+    pub progress: bool,
+}
+
+/// A quantized checkpoint into QNN graphs: the model file of `hf` traced once per chunk size,
+/// mllm's QNN AOT pass pipeline run with `ckpt`'s parameters, and every graph lowered by one
+/// [`QnnLowering`] (weights shared by name, as in one context).
+pub fn compile(
+    hf: &HfConfig,
+    ckpt: &SafetensorsCheckpoint,
+    aot: &AotConfig,
+    opts: &CompileOptions<'_>,
+) -> Result<CompiledModel> {
+    let mut timings = CompileTimings::default();
+    let mut lowering = QnnLowering::new(ckpt, LowerOptions::default());
+    let (mut graphs, mut ir_dumps) = (Vec::new(), Vec::new());
+    let pb = bar(opts.progress, opts.chunks.len(), "compiling");
+    for &chunk in opts.chunks {
+        let name = format!("model.0.s{chunk}");
+        pb.set_message(name.clone());
+        let t = Instant::now();
+        let mut program = trace_graph(hf, opts.max_positions, chunk, opts.context_len, ParamFormat::QnnW4A16)?;
+        timings.trace += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let mut pipeline = Pipeline::qnn_aot(aot, ckpt);
+        if let Some(dir) = opts.dump_ir {
+            pipeline = pipeline.dump_to(dir.join(&name));
+        }
+        let report = pipeline
+            .run(&mut program)
+            .with_context(|| format!("compiling graph `{name}` with the QNN AOT pass pipeline"))?;
+        ir_dumps.extend(report.dumps);
+        timings.passes += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let mut lowered =
+            lowering.lower_program(&program).with_context(|| format!("lowering graph `{name}` to QNN"))?;
+        ensure!(lowered.len() == 1, "graph `{name}` lowered to {} QNN graphs, expected 1", lowered.len());
+        let graph = lowered.remove(0);
+        ensure!(graph.name == name, "the pipeline named the graph `{}`, expected `{name}`", graph.name);
+        timings.lower += t.elapsed().as_secs_f64();
+        graphs.push(CompiledGraph { name, chunk, program, graph });
+        pb.inc(1);
+    }
+    pb.finish();
+    Ok(CompiledModel { graphs, ir_dumps, timings })
+}
+
 /// The QNN graphs of a quantized checkpoint for prefill chunk `chunk` (and decode, chunk 1) at
 /// `context`, lowered together as for one context binary: `model.0.s<chunk>`, `model.0.s1`.
 pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec<QnnGraph>> {
@@ -438,13 +510,7 @@ pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec
     };
     ensure!(context <= max_positions, "--context {context} exceeds the checkpoint's {max_positions} RoPE positions");
     let (aot, _) = load_aot_config(None, &hf)?;
-    let mut lowering = QnnLowering::new(&ckpt, LowerOptions::default());
-    let mut graphs = Vec::new();
     let chunks: &[usize] = if chunk == 1 { &[1] } else { &[chunk, 1] };
-    for &ar in chunks {
-        let mut program = trace_graph(&hf, max_positions, ar, context, ParamFormat::QnnW4A16)?;
-        Pipeline::qnn_aot(&aot, &ckpt).run(&mut program).with_context(|| format!("compiling chunk {ar}"))?;
-        graphs.extend(lowering.lower_program(&program).with_context(|| format!("lowering chunk {ar}"))?);
-    }
-    Ok(graphs)
+    let opts = CompileOptions { context_len: context, chunks, max_positions, dump_ir: None, progress: false };
+    Ok(compile(&hf, &ckpt, &aot, &opts)?.graphs.into_iter().map(|g| g.graph).collect())
 }

@@ -1,6 +1,6 @@
 //! mllm's QNN AOT config for a model, and the run's defaults.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Result};
 use mllm_dsl::config::aot::AotConfig;
@@ -41,4 +41,15 @@ pub fn load_aot_config(path: Option<&Path>, hf: &HfConfig) -> Result<(AotConfig,
     );
     let warnings = aot.warnings();
     Ok((aot, warnings))
+}
+
+/// `<target dir>/<example>`: the target directory the running example binary was built into
+/// (`<target>/<profile>/examples/<example>`), else `./target/<example>`.
+pub fn default_out_dir(example: &str) -> PathBuf {
+    let from_exe = std::env::current_exe().ok().and_then(|exe| {
+        let examples = exe.parent()?;
+        (examples.file_name()? == "examples").then_some(())?;
+        Some(examples.parent()?.parent()?.join(example))
+    });
+    from_exe.unwrap_or_else(|| Path::new("target").join(example))
 }

@@ -12,8 +12,9 @@ use backend_cpu::quant::prefill_logits;
 use backend_cpu::CpuBackend;
 use checkpoint::{SafetensorsCheckpoint, StDtype};
 use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::{BackendRef, CausalLm};
 
-use crate::load::{fake_quant_backend, open_model};
+use crate::load::open_model;
 
 /// One row of the accuracy ledger: `test` compared with `reference` on the same inputs.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,17 +67,15 @@ pub(crate) fn float_vs_reference(dir: &Path, hf: &HfConfig, max_positions: usize
 
 /// `fakequant_vs_float` for a quantized checkpoint whose `reference.safetensors` carries the float
 /// model's logits (`float_logits`, as pymllm's export in the fixtures does).
+/// `eager` is the checkpoint's model on its fake-quant `backend`.
 pub(crate) fn quantized_vs_reference_float(
     dir: &Path,
     hf: &HfConfig,
-    max_positions: usize,
+    eager: &dyn CausalLm,
+    backend: &BackendRef,
 ) -> Result<Option<LedgerEntry>> {
     let Some((ids, reference)) = reference_logits(dir, "float_logits")? else { return Ok(None) };
-    let ckpt = SafetensorsCheckpoint::open(dir)?;
-    let backend = fake_quant_backend(&ckpt, hf, max_positions)?;
-    let (model, _) = open_model(dir, hf, max_positions, &backend)?;
-    let logits =
-        prefill_logits(model.as_ref(), &backend, &ids).context("fake-quant prefill of the reference input_ids")?;
+    let logits = prefill_logits(eager, backend, &ids).context("fake-quant prefill of the reference input_ids")?;
     Ok(Some(LedgerEntry {
         stage: "fakequant_vs_float",
         graph: None,

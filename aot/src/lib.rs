@@ -1,6 +1,7 @@
 //! The main job as library calls: an HF checkpoint calibrated and quantized on the CPU
-//! ([`quantize`]), compiled into QNN graphs and artifacts with a per-stage accuracy ledger
-//! ([`run`]), and loaded back for eager runs ([`load_model`]).
+//! ([`quantize`]), a quantized checkpoint compiled into QNN graphs ([`compile`]), the whole flow
+//! with its artifacts and per-stage accuracy ledger ([`run`]), and a checkpoint or context binary
+//! loaded to generate from ([`Runner`]).
 //!
 //! # Quick start
 //!
@@ -19,21 +20,28 @@ pub mod chat;
 pub mod compile;
 pub mod config;
 pub mod embedded;
+pub mod generation;
 pub mod ledger;
 pub mod load;
 mod probe;
 pub mod progress;
 pub mod report;
+pub mod runner;
 pub mod sequences;
 pub mod text_quality;
 pub mod trace;
 
 pub use calibrate::{evaluate, quantize, QuantizeOptions, QuantizeOutcome};
 pub use chat::{load_chat_template, stop_ids, user_turn_prompt, Conversation, TextStream};
-pub use compile::{lower_for_context, run, AotOptions, CalibSource, ModelSource, CONTEXT_BINARY_HINT};
-pub use config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
+pub use compile::{
+    compile, lower_for_context, run, AotOptions, CalibSource, CompileOptions, CompileTimings, CompiledGraph,
+    CompiledModel, ModelSource, CONTEXT_BINARY_HINT,
+};
+pub use config::{default_out_dir, load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
+pub use generation::GenerateRequest;
 pub use ledger::LedgerEntry;
 pub use load::{load_float, load_model, CpuModel, RunMode};
 pub use report::{AotReport, GraphReport, Timings};
-pub use sequences::{load_id_sequences, load_text_sequences};
+pub use runner::Runner;
+pub use sequences::{encode_prompt, load_id_sequences, load_text_sequences, load_tokenizer};
 pub use trace::{trace_graph, trace_model};

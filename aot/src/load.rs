@@ -11,7 +11,7 @@ use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::ParamSource;
 use mllm_dsl::quant::points::qdq_points;
-use mllm_dsl::{BackendRef, CausalLm, ParamFormat};
+use mllm_dsl::{BackendRef, CausalLm, ParamFormat, Program};
 
 use crate::trace::trace_model;
 
@@ -58,18 +58,15 @@ pub fn open_model(
     Ok((model, store))
 }
 
-/// The fake-quant backend of a quantized checkpoint: every QDQ point with its stored parameters.
-pub fn fake_quant_backend(ckpt: &SafetensorsCheckpoint, hf: &HfConfig, max_positions: usize) -> Result<BackendRef> {
-    Ok(CpuBackend::with_qdq(fake_quant_hook(ckpt, hf, max_positions)?.0))
+/// The fake-quant backend of a quantized checkpoint: every QDQ point of the model file (`traced`,
+/// [`trace_model`]) with its stored parameters.
+pub fn fake_quant_backend(ckpt: &SafetensorsCheckpoint, traced: &Program) -> Result<BackendRef> {
+    Ok(CpuBackend::with_qdq(fake_quant_hook(ckpt, traced)?.0))
 }
 
 /// The fake-quant hook of a quantized checkpoint and the checkpoint keys its parameters came from.
-fn fake_quant_hook(
-    ckpt: &SafetensorsCheckpoint,
-    hf: &HfConfig,
-    max_positions: usize,
-) -> Result<(Arc<dyn QdqHook>, Vec<String>)> {
-    let points = qdq_points(&trace_model(hf, max_positions, ParamFormat::Float)?)?;
+fn fake_quant_hook(ckpt: &SafetensorsCheckpoint, traced: &Program) -> Result<(Arc<dyn QdqHook>, Vec<String>)> {
+    let points = qdq_points(traced)?;
     let params = QdqParams::from_checkpoint(ckpt, &points)
         .with_context(|| format!("reading the QDQ parameters of {}", ckpt.root().display()))?;
     Ok((Arc::new(FakeQuantHook::new(&params)), params.source_keys().to_vec()))
@@ -111,14 +108,15 @@ pub fn load_model(dir: &Path, context_len: usize, mode: RunMode) -> Result<CpuMo
         "{}: the checkpoint's RoPE tables cover {max_positions} positions; a context of {context_len} needs more",
         dir.display()
     );
+    let traced = trace_model(&config, max_positions, ParamFormat::Float)?;
     let (backend, used): (BackendRef, Vec<String>) = match mode {
         RunMode::Auto => {
-            let (hook, used) = fake_quant_hook(&ckpt, &config, max_positions)?;
+            let (hook, used) = fake_quant_hook(&ckpt, &traced)?;
             (CpuBackend::with_qdq(hook), used)
         }
         // Deliberately ignored, so not worth an "unused" warning.
         RunMode::Float => {
-            let points = qdq_points(&trace_model(&config, max_positions, ParamFormat::Float)?)?;
+            let points = qdq_points(&traced)?;
             (CpuBackend::float(), points.iter().flat_map(|p| [p.scale_key(), p.zero_point_key()]).collect())
         }
     };

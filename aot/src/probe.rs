@@ -1,19 +1,15 @@
 //! Fixed graph inputs for the per-graph ledger stages, and the three runs that consume them: the
 //! eager fake-quant model, backend-cpu's IR interpreter and backend-qnn's reference interpreter.
 
-use std::path::Path;
-
 use anyhow::{ensure, Context, Result};
 use backend_qnn::interp::TensorValue;
 use backend_qnn::QnnGraph;
-use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::passes::QuantParamProvider;
 use mllm_dsl::runtime::{dequantize_mask_value, MASK_ATTEND, MASK_MASKED};
-use mllm_dsl::{BackendRef, DType, Storage, Tensor, TensorType};
+use mllm_dsl::{BackendRef, CausalLm, DType, Storage, Tensor, TensorType};
+use models::io::{kv_qdq, KvCache};
 use models::TransformerConfig;
-
-use crate::load::{fake_quant_backend, open_model};
 
 /// Valid past tokens in the K/V cache of the ledger's probe inputs (fewer when the graph has less).
 pub const PROBE_PAST: usize = 8;
@@ -63,10 +59,9 @@ impl Probe {
         let (kvh, d, l) = (cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers);
         let mut kv_codes = Vec::with_capacity(2 * l);
         let mut kv_scales = Vec::with_capacity(2 * l);
-        for which in ["k", "v"] {
+        for which in [KvCache::Key, KvCache::Value] {
             for layer in 0..l {
-                let key = format!("model.layers.{layer}.self_attn.{which}_cast_to_int8_qdq.fake_quant.scale");
-                kv_scales.push(params.scalar_f32(&key)?);
+                kv_scales.push(params.scalar_f32(&kv_qdq(layer, which).scale_key())?);
                 kv_codes.push((0..kvh * d * cache).map(|_| (96 + next() % 64) as u8).collect());
             }
         }
@@ -104,20 +99,11 @@ impl Probe {
         Ok(inputs)
     }
 
-    /// The eager model in fake-quant mode on these inputs: its logits.
-    pub(crate) fn run_eager(
-        &self,
-        dir: &Path,
-        hf: &HfConfig,
-        ckpt: &SafetensorsCheckpoint,
-        max_positions: usize,
-    ) -> Result<Vec<f32>> {
-        let backend = fake_quant_backend(ckpt, hf, max_positions)?;
-        let (model, _) = open_model(dir, hf, max_positions, &backend)?;
-        let x = self.cpu_inputs(&backend)?;
-        let l = self.kv_codes.len() / 2;
-        let (logits, _, _) =
-            model.forward(&x[0], &x[1], &x[2], &x[3..3 + l], &x[3 + l..]).context("eager fake-quant run")?;
+    /// The eager model in fake-quant mode (`model` on its fake-quant `backend`) on these inputs:
+    /// its logits.
+    pub(crate) fn run_eager(&self, model: &dyn CausalLm, backend: &BackendRef) -> Result<Vec<f32>> {
+        let x = self.cpu_inputs(backend)?;
+        let (logits, _, _) = model.forward_graph(&x).context("eager fake-quant run")?;
         Ok(logits.as_f32().context("eager logits hold no f32 data")?.to_vec())
     }
 

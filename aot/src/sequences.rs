@@ -7,6 +7,7 @@ use anyhow::{bail, ensure, Context, Result};
 use checkpoint::{ChatTemplate, SafetensorsCheckpoint};
 
 use crate::chat::user_turn_prompt;
+use mllm_dsl::config::hf::HfConfig;
 
 /// Token sequences from `calib_ids`-style safetensors: an int64 (or int32) `[N, L]` tensor `key`.
 pub fn load_id_sequences(path: &Path, key: &str, vocab_size: usize) -> Result<Vec<Vec<i64>>> {
@@ -55,4 +56,23 @@ pub fn load_text_sequences(
     }
     ensure!(!out.is_empty(), "{}: no non-empty paragraph to calibrate on", path.display());
     Ok(out)
+}
+
+/// The `tokenizer.json` of a model directory.
+pub fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
+    let path = dir.join("tokenizer.json");
+    tokenizers::Tokenizer::from_file(&path).map_err(|e| anyhow::anyhow!("cannot load {}: {e}", path.display()))
+}
+
+/// The token ids of a prompt text, checked against the vocabulary of `config`.
+pub fn encode_prompt(tokenizer: &tokenizers::Tokenizer, text: &str, config: &HfConfig) -> Result<Vec<u32>> {
+    let encoding = tokenizer.encode(text, false).map_err(|e| anyhow::anyhow!("tokenizing the prompt: {e}"))?;
+    let ids = encoding.get_ids().to_vec();
+    ensure!(!ids.is_empty(), "the prompt is empty");
+    let vocab = config.vocab_size;
+    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+        let dir = config.source.parent().unwrap_or(&config.source);
+        bail!("{}: tokenizer.json gives id {bad}, outside the model's vocabulary of {vocab} ids", dir.display());
+    }
+    Ok(ids)
 }

@@ -25,11 +25,9 @@ pub fn trace_graph(
     let cfg = TransformerConfig::from_hf(hf, max_positions);
     let mut model = models::build(hf, max_positions)?;
     model.bind_params(&ParamSource::Symbolic(format))?;
-    let layers = cfg.num_hidden_layers;
     let inputs = models::io::trace_inputs(&cfg, chunk, context, format);
-    let program = trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + layers], &t[3 + layers..]))
-        .with_context(|| {
-            format!("tracing the model file of {} (chunk {chunk}, context {context})", hf.source.display())
-        })?;
+    let program = trace(&inputs, |t| model.forward_graph(t)).with_context(|| {
+        format!("tracing the model file of {} (chunk {chunk}, context {context})", hf.source.display())
+    })?;
     Ok(program)
 }

@@ -4,7 +4,13 @@
 use aot::lower_for_context;
 use checkpoint::SafetensorsCheckpoint;
 use clap::Parser;
-use mllm_examples::generate_cli::{run_generate, GenerateArgs};
+
+/// The example's own source: these tests run its `run_generate` on parsed arguments.
+#[allow(dead_code)]
+#[path = "../generate.rs"]
+mod generate;
+
+use generate::{run_generate, GenerateArgs};
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {

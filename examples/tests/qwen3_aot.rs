@@ -10,7 +10,13 @@ use aot::AotReport;
 use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, TensorBytes};
 use clap::{CommandFactory, Parser};
 use mllm_dsl::config::aot::AotConfig;
-use mllm_examples::aot_cli::{run_aot, AotArgs};
+
+/// The example's own source: these tests run its `run_aot` on parsed arguments.
+#[allow(dead_code)]
+#[path = "../qwen3_aot.rs"]
+mod qwen3_aot;
+
+use qwen3_aot::{run_aot, AotArgs};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures")

@@ -11,6 +11,11 @@ use checkpoint::{ChatMessage, ChatTemplate, SafetensorsCheckpoint};
 use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
 use std::path::{Path, PathBuf};
 
+/// The example's own source: the chat tests run its `run_generate_io` on parsed arguments.
+#[allow(dead_code)]
+#[path = "../generate.rs"]
+mod generate;
+
 const TOLERANCE: f32 = 2e-4;
 const CONTEXT: usize = 128;
 const CASES: [&str; 4] = ["plain", "digits", "chat", "passage"];
@@ -129,11 +134,11 @@ fn float_logits_and_greedy_match_hf() {
     }
 }
 
-fn generate_args(dir: &Path, extra: &[&str]) -> mllm_examples::generate_cli::GenerateArgs {
+fn generate_args(dir: &Path, extra: &[&str]) -> generate::GenerateArgs {
     use clap::Parser;
     let mut argv = vec!["generate", "--model", dir.to_str().unwrap(), "--context", "256", "--max-new-tokens", "24"];
     argv.extend_from_slice(extra);
-    mllm_examples::generate_cli::GenerateArgs::try_parse_from(argv).unwrap()
+    generate::GenerateArgs::try_parse_from(argv).unwrap()
 }
 
 fn ids_of(line: &str) -> Vec<u32> {
@@ -151,8 +156,7 @@ fn generate_chat_is_text_in_text_out() {
     let eos = greedy.iter().position(|&id| id == 2).expect("HF's answer ends its turn");
     let args = generate_args(&dir, &["--chat", "--prompt", "What is the capital of France?"]);
     let mut streamed = Vec::new();
-    let lines =
-        mllm_examples::generate_cli::run_generate_io(&args, &mut std::io::empty(), &mut streamed, true).unwrap();
+    let lines = generate::run_generate_io(&args, &mut std::io::empty(), &mut streamed, true).unwrap();
     let got = ids_of(&lines[0]);
     assert_eq!(got[..want_prompt.len()], want_prompt[..], "prompt ids");
     assert_eq!(got[want_prompt.len()..], greedy[..=eos], "answer ids, stopped at <|im_end|>");
@@ -168,7 +172,7 @@ fn generate_chat_keeps_the_conversation() {
     let dir = model_dir();
     let args = generate_args(&dir, &["--chat", "--system", "Answer in one short sentence."]);
     let mut input = std::io::Cursor::new("What is the capital of France?\n\nAnd of Italy?\n");
-    let lines = mllm_examples::generate_cli::run_generate_io(&args, &mut input, &mut std::io::sink(), false).unwrap();
+    let lines = generate::run_generate_io(&args, &mut input, &mut std::io::sink(), false).unwrap();
     assert_eq!(lines.len(), 4, "ids and text per turn: {lines:?}");
     let (first, second) = (ids_of(&lines[0]), ids_of(&lines[2]));
     assert_eq!(first.last(), Some(&2), "the first answer ends at <|im_end|>");

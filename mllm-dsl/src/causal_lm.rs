@@ -3,7 +3,7 @@
 use std::ops::Range;
 
 use crate::module::ParamSource;
-use crate::{Result, Tensor};
+use crate::{Error, Result, Tensor};
 
 /// The numbers a backend needs about a decoder model file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,4 +54,21 @@ pub trait CausalLm: Send + Sync {
     fn bind_params(&mut self, src: &ParamSource<'_>) -> Result<()>;
 
     fn shape(&self) -> DecoderShape;
+
+    /// [`forward`](Self::forward) on the graph inputs in their positional order, `[ids, positions,
+    /// mask, past K × L, past V × L]`: what [`trace`](crate::trace) hands its closure and what a
+    /// compiled graph takes.
+    fn forward_graph(&self, inputs: &[Tensor]) -> Result<(Tensor, Vec<Tensor>, Vec<Tensor>)> {
+        let layers = self.shape().num_layers;
+        if inputs.len() != 3 + 2 * layers {
+            return Err(Error::msg(format!(
+                "a {layers}-layer decoder takes {} graph inputs (ids, positions, mask, {layers} past K, {layers} past V), \
+                 got {}",
+                3 + 2 * layers,
+                inputs.len()
+            )));
+        }
+        let (past_keys, past_values) = inputs[3..].split_at(layers);
+        self.forward(&inputs[0], &inputs[1], &inputs[2], past_keys, past_values)
+    }
 }

@@ -23,15 +23,31 @@ pub fn trace_inputs(cfg: &TransformerConfig, chunk: usize, context: usize, forma
             key: "causal_mask".into(),
         }),
     ];
-    let kv = |l: usize, which: &str| QdqAttr {
-        kind: QdqKind::KvCache,
-        key: format!("model.layers.{l}.self_attn.{which}_cast_to_int8_qdq"),
-    };
     for l in 0..cfg.num_hidden_layers {
-        inputs.push(TraceInput::new(format!("past_key_{l}"), [1, kvh, d, past], DType::U8Sym).with_qdq(kv(l, "k")));
+        let input = TraceInput::new(format!("past_key_{l}"), [1, kvh, d, past], DType::U8Sym);
+        inputs.push(input.with_qdq(kv_qdq(l, KvCache::Key)));
     }
     for l in 0..cfg.num_hidden_layers {
-        inputs.push(TraceInput::new(format!("past_value_{l}"), [1, kvh, past, d], DType::U8Sym).with_qdq(kv(l, "v")));
+        let input = TraceInput::new(format!("past_value_{l}"), [1, kvh, past, d], DType::U8Sym);
+        inputs.push(input.with_qdq(kv_qdq(l, KvCache::Value)));
     }
     inputs
+}
+
+/// The K or the V cache of a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvCache {
+    Key,
+    Value,
+}
+
+/// The QDQ point of layer `layer`'s K or V cache, keyed as mllm names it (the uint8 cast in the
+/// attention block, `model.layers.<l>.self_attn.{k,v}_cast_to_int8_qdq`); its parameters are
+/// `<key>.fake_quant.scale` / `.zero_point` ([`QdqAttr::scale_key`]).
+pub fn kv_qdq(layer: usize, which: KvCache) -> QdqAttr {
+    let which = match which {
+        KvCache::Key => "k",
+        KvCache::Value => "v",
+    };
+    QdqAttr { kind: QdqKind::KvCache, key: format!("model.layers.{layer}.self_attn.{which}_cast_to_int8_qdq") }
 }

@@ -65,9 +65,7 @@ mod tests {
         let format = mllm_dsl::ParamFormat::Float;
         model.bind_params(&mllm_dsl::ParamSource::Symbolic(format)).unwrap();
         let inputs = io::trace_inputs(cfg, 2, 8, format);
-        let n = cfg.num_hidden_layers;
-        let program =
-            mllm_dsl::trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + n], &t[3 + n..])).unwrap();
+        let program = mllm_dsl::trace(&inputs, |t| model.forward_graph(t)).unwrap();
         program.to_string()
     }
 

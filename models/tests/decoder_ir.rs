@@ -6,7 +6,7 @@ mod common;
 
 use common::{layer_inputs, snapshot};
 use mllm_dsl::prelude::*;
-use mllm_dsl::Program;
+use mllm_dsl::{CausalLm, Program};
 use models::decoder::{DecoderAttention, DecoderForCausalLM, DecoderLayer};
 use models::io::trace_inputs;
 use models::llama::LlamaAttention;
@@ -25,8 +25,7 @@ fn whole_model<A: DecoderAttention>(cfg: &TransformerConfig) -> Program {
     let mut model = DecoderForCausalLM::<A>::new(cfg);
     model.declare(ParamFormat::QnnW4A16).unwrap();
     let inputs = trace_inputs(cfg, CHUNK, CONTEXT, ParamFormat::QnnW4A16);
-    let layers = cfg.num_hidden_layers;
-    trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + layers], &t[3 + layers..])).unwrap()
+    trace(&inputs, |t| model.forward_graph(t)).unwrap()
 }
 
 fn mlp_scope(cfg: &TransformerConfig) -> Program {

@@ -5,6 +5,7 @@ mod common;
 
 use common::{layer_inputs, snapshot};
 use mllm_dsl::prelude::*;
+use mllm_dsl::CausalLm;
 use models::decoder::DecoderAttention;
 use models::io::trace_inputs;
 use models::qwen3::{Qwen3Attention, Qwen3DecoderLayer, Qwen3ForCausalLM, Qwen3Mlp};
@@ -24,8 +25,7 @@ fn whole_model() {
     let mut model = Qwen3ForCausalLM::new(&cfg);
     model.declare(ParamFormat::QnnW4A16).unwrap();
     let inputs = trace_inputs(&cfg, CHUNK, CONTEXT, ParamFormat::QnnW4A16);
-    let layers = cfg.num_hidden_layers;
-    let program = trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + layers], &t[3 + layers..])).unwrap();
+    let program = trace(&inputs, |t| model.forward_graph(t)).unwrap();
     assert!(program.to_string().lines().count() <= 600);
     snapshot("qwen3__model__trace", &program);
 }
@@ -85,8 +85,7 @@ fn qwen3_1_7b_traces_with_mllm_op_census() {
     let layers = cfg.num_hidden_layers;
     for chunk in [32, 1] {
         let inputs = trace_inputs(&cfg, chunk, 1024, ParamFormat::QnnW4A16);
-        let program =
-            trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + layers], &t[3 + layers..])).unwrap();
+        let program = trace(&inputs, |t| model.forward_graph(t)).unwrap();
         let mut census: BTreeMap<&str, usize> = BTreeMap::new();
         for op in program.linalg_ops() {
             *census.entry(op.kind.type_name()).or_default() += 1;

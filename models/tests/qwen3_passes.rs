@@ -23,8 +23,8 @@ use mllm_dsl::passes::{qdq_params, ParamError, Pipeline, QuantParamProvider, Sto
 use mllm_dsl::prelude::*;
 use mllm_dsl::quant::fake_quant::FakeQuantizer;
 use mllm_dsl::runtime::{MASK_SCALE, MASK_ZERO_POINT};
-use mllm_dsl::{BackendRef, Program, QdqAttr, Storage, TensorType};
-use models::io::trace_inputs;
+use mllm_dsl::{BackendRef, CausalLm, Program, QdqAttr, Storage, TensorType};
+use models::io::{kv_qdq, trace_inputs, KvCache};
 use models::qwen3::Qwen3ForCausalLM;
 use models::TransformerConfig;
 use std::path::PathBuf;
@@ -60,8 +60,7 @@ fn traced(chunk: usize) -> Program {
     let mut model = Qwen3ForCausalLM::new(&cfg);
     model.declare(ParamFormat::QnnW4A16).unwrap();
     let inputs = trace_inputs(&cfg, chunk, CONTEXT, ParamFormat::QnnW4A16);
-    let l = cfg.num_hidden_layers;
-    trace(&inputs, |t| model.forward(&t[0], &t[1], &t[2], &t[3..3 + l], &t[3 + l..])).unwrap()
+    trace(&inputs, |t| model.forward_graph(t)).unwrap()
 }
 
 /// The program after the first `n` passes.
@@ -120,12 +119,11 @@ fn inputs(backend: &BackendRef, ckpt: &SafetensorsCheckpoint) -> Vec<Tensor> {
             })
             .collect()
     };
-    for which in ["k", "v"] {
+    for which in [KvCache::Key, KvCache::Value] {
         for l in 0..cfg.num_hidden_layers {
-            let key = format!("model.layers.{l}.self_attn.{which}_cast_to_int8_qdq.fake_quant.scale");
-            let scale = QuantParamProvider::scalar_f32(ckpt, &key).unwrap();
+            let scale = QuantParamProvider::scalar_f32(ckpt, &kv_qdq(l, which).scale_key()).unwrap();
             let data: Vec<f32> = codes(kvh * d * past).iter().map(|&c| (c - 128) as f32 * scale).collect();
-            let shape = if which == "k" { vec![1, kvh, d, past] } else { vec![1, kvh, past, d] };
+            let shape = if which == KvCache::Key { vec![1, kvh, d, past] } else { vec![1, kvh, past, d] };
             v.push(t(data, shape, DType::U8Sym));
         }
     }
@@ -139,8 +137,7 @@ fn eager(backend: BackendRef, ckpt: &SafetensorsCheckpoint) -> Vec<Tensor> {
     let mut model = Qwen3ForCausalLM::new(&cfg);
     model.bind_weights(&store).unwrap();
     let x = inputs(&backend, ckpt);
-    let l = cfg.num_hidden_layers;
-    let (logits, ks, vs) = model.forward(&x[0], &x[1], &x[2], &x[3..3 + l], &x[3 + l..]).unwrap();
+    let (logits, ks, vs) = model.forward_graph(&x).unwrap();
     std::iter::once(logits).chain(ks).chain(vs).collect()
 }
 
@@ -155,8 +152,8 @@ fn output_steps(ckpt: &SafetensorsCheckpoint) -> Vec<f32> {
     let l = model_config().num_hidden_layers;
     let scale = |k: &str| QuantParamProvider::scalar_f32(ckpt, &format!("{k}.fake_quant.scale")).unwrap();
     let mut steps = vec![scale("lm_head_output_qdq")];
-    for which in ["k", "v"] {
-        steps.extend((0..l).map(|i| scale(&format!("model.layers.{i}.self_attn.{which}_cast_to_int8_qdq"))));
+    for which in [KvCache::Key, KvCache::Value] {
+        steps.extend((0..l).map(|i| scale(&kv_qdq(i, which).key)));
     }
     steps
 }

@@ -20,6 +20,7 @@ use mllm_dsl::passes::{Pipeline, QuantParamProvider};
 use mllm_dsl::prelude::*;
 use mllm_dsl::runtime::{MASK_SCALE, MASK_ZERO_POINT};
 use mllm_dsl::{Program, Storage, TensorType};
+use models::io::{kv_qdq, KvCache};
 use models::TransformerConfig;
 
 pub const CHUNK: usize = 4;
@@ -153,11 +154,10 @@ impl AotModel {
         ];
         let l = cfg.num_hidden_layers;
         for (i, codes) in x.kv_codes.iter().enumerate() {
-            let (which, layer) = if i < l { ("k", i) } else { ("v", i - l) };
-            let key = format!("model.layers.{layer}.self_attn.{which}_cast_to_int8_qdq.fake_quant.scale");
-            let scale = QuantParamProvider::scalar_f32(&self.ckpt, &key).unwrap();
+            let (which, layer) = if i < l { (KvCache::Key, i) } else { (KvCache::Value, i - l) };
+            let scale = QuantParamProvider::scalar_f32(&self.ckpt, &kv_qdq(layer, which).scale_key()).unwrap();
             let data = codes.iter().map(|&c| (i32::from(c) - 128) as f32 * scale).collect();
-            let shape = if which == "k" { vec![1, kvh, d, past] } else { vec![1, kvh, past, d] };
+            let shape = if which == KvCache::Key { vec![1, kvh, d, past] } else { vec![1, kvh, past, d] };
             inputs.push(t(data, shape, DType::U8Sym));
         }
         Interpreter::new(program, &store, InterpMode::FakeQuant(&self.ckpt))

@@ -1,0 +1,147 @@
+//! One run of the `generate` command: a [`GenerateRequest`] (what the command line asked for)
+//! checked, its model loaded into a [`Runner`], its prompt (ids, text, or a chat turn) or a
+//! conversation read from an input answered, and the lines the command prints.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Context, Result};
+use checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
+use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::config::run_sizes::{available_memory, RunSizes};
+use mllm_dsl::runtime::{GenerationConfig, GenerationOutput, RandomSampling, Sampling};
+
+use crate::chat::{load_chat_template, stop_ids, Conversation};
+use crate::load::RunMode;
+use crate::runner::Runner;
+
+/// What to generate from and how; the `generate` example's arguments (errors name them as
+/// `--flag`s), documented there.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub model: PathBuf,
+    pub prompt_ids: Vec<u32>,
+    pub prompt: Option<String>,
+    pub chat: bool,
+    pub system: Option<String>,
+    pub max_new_tokens: usize,
+    pub chunk: usize,
+    pub context: usize,
+    pub logits_out: Option<PathBuf>,
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub seed: u64,
+    pub threads: usize,
+    pub timings: bool,
+    pub float: bool,
+    pub qnn_context: Option<PathBuf>,
+    pub qnn_emulate: bool,
+}
+
+/// Runs `req` and returns the lines the command prints (`ids: …`, `text: …`, timings), reading
+/// chat turns from `input` (--chat without --prompt) and, with `stream`, writing the generated
+/// text to `output` as it is produced (then left out of the lines). Notes go to stderr.
+pub fn run(
+    req: &GenerateRequest,
+    input: &mut dyn BufRead,
+    output: &mut dyn Write,
+    stream: bool,
+) -> Result<Vec<String>> {
+    if req.chunk == 0 || req.chunk >= req.context {
+        bail!("--chunk {} must be at least 1 and smaller than --context {}", req.chunk, req.context);
+    }
+    if let Some(path) = &req.logits_out {
+        // Every file of the model directory (and the context binary) is an input.
+        let listing =
+            std::fs::read_dir(&req.model).with_context(|| format!("listing --model {}", req.model.display()))?;
+        let mut inputs: Vec<PathBuf> = listing.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        inputs.extend(req.qnn_context.clone());
+        mllm_dsl::files::ensure_not_input(path, &inputs).context("--logits-out")?;
+    }
+    // 0 is greedy; anything else (NaN, negative, inf included) goes to the sampler's checks.
+    if req.temperature != 0.0 && !(req.temperature.is_finite() && req.temperature > 0.0) {
+        bail!("--temperature {} must be 0 (greedy) or a finite value > 0", req.temperature);
+    }
+    // Sizes checked against each other, the config and the machine's memory before loading.
+    let sizes = RunSizes { max_positions: req.context, context: req.context, chunk: req.chunk };
+    sizes.check(&HfConfig::from_dir(&req.model)?, available_memory())?;
+    backend_cpu::kernels::set_num_threads(req.threads)?;
+    let t0 = Instant::now();
+    let mut runner = match &req.qnn_context {
+        Some(binary) => Runner::context_binary(&req.model, binary, req.chunk, req.context, req.qnn_emulate)?,
+        None => Runner::cpu(&req.model, req.context, if req.float { RunMode::Float } else { RunMode::Auto })?,
+    };
+    let load_s = t0.elapsed().as_secs_f64();
+    runner.notes.iter().for_each(|note| eprintln!("{note}"));
+    let tokenizer =
+        (req.prompt.is_some() || req.chat).then(|| crate::sequences::load_tokenizer(&req.model)).transpose()?;
+    let template = req.chat.then(|| load_chat_template(&req.model)).transpose()?;
+    let mut conversation = template.map(|t| Conversation::new(t, req.system.as_deref()));
+    let sampling = if req.temperature > 0.0 {
+        let (temperature, top_k, top_p, seed) = (req.temperature, req.top_k, req.top_p, req.seed);
+        Sampling::Random(RandomSampling { temperature, top_k, top_p, seed })
+    } else {
+        Sampling::Greedy
+    };
+    let eos_ids = match &tokenizer {
+        Some(tok) => stop_ids(&runner.config.eos_token_ids, conversation.as_ref().map(Conversation::template), tok),
+        None => runner.config.eos_token_ids.clone(),
+    };
+    let (max_new_tokens, prefill_chunk, collect_prompt_logits) =
+        (req.max_new_tokens, req.chunk, req.logits_out.is_some());
+    let config = GenerationConfig { max_new_tokens, prefill_chunk, sampling, eos_ids, collect_prompt_logits };
+    let fits = |prompt: &[u32]| fits_in_context(prompt, req);
+    let lines_of = |prompt: &[u32], out: &GenerationOutput| {
+        let ids: Vec<String> = prompt.iter().chain(&out.ids).map(u32::to_string).collect();
+        let text = match (&tokenizer, stream) {
+            (Some(tok), false) => Some(tok.decode(&out.ids, true).map_err(|e| anyhow::anyhow!("decoding: {e}"))?),
+            _ => None,
+        };
+        anyhow::Ok([Some(format!("ids: {}", ids.join(","))), text.map(|t| format!("text: {t}"))])
+    };
+    let mut lines = Vec::new();
+    // Several turns: user lines from `input` until it ends.
+    if let (Some(conv), Some(tok), None) = (conversation.as_mut(), tokenizer.as_ref(), &req.prompt) {
+        for (prompt, out) in runner.chat(conv, tok, &config, (input, output), stream, &fits)? {
+            lines.extend(lines_of(&prompt, &out)?.into_iter().flatten());
+        }
+        return Ok(lines);
+    }
+    let prompt = match (&req.prompt, &tokenizer, conversation.as_mut()) {
+        (Some(text), Some(tok), Some(conv)) => {
+            crate::sequences::encode_prompt(tok, &conv.user_says(text)?, &runner.config)?
+        }
+        (Some(text), Some(tok), None) => crate::sequences::encode_prompt(tok, text, &runner.config)?,
+        _ => req.prompt_ids.clone(),
+    };
+    ensure!(!prompt.is_empty(), "the prompt is empty");
+    fits(&prompt)?;
+    let out = runner.generate(&prompt, &config, tokenizer.as_ref().filter(|_| stream), output)?;
+    lines.extend(lines_of(&prompt, &out)?.into_iter().flatten());
+    if let (Some(path), Some(logits)) = (&req.logits_out, &out.prompt_logits) {
+        let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let tensor: TensorBytes<'_> = ("logits", StDtype::F32, &[1, prompt.len(), runner.config.vocab_size], &bytes);
+        write_safetensors_atomic(path, &[tensor], &BTreeMap::new())?;
+    }
+    if req.timings {
+        let t = &out.timings;
+        let (prefill, decode) = (t.prefill_tokens_per_sec(), t.decode_tokens_per_sec());
+        lines.push(format!("prefill_tok_s={prefill:.2} decode_tok_s={decode:.2} load_s={load_s:.3}"));
+    }
+    Ok(lines)
+}
+
+/// The prompt plus `--max-new-tokens` must fit in `--context`: checked before generating, so a
+/// run never stops short without a word.
+fn fits_in_context(prompt: &[u32], req: &GenerateRequest) -> Result<()> {
+    let (len, new, context) = (prompt.len(), req.max_new_tokens, req.context);
+    let wanted = len.saturating_add(new);
+    ensure!(
+        wanted <= context,
+        "the prompt ({len} tokens) + --max-new-tokens {new} = {wanted} tokens do not fit in --context {context}"
+    );
+    Ok(())
+}
