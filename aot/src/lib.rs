@@ -25,6 +25,7 @@ pub mod ledger;
 pub mod load;
 mod probe;
 pub mod progress;
+pub mod real_model;
 pub mod report;
 pub mod runner;
 pub mod sequences;
@@ -41,6 +42,7 @@ pub use config::{default_out_dir, load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTE
 pub use generation::GenerateRequest;
 pub use ledger::LedgerEntry;
 pub use load::{load_float, load_model, CpuModel, RunMode};
+pub use real_model::smollm2_dir;
 pub use report::{AotReport, GraphReport, Timings};
 pub use runner::Runner;
 pub use sequences::{encode_prompt, load_id_sequences, load_text_sequences, load_tokenizer};

@@ -9,22 +9,7 @@ use std::path::{Path, PathBuf};
 use aot::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
 
 fn model_dir() -> PathBuf {
-    let dir = match std::env::var_os("MLLM_DSL_SMOLLM2_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            let cache = std::env::var_os("MLLM_DSL_CACHE").map(PathBuf::from).unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/mllm-dsl")
-            });
-            cache.join("smollm2-135m-instruct-hf")
-        }
-    };
-    assert!(
-        dir.join("config.json").is_file() && dir.join("model.safetensors").is_file(),
-        "SmolLM2-135M-Instruct is not at {} (set MLLM_DSL_SMOLLM2_DIR, or run scripts/fetch-smollm2): \
-         the real-model tests need it",
-        dir.display()
-    );
-    dir
+    aot::smollm2_dir().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn fixture(rel: &str) -> PathBuf {

@@ -25,22 +25,7 @@ fn fixtures() -> PathBuf {
 }
 
 fn model_dir() -> PathBuf {
-    let dir = match std::env::var_os("MLLM_DSL_SMOLLM2_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let cache = std::env::var_os("MLLM_DSL_CACHE").map(PathBuf::from).unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").expect("HOME or MLLM_DSL_CACHE")).join(".cache/mllm-dsl")
-            });
-            cache.join("smollm2-135m-instruct-hf")
-        }
-    };
-    assert!(
-        dir.join("model.safetensors").is_file(),
-        "{} has no converted SmolLM2-135M-Instruct: run scripts/fetch-smollm2 (or point MLLM_DSL_SMOLLM2_DIR at \
-         its output)",
-        dir.display()
-    );
-    dir
+    aot::smollm2_dir().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn reference() -> SafetensorsCheckpoint {
