@@ -87,7 +87,7 @@ pub mod recording;
 pub mod render;
 
 pub use api::{
-    ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, DeviceHandle, GraphHandle,
+    ApiError, BackendHandle, MarshalError, MetadataError, BoundParam, BoundParamValue, BoundTensor, ContextHandle, DeviceHandle, GraphHandle,
     LogHandle, OpConfig, QnnApi, TensorId,
 };
 pub use config::{
@@ -95,12 +95,12 @@ pub use config::{
     HtpPlatformInfo, LogLevel, OptionsError, Precision,
 };
 pub use desc::{
-    BlockwiseExpansion, DataType, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar, ScaleOffset, StaticData,
-    TensorDesc, TensorError, TensorType, QTI_AISW,
+    BlockwiseExpansion, DataType, Encoding, GraphDesc, NameError, OpDesc, ParamDesc, ParamValue, Scalar, ScaleOffset,
+    StaticData, TensorDesc, TensorError, TensorProblem, TensorType, QTI_AISW,
 };
-pub use driver::{build_context_binary, check_graphs, BuildError};
+pub use driver::{build_context_binary, check_graphs, BuildError, GraphProblem, NodeProblem};
 pub use emulated::EmulatedHtp;
-pub use exec::QnnExecApi;
+pub use exec::{IoBindingError, QnnExecApi};
 pub use from_graph::{graph_descs, ConvertError};
 pub use phases::{BuildPhase, PhaseObserver};
 pub use recording::{RecordedCall, RecordingApi};
