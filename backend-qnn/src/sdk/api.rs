@@ -137,16 +137,16 @@ pub enum ApiError {
     Backend { function: &'static str, reason: String },
     /// A tensor of the call is malformed (checked before any C struct is built).
     #[error("{function}: {}{source}", node.as_ref().map(|n| format!("node `{n}`: ")).unwrap_or_default())]
-    Tensor { function: &'static str, node: Option<String>, source: TensorError },
+    Tensor { function: &'static str, node: Option<String>, source: Box<TensorError> },
     /// A descriptor cannot be expressed in the C structs.
     #[error("{function}: {source}")]
-    Marshal { function: &'static str, source: MarshalError },
+    Marshal { function: &'static str, source: Box<MarshalError> },
     /// A handle that this API did not issue or that was already freed.
     #[error("{function}: {handle} is not a live handle of this SdkApi")]
     StaleHandle { function: &'static str, handle: String },
     /// A graph's I/O cannot be bound for `graphExecute`.
     #[error("{function}: {source}")]
-    IoBinding { function: &'static str, source: IoBindingError },
+    IoBinding { function: &'static str, source: Box<IoBindingError> },
     /// A context binary's metadata cannot be used.
     #[error("systemContextGetMetaData: {source}")]
     Metadata { source: MetadataError },
@@ -170,6 +170,21 @@ impl ApiError {
             ApiError::Metadata { .. } => "systemContextGetMetaData",
             ApiError::Logged { source, .. } => source.function(),
         }
+    }
+
+    /// A descriptor that cannot be expressed in C structs, refused by `function`.
+    pub fn marshal(function: &'static str, source: MarshalError) -> ApiError {
+        ApiError::Marshal { function, source: Box::new(source) }
+    }
+
+    /// A graph's I/O that cannot be bound, refused by `function`.
+    pub fn io_binding(function: &'static str, source: IoBindingError) -> ApiError {
+        ApiError::IoBinding { function, source: Box::new(source) }
+    }
+
+    /// A malformed tensor (of `node`, when it belongs to an op config), refused by `function`.
+    pub fn tensor(function: &'static str, node: Option<&str>, source: TensorError) -> ApiError {
+        ApiError::Tensor { function, node: node.map(str::to_string), source: Box::new(source) }
     }
 
     /// The backend's log lines for this failure (empty when it logged none or has no log).

@@ -38,7 +38,7 @@ pub enum BuildError {
     Options(#[from] OptionsError),
     /// A graph description is inconsistent; nothing was sent to QNN.
     #[error("graph `{graph}`: {problem}")]
-    InvalidGraph { graph: String, problem: GraphProblem },
+    InvalidGraph { graph: String, problem: Box<GraphProblem> },
     /// A tensor description is invalid; nothing was sent to QNN.
     #[error("graph `{graph}`: {source}")]
     InvalidTensor { graph: String, source: TensorError },
@@ -287,7 +287,7 @@ pub enum NodeProblem {
 }
 
 fn invalid(graph: &GraphDesc, problem: GraphProblem) -> BuildError {
-    BuildError::InvalidGraph { graph: graph.name.clone(), problem }
+    BuildError::InvalidGraph { graph: graph.name.clone(), problem: Box::new(problem) }
 }
 
 /// Checks everything that can be checked before talking to QNN: names, tensor descriptions,
@@ -295,7 +295,7 @@ fn invalid(graph: &GraphDesc, problem: GraphProblem) -> BuildError {
 /// [`build_context_binary`] runs this first.
 pub fn check_graphs(graphs: &[GraphDesc]) -> Result<(), BuildError> {
     if graphs.is_empty() {
-        return Err(BuildError::InvalidGraph { graph: String::new(), problem: GraphProblem::NoGraphs });
+        return Err(BuildError::InvalidGraph { graph: String::new(), problem: Box::new(GraphProblem::NoGraphs) });
     }
     let mut names = HashSet::new();
     let mut statics: HashMap<&str, (&str, &TensorDesc)> = HashMap::new();
@@ -308,7 +308,8 @@ pub fn check_graphs(graphs: &[GraphDesc]) -> Result<(), BuildError> {
         for t in graph.tensors.iter().filter(|t| t.tensor_type == TensorType::Static) {
             match statics.get(t.name.as_str()) {
                 Some((first, shared)) if *shared != t => {
-                    let problem = GraphProblem::SharedWeightDiffers { tensor: t.name.clone(), first: first.to_string() };
+                    let problem =
+                        GraphProblem::SharedWeightDiffers { tensor: t.name.clone(), first: first.to_string() };
                     return Err(invalid(graph, problem));
                 }
                 Some(_) => {}

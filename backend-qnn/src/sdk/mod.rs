@@ -87,8 +87,8 @@ pub mod recording;
 pub mod render;
 
 pub use api::{
-    ApiError, BackendHandle, MarshalError, MetadataError, BoundParam, BoundParamValue, BoundTensor, ContextHandle, DeviceHandle, GraphHandle,
-    LogHandle, OpConfig, QnnApi, TensorId,
+    ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, DeviceHandle, GraphHandle,
+    LogHandle, MarshalError, MetadataError, OpConfig, QnnApi, TensorId,
 };
 pub use config::{
     ContextConfig, DeviceConfig, GraphConfig, GraphOptions, HtpArch, HtpDeviceOptions, HtpOptimization, HtpOptions,

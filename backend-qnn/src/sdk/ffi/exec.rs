@@ -96,10 +96,8 @@ impl ExecIo {
 impl SdkApi {
     /// The graphs and I/O of a context binary, read with the system library.
     pub fn binary_info(&self, binary: &[u8]) -> Result<super::BinaryInfo, ApiError> {
-        let system = self.system.as_ref().ok_or(ApiError::IoBinding {
-            function: "systemContextGetMetaData",
-            source: IoBindingError::NoSystemLibrary,
-        })?;
+        let system = (self.system.as_ref())
+            .ok_or_else(|| ApiError::io_binding("systemContextGetMetaData", IoBindingError::NoSystemLibrary))?;
         system.binary_info(binary)
     }
 
@@ -152,7 +150,7 @@ impl QnnExecApi for SdkApi {
         let info = slot
             .info
             .as_ref()
-            .ok_or(ApiError::IoBinding { function: F, source: IoBindingError::NotFromBinary { context } })?
+            .ok_or_else(|| ApiError::io_binding(F, IoBindingError::NotFromBinary { context }))?
             .graphs
             .iter()
             .find(|g| g.name == name)
@@ -163,10 +161,10 @@ impl QnnExecApi for SdkApi {
         call(F, || unsafe { retrieve(slot.raw, c_name.as_ptr(), &mut raw) })?;
         // The backend found the graph; its I/O must be in the binary's metadata to be bound.
         let not_listed = IoBindingError::NotInMetadata { context, graph: name.to_string() };
-        let info = info.ok_or(ApiError::IoBinding { function: F, source: not_listed })?;
+        let info = info.ok_or_else(|| ApiError::io_binding(F, not_listed))?;
         let io = ExecIo::new(info).map_err(|e| match e {
-            BindError::Io(source) => ApiError::IoBinding { function: F, source },
-            BindError::Marshal(source) => ApiError::Marshal { function: F, source },
+            BindError::Io(source) => ApiError::io_binding(F, source),
+            BindError::Marshal(source) => ApiError::marshal(F, source),
         })?;
         self.graphs.push(GraphSlot { raw, context: index, io: Some(io) });
         Ok(GraphHandle(self.graphs.len() as u32))
@@ -184,8 +182,8 @@ impl QnnExecApi for SdkApi {
         let io = self.graphs[graph.0 as usize - 1]
             .io
             .as_ref()
-            .ok_or(ApiError::IoBinding { function: F, source: IoBindingError::NotRetrieved { graph } })?;
-        io.check_buffers(inputs, outputs).map_err(|source| ApiError::IoBinding { function: F, source })?;
+            .ok_or_else(|| ApiError::io_binding(F, IoBindingError::NotRetrieved { graph }))?;
+        io.check_buffers(inputs, outputs).map_err(|source| ApiError::io_binding(F, source))?;
         let mut c_inputs = io.inputs.clone();
         for (t, data) in c_inputs.iter_mut().zip(inputs) {
             // QNN only reads input buffers.

@@ -68,7 +68,10 @@ unsafe extern "C" fn on_log(format: *const c_char, level: b::QnnLog_Level_t, _ti
     }
     // SAFETY: vsnprintf NUL-terminated the buffer.
     let text = unsafe { CStr::from_ptr(text.as_ptr()) }.to_string_lossy();
-    record(level_name(level as u32), text.trim_end());
+    // `QnnLog_Level_t` is `c_uint` or `c_int` depending on the header.
+    #[allow(clippy::unnecessary_cast)]
+    let level = level as u32;
+    record(level_name(level), text.trim_end());
 }
 
 fn level_name(level: u32) -> &'static str {

@@ -91,13 +91,12 @@ pub(super) fn stale(function: &'static str, handle: impl std::fmt::Display) -> A
 }
 
 pub(super) fn marshal_error(function: &'static str) -> impl FnOnce(MarshalError) -> ApiError {
-    move |source| ApiError::Marshal { function, source }
+    move |source| ApiError::marshal(function, source)
 }
 
 /// `name` as a C string for `function`.
 pub(super) fn c_string(function: &'static str, what: &'static str, name: &str) -> Result<CString, ApiError> {
-    CString::new(name)
-        .map_err(|_| ApiError::Marshal { function, source: MarshalError::Nul { what, value: name.into() } })
+    CString::new(name).map_err(|_| ApiError::marshal(function, MarshalError::Nul { what, value: name.into() }))
 }
 
 fn live<T: Copy>(slots: &[Option<T>], index: u32) -> Option<T> {
@@ -111,11 +110,7 @@ fn check_op(function: &'static str, op: &OpConfig<'_>) -> Result<(), ApiError> {
         BoundParamValue::Scalar(_) => None,
     });
     for t in op.inputs.iter().chain(&op.outputs).chain(params) {
-        t.desc.check_layout().map_err(|source| ApiError::Tensor {
-            function,
-            node: Some(op.name.to_string()),
-            source,
-        })?;
+        t.desc.check_layout().map_err(|source| ApiError::tensor(function, Some(op.name), source))?;
     }
     Ok(())
 }
@@ -302,7 +297,7 @@ impl QnnApi for SdkApi {
     fn tensor_create_graph_tensor(&mut self, graph: GraphHandle, tensor: &TensorDesc) -> Result<TensorId, ApiError> {
         const F: &str = "tensorCreateGraphTensor";
         let create = entry(F, self.table.tensorCreateGraphTensor)?;
-        tensor.check_layout().map_err(|source| ApiError::Tensor { function: F, node: None, source })?;
+        tensor.check_layout().map_err(|source| ApiError::tensor(F, None, source))?;
         let (raw_graph, index) = self.graph(graph, F)?;
         let arena = &mut self.context_slot(index).arena;
         let c = marshal::tensor(arena, tensor, 0).map_err(marshal_error(F))?;
