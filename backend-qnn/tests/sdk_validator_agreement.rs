@@ -237,20 +237,24 @@ fn both_refuse(what: &str, broken: QnnGraph) -> ApiError {
     both_refuse_with(what, broken, qualcomms_verdict)
 }
 
-/// [`both_refuse`] with Qualcomm judging `broken` by `verdict`.
-fn both_refuse_with(
-    what: &str,
-    broken: QnnGraph,
-    verdict: fn(&mut SdkApi, &QnnGraph) -> Result<(), ApiError>,
-) -> ApiError {
-    let ours = validate(&broken);
+/// How Qualcomm judges a graph: by `backendValidateOpConfig` alone, or by building it.
+type Verdict = fn(&mut SdkApi, &QnnGraph) -> Result<(), ApiError>;
+
+/// Our validator must refuse `broken`; returns Qualcomm's verdict on it by `verdict`.
+fn ours_refuses(what: &str, broken: &QnnGraph, verdict: Verdict) -> Result<(), ApiError> {
+    let ours = validate(broken);
     let theirs = {
         let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        verdict(&mut real_api(), &broken)
+        verdict(&mut real_api(), broken)
     };
     eprintln!("{what}: ours {ours:?}; Qualcomm's {theirs:?}");
     assert!(ours.is_err(), "{what}: our validator accepts it");
-    theirs.expect_err(&format!("{what}: Qualcomm's backend accepts it"))
+    theirs
+}
+
+/// [`both_refuse`] with Qualcomm judging `broken` by `verdict`.
+fn both_refuse_with(what: &str, broken: QnnGraph, verdict: Verdict) -> ApiError {
+    ours_refuses(what, &broken, verdict).expect_err(&format!("{what}: Qualcomm's backend accepts it"))
 }
 
 #[test]
@@ -360,13 +364,7 @@ fn nan_scale_is_refused_by_both() {
 /// (tensors, node, finalize) and must succeed there while ours refuses it: these tests are the
 /// evidence for the backend's rule, and fail when a QAIRT release starts refusing it.
 fn only_ours_refuses(what: &str, broken: QnnGraph) {
-    let ours = validate(&broken);
-    let theirs = {
-        let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        qualcomms_build_verdict(&mut real_api(), &broken)
-    };
-    eprintln!("{what}: ours {ours:?}; Qualcomm's {theirs:?}");
-    assert!(ours.is_err(), "{what}: our validator accepts it");
+    let theirs = ours_refuses(what, &broken, qualcomms_build_verdict);
     assert_eq!(theirs, Ok(()), "{what}: Qualcomm's backend now refuses it; make the two agree");
 }
 
