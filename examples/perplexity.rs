@@ -61,6 +61,9 @@ struct Args {
     /// see docs/quantization.md).
     #[arg(long, value_name = "METHOD", default_value = "rtn")]
     weight_method: backend_cpu::quant::WeightMethod,
+    /// With --calib-text / --calib-ids: rotation folded into the weights first (none, hadamard).
+    #[arg(long, value_name = "ROTATION", default_value = "none")]
+    rotation: backend_cpu::quant::Rotation,
     /// Skip the RTN baseline.
     #[arg(long)]
     no_rtn: bool,
@@ -73,16 +76,6 @@ struct Args {
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
-}
-
-/// `<target dir>/perplexity` next to this binary's `examples/` folder, else `./target/perplexity`.
-fn default_out() -> PathBuf {
-    let from_exe = std::env::current_exe().ok().and_then(|exe| {
-        let examples = exe.parent()?;
-        (examples.file_name()? == "examples").then_some(())?;
-        Some(examples.parent()?.parent()?.join("perplexity"))
-    });
-    from_exe.unwrap_or_else(|| PathBuf::from("target/perplexity")).join("quantized")
 }
 
 fn main() -> Result<()> {
@@ -99,7 +92,7 @@ fn main() -> Result<()> {
         (None, None) => None,
     };
     if let Some(calibration) = calibration {
-        let out = args.out.clone().unwrap_or_else(default_out);
+        let out = args.out.clone().unwrap_or_else(|| aot::default_out_dir("perplexity").join("quantized"));
         let outcome = quantize(&QuantizeOptions {
             model: args.model.clone(),
             aot_config: args.aot_config.clone(),
@@ -110,6 +103,7 @@ fn main() -> Result<()> {
             max_positions: 1024,
             progress: !args.quiet,
             weight_method: args.weight_method,
+            rotation: args.rotation,
         })?;
         for w in &outcome.warnings {
             eprintln!("warning: {w}");
@@ -120,6 +114,9 @@ fn main() -> Result<()> {
             outcome.weight_seconds,
             out.display()
         );
+        if let Some((point, range)) = aot::calibrate::largest_residual_range(&outcome.calibration) {
+            eprintln!("largest residual-stream range {range:.1} (u16 step {:.4}) at {point}", range / 65535.0);
+        }
         quantized.insert(0, ("W4A16KV8 fake-quant".to_string(), out));
     }
 
