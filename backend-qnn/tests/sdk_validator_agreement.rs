@@ -7,14 +7,12 @@
 //! missing param, bad encoding, unknown param) go to both, and both must refuse them.
 //! Fails, naming `scripts/fetch-qnn-sdk`, when Qualcomm's libraries are absent.
 
-#![cfg(feature = "qnn-sdk")]
-
 mod model_common;
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi, FETCH_HINT};
+use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi};
 use backend_qnn::sdk::{
     graph_descs, ApiError, BoundParam, BoundParamValue, BoundTensor, OpConfig, ParamValue, QnnApi, TensorId,
 };
@@ -92,7 +90,7 @@ fn qualcomms_verdict(api: &mut SdkApi, g: &QnnGraph) -> Result<(), ApiError> {
 }
 
 fn real_api() -> SdkApi {
-    let paths = LibraryPaths::real().unwrap_or_else(|| panic!("Qualcomm's QNN libraries were not found: {FETCH_HINT}"));
+    let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     SdkApi::load(&paths).expect("the real libQnnHtp.so loads")
 }
 
