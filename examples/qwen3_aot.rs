@@ -17,13 +17,12 @@ use aot::{
     default_out_dir, run, AotOptions, AotReport, CalibSource, ContextBinary, ModelSource, DEFAULT_CHUNKS,
     DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS,
 };
-use backend_cpu::quant::WeightMethod;
+use backend_cpu::quant::{Rotation, WeightMethod};
 use clap::Parser;
 
 fn main() -> Result<()> {
     let args = AotArgs::parse();
-    let report = run_aot(&args)?;
-    print!("{}", report.summary());
+    print!("{}", run_aot(&args)?.summary());
     println!("report: {}", args.options().out.join("report.json").display());
     Ok(())
 }
@@ -42,8 +41,7 @@ Files written into --out (default: <cargo target dir>/qwen3_aot):
   qnn/<graph>.json          the QNN graph in QNN Netron's net.json schema
   qnn/<graph>.cpp, .bin     model.cpp / model.bin for qnn-model-lib-generator
   qnn/<graph>.summary.txt   ops by type, tensors by dtype, static bytes
-  qnn/context.bin           built by Qualcomm's HTP backend (when its libraries are found): every graph, weight-shared
-  qnn/context.x86.bin       the same without weight sharing: what x86 HTP emulation loads (ledger rows, generate)
+  qnn/context.bin, .x86.bin by Qualcomm's HTP backend (if found): all graphs weight-shared; unshared for x86 emulation
   report.json               model, accuracy ledger, timings, graphs, artifacts (paths relative to --out)
 
 report.json's ledger compares each stage with the previous one on the same inputs (logits):
@@ -98,14 +96,15 @@ pub struct AotArgs {
     /// Output directory. Default: <cargo target dir>/qwen3_aot.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// qnn/context.bin by Qualcomm's backend: auto (when its libraries are found, else a warning), on, off.
+    /// qnn/context.bin by Qualcomm's backend: auto (if its libraries are found, else a warning), on, off.
     #[arg(long, value_name = "WHEN", default_value = "auto", num_args = 0..=1, default_missing_value = "on")]
     pub context_binary: ContextBinary,
-    /// How linear weights are rounded to LPBQ when calibrating: rtn (pymllm's round-to-nearest),
-    /// mse (scale search on the deployed grid) or gptq (mse scales, GPTQ codes on calibration
-    /// activations). See docs/quantization.md for their effect and cost.
+    /// LPBQ weight rounding when calibrating: rtn (pymllm's), mse or gptq (docs/quantization.md).
     #[arg(long, value_name = "METHOD", default_value = "rtn")]
     pub weight_method: WeightMethod,
+    /// Rotation folded into the float weights before calibrating: none or hadamard (QuaRot's R1 + R2).
+    #[arg(long, value_name = "ROTATION", default_value = "none")]
+    pub rotation: Rotation,
     /// CPU threads (0: all cores; more than the machine has are capped with a warning).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub threads: usize,
@@ -139,6 +138,7 @@ impl AotArgs {
             max_positions: self.max_positions,
             progress: !self.quiet,
             weight_method: self.weight_method,
+            rotation: self.rotation,
         }
     }
 }

@@ -18,6 +18,7 @@ compile_error!("backend-qnn loads QNN libraries with dlopen and supports Unix ho
 mod bindings;
 mod exec;
 pub mod library;
+mod log;
 mod marshal;
 mod sdk_api;
 mod system;
