@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
-use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, WeightMethod};
+use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, Rotation, WeightMethod};
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::artifacts::summary::summarize;
 use backend_qnn::artifacts::write_graph_artifacts;
@@ -85,6 +85,8 @@ pub struct AotOptions {
     pub progress: bool,
     /// How linear weights are rounded to LPBQ when calibrating (docs/quantization.md).
     pub weight_method: WeightMethod,
+    /// Rotation folded into the float weights before calibrating (docs/quantization.md).
+    pub rotation: Rotation,
 }
 
 impl AotOptions {
@@ -101,6 +103,7 @@ impl AotOptions {
             max_positions: DEFAULT_MAX_POSITIONS,
             progress: false,
             weight_method: WeightMethod::Rtn,
+            rotation: Rotation::None,
         }
     }
 }
@@ -210,6 +213,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 max_positions: opts.max_positions,
                 progress: opts.progress,
                 weight_method: opts.weight_method,
+                rotation: opts.rotation,
             };
             // Straight into this run's staging directory, which is swapped in as a whole.
             std::fs::create_dir(&quant_dir).with_context(|| format!("creating {}", quant_dir.display()))?;
