@@ -5,19 +5,24 @@
 //! - [`spec`]: per-tensor parameters and the kinds of QDQ points a model file declares;
 //! - [`fake_quant`]: torch's `fake_quantize_per_tensor_affine` and integer codes;
 //! - [`observer`]: min/max observers that turn calibration data into parameters;
+//! - [`act_range`]: percentile and clipping-error ranges on a bounded [`histogram`];
 //! - [`lpbq`]: int4 linear weights with low-power blockwise (two-level) scales;
 //! - [`lpbq_search`]: LPBQ scales chosen by (activation-weighted) error search on the deployed grid;
+//! - [`seqmse`]: LPBQ scales chosen for the least error of the layer's output (SeqMSE);
 //! - [`uint16`]: per-tensor u16 weights of RMSNorm and Embedding;
 //! - [`points`]: the QDQ points, concatenation groups and layer outputs of a traced program.
 //!
 //! The tensor and IR code calls into these; apart from [`points`], which reads a traced program,
 //! nothing here knows about tensors or graphs.
 
+pub mod act_range;
 pub mod fake_quant;
+pub mod histogram;
 pub mod lpbq;
 pub mod lpbq_search;
 pub mod observer;
 pub mod points;
+pub mod seqmse;
 pub mod spec;
 pub mod uint16;
 
