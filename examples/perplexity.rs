@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use aot::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
-use aot::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
+use aot::{default_out_dir, load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
 use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
@@ -57,10 +57,12 @@ struct Args {
     /// RTN baseline bits.
     #[arg(long, value_name = "N", default_value_t = 4)]
     rtn_bits: u32,
-    /// With --calib-text / --calib-ids: how linear weights are rounded to LPBQ (rtn, mse, gptq;
-    /// see docs/quantization.md).
+    /// With --calib-text / --calib-ids: LPBQ weight method (rtn, mse, gptq, seqmse, seqmse-gptq).
     #[arg(long, value_name = "METHOD", default_value = "rtn")]
     weight_method: backend_cpu::quant::WeightMethod,
+    /// With --calib-*: activation/KV ranges: minmax, mse, percentile:P or act=M,kv=M (docs/quantization.md).
+    #[arg(long, value_name = "METHOD", default_value = "minmax")]
+    act_range: mllm_dsl::quant::act_range::ActRanges,
     /// Skip the RTN baseline.
     #[arg(long)]
     no_rtn: bool,
@@ -73,16 +75,6 @@ struct Args {
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
-}
-
-/// `<target dir>/perplexity` next to this binary's `examples/` folder, else `./target/perplexity`.
-fn default_out() -> PathBuf {
-    let from_exe = std::env::current_exe().ok().and_then(|exe| {
-        let examples = exe.parent()?;
-        (examples.file_name()? == "examples").then_some(())?;
-        Some(examples.parent()?.parent()?.join("perplexity"))
-    });
-    from_exe.unwrap_or_else(|| PathBuf::from("target/perplexity")).join("quantized")
 }
 
 fn main() -> Result<()> {
@@ -99,7 +91,7 @@ fn main() -> Result<()> {
         (None, None) => None,
     };
     if let Some(calibration) = calibration {
-        let out = args.out.clone().unwrap_or_else(default_out);
+        let out = args.out.clone().unwrap_or_else(|| default_out_dir("perplexity").join("quantized"));
         let outcome = quantize(&QuantizeOptions {
             model: args.model.clone(),
             aot_config: args.aot_config.clone(),
@@ -110,12 +102,14 @@ fn main() -> Result<()> {
             max_positions: 1024,
             progress: !args.quiet,
             weight_method: args.weight_method,
+            act_ranges: args.act_range,
         })?;
         for w in &outcome.warnings {
             eprintln!("warning: {w}");
         }
         eprintln!(
-            "calibrated in {:.1} s, quantized in {:.1} s into {}",
+            "input statistics {:.1} s, calibrated in {:.1} s, quantized in {:.1} s into {}",
+            outcome.input_stats_seconds,
             outcome.calibration_seconds,
             outcome.weight_seconds,
             out.display()

@@ -7,8 +7,7 @@
 //! ```
 //!
 //! `--help` documents every argument and the files written; the README walks through the flow
-//! ("Compile a model ahead of time"). The work is the `aot` crate's ([`aot::run`]); this file is
-//! the command line.
+//! ("Compile a model ahead of time"). The work is the `aot` crate's ([`aot::run`]); this is the CLI.
 
 use std::path::PathBuf;
 
@@ -100,11 +99,12 @@ pub struct AotArgs {
     /// `--features mllm-examples/qnn-sdk` and QNN_SDK_ROOT set; otherwise an error says so.
     #[arg(long)]
     pub context_binary: bool,
-    /// How linear weights are rounded to LPBQ when calibrating: rtn (pymllm's round-to-nearest),
-    /// mse (scale search on the deployed grid) or gptq (mse scales, GPTQ codes on calibration
-    /// activations). See docs/quantization.md for their effect and cost.
+    /// LPBQ weight method when calibrating: rtn (pymllm's), mse, gptq, seqmse, seqmse-gptq (docs/quantization.md).
     #[arg(long, value_name = "METHOD", default_value = "rtn")]
     pub weight_method: WeightMethod,
+    /// Activation/KV ranges when calibrating: minmax (pymllm), mse, percentile:P or act=M,kv=M.
+    #[arg(long, value_name = "METHOD", default_value = "minmax")]
+    pub act_range: mllm_dsl::quant::act_range::ActRanges,
     /// CPU threads (0: all cores; more than the machine has are capped with a warning).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub threads: usize,
@@ -138,6 +138,7 @@ impl AotArgs {
             max_positions: self.max_positions,
             progress: !self.quiet,
             weight_method: self.weight_method,
+            act_ranges: self.act_range,
         }
     }
 }
