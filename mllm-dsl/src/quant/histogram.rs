@@ -267,15 +267,8 @@ mod tests {
     use super::*;
 
     /// A fixed heavy-tailed sample (LCG, cubed uniforms).
-    pub(crate) fn sample(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                let u = (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
-                u * u * u * 64.0
-            })
-            .collect()
+    fn sample(n: usize, seed: u32) -> Vec<f32> {
+        crate::quant::test_data::cubed(n, seed, 64.0)
     }
 
     /// numpy.percentile's default (linear) method, exact.

@@ -254,14 +254,7 @@ mod tests {
 
     fn synthetic(n: usize, seed: u32) -> Vec<f32> {
         // Heavy-ish tails: a few large values per block, like trained weights.
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                let u = (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
-                u * u * u * 8.0
-            })
-            .collect()
+        crate::quant::test_data::cubed(n, seed, 8.0)
     }
 
     fn sq_err(a: &[f32], b: &[f32], h: Option<&[f32]>, inp: usize) -> f64 {

@@ -28,6 +28,26 @@ pub mod uint16;
 
 mod rounding;
 
+/// Fixed pseudo-random samples the quantization tests share.
+#[cfg(test)]
+pub(crate) mod test_data {
+    /// `n` values uniform in `[-0.5, 0.5)` from a 32-bit LCG.
+    pub fn uniform(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// Heavy tails like trained weights: `u^3 * scale` of [`uniform`] values.
+    pub fn cubed(n: usize, seed: u32, scale: f32) -> Vec<f32> {
+        uniform(n, seed).into_iter().map(|u| u * u * u * scale).collect()
+    }
+}
+
 pub use fake_quant::{dequantize, fake_quantize, quantize, FakeQuantizer};
 pub use lpbq::{decode_lpbq, quantize_lpbq, LpbqBlockQuant, LpbqExport, LpbqShape};
 pub use observer::{calculate_qparams, min_max_of, ConcatObserver, ConcatSharing, MinMaxObserver, ObserverScheme};

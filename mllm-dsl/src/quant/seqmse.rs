@@ -71,16 +71,7 @@ mod tests {
     use super::*;
     use crate::quant::lpbq::{quantize_lpbq, LPBQ_QMAX, SCALE1_STEPS};
     use crate::quant::lpbq_search::{lpbq_code, lpbq_mse_search, scale1_candidates};
-
-    fn lcg(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-            })
-            .collect()
-    }
+    use crate::quant::test_data::uniform as lcg;
 
     /// `X^T X / N` of `n` rows of strongly correlated inputs with a few loud channels.
     fn correlated_hessian(inp: usize, n: usize) -> Vec<f32> {
@@ -160,7 +151,7 @@ mod tests {
     #[test]
     fn chosen_scales_minimize_the_output_error_over_the_grid() {
         let (out, inp, bs) = (6, 32, 16);
-        let w: Vec<f32> = lcg(out * inp, 3).iter().map(|u| u * u * u * 8.0).collect();
+        let w = crate::quant::test_data::cubed(out * inp, 3, 8.0);
         let h = correlated_hessian(inp, 256);
         let shape = LpbqShape::new(out, inp, bs).unwrap();
         let found = lpbq_seqmse_search(&w, shape, &h).unwrap();
@@ -185,7 +176,7 @@ mod tests {
     #[test]
     fn output_error_beats_the_weight_error_searches() {
         let (out, inp, bs) = (32, 64, 16);
-        let w: Vec<f32> = lcg(out * inp, 8).iter().map(|u| u * u * u * 8.0).collect();
+        let w = crate::quant::test_data::cubed(out * inp, 8, 8.0);
         let h = correlated_hessian(inp, 512);
         let shape = LpbqShape::new(out, inp, bs).unwrap();
         let diag: Vec<f32> = (0..inp).map(|i| h[i * inp + i]).collect();
