@@ -8,14 +8,13 @@
 //!
 //! `--quantized` scores a quantized checkpoint (pymllm's format, `quantize`'s or `qwen3_aot`'s
 //! `quantized/`), repeatable; `--calib-text` / `--calib-ids` first calibrates and quantizes the model
-//! with the W4A16KV8 recipe (`--aot-config`) into `--out`. The logic is
-//! [`aot::text_quality`].
+//! with the W4A16KV8 recipe (`--aot-config`) into `--out`. The logic is [`aot::text_quality`].
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use aot::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
-use aot::{default_out_dir, load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
+use aot::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
 use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
@@ -39,9 +38,9 @@ struct Args {
     /// Quantized checkpoint to score in fake-quant mode (repeatable).
     #[arg(long, value_name = "DIR")]
     quantized: Vec<PathBuf>,
-    /// Calibrate and quantize the model first on this text (paragraphs separated by blank lines).
+    /// Calibrate and quantize first on this text (paragraphs separated by blank lines); repeatable.
     #[arg(long, value_name = "FILE", conflicts_with = "calib_ids")]
-    calib_text: Option<PathBuf>,
+    calib_text: Vec<PathBuf>,
     /// Calibrate and quantize the model first on these ids (safetensors `calib_ids`, int64 [N, L]).
     #[arg(long, value_name = "FILE")]
     calib_ids: Option<PathBuf>,
@@ -63,6 +62,9 @@ struct Args {
     /// With --calib-*: activation/KV ranges: minmax, mse, percentile:P or act=M,kv=M (docs/quantization.md).
     #[arg(long, value_name = "METHOD", default_value = "minmax")]
     act_range: mllm_dsl::quant::act_range::ActRanges,
+    /// With --calib-text / --calib-ids: rotation folded into the weights first (none, hadamard).
+    #[arg(long, value_name = "ROTATION", default_value = "none")]
+    rotation: backend_cpu::quant::Rotation,
     /// Skip the RTN baseline.
     #[arg(long)]
     no_rtn: bool,
@@ -85,13 +87,18 @@ fn main() -> Result<()> {
         args.quantized.iter().map(|d| (format!("fake-quant {}", d.display()), d.clone())).collect();
 
     // 1. Calibrate and quantize first, when asked to.
-    let calibration = match (&args.calib_ids, &args.calib_text) {
+    let tokenizer = args.model.join("tokenizer.json");
+    let calibration = match (&args.calib_ids, args.calib_text.as_slice()) {
         (Some(path), _) => Some(load_id_sequences(path, "calib_ids", hf.vocab_size)?),
-        (None, Some(path)) => Some(load_text_sequences(path, &args.model.join("tokenizer.json"), 1024, 128, None)?),
-        (None, None) => None,
+        (None, []) => None,
+        (None, texts) => {
+            let each: Result<Vec<_>> =
+                texts.iter().map(|p| load_text_sequences(p, &tokenizer, 1024, 128, None)).collect();
+            Some(each?.concat())
+        }
     };
     if let Some(calibration) = calibration {
-        let out = args.out.clone().unwrap_or_else(|| default_out_dir("perplexity").join("quantized"));
+        let out = args.out.clone().unwrap_or_else(|| aot::default_out_dir("perplexity").join("quantized"));
         let outcome = quantize(&QuantizeOptions {
             model: args.model.clone(),
             aot_config: args.aot_config.clone(),
@@ -103,22 +110,19 @@ fn main() -> Result<()> {
             progress: !args.quiet,
             weight_method: args.weight_method,
             act_ranges: args.act_range,
+            rotation: args.rotation,
         })?;
-        for w in &outcome.warnings {
-            eprintln!("warning: {w}");
+        outcome.warnings.iter().for_each(|w| eprintln!("warning: {w}"));
+        let (calibrated, quantized_s) = (outcome.calibration_seconds, outcome.weight_seconds);
+        eprintln!("calibrated in {calibrated:.1} s, quantized in {quantized_s:.1} s into {}", out.display());
+        if let Some((point, range)) = aot::calibrate::largest_residual_range(&outcome.calibration) {
+            eprintln!("largest residual-stream range {range:.1} (u16 step {:.4}) at {point}", range / 65535.0);
         }
-        eprintln!(
-            "input statistics {:.1} s, calibrated in {:.1} s, quantized in {:.1} s into {}",
-            outcome.input_stats_seconds,
-            outcome.calibration_seconds,
-            outcome.weight_seconds,
-            out.display()
-        );
         quantized.insert(0, ("W4A16KV8 fake-quant".to_string(), out));
     }
 
     // 2. Score.
-    let ids = load_text_ids(&args.text, &args.model.join("tokenizer.json"), args.tokens)?;
+    let ids = load_text_ids(&args.text, &tokenizer, args.tokens)?;
     let quality = text_quality(&TextQualityOptions {
         model: args.model.clone(),
         quantized,

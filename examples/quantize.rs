@@ -67,6 +67,9 @@ struct Args {
     /// kinds or as act=METHOD,kv=METHOD. Ignored with --mllm-compatible.
     #[arg(long, value_name = "METHOD", default_value = "minmax")]
     act_range: mllm_dsl::quant::act_range::ActRanges,
+    /// Rotation folded into the float weights first: none or hadamard (not with --mllm-compatible).
+    #[arg(long, default_value = "none")]
+    rotation: backend_cpu::quant::Rotation,
     /// Output directory, replaced whole when the run succeeds (built in a staging directory next
     /// to it; a failed run leaves it as it was). It may not be or contain --model.
     #[arg(long)]
@@ -114,6 +117,7 @@ fn main() -> Result<()> {
         progress: !args.quiet,
         weight_method: args.weight_method,
         act_ranges: args.act_range,
+        rotation: args.rotation,
     };
     let outcome = quantize(&opts)?;
     for w in &outcome.warnings {

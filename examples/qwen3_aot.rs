@@ -13,16 +13,15 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use aot::{
-    default_out_dir, run, AotOptions, AotReport, CalibSource, ModelSource, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN,
-    DEFAULT_MAX_POSITIONS,
+    default_out_dir, run, AotOptions, AotReport, CalibSource, ContextBinary, ModelSource, DEFAULT_CHUNKS,
+    DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS,
 };
-use backend_cpu::quant::WeightMethod;
+use backend_cpu::quant::{Rotation, WeightMethod};
 use clap::Parser;
 
 fn main() -> Result<()> {
     let args = AotArgs::parse();
-    let report = run_aot(&args)?;
-    print!("{}", report.summary());
+    print!("{}", run_aot(&args)?.summary());
     println!("report: {}", args.options().out.join("report.json").display());
     Ok(())
 }
@@ -41,7 +40,7 @@ Files written into --out (default: <cargo target dir>/qwen3_aot):
   qnn/<graph>.json          the QNN graph in QNN Netron's net.json schema
   qnn/<graph>.cpp, .bin     model.cpp / model.bin for qnn-model-lib-generator
   qnn/<graph>.summary.txt   ops by type, tensors by dtype, static bytes
-  qnn/context.bin           with --context-binary: the QNN HTP context binary holding every graph
+  qnn/context.bin, .x86.bin by Qualcomm's HTP backend (if found): all graphs weight-shared; unshared for x86 emulation
   report.json               model, accuracy ledger, timings, graphs, artifacts (paths relative to --out)
 
 report.json's ledger compares each stage with the previous one on the same inputs (logits):
@@ -49,6 +48,7 @@ report.json's ledger compares each stage with the previous one on the same input
   fakequant_vs_float  eager fake-quant vs float (calibration sequences; for --quantized, reference float_logits)
   passes_vs_eager     backend-cpu's interpreter on the final IR vs the eager fake-quant model, per graph
   qnn_vs_fakequant    backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run, per graph
+  htp_vs_fakequant    Qualcomm's x86 HTP emulation vs the CPU fake-quant run (htp_vs_interp: vs backend-qnn's interpreter)
 Each row has sqnr_db (null = identical), top1_agreement (fraction of positions whose argmax agrees) and max_abs_err.
 
 The output is built in a fresh .<out>.staging-* directory next to --out and replaces --out whole only when the run
@@ -62,15 +62,13 @@ the only exception is report.json's \"timings_s\" object (wall times), so compar
     after_help = AFTER_HELP
 )]
 pub struct AotArgs {
-    /// HF float checkpoint directory (config.json + safetensors) to calibrate and quantize.
-    /// Its model_type picks the model file (qwen3; llama/qwen2 where the pipeline supports them).
+    /// HF float checkpoint directory (config.json + safetensors) to calibrate; its model_type picks the model file.
     #[arg(long, value_name = "HF_DIR", conflicts_with = "quantized")]
     pub model: Option<PathBuf>,
     /// Quantized checkpoint directory (pymllm's export or this project's `quantize`): no calibration.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["calib_ids", "calib_text"])]
     pub quantized: Option<PathBuf>,
-    /// mllm's QNN AOT config JSON (target_machine, graph_on_qnn, quant_recipe); default: the built-in
-    /// W4A16KV8 config (SM8650/V75, LPBQ block 16) with the model's layer count.
+    /// mllm's QNN AOT config JSON; default: the built-in W4A16KV8 one (SM8650/V75, LPBQ block 16).
     #[arg(long, value_name = "JSON")]
     pub aot_config: Option<PathBuf>,
     /// Calibration token ids: safetensors with `calib_ids`, int64 [N, L]. Default run: embedded ids.
@@ -79,8 +77,7 @@ pub struct AotArgs {
     /// Calibration text: paragraphs separated by blank lines, tokenized with the model dir's tokenizer.json.
     #[arg(long, value_name = "FILE")]
     pub calib_text: Option<PathBuf>,
-    /// With --calib-text: each paragraph as a user turn through the model's own chat template
-    /// (chat_template.jinja or tokenizer_config.json; Qwen3's in non-thinking mode), as pymllm does.
+    /// With --calib-text: each paragraph as a user turn through the model's own chat template, as pymllm does.
     #[arg(long, requires = "calib_text")]
     pub chat: bool,
     /// Context length of the graphs: the mask width, K/V cache = context - chunk positions.
@@ -95,16 +92,18 @@ pub struct AotArgs {
     /// Output directory. Default: <cargo target dir>/qwen3_aot.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Also build the QNN context binary (qnn/context.bin). Needs a build with
-    /// `--features mllm-examples/qnn-sdk` and QNN_SDK_ROOT set; otherwise an error says so.
-    #[arg(long)]
-    pub context_binary: bool,
-    /// LPBQ weight method when calibrating: rtn (pymllm's), mse, gptq, seqmse, seqmse-gptq (docs/quantization.md).
+    /// qnn/context.bin by Qualcomm's backend: auto (if its libraries are found, else a warning), on, off.
+    #[arg(long, value_name = "WHEN", default_value = "auto", num_args = 0..=1, default_missing_value = "on")]
+    pub context_binary: ContextBinary,
+    /// LPBQ weight rounding when calibrating: rtn (pymllm's), mse, gptq, seqmse, seqmse-gptq (docs/quantization.md).
     #[arg(long, value_name = "METHOD", default_value = "rtn")]
     pub weight_method: WeightMethod,
     /// Activation/KV ranges when calibrating: minmax (pymllm), mse, percentile:P or act=M,kv=M.
     #[arg(long, value_name = "METHOD", default_value = "minmax")]
     pub act_range: mllm_dsl::quant::act_range::ActRanges,
+    /// Rotation folded into the float weights before calibrating: none or hadamard (QuaRot's R1 + R2).
+    #[arg(long, value_name = "ROTATION", default_value = "none")]
+    pub rotation: Rotation,
     /// CPU threads (0: all cores; more than the machine has are capped with a warning).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub threads: usize,
@@ -139,6 +138,7 @@ impl AotArgs {
             progress: !self.quiet,
             weight_method: self.weight_method,
             act_ranges: self.act_range,
+            rotation: self.rotation,
         }
     }
 }

@@ -38,6 +38,7 @@ fn run(mode: CalibrationMode, out: &Path) -> QuantizeOutcome {
         progress: false,
         weight_method: backend_cpu::quant::WeightMethod::Rtn,
         act_ranges: Default::default(),
+        rotation: backend_cpu::quant::Rotation::None,
     };
     quantize(&opts).unwrap()
 }
@@ -194,6 +195,7 @@ fn quantize_error(model: PathBuf, aot_config: Option<PathBuf>) -> String {
         progress: false,
         weight_method: backend_cpu::quant::WeightMethod::Rtn,
         act_ranges: Default::default(),
+        rotation: backend_cpu::quant::Rotation::None,
     };
     let err = quantize(&opts).err().expect("quantize must refuse this configuration");
     eprintln!("{err:#}");

@@ -33,6 +33,7 @@ fn run(mode: CalibrationMode, method: WeightMethod, ranges: ActRanges, out: &Pat
         progress: false,
         weight_method: method,
         act_ranges: ranges,
+        rotation: backend_cpu::quant::Rotation::None,
     })
     .unwrap_or_else(|e| panic!("{} weights: {e:#}", method.name()))
 }
