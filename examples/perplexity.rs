@@ -8,8 +8,7 @@
 //!
 //! `--quantized` scores a quantized checkpoint (pymllm's format, `quantize`'s or `qwen3_aot`'s
 //! `quantized/`), repeatable; `--calib-text` / `--calib-ids` first calibrates and quantizes the model
-//! with the W4A16KV8 recipe (`--aot-config`) into `--out`. The logic is
-//! [`aot::text_quality`].
+//! with the W4A16KV8 recipe (`--aot-config`) into `--out`. The logic is [`aot::text_quality`].
 
 use std::path::PathBuf;
 
@@ -39,8 +38,7 @@ struct Args {
     /// Quantized checkpoint to score in fake-quant mode (repeatable).
     #[arg(long, value_name = "DIR")]
     quantized: Vec<PathBuf>,
-    /// Calibrate and quantize the model first on this text (paragraphs separated by blank lines);
-    /// repeat to calibrate on several files.
+    /// Calibrate and quantize first on this text (paragraphs separated by blank lines); repeatable.
     #[arg(long, value_name = "FILE", conflicts_with = "calib_ids")]
     calib_text: Vec<PathBuf>,
     /// Calibrate and quantize the model first on these ids (safetensors `calib_ids`, int64 [N, L]).
@@ -58,10 +56,12 @@ struct Args {
     /// RTN baseline bits.
     #[arg(long, value_name = "N", default_value_t = 4)]
     rtn_bits: u32,
-    /// With --calib-text / --calib-ids: how linear weights are rounded to LPBQ (rtn, mse, gptq;
-    /// see docs/quantization.md).
+    /// With --calib-text / --calib-ids: LPBQ weight method (rtn, mse, gptq, seqmse, seqmse-gptq).
     #[arg(long, value_name = "METHOD", default_value = "rtn")]
     weight_method: backend_cpu::quant::WeightMethod,
+    /// With --calib-*: activation/KV ranges: minmax, mse, percentile:P or act=M,kv=M (docs/quantization.md).
+    #[arg(long, value_name = "METHOD", default_value = "minmax")]
+    act_range: mllm_dsl::quant::act_range::ActRanges,
     /// With --calib-text / --calib-ids: rotation folded into the weights first (none, hadamard).
     #[arg(long, value_name = "ROTATION", default_value = "none")]
     rotation: backend_cpu::quant::Rotation,
@@ -109,11 +109,10 @@ fn main() -> Result<()> {
             max_positions: 1024,
             progress: !args.quiet,
             weight_method: args.weight_method,
+            act_ranges: args.act_range,
             rotation: args.rotation,
         })?;
-        for w in &outcome.warnings {
-            eprintln!("warning: {w}");
-        }
+        outcome.warnings.iter().for_each(|w| eprintln!("warning: {w}"));
         let (calibrated, quantized_s) = (outcome.calibration_seconds, outcome.weight_seconds);
         eprintln!("calibrated in {calibrated:.1} s, quantized in {quantized_s:.1} s into {}", out.display());
         if let Some((point, range)) = aot::calibrate::largest_residual_range(&outcome.calibration) {

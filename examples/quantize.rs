@@ -59,11 +59,14 @@ struct Args {
     /// Rows of the RoPE tables (mllm_qualcomm_max_length).
     #[arg(long, default_value_t = 1024)]
     max_positions: usize,
-    /// How linear weights are rounded to LPBQ: rtn (pymllm's), mse (scale search on the deployed
-    /// grid, weighted by the inputs' energy) or gptq (mse scales, GPTQ codes). Ignored with
-    /// --mllm-compatible. See docs/quantization.md.
+    /// How linear weights are rounded to LPBQ: rtn (pymllm's), mse, gptq, seqmse or seqmse-gptq.
+    /// Ignored with --mllm-compatible. See docs/quantization.md.
     #[arg(long, default_value = "rtn")]
     weight_method: backend_cpu::quant::WeightMethod,
+    /// How activation and KV ranges are chosen: minmax (pymllm), mse or percentile:P, for both
+    /// kinds or as act=METHOD,kv=METHOD. Ignored with --mllm-compatible.
+    #[arg(long, value_name = "METHOD", default_value = "minmax")]
+    act_range: mllm_dsl::quant::act_range::ActRanges,
     /// Rotation folded into the float weights first: none or hadamard (not with --mllm-compatible).
     #[arg(long, default_value = "none")]
     rotation: backend_cpu::quant::Rotation,
@@ -113,6 +116,7 @@ fn main() -> Result<()> {
         max_positions: args.max_positions,
         progress: !args.quiet,
         weight_method: args.weight_method,
+        act_ranges: args.act_range,
         rotation: args.rotation,
     };
     let outcome = quantize(&opts)?;

@@ -7,8 +7,7 @@
 //! ```
 //!
 //! `--help` documents every argument and the files written; the README walks through the flow
-//! ("Compile a model ahead of time"). The work is the `aot` crate's ([`aot::run`]); this file is
-//! the command line.
+//! ("Compile a model ahead of time"). The work is the `aot` crate's ([`aot::run`]); this is the CLI.
 
 use std::path::PathBuf;
 
@@ -63,15 +62,13 @@ except report.json's \"timings_s\" (wall times) and qnn/context*.bin (Qualcomm's
     after_help = AFTER_HELP
 )]
 pub struct AotArgs {
-    /// HF float checkpoint directory (config.json + safetensors) to calibrate and quantize.
-    /// Its model_type picks the model file (qwen3; llama/qwen2 where the pipeline supports them).
+    /// HF float checkpoint directory (config.json + safetensors) to calibrate; its model_type picks the model file.
     #[arg(long, value_name = "HF_DIR", conflicts_with = "quantized")]
     pub model: Option<PathBuf>,
     /// Quantized checkpoint directory (pymllm's export or this project's `quantize`): no calibration.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["calib_ids", "calib_text"])]
     pub quantized: Option<PathBuf>,
-    /// mllm's QNN AOT config JSON (target_machine, graph_on_qnn, quant_recipe); default: the built-in
-    /// W4A16KV8 config (SM8650/V75, LPBQ block 16) with the model's layer count.
+    /// mllm's QNN AOT config JSON; default: the built-in W4A16KV8 one (SM8650/V75, LPBQ block 16).
     #[arg(long, value_name = "JSON")]
     pub aot_config: Option<PathBuf>,
     /// Calibration token ids: safetensors with `calib_ids`, int64 [N, L]. Default run: embedded ids.
@@ -80,8 +77,7 @@ pub struct AotArgs {
     /// Calibration text: paragraphs separated by blank lines, tokenized with the model dir's tokenizer.json.
     #[arg(long, value_name = "FILE")]
     pub calib_text: Option<PathBuf>,
-    /// With --calib-text: each paragraph as a user turn through the model's own chat template
-    /// (chat_template.jinja or tokenizer_config.json; Qwen3's in non-thinking mode), as pymllm does.
+    /// With --calib-text: each paragraph as a user turn through the model's own chat template, as pymllm does.
     #[arg(long, requires = "calib_text")]
     pub chat: bool,
     /// Context length of the graphs: the mask width, K/V cache = context - chunk positions.
@@ -99,9 +95,12 @@ pub struct AotArgs {
     /// qnn/context.bin by Qualcomm's backend: auto (if its libraries are found, else a warning), on, off.
     #[arg(long, value_name = "WHEN", default_value = "auto", num_args = 0..=1, default_missing_value = "on")]
     pub context_binary: ContextBinary,
-    /// LPBQ weight rounding when calibrating: rtn (pymllm's), mse or gptq (docs/quantization.md).
+    /// LPBQ weight rounding when calibrating: rtn (pymllm's), mse, gptq, seqmse, seqmse-gptq (docs/quantization.md).
     #[arg(long, value_name = "METHOD", default_value = "rtn")]
     pub weight_method: WeightMethod,
+    /// Activation/KV ranges when calibrating: minmax (pymllm), mse, percentile:P or act=M,kv=M.
+    #[arg(long, value_name = "METHOD", default_value = "minmax")]
+    pub act_range: mllm_dsl::quant::act_range::ActRanges,
     /// Rotation folded into the float weights before calibrating: none or hadamard (QuaRot's R1 + R2).
     #[arg(long, value_name = "ROTATION", default_value = "none")]
     pub rotation: Rotation,
@@ -138,6 +137,7 @@ impl AotArgs {
             max_positions: self.max_positions,
             progress: !self.quiet,
             weight_method: self.weight_method,
+            act_ranges: self.act_range,
             rotation: self.rotation,
         }
     }

@@ -21,6 +21,7 @@ use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::files::write_atomic_bytes as write_atomic;
 use mllm_dsl::module::ParamSource;
+use mllm_dsl::quant::act_range::ActRanges;
 use mllm_dsl::quant::points::{concat_groups, layer_output_points, linear_inputs, qdq_points};
 use mllm_dsl::{ParamFormat, Program, QdqAttr};
 
@@ -45,6 +46,9 @@ pub struct QuantizeOptions {
     pub progress: bool,
     /// How linear weights are rounded (deployed mode only; `--mllm-compatible` is pymllm's).
     pub weight_method: WeightMethod,
+    /// How activation and KV ranges are chosen (deployed mode only; `--mllm-compatible` is
+    /// pymllm's min/max).
+    pub act_ranges: ActRanges,
     /// Rotation folded into the float weights before anything else (deployed mode only).
     pub rotation: Rotation,
 }
@@ -160,7 +164,8 @@ fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &
 
     // 3. Calibration.
     let start = Instant::now();
-    let hook = Arc::new(ObserverHook::new(&points, &groups, opts.mode));
+    let act_ranges = if opts.mode == CalibrationMode::MllmCompatible { ActRanges::default() } else { opts.act_ranges };
+    let hook = Arc::new(ObserverHook::with_ranges(&points, &groups, opts.mode, act_ranges));
     let backend = CpuBackend::with_qdq(hook.clone());
     let calibration = {
         let store = CheckpointStore::for_config(model_dir, backend.clone(), hf)?;
@@ -212,6 +217,7 @@ fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &
         "model": model_name,
         "calibration_mode": opts.mode.name(),
         "weight_method": weight_method.name(),
+        "act_range": act_ranges.to_string(),
         "rotation": opts.rotation.name(),
         "largest_residual_range": largest_residual_range(&calibration).map(|(point, range)| serde_json::json!({
             "point": point, "range": range, "u16_step": range / 65535.0,

@@ -33,6 +33,7 @@ use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::files::write_atomic_bytes as write_atomic;
 use mllm_dsl::passes::Pipeline;
+use mllm_dsl::quant::act_range::ActRanges;
 use mllm_dsl::{ParamFormat, Program};
 
 use crate::calibrate::{quantize_to, QuantizeOptions};
@@ -90,6 +91,8 @@ pub struct AotOptions {
     pub progress: bool,
     /// How linear weights are rounded to LPBQ when calibrating (docs/quantization.md).
     pub weight_method: WeightMethod,
+    /// How activation and KV ranges are chosen when calibrating (docs/quantization.md).
+    pub act_ranges: ActRanges,
     /// Rotation folded into the float weights before calibrating (docs/quantization.md).
     pub rotation: Rotation,
 }
@@ -108,6 +111,7 @@ impl AotOptions {
             max_positions: DEFAULT_MAX_POSITIONS,
             progress: false,
             weight_method: WeightMethod::Rtn,
+            act_ranges: ActRanges::default(),
             rotation: Rotation::None,
         }
     }
@@ -224,6 +228,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 max_positions: opts.max_positions,
                 progress: opts.progress,
                 weight_method: opts.weight_method,
+                act_ranges: opts.act_ranges,
                 rotation: opts.rotation,
             };
             // Straight into this run's staging directory, which is swapped in as a whole.

@@ -259,6 +259,7 @@ pub fn prepare_checkpoint(opts: &BenchOptions) -> Result<PathBuf> {
         max_positions: opts.context,
         progress: false,
         weight_method: WeightMethod::Rtn,
+        act_ranges: Default::default(),
         rotation: Rotation::None,
     })
     .with_context(|| format!("quantizing the synthetic checkpoint {}", float.display()))?;

@@ -1,9 +1,12 @@
-//! The LPBQ weight methods (`--weight-method`, docs/quantization.md) on the tiny fixture: the
-//! searched and GPTQ-rounded weights must not leave fake-quant further from float than pymllm's
-//! rounding, and `--mllm-compatible` must ignore them (pymllm's parameters, bit for bit).
+//! The LPBQ weight methods (`--weight-method`) and activation ranges (`--act-range`,
+//! docs/quantization.md) on the tiny fixture: the searched, SeqMSE and GPTQ-rounded weights and
+//! the MSE ranges must not leave fake-quant further from float than pymllm's recipe, and
+//! `--mllm-compatible` must ignore them (pymllm's parameters, bit for bit).
 
 use aot::{load_id_sequences, quantize, QuantizeOptions, QuantizeOutcome};
 use backend_cpu::quant::{CalibrationMode, WeightMethod};
+use mllm_dsl::quant::act_range::{ActRange, ActRanges};
+use mllm_dsl::QdqKind;
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
@@ -16,7 +19,7 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-fn run(mode: CalibrationMode, method: WeightMethod, out: &Path) -> QuantizeOutcome {
+fn run(mode: CalibrationMode, method: WeightMethod, ranges: ActRanges, out: &Path) -> QuantizeOutcome {
     let calibration =
         load_id_sequences(&fixture("pymllm-qwen3-dev-f32").join("calib_ids.safetensors"), "calib_ids", 128).unwrap();
     quantize(&QuantizeOptions {
@@ -29,6 +32,7 @@ fn run(mode: CalibrationMode, method: WeightMethod, out: &Path) -> QuantizeOutco
         max_positions: 1024,
         progress: false,
         weight_method: method,
+        act_ranges: ranges,
         rotation: backend_cpu::quant::Rotation::None,
     })
     .unwrap_or_else(|e| panic!("{} weights: {e:#}", method.name()))
@@ -37,15 +41,17 @@ fn run(mode: CalibrationMode, method: WeightMethod, out: &Path) -> QuantizeOutco
 #[test]
 fn searched_and_gptq_weights_are_no_worse_than_pymllm_rounding() {
     let mut logits = Vec::new();
-    for method in [WeightMethod::Rtn, WeightMethod::Mse, WeightMethod::Gptq] {
+    for method in
+        [WeightMethod::Rtn, WeightMethod::Mse, WeightMethod::Gptq, WeightMethod::SeqMse, WeightMethod::SeqMseGptq]
+    {
         let out = scratch(method.name());
-        let outcome = run(CalibrationMode::Deployed, method, &out);
+        let outcome = run(CalibrationMode::Deployed, method, ActRanges::default(), &out);
         let row = outcome.report.rows.last().unwrap().clone();
         let report: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
         assert_eq!(report["weight_method"], method.name());
         assert_eq!(outcome.input_stats_seconds > 0.0, method != WeightMethod::Rtn);
-        println!("{:>5}: logits SQNR {:.2} dB, top-1 {:.1} %", method.name(), row.sqnr_db, 100.0 * row.top1_agreement);
+        println!("{:>11}: logits SQNR {:.2} dB, top-1 {:.1} %", method.name(), row.sqnr_db, 100.0 * row.top1_agreement);
         logits.push((method, row));
         let _ = std::fs::remove_dir_all(&out);
     }
@@ -64,12 +70,66 @@ fn searched_and_gptq_weights_are_no_worse_than_pymllm_rounding() {
 }
 
 #[test]
-fn mllm_compatible_mode_ignores_the_weight_method() {
+fn mllm_compatible_mode_ignores_the_weight_method_and_ranges() {
     let (a, b) = (scratch("mllm-rtn"), scratch("mllm-gptq"));
-    run(CalibrationMode::MllmCompatible, WeightMethod::Rtn, &a);
-    let outcome = run(CalibrationMode::MllmCompatible, WeightMethod::Gptq, &b);
+    run(CalibrationMode::MllmCompatible, WeightMethod::Rtn, ActRanges::default(), &a);
+    let outcome = run(CalibrationMode::MllmCompatible, WeightMethod::SeqMseGptq, "mse".parse().unwrap(), &b);
     assert_eq!(outcome.input_stats_seconds, 0.0, "no statistics pass in mllm-compatible mode");
     let bytes = |d: &Path| std::fs::read(d.join("model.safetensors")).unwrap();
-    assert!(bytes(&a) == bytes(&b), "mllm-compatible checkpoints differ with --weight-method gptq");
+    assert!(
+        bytes(&a) == bytes(&b),
+        "mllm-compatible checkpoints differ with --weight-method seqmse-gptq --act-range mse"
+    );
     let _ = (std::fs::remove_dir_all(&a), std::fs::remove_dir_all(&b));
+}
+
+#[test]
+fn range_methods_shrink_only_the_kinds_they_are_given() {
+    let minmax = run(CalibrationMode::Deployed, WeightMethod::Rtn, ActRanges::default(), &scratch("range-minmax"));
+    let base = &minmax.calibration.params;
+    let logits = |o: &QuantizeOutcome| o.report.rows.last().unwrap().clone();
+    println!(
+        "{:>16}: logits SQNR {:.2} dB, top-1 {:.1} %",
+        "minmax",
+        logits(&minmax).sqnr_db,
+        100.0 * logits(&minmax).top1_agreement
+    );
+    for ranges in ["mse", "kv=mse", "percentile:99.99", "act=percentile:99.9"] {
+        let out = scratch(&format!("range-{}", ranges.replace([':', '='], "-")));
+        let parsed: ActRanges = ranges.parse().unwrap();
+        let outcome = run(CalibrationMode::Deployed, WeightMethod::Rtn, parsed, &out);
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+        assert_eq!(report["act_range"], parsed.to_string());
+        let row = logits(&outcome);
+        println!("{ranges:>16}: logits SQNR {:.2} dB, top-1 {:.1} %", row.sqnr_db, 100.0 * row.top1_agreement);
+        // Each point's range lies inside its min/max range, and only the kinds given a method move.
+        let mut shrunk = [0usize; 2];
+        for (point, p) in outcome.calibration.params.iter() {
+            let m = base.get(&point.key).unwrap();
+            let method = match point.kind {
+                QdqKind::Activation => Some((0, parsed.activations)),
+                QdqKind::KvCache => Some((1, parsed.kv_cache)),
+                _ => None,
+            };
+            match method {
+                Some((kind, method)) if method != ActRange::MinMax => {
+                    assert!(p.scale <= m.scale * (1.0 + 1e-6), "{}: {} > min/max {}", point.key, p.scale, m.scale);
+                    shrunk[kind] += usize::from(p.scale < m.scale * 0.999);
+                }
+                _ => assert_eq!(p, m, "{} has no range method but moved", point.key),
+            }
+        }
+        println!("{ranges:>16}: {} activation and {} KV scales shrunk by > 0.1 %", shrunk[0], shrunk[1]);
+        for (kind, method) in [(0, parsed.activations), (1, parsed.kv_cache)] {
+            if let ActRange::Percentile(_) = method {
+                assert!(shrunk[kind] > 0, "{ranges}: a percentile range clipped nothing");
+            }
+        }
+        if parsed.kv_cache == ActRange::Mse {
+            assert!(shrunk[1] > 0, "{ranges}: the u8 KV cache's MSE range clipped nothing");
+        }
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    let _ = std::fs::remove_dir_all(scratch("range-minmax"));
 }

@@ -141,6 +141,7 @@ fn quantize_fixture(mode: CalibrationMode, rotation: Rotation, out: &Path) -> an
         max_positions: 1024,
         progress: false,
         weight_method: WeightMethod::Gptq,
+        act_ranges: Default::default(),
         rotation,
     })
 }

@@ -39,8 +39,9 @@ use std::sync::Mutex;
 
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
+use mllm_dsl::quant::act_range::{ActRange, ActRanges, RangeObserver};
 use mllm_dsl::quant::lpbq::{lpbq_block_quantize, LpbqShape};
-use mllm_dsl::quant::observer::{min_max_of, ConcatObserver, ConcatSharing, MinMaxObserver, ObserverScheme};
+use mllm_dsl::quant::observer::{min_max_of, ConcatObserver, ConcatSharing, ObserverScheme};
 use mllm_dsl::quant::points::{ConcatGroup, SliceOf};
 use mllm_dsl::quant::spec::EPS_8BIT;
 use mllm_dsl::quant::{quantize_u16_weight, QuantParams};
@@ -77,9 +78,19 @@ fn scheme_of(kind: &QdqKind) -> Option<ObserverScheme> {
     }
 }
 
+/// The range method of a point of `kind`: constants and RoPE tables are data, not samples, and
+/// keep min/max.
+fn range_method(kind: &QdqKind, ranges: ActRanges) -> ActRange {
+    match kind {
+        QdqKind::Activation => ranges.activations,
+        QdqKind::KvCache => ranges.kv_cache,
+        _ => ActRange::MinMax,
+    }
+}
+
 /// Where a point's observations go.
 enum Slot {
-    Own(MinMaxObserver),
+    Own(RangeObserver),
     /// Index into the concatenation observers, and this point's index inside that group.
     Concat {
         group: usize,
@@ -106,8 +117,21 @@ pub struct ObserverHook {
 }
 
 impl ObserverHook {
-    /// Observers for `points`; members of `concat_groups` share one range per group.
+    /// Min/max observers for `points`; members of `concat_groups` share one range per group.
     pub fn new(points: &[QdqAttr], concat_groups: &[ConcatGroup], mode: CalibrationMode) -> Self {
+        Self::with_ranges(points, concat_groups, mode, ActRanges::default())
+    }
+
+    /// [`new`](Self::new) with `ranges` choosing each activation and KV point's range in deployed
+    /// mode (docs/quantization.md). mllm-compatible mode keeps pymllm's min/max; so do the
+    /// concatenation groups, whose members must share one range.
+    pub fn with_ranges(
+        points: &[QdqAttr],
+        concat_groups: &[ConcatGroup],
+        mode: CalibrationMode,
+        ranges: ActRanges,
+    ) -> Self {
+        let ranges = if mode == CalibrationMode::MllmCompatible { ActRanges::default() } else { ranges };
         let sharing = match mode {
             CalibrationMode::MllmCompatible => ConcatSharing::Pymllm,
             CalibrationMode::Deployed => ConcatSharing::Union,
@@ -135,7 +159,7 @@ impl ObserverHook {
         }
         for p in points {
             if let (false, Some(scheme)) = (slots.contains_key(&p.key), scheme_of(&p.kind)) {
-                slots.insert(p.key.clone(), Slot::Own(MinMaxObserver::new(scheme)));
+                slots.insert(p.key.clone(), Slot::Own(RangeObserver::new(scheme, range_method(&p.kind, ranges))));
             }
         }
         let state = State { slots, concats, concat_slices, rope_tables: BTreeMap::new(), hits: HashMap::new() };
@@ -165,7 +189,10 @@ impl ObserverHook {
                     let p = QuantParams::u16_affine(scale, zp).map_err(|e| QuantizationError::quant(&point.key, e))?;
                     (p, None)
                 }
-                (_, Some(Slot::Own(o))) => (observed(point, o.qparams())?, o.range()),
+                (_, Some(Slot::Own(o))) => {
+                    let range = o.range().map_err(|e| observed_error(point, e))?;
+                    (observed(point, o.qparams())?, Some(range))
+                }
                 (_, Some(Slot::Concat { group, point: i })) => {
                     let c = &state.concats[*group];
                     (observed(point, c.qparams(*i))?, c.range(*i))
@@ -191,10 +218,14 @@ fn observed(
     point: &QdqAttr,
     p: Result<QuantParams, mllm_dsl::quant::QuantError>,
 ) -> Result<QuantParams, QuantizationError> {
-    p.map_err(|e| match e {
+    p.map_err(|e| observed_error(point, e))
+}
+
+fn observed_error(point: &QdqAttr, e: mllm_dsl::quant::QuantError) -> QuantizationError {
+    match e {
         mllm_dsl::quant::QuantError::Unobserved => QuantizationError::Unobserved { key: point.key.clone() },
         e => QuantizationError::quant(&point.key, e),
-    })
+    }
 }
 
 /// Range of the last position of every row block: the last `shape[r-2]` row of each outer index.
@@ -238,7 +269,8 @@ impl QdqHook for ObserverHook {
         }
         let state = &mut *state;
         match state.slots.get_mut(&point.key) {
-            Some(Slot::Own(o)) => o.observe_range(whole.0, whole.1),
+            // Only deployed mode (every position) keeps histograms, so `x` is what `whole` spans.
+            Some(Slot::Own(o)) => o.observe(x, whole),
             Some(Slot::Concat { group, point: i }) => {
                 let (g, i) = (*group, *i);
                 let into_concat = match state.concat_slices.get(&(g, i)).copied().flatten() {

@@ -12,6 +12,8 @@
 //! | [`WeightMethod::Rtn`] | pymllm's: block max / 7, rounded, then the scales squeezed to two levels ([`quantize_lpbq`]) | nothing |
 //! | [`WeightMethod::Mse`] | scales searched on the deployed grid for the least (input-energy weighted) error ([`lpbq_mse_search`]) | input statistics optional |
 //! | [`WeightMethod::Gptq`] | the `Mse` scales, codes chosen column by column with GPTQ's error feedback ([`super::gptq`]) | input statistics |
+//! | [`WeightMethod::SeqMse`] | scales searched for the least error of the layer's output, `tr(D X^T X D^T)` ([`lpbq_seqmse_search`]) | input statistics |
+//! | [`WeightMethod::SeqMseGptq`] | the `SeqMse` scales, GPTQ codes | input statistics |
 //!
 //! Results are cached by key: GPTQ runs once per linear although calibration and export both ask.
 
@@ -20,6 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use mllm_dsl::quant::lpbq::{quantize_lpbq, LpbqExport, LpbqShape};
 use mllm_dsl::quant::lpbq_search::lpbq_mse_search;
+use mllm_dsl::quant::seqmse::lpbq_seqmse_search;
 
 use super::error::QuantizationError;
 use rayon::prelude::*;
@@ -37,6 +40,10 @@ pub enum WeightMethod {
     Mse,
     /// `Mse` scales, codes by GPTQ on calibration activations.
     Gptq,
+    /// Scales searched for the least error of the layer's output on calibration activations.
+    SeqMse,
+    /// `SeqMse` scales, codes by GPTQ.
+    SeqMseGptq,
 }
 
 impl WeightMethod {
@@ -45,6 +52,8 @@ impl WeightMethod {
             WeightMethod::Rtn => "rtn",
             WeightMethod::Mse => "mse",
             WeightMethod::Gptq => "gptq",
+            WeightMethod::SeqMse => "seqmse",
+            WeightMethod::SeqMseGptq => "seqmse-gptq",
         }
     }
 
@@ -53,7 +62,7 @@ impl WeightMethod {
         match self {
             WeightMethod::Rtn => None,
             WeightMethod::Mse => Some(StatsDepth::Diagonal),
-            WeightMethod::Gptq => Some(StatsDepth::Full),
+            WeightMethod::Gptq | WeightMethod::SeqMse | WeightMethod::SeqMseGptq => Some(StatsDepth::Full),
         }
     }
 }
@@ -65,7 +74,9 @@ impl std::str::FromStr for WeightMethod {
             "rtn" => Ok(WeightMethod::Rtn),
             "mse" => Ok(WeightMethod::Mse),
             "gptq" => Ok(WeightMethod::Gptq),
-            other => Err(format!("unknown weight method `{other}`; expected rtn, mse or gptq")),
+            "seqmse" => Ok(WeightMethod::SeqMse),
+            "seqmse-gptq" => Ok(WeightMethod::SeqMseGptq),
+            other => Err(format!("unknown weight method `{other}`; expected rtn, mse, gptq, seqmse or seqmse-gptq")),
         }
     }
 }
@@ -86,7 +97,8 @@ impl LinearQuantizer {
     /// For GPTQ the factors of every distinct input Hessian are computed here, in parallel.
     pub fn new(method: WeightMethod, stats: Option<Arc<InputStats>>) -> Result<Self, QuantizationError> {
         let mut factors = HashMap::new();
-        if let (WeightMethod::Gptq, Some(stats)) = (method, &stats) {
+        let gptq = matches!(method, WeightMethod::Gptq | WeightMethod::SeqMseGptq);
+        if let (true, Some(stats)) = (gptq, &stats) {
             let distinct = stats.distinct();
             let made: Vec<Result<HessianFactors, GptqError>> =
                 distinct.par_iter().map(|s| HessianFactors::new(s)).collect();
@@ -122,20 +134,32 @@ impl LinearQuantizer {
             WeightMethod::Mse => lpbq_mse_search(weight, shape, stats.as_ref().map(|s| s.diagonal()))
                 .and_then(|r| r.to_export())
                 .map_err(quant)?,
-            WeightMethod::Gptq => {
-                let stats = stats.ok_or_else(|| QuantizationError::Param {
+            WeightMethod::Gptq | WeightMethod::SeqMse | WeightMethod::SeqMseGptq => {
+                let stats = stats.filter(|s| s.has_hessian()).ok_or_else(|| QuantizationError::Param {
                     key: format!("{op}.weight"),
-                    problem: "GPTQ needs the linear's input statistics from calibration, and none were collected \
-                              (its input is no QDQ point the statistics pass could follow)"
-                        .into(),
+                    problem: format!(
+                        "the `{}` weight method needs the linear's input statistics X^T X from calibration, and none \
+                         were collected (its input is no QDQ point the statistics pass could follow)",
+                        self.method.name()
+                    ),
                 })?;
-                let factors = self.factors.get(&(Arc::as_ptr(&stats) as usize)).ok_or_else(|| {
-                    QuantizationError::Report(format!("no GPTQ factors were made for the input of `{op}`"))
-                })?;
-                let scales = lpbq_mse_search(weight, shape, Some(stats.diagonal())).map_err(quant)?;
-                let rounded = gptq_lpbq(weight, &scales, factors)
-                    .map_err(|e| QuantizationError::Param { key: format!("{op}.weight"), problem: e.to_string() })?;
-                rounded.to_export().map_err(quant)?
+                let scales = match self.method {
+                    WeightMethod::Gptq => lpbq_mse_search(weight, shape, Some(stats.diagonal())),
+                    _ => lpbq_seqmse_search(weight, shape, stats.hessian()),
+                }
+                .map_err(quant)?;
+                if self.method == WeightMethod::SeqMse {
+                    scales.to_export().map_err(quant)?
+                } else {
+                    let factors = self.factors.get(&(Arc::as_ptr(&stats) as usize)).ok_or_else(|| {
+                        QuantizationError::Report(format!("no GPTQ factors were made for the input of `{op}`"))
+                    })?;
+                    let rounded = gptq_lpbq(weight, &scales, factors).map_err(|e| QuantizationError::Param {
+                        key: format!("{op}.weight"),
+                        problem: e.to_string(),
+                    })?;
+                    rounded.to_export().map_err(quant)?
+                }
             }
         };
         let export = Arc::new(export);

@@ -30,7 +30,7 @@ use super::QuantError;
 /// Fractions of the channel maximum tried for `scale2`.
 pub const SCALE2_GRID: [f32; 4] = [1.0, 0.94, 0.87, 0.8];
 /// How far below its round-to-nearest value a block's `scale1` is searched (clipping the block).
-const SCALE1_BELOW: u8 = 4;
+pub const SCALE1_BELOW: u8 = 4;
 
 /// Codes and two-level scales on the deployed grid, `[Out][In]` codes.
 #[derive(Clone, Debug, PartialEq)]
@@ -83,24 +83,61 @@ fn code_with_inverse(w: f32, inv: f32) -> i8 {
     q.clamp(i32::from(LPBQ_QMIN), i32::from(LPBQ_QMAX)) as i8
 }
 
-/// Weighted squared error of one block at level-1 scale `s1`, and its codes when `codes` is given.
+/// How the error of a block's deployed weights is weighed.
+#[derive(Clone, Copy, Debug)]
+pub enum BlockWeights<'a> {
+    /// `sum_i d_i^2`.
+    Uniform,
+    /// `sum_i h_i d_i^2`: one non-negative weight per input channel (`E[x_i^2]`).
+    Diagonal(&'a [f32]),
+    /// `d_b^T H_bb d_b`: `H_bb` is the block's `[bs][bs]` diagonal block of the row-major
+    /// `[In][In]` `H = X^T X / N`, so the error is the block's share of `||X d||^2 / N`
+    /// ([`seqmse`](super::seqmse)).
+    BlockHessian(&'a [f32]),
+}
+
+/// The level-1 scales tried for a block whose round-to-nearest value is `nearest`:
+/// `nearest - 4 ..= nearest + 1` within `1..=16` (below `nearest` clips the block's largest values).
+pub fn scale1_candidates(nearest: u8) -> std::ops::RangeInclusive<u8> {
+    nearest.saturating_sub(SCALE1_BELOW).max(1)..=(nearest + 1).min(SCALE1_STEPS)
+}
+
+/// Error of block `b` (input columns `b * bs ..`) of a row at level-1 scale `s1`, and its codes
+/// when `codes` is given. `in_features` is the row width (the stride of a [`BlockWeights::BlockHessian`]).
 #[inline]
-fn block_error(w: &[f32], h: Option<&[f32]>, s1: u8, scale2: f32, codes: Option<&mut [i8]>) -> f64 {
+fn block_error(
+    w: &[f32],
+    weights: BlockWeights<'_>,
+    (b, in_features): (usize, usize),
+    s1: u8,
+    scale2: f32,
+    codes: Option<&mut [i8]>,
+) -> f64 {
+    let bs = w.len();
     let inv = 1.0 / (f32::from(s1) * scale2);
+    let diff = |x: f32| x - f32::from(i16::from(code_with_inverse(x, inv)) * i16::from(s1)) * scale2;
     let mut err = 0f32;
-    match h {
-        Some(h) => {
-            for (&x, &hi) in w.iter().zip(h) {
-                let q = code_with_inverse(x, inv);
-                let d = x - f32::from(i16::from(q) * i16::from(s1)) * scale2;
-                err += d * d * hi;
+    match weights {
+        BlockWeights::Uniform => w.iter().for_each(|&x| err += diff(x) * diff(x)),
+        BlockWeights::Diagonal(h) => {
+            for (&x, &hi) in w.iter().zip(&h[b * bs..(b + 1) * bs]) {
+                let e = diff(x);
+                err += e * e * hi;
             }
         }
-        None => {
-            for &x in w {
-                let q = code_with_inverse(x, inv);
-                let d = x - f32::from(i16::from(q) * i16::from(s1)) * scale2;
-                err += d * d;
+        BlockWeights::BlockHessian(h) => {
+            let mut buf = [0f32; MAX_HESSIAN_BLOCK];
+            let mut heap = Vec::new();
+            let d: &mut [f32] = if bs <= MAX_HESSIAN_BLOCK {
+                &mut buf[..bs]
+            } else {
+                heap.resize(bs, 0f32);
+                &mut heap
+            };
+            d.iter_mut().zip(w).for_each(|(d, &x)| *d = diff(x));
+            for (i, &di) in d.iter().enumerate() {
+                let row = &h[(b * bs + i) * in_features + b * bs..][..bs];
+                err += di * row.iter().zip(d.iter()).map(|(a, b)| a * b).sum::<f32>();
             }
         }
     }
@@ -112,12 +149,39 @@ fn block_error(w: &[f32], h: Option<&[f32]>, s1: u8, scale2: f32, codes: Option<
     f64::from(err)
 }
 
+/// Widest block whose differences [`block_error`] keeps on the stack.
+const MAX_HESSIAN_BLOCK: usize = 64;
+
 /// The module docs' search for a row-major `[Out][In]` weight. `importance`, when given, holds
 /// one non-negative weight per input channel. Parallel over output channels.
 pub fn lpbq_mse_search(
     weight: &[f32],
     shape: LpbqShape,
     importance: Option<&[f32]>,
+) -> Result<LpbqRounded, QuantError> {
+    if let Some(h) = importance {
+        if h.len() != shape.in_features() {
+            return Err(QuantError::LengthMismatch {
+                what: "LPBQ input importance [In]",
+                expected: shape.in_features(),
+                found: h.len(),
+            });
+        }
+        if let Some(i) = h.iter().position(|x| !(x.is_finite() && *x >= 0.0)) {
+            return Err(QuantError::NonFinite { what: "LPBQ input importance [In]", index: i, value: h[i] });
+        }
+    }
+    lpbq_grid_search(weight, shape, importance.map_or(BlockWeights::Uniform, BlockWeights::Diagonal), &SCALE2_GRID)
+}
+
+/// The search with `scale2 = gamma * max|w| / (7 * 16)` for each `gamma` of `grid`, each block's
+/// `scale1` from [`scale1_candidates`] and errors weighed by `weights`, whose sizes the caller
+/// has checked against `shape`.
+pub fn lpbq_grid_search(
+    weight: &[f32],
+    shape: LpbqShape,
+    weights: BlockWeights<'_>,
+    grid: &[f32],
 ) -> Result<LpbqRounded, QuantError> {
     let (inp, bs, nb) = (shape.in_features(), shape.block_size(), shape.blocks_per_channel());
     if weight.len() != shape.num_weights() {
@@ -130,17 +194,11 @@ pub fn lpbq_mse_search(
     if let Some(i) = weight.iter().position(|x| !x.is_finite()) {
         return Err(QuantError::NonFinite { what: "LPBQ weight [Out][In]", index: i, value: weight[i] });
     }
-    if let Some(h) = importance {
-        if h.len() != inp {
-            return Err(QuantError::LengthMismatch {
-                what: "LPBQ input importance [In]",
-                expected: inp,
-                found: h.len(),
-            });
-        }
-        if let Some(i) = h.iter().position(|x| !(x.is_finite() && *x >= 0.0)) {
-            return Err(QuantError::NonFinite { what: "LPBQ input importance [In]", index: i, value: h[i] });
-        }
+    if grid.is_empty() {
+        return Err(QuantError::LengthMismatch { what: "LPBQ scale2 grid", expected: 1, found: 0 });
+    }
+    if let Some(i) = grid.iter().position(|g| !(g.is_finite() && *g > 0.0)) {
+        return Err(QuantError::BadScale { what: "LPBQ scale2 grid", index: i, value: grid[i] });
     }
     let mut codes = vec![0i8; shape.num_weights()];
     let mut scale1 = vec![0u8; shape.num_blocks()];
@@ -162,17 +220,14 @@ pub fn lpbq_mse_search(
                 return;
             }
             let mut best: Option<(f64, f32, Vec<u8>)> = None;
-            for gamma in SCALE2_GRID {
+            for &gamma in grid {
                 let cand_s2 = gamma * row_max / (f32::from(LPBQ_QMAX) * f32::from(SCALE1_STEPS));
                 let mut total = 0f64;
                 let mut picks = Vec::with_capacity(nb);
                 for (b, w) in w_row.chunks_exact(bs).enumerate() {
-                    let h = importance.map(|h| &h[b * bs..(b + 1) * bs]);
                     let nearest = (absmax[b] / f32::from(LPBQ_QMAX) / cand_s2).round().clamp(1.0, 16.0) as u8;
-                    let lo = nearest.saturating_sub(SCALE1_BELOW).max(1);
-                    let hi = (nearest + 1).min(SCALE1_STEPS);
-                    let (e, s) = (lo..=hi)
-                        .map(|s| (block_error(w, h, s, cand_s2, None), s))
+                    let (e, s) = scale1_candidates(nearest)
+                        .map(|s| (block_error(w, weights, (b, inp), s, cand_s2, None), s))
                         .min_by(|a, b| a.0.total_cmp(&b.0))
                         .expect("at least one scale1 candidate");
                     total += e;
@@ -182,10 +237,10 @@ pub fn lpbq_mse_search(
                     best = Some((total, cand_s2, picks));
                 }
             }
-            let (_, best_s2, picks) = best.expect("SCALE2_GRID is not empty");
+            let (_, best_s2, picks) = best.expect("the scale2 grid is not empty");
             *s2 = best_s2;
             for (b, (w, c)) in w_row.chunks_exact(bs).zip(code_row.chunks_exact_mut(bs)).enumerate() {
-                block_error(w, None, picks[b], best_s2, Some(c));
+                block_error(w, BlockWeights::Uniform, (b, inp), picks[b], best_s2, Some(c));
             }
             s1_row.copy_from_slice(&picks);
         });
@@ -199,14 +254,7 @@ mod tests {
 
     fn synthetic(n: usize, seed: u32) -> Vec<f32> {
         // Heavy-ish tails: a few large values per block, like trained weights.
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                let u = (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
-                u * u * u * 8.0
-            })
-            .collect()
+        crate::quant::test_data::cubed(n, seed, 8.0)
     }
 
     fn sq_err(a: &[f32], b: &[f32], h: Option<&[f32]>, inp: usize) -> f64 {

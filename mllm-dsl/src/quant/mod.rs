@@ -5,23 +5,48 @@
 //! - [`spec`]: per-tensor parameters and the kinds of QDQ points a model file declares;
 //! - [`fake_quant`]: torch's `fake_quantize_per_tensor_affine` and integer codes;
 //! - [`observer`]: min/max observers that turn calibration data into parameters;
+//! - [`act_range`]: percentile and clipping-error ranges on a bounded [`histogram`];
 //! - [`lpbq`]: int4 linear weights with low-power blockwise (two-level) scales;
 //! - [`lpbq_search`]: LPBQ scales chosen by (activation-weighted) error search on the deployed grid;
+//! - [`seqmse`]: LPBQ scales chosen for the least error of the layer's output (SeqMSE);
 //! - [`uint16`]: per-tensor u16 weights of RMSNorm and Embedding;
 //! - [`points`]: the QDQ points, concatenation groups and layer outputs of a traced program.
 //!
 //! The tensor and IR code calls into these; apart from [`points`], which reads a traced program,
 //! nothing here knows about tensors or graphs.
 
+pub mod act_range;
 pub mod fake_quant;
+pub mod histogram;
 pub mod lpbq;
 pub mod lpbq_search;
 pub mod observer;
 pub mod points;
+pub mod seqmse;
 pub mod spec;
 pub mod uint16;
 
 mod rounding;
+
+/// Fixed pseudo-random samples the quantization tests share.
+#[cfg(test)]
+pub(crate) mod test_data {
+    /// `n` values uniform in `[-0.5, 0.5)` from a 32-bit LCG.
+    pub fn uniform(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// Heavy tails like trained weights: `u^3 * scale` of [`uniform`] values.
+    pub fn cubed(n: usize, seed: u32, scale: f32) -> Vec<f32> {
+        uniform(n, seed).into_iter().map(|u| u * u * u * scale).collect()
+    }
+}
 
 pub use fake_quant::{dequantize, fake_quantize, quantize, FakeQuantizer};
 pub use lpbq::{decode_lpbq, quantize_lpbq, LpbqBlockQuant, LpbqExport, LpbqShape};
