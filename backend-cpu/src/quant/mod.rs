@@ -40,7 +40,7 @@ pub use fake_quant::FakeQuantHook;
 pub use input_stats::{InputStats, InputStatsHook, LinearStats, StatsDepth};
 pub use linear::{LinearQuantizer, WeightMethod};
 pub use params::QdqParams;
-pub use prefill::prefill_logits;
+pub use prefill::{prefill, prefill_logits, PresentKv};
 pub use rtn::RtnWeights;
 
 /// Whether a checkpoint holds quantized weights (pymllm's export or this project's): it has
