@@ -6,9 +6,8 @@
 //! cargo run --release --example qwen3_aot -- --quantized PYMLLM_DIR --out DIR
 //! ```
 //!
-//! `--help` documents every argument and the files written; the README walks through the flow
-//! ("Compile a model ahead of time"). The work is the `aot` crate's ([`aot::run`]); this file is
-//! the command line.
+//! `--help` documents every argument and the files written; the README walks through the flow.
+//! The work is the `aot` crate's ([`aot::run`]); this file is the command line.
 
 use std::path::PathBuf;
 
@@ -50,7 +49,8 @@ report.json's ledger compares each stage with the previous one on the same input
   fakequant_vs_float  eager fake-quant vs float (calibration sequences; for --quantized, reference float_logits)
   passes_vs_eager     backend-cpu's interpreter on the final IR vs the eager fake-quant model, per graph
   qnn_vs_fakequant    backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run, per graph
-Each row has sqnr_db (null = identical), top1_agreement (fraction of positions whose argmax agrees) and max_abs_err.
+Each row has sqnr_db (null = identical), top1_agreement (fraction of positions whose argmax agrees) and max_abs_err;
+--ledger-ops adds ledger_ops/<graph>.txt, each node of the graph vs the fake-quant run (docs/ledger.md).
 
 The output is built in a fresh .<out>.staging-* directory next to --out and replaces --out whole only when the run
 succeeded: a failed or interrupted run leaves the previous --out as it was. --out may not be or contain an input. Two runs with the same inputs write byte-identical files;
@@ -63,8 +63,8 @@ the only exception is report.json's \"timings_s\" object (wall times), so compar
     after_help = AFTER_HELP
 )]
 pub struct AotArgs {
-    /// HF float checkpoint directory (config.json + safetensors) to calibrate and quantize.
-    /// Its model_type picks the model file (qwen3; llama/qwen2 where the pipeline supports them).
+    /// HF float checkpoint directory (config.json + safetensors) to calibrate and quantize; its
+    /// model_type picks the model file (qwen3, llama, qwen2).
     #[arg(long, value_name = "HF_DIR", conflicts_with = "quantized")]
     pub model: Option<PathBuf>,
     /// Quantized checkpoint directory (pymllm's export or this project's `quantize`): no calibration.
@@ -93,11 +93,9 @@ pub struct AotArgs {
     /// RoPE table rows written when calibrating (mllm_qualcomm_max_length).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_POSITIONS)]
     pub max_positions: usize,
-    /// Output directory. Default: <cargo target dir>/qwen3_aot.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help = "Output directory. Default: <cargo target dir>/qwen3_aot.")]
     pub out: Option<PathBuf>,
-    /// Also build the QNN context binary (qnn/context.bin). Needs a build with
-    /// `--features mllm-examples/qnn-sdk` and QNN_SDK_ROOT set; otherwise an error says so.
+    /// Also build qnn/context.bin (needs `--features mllm-examples/qnn-sdk` and QNN_SDK_ROOT).
     #[arg(long)]
     pub context_binary: bool,
     /// How linear weights are rounded to LPBQ when calibrating: rtn (pymllm's round-to-nearest),
@@ -108,9 +106,11 @@ pub struct AotArgs {
     /// CPU threads (0: all cores; more than the machine has are capped with a warning).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub threads: usize,
-    /// No progress bars.
-    #[arg(long)]
+    #[arg(long, help = "No progress bars.")]
     pub quiet: bool,
+    /// Also compare every node of each lowered graph with the fake-quant run (ledger_ops/<graph>.txt).
+    #[arg(long)]
+    pub ledger_ops: bool,
 }
 
 impl AotArgs {
@@ -138,6 +138,7 @@ impl AotArgs {
             max_positions: self.max_positions,
             progress: !self.quiet,
             weight_method: self.weight_method,
+            ledger_ops: self.ledger_ops,
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod calibrate;
 pub mod chat;
 pub mod compile;
 pub mod config;
+pub mod divergence;
 pub mod embedded;
 pub mod generation;
 pub mod ledger;
