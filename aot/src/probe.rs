@@ -221,9 +221,12 @@ impl Probe {
     }
 }
 
+/// Per layer, real K or V values.
+type LayerValues = Vec<Vec<f32>>;
+
 /// Per layer, the K `[Hkv, D, n]` and V `[Hkv, n, D]` the model computes when it prefills `ids`
 /// from position 0 with an empty cache (as the CPU runtime's first chunk does); none for no ids.
-fn prefill_kv(model: &dyn CausalLm, backend: &BackendRef, ids: &[i64]) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+fn prefill_kv(model: &dyn CausalLm, backend: &BackendRef, ids: &[i64]) -> Result<(LayerValues, LayerValues)> {
     let n = ids.len();
     if n == 0 {
         return Ok((Vec::new(), Vec::new()));
