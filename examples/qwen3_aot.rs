@@ -13,16 +13,15 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use aot::{
-    default_out_dir, run, AotOptions, AotReport, CalibSource, ModelSource, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN,
-    DEFAULT_MAX_POSITIONS,
+    default_out_dir, run, AotOptions, AotReport, CalibSource, ContextBinary, ModelSource, DEFAULT_CHUNKS,
+    DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS,
 };
-use backend_cpu::quant::WeightMethod;
+use backend_cpu::quant::{Rotation, WeightMethod};
 use clap::Parser;
 
 fn main() -> Result<()> {
     let args = AotArgs::parse();
-    let report = run_aot(&args)?;
-    print!("{}", report.summary());
+    print!("{}", run_aot(&args)?.summary());
     println!("report: {}", args.options().out.join("report.json").display());
     Ok(())
 }
@@ -41,7 +40,7 @@ Files written into --out (default: <cargo target dir>/qwen3_aot):
   qnn/<graph>.json          the QNN graph in QNN Netron's net.json schema
   qnn/<graph>.cpp, .bin     model.cpp / model.bin for qnn-model-lib-generator
   qnn/<graph>.summary.txt   ops by type, tensors by dtype, static bytes
-  qnn/context.bin           with --context-binary: the QNN HTP context binary holding every graph
+  qnn/context.bin, .x86.bin by Qualcomm's HTP backend (if found): all graphs weight-shared; unshared for x86 emulation
   report.json               model, accuracy ledger, timings, graphs, artifacts (paths relative to --out)
 
 report.json's ledger compares each stage with the previous one on the same inputs (logits):
@@ -49,6 +48,7 @@ report.json's ledger compares each stage with the previous one on the same input
   fakequant_vs_float  eager fake-quant vs float (calibration sequences; for --quantized, reference float_logits)
   passes_vs_eager     backend-cpu's interpreter on the final IR vs the eager fake-quant model, per graph
   qnn_vs_fakequant    backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run, per graph
+  htp_vs_fakequant    Qualcomm's x86 HTP emulation vs the CPU fake-quant run (htp_vs_interp: vs backend-qnn's interpreter)
 Each row has sqnr_db (null = identical), top1_agreement (fraction of positions whose argmax agrees) and max_abs_err;
 --ledger-ops adds ledger_ops/<graph>.txt, each node of the graph vs the fake-quant run (docs/ledger.md).
 
@@ -90,26 +90,25 @@ pub struct AotArgs {
     /// Chunk size (new tokens per call); repeat to build one graph per size (model.0.s<N>). Default: 32 and 1.
     #[arg(long = "chunk", value_name = "N")]
     pub chunks: Vec<usize>,
-    /// RoPE table rows written when calibrating (mllm_qualcomm_max_length).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_POSITIONS)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_POSITIONS, help = "RoPE table rows when calibrating.")]
     pub max_positions: usize,
     #[arg(long, value_name = "DIR", help = "Output directory. Default: <cargo target dir>/qwen3_aot.")]
     pub out: Option<PathBuf>,
-    /// Also build qnn/context.bin (needs `--features mllm-examples/qnn-sdk` and QNN_SDK_ROOT).
-    #[arg(long)]
-    pub context_binary: bool,
-    /// How linear weights are rounded to LPBQ when calibrating: rtn (pymllm's round-to-nearest),
-    /// mse (scale search on the deployed grid) or gptq (mse scales, GPTQ codes on calibration
-    /// activations). See docs/quantization.md for their effect and cost.
+    /// qnn/context.bin by Qualcomm's backend: auto (if its libraries are found, else a warning), on, off.
+    #[arg(long, value_name = "WHEN", default_value = "auto", num_args = 0..=1, default_missing_value = "on")]
+    pub context_binary: ContextBinary,
+    /// LPBQ weight rounding when calibrating: rtn (pymllm's), mse or gptq (docs/quantization.md).
     #[arg(long, value_name = "METHOD", default_value = "rtn")]
     pub weight_method: WeightMethod,
+    /// Rotation folded into the float weights before calibrating: none or hadamard (QuaRot's R1 + R2).
+    #[arg(long, value_name = "ROTATION", default_value = "none")]
+    pub rotation: Rotation,
     /// CPU threads (0: all cores; more than the machine has are capped with a warning).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub threads: usize,
     #[arg(long, help = "No progress bars.")]
     pub quiet: bool,
-    /// Also compare every node of each lowered graph with the fake-quant run (ledger_ops/<graph>.txt).
-    #[arg(long)]
+    #[arg(long, help = "Also compare every node of each graph with the fake-quant run (ledger_ops/).")]
     pub ledger_ops: bool,
 }
 
@@ -138,6 +137,7 @@ impl AotArgs {
             max_positions: self.max_positions,
             progress: !self.quiet,
             weight_method: self.weight_method,
+            rotation: self.rotation,
             ledger_ops: self.ledger_ops,
         }
     }
