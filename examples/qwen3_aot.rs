@@ -53,8 +53,8 @@ Each row has sqnr_db (null = identical), top1_agreement (fraction of positions w
 --ledger-ops adds ledger_ops/<graph>.txt, each node of the graph vs the fake-quant run (docs/ledger.md).
 
 The output is built in a fresh .<out>.staging-* directory next to --out and replaces --out whole only when the run
-succeeded: a failed or interrupted run leaves the previous --out as it was. --out may not be or contain an input. Two runs with the same inputs write byte-identical files;
-the only exception is report.json's \"timings_s\" object (wall times), so compare report.json without it.";
+succeeded: a failed or interrupted run leaves the previous --out as it was. --out may not be or contain an input. Two runs with the same inputs write byte-identical files
+except report.json's \"timings_s\" (wall times) and qnn/context*.bin (Qualcomm's serializer is not byte-deterministic).";
 
 #[derive(Parser, Debug)]
 #[command(

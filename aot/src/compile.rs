@@ -14,7 +14,8 @@
 //! 6. **validate**: the ledger ([`crate::ledger`]), with `htp_*` rows from Qualcomm's emulation.
 //!
 //! Every file is written to a temporary name and renamed. Two runs with the same inputs write
-//! byte-identical files, except `report.json`'s `timings_s`, the only field that varies.
+//! byte-identical files, except `report.json`'s `timings_s` and the context binaries (Qualcomm's
+//! serializer does not reproduce its bytes from run to run).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
