@@ -6,8 +6,7 @@
 //! cargo run --release --example qwen3_aot -- --quantized PYMLLM_DIR --out DIR
 //! ```
 //!
-//! `--help` documents every argument and the files written; the README walks through the flow
-//! ("Compile a model ahead of time"). The work is the `aot` crate's ([`aot::run`]); this is the CLI.
+//! `--help` documents every argument and the files written; the work is [`aot::run`]'s.
 
 use std::path::PathBuf;
 
@@ -49,7 +48,8 @@ report.json's ledger compares each stage with the previous one on the same input
   passes_vs_eager     backend-cpu's interpreter on the final IR vs the eager fake-quant model, per graph
   qnn_vs_fakequant    backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run, per graph
   htp_vs_fakequant    Qualcomm's x86 HTP emulation vs the CPU fake-quant run (htp_vs_interp: vs backend-qnn's interpreter)
-Each row has sqnr_db (null = identical), top1_agreement (fraction of positions whose argmax agrees) and max_abs_err.
+Each row has sqnr_db (null = identical), top1_agreement (fraction of positions whose argmax agrees) and max_abs_err;
+--ledger-ops adds ledger_ops/<graph>.txt, each node of the graph vs the fake-quant run (docs/ledger.md).
 
 The output is built in a fresh .<out>.staging-* directory next to --out and replaces --out whole only when the run
 succeeded: a failed or interrupted run leaves the previous --out as it was. --out may not be or contain an input. Two runs with the same inputs write byte-identical files
@@ -86,11 +86,9 @@ pub struct AotArgs {
     /// Chunk size (new tokens per call); repeat to build one graph per size (model.0.s<N>). Default: 32 and 1.
     #[arg(long = "chunk", value_name = "N")]
     pub chunks: Vec<usize>,
-    /// RoPE table rows written when calibrating (mllm_qualcomm_max_length).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_POSITIONS)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_POSITIONS, help = "RoPE table rows when calibrating.")]
     pub max_positions: usize,
-    /// Output directory. Default: <cargo target dir>/qwen3_aot.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help = "Output directory. Default: <cargo target dir>/qwen3_aot.")]
     pub out: Option<PathBuf>,
     /// qnn/context.bin by Qualcomm's backend: auto (if its libraries are found, else a warning), on, off.
     #[arg(long, value_name = "WHEN", default_value = "auto", num_args = 0..=1, default_missing_value = "on")]
@@ -107,9 +105,10 @@ pub struct AotArgs {
     /// CPU threads (0: all cores; more than the machine has are capped with a warning).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub threads: usize,
-    /// No progress bars.
-    #[arg(long)]
+    #[arg(long, help = "No progress bars.")]
     pub quiet: bool,
+    #[arg(long, help = "Also compare every node of each graph with the fake-quant run (ledger_ops/).")]
+    pub ledger_ops: bool,
 }
 
 impl AotArgs {
@@ -139,6 +138,7 @@ impl AotArgs {
             weight_method: self.weight_method,
             act_ranges: self.act_range,
             rotation: self.rotation,
+            ledger_ops: self.ledger_ops,
         }
     }
 }

@@ -63,6 +63,8 @@ pub struct QuantizeOutcome {
     pub calibration_seconds: f64,
     /// The input statistics pass of the weight method (0 for pymllm's rounding).
     pub input_stats_seconds: f64,
+    /// The accuracy report: float and fake-quant runs over the evaluation sequences.
+    pub evaluate_seconds: f64,
     pub warnings: Vec<String>,
     /// The model file traced once in decode shape with W4A16 parameters: what it quantizes (its
     /// QDQ points), for whoever runs the quantized checkpoint next.
@@ -204,9 +206,11 @@ fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &
     drop(weights);
 
     // 5. Accuracy of what was written.
+    let start = Instant::now();
     let eval = opts.evaluation.as_ref().unwrap_or(&opts.calibration);
     let eval_name = if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" };
     let report = evaluate(hf, &qnn_program, model_dir, out, opts.max_positions, eval, eval_name, opts.progress)?;
+    let evaluate_seconds = start.elapsed().as_secs_f64();
     // Relative to the output's directory when the model sits next to it (the AOT run's embedded
     // model), so the report does not embed a per-run staging path.
     let model_name = out
@@ -239,6 +243,7 @@ fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &
         weight_seconds,
         calibration_seconds,
         input_stats_seconds,
+        evaluate_seconds,
         warnings,
         traced: qnn_program,
         rotation: None,

@@ -17,6 +17,7 @@
 //! byte-identical files, except `report.json`'s `timings_s` and the context binaries (Qualcomm's
 //! serializer does not reproduce its bytes from run to run).
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -38,11 +39,12 @@ use mllm_dsl::{ParamFormat, Program};
 
 use crate::calibrate::{quantize_to, QuantizeOptions};
 use crate::config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
+use crate::divergence::{op_by_op, table as divergence_table};
 use crate::embedded::{EMBEDDED_CALIB_IDS, EMBEDDED_MODEL, EMBEDDED_MODEL_NAME};
 use crate::htp::{ContextBinary, QualcommHtp};
-use crate::ledger::{float_vs_reference, quantized_vs_reference_float, LedgerEntry};
+use crate::ledger::{float_vs_reference, quantized_vs_reference_float, reference_logits, LedgerEntry};
 use crate::load::{fake_quant_backend, open_model, rope_positions, ROPE_SIN_KEY};
-use crate::probe::Probe;
+use crate::probe::{Probe, ProbeText};
 use crate::progress::bar;
 use crate::report::{AotReport, GraphReport, Timings};
 use crate::sequences::{load_id_sequences, load_text_sequences};
@@ -95,6 +97,9 @@ pub struct AotOptions {
     pub act_ranges: ActRanges,
     /// Rotation folded into the float weights before calibrating (docs/quantization.md).
     pub rotation: Rotation,
+    /// Also compare every node of each lowered graph with the CPU fake-quant run on the probe and
+    /// write the table into `ledger_ops/<graph>.txt` ([`crate::divergence`]; docs/ledger.md).
+    pub ledger_ops: bool,
 }
 
 impl AotOptions {
@@ -113,6 +118,7 @@ impl AotOptions {
             weight_method: WeightMethod::Rtn,
             act_ranges: ActRanges::default(),
             rotation: Rotation::None,
+            ledger_ops: false,
         }
     }
 }
@@ -200,8 +206,9 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
 
     let mut ledger = Vec::new();
     // 2. Calibrate and quantize (or take the quantized checkpoint as it is).
-    // The model file traced once for its QDQ points (by the calibration, or here).
-    let (quant_dir, max_positions, traced) = match calibration_src {
+    // The model file traced once for its QDQ points (by the calibration, or here), and the text the
+    // per-graph ledger probes are cut from.
+    let (quant_dir, max_positions, traced, probe_text) = match calibration_src {
         Some(calib) => {
             let float_dir = &model_dir;
             let t = Instant::now();
@@ -214,9 +221,15 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 }
             };
             timings.load += t.elapsed().as_secs_f64();
+            let probe_text = ProbeText {
+                ids: calibration.iter().flatten().copied().collect(),
+                source: "the calibration sequences, concatenated".into(),
+            };
+            let t = Instant::now();
             if let Some(entry) = float_vs_reference(float_dir, &hf, opts.max_positions)? {
                 ledger.push(entry);
             }
+            timings.evaluate = t.elapsed().as_secs_f64();
             let quant_dir = out.join("quantized");
             let options = QuantizeOptions {
                 model: float_dir.clone(),
@@ -234,9 +247,9 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
             // Straight into this run's staging directory, which is swapped in as a whole.
             std::fs::create_dir(&quant_dir).with_context(|| format!("creating {}", quant_dir.display()))?;
             let outcome = quantize_to(&hf, &options, &quant_dir)?;
-            // The weight method's input statistics pass is part of calibrating.
-            timings.calibrate = outcome.input_stats_seconds + outcome.calibration_seconds;
+            (timings.input_stats, timings.calibrate) = (outcome.input_stats_seconds, outcome.calibration_seconds);
             timings.quantize = outcome.weight_seconds;
+            timings.evaluate += outcome.evaluate_seconds;
             warnings.extend(outcome.warnings.iter().filter(|w| !warnings.contains(w)).cloned().collect::<Vec<_>>());
             let logits = outcome.report.rows.last().context("the quantization report has no logits row")?;
             ledger.push(LedgerEntry {
@@ -249,7 +262,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 comparison: logits.clone(),
             });
             files.record_dir(&quant_dir)?;
-            (quant_dir, opts.max_positions, outcome.traced)
+            (quant_dir, opts.max_positions, outcome.traced, probe_text)
         }
         None => {
             let dir = model_dir.clone();
@@ -264,7 +277,11 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 bail!("{}: the quantized checkpoint has no RoPE table `{ROPE_SIN_KEY}`", dir.display())
             };
             drop(ckpt);
-            (dir, rows, trace_model(&hf, rows, ParamFormat::QnnW4A16)?)
+            let probe_text = match reference_logits(&dir, "float_logits")? {
+                Some((ids, _)) => ProbeText { ids, source: "reference.safetensors `input_ids`".into() },
+                None => ProbeText::deterministic(hf.vocab_size),
+            };
+            (dir, rows, trace_model(&hf, rows, ParamFormat::QnnW4A16)?, probe_text)
         }
     };
     ensure!(
@@ -273,15 +290,19 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         opts.context_len
     );
 
+    let t = Instant::now();
     let ckpt = SafetensorsCheckpoint::open(&quant_dir)
         .with_context(|| format!("opening the quantized checkpoint {}", quant_dir.display()))?;
     // The eager fake-quant model, built once for the ledger.
     let eager_backend = fake_quant_backend(&ckpt, &traced)?;
     let (eager_model, _) = open_model(&quant_dir, &hf, max_positions, &eager_backend)?;
+    timings.validate = t.elapsed().as_secs_f64();
     if matches!(opts.source, ModelSource::Quantized(_)) {
+        let t = Instant::now();
         if let Some(entry) = quantized_vs_reference_float(&quant_dir, &hf, eager_model.as_ref(), &eager_backend)? {
             ledger.push(entry);
         }
+        timings.evaluate = t.elapsed().as_secs_f64();
     }
 
     // 3.-4. Trace, run the pass pipeline and lower, one graph per chunk size; write the artifacts.
@@ -323,47 +344,70 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
 
     // 5. Per-graph ledger stages.
     let t = Instant::now();
+    let store = CheckpointStore::for_config(&quant_dir, CpuBackend::float(), &hf)?;
     for CompiledGraph { name, chunk, program, graph } in &compiled.graphs {
-        let probe = Probe::new(&hf, &ckpt, *chunk, opts.context_len)?;
+        let probe =
+            Probe::new(&hf, &ckpt, *chunk, opts.context_len, &probe_text, eager_model.as_ref(), &eager_backend)?;
         let eager = probe.run_eager(eager_model.as_ref(), &eager_backend)?;
-        let store = CheckpointStore::for_config(&quant_dir, CpuBackend::float(), &hf)?;
         let cpu = Interpreter::new(program, &store, InterpMode::FakeQuant(&ckpt))
             .run(&probe.cpu_inputs(&CpuBackend::float())?)
             .with_context(|| format!("running graph `{name}` on backend-cpu's IR interpreter"))?;
-        let cpu_logits = cpu[0].as_f32().context("the interpreter's logits hold no f32 data")?;
+        let cpu_logits = probe.text_rows(cpu[0].as_f32().context("the interpreter's logits hold no f32 data")?);
         ledger.push(LedgerEntry {
             stage: "passes_vs_eager",
             graph: Some(name.clone()),
             detail: probe
                 .describe("backend-cpu's interpreter (fake-quant) on the final IR vs the eager fake-quant model"),
-            comparison: Comparison::new("logits", &eager, cpu_logits, hf.vocab_size).map_err(anyhow::Error::msg)?,
+            comparison: Comparison::new("logits", probe.text_rows(&eager), cpu_logits, hf.vocab_size)
+                .map_err(anyhow::Error::msg)?,
         });
         let qnn = probe.run_qnn(graph)?;
-        ledger.push(LedgerEntry {
-            stage: "qnn_vs_fakequant",
-            graph: Some(name.clone()),
-            detail: probe
-                .describe("backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run"),
-            comparison: Comparison::new("logits", cpu_logits, &qnn, hf.vocab_size).map_err(anyhow::Error::msg)?,
-        });
+        let comparison =
+            Comparison::new("logits", cpu_logits, probe.text_rows(&qnn), hf.vocab_size).map_err(anyhow::Error::msg)?;
+        let mut detail =
+            probe.describe("backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run");
+        if opts.ledger_ops {
+            // Where the two part ways, node by node.
+            let rows = op_by_op(program, graph, &ckpt, &store, &probe)?;
+            let path = out.join("ledger_ops").join(format!("{name}.txt"));
+            std::fs::create_dir_all(out.join("ledger_ops"))?;
+            files.write(&path, divergence_table(&rows).as_bytes())?;
+            if let Some(first) = rows.iter().find(|r| r.max_steps >= 1.5) {
+                let _ = write!(
+                    detail,
+                    "; first node off by two steps or more: `{}` ({}, {:.1} steps)",
+                    first.node, first.op, first.max_steps
+                );
+            }
+            if let Some(worst) = rows.iter().max_by(|a, b| a.own_steps.total_cmp(&b.own_steps)) {
+                let _ = write!(
+                    detail,
+                    "; largest error of a node alone on the fake-quant inputs: {:.1} steps at `{}`",
+                    worst.own_steps, worst.node
+                );
+            }
+            let _ = write!(detail, "; every node in ledger_ops/{name}.txt");
+        }
+        ledger.push(LedgerEntry { stage: "qnn_vs_fakequant", graph: Some(name.clone()), detail, comparison });
         if let Some(htp) = &htp {
             let on_htp = htp.run_logits(name, &probe.qnn_inputs(graph)?)?;
+            let on_htp = probe.text_rows(&on_htp);
             let what = "Qualcomm's x86 HTP emulation running qnn/context.x86.bin";
             for (stage, reference, versus) in [
                 ("htp_vs_fakequant", cpu_logits, "the CPU fake-quant run of the final IR"),
-                ("htp_vs_interp", &qnn[..], "backend-qnn's reference interpreter on the lowered graph"),
+                ("htp_vs_interp", probe.text_rows(&qnn), "backend-qnn's reference interpreter on the lowered graph"),
             ] {
                 ledger.push(LedgerEntry {
                     stage,
                     graph: Some(name.clone()),
                     detail: probe.describe(&format!("{what} vs {versus}")),
-                    comparison: Comparison::new("logits", reference, &on_htp, hf.vocab_size)
+                    comparison: Comparison::new("logits", reference, on_htp, hf.vocab_size)
                         .map_err(anyhow::Error::msg)?,
                 });
             }
         }
     }
-    timings.validate = t.elapsed().as_secs_f64();
+    timings.validate += t.elapsed().as_secs_f64();
 
     let graph_reports = graphs
         .iter()

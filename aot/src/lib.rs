@@ -20,6 +20,7 @@ pub mod chat;
 pub mod compile;
 pub mod config;
 pub mod context_bench;
+pub mod divergence;
 pub mod embedded;
 pub mod generation;
 pub mod htp;

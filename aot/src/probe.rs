@@ -1,27 +1,60 @@
-//! Fixed graph inputs for the per-graph ledger stages, and the three runs that consume them: the
+//! Real graph inputs for the per-graph ledger stages, and the three runs that consume them: the
 //! eager fake-quant model, backend-cpu's IR interpreter and backend-qnn's reference interpreter.
+//!
+//! A probe is one chunk of real text as a compiled graph sees it in the middle of a prompt: the
+//! chunk's token ids at their positions, the runtime's attention mask, and a K/V cache holding
+//! what the eager fake-quant model's own prefill of the preceding text produced, as u8 codes of
+//! the graph's K/V input encodings.
 
 use anyhow::{ensure, Context, Result};
+use backend_cpu::executor::real_values;
+use backend_cpu::quant::prefill;
 use backend_qnn::interp::TensorValue;
 use backend_qnn::QnnGraph;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::passes::QuantParamProvider;
-use mllm_dsl::runtime::{dequantize_mask_value, MASK_ATTEND, MASK_MASKED};
+use mllm_dsl::runtime::{dequantize_mask_value, AttentionMask};
 use mllm_dsl::{BackendRef, CausalLm, DType, Storage, Tensor, TensorType};
 use models::io::{kv_qdq, KvCache};
 use models::TransformerConfig;
 
-/// Valid past tokens in the K/V cache of the ledger's probe inputs (fewer when the graph has less).
-pub const PROBE_PAST: usize = 8;
+/// Tokens of the probe text a probe uses at most: the chunk and the past before it.
+pub const PROBE_WINDOW: usize = 128;
 
-/// Fixed graph inputs for the per-graph ledger stages, on the quantization grid of the graph
-/// inputs: deterministic token ids, positions after `past` valid cache entries, the causal mask
-/// over them (u16 codes: 65535 attends, 0 is masked) and past K/V u8 codes near the middle of the
-/// range (as real K/V are), for every layer.
+/// Token ids the probes are cut from, and where they came from (for the ledger's details).
+#[derive(Clone, Debug)]
+pub(crate) struct ProbeText {
+    pub ids: Vec<i64>,
+    pub source: String,
+}
+
+impl ProbeText {
+    /// Deterministic ids from 3 up (the tiny vocabularies' 0..2 are special tokens), when no text
+    /// is at hand (a quantized checkpoint without reference inputs).
+    pub fn deterministic(vocab_size: usize) -> ProbeText {
+        let mut seed = 0x2545_f491u32;
+        let low = 3.min(vocab_size as u32 - 1);
+        let ids = (0..PROBE_WINDOW)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 17;
+                seed ^= seed << 5;
+                i64::from(low + seed % (vocab_size as u32 - low))
+            })
+            .collect();
+        ProbeText { ids, source: "deterministic pseudo-random ids (no text given)".into() }
+    }
+}
+
+/// One chunk's graph inputs, on the quantization grid of the graph inputs.
 pub(crate) struct Probe {
     chunk: usize,
     context: usize,
+    /// Valid past tokens in the cache (columns `0..past`); the chunk starts at position `past`.
     past: usize,
+    /// Rows of the chunk holding text (the rest is zero padding, as the runtime pads).
+    rows: usize,
+    source: String,
     ids: Vec<i64>,
     positions: Vec<i64>,
     mask_codes: Vec<u16>,
@@ -34,48 +67,95 @@ pub(crate) struct Probe {
 }
 
 impl Probe {
-    pub(crate) fn new(hf: &HfConfig, params: &dyn QuantParamProvider, chunk: usize, context: usize) -> Result<Probe> {
+    /// The probe of a `chunk`-token graph at `context`: the chunk is text tokens `past..past + rows`
+    /// of the first [`PROBE_WINDOW`] tokens of `text` (the last `chunk` of them, or all but the
+    /// first when the text is shorter), and the cache holds the K/V `model` (the eager fake-quant
+    /// model on `backend`) computes when it prefills tokens `0..past`.
+    pub(crate) fn new(
+        hf: &HfConfig,
+        params: &dyn QuantParamProvider,
+        chunk: usize,
+        context: usize,
+        text: &ProbeText,
+        model: &dyn CausalLm,
+        backend: &BackendRef,
+    ) -> Result<Probe> {
+        ensure!(!text.ids.is_empty(), "the probe text ({}) has no tokens", text.source);
         let cfg = TransformerConfig::from_hf(hf, context);
         let cache = context - chunk;
-        let past = PROBE_PAST.min(cache);
-        let mut seed = 0x2545_f491u32;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            seed
-        };
-        // Ids from 3 up: the tiny vocabularies' 0..2 are special tokens.
-        let low = 3.min(hf.vocab_size as u32 - 1);
-        let ids = (0..chunk).map(|_| i64::from(low + next() % (hf.vocab_size as u32 - low))).collect();
+        let window = text.ids.len().min(PROBE_WINDOW);
+        // At least one token before the chunk when the text has two, so the chunk attends a past.
+        let rows = chunk.min(window.saturating_sub(1)).max(1);
+        let past = (window - rows).min(cache);
+        let mut ids = text.ids[past..past + rows].to_vec();
+        ids.resize(chunk, 0);
         let positions = (past..past + chunk).map(|p| p as i64).collect();
-        let mut mask_codes = Vec::with_capacity(chunk * context);
-        for row in 0..chunk {
-            for col in 0..context {
-                let attend = col < past || (col >= cache && col - cache <= row);
-                mask_codes.push(if attend { MASK_ATTEND } else { MASK_MASKED });
-            }
-        }
+        let mut mask = AttentionMask::new(context).context("probe mask")?;
+        mask.init(chunk, past).context("probe mask")?;
+
         let (kvh, d, l) = (cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers);
+        let (keys, values) = prefill_kv(model, backend, &text.ids[..past])?;
         let mut kv_codes = Vec::with_capacity(2 * l);
         let mut kv_scales = Vec::with_capacity(2 * l);
-        for which in [KvCache::Key, KvCache::Value] {
+        for (which, present) in [(KvCache::Key, &keys), (KvCache::Value, &values)] {
             for layer in 0..l {
-                kv_scales.push(params.scalar_f32(&kv_qdq(layer, which).scale_key())?);
-                kv_codes.push((0..kvh * d * cache).map(|_| (96 + next() % 64) as u8).collect());
+                let scale = params.scalar_f32(&kv_qdq(layer, which).scale_key())?;
+                // Unused cache columns hold real zero (masked anyway).
+                let mut codes = vec![128u8; kvh * d * cache];
+                let src = present.get(layer).map(Vec::as_slice).unwrap_or_default();
+                let quantize = |v: f32| ((v / scale).round_ties_even() + 128.0).clamp(0.0, 255.0) as u8;
+                match which {
+                    // K `[Hkv, D, past]` into rows of `cache` columns.
+                    KvCache::Key => {
+                        for (dst, src) in codes.chunks_exact_mut(cache).zip(src.chunks_exact(past.max(1))) {
+                            dst[..past].iter_mut().zip(src).for_each(|(q, &v)| *q = quantize(v));
+                        }
+                    }
+                    // V `[Hkv, past, D]` into heads of `cache` rows.
+                    KvCache::Value => {
+                        for (dst, src) in codes.chunks_exact_mut(cache * d).zip(src.chunks_exact((past * d).max(1))) {
+                            dst[..past * d].iter_mut().zip(src).for_each(|(q, &v)| *q = quantize(v));
+                        }
+                    }
+                }
+                kv_scales.push(scale);
+                kv_codes.push(codes);
             }
         }
-        Ok(Probe { chunk, context, past, ids, positions, mask_codes, kv_codes, kv_scales, kv_heads: kvh, head_dim: d })
+        Ok(Probe {
+            chunk,
+            context,
+            past,
+            rows,
+            source: text.source.clone(),
+            ids,
+            positions,
+            mask_codes: mask.to_u16(),
+            kv_codes,
+            kv_scales,
+            kv_heads: kvh,
+            head_dim: d,
+        })
     }
 
     pub(crate) fn describe(&self, what: &str) -> String {
         format!(
-            "{what}; {} deterministic ids at positions {}.., {} valid past K/V entries of {}",
-            self.chunk,
+            "{what}; tokens {}..{} of {} ({} of {} rows), after the eager fake-quant prefill of the {} tokens before \
+             them as past K/V ({} cache columns)",
             self.past,
+            self.past + self.rows,
+            self.source,
+            self.rows,
+            self.chunk,
             self.past,
             self.context - self.chunk
         )
+    }
+
+    /// The logits of the text rows (padding rows dropped) of a `[.., chunk, vocab]` output.
+    pub(crate) fn text_rows<'a>(&self, logits: &'a [f32]) -> &'a [f32] {
+        let vocab = logits.len() / self.chunk;
+        &logits[..self.rows * vocab]
     }
 
     /// The inputs as real-valued tensors on `backend` (what the codes mean).
@@ -139,4 +219,24 @@ impl Probe {
         let logits = outputs.first().context("the graph has no outputs")?;
         Ok(logits.to_real()?)
     }
+}
+
+/// Per layer, real K or V values.
+type LayerValues = Vec<Vec<f32>>;
+
+/// Per layer, the K `[Hkv, D, n]` and V `[Hkv, n, D]` the model computes when it prefills `ids`
+/// from position 0 with an empty cache (as the CPU runtime's first chunk does); none for no ids.
+fn prefill_kv(model: &dyn CausalLm, backend: &BackendRef, ids: &[i64]) -> Result<(LayerValues, LayerValues)> {
+    let n = ids.len();
+    if n == 0 {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let (_, (keys, values)) = prefill(model, backend, ids, n..n)
+        .with_context(|| format!("eager fake-quant prefill of the {n} probe tokens before the chunk"))?;
+    let read = |t: &Tensor, what: &str| -> Result<Vec<f32>> {
+        Ok(real_values(t).with_context(|| format!("the prefill's {what} holds no real data"))?.into_owned())
+    };
+    let keys = keys.iter().map(|k| read(k, "present key")).collect::<Result<Vec<_>>>()?;
+    let values = values.iter().map(|v| read(v, "present value")).collect::<Result<Vec<_>>>()?;
+    Ok((keys, values))
 }

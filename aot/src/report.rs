@@ -19,8 +19,14 @@ pub struct GraphReport {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Timings {
     pub load: f64,
+    /// The weight method's pass over the calibration sequences collecting linear-input statistics
+    /// (GPTQ's Hessians and their factorization; 0 for round-to-nearest).
+    pub input_stats: f64,
+    /// The observers' pass over the calibration sequences.
     pub calibrate: f64,
     pub quantize: f64,
+    /// Accuracy of the quantized checkpoint against float (`fakequant_vs_float`, `float_vs_reference`).
+    pub evaluate: f64,
     pub trace: f64,
     pub passes: f64,
     pub lower: f64,
@@ -72,10 +78,11 @@ impl AotReport {
             "model": self.model,
             "ledger": ledger,
             "timings_s": {
-                "load": round(t.load), "calibrate": round(t.calibrate), "quantize": round(t.quantize),
-                "trace": round(t.trace), "passes": round(t.passes), "lower": round(t.lower),
-                "validate": round(t.validate), "context_binary": round(t.context_binary),
-                "context_binary_x86": round(t.context_binary_x86), "total": round(t.total),
+                "load": round(t.load), "input_stats": round(t.input_stats), "calibrate": round(t.calibrate),
+                "quantize": round(t.quantize), "evaluate": round(t.evaluate), "trace": round(t.trace),
+                "passes": round(t.passes), "lower": round(t.lower), "validate": round(t.validate),
+                "context_binary": round(t.context_binary), "context_binary_x86": round(t.context_binary_x86),
+                "total": round(t.total),
             },
             "graphs": self.graphs.iter().map(|g| serde_json::json!({
                 "name": g.name, "ops": g.ops, "tensors": g.tensors, "static_bytes": g.static_bytes,
@@ -117,11 +124,13 @@ impl AotReport {
         let t = &self.timings;
         let _ = writeln!(
             s,
-            "\ntimings (s): load {:.2}, calibrate {:.2}, quantize {:.2}, trace {:.2}, passes {:.2}, lower {:.2}, \
-             validate {:.2}, context binary {:.2} (x86 {:.2}), total {:.2}",
+            "\ntimings (s): load {:.2}, input stats {:.2}, calibrate {:.2}, quantize {:.2}, evaluate {:.2}, \
+             trace {:.2}, passes {:.2}, lower {:.2}, validate {:.2}, context binary {:.2} (x86 {:.2}), total {:.2}",
             t.load,
+            t.input_stats,
             t.calibrate,
             t.quantize,
+            t.evaluate,
             t.trace,
             t.passes,
             t.lower,

@@ -49,3 +49,67 @@ fn perplexity_float_and_rtn_match_transformers() {
     assert!(rel(rtn.mean_kl, num(&reference, &["rtn_int4_b16", "mean_kl"])) < 1e-2, "{rtn:?}");
     assert!((rtn.top1_agreement - num(&reference, &["rtn_int4_b16", "top1_agreement"])).abs() <= 2.0 / 255.0);
 }
+
+/// The whole AOT flow on the real model (calibrated on the shipped calibration text with GPTQ
+/// weights, graphs `model.0.s32` and `model.0.s1` at context 1024), each per-graph ledger stage on
+/// probes of real text whose past K/V come from the model's own prefill:
+/// - `passes_vs_eager`: ≥ 60 dB and the same top-1 (the target; it is exact today);
+/// - `qnn_vs_fakequant`: top-1 ≥ 95 % (the target) and every node of the lowered graph,
+///   run alone on the fake-quant run's inputs, within one step of its output encoding (one
+///   rounding flip: the lowering and the interpreter compute what the IR computes). The logits SQNR is NOT at the 35 dB: one-step
+///   rounding differences grow through 30 quantized layers until they reach the activation
+///   quantization's own noise (docs/ledger.md has the figures); the floor here catches a regression
+///   of that mechanism, not the target.
+///
+/// (Float parity against HF is pinned by examples/tests/smollm2.rs.)
+#[test]
+fn every_ledger_stage_holds_on_the_real_model() {
+    let out = tempfile::tempdir().unwrap();
+    let opts = aot::AotOptions {
+        source: aot::ModelSource::Float(model_dir()),
+        calibration: Some(aot::CalibSource::Text { path: fixture("text/calibration.txt"), chat: false }),
+        chunks: vec![32, 1],
+        weight_method: backend_cpu::quant::WeightMethod::Gptq,
+        progress: false,
+        ledger_ops: true,
+        // Qualcomm's backend on the real model is the htp rows' test, not this one.
+        context_binary: aot::htp::ContextBinary::Off,
+        ..aot::AotOptions::embedded(out.path().join("aot"))
+    };
+    let report = aot::run(&opts).unwrap();
+    eprintln!("{}", report.summary());
+    let rows = |stage: &str| report.ledger.iter().filter(|e| e.stage == stage).collect::<Vec<_>>();
+    let graphs = ["model.0.s32", "model.0.s1"];
+    for (stage, min_db, min_top1) in [("passes_vs_eager", 60.0, 1.0), ("qnn_vs_fakequant", SQNR_FLOOR_DB, 0.95)] {
+        let found = rows(stage);
+        assert_eq!(found.iter().map(|e| e.graph.as_deref().unwrap()).collect::<Vec<_>>(), graphs, "{stage}");
+        for e in found {
+            assert!(
+                e.detail.contains("of the calibration sequences"),
+                "{stage}: not a probe of the text: {}",
+                e.detail
+            );
+            let c = &e.comparison;
+            assert!(c.sqnr_db >= min_db, "{stage} {:?}: {:.2} dB < {min_db} dB ({})", e.graph, c.sqnr_db, e.detail);
+            assert!(c.top1_agreement >= min_top1, "{stage} {:?}: top-1 {:.3} < {min_top1}", e.graph, c.top1_agreement);
+        }
+    }
+    assert_eq!(rows("fakequant_vs_float").len(), 1);
+    // The node-by-node comparison (--ledger-ops); its last column is each node's own error.
+    for graph in graphs {
+        let path = out.path().join(format!("aot/ledger_ops/{graph}.txt"));
+        let table = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let nodes: Vec<(&str, f32)> = table
+            .lines()
+            .skip(1)
+            .map(|l| (l.split_whitespace().next().unwrap(), l.split_whitespace().last().unwrap().parse().unwrap()))
+            .collect();
+        assert!(nodes.len() > 1800, "{graph}: {} nodes compared", nodes.len());
+        let (node, steps) = nodes.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+        assert!(steps <= 1.0, "{graph}: node `{node}` alone is {steps} steps off the fake-quant run");
+    }
+}
+
+/// The logits SQNR `qnn_vs_fakequant` keeps on the real model's probes (measured 23.7 dB at s32,
+/// 28.9 dB at s1); the target of 35 dB is not met (see the test above).
+const SQNR_FLOOR_DB: f64 = 20.0;

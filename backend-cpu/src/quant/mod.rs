@@ -45,7 +45,7 @@ pub use hadamard::{orthogonal, Orthogonal, OrthogonalKind};
 pub use input_stats::{InputStats, InputStatsHook, LinearStats, StatsDepth};
 pub use linear::{LinearQuantizer, WeightMethod};
 pub use params::QdqParams;
-pub use prefill::prefill_logits;
+pub use prefill::{prefill, prefill_logits, PresentKv};
 pub use rotation::{rotate_checkpoint, Rotation, RotationSummary};
 pub use rtn::RtnWeights;
 

@@ -1,6 +1,8 @@
 //! One whole sequence through a model file as a single prefill chunk with no past: how pymllm
 //! calibrates (HF `generate`'s first forward) and how the oracle's reference logits were made.
 
+use std::ops::Range;
+
 use mllm_dsl::runtime::{dequantize_mask_value, MASK_ATTEND, MASK_MASKED};
 use mllm_dsl::{BackendRef, CausalLm, DType, Storage, Tensor, TensorType};
 
@@ -10,6 +12,29 @@ use super::error::QuantizationError;
 /// (`[1, 1, S, S]`, the dequantized u16 mask: 0.0 attends) and empty past K/V. Returns the logits,
 /// `S x vocab` row-major.
 pub fn prefill_logits(model: &dyn CausalLm, backend: &BackendRef, ids: &[i64]) -> Result<Vec<f32>, QuantizationError> {
+    let (logits, _) = prefill(model, backend, ids, 0..ids.len())?;
+    let data = logits.as_f32().ok_or_else(|| QuantizationError::Report("model logits hold no f32 data".into()))?;
+    let (s, vocab) = (ids.len(), model.shape().vocab_size);
+    if data.len() != s * vocab {
+        return Err(QuantizationError::Report(format!(
+            "model returned {} logits for {s} positions of vocabulary {vocab}",
+            data.len()
+        )));
+    }
+    Ok(data.to_vec())
+}
+
+/// The present K/V of every layer after a prefill: K `[1, Hkv, D, S]`, V `[1, Hkv, S, D]` each.
+pub type PresentKv = (Vec<Tensor>, Vec<Tensor>);
+
+/// [`prefill_logits`]' run with the logits of chunk rows `logit_rows` only (a model file may skip
+/// the others), returning the logits tensor and the present K/V the run produced.
+pub fn prefill(
+    model: &dyn CausalLm,
+    backend: &BackendRef,
+    ids: &[i64],
+    logit_rows: Range<usize>,
+) -> Result<(Tensor, PresentKv), QuantizationError> {
     let s = ids.len();
     if s == 0 {
         return Err(QuantizationError::CalibrationData("an empty sequence cannot be run".into()));
@@ -30,14 +55,6 @@ pub fn prefill_logits(model: &dyn CausalLm, backend: &BackendRef, ids: &[i64]) -
     let values = (0..shape.num_layers)
         .map(|_| f32_tensor(vec![], vec![1, kvh, 0, d], DType::U8Sym))
         .collect::<Result<Vec<_>, _>>()?;
-    let (logits, _, _) = model.forward(&ids_t, &pos, &mask, &keys, &values)?;
-    let data = logits.as_f32().ok_or_else(|| QuantizationError::Report("model logits hold no f32 data".into()))?;
-    if data.len() != s * shape.vocab_size {
-        return Err(QuantizationError::Report(format!(
-            "model returned {} logits for {s} positions of vocabulary {}",
-            data.len(),
-            shape.vocab_size
-        )));
-    }
-    Ok(data.to_vec())
+    let (logits, keys, values) = model.forward_rows(&ids_t, &pos, &mask, &keys, &values, logit_rows)?;
+    Ok((logits, (keys, values)))
 }

@@ -105,6 +105,41 @@ impl<'g> Interpreter<'g> {
         Ok(self.execute(inputs, true)?.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
     }
 
+    /// Node `index` alone on `values` for its non-static inputs (statics come from the graph):
+    /// to check one op against a reference fed the same inputs, so that errors carried in from
+    /// earlier ops do not count.
+    pub fn run_node(&self, index: usize, values: &HashMap<String, TensorValue>) -> Result<TensorValue, InterpError> {
+        let node = &self.graph.nodes[index];
+        let args = node
+            .inputs
+            .iter()
+            .map(|name| {
+                let meta = self.meta(name);
+                if meta.tensor_type == TensorType::Static {
+                    return Ok(Operand::Static(meta));
+                }
+                let value = values.get(name).ok_or_else(|| InterpError::Value {
+                    tensor: name.clone(),
+                    detail: format!("input of node `{}` was not given", node.name),
+                })?;
+                if value.dtype != meta.dtype || value.dims != meta.dims || value.encoding != meta.encoding {
+                    return Err(InterpError::Value {
+                        tensor: name.clone(),
+                        detail: format!(
+                            "given as {} {:?}, the graph declares {} {:?}",
+                            value.dtype, value.dims, meta.dtype, meta.dims
+                        ),
+                    });
+                }
+                Ok(Operand::Value(value))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        eval(node, &args, self.meta(&node.outputs[0]), self.graph.int4_storage).map_err(|e| match e {
+            EvalError::Detail(detail) => InterpError::Op { node: node.name.clone(), op: node.op_type, detail },
+            EvalError::Interp(e) => e,
+        })
+    }
+
     fn execute(&self, inputs: &[TensorValue], keep_all: bool) -> Result<HashMap<&'g str, TensorValue>, InterpError> {
         let graph = self.graph;
         if inputs.len() != graph.inputs.len() {
