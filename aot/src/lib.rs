@@ -19,6 +19,7 @@ pub mod calibrate;
 pub mod chat;
 pub mod compile;
 pub mod config;
+pub mod context_bench;
 pub mod embedded;
 pub mod generation;
 pub mod ledger;
@@ -29,6 +30,7 @@ pub mod real_model;
 pub mod report;
 pub mod runner;
 pub mod sequences;
+pub mod synthetic;
 pub mod text_quality;
 pub mod trace;
 
