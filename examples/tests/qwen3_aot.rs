@@ -103,6 +103,7 @@ const STAGES: [&str; 10] = [
 fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_twice() {
     let out = temp("default");
     let out_s = out.to_str().unwrap();
+    assert!(backend_qnn::sdk::LibraryPaths::find().is_ok(), "{}", backend_qnn::sdk::FETCH_HINT);
     let report = run(&["--out", out_s]).unwrap();
     let written = files(&out);
 
@@ -116,6 +117,9 @@ fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_t
         "quantized/model.safetensors",
         "quantized/report.json",
         "report.json",
+        // Built by Qualcomm's backend (the libraries are required here: scripts/fetch-qnn-sdk).
+        "qnn/context.bin",
+        "qnn/context.x86.bin",
     ]
     .into_iter()
     .map(String::from)
@@ -170,6 +174,18 @@ fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_t
             assert!(row["top1_agreement"].as_f64().unwrap() >= 0.9, "{stage}: {row}");
         }
     }
+    // Qualcomm's x86 HTP emulation: rows for both graphs. Known open discrepancy (issue 15 §5):
+    // on this embedded model's model.0.s32 with the probe's inputs the emulation gives -1.1 dB
+    // against both references (our interpreter: 76.5 dB), while model.0.s1 agrees (58.4 dB) and
+    // every fixture at chunk 4 agrees (tests/qnn_htp.rs). Pinned as it stands until the per-op
+    // comparison finds the op: s1 must agree, s32 must be reported.
+    for stage in ["htp_vs_fakequant", "htp_vs_interp"] {
+        let r = rows(&json, stage);
+        let graphs: Vec<&str> = r.iter().map(|r| r["graph"].as_str().unwrap()).collect();
+        assert_eq!(graphs, ["model.0.s32", "model.0.s1"], "{stage}");
+        assert!(db(r[1]) >= 35.0 && r[1]["top1_agreement"] == 1.0, "{stage}: {}", r[1]);
+        assert!(r[0]["sqnr_db"].as_f64().is_some_and(f64::is_finite), "{stage}: {}", r[0]);
+    }
     assert_eq!(rows(&json, "qnn_vs_fakequant")[0]["rows"], 32);
     assert_eq!(rows(&json, "qnn_vs_fakequant")[1]["rows"], 1);
 
@@ -191,6 +207,9 @@ fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_t
     for key in ["load", "calibrate", "trace", "passes", "lower", "total"] {
         assert!(timings[key].as_f64().unwrap() >= 0.0, "timings_s.{key}");
     }
+    for key in ["context_binary", "context_binary_x86"] {
+        assert!(timings[key].as_f64().unwrap() > 0.0, "timings_s.{key}: Qualcomm's backend ran");
+    }
     let summary = report.summary();
     for needle in ["qnn_vs_fakequant", "model.0.s32", "Conv2d"] {
         assert!(summary.contains(needle), "summary lacks {needle}:\n{summary}");
@@ -206,7 +225,10 @@ fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_t
     let again = files(&out);
     assert_eq!(again.keys().collect::<Vec<_>>(), written.keys().collect::<Vec<_>>());
     for (name, bytes) in &written {
-        if name != "report.json" {
+        if name.starts_with("qnn/context") {
+            // Qualcomm's serializer does not reproduce its bytes; the size is stable.
+            assert_eq!(again[name].len(), bytes.len(), "{name}");
+        } else if name != "report.json" {
             assert!(&again[name] == bytes, "{name} differs between two runs");
         }
     }
@@ -345,17 +367,6 @@ fn bad_inputs_fail_with_messages_naming_the_file_or_field() {
     // Arguments that exclude each other.
     let err = error(&["--model", "a", "--quantized", "b"]);
     assert!(err.contains("--quantized"), "{err}");
-}
-
-#[test]
-fn context_binary_without_the_qnn_libraries_says_how_to_get_them() {
-    // With or without the SDK feature in this build: no QNN libraries are where QNN_SDK_ROOT points.
-    std::env::set_var("QNN_SDK_ROOT", temp("no-qnn-sdk"));
-    let out = temp("context-binary");
-    let err = error(&["--context-binary", "--out", out.to_str().unwrap()]);
-    assert!(err.contains("--context-binary needs the QNN SDK") && err.contains("QNN_SDK_ROOT"), "{err}");
-    // Nothing was computed before the error.
-    assert!(files(&out).is_empty());
 }
 
 #[test]
