@@ -18,6 +18,7 @@
 
 use anyhow::{bail, Context, Result};
 use aot::load_float;
+use backend_cpu::rng::SplitMix64;
 use checkpoint::{write_safetensors_atomic, StDtype};
 use clap::Parser;
 use half::bf16;
@@ -120,7 +121,7 @@ fn child(args: &Args, dir: &Path, threads: usize) -> Result<()> {
         eos_ids: Vec::new(),
         collect_prompt_logits: false,
     };
-    let mut rng = SplitMix64(7);
+    let mut rng = SplitMix64::new(7);
     let prompt: Vec<u32> = (0..args.prompt).map(|_| (rng.next() % VOCAB as u64) as u32).collect();
     let mut generator = Generator::new(loaded.model)?;
     for run in 1..=args.runs {
@@ -145,7 +146,7 @@ fn child(args: &Args, dir: &Path, threads: usize) -> Result<()> {
 fn write_checkpoint(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    let mut rng = SplitMix64(0x5eed);
+    let mut rng = SplitMix64::new(0x5eed);
     // Linear weights uniform in ±0.03 (std ≈ 0.017, like trained Qwen3 projections); norms near 1.
     let mut add = |name: String, shape: Vec<usize>, centre: f32, spread: f32| {
         let n: usize = shape.iter().product();
@@ -195,23 +196,4 @@ fn write_checkpoint(dir: &Path) -> Result<()> {
     });
     mllm_dsl::files::write_atomic_bytes(&dir.join("config.json"), serde_json::to_string_pretty(&config)?.as_bytes())?;
     Ok(())
-}
-
-/// SplitMix64: a small, fast, deterministic generator (weights and prompt only need to be fixed
-/// and spread out, not cryptographic).
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1).
-    fn uniform_pm1(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
 }

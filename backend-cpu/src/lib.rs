@@ -8,6 +8,7 @@ pub mod kernels;
 pub mod lazy;
 pub mod packed_weight;
 pub mod quant;
+pub mod rng;
 pub mod store;
 
 pub use chunk_model::CpuChunkModel;

@@ -13,6 +13,8 @@
 
 use std::collections::HashMap;
 
+use crate::rng::SplitMix64;
+
 /// A row-major `n × n` orthogonal matrix and how it was made.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Orthogonal {
@@ -46,7 +48,7 @@ impl OrthogonalKind {
 /// A randomized Hadamard matrix of order `n` when one can be built, else a random orthogonal one;
 /// both from `seed`.
 pub fn orthogonal(n: usize, seed: u64) -> Orthogonal {
-    let mut rng = SplitMix64(seed);
+    let mut rng = SplitMix64::new(seed);
     match hadamard(n) {
         Some((h, factors)) => {
             let norm = 1.0 / (n as f64).sqrt();
@@ -233,30 +235,6 @@ fn random_orthogonal(n: usize, rng: &mut SplitMix64) -> Vec<f32> {
         }
     }
     rows.into_iter().flatten().map(|a| a as f32).collect()
-}
-
-/// SplitMix64: a small, fixed, well-mixed generator (signs and the Gaussian fallback only).
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in (0, 1].
-    fn uniform(&mut self) -> f64 {
-        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Standard normal (Box-Muller).
-    fn gaussian(&mut self) -> f64 {
-        let (u, v) = (self.uniform(), self.uniform());
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    }
 }
 
 #[cfg(test)]
