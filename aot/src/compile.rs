@@ -176,7 +176,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     RunSizes { max_positions: positions, context: opts.context_len, chunk: largest_chunk }
         .check(&hf, available_memory())?;
     let (aot, aot_warnings) = load_aot_config(opts.aot_config.as_deref(), &hf)?;
-    let target = htp_target(&aot)?;
+    let target = HtpTarget::new(&aot.target_machine);
     warnings.extend(aot_warnings);
     timings.load = t.elapsed().as_secs_f64();
 
@@ -410,12 +410,6 @@ impl<'a> Files<'a> {
         rel.dedup();
         Ok(rel)
     }
-}
-
-/// The HTP target of the AOT config's `target_machine`, checked against the chipset table
-/// (known SoC, arch matching the chipset, VTCM within the chip's).
-fn htp_target(aot: &AotConfig) -> Result<HtpTarget> {
-    HtpTarget::from_json(&aot.to_json()["target_machine"]).context("AOT config `target_machine`")
 }
 
 /// One graph compiled: the IR after mllm's passes and the QNN graph lowered from it.
