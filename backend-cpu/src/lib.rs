@@ -11,7 +11,7 @@ pub mod quant;
 pub mod store;
 
 pub use chunk_model::CpuChunkModel;
-pub use executor::{CpuBackend, QdqHook};
+pub use executor::{CpuBackend, QdqHook, QdqHookError};
 pub use interp::{Interpreter, Mode as InterpMode};
 pub use packed_weight::{PackedWeight, WeightView};
 pub use store::CheckpointStore;

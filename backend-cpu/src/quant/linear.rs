@@ -58,14 +58,21 @@ impl WeightMethod {
     }
 }
 
+/// A weight method name other than rtn, mse or gptq.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown weight method `{name}`; expected rtn, mse or gptq")]
+pub struct UnknownWeightMethod {
+    pub name: String,
+}
+
 impl std::str::FromStr for WeightMethod {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownWeightMethod;
+    fn from_str(s: &str) -> Result<Self, UnknownWeightMethod> {
         match s {
             "rtn" => Ok(WeightMethod::Rtn),
             "mse" => Ok(WeightMethod::Mse),
             "gptq" => Ok(WeightMethod::Gptq),
-            other => Err(format!("unknown weight method `{other}`; expected rtn, mse or gptq")),
+            other => Err(UnknownWeightMethod { name: other.to_string() }),
         }
     }
 }

@@ -37,8 +37,8 @@ pub use export::{
     QuantizedWeights,
 };
 pub use fake_quant::FakeQuantHook;
-pub use input_stats::{InputStats, InputStatsHook, LinearStats, StatsDepth};
-pub use linear::{LinearQuantizer, WeightMethod};
+pub use input_stats::{InputStats, InputStatsHook, LinearStats, LinearStatsError, StatsDepth};
+pub use linear::{LinearQuantizer, UnknownWeightMethod, WeightMethod};
 pub use params::QdqParams;
 pub use prefill::prefill_logits;
 pub use rtn::RtnWeights;
