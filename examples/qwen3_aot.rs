@@ -145,5 +145,5 @@ impl AotArgs {
 /// Runs the command: sets the thread count, then the whole flow (see [`aot::run`]).
 pub fn run_aot(args: &AotArgs) -> Result<AotReport> {
     backend_cpu::kernels::set_num_threads(args.threads)?;
-    run(&args.options())
+    Ok(run(&args.options())?)
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{ensure, Context, Result};
+use crate::error::{ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::export::quantize_rope_tables;
 use backend_cpu::quant::{
@@ -264,9 +264,9 @@ pub fn evaluate(
     let mut rows = Vec::new();
     for ((symbol, point), (f, q)) in layers.iter().zip(float_layers.iter().zip(&quant_layers)) {
         let name = format!("{symbol} (at {})", point.key);
-        rows.push(Comparison::new(name, f, q, hf.hidden_size).map_err(anyhow::Error::msg)?);
+        rows.push(Comparison::new(name, f, q, hf.hidden_size)?);
     }
-    rows.push(Comparison::new("logits", &float_logits, &quant_logits, hf.vocab_size).map_err(anyhow::Error::msg)?);
+    rows.push(Comparison::new("logits", &float_logits, &quant_logits, hf.vocab_size)?);
     Ok(AccuracyReport {
         // No paths: the report is the same wherever the run writes (its `model` names the input).
         description: format!("fake-quant of the quantized checkpoint vs the float model on {what}"),

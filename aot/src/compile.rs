@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, ensure, Context, Result};
+use crate::error::{bail, ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, WeightMethod};
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
@@ -305,7 +305,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
             graph: Some(name.clone()),
             detail: probe
                 .describe("backend-cpu's interpreter (fake-quant) on the final IR vs the eager fake-quant model"),
-            comparison: Comparison::new("logits", &eager, cpu_logits, hf.vocab_size).map_err(anyhow::Error::msg)?,
+            comparison: Comparison::new("logits", &eager, cpu_logits, hf.vocab_size)?,
         });
         let qnn = probe.run_qnn(graph)?;
         ledger.push(LedgerEntry {
@@ -313,7 +313,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
             graph: Some(name.clone()),
             detail: probe
                 .describe("backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run"),
-            comparison: Comparison::new("logits", cpu_logits, &qnn, hf.vocab_size).map_err(anyhow::Error::msg)?,
+            comparison: Comparison::new("logits", cpu_logits, &qnn, hf.vocab_size)?,
         });
     }
     timings.validate = t.elapsed().as_secs_f64();
@@ -402,6 +402,7 @@ impl<'a> Files<'a> {
             .map(|p| {
                 let r = p
                     .strip_prefix(self.root)
+                    .ok()
                     .with_context(|| format!("{} is outside the output directory", p.display()))?;
                 Ok(r.to_string_lossy().replace('\\', "/"))
             })

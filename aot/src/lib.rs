@@ -9,7 +9,7 @@
 //! // The embedded tiny Qwen3, calibrated, quantized, lowered, its artifacts written into `out/`.
 //! let report = aot::run(&aot::AotOptions::embedded("out"))?;
 //! print!("{}", report.summary());
-//! # Ok::<(), anyhow::Error>(())
+//! # Ok::<(), aot::AotError>(())
 //! ```
 //!
 //! It is the one crate that sees the model files and both backends: calibration runs on
@@ -20,6 +20,7 @@ pub mod chat;
 pub mod compile;
 pub mod config;
 pub mod embedded;
+pub mod error;
 pub mod generation;
 pub mod ledger;
 pub mod load;
@@ -39,6 +40,7 @@ pub use compile::{
     CompiledModel, ModelSource, CONTEXT_BINARY_HINT,
 };
 pub use config::{default_out_dir, load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
+pub use error::{AotError, Context, Result};
 pub use generation::GenerateRequest;
 pub use ledger::LedgerEntry;
 pub use load::{load_float, load_model, CpuModel, RunMode};

@@ -1,7 +1,7 @@
 //! Fixed graph inputs for the per-graph ledger stages, and the three runs that consume them: the
 //! eager fake-quant model, backend-cpu's IR interpreter and backend-qnn's reference interpreter.
 
-use anyhow::{ensure, Context, Result};
+use crate::error::{ensure, Context, Result};
 use backend_qnn::interp::TensorValue;
 use backend_qnn::QnnGraph;
 use mllm_dsl::config::hf::HfConfig;

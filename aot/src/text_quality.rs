@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{ensure, Context, Result};
+use crate::error::{bail, ensure, AotError, Context, Result};
 use backend_cpu::quant::{FakeQuantHook, QdqParams, QualityRow, RtnWeights, TextEval};
 use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
@@ -25,8 +25,8 @@ use crate::trace::trace_model;
 pub fn load_text_ids(path: &Path, tokenizer: &Path, max_tokens: usize) -> Result<Vec<i64>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let tok = tokenizers::Tokenizer::from_file(tokenizer)
-        .map_err(|e| anyhow::anyhow!("cannot load tokenizer {}: {e}", tokenizer.display()))?;
-    let enc = tok.encode(text, true).map_err(|e| anyhow::anyhow!("tokenizing {}: {e}", path.display()))?;
+        .map_err(|e| AotError::tokenizer(format!("cannot load tokenizer {}", tokenizer.display()), e))?;
+    let enc = tok.encode(text, true).map_err(|e| AotError::tokenizer(format!("tokenizing {}", path.display()), e))?;
     let ids: Vec<i64> = enc.get_ids().iter().take(max_tokens).map(|&i| i64::from(i)).collect();
     ensure!(ids.len() >= 2, "{}: {} tokens; at least 2 are needed to measure perplexity", path.display(), ids.len());
     Ok(ids)
@@ -118,10 +118,7 @@ pub fn load_fake_quant(dir: &Path) -> Result<(Box<dyn CausalLm>, BackendRef, usi
     let ckpt = SafetensorsCheckpoint::open(dir)?;
     let rows = match ckpt.info(ROPE_SIN_KEY) {
         Ok((_, &[1, rows, _])) => rows,
-        _ => anyhow::bail!(
-            "{}: no RoPE table `{ROPE_SIN_KEY}` [1, L, head_dim]; not a quantized checkpoint",
-            dir.display()
-        ),
+        _ => bail!("{}: no RoPE table `{ROPE_SIN_KEY}` [1, L, head_dim]; not a quantized checkpoint", dir.display()),
     };
     let points = qdq_points(&trace_model(&hf, rows, ParamFormat::Float)?)?;
     let params = QdqParams::from_checkpoint(&ckpt, &points)
