@@ -108,7 +108,7 @@ fn main() -> Result<()> {
             mode: CalibrationMode::Deployed,
             out: out.clone(),
             max_positions: 1024,
-            progress: !args.quiet,
+            progress: aot::progress::bars(!args.quiet),
             weight_method: args.weight_method,
         })?;
         for w in &outcome.warnings {
@@ -131,7 +131,7 @@ fn main() -> Result<()> {
         rtn: (!args.no_rtn).then_some(RtnBaseline { bits: args.rtn_bits, block: args.rtn_block }),
         ids,
         window: args.window,
-        progress: !args.quiet,
+        progress: aot::progress::bars(!args.quiet),
     })?;
     println!(
         "{} on the first {} predictions of {} ({} window(s) of <= {} tokens)",

@@ -108,7 +108,7 @@ fn main() -> Result<()> {
         mode,
         out: args.out.clone(),
         max_positions: args.max_positions,
-        progress: !args.quiet,
+        progress: aot::progress::bars(!args.quiet),
         weight_method: args.weight_method,
     };
     let outcome = quantize(&opts)?;

@@ -136,7 +136,7 @@ impl AotArgs {
             out: self.out.clone().unwrap_or_else(|| default_out_dir("qwen3_aot")),
             context_binary: self.context_binary,
             max_positions: self.max_positions,
-            progress: !self.quiet,
+            progress: aot::progress::bars(!self.quiet),
             weight_method: self.weight_method,
         }
     }

@@ -15,6 +15,7 @@
 //! byte-identical files, except `report.json`'s `timings_s`, the only field that varies.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{bail, ensure, Context, Result};
@@ -38,7 +39,7 @@ use crate::embedded::{EMBEDDED_CALIB_IDS, EMBEDDED_MODEL, EMBEDDED_MODEL_NAME};
 use crate::ledger::{float_vs_reference, quantized_vs_reference_float, LedgerEntry};
 use crate::load::{fake_quant_backend, open_model, rope_positions, ROPE_SIN_KEY};
 use crate::probe::Probe;
-use crate::progress::bar;
+use crate::progress::Progress;
 use crate::report::{AotReport, GraphReport, Timings};
 use crate::sequences::{load_id_sequences, load_text_sequences};
 use crate::trace::{trace_graph, trace_model};
@@ -82,7 +83,8 @@ pub struct AotOptions {
     pub context_binary: bool,
     /// RoPE table rows when calibrating (a quantized checkpoint's tables fix their own).
     pub max_positions: usize,
-    pub progress: bool,
+    /// Where the long steps report progress ([`crate::progress::bars`] on a terminal).
+    pub progress: Arc<dyn Progress>,
     /// How linear weights are rounded to LPBQ when calibrating (docs/quantization.md).
     pub weight_method: WeightMethod,
 }
@@ -99,7 +101,7 @@ impl AotOptions {
             out: out.into(),
             context_binary: false,
             max_positions: DEFAULT_MAX_POSITIONS,
-            progress: false,
+            progress: crate::progress::silent(),
             weight_method: WeightMethod::Rtn,
         }
     }
@@ -208,7 +210,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 mode: CalibrationMode::Deployed,
                 out: quant_dir.clone(),
                 max_positions: opts.max_positions,
-                progress: opts.progress,
+                progress: opts.progress.clone(),
                 weight_method: opts.weight_method,
             };
             // Straight into this run's staging directory, which is swapped in as a whole.
@@ -270,7 +272,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         chunks: &opts.chunks,
         max_positions,
         dump_ir: Some(&out.join("ir")),
-        progress: opts.progress,
+        progress: opts.progress.as_ref(),
     };
     let compiled = compile(&hf, &ckpt, &aot, &compile_opts)?;
     (timings.trace, timings.passes, timings.lower) = (compiled.timings.trace, compiled.timings.passes, 0.0);
@@ -449,7 +451,8 @@ pub struct CompileOptions<'a> {
     pub max_positions: usize,
     /// Dump the IR before the first pass and after every pass into `<dir>/<graph>/`.
     pub dump_ir: Option<&'a Path>,
-    pub progress: bool,
+    /// Where each compiled graph is reported.
+    pub progress: &'a dyn Progress,
 }
 
 /// A quantized checkpoint into QNN graphs: the model file of `hf` traced once per chunk size,
@@ -464,10 +467,10 @@ pub fn compile(
     let mut timings = CompileTimings::default();
     let mut lowering = QnnLowering::new(ckpt, LowerOptions::default());
     let (mut graphs, mut ir_dumps) = (Vec::new(), Vec::new());
-    let pb = bar(opts.progress, opts.chunks.len(), "compiling");
+    let pb = opts.progress.start("compiling", opts.chunks.len());
     for &chunk in opts.chunks {
         let name = format!("model.0.s{chunk}");
-        pb.set_message(name.clone());
+        pb.set_message(&name);
         let t = Instant::now();
         let mut program = trace_graph(hf, opts.max_positions, chunk, opts.context_len, ParamFormat::QnnW4A16)?;
         timings.trace += t.elapsed().as_secs_f64();
@@ -506,6 +509,12 @@ pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec
     ensure!(context <= max_positions, "--context {context} exceeds the checkpoint's {max_positions} RoPE positions");
     let (aot, _) = load_aot_config(None, &hf)?;
     let chunks: &[usize] = if chunk == 1 { &[1] } else { &[chunk, 1] };
-    let opts = CompileOptions { context_len: context, chunks, max_positions, dump_ir: None, progress: false };
+    let opts = CompileOptions {
+        context_len: context,
+        chunks,
+        max_positions,
+        dump_ir: None,
+        progress: &crate::progress::Silent,
+    };
     Ok(compile(&hf, &ckpt, &aot, &opts)?.graphs.into_iter().map(|g| g.graph).collect())
 }

@@ -17,7 +17,7 @@ use mllm_dsl::quant::points::qdq_points;
 use mllm_dsl::{BackendRef, CausalLm, ParamFormat};
 
 use crate::load::ROPE_SIN_KEY;
-use crate::progress::bar;
+use crate::progress::Progress;
 use crate::trace::trace_model;
 
 /// The first `max_tokens` tokens of a text file, tokenized with `tokenizer.json` as a plain text
@@ -59,7 +59,8 @@ pub struct TextQualityOptions {
     pub ids: Vec<i64>,
     /// Tokens per prefill window (each window starts with no past).
     pub window: usize,
-    pub progress: bool,
+    /// Where the long steps report progress ([`crate::progress::bars`] on a terminal).
+    pub progress: std::sync::Arc<dyn Progress>,
 }
 
 /// The scores, float first, and the wall time of each model's run.
@@ -137,7 +138,7 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
     let positions = opts.window.min(opts.ids.len()).max(2);
     let n_windows = opts.ids.chunks(opts.window.max(1)).filter(|w| w.len() >= 2).count();
     let runs = 1 + opts.quantized.len() + usize::from(opts.rtn.is_some());
-    let pb = bar(opts.progress, runs * n_windows, "perplexity");
+    let pb = opts.progress.start("perplexity", runs * n_windows);
     let tick = |_: usize, _: usize| pb.inc(1);
     let (mut rows, mut seconds) = (Vec::new(), Vec::new());
 
@@ -156,7 +157,7 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
     // 2. Each quantized checkpoint in fake-quant mode.
     for (name, dir) in &opts.quantized {
         let t = Instant::now();
-        pb.set_message(name.clone());
+        pb.set_message(name);
         let (model, backend, rows_covered) = load_fake_quant(dir)?;
         ensure!(
             positions <= rows_covered,
@@ -171,12 +172,12 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
     if let Some(rtn) = opts.rtn {
         let t = Instant::now();
         let name = format!("RTN int{} block {} weight-only", rtn.bits, rtn.block);
-        pb.set_message(name.clone());
+        pb.set_message(&name);
         let rtn_store = RtnWeights::new(&store, rtn.bits, rtn.block)?;
         let model = bind(&hf, positions, &ParamSource::Store(&rtn_store), &opts.model)?;
         rows.push(eval.score(name.clone(), model.as_ref(), &float_backend, &tick).with_context(|| name.clone())?);
         seconds.push(t.elapsed().as_secs_f64());
     }
-    pb.finish_and_clear();
+    pb.finish();
     Ok(TextQuality { rows, seconds, windows: eval.windows() })
 }

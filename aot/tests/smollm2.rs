@@ -38,7 +38,7 @@ fn perplexity_float_and_rtn_match_transformers() {
         rtn: Some(RtnBaseline::default()),
         ids,
         window: 256,
-        progress: false,
+        progress: aot::progress::silent(),
     })
     .unwrap();
     eprintln!("{}", q.table());

@@ -35,7 +35,7 @@ fn run(mode: CalibrationMode, out: &Path) -> QuantizeOutcome {
         mode,
         out: out.to_path_buf(),
         max_positions: 1024,
-        progress: false,
+        progress: aot::progress::silent(),
         weight_method: backend_cpu::quant::WeightMethod::Rtn,
     };
     quantize(&opts).unwrap()
@@ -190,7 +190,7 @@ fn quantize_error(model: PathBuf, aot_config: Option<PathBuf>) -> String {
         mode: CalibrationMode::Deployed,
         out: scratch("never-written"),
         max_positions: 1024,
-        progress: false,
+        progress: aot::progress::silent(),
         weight_method: backend_cpu::quant::WeightMethod::Rtn,
     };
     let err = quantize(&opts).err().expect("quantize must refuse this configuration");

@@ -27,7 +27,7 @@ fn run(mode: CalibrationMode, method: WeightMethod, out: &Path) -> QuantizeOutco
         mode,
         out: out.to_path_buf(),
         max_positions: 1024,
-        progress: false,
+        progress: aot::progress::silent(),
         weight_method: method,
     })
     .unwrap_or_else(|e| panic!("{} weights: {e:#}", method.name()))
