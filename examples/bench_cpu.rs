@@ -21,6 +21,7 @@ use aot::load_float;
 use checkpoint::{write_safetensors_atomic, StDtype};
 use clap::Parser;
 use half::bf16;
+use mllm_dsl::memory::{peak_rss_bytes, rss_bytes};
 use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -111,7 +112,7 @@ fn child(args: &Args, dir: &Path, threads: usize) -> Result<()> {
     let start = Instant::now();
     let loaded = load_float(dir, args.context)?;
     let load_s = start.elapsed().as_secs_f64();
-    let rss_loaded = proc_status_kb("VmRSS")?;
+    let rss_loaded = rss_bytes()?;
     let config = GenerationConfig {
         max_new_tokens: args.new,
         prefill_chunk: args.chunk,
@@ -130,25 +131,14 @@ fn child(args: &Args, dir: &Path, threads: usize) -> Result<()> {
              rss_after_load_mb={:.0} peak_rss_mb={:.0}",
             t.prefill_tokens_per_sec(),
             t.decode_tokens_per_sec(),
-            rss_loaded as f64 / 1024.0,
-            proc_status_kb("VmHWM")? as f64 / 1024.0,
+            rss_loaded as f64 / (1 << 20) as f64,
+            peak_rss_bytes()? as f64 / (1 << 20) as f64,
         );
     }
     if backend_cpu::executor::profile::enabled() {
         print!("{}", backend_cpu::executor::profile::report());
     }
     Ok(())
-}
-
-/// A field of `/proc/self/status` in kB (`VmHWM` = peak resident set).
-fn proc_status_kb(field: &str) -> Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
-    let line = status
-        .lines()
-        .find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))
-        .with_context(|| format!("/proc/self/status has no {field}"))?;
-    let kb = line[field.len() + 1..].trim().trim_end_matches("kB").trim();
-    kb.parse().with_context(|| format!("/proc/self/status: {field} is `{kb}`"))
 }
 
 /// Writes config.json and a random bf16 model.safetensors with Qwen3-0.6B's shapes.

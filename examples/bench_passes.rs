@@ -9,6 +9,7 @@
 //!
 //! `cargo run --release --example bench_passes`
 
+use mllm_dsl::memory::peak_rss_bytes;
 use mllm_dsl::passes::{Pipeline, SyntheticParams};
 use mllm_dsl::prelude::*;
 use mllm_dsl::{config::aot::AotConfig, CausalLm, Program};
@@ -84,7 +85,7 @@ fn run(mlp_scale: usize) -> anyhow::Result<()> {
         }
     }
     println!("all passes, both graphs: {total_passes:.1} ms (target <= 5000 ms)");
-    println!("peak RSS (VmHWM): {}", vm_hwm().unwrap_or_else(|| "unavailable".into()));
+    println!("peak RSS (VmHWM): {} kB", peak_rss_bytes()? / 1024);
     Ok(())
 }
 
@@ -107,12 +108,6 @@ fn weight_bytes(p: &Program) -> String {
         count += 1;
     }
     format!("{:.2} GB in {count} tensors", bytes / 1e9)
-}
-
-/// `VmHWM` of this process.
-fn vm_hwm() -> Option<String> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status.lines().find_map(|l| l.strip_prefix("VmHWM:")).map(|v| v.trim().to_string())
 }
 
 fn ms(start: Instant) -> f64 {

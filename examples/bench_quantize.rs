@@ -11,17 +11,17 @@
 //! (`VmHWM` of `/proc/self/status`, reset after generation) against the checkpoint size. Targets:
 //! >= 200 MB/s, peak RSS <= 1.5x the checkpoint.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use aot::trace_model;
 use backend_cpu::quant::{plan_export, quantize_weights, write_quantized_checkpoint, QdqParams};
-use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
+use checkpoint::SafetensorsCheckpoint;
 use clap::Parser;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::memory::{peak_rss_bytes, reset_peak_rss};
 use mllm_dsl::ParamFormat;
 
 #[derive(Parser, Debug)]
@@ -36,112 +36,6 @@ struct Args {
     keep: bool,
 }
 
-/// Qwen3-1.7B's architecture (mllm's `config_1.7B.json`).
-fn config_json() -> serde_json::Value {
-    serde_json::json!({
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "vocab_size": 151936,
-        "hidden_size": 2048,
-        "intermediate_size": 6144,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 40960,
-        "rope_theta": 1000000,
-        "tie_word_embeddings": true,
-        "attention_bias": false,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
-        "linear_block_size": 16
-    })
-}
-
-/// `(name, shape)` of every tensor of the HF checkpoint.
-fn tensor_list() -> Vec<(String, Vec<usize>)> {
-    let (h, i, v, d, nh, nkv) = (2048, 6144, 151936, 128, 16, 8);
-    let mut t = vec![("model.embed_tokens.weight".to_string(), vec![v, h]), ("model.norm.weight".into(), vec![h])];
-    for l in 0..28 {
-        let p = |s: &str| format!("model.layers.{l}.{s}");
-        t.extend([
-            (p("input_layernorm.weight"), vec![h]),
-            (p("post_attention_layernorm.weight"), vec![h]),
-            (p("self_attn.q_proj.weight"), vec![nh * d, h]),
-            (p("self_attn.k_proj.weight"), vec![nkv * d, h]),
-            (p("self_attn.v_proj.weight"), vec![nkv * d, h]),
-            (p("self_attn.o_proj.weight"), vec![h, nh * d]),
-            (p("self_attn.q_norm.weight"), vec![d]),
-            (p("self_attn.k_norm.weight"), vec![d]),
-            (p("mlp.gate_proj.weight"), vec![i, h]),
-            (p("mlp.up_proj.weight"), vec![i, h]),
-            (p("mlp.down_proj.weight"), vec![h, i]),
-        ]);
-    }
-    t
-}
-
-/// Deterministic bf16 weights: small values with rare outliers, norms near 1.
-fn synthetic_bf16(n: usize, seed: u64, norm: bool) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(n * 2);
-    for k in 0..n {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let u = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-        let v = if norm { 1.0 + u * 0.2 } else { u * 0.05 * if k % 1009 == 0 { 8.0 } else { 1.0 } };
-        out.extend_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes());
-    }
-    out
-}
-
-/// Writes the synthetic checkpoint as one shard per layer (plus one for the rest), so generating
-/// it never holds more than a shard in memory.
-fn generate(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tensors = tensor_list();
-    let mut shards: BTreeMap<String, Vec<(String, Vec<usize>)>> = BTreeMap::new();
-    for (name, shape) in tensors {
-        let shard = match name.strip_prefix("model.layers.").and_then(|r| r.split('.').next()) {
-            Some(l) => format!("model-layer-{:02}.safetensors", l.parse::<usize>()?),
-            None => "model-rest.safetensors".to_string(),
-        };
-        shards.entry(shard).or_default().push((name, shape));
-    }
-    let mut weight_map = serde_json::Map::new();
-    for (s, (file, list)) in shards.iter().enumerate() {
-        let data: Vec<Vec<u8>> = list
-            .iter()
-            .enumerate()
-            .map(|(k, (name, shape))| {
-                synthetic_bf16(shape.iter().product(), (s * 1000 + k) as u64 + 1, name.contains("norm"))
-            })
-            .collect();
-        let views: Vec<(&str, StDtype, &[usize], &[u8])> = list
-            .iter()
-            .zip(&data)
-            .map(|((n, sh), d)| (n.as_str(), StDtype::BF16, sh.as_slice(), d.as_slice()))
-            .collect();
-        write_safetensors_atomic(dir.join(file), &views, &BTreeMap::new())?;
-        for (name, _) in list {
-            weight_map.insert(name.clone(), serde_json::json!(file));
-        }
-    }
-    let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
-    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index)?)?;
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config_json())?)?;
-    Ok(())
-}
-
-fn status_kb(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     let base = args.dir.clone().unwrap_or_else(|| {
@@ -153,11 +47,11 @@ fn main() -> Result<()> {
     if !input.join("config.json").is_file() {
         let start = Instant::now();
         println!("generating the synthetic checkpoint in {} ...", input.display());
-        generate(&input)?;
+        aot::synthetic::write_qwen3_1_7b(&input, aot::synthetic::QWEN3_1_7B_LAYERS)?;
         println!("generated in {:.1} s", start.elapsed().as_secs_f64());
     }
     // Generation (or nothing) so far; measure the quantization from here.
-    let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+    let reset = reset_peak_rss().is_ok();
     backend_cpu::kernels::set_num_threads(args.threads)?;
 
     let hf = HfConfig::from_dir(&input)?;
@@ -177,7 +71,7 @@ fn main() -> Result<()> {
     drop(weights);
 
     let mb = |b: u64| b as f64 / 1e6;
-    let hwm = status_kb("VmHWM:").unwrap_or(0) * 1024;
+    let hwm = peak_rss_bytes()?;
     println!(
         "input: {:.1} MB of bf16 weights ({} tensors read), checkpoint {:.1} MB; output {:.1} MB; {} threads",
         mb(source_bytes(&source)),

@@ -39,9 +39,10 @@ struct Args {
     /// Quantized checkpoint to score in fake-quant mode (repeatable).
     #[arg(long, value_name = "DIR")]
     quantized: Vec<PathBuf>,
-    /// Calibrate and quantize the model first on this text (paragraphs separated by blank lines).
+    /// Calibrate and quantize the model first on this text (paragraphs separated by blank lines);
+    /// repeat to calibrate on several files.
     #[arg(long, value_name = "FILE", conflicts_with = "calib_ids")]
-    calib_text: Option<PathBuf>,
+    calib_text: Vec<PathBuf>,
     /// Calibrate and quantize the model first on these ids (safetensors `calib_ids`, int64 [N, L]).
     #[arg(long, value_name = "FILE")]
     calib_ids: Option<PathBuf>,
@@ -61,6 +62,9 @@ struct Args {
     /// see docs/quantization.md).
     #[arg(long, value_name = "METHOD", default_value = "rtn")]
     weight_method: backend_cpu::quant::WeightMethod,
+    /// With --calib-text / --calib-ids: rotation folded into the weights first (none, hadamard).
+    #[arg(long, value_name = "ROTATION", default_value = "none")]
+    rotation: backend_cpu::quant::Rotation,
     /// Skip the RTN baseline.
     #[arg(long)]
     no_rtn: bool,
@@ -75,16 +79,6 @@ struct Args {
     quiet: bool,
 }
 
-/// `<target dir>/perplexity` next to this binary's `examples/` folder, else `./target/perplexity`.
-fn default_out() -> PathBuf {
-    let from_exe = std::env::current_exe().ok().and_then(|exe| {
-        let examples = exe.parent()?;
-        (examples.file_name()? == "examples").then_some(())?;
-        Some(examples.parent()?.parent()?.join("perplexity"))
-    });
-    from_exe.unwrap_or_else(|| PathBuf::from("target/perplexity")).join("quantized")
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     backend_cpu::kernels::set_num_threads(args.threads)?;
@@ -93,13 +87,18 @@ fn main() -> Result<()> {
         args.quantized.iter().map(|d| (format!("fake-quant {}", d.display()), d.clone())).collect();
 
     // 1. Calibrate and quantize first, when asked to.
-    let calibration = match (&args.calib_ids, &args.calib_text) {
+    let tokenizer = args.model.join("tokenizer.json");
+    let calibration = match (&args.calib_ids, args.calib_text.as_slice()) {
         (Some(path), _) => Some(load_id_sequences(path, "calib_ids", hf.vocab_size)?),
-        (None, Some(path)) => Some(load_text_sequences(path, &args.model.join("tokenizer.json"), 1024, 128, None)?),
-        (None, None) => None,
+        (None, []) => None,
+        (None, texts) => {
+            let each: Result<Vec<_>, aot::AotError> =
+                texts.iter().map(|p| load_text_sequences(p, &tokenizer, 1024, 128, None)).collect();
+            Some(each?.concat())
+        }
     };
     if let Some(calibration) = calibration {
-        let out = args.out.clone().unwrap_or_else(default_out);
+        let out = args.out.clone().unwrap_or_else(|| aot::default_out_dir("perplexity").join("quantized"));
         let outcome = quantize(&QuantizeOptions {
             model: args.model.clone(),
             aot_config: args.aot_config.clone(),
@@ -110,21 +109,21 @@ fn main() -> Result<()> {
             max_positions: 1024,
             progress: aot::progress::bars(!args.quiet),
             weight_method: args.weight_method,
+            rotation: args.rotation,
         })?;
         for w in &outcome.warnings {
             eprintln!("warning: {w}");
         }
-        eprintln!(
-            "calibrated in {:.1} s, quantized in {:.1} s into {}",
-            outcome.calibration_seconds,
-            outcome.weight_seconds,
-            out.display()
-        );
+        let (calibrated, quantized_s) = (outcome.calibration_seconds, outcome.weight_seconds);
+        eprintln!("calibrated in {calibrated:.1} s, quantized in {quantized_s:.1} s into {}", out.display());
+        if let Some((point, range)) = aot::calibrate::largest_residual_range(&outcome.calibration) {
+            eprintln!("largest residual-stream range {range:.1} (u16 step {:.4}) at {point}", range / 65535.0);
+        }
         quantized.insert(0, ("W4A16KV8 fake-quant".to_string(), out));
     }
 
     // 2. Score.
-    let ids = load_text_ids(&args.text, &args.model.join("tokenizer.json"), args.tokens)?;
+    let ids = load_text_ids(&args.text, &tokenizer, args.tokens)?;
     let quality = text_quality(&TextQualityOptions {
         model: args.model.clone(),
         quantized,

@@ -64,6 +64,9 @@ struct Args {
     /// --mllm-compatible. See docs/quantization.md.
     #[arg(long, default_value = "rtn")]
     weight_method: backend_cpu::quant::WeightMethod,
+    /// Rotation folded into the float weights first: none or hadamard (not with --mllm-compatible).
+    #[arg(long, default_value = "none")]
+    rotation: backend_cpu::quant::Rotation,
     /// Output directory, replaced whole when the run succeeds (built in a staging directory next
     /// to it; a failed run leaves it as it was). It may not be or contain --model.
     #[arg(long)]
@@ -110,6 +113,7 @@ fn main() -> Result<()> {
         max_positions: args.max_positions,
         progress: aot::progress::bars(!args.quiet),
         weight_method: args.weight_method,
+        rotation: args.rotation,
     };
     let outcome = quantize(&opts)?;
     for w in &outcome.warnings {

@@ -17,13 +17,12 @@ use aot::{
     default_out_dir, run, AotOptions, AotReport, CalibSource, ModelSource, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN,
     DEFAULT_MAX_POSITIONS,
 };
-use backend_cpu::quant::WeightMethod;
+use backend_cpu::quant::{Rotation, WeightMethod};
 use clap::Parser;
 
 fn main() -> Result<()> {
     let args = AotArgs::parse();
-    let report = run_aot(&args)?;
-    print!("{}", report.summary());
+    print!("{}", run_aot(&args)?.summary());
     println!("report: {}", args.options().out.join("report.json").display());
     Ok(())
 }
@@ -100,11 +99,12 @@ pub struct AotArgs {
     /// `--features mllm-examples/qnn-sdk` and QNN_SDK_ROOT set; otherwise an error says so.
     #[arg(long)]
     pub context_binary: bool,
-    /// How linear weights are rounded to LPBQ when calibrating: rtn (pymllm's round-to-nearest),
-    /// mse (scale search on the deployed grid) or gptq (mse scales, GPTQ codes on calibration
-    /// activations). See docs/quantization.md for their effect and cost.
+    /// LPBQ weight rounding when calibrating: rtn (pymllm's), mse or gptq (docs/quantization.md).
     #[arg(long, value_name = "METHOD", default_value = "rtn")]
     pub weight_method: WeightMethod,
+    /// Rotation folded into the float weights before calibrating: none or hadamard (QuaRot's R1 + R2).
+    #[arg(long, value_name = "ROTATION", default_value = "none")]
+    pub rotation: Rotation,
     /// CPU threads (0: all cores; more than the machine has are capped with a warning).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub threads: usize,
@@ -138,6 +138,7 @@ impl AotArgs {
             max_positions: self.max_positions,
             progress: aot::progress::bars(!self.quiet),
             weight_method: self.weight_method,
+            rotation: self.rotation,
         }
     }
 }

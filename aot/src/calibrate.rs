@@ -15,6 +15,7 @@ use backend_cpu::quant::{
     AccuracyReport, Calibration, CalibrationMode, CalibrationWeights, FakeQuantHook, InputStatsHook, LinearQuantizer,
     ObserverHook, QdqParams, RecordingHook, WeightMethod,
 };
+use backend_cpu::quant::{rotate_checkpoint, Rotation, RotationSummary};
 use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
@@ -45,6 +46,8 @@ pub struct QuantizeOptions {
     pub progress: std::sync::Arc<dyn Progress>,
     /// How linear weights are rounded (deployed mode only; `--mllm-compatible` is pymllm's).
     pub weight_method: WeightMethod,
+    /// Rotation folded into the float weights before anything else (deployed mode only).
+    pub rotation: Rotation,
 }
 
 /// What `quantize` did.
@@ -61,6 +64,8 @@ pub struct QuantizeOutcome {
     /// The model file traced once in decode shape with W4A16 parameters: what it quantizes (its
     /// QDQ points), for whoever runs the quantized checkpoint next.
     pub traced: Program,
+    /// What the rotation folded in, when there was one.
+    pub rotation: Option<RotationSummary>,
 }
 
 /// Calibrates `opts.model`, writes the quantized checkpoint (`model.safetensors`, `config.json`,
@@ -77,10 +82,38 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeOutcome> {
     Ok(outcome)
 }
 
+/// Where the rotated float checkpoint is written inside the output while the run uses it.
+const ROTATED_DIR: &str = "rotated-float";
+
 /// [`quantize`] with the model's config already read (`hf` must be `opts.model`'s), writing
 /// straight into `out` (a fresh directory: the caller's staging area).
+///
+/// With a rotation, the float checkpoint is rotated first into `out/rotated-float/` and everything
+/// after (statistics, calibration, weights, the accuracy report) runs on that; it is deleted once
+/// the quantized checkpoint is written.
 pub(crate) fn quantize_to(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> Result<QuantizeOutcome> {
-    let model_dir = &opts.model;
+    if opts.rotation == Rotation::None {
+        return quantize_from(hf, &opts.model, opts, out);
+    }
+    ensure!(
+        opts.mode != CalibrationMode::MllmCompatible,
+        "--rotation {} is not part of pymllm's recipe; --mllm-compatible reproduces that recipe exactly, so use \
+         --rotation none with it",
+        opts.rotation.name()
+    );
+    let rotated = out.join(ROTATED_DIR);
+    let summary = rotate_checkpoint(&opts.model, hf, &rotated)
+        .with_context(|| format!("rotating {} into {}", opts.model.display(), rotated.display()))?;
+    let rotated_hf = HfConfig::from_dir(&rotated)?;
+    let mut outcome = quantize_from(&rotated_hf, &rotated, opts, out)?;
+    std::fs::remove_dir_all(&rotated).with_context(|| format!("removing {}", rotated.display()))?;
+    outcome.rotation = Some(summary);
+    Ok(outcome)
+}
+
+/// [`quantize_to`] from the float checkpoint `model_dir` (config `hf`): `opts.model` itself or its
+/// rotated copy.
+fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &Path) -> Result<QuantizeOutcome> {
     ensure!(!opts.calibration.is_empty(), "no calibration sequences");
     let (aot, warnings) = load_aot_config(opts.aot_config.as_deref(), hf)?;
     let source = SafetensorsCheckpoint::open(model_dir)?;
@@ -162,7 +195,7 @@ pub(crate) fn quantize_to(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> 
     pb.finish();
     weights.tensors.extend(quantize_rope_tables(&plan, &calibration.params, &calibration.rope_tables)?);
     write_quantized_checkpoint(out, &hf.source, plan.block_size, &weights.tensors, &calibration.params)?;
-    copy_tokenizer_files(model_dir, out)?;
+    copy_tokenizer_files(&opts.model, out)?;
     let weight_seconds = start.elapsed().as_secs_f64();
     drop(weights);
 
@@ -175,12 +208,16 @@ pub(crate) fn quantize_to(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> 
     // model), so the report does not embed a per-run staging path.
     let model_name = out
         .parent()
-        .and_then(|p| model_dir.strip_prefix(p).ok())
-        .map_or_else(|| model_dir.display().to_string(), |r| r.display().to_string());
+        .and_then(|p| opts.model.strip_prefix(p).ok())
+        .map_or_else(|| opts.model.display().to_string(), |r| r.display().to_string());
     let json = serde_json::json!({
         "model": model_name,
         "calibration_mode": opts.mode.name(),
         "weight_method": weight_method.name(),
+        "rotation": opts.rotation.name(),
+        "largest_residual_range": largest_residual_range(&calibration).map(|(point, range)| serde_json::json!({
+            "point": point, "range": range, "u16_step": range / 65535.0,
+        })),
         "calibration_sequences": opts.calibration.len(),
         "linear_block_size": plan.block_size,
         "qdq_points": calibration.params.len(),
@@ -200,7 +237,22 @@ pub(crate) fn quantize_to(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> 
         input_stats_seconds,
         warnings,
         traced: qnn_program,
+        rotation: None,
     })
+}
+
+/// The residual-stream QDQ point with the widest calibrated range (`max - min`), which sets the
+/// u16 step of the stream there: a massive activation stretches it, a rotation spreads it.
+pub fn largest_residual_range(calibration: &Calibration) -> Option<(String, f32)> {
+    let residual = |key: &str| {
+        ["input_layernorm_input_qdq", "add_0_output_qdq", "model.norm_input_qdq"].iter().any(|s| key.ends_with(s))
+    };
+    calibration
+        .ranges
+        .iter()
+        .filter(|(key, _)| residual(key))
+        .map(|(key, (lo, hi))| (key.clone(), hi - lo))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
 fn weights_input_bytes(source: &SafetensorsCheckpoint, plan: &backend_cpu::quant::ExportPlan) -> u64 {

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use crate::error::{bail, ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
-use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, WeightMethod};
+use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, Rotation, WeightMethod};
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::artifacts::summary::summarize;
 use backend_qnn::artifacts::write_graph_artifacts;
@@ -87,6 +87,8 @@ pub struct AotOptions {
     pub progress: Arc<dyn Progress>,
     /// How linear weights are rounded to LPBQ when calibrating (docs/quantization.md).
     pub weight_method: WeightMethod,
+    /// Rotation folded into the float weights before calibrating (docs/quantization.md).
+    pub rotation: Rotation,
 }
 
 impl AotOptions {
@@ -103,6 +105,7 @@ impl AotOptions {
             max_positions: DEFAULT_MAX_POSITIONS,
             progress: crate::progress::silent(),
             weight_method: WeightMethod::Rtn,
+            rotation: Rotation::None,
         }
     }
 }
@@ -212,6 +215,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 max_positions: opts.max_positions,
                 progress: opts.progress.clone(),
                 weight_method: opts.weight_method,
+                rotation: opts.rotation,
             };
             // Straight into this run's staging directory, which is swapped in as a whole.
             std::fs::create_dir(&quant_dir).with_context(|| format!("creating {}", quant_dir.display()))?;

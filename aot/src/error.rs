@@ -55,6 +55,14 @@ pub enum AotError {
     QnnInterpreter(Box<backend_qnn::interp::InterpError>),
     #[error(transparent)]
     QnnModel(Box<backend_qnn::QnnModelError>),
+    #[error(transparent)]
+    QnnValidation(Box<backend_qnn::ValidationError>),
+    #[error(transparent)]
+    QnnTarget(Box<backend_qnn::target::TargetError>),
+    #[error(transparent)]
+    QnnConvert(Box<backend_qnn::sdk::ConvertError>),
+    #[error(transparent)]
+    ParseInt(Box<std::num::ParseIntError>),
     /// A tokenizer that would not load, encode or decode.
     #[error("{what}: {source}")]
     Tokenizer {
@@ -108,6 +116,10 @@ boxed_from! {
     QnnSdk <- backend_qnn::sdk::SdkError,
     QnnInterpreter <- backend_qnn::interp::InterpError,
     QnnModel <- backend_qnn::QnnModelError,
+    QnnValidation <- backend_qnn::ValidationError,
+    QnnTarget <- backend_qnn::target::TargetError,
+    QnnConvert <- backend_qnn::sdk::ConvertError,
+    ParseInt <- std::num::ParseIntError,
     Io <- std::io::Error,
     Json <- serde_json::Error,
 }

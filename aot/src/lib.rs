@@ -19,6 +19,7 @@ pub mod calibrate;
 pub mod chat;
 pub mod compile;
 pub mod config;
+pub mod context_bench;
 pub mod embedded;
 pub mod error;
 pub mod generation;
@@ -30,6 +31,7 @@ pub mod real_model;
 pub mod report;
 pub mod runner;
 pub mod sequences;
+pub mod synthetic;
 pub mod text_quality;
 pub mod trace;
 

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use backend_qnn::context::{build_context, context_request};
 use backend_qnn::encoding::Int4Storage;
 use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi, SystemApi, FETCH_HINT};
-use backend_qnn::sdk::{DataType, Encoding};
+use backend_qnn::sdk::{BuildError, DataType, Encoding};
 use backend_qnn::target::HtpTarget;
 use backend_qnn::LowerOptions;
 use model_common::{fixture, AotModel};
@@ -187,4 +187,37 @@ fn sfixed_point_4_weights_are_refused_by_qualcomms_backend() {
     let err = build_context(&graphs, &target, &mut SdkApi::load(&paths).unwrap()).unwrap_err().to_string();
     assert!(err.contains("creating tensor `model_layers_0_self_attn_q_proj_weight`"), "{err}");
     assert!(err.contains("tensorCreateGraphTensor returned error 7004"), "{err}");
+    // The backend's own words, caught by our log callback.
+    assert!(err.contains("the backend logged: ERROR:  <E> tensor datatype 772 not supported"), "{err}");
+}
+
+/// A node Qualcomm's backend refuses is reported with the node, its op type, the QNN error code
+/// and the lines the backend logged while refusing it (caught by our log callback).
+#[test]
+fn a_rejected_node_names_qualcomms_log_line() {
+    let paths = LibraryPaths::real().unwrap_or_else(|| panic!("Qualcomm's QNN libraries were not found: {FETCH_HINT}"));
+    let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
+    let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
+    let graphs = model.lowered_at(&[1], CONTEXT, options);
+    let target = HtpTarget::new(&model.aot_config().target_machine);
+    let (mut descs, htp) = context_request(&graphs, &target).unwrap();
+    // Past our own validator (already run above): the first Transpose loses its `perm`.
+    let node = descs[0].nodes.iter_mut().find(|n| n.op_type == "Transpose").expect("a Transpose node");
+    node.params.retain(|p| p.name != "perm");
+    let name = node.name.clone();
+    let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let err = build_context_binary(&descs, &htp, &mut SdkApi::load(&paths).unwrap()).unwrap_err();
+    let BuildError::NodeRejected { node, op_type, source, .. } = &err else { panic!("not a node rejection: {err}") };
+    assert_eq!((node.as_str(), op_type.as_str()), (name.as_str(), "Transpose"));
+    assert_eq!(source.function(), "backendValidateOpConfig");
+    assert!(source.qnn_code().is_some(), "{err}");
+    let log = source.backend_log();
+    assert!(!log.is_empty(), "the backend logged nothing for the refusal: {err}");
+    let msg = err.to_string();
+    eprintln!("{msg}");
+    // Qualcomm's words for a Transpose without its mandatory `perm` (QAIRT 2.51).
+    assert!(log.iter().any(|l| l.contains("Wrong number of Parameters 0")), "{err}");
+    for part in [format!("`{name}`"), "(Transpose)".into(), "returned error 3110".into(), log[0].clone()] {
+        assert!(msg.contains(&part), "`{part}` missing from: {msg}");
+    }
 }

@@ -1,22 +1,29 @@
-//! Our `validate` against Qualcomm's `backendValidateOpConfig`, node by node.
+//! Our `validate` against Qualcomm's HTP backend, node by node.
 //!
 //! Every node of the tiny Qwen3, Llama, Llama 3 and Qwen2 fixtures (graphs `model.0.s32` and
 //! `model.0.s1`, lowered as `qwen3_aot` lowers them) is cut out into a one-node graph (its
 //! non-static inputs become graph inputs, its outputs graph outputs) and judged by both: both
 //! must accept it. Then deliberately broken variants of fixture nodes (wrong rank, wrong dtype,
-//! missing param, bad encoding, unknown param) go to both, and both must refuse them.
+//! missing param, unknown param) go to both, and both must refuse them.
+//!
+//! Encodings are not judged by `backendValidateOpConfig` (it accepts every bad encoding tried
+//! here): the one-node graph is built for real (tensors, node, finalize). A NaN or negative scale
+//! is refused by both; a zero scale, an offset outside the dtype's codes and LPBQ blocks that do
+//! not tile the input are built by QAIRT 2.51 and refused by ours only (tests pin that leniency).
 //! Fails, naming `scripts/fetch-qnn-sdk`, when Qualcomm's libraries are absent.
 
 #![cfg(feature = "qnn-sdk")]
 
 mod model_common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
+use backend_qnn::encoding::{BlockScales, BlockwiseExpansion};
 use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi, FETCH_HINT};
 use backend_qnn::sdk::{
-    graph_descs, ApiError, BoundParam, BoundParamValue, BoundTensor, OpConfig, ParamValue, QnnApi, TensorId,
+    graph_descs, ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, GraphDesc,
+    HtpOptions, LogLevel, OpConfig, ParamValue, QnnApi, TensorDesc, TensorId,
 };
 use backend_qnn::{
     validate, DataType, Encoding, Int4Storage, LowerOptions, OpType, Param, QnnGraph, QnnNode, QnnTensor, Scalar,
@@ -59,20 +66,15 @@ fn single_node(g: &QnnGraph, index: usize) -> QnnGraph {
     }
 }
 
-/// Qualcomm's verdict on the only node of `g`: `backendValidateOpConfig` on a fresh backend.
-fn qualcomms_verdict(api: &mut SdkApi, g: &QnnGraph) -> Result<(), ApiError> {
-    let descs = graph_descs(std::slice::from_ref(g)).unwrap_or_else(|e| panic!("{e}"));
-    let desc = &descs[0];
+/// The only node of `desc` as an op config, each tensor bound to the id `id_of` gives it.
+fn bound_op<'d>(desc: &'d GraphDesc, mut id_of: impl FnMut(&'d TensorDesc) -> TensorId) -> OpConfig<'d> {
     let node = &desc.nodes[0];
-    let tensor = |name: &String| desc.tensors.iter().find(|t| &t.name == name).unwrap();
-    // Validation does not look tensors up in a graph: ids only have to be distinct.
-    let mut next_id = 0;
-    let mut bind = |d| {
-        next_id += 1;
-        BoundTensor { id: TensorId(next_id), desc: d }
+    let mut bind = |name: &String| {
+        let d = desc.tensors.iter().find(|t| &t.name == name).unwrap();
+        BoundTensor { id: id_of(d), desc: d }
     };
-    let inputs = node.inputs.iter().map(|n| bind(tensor(n))).collect();
-    let outputs = node.outputs.iter().map(|n| bind(tensor(n))).collect();
+    let inputs = node.inputs.iter().map(&mut bind).collect();
+    let outputs = node.outputs.iter().map(&mut bind).collect();
     let params = node
         .params
         .iter()
@@ -80,15 +82,73 @@ fn qualcomms_verdict(api: &mut SdkApi, g: &QnnGraph) -> Result<(), ApiError> {
             name: &p.name,
             value: match &p.value {
                 ParamValue::Scalar(s) => BoundParamValue::Scalar(*s),
-                ParamValue::Tensor(d) => BoundParamValue::Tensor(bind(d)),
+                ParamValue::Tensor(d) => BoundParamValue::Tensor(BoundTensor { id: id_of(d), desc: d }),
             },
         })
         .collect();
-    let op = OpConfig { name: &node.name, package: &node.package, op_type: &node.op_type, params, inputs, outputs };
-    let backend = api.backend_create(None).expect("backendCreate");
+    OpConfig { name: &node.name, package: &node.package, op_type: &node.op_type, params, inputs, outputs }
+}
+
+fn one_node_desc(g: &QnnGraph) -> GraphDesc {
+    graph_descs(std::slice::from_ref(g)).unwrap_or_else(|e| panic!("{e}")).remove(0)
+}
+
+/// Qualcomm's verdict on the only node of `g`: `backendValidateOpConfig` on a fresh backend.
+fn qualcomms_verdict(api: &mut SdkApi, g: &QnnGraph) -> Result<(), ApiError> {
+    let desc = one_node_desc(g);
+    // Validation does not look tensors up in a graph: ids only have to be distinct.
+    let mut next_id = 0;
+    let op = bound_op(&desc, |_| {
+        next_id += 1;
+        TensorId(next_id)
+    });
+    // A log, so a refusal carries the backend's own lines.
+    let log = api.log_create(LogLevel::Warn).expect("logCreate");
+    let backend = api.backend_create(Some(log)).expect("backendCreate");
     let verdict = api.backend_validate_op_config(backend, &op);
     api.backend_free(backend).expect("backendFree");
+    api.log_free(log).expect("logFree");
     verdict
+}
+
+/// Qualcomm's verdict on `g` built for real, as the driver builds graphs (SM8650 device and
+/// graph configs): every tensor created, the node validated and added, the graph finalized.
+/// Encodings are judged here, not by `backendValidateOpConfig`.
+fn qualcomms_build_verdict(api: &mut SdkApi, g: &QnnGraph) -> Result<(), ApiError> {
+    let desc = one_node_desc(g);
+    let target = HtpOptions::sm8650();
+    let log = api.log_create(LogLevel::Warn).expect("logCreate");
+    let backend = api.backend_create(Some(log)).expect("backendCreate");
+    let device = api.device_create(Some(log), &target.device.device_configs()).expect("deviceCreate");
+    let context = api.context_create(backend, device, &[]).expect("contextCreate");
+    let verdict = build_one_node(api, backend, context, &desc, &target);
+    api.context_free(context).expect("contextFree");
+    api.device_free(device).expect("deviceFree");
+    api.backend_free(backend).expect("backendFree");
+    api.log_free(log).expect("logFree");
+    verdict
+}
+
+fn build_one_node(
+    api: &mut SdkApi,
+    backend: BackendHandle,
+    context: ContextHandle,
+    desc: &GraphDesc,
+    target: &HtpOptions,
+) -> Result<(), ApiError> {
+    let graph = api.graph_create(context, &desc.name, &target.graph.graph_configs())?;
+    let params = desc.nodes[0].params.iter().filter_map(|p| match &p.value {
+        ParamValue::Tensor(t) => Some(t),
+        ParamValue::Scalar(_) => None,
+    });
+    let mut ids = HashMap::new();
+    for t in desc.tensors.iter().chain(params) {
+        ids.insert(t.name.clone(), api.tensor_create_graph_tensor(graph, t)?);
+    }
+    let op = bound_op(desc, |t| ids[&t.name]);
+    api.backend_validate_op_config(backend, &op)?;
+    api.graph_add_node(graph, &op)?;
+    api.graph_finalize(graph)
 }
 
 fn real_api() -> SdkApi {
@@ -171,26 +231,43 @@ fn tensor_mut<'g>(g: &'g mut QnnGraph, name: &str) -> &'g mut QnnTensor {
     g.tensors.iter_mut().find(|t| t.name == name).unwrap()
 }
 
-/// Both validators must refuse `broken`; `what` says how it was broken.
-fn both_refuse(what: &str, broken: QnnGraph) {
-    let ours = validate(&broken);
+/// Both validators must refuse `broken`; `what` says how it was broken. Returns Qualcomm's
+/// error (with the lines its backend logged).
+fn both_refuse(what: &str, broken: QnnGraph) -> ApiError {
+    both_refuse_with(what, broken, qualcomms_verdict)
+}
+
+/// How Qualcomm judges a graph: by `backendValidateOpConfig` alone, or by building it.
+type Verdict = fn(&mut SdkApi, &QnnGraph) -> Result<(), ApiError>;
+
+/// Our validator must refuse `broken`; returns Qualcomm's verdict on it by `verdict`.
+fn ours_refuses(what: &str, broken: &QnnGraph, verdict: Verdict) -> Result<(), ApiError> {
+    let ours = validate(broken);
     let theirs = {
         let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        qualcomms_verdict(&mut real_api(), &broken)
+        verdict(&mut real_api(), broken)
     };
     eprintln!("{what}: ours {ours:?}; Qualcomm's {theirs:?}");
     assert!(ours.is_err(), "{what}: our validator accepts it");
-    assert!(theirs.is_err(), "{what}: Qualcomm's backendValidateOpConfig accepts it");
+    theirs
+}
+
+/// [`both_refuse`] with Qualcomm judging `broken` by `verdict`.
+fn both_refuse_with(what: &str, broken: QnnGraph, verdict: Verdict) -> ApiError {
+    ours_refuses(what, &broken, verdict).expect_err(&format!("{what}: Qualcomm's backend accepts it"))
 }
 
 #[test]
 fn sanity_the_unbroken_nodes_pass_both() {
     // Without this the refusals below could come from the cut-out itself.
-    for op in [OpType::RmsNorm, OpType::MatMul, OpType::Transpose, OpType::ElementWiseAdd, OpType::Softmax] {
+    for op in
+        [OpType::RmsNorm, OpType::MatMul, OpType::Transpose, OpType::ElementWiseAdd, OpType::Softmax, OpType::Conv2d]
+    {
         let g = qwen3_node(op);
         validate(&g).unwrap_or_else(|e| panic!("{op}: {e}"));
         let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         qualcomms_verdict(&mut real_api(), &g).unwrap_or_else(|e| panic!("{op}: {e}"));
+        qualcomms_build_verdict(&mut real_api(), &g).unwrap_or_else(|e| panic!("{op} built: {e}"));
     }
 }
 
@@ -248,4 +325,79 @@ fn per_axis_encoded_activation_is_accepted_by_both() {
     assert_eq!(validate(&g), Ok(()));
     let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     qualcomms_verdict(&mut real_api(), &g).unwrap();
+}
+
+// ------------------------------------------------------------------ bad encodings ----------
+
+/// The fixture's first ElementWiseAdd (UFIXED_POINT_16 in and out) with `encode` applied to its
+/// output's scale/offset.
+fn add_with_output(encode: impl FnOnce(&mut ScaleOffset)) -> QnnGraph {
+    let mut g = qwen3_node(OpType::ElementWiseAdd);
+    let y = g.nodes[0].outputs[0].clone();
+    let t = tensor_mut(&mut g, &y);
+    assert_eq!(t.dtype, DataType::UFixedPoint16);
+    let Encoding::ScaleOffset(so) = &mut t.encoding else { panic!("`{y}` is not per-tensor quantized") };
+    encode(so);
+    g
+}
+
+/// Qualcomm's HTP backend judges encodings when the node is added (`backendValidateOpConfig`
+/// accepts all of them): a NaN or negative output scale is refused with 6007 and the log line
+/// "Output def has a bad scale (nan, inf, or too small)".
+fn refused_for_a_bad_scale(what: &str, scale: f32) {
+    let err = both_refuse_with(what, add_with_output(|so| so.scale = scale), qualcomms_build_verdict);
+    assert_eq!((err.function(), err.qnn_code()), ("graphAddNode", Some(6007)), "{err}");
+    assert!(err.backend_log().iter().any(|l| l.contains("Output def has a bad scale")), "{err}");
+}
+
+#[test]
+fn negative_scale_is_refused_by_both() {
+    refused_for_a_bad_scale("ElementWiseAdd output with scale -1e-3", -1e-3);
+}
+
+#[test]
+fn nan_scale_is_refused_by_both() {
+    refused_for_a_bad_scale("ElementWiseAdd output with a NaN scale", f32::NAN);
+}
+
+/// Where Qualcomm's backend is more lenient than our validator, `broken` is built for real
+/// (tensors, node, finalize) and must succeed there while ours refuses it: these tests are the
+/// evidence for the backend's rule, and fail when a QAIRT release starts refusing it.
+fn only_ours_refuses(what: &str, broken: QnnGraph) {
+    let theirs = ours_refuses(what, &broken, qualcomms_build_verdict);
+    assert_eq!(theirs, Ok(()), "{what}: Qualcomm's backend now refuses it; make the two agree");
+}
+
+/// Backend leniency: a scale of exactly 0 passes tensor creation, node addition and finalize
+/// (QAIRT 2.51), although it maps every code to 0. Ours refuses it (scale must be > 0).
+#[test]
+fn zero_scale_is_refused_by_ours_only() {
+    only_ours_refuses("ElementWiseAdd output with scale 0", add_with_output(|so| so.scale = 0.0));
+}
+
+/// Backend leniency: offset = -zero_point outside the UFIXED_POINT_16 codes ([-65535, 0]) is
+/// built without complaint (QAIRT 2.51). Ours refuses it: no code is the real zero.
+#[test]
+fn offset_outside_the_dtype_range_is_refused_by_ours_only() {
+    only_ours_refuses("ElementWiseAdd output with offset -70000", add_with_output(|so| so.offset = -70_000));
+}
+
+/// The fixture's first LPBQ linear (Conv2d, HWIO weight) with its block count changed so that
+/// blocks no longer tile the input channels (arrays kept consistent with the new count).
+/// Backend leniency: numBlocksPerAxis not dividing In is built without complaint (QAIRT 2.51;
+/// the block size is then not the one the codes were quantized with). Ours refuses it.
+#[test]
+fn lpbq_blocks_that_do_not_tile_the_input_are_refused_by_ours_only() {
+    let mut g = qwen3_node(OpType::Conv2d);
+    let w = g.nodes[0].inputs[1].clone();
+    let t = tensor_mut(&mut g, &w);
+    let Encoding::BlockwiseExpansion(bw) = &t.encoding else { panic!("`{w}` is not LPBQ-encoded") };
+    let (channels, blocks) = (bw.scale_offsets.len(), bw.num_blocks_per_axis + 1);
+    let broken = BlockwiseExpansion {
+        num_blocks_per_axis: blocks,
+        block_scales: BlockScales::U8(vec![1u8; channels * blocks as usize].into()),
+        ..bw.clone()
+    };
+    t.encoding = Encoding::BlockwiseExpansion(broken);
+    only_ours_refuses(&format!("LPBQ weight `{w}` with {blocks} blocks per channel"), g);
 }

@@ -52,6 +52,7 @@ fn run_into(which: &str, out: &Path) {
                 max_positions: 1024,
                 progress: aot::progress::silent(),
                 weight_method: backend_cpu::quant::WeightMethod::Rtn,
+                rotation: backend_cpu::quant::Rotation::None,
             })
             .unwrap();
         }

@@ -37,6 +37,7 @@ fn run(mode: CalibrationMode, out: &Path) -> QuantizeOutcome {
         max_positions: 1024,
         progress: aot::progress::silent(),
         weight_method: backend_cpu::quant::WeightMethod::Rtn,
+        rotation: backend_cpu::quant::Rotation::None,
     };
     quantize(&opts).unwrap()
 }
@@ -192,6 +193,7 @@ fn quantize_error(model: PathBuf, aot_config: Option<PathBuf>) -> String {
         max_positions: 1024,
         progress: aot::progress::silent(),
         weight_method: backend_cpu::quant::WeightMethod::Rtn,
+        rotation: backend_cpu::quant::Rotation::None,
     };
     let err = quantize(&opts).err().expect("quantize must refuse this configuration");
     eprintln!("{err:#}");

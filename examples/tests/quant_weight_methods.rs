@@ -29,6 +29,7 @@ fn run(mode: CalibrationMode, method: WeightMethod, out: &Path) -> QuantizeOutco
         max_positions: 1024,
         progress: aot::progress::silent(),
         weight_method: method,
+        rotation: backend_cpu::quant::Rotation::None,
     })
     .unwrap_or_else(|e| panic!("{} weights: {e:#}", method.name()))
 }

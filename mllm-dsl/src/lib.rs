@@ -44,6 +44,7 @@
 //! - [`backend`]: what an eager backend implements.
 //! - [`runtime`]: backend-agnostic generation (KV cache, mask, chunked prefill, sampling).
 //! - [`passes`]: the AOT pass pipeline that turns a traced program into QNN-ready IR.
+//! - [`memory`]: current and peak resident memory, for benches.
 
 pub mod backend;
 pub mod causal_lm;
@@ -54,6 +55,7 @@ pub mod files;
 pub mod fuzz;
 pub mod ir;
 pub mod macros;
+pub mod memory;
 pub mod module;
 pub mod nn;
 pub mod op;

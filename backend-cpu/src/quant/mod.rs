@@ -13,6 +13,8 @@
 //!   [`input_stats`] (the linears' input second moments) and [`gptq`];
 //! - [`accuracy`]: SQNR, max error and top-1 agreement per decoder layer and at the logits;
 //! - [`eval`]: perplexity, mean KL(float‖quant) and top-1 agreement on a text, as users measure quality;
+//! - [`rotation`]: Hadamard rotations folded into a float checkpoint before calibration, with
+//!   [`hadamard`] (the orthogonal matrices);
 //! - [`rtn`]: the naive weight-only round-to-nearest baseline a recipe must beat.
 
 pub mod accuracy;
@@ -22,10 +24,12 @@ pub mod eval;
 pub mod export;
 pub mod fake_quant;
 pub mod gptq;
+pub mod hadamard;
 pub mod input_stats;
 pub mod linear;
 pub mod params;
 pub mod prefill;
+pub mod rotation;
 pub mod rtn;
 
 pub use accuracy::{AccuracyReport, Comparison, ComparisonError, RecordingHook};
@@ -37,10 +41,12 @@ pub use export::{
     QuantizedWeights,
 };
 pub use fake_quant::FakeQuantHook;
+pub use hadamard::{orthogonal, Orthogonal, OrthogonalKind};
 pub use input_stats::{InputStats, InputStatsHook, LinearStats, LinearStatsError, StatsDepth};
 pub use linear::{LinearQuantizer, UnknownWeightMethod, WeightMethod};
 pub use params::QdqParams;
 pub use prefill::prefill_logits;
+pub use rotation::{rotate_checkpoint, Rotation, RotationSummary, UnknownRotation};
 pub use rtn::RtnWeights;
 
 /// Whether a checkpoint holds quantized weights (pymllm's export or this project's): it has

@@ -14,7 +14,8 @@ use std::fmt;
 use thiserror::Error;
 
 use super::config::{ContextConfig, DeviceConfig, GraphConfig, LogLevel};
-use super::desc::{Scalar, TensorDesc};
+use super::desc::{Scalar, TensorDesc, TensorError};
+use super::exec::IoBindingError;
 
 macro_rules! handle {
     ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
@@ -99,8 +100,28 @@ pub struct OpConfig<'a> {
     pub outputs: Vec<BoundTensor<'a>>,
 }
 
-/// Why one API call failed.
+/// Why a descriptor could not be turned into the C structs of a call.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum MarshalError {
+    #[error("{what} {value:?} contains a NUL byte")]
+    Nul { what: &'static str, value: String },
+    #[error("tensor `{tensor}` data has {bytes} bytes; QNN client buffers hold at most 4 GiB")]
+    DataTooLarge { tensor: String, bytes: usize },
+}
+
+/// Why a context binary's metadata (read with `libQnnSystem.so`) cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum MetadataError {
+    #[error("the system library returned no metadata")]
+    Missing,
+    #[error("{what} version {version} is not supported")]
+    UnsupportedVersion { what: &'static str, version: u32 },
+    #[error("graph I/O tensor `{tensor}` has quantization encoding {encoding}, not scale/offset")]
+    NotScaleOffset { tensor: String, encoding: u32 },
+}
+
+/// Why one API call failed.
+#[derive(Debug, Clone, PartialEq, Error)]
 pub enum ApiError {
     /// The backend returned a non-zero `Qnn_ErrorHandle_t`.
     #[error("{function} returned error {code}{}", describe_code(*.code))]
@@ -114,6 +135,24 @@ pub enum ApiError {
     /// The backend failed and said why (the CPU-emulated backend reports its errors this way).
     #[error("{function} failed: {reason}")]
     Backend { function: &'static str, reason: String },
+    /// A tensor of the call is malformed (checked before any C struct is built).
+    #[error("{function}: {}{source}", node.as_ref().map(|n| format!("node `{n}`: ")).unwrap_or_default())]
+    Tensor { function: &'static str, node: Option<String>, source: Box<TensorError> },
+    /// A descriptor cannot be expressed in the C structs.
+    #[error("{function}: {source}")]
+    Marshal { function: &'static str, source: Box<MarshalError> },
+    /// A handle that this API did not issue or that was already freed.
+    #[error("{function}: {handle} is not a live handle of this SdkApi")]
+    StaleHandle { function: &'static str, handle: String },
+    /// A graph's I/O cannot be bound for `graphExecute`.
+    #[error("{function}: {source}")]
+    IoBinding { function: &'static str, source: Box<IoBindingError> },
+    /// A context binary's metadata cannot be used.
+    #[error("systemContextGetMetaData: {source}")]
+    Metadata { source: MetadataError },
+    /// A failed call with the lines the backend logged during it (its own words for the error).
+    #[error("{source}; the backend logged: {}", log.join(" | "))]
+    Logged { source: Box<ApiError>, log: Vec<String> },
 }
 
 impl ApiError {
@@ -123,7 +162,45 @@ impl ApiError {
             ApiError::Qnn { function, .. }
             | ApiError::Unsupported { function }
             | ApiError::InvalidArgument { function, .. }
-            | ApiError::Backend { function, .. } => function,
+            | ApiError::Backend { function, .. }
+            | ApiError::Tensor { function, .. }
+            | ApiError::Marshal { function, .. }
+            | ApiError::StaleHandle { function, .. }
+            | ApiError::IoBinding { function, .. } => function,
+            ApiError::Metadata { .. } => "systemContextGetMetaData",
+            ApiError::Logged { source, .. } => source.function(),
+        }
+    }
+
+    /// A descriptor that cannot be expressed in C structs, refused by `function`.
+    pub fn marshal(function: &'static str, source: MarshalError) -> ApiError {
+        ApiError::Marshal { function, source: Box::new(source) }
+    }
+
+    /// A graph's I/O that cannot be bound, refused by `function`.
+    pub fn io_binding(function: &'static str, source: IoBindingError) -> ApiError {
+        ApiError::IoBinding { function, source: Box::new(source) }
+    }
+
+    /// A malformed tensor (of `node`, when it belongs to an op config), refused by `function`.
+    pub fn tensor(function: &'static str, node: Option<&str>, source: TensorError) -> ApiError {
+        ApiError::Tensor { function, node: node.map(str::to_string), source: Box::new(source) }
+    }
+
+    /// The backend's log lines for this failure (empty when it logged none or has no log).
+    pub fn backend_log(&self) -> &[String] {
+        match self {
+            ApiError::Logged { log, .. } => log,
+            _ => &[],
+        }
+    }
+
+    /// `self` with `log` attached, when there is any.
+    pub fn with_log(self, log: Vec<String>) -> ApiError {
+        if log.is_empty() {
+            self
+        } else {
+            ApiError::Logged { source: Box::new(self), log }
         }
     }
 
@@ -131,6 +208,7 @@ impl ApiError {
     pub fn qnn_code(&self) -> Option<u16> {
         match self {
             ApiError::Qnn { code, .. } => Some((code & 0xFFFF) as u16),
+            ApiError::Logged { source, .. } => source.qnn_code(),
             _ => None,
         }
     }
@@ -249,5 +327,13 @@ mod tests {
         let e = ApiError::Qnn { function: "graphAddNode", code: 65000 };
         assert_eq!(e.to_string(), "graphAddNode returned error 65000");
         assert_eq!(e.function(), "graphAddNode");
+        let logged = e.clone().with_log(vec!["ERROR: node refused".into(), "ERROR: 7004".into()]);
+        assert_eq!(logged.qnn_code(), Some(65000));
+        assert_eq!(logged.function(), "graphAddNode");
+        assert_eq!(
+            logged.to_string(),
+            "graphAddNode returned error 65000; the backend logged: ERROR: node refused | ERROR: 7004"
+        );
+        assert_eq!(e.clone().with_log(vec![]), e);
     }
 }

@@ -117,125 +117,164 @@ impl TensorDesc {
     }
 
     /// Checks everything the C side would otherwise read out of bounds or reject late:
-    /// names, dims, the static-data contract and encoding array lengths.
+    /// names, dims, the static-data contract, encoding array lengths ([`Self::check_layout`])
+    /// and that every scale is finite and > 0.
     pub fn check(&self) -> Result<(), TensorError> {
-        let err = |problem: String| TensorError { tensor: self.name.clone(), problem };
-        check_c_name(&self.name).map_err(err)?;
-        if self.dims.contains(&0) {
-            return Err(err(format!("dims {:?} contain a zero extent", self.dims)));
+        self.check_layout()?;
+        let scales = match &self.encoding {
+            Encoding::Undefined => return Ok(()),
+            Encoding::ScaleOffset(so) => std::slice::from_ref(so),
+            Encoding::AxisScaleOffset { scale_offsets, .. } => scale_offsets,
+            Encoding::BlockwiseExpansion(bw) => &bw.scale_offsets,
+        };
+        match scales.iter().find(|so| !(so.scale.is_finite() && so.scale > 0.0)) {
+            Some(so) => Err(self.error(TensorProblem::BadScale { scale: so.scale })),
+            None => Ok(()),
         }
-        match (&self.tensor_type, &self.data) {
-            (TensorType::Static, None) => return Err(err("STATIC tensor has no data".into())),
-            (TensorType::Static, Some(data)) => self.check_data_len(data).map_err(err)?,
-            (other, Some(_)) => return Err(err(format!("{other} tensor must not carry data"))),
-            (_, None) => {}
-        }
-        self.check_encoding().map_err(err)
     }
 
-    fn check_data_len(&self, data: &StaticData) -> Result<(), String> {
+    /// What the FFI needs before building the C structs, so that QNN never reads past a buffer:
+    /// names, dims, the static-data contract and encoding array lengths. Values inside the
+    /// encodings (scales) are the backend's to judge.
+    pub fn check_layout(&self) -> Result<(), TensorError> {
+        check_c_name(&self.name).map_err(|e| self.error(TensorProblem::Name(e)))?;
+        if self.dims.contains(&0) {
+            return Err(self.error(TensorProblem::ZeroExtent { dims: self.dims.clone() }));
+        }
+        match (&self.tensor_type, &self.data) {
+            (TensorType::Static, None) => return Err(self.error(TensorProblem::StaticWithoutData)),
+            (TensorType::Static, Some(data)) => self.check_data_len(data).map_err(|p| self.error(p))?,
+            (&tensor_type, Some(_)) => return Err(self.error(TensorProblem::DataOnNonStatic { tensor_type })),
+            (_, None) => {}
+        }
+        self.check_encoding().map_err(|p| self.error(p))
+    }
+
+    fn error(&self, problem: TensorProblem) -> TensorError {
+        TensorError { tensor: self.name.clone(), problem }
+    }
+
+    fn check_data_len(&self, data: &StaticData) -> Result<(), TensorProblem> {
         let numel = self.num_elements();
         let got = data.as_bytes().len() as u64;
         let bits = u64::from(self.dtype.bit_width());
+        let dtype = self.dtype;
         if bits == 0 {
-            return Err(format!("{} cannot hold tensor data", self.dtype));
+            return Err(TensorProblem::NoDataLayout { dtype });
         }
-        if bits == 4 {
-            // The header calls 4-bit types "tightly packed"; mllm stores one nibble per byte.
-            // Both layouts occur in practice, so accept either until the SDK settles it.
-            let packed = numel.div_ceil(2);
-            if got != packed && got != numel {
-                return Err(format!(
-                    "{} data has {got} bytes, expected {packed} (packed) or {numel} (one nibble per byte) for dims {:?}",
-                    self.dtype, self.dims
-                ));
-            }
-        } else if got != numel * bits / 8 {
-            return Err(format!(
-                "{} data has {got} bytes, expected {} for dims {:?}",
-                self.dtype,
-                numel * bits / 8,
-                self.dims
-            ));
+        // The header calls 4-bit types "tightly packed"; mllm stores one nibble per byte.
+        // Both layouts occur in practice, so accept either until the SDK settles it.
+        let expected = if bits == 4 { vec![numel.div_ceil(2), numel] } else { vec![numel * bits / 8] };
+        if !expected.contains(&got) {
+            return Err(TensorProblem::DataLength { dtype, dims: self.dims.clone(), got, expected });
         }
         if got > u64::from(u32::MAX) {
-            return Err(format!("data has {got} bytes; QNN client buffers hold at most 4 GiB"));
+            return Err(TensorProblem::DataTooLarge { bytes: got });
         }
         Ok(())
     }
 
-    fn check_encoding(&self) -> Result<(), String> {
-        let fixed = self.dtype.is_fixed_point();
+    fn check_encoding(&self) -> Result<(), TensorProblem> {
+        let (fixed, dtype) = (self.dtype.is_fixed_point(), self.dtype);
+        let count = |what: &'static str, axis: u32, got: usize, expected: u64| {
+            if got as u64 == expected {
+                Ok(())
+            } else {
+                Err(TensorProblem::EncodingLength { what, axis, got: got as u64, expected })
+            }
+        };
         match &self.encoding {
-            Encoding::Undefined if fixed => Err(format!("{} tensor needs a quantization encoding", self.dtype)),
+            Encoding::Undefined if fixed => Err(TensorProblem::MissingEncoding { dtype }),
             Encoding::Undefined => Ok(()),
-            _ if !fixed => Err(format!("{} tensor must not carry a quantization encoding", self.dtype)),
-            Encoding::ScaleOffset(so) => check_scale("scale", so.scale),
+            _ if !fixed => Err(TensorProblem::UnexpectedEncoding { dtype }),
+            Encoding::ScaleOffset(_) => Ok(()),
             Encoding::AxisScaleOffset { axis, scale_offsets } => {
-                let channels = self.axis_extent(*axis)?;
-                if scale_offsets.len() as u64 != u64::from(channels) {
-                    return Err(format!(
-                        "axisScaleOffset has {} entries, dims[{axis}] is {channels}",
-                        scale_offsets.len()
-                    ));
-                }
-                scale_offsets.iter().try_for_each(|so| check_scale("per-channel scale", so.scale))
+                count("axisScaleOffset entries", *axis, scale_offsets.len(), self.axis_extent(*axis)?)
             }
             Encoding::BlockwiseExpansion(bw) => {
-                let channels = u64::from(self.axis_extent(bw.axis)?);
-                if bw.scale_offsets.len() as u64 != channels {
-                    return Err(format!(
-                        "blockwiseExpansion has {} per-channel scales, dims[{}] is {channels}",
-                        bw.scale_offsets.len(),
-                        bw.axis
-                    ));
-                }
+                let channels = self.axis_extent(bw.axis)?;
+                count("blockwiseExpansion per-channel scales", bw.axis, bw.scale_offsets.len(), channels)?;
                 if bw.num_blocks_per_axis == 0 {
-                    return Err("blockwiseExpansion numBlocksPerAxis is 0".into());
+                    return Err(TensorProblem::ZeroBlocks);
                 }
                 if !(1..=8).contains(&bw.block_scale_bitwidth) {
-                    return Err(format!(
-                        "blockwiseExpansion blockScaleBitwidth {} does not fit 8-bit block-scale storage",
-                        bw.block_scale_bitwidth
-                    ));
+                    return Err(TensorProblem::BlockScaleBitwidth { bits: bw.block_scale_bitwidth });
                 }
-                let want = channels * u64::from(bw.num_blocks_per_axis);
-                if bw.block_scales.len() as u64 != want {
-                    return Err(format!(
-                        "blockwiseExpansion has {} block scales, expected dims[{}] * numBlocksPerAxis = {want}",
-                        bw.block_scales.len(),
-                        bw.axis
-                    ));
+                let (got, blocks) = (bw.block_scales.len() as u64, bw.num_blocks_per_axis);
+                if got != channels * u64::from(blocks) {
+                    return Err(TensorProblem::BlockScaleCount { got, axis: bw.axis, channels, blocks });
                 }
-                bw.scale_offsets.iter().try_for_each(|so| check_scale("per-channel scale", so.scale))
+                Ok(())
             }
         }
     }
 
-    fn axis_extent(&self, axis: u32) -> Result<u32, String> {
-        self.dims
-            .get(axis as usize)
-            .copied()
-            .ok_or_else(|| format!("quantization axis {axis} is out of range for rank {}", self.dims.len()))
+    fn axis_extent(&self, axis: u32) -> Result<u64, TensorProblem> {
+        let rank = self.dims.len();
+        self.dims.get(axis as usize).map(|&d| u64::from(d)).ok_or(TensorProblem::AxisOutOfRange { axis, rank })
     }
 }
 
-fn check_scale(what: &str, scale: f32) -> Result<(), String> {
-    if scale.is_finite() && scale > 0.0 {
-        Ok(())
-    } else {
-        Err(format!("{what} {scale} must be finite and > 0"))
-    }
+/// Why a name cannot travel to C as a NUL-terminated string.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NameError {
+    #[error("name is empty")]
+    Empty,
+    #[error("name {name:?} contains a NUL byte")]
+    Nul { name: String },
 }
 
 /// Names travel to C as NUL-terminated strings.
-pub(crate) fn check_c_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_c_name(name: &str) -> Result<(), NameError> {
     if name.is_empty() {
-        Err("name is empty".into())
+        Err(NameError::Empty)
     } else if name.contains('\0') {
-        Err(format!("name {name:?} contains a NUL byte"))
+        Err(NameError::Nul { name: name.to_string() })
     } else {
         Ok(())
+    }
+}
+
+/// What is wrong with a tensor description.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum TensorProblem {
+    #[error(transparent)]
+    Name(#[from] NameError),
+    #[error("dims {dims:?} contain a zero extent")]
+    ZeroExtent { dims: Vec<u32> },
+    #[error("STATIC tensor has no data")]
+    StaticWithoutData,
+    #[error("{tensor_type} tensor must not carry data")]
+    DataOnNonStatic { tensor_type: TensorType },
+    #[error("{dtype} cannot hold tensor data")]
+    NoDataLayout { dtype: DataType },
+    #[error("{dtype} data has {got} bytes, expected {} for dims {dims:?}", expected_bytes(expected))]
+    DataLength { dtype: DataType, dims: Vec<u32>, got: u64, expected: Vec<u64> },
+    #[error("data has {bytes} bytes; QNN client buffers hold at most 4 GiB")]
+    DataTooLarge { bytes: u64 },
+    #[error("{dtype} tensor needs a quantization encoding")]
+    MissingEncoding { dtype: DataType },
+    #[error("{dtype} tensor must not carry a quantization encoding")]
+    UnexpectedEncoding { dtype: DataType },
+    #[error("quantization axis {axis} is out of range for rank {rank}")]
+    AxisOutOfRange { axis: u32, rank: usize },
+    #[error("{got} {what}, expected {expected} for dims[{axis}]")]
+    EncodingLength { what: &'static str, axis: u32, got: u64, expected: u64 },
+    #[error("{got} blockwiseExpansion block scales, expected dims[{axis}] * numBlocksPerAxis = {}", channels * u64::from(*blocks))]
+    BlockScaleCount { got: u64, axis: u32, channels: u64, blocks: u32 },
+    #[error("blockwiseExpansion numBlocksPerAxis is 0")]
+    ZeroBlocks,
+    #[error("blockwiseExpansion blockScaleBitwidth {bits} does not fit 8-bit block-scale storage")]
+    BlockScaleBitwidth { bits: u32 },
+    #[error("scale {scale} must be finite and > 0")]
+    BadScale { scale: f32 },
+}
+
+/// `3`, or `2 (packed) or 4 (one nibble per byte)` for 4-bit types.
+fn expected_bytes(expected: &[u64]) -> String {
+    match expected {
+        [packed, nibbles] => format!("{packed} (packed) or {nibbles} (one nibble per byte)"),
+        other => other.iter().map(u64::to_string).collect::<Vec<_>>().join(" or "),
     }
 }
 
@@ -244,7 +283,7 @@ pub(crate) fn check_c_name(name: &str) -> Result<(), String> {
 #[error("tensor `{tensor}`: {problem}")]
 pub struct TensorError {
     pub tensor: String,
-    pub problem: String,
+    pub problem: TensorProblem,
 }
 
 /// `Qnn_Scalar_t`: a typed scalar op parameter.
@@ -346,7 +385,7 @@ mod tests {
         // One `Qnn_DataType_t` model for the whole crate (its values are tested in `dtype.rs`).
         assert_eq!(DataType::UFixedPoint16.raw(), 0x0416);
         let t = tensor(DataType::String, &[4], Encoding::Undefined, Some(vec![0; 4]));
-        assert!(t.check().unwrap_err().problem.contains("STRING cannot hold tensor data"));
+        assert!(t.check().unwrap_err().problem.to_string().contains("STRING cannot hold tensor data"));
     }
 
     #[test]
@@ -364,42 +403,44 @@ mod tests {
         let so = Encoding::ScaleOffset(ScaleOffset { scale: 0.5, offset: -32768 });
         assert!(tensor(DataType::UFixedPoint16, &[2, 3], so.clone(), Some(vec![0; 12])).check().is_ok());
         let err = tensor(DataType::UFixedPoint16, &[2, 3], so, Some(vec![0; 6])).check().unwrap_err();
-        assert!(err.problem.contains("expected 12"), "{err}");
+        assert!(err.problem.to_string().contains("expected 12"), "{err}");
 
         let so4 = Encoding::ScaleOffset(ScaleOffset { scale: 0.5, offset: 0 });
         for len in [3, 6] {
             tensor(DataType::SFixedPoint4, &[2, 3], so4.clone(), Some(vec![0; len])).check().unwrap();
         }
         let err = tensor(DataType::SFixedPoint4, &[2, 3], so4, Some(vec![0; 4])).check().unwrap_err();
-        assert!(err.problem.contains("expected 3 (packed) or 6"), "{err}");
+        assert!(err.problem.to_string().contains("expected 3 (packed) or 6"), "{err}");
     }
 
     #[test]
     fn static_contract_and_encoding_presence() {
         let mut t = tensor(DataType::Float32, &[4], Encoding::Undefined, None);
         t.tensor_type = TensorType::Static;
-        assert!(t.check().unwrap_err().problem.contains("no data"));
+        assert!(t.check().unwrap_err().problem.to_string().contains("no data"));
 
         let mut t = tensor(DataType::Float32, &[4], Encoding::Undefined, Some(vec![0; 16]));
         t.tensor_type = TensorType::AppWrite;
-        assert!(t.check().unwrap_err().problem.contains("APP_WRITE tensor must not carry data"));
+        assert!(t.check().unwrap_err().problem.to_string().contains("APP_WRITE tensor must not carry data"));
 
         let t = tensor(DataType::UFixedPoint8, &[4], Encoding::Undefined, None);
-        assert!(t.check().unwrap_err().problem.contains("needs a quantization encoding"));
+        assert!(t.check().unwrap_err().problem.to_string().contains("needs a quantization encoding"));
 
         let so = Encoding::ScaleOffset(ScaleOffset { scale: 1.0, offset: 0 });
         let t = tensor(DataType::Float16, &[4], so, None);
-        assert!(t.check().unwrap_err().problem.contains("must not carry"));
+        assert!(t.check().unwrap_err().problem.to_string().contains("must not carry"));
 
         let t =
             tensor(DataType::UFixedPoint8, &[4], Encoding::ScaleOffset(ScaleOffset { scale: 0.0, offset: 0 }), None);
-        assert!(t.check().unwrap_err().problem.contains("scale 0 must be finite and > 0"));
+        assert!(t.check().unwrap_err().problem.to_string().contains("scale 0 must be finite and > 0"));
+        // The value is the backend's to judge: the FFI only needs the layout.
+        t.check_layout().unwrap();
 
         let mut t = tensor(DataType::Float32, &[4, 0], Encoding::Undefined, None);
-        assert!(t.check().unwrap_err().problem.contains("zero extent"));
+        assert!(t.check().unwrap_err().problem.to_string().contains("zero extent"));
         t.dims = vec![4];
         t.name = "a\0b".into();
-        assert!(t.check().unwrap_err().problem.contains("NUL"));
+        assert!(t.check().unwrap_err().problem.to_string().contains("NUL"));
     }
 
     #[test]
@@ -418,10 +459,18 @@ mod tests {
         let ok = tensor(DataType::SFixedPoint8, &[1, 1, 32, 8], bw(8, 16), Some(vec![0; 256]));
         ok.check().unwrap();
         let err = tensor(DataType::SFixedPoint8, &[1, 1, 32, 8], bw(7, 16), Some(vec![0; 256])).check().unwrap_err();
-        assert!(err.problem.contains("7 per-channel scales, dims[3] is 8"), "{err}");
+        assert!(
+            err.problem.to_string().contains("7 blockwiseExpansion per-channel scales, expected 8 for dims[3]"),
+            "{err}"
+        );
         let err = tensor(DataType::SFixedPoint8, &[1, 1, 32, 8], bw(8, 15), Some(vec![0; 256])).check().unwrap_err();
-        assert!(err.problem.contains("15 block scales, expected dims[3] * numBlocksPerAxis = 16"), "{err}");
+        assert!(
+            err.problem
+                .to_string()
+                .contains("15 blockwiseExpansion block scales, expected dims[3] * numBlocksPerAxis = 16"),
+            "{err}"
+        );
         let err = tensor(DataType::SFixedPoint8, &[1, 32, 8], bw(8, 16), Some(vec![0; 256])).check().unwrap_err();
-        assert!(err.problem.contains("axis 3 is out of range for rank 3"), "{err}");
+        assert!(err.problem.to_string().contains("axis 3 is out of range for rank 3"), "{err}");
     }
 }

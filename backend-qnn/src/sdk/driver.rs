@@ -29,7 +29,7 @@ use super::api::{
     LogHandle, OpConfig, QnnApi, TensorId,
 };
 use super::config::{HtpOptions, OptionsError};
-use super::desc::{check_c_name, GraphDesc, OpDesc, ParamValue, TensorDesc, TensorError, TensorType};
+use super::desc::{check_c_name, GraphDesc, NameError, OpDesc, ParamValue, TensorDesc, TensorError, TensorType};
 
 /// Why a context binary could not be built.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -38,7 +38,7 @@ pub enum BuildError {
     Options(#[from] OptionsError),
     /// A graph description is inconsistent; nothing was sent to QNN.
     #[error("graph `{graph}`: {problem}")]
-    InvalidGraph { graph: String, problem: String },
+    InvalidGraph { graph: String, problem: Box<GraphProblem> },
     /// A tensor description is invalid; nothing was sent to QNN.
     #[error("graph `{graph}`: {source}")]
     InvalidTensor { graph: String, source: TensorError },
@@ -228,8 +228,66 @@ impl<'g> GraphBuilder<'g, '_> {
     }
 }
 
-fn invalid(graph: &GraphDesc, problem: String) -> BuildError {
-    BuildError::InvalidGraph { graph: graph.name.clone(), problem }
+/// What is inconsistent in a graph description.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum GraphProblem {
+    #[error("no graphs to build")]
+    NoGraphs,
+    #[error("graph {0}")]
+    Name(NameError),
+    #[error("graph name is used twice")]
+    NameTwice,
+    #[error("STATIC tensor `{tensor}` differs from the one of the same name in graph `{first}`; shared weights must be identical")]
+    SharedWeightDiffers { tensor: String, first: String },
+    #[error("tensor `{0}` is declared twice")]
+    TensorTwice(String),
+    #[error("node {0}")]
+    NodeName(NameError),
+    #[error("node `{node}` ({op_type}): {problem}")]
+    Node { node: String, op_type: String, problem: NodeProblem },
+    #[error("graph output `{0}` is not produced by any node")]
+    OutputNotProduced(String),
+    #[error("graph {what} `{name}` is not a tensor of the graph")]
+    IoUnknown { what: &'static str, name: String },
+    #[error("graph {what} `{name}` is {found}, expected {expected}")]
+    IoType { what: &'static str, name: String, found: TensorType, expected: TensorType },
+    #[error("graph {what} `{name}` is listed twice")]
+    IoTwice { what: &'static str, name: String },
+    #[error("{kind} tensor `{name}` is missing from the graph {what}s list")]
+    IoMissing { what: &'static str, kind: TensorType, name: String },
+}
+
+/// What is inconsistent in one node of a graph description.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NodeProblem {
+    #[error("package {0}")]
+    PackageName(NameError),
+    #[error("op type {0}")]
+    OpTypeName(NameError),
+    #[error("node name is used twice")]
+    NameTwice,
+    #[error("input `{0}` is not a tensor of the graph")]
+    InputUnknown(String),
+    #[error("input `{0}` is used before a node produces it (nodes must be in dependency order)")]
+    InputBeforeProducer(String),
+    #[error("output `{0}` is not a tensor of the graph")]
+    OutputUnknown(String),
+    #[error("output `{name}` is a {tensor_type} tensor")]
+    OutputType { name: String, tensor_type: TensorType },
+    #[error("output `{0}` is already produced by an earlier node")]
+    OutputTwice(String),
+    #[error("param {0}")]
+    ParamName(NameError),
+    #[error("param `{0}` is given twice")]
+    ParamTwice(String),
+    #[error("tensor param `{param}` must be STATIC, is {tensor_type}")]
+    ParamNotStatic { param: String, tensor_type: TensorType },
+    #[error("tensor param `{param}` reuses the tensor name `{tensor}`")]
+    ParamReusesName { param: String, tensor: String },
+}
+
+fn invalid(graph: &GraphDesc, problem: GraphProblem) -> BuildError {
+    BuildError::InvalidGraph { graph: graph.name.clone(), problem: Box::new(problem) }
 }
 
 /// Checks everything that can be checked before talking to QNN: names, tensor descriptions,
@@ -237,23 +295,22 @@ fn invalid(graph: &GraphDesc, problem: String) -> BuildError {
 /// [`build_context_binary`] runs this first.
 pub fn check_graphs(graphs: &[GraphDesc]) -> Result<(), BuildError> {
     if graphs.is_empty() {
-        return Err(BuildError::InvalidGraph { graph: String::new(), problem: "no graphs to build".into() });
+        return Err(BuildError::InvalidGraph { graph: String::new(), problem: Box::new(GraphProblem::NoGraphs) });
     }
     let mut names = HashSet::new();
     let mut statics: HashMap<&str, (&str, &TensorDesc)> = HashMap::new();
     for graph in graphs {
-        check_c_name(&graph.name).map_err(|p| invalid(graph, format!("graph {p}")))?;
+        check_c_name(&graph.name).map_err(|p| invalid(graph, GraphProblem::Name(p)))?;
         if !names.insert(graph.name.as_str()) {
-            return Err(invalid(graph, "graph name is used twice".into()));
+            return Err(invalid(graph, GraphProblem::NameTwice));
         }
         check_graph(graph)?;
         for t in graph.tensors.iter().filter(|t| t.tensor_type == TensorType::Static) {
             match statics.get(t.name.as_str()) {
                 Some((first, shared)) if *shared != t => {
-                    return Err(invalid(
-                        graph,
-                        format!("STATIC tensor `{}` differs from the one of the same name in graph `{first}`; shared weights must be identical", t.name),
-                    ))
+                    let problem =
+                        GraphProblem::SharedWeightDiffers { tensor: t.name.clone(), first: first.to_string() };
+                    return Err(invalid(graph, problem));
                 }
                 Some(_) => {}
                 None => {
@@ -270,7 +327,7 @@ fn check_graph(graph: &GraphDesc) -> Result<(), BuildError> {
     for t in &graph.tensors {
         t.check().map_err(|source| BuildError::InvalidTensor { graph: graph.name.clone(), source })?;
         if tensors.insert(&t.name, t).is_some() {
-            return Err(invalid(graph, format!("tensor `{}` is declared twice", t.name)));
+            return Err(invalid(graph, GraphProblem::TensorTwice(t.name.clone())));
         }
     }
     check_io(graph, &tensors, &graph.inputs, TensorType::AppWrite, "input")?;
@@ -281,53 +338,50 @@ fn check_graph(graph: &GraphDesc) -> Result<(), BuildError> {
     let mut node_names = HashSet::new();
     let mut param_tensors = HashSet::new();
     for node in &graph.nodes {
-        let at = |problem: String| invalid(graph, format!("node `{}` ({}): {problem}", node.name, node.op_type));
-        check_c_name(&node.name).map_err(|p| invalid(graph, format!("node {p}")))?;
-        check_c_name(&node.package).map_err(|p| at(format!("package {p}")))?;
-        check_c_name(&node.op_type).map_err(|p| at(format!("op type {p}")))?;
+        let at = |problem: NodeProblem| {
+            invalid(graph, GraphProblem::Node { node: node.name.clone(), op_type: node.op_type.clone(), problem })
+        };
+        check_c_name(&node.name).map_err(|p| invalid(graph, GraphProblem::NodeName(p)))?;
+        check_c_name(&node.package).map_err(|p| at(NodeProblem::PackageName(p)))?;
+        check_c_name(&node.op_type).map_err(|p| at(NodeProblem::OpTypeName(p)))?;
         if !node_names.insert(node.name.as_str()) {
-            return Err(at("node name is used twice".into()));
+            return Err(at(NodeProblem::NameTwice));
         }
         for name in &node.inputs {
-            let t =
-                tensors.get(name.as_str()).ok_or_else(|| at(format!("input `{name}` is not a tensor of the graph")))?;
+            let t = tensors.get(name.as_str()).ok_or_else(|| at(NodeProblem::InputUnknown(name.clone())))?;
             let needs_producer = matches!(t.tensor_type, TensorType::Native | TensorType::AppRead);
             if needs_producer && !produced.contains(name.as_str()) {
-                return Err(at(format!(
-                    "input `{name}` is used before a node produces it (nodes must be in dependency order)"
-                )));
+                return Err(at(NodeProblem::InputBeforeProducer(name.clone())));
             }
         }
         for name in &node.outputs {
-            let t = tensors
-                .get(name.as_str())
-                .ok_or_else(|| at(format!("output `{name}` is not a tensor of the graph")))?;
+            let t = tensors.get(name.as_str()).ok_or_else(|| at(NodeProblem::OutputUnknown(name.clone())))?;
             if matches!(t.tensor_type, TensorType::AppWrite | TensorType::Static | TensorType::Null) {
-                return Err(at(format!("output `{name}` is a {} tensor", t.tensor_type)));
+                return Err(at(NodeProblem::OutputType { name: name.clone(), tensor_type: t.tensor_type }));
             }
             if !produced.insert(name.as_str()) {
-                return Err(at(format!("output `{name}` is already produced by an earlier node")));
+                return Err(at(NodeProblem::OutputTwice(name.clone())));
             }
         }
         let mut param_names = HashSet::new();
         for p in &node.params {
-            check_c_name(&p.name).map_err(|e| at(format!("param {e}")))?;
+            check_c_name(&p.name).map_err(|e| at(NodeProblem::ParamName(e)))?;
             if !param_names.insert(p.name.as_str()) {
-                return Err(at(format!("param `{}` is given twice", p.name)));
+                return Err(at(NodeProblem::ParamTwice(p.name.clone())));
             }
             if let ParamValue::Tensor(t) = &p.value {
                 t.check().map_err(|source| BuildError::InvalidTensor { graph: graph.name.clone(), source })?;
                 if t.tensor_type != TensorType::Static {
-                    return Err(at(format!("tensor param `{}` must be STATIC, is {}", p.name, t.tensor_type)));
+                    return Err(at(NodeProblem::ParamNotStatic { param: p.name.clone(), tensor_type: t.tensor_type }));
                 }
                 if tensors.contains_key(t.name.as_str()) || !param_tensors.insert(t.name.as_str()) {
-                    return Err(at(format!("tensor param `{}` reuses the tensor name `{}`", p.name, t.name)));
+                    return Err(at(NodeProblem::ParamReusesName { param: p.name.clone(), tensor: t.name.clone() }));
                 }
             }
         }
     }
     if let Some(missing) = graph.outputs.iter().find(|o| !produced.contains(o.as_str())) {
-        return Err(invalid(graph, format!("graph output `{missing}` is not produced by any node")));
+        return Err(invalid(graph, GraphProblem::OutputNotProduced(missing.clone())));
     }
     Ok(())
 }
@@ -337,22 +391,23 @@ fn check_io(
     tensors: &HashMap<&str, &TensorDesc>,
     list: &[String],
     kind: TensorType,
-    what: &str,
+    what: &'static str,
 ) -> Result<(), BuildError> {
     let mut seen = HashSet::new();
     for name in list {
         let t = tensors
             .get(name.as_str())
-            .ok_or_else(|| invalid(graph, format!("graph {what} `{name}` is not a tensor of the graph")))?;
+            .ok_or_else(|| invalid(graph, GraphProblem::IoUnknown { what, name: name.clone() }))?;
         if t.tensor_type != kind {
-            return Err(invalid(graph, format!("graph {what} `{name}` is {}, expected {}", t.tensor_type, kind)));
+            let problem = GraphProblem::IoType { what, name: name.clone(), found: t.tensor_type, expected: kind };
+            return Err(invalid(graph, problem));
         }
         if !seen.insert(name.as_str()) {
-            return Err(invalid(graph, format!("graph {what} `{name}` is listed twice")));
+            return Err(invalid(graph, GraphProblem::IoTwice { what, name: name.clone() }));
         }
     }
     if let Some(t) = graph.tensors.iter().find(|t| t.tensor_type == kind && !seen.contains(t.name.as_str())) {
-        return Err(invalid(graph, format!("{} tensor `{}` is missing from the graph {what}s list", kind, t.name)));
+        return Err(invalid(graph, GraphProblem::IoMissing { what, kind, name: t.name.clone() }));
     }
     Ok(())
 }

@@ -11,8 +11,33 @@
 //! data type, row-major, in the graph's I/O binding order. [`write_codes`] / [`read_codes`]
 //! convert between integer codes and that layout.
 
+use thiserror::Error;
+
 use super::api::{ApiError, ContextHandle, GraphHandle};
 use crate::dtype::DataType;
+
+/// Why a graph's inputs and outputs cannot be bound for `graphExecute`.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum IoBindingError {
+    #[error("no system library (libQnnSystem.so) was loaded to read the binary's graph I/O; open the API with SdkApi::load_for_execution")]
+    NoSystemLibrary,
+    #[error("{context} was not loaded from a binary")]
+    NotFromBinary { context: ContextHandle },
+    #[error("the metadata of {context} lists no graph `{graph}`")]
+    NotInMetadata { context: ContextHandle, graph: String },
+    #[error("{graph} was created, not retrieved from a binary")]
+    NotRetrieved { graph: GraphHandle },
+    #[error("graph `{graph}`: I/O tensor `{tensor}` has a data type this crate lacks")]
+    UnknownDataType { graph: String, tensor: String },
+    #[error("graph `{graph}`: I/O tensor `{tensor}` is {dtype}, which has no client-buffer layout")]
+    NoBufferLayout { graph: String, tensor: String, dtype: DataType },
+    #[error("graph `{graph}` binds {inputs} inputs and {outputs} outputs, {given_inputs} and {given_outputs} buffers were given")]
+    BufferCount { graph: String, inputs: usize, outputs: usize, given_inputs: usize, given_outputs: usize },
+    #[error("graph `{graph}`: buffer of `{tensor}` has {given} bytes, expected {expected}")]
+    BufferSize { graph: String, tensor: String, given: usize, expected: usize },
+    #[error("graph `{graph}`: `{tensor}` exceeds 4 GiB")]
+    BufferTooLarge { graph: String, tensor: String },
+}
 
 /// The execute-side QNN API.
 pub trait QnnExecApi {

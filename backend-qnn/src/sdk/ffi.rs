@@ -17,6 +17,7 @@ compile_error!("feature `qnn-sdk` loads QNN libraries with dlopen and supports U
 mod bindings;
 mod exec;
 pub mod library;
+mod log;
 mod marshal;
 mod sdk_api;
 mod system;

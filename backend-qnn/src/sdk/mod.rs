@@ -82,25 +82,27 @@ pub mod driver;
 pub mod emulated;
 pub mod exec;
 pub mod from_graph;
+pub mod phases;
 pub mod recording;
 pub mod render;
 
 pub use api::{
     ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, DeviceHandle, GraphHandle,
-    LogHandle, OpConfig, QnnApi, TensorId,
+    LogHandle, MarshalError, MetadataError, OpConfig, QnnApi, TensorId,
 };
 pub use config::{
     ContextConfig, DeviceConfig, GraphConfig, GraphOptions, HtpArch, HtpDeviceOptions, HtpOptimization, HtpOptions,
     HtpPlatformInfo, LogLevel, OptionsError, Precision,
 };
 pub use desc::{
-    BlockwiseExpansion, DataType, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar, ScaleOffset, StaticData,
-    TensorDesc, TensorError, TensorType, QTI_AISW,
+    BlockwiseExpansion, DataType, Encoding, GraphDesc, NameError, OpDesc, ParamDesc, ParamValue, Scalar, ScaleOffset,
+    StaticData, TensorDesc, TensorError, TensorProblem, TensorType, QTI_AISW,
 };
-pub use driver::{build_context_binary, check_graphs, BuildError};
+pub use driver::{build_context_binary, check_graphs, BuildError, GraphProblem, NodeProblem};
 pub use emulated::EmulatedHtp;
-pub use exec::QnnExecApi;
+pub use exec::{IoBindingError, QnnExecApi};
 pub use from_graph::{graph_descs, ConvertError};
+pub use phases::{BuildPhase, PhaseObserver};
 pub use recording::{RecordedCall, RecordingApi};
 
 use thiserror::Error;
@@ -153,13 +155,24 @@ pub fn check_sdk_libraries() -> Result<(), SdkError> {
 /// Without the `qnn-sdk` feature this always returns [`SdkError::NotBuilt`], whose message
 /// says how to enable it; the graphs are still checked so callers see description errors.
 pub fn build_context_binary_with_sdk(graphs: &[GraphDesc], target: &HtpOptions) -> Result<Vec<u8>, SdkError> {
+    build_context_binary_with_sdk_observed(graphs, target, &mut |_| {})
+}
+
+/// [`build_context_binary_with_sdk`], calling `on_phase` as the backend enters each
+/// [`BuildPhase`] (benches time and measure the phases this way).
+pub fn build_context_binary_with_sdk_observed(
+    graphs: &[GraphDesc],
+    target: &HtpOptions,
+    on_phase: &mut dyn FnMut(BuildPhase),
+) -> Result<Vec<u8>, SdkError> {
     #[cfg(feature = "qnn-sdk")]
     {
         let mut api = SdkApi::load(&LibraryPaths::from_env()?)?;
-        Ok(build_context_binary(graphs, target, &mut api)?)
+        Ok(build_context_binary(graphs, target, &mut PhaseObserver::new(&mut api, on_phase))?)
     }
     #[cfg(not(feature = "qnn-sdk"))]
     {
+        let _ = on_phase;
         // Report invalid input as such, so callers fix their graphs before installing an SDK.
         target.check().map_err(BuildError::from)?;
         driver::check_graphs(graphs)?;

@@ -69,6 +69,7 @@ impl AotModel {
             max_positions: MAX_POSITIONS,
             progress: aot::progress::silent(),
             weight_method: backend_cpu::quant::WeightMethod::Rtn,
+            rotation: backend_cpu::quant::Rotation::None,
         })
         .unwrap_or_else(|e| panic!("calibrating {name}: {e:#}"));
         let mut model = AotModel::open(out.0.clone());

@@ -9,16 +9,15 @@
 //! ready-made tensor structs, and each execute only checks the caller's buffer sizes and
 //! points the structs at them.
 
-use std::ffi::CString;
 use std::ptr;
 
 use super::bindings as b;
 use super::marshal::{self, Arena};
-use super::sdk_api::{check, entry, invalid, stale, ContextSlot, GraphSlot, SdkApi};
+use super::sdk_api::{c_string, call, entry, stale, ContextSlot, GraphSlot, SdkApi};
 use super::system::{GraphInfo, TensorInfo};
 use crate::sdk::api::{ApiError, ContextHandle, GraphHandle, QnnApi};
 use crate::sdk::desc::DataType;
-use crate::sdk::exec::{io_element_bytes, QnnExecApi};
+use crate::sdk::exec::{io_element_bytes, IoBindingError, QnnExecApi};
 
 /// The bound I/O of a retrieved graph.
 pub(crate) struct ExecIo {
@@ -33,26 +32,32 @@ pub(crate) struct ExecIo {
 }
 
 /// Bytes of the client buffer of `t`, or why it cannot be bound.
-fn buffer_bytes(graph: &str, t: &TensorInfo) -> Result<(DataType, usize), String> {
-    let dtype =
-        t.dtype.ok_or_else(|| format!("graph `{graph}`: I/O tensor `{}` has a data type this crate lacks", t.name))?;
-    let element = io_element_bytes(dtype).ok_or_else(|| {
-        format!("graph `{graph}`: I/O tensor `{}` is {dtype}, which has no client-buffer layout", t.name)
-    })?;
+fn buffer_bytes(graph: &str, t: &TensorInfo) -> Result<(DataType, usize), IoBindingError> {
+    let (graph, tensor) = (graph.to_string(), t.name.clone());
+    let Some(dtype) = t.dtype else { return Err(IoBindingError::UnknownDataType { graph, tensor }) };
+    let Some(element) = io_element_bytes(dtype) else {
+        return Err(IoBindingError::NoBufferLayout { graph, tensor, dtype });
+    };
     let numel: usize = t.dims.iter().map(|&d| d as usize).product();
     Ok((dtype, numel * element))
 }
 
+/// Why a retrieved graph's I/O could not be bound.
+enum BindError {
+    Io(IoBindingError),
+    Marshal(crate::sdk::api::MarshalError),
+}
+
 impl ExecIo {
-    fn new(info: GraphInfo) -> Result<ExecIo, String> {
+    fn new(info: GraphInfo) -> Result<ExecIo, BindError> {
         let mut arena = Arena::default();
-        let mut bind = |list: &[TensorInfo], output: bool| -> Result<(Vec<usize>, Vec<b::Qnn_Tensor_t>), String> {
+        let mut bind = |list: &[TensorInfo], output: bool| -> Result<(Vec<usize>, Vec<b::Qnn_Tensor_t>), BindError> {
             let mut sizes = Vec::with_capacity(list.len());
             let mut tensors = Vec::with_capacity(list.len());
             for t in list {
-                let (dtype, bytes) = buffer_bytes(&info.name, t)?;
+                let (dtype, bytes) = buffer_bytes(&info.name, t).map_err(BindError::Io)?;
                 sizes.push(bytes);
-                tensors.push(marshal::io_tensor(&mut arena, t, dtype, output)?);
+                tensors.push(marshal::io_tensor(&mut arena, t, dtype, output).map_err(BindError::Marshal)?);
             }
             Ok((sizes, tensors))
         };
@@ -62,25 +67,27 @@ impl ExecIo {
     }
 
     /// Every buffer must have exactly its tensor's size: QNN reads and writes that many bytes.
-    fn check_buffers(&self, inputs: &[&[u8]], outputs: &[&mut [u8]]) -> Result<(), String> {
+    fn check_buffers(&self, inputs: &[&[u8]], outputs: &[&mut [u8]]) -> Result<(), IoBindingError> {
         let g = &self.info;
         if inputs.len() != g.inputs.len() || outputs.len() != g.outputs.len() {
-            return Err(format!(
-                "graph `{}` binds {} inputs and {} outputs, {} and {} buffers were given",
-                g.name,
-                g.inputs.len(),
-                g.outputs.len(),
-                inputs.len(),
-                outputs.len()
-            ));
+            return Err(IoBindingError::BufferCount {
+                graph: g.name.clone(),
+                inputs: g.inputs.len(),
+                outputs: g.outputs.len(),
+                given_inputs: inputs.len(),
+                given_outputs: outputs.len(),
+            });
         }
         let given = inputs.iter().map(|b| b.len()).chain(outputs.iter().map(|b| b.len()));
         let wanted = self.input_bytes.iter().chain(&self.output_bytes);
-        for ((t, have), &want) in g.inputs.iter().chain(&g.outputs).zip(given).zip(wanted) {
-            if have != want {
-                return Err(format!("graph `{}`: buffer of `{}` has {have} bytes, expected {want}", g.name, t.name));
+        for ((t, given), &expected) in g.inputs.iter().chain(&g.outputs).zip(given).zip(wanted) {
+            let (graph, tensor) = (g.name.clone(), t.name.clone());
+            if given != expected {
+                return Err(IoBindingError::BufferSize { graph, tensor, given, expected });
             }
-            u32::try_from(want).map_err(|_| format!("graph `{}`: `{}` exceeds 4 GiB", g.name, t.name))?;
+            if u32::try_from(expected).is_err() {
+                return Err(IoBindingError::BufferTooLarge { graph, tensor });
+            }
         }
         Ok(())
     }
@@ -89,12 +96,8 @@ impl ExecIo {
 impl SdkApi {
     /// The graphs and I/O of a context binary, read with the system library.
     pub fn binary_info(&self, binary: &[u8]) -> Result<super::BinaryInfo, ApiError> {
-        let system = self.system.as_ref().ok_or_else(|| {
-            invalid(
-                "systemContextGetMetaData",
-                "no system library (libQnnSystem.so) was loaded; open the API with SdkApi::load_for_execution",
-            )
-        })?;
+        let system = (self.system.as_ref())
+            .ok_or_else(|| ApiError::io_binding("systemContextGetMetaData", IoBindingError::NoSystemLibrary))?;
         system.binary_info(binary)
     }
 
@@ -124,7 +127,7 @@ impl QnnExecApi for SdkApi {
         let mut raw: b::Qnn_ContextHandle_t = ptr::null_mut();
         // SAFETY: live backend and device; no configs; QNN reads `binary.len()` bytes of
         // `binary` during the call; valid out-pointer; no profile.
-        check(F, unsafe {
+        call(F, || unsafe {
             create(
                 backend,
                 device,
@@ -147,18 +150,22 @@ impl QnnExecApi for SdkApi {
         let info = slot
             .info
             .as_ref()
-            .ok_or_else(|| invalid(F, format!("{context} was not loaded from a binary")))?
+            .ok_or_else(|| ApiError::io_binding(F, IoBindingError::NotFromBinary { context }))?
             .graphs
             .iter()
             .find(|g| g.name == name)
             .cloned();
-        let c_name = CString::new(name).map_err(|_| invalid(F, format!("graph name {name:?} contains a NUL byte")))?;
+        let c_name = c_string(F, "graph name", name)?;
         let mut raw: b::Qnn_GraphHandle_t = ptr::null_mut();
         // SAFETY: live context; NUL-terminated name; valid out-pointer.
-        check(F, unsafe { retrieve(slot.raw, c_name.as_ptr(), &mut raw) })?;
+        call(F, || unsafe { retrieve(slot.raw, c_name.as_ptr(), &mut raw) })?;
         // The backend found the graph; its I/O must be in the binary's metadata to be bound.
-        let info = info.ok_or_else(|| invalid(F, format!("the metadata of {context} lists no graph `{name}`")))?;
-        let io = ExecIo::new(info).map_err(|e| invalid(F, e))?;
+        let not_listed = IoBindingError::NotInMetadata { context, graph: name.to_string() };
+        let info = info.ok_or_else(|| ApiError::io_binding(F, not_listed))?;
+        let io = ExecIo::new(info).map_err(|e| match e {
+            BindError::Io(source) => ApiError::io_binding(F, source),
+            BindError::Marshal(source) => ApiError::marshal(F, source),
+        })?;
         self.graphs.push(GraphSlot { raw, context: index, io: Some(io) });
         Ok(GraphHandle(self.graphs.len() as u32))
     }
@@ -175,8 +182,8 @@ impl QnnExecApi for SdkApi {
         let io = self.graphs[graph.0 as usize - 1]
             .io
             .as_ref()
-            .ok_or_else(|| invalid(F, format!("{graph} was created, not retrieved from a binary")))?;
-        io.check_buffers(inputs, outputs).map_err(|e| invalid(F, e))?;
+            .ok_or_else(|| ApiError::io_binding(F, IoBindingError::NotRetrieved { graph }))?;
+        io.check_buffers(inputs, outputs).map_err(|source| ApiError::io_binding(F, source))?;
         let mut c_inputs = io.inputs.clone();
         for (t, data) in c_inputs.iter_mut().zip(inputs) {
             // QNN only reads input buffers.
@@ -189,7 +196,7 @@ impl QnnExecApi for SdkApi {
         // SAFETY: live graph; the tensor structs point into `io` (names, dims) and into the
         // caller's buffers, whose sizes were checked, all alive for the call; no profile, no
         // signal (synchronous execution).
-        check(F, unsafe {
+        call(F, || unsafe {
             execute(
                 raw,
                 c_inputs.as_ptr(),

@@ -13,7 +13,7 @@ use std::os::raw::{c_char, c_void};
 use std::ptr;
 
 use super::bindings as b;
-use crate::sdk::api::{BoundParamValue, BoundTensor, OpConfig};
+use crate::sdk::api::{BoundParamValue, BoundTensor, MarshalError, OpConfig};
 use crate::sdk::config::{ContextConfig, DeviceConfig, GraphConfig};
 use crate::sdk::desc::{Encoding, Scalar, ScaleOffset, TensorDesc};
 
@@ -70,8 +70,8 @@ impl Arena {
         ptr
     }
 
-    fn c_str(&mut self, what: &str, s: &str) -> Result<*const c_char, String> {
-        let c = CString::new(s).map_err(|_| format!("{what} {s:?} contains a NUL byte"))?;
+    fn c_str(&mut self, what: &'static str, s: &str) -> Result<*const c_char, MarshalError> {
+        let c = CString::new(s).map_err(|_| MarshalError::Nul { what, value: s.to_string() })?;
         let ptr = c.as_ptr();
         self.0.push(Box::new(c));
         Ok(ptr)
@@ -118,8 +118,8 @@ fn quantize_params(arena: &mut Arena, encoding: &Encoding) -> b::Qnn_QuantizePar
 }
 
 /// A `Qnn_Tensor_t` (version 2) for `desc` with the given id (0 before creation).
-/// `desc` must have passed [`TensorDesc::check`]: QNN derives array lengths from `dims`.
-pub(crate) fn tensor(arena: &mut Arena, desc: &TensorDesc, id: u32) -> Result<b::Qnn_Tensor_t, String> {
+/// `desc` must have passed [`TensorDesc::check_layout`]: QNN derives array lengths from `dims`.
+pub(crate) fn tensor(arena: &mut Arena, desc: &TensorDesc, id: u32) -> Result<b::Qnn_Tensor_t, MarshalError> {
     let mut v2: b::Qnn_TensorV2_t = zeroed();
     v2.id = id;
     v2.name = arena.c_str("tensor name", &desc.name)?;
@@ -135,8 +135,8 @@ pub(crate) fn tensor(arena: &mut Arena, desc: &TensorDesc, id: u32) -> Result<b:
         let bytes = data.as_bytes();
         // QNN only reads static client buffers; the arena keeps the bytes alive.
         buffer.data = bytes.as_ptr() as *mut c_void;
-        buffer.dataSize =
-            u32::try_from(bytes.len()).map_err(|_| format!("tensor `{}` data exceeds 4 GiB", desc.name))?;
+        buffer.dataSize = u32::try_from(bytes.len())
+            .map_err(|_| MarshalError::DataTooLarge { tensor: desc.name.clone(), bytes: bytes.len() })?;
         arena.hold(data.clone());
     }
     v2.__bindgen_anon_1.clientBuf = buffer;
@@ -169,13 +169,13 @@ fn scalar(s: Scalar) -> b::Qnn_Scalar_t {
     c
 }
 
-fn tensors(arena: &mut Arena, list: &[BoundTensor<'_>]) -> Result<(u32, *mut b::Qnn_Tensor_t), String> {
+fn tensors(arena: &mut Arena, list: &[BoundTensor<'_>]) -> Result<(u32, *mut b::Qnn_Tensor_t), MarshalError> {
     let built = list.iter().map(|t| tensor(arena, t.desc, t.id.0)).collect::<Result<Vec<_>, _>>()?;
     Ok((built.len() as u32, arena.slice(built)))
 }
 
 /// A `Qnn_OpConfig_t` (version 1), passed by value to validate/add-node.
-pub(crate) fn op_config(arena: &mut Arena, op: &OpConfig<'_>) -> Result<b::Qnn_OpConfig_t, String> {
+pub(crate) fn op_config(arena: &mut Arena, op: &OpConfig<'_>) -> Result<b::Qnn_OpConfig_t, MarshalError> {
     let mut params = Vec::with_capacity(op.params.len());
     for p in &op.params {
         let mut c: b::Qnn_Param_t = zeroed();
@@ -345,7 +345,7 @@ pub(crate) fn io_tensor(
     info: &super::system::TensorInfo,
     dtype: crate::sdk::desc::DataType,
     output: bool,
-) -> Result<b::Qnn_Tensor_t, String> {
+) -> Result<b::Qnn_Tensor_t, MarshalError> {
     let desc = TensorDesc {
         name: info.name.clone(),
         tensor_type: if output {

@@ -1,5 +1,6 @@
 //! [`SdkApi`]: [`QnnApi`] through a loaded QNN backend library.
 
+use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::ptr;
 
@@ -8,11 +9,12 @@ use libloading::os::unix::Library;
 use super::bindings as b;
 use super::exec::ExecIo;
 use super::library::{self, LibraryPaths, LoadError, ProviderInfo};
+use super::log;
 use super::marshal::{self, Arena};
 use super::system::{BinaryInfo, SystemApi};
 use crate::sdk::api::{
-    ApiError, BackendHandle, BoundParamValue, ContextHandle, DeviceHandle, GraphHandle, LogHandle, OpConfig, QnnApi,
-    TensorId,
+    ApiError, BackendHandle, BoundParamValue, ContextHandle, DeviceHandle, GraphHandle, LogHandle, MarshalError,
+    OpConfig, QnnApi, TensorId,
 };
 use crate::sdk::config::{ContextConfig, DeviceConfig, GraphConfig, LogLevel};
 use crate::sdk::desc::TensorDesc;
@@ -77,12 +79,24 @@ pub(super) fn check(function: &'static str, code: b::Qnn_ErrorHandle_t) -> Resul
     }
 }
 
-pub(super) fn invalid(function: &'static str, reason: impl Into<String>) -> ApiError {
-    ApiError::InvalidArgument { function, reason: reason.into() }
+/// Runs one C call and checks its result; a failure carries the lines the backend logged
+/// during the call ([`super::log`]).
+pub(super) fn call(function: &'static str, f: impl FnOnce() -> b::Qnn_ErrorHandle_t) -> Result<(), ApiError> {
+    let mark = log::mark();
+    check(function, f()).map_err(|e| e.with_log(log::lines_since(mark)))
 }
 
 pub(super) fn stale(function: &'static str, handle: impl std::fmt::Display) -> ApiError {
-    invalid(function, format!("{handle} is not a live handle of this SdkApi"))
+    ApiError::StaleHandle { function, handle: handle.to_string() }
+}
+
+pub(super) fn marshal_error(function: &'static str) -> impl FnOnce(MarshalError) -> ApiError {
+    move |source| ApiError::marshal(function, source)
+}
+
+/// `name` as a C string for `function`.
+pub(super) fn c_string(function: &'static str, what: &'static str, name: &str) -> Result<CString, ApiError> {
+    CString::new(name).map_err(|_| ApiError::marshal(function, MarshalError::Nul { what, value: name.into() }))
 }
 
 fn live<T: Copy>(slots: &[Option<T>], index: u32) -> Option<T> {
@@ -96,7 +110,7 @@ fn check_op(function: &'static str, op: &OpConfig<'_>) -> Result<(), ApiError> {
         BoundParamValue::Scalar(_) => None,
     });
     for t in op.inputs.iter().chain(&op.outputs).chain(params) {
-        t.desc.check().map_err(|e| invalid(function, format!("node `{}`: {e}", op.name)))?;
+        t.desc.check_layout().map_err(|source| ApiError::tensor(function, Some(op.name), source))?;
     }
     Ok(())
 }
@@ -205,9 +219,10 @@ impl QnnApi for SdkApi {
         const F: &str = "logCreate";
         let create = entry(F, self.table.logCreate)?;
         let mut raw: b::Qnn_LogHandle_t = ptr::null_mut();
-        // A NULL callback selects QNN's own logger: stable Rust cannot receive a `va_list`.
-        // SAFETY: valid out-pointer; the level is a documented enumerator.
-        check(F, unsafe { create(None, level.code() as _, &mut raw) })?;
+        // Our callback keeps the lines, so errors can quote the backend's own words.
+        // SAFETY: valid out-pointer; the level is a documented enumerator; the callback has
+        // the C signature QNN calls (see `log`).
+        call(F, || unsafe { create(log::callback(), level.code() as _, &mut raw) })?;
         self.logs.push(Some(raw));
         Ok(LogHandle(self.logs.len() as u32))
     }
@@ -218,7 +233,7 @@ impl QnnApi for SdkApi {
         let log = self.log(log, F)?;
         let mut raw: b::Qnn_BackendHandle_t = ptr::null_mut();
         // SAFETY: live log handle (or NULL), no configs, valid out-pointer.
-        check(F, unsafe { create(log, ptr::null_mut(), &mut raw) })?;
+        call(F, || unsafe { create(log, ptr::null_mut(), &mut raw) })?;
         self.backends.push(Some(raw));
         Ok(BackendHandle(self.backends.len() as u32))
     }
@@ -232,7 +247,7 @@ impl QnnApi for SdkApi {
         let mut raw: b::Qnn_DeviceHandle_t = ptr::null_mut();
         // SAFETY: the NULL-terminated config list and everything it points to live in
         // `arena`, which is kept until the device is freed.
-        check(F, unsafe { create(log, configs, &mut raw) })?;
+        call(F, || unsafe { create(log, configs, &mut raw) })?;
         self.devices.push(Some(DeviceSlot { raw, _configs: arena }));
         Ok(DeviceHandle(self.devices.len() as u32))
     }
@@ -254,7 +269,7 @@ impl QnnApi for SdkApi {
         let configs = marshal::context_configs(&mut arena, config);
         let mut raw: b::Qnn_ContextHandle_t = ptr::null_mut();
         // SAFETY: live handles; configs owned by `arena`, kept with the context.
-        check(F, unsafe { create(raw_backend, raw_device, configs, &mut raw) })?;
+        call(F, || unsafe { create(raw_backend, raw_device, configs, &mut raw) })?;
         self.contexts.push(Some(ContextSlot { raw, arena, info: None }));
         Ok(ContextHandle(self.contexts.len() as u32))
     }
@@ -269,12 +284,11 @@ impl QnnApi for SdkApi {
         let create = entry(F, self.table.graphCreate)?;
         let index = self.context_index(context, F)?;
         let slot = self.context_slot(index);
-        let c_name =
-            std::ffi::CString::new(name).map_err(|_| invalid(F, format!("graph name {name:?} contains a NUL byte")))?;
+        let c_name = c_string(F, "graph name", name)?;
         let configs = marshal::graph_configs(&mut slot.arena, config);
         let mut raw: b::Qnn_GraphHandle_t = ptr::null_mut();
         // SAFETY: live context; name and configs outlive the call (configs with the context).
-        check(F, unsafe { create(slot.raw, c_name.as_ptr(), configs, &mut raw) })?;
+        call(F, || unsafe { create(slot.raw, c_name.as_ptr(), configs, &mut raw) })?;
         slot.arena.hold(c_name);
         self.graphs.push(GraphSlot { raw, context: index, io: None });
         Ok(GraphHandle(self.graphs.len() as u32))
@@ -283,14 +297,14 @@ impl QnnApi for SdkApi {
     fn tensor_create_graph_tensor(&mut self, graph: GraphHandle, tensor: &TensorDesc) -> Result<TensorId, ApiError> {
         const F: &str = "tensorCreateGraphTensor";
         let create = entry(F, self.table.tensorCreateGraphTensor)?;
-        tensor.check().map_err(|e| invalid(F, e.to_string()))?;
+        tensor.check_layout().map_err(|source| ApiError::tensor(F, None, source))?;
         let (raw_graph, index) = self.graph(graph, F)?;
         let arena = &mut self.context_slot(index).arena;
-        let c = marshal::tensor(arena, tensor, 0).map_err(|e| invalid(F, e))?;
+        let c = marshal::tensor(arena, tensor, 0).map_err(marshal_error(F))?;
         let c = arena.hold(c);
         // SAFETY: live graph; the tensor struct and all its buffers live in the context's
         // arena; QNN writes the assigned id into the struct.
-        check(F, unsafe { create(raw_graph, c) })?;
+        call(F, || unsafe { create(raw_graph, c) })?;
         // SAFETY: `c` is the version-2 tensor built above.
         Ok(TensorId(unsafe { (*c).__bindgen_anon_1.v2.id }))
     }
@@ -302,9 +316,9 @@ impl QnnApi for SdkApi {
         check_op(F, op)?;
         // Validation does not keep the op: its storage only has to outlive the call.
         let mut arena = Arena::default();
-        let c = marshal::op_config(&mut arena, op).map_err(|e| invalid(F, e))?;
+        let c = marshal::op_config(&mut arena, op).map_err(marshal_error(F))?;
         // SAFETY: live backend; the op config is passed by value, its pointers into `arena`.
-        check(F, unsafe { validate(raw, c) })
+        call(F, || unsafe { validate(raw, c) })
     }
 
     fn graph_add_node(&mut self, graph: GraphHandle, op: &OpConfig<'_>) -> Result<(), ApiError> {
@@ -313,9 +327,9 @@ impl QnnApi for SdkApi {
         check_op(F, op)?;
         let (raw_graph, index) = self.graph(graph, F)?;
         let arena = &mut self.context_slot(index).arena;
-        let c = marshal::op_config(arena, op).map_err(|e| invalid(F, e))?;
+        let c = marshal::op_config(arena, op).map_err(marshal_error(F))?;
         // SAFETY: live graph; the op config's pointers live in the context's arena.
-        check(F, unsafe { add(raw_graph, c) })
+        call(F, || unsafe { add(raw_graph, c) })
     }
 
     fn graph_finalize(&mut self, graph: GraphHandle) -> Result<(), ApiError> {
@@ -323,7 +337,7 @@ impl QnnApi for SdkApi {
         let finalize = entry(F, self.table.graphFinalize)?;
         let (raw, _) = self.graph(graph, F)?;
         // SAFETY: live graph; no profile, no signal.
-        check(F, unsafe { finalize(raw, ptr::null_mut(), ptr::null_mut()) })
+        call(F, || unsafe { finalize(raw, ptr::null_mut(), ptr::null_mut()) })
     }
 
     fn context_get_binary_size(&mut self, context: ContextHandle) -> Result<u64, ApiError> {
@@ -332,7 +346,7 @@ impl QnnApi for SdkApi {
         let index = self.context_index(context, F)?;
         let mut size = 0;
         // SAFETY: live context, valid out-pointer.
-        check(F, unsafe { get(self.context_slot(index).raw, &mut size) })?;
+        call(F, || unsafe { get(self.context_slot(index).raw, &mut size) })?;
         Ok(size)
     }
 
@@ -343,7 +357,7 @@ impl QnnApi for SdkApi {
         let mut written = 0;
         let raw = self.context_slot(index).raw;
         // SAFETY: live context; QNN writes at most `buffer.len()` bytes into `buffer`.
-        check(F, unsafe { get(raw, buffer.as_mut_ptr().cast(), buffer.len() as u64, &mut written) })?;
+        call(F, || unsafe { get(raw, buffer.as_mut_ptr().cast(), buffer.len() as u64, &mut written) })?;
         Ok(written)
     }
 
@@ -352,7 +366,7 @@ impl QnnApi for SdkApi {
         let free = entry(F, self.table.contextFree)?;
         let index = self.context_index(context, F)?;
         // SAFETY: live context, no profile.
-        check(F, unsafe { free(self.context_slot(index).raw, ptr::null_mut()) })?;
+        call(F, || unsafe { free(self.context_slot(index).raw, ptr::null_mut()) })?;
         // Only now may the buffers QNN read go away; the context's graphs die with it.
         self.contexts[index] = None;
         Ok(())
@@ -367,7 +381,7 @@ impl QnnApi for SdkApi {
             _ => return Err(stale(F, device)),
         };
         // SAFETY: live device.
-        check(F, unsafe { free(raw) })?;
+        call(F, || unsafe { free(raw) })?;
         self.devices[index] = None;
         Ok(())
     }
@@ -377,7 +391,7 @@ impl QnnApi for SdkApi {
         let free = entry(F, self.table.backendFree)?;
         let raw = self.backend(backend, F)?;
         // SAFETY: live backend.
-        check(F, unsafe { free(raw) })?;
+        call(F, || unsafe { free(raw) })?;
         self.backends[backend.0 as usize - 1] = None;
         Ok(())
     }
@@ -387,7 +401,7 @@ impl QnnApi for SdkApi {
         let free = entry(F, self.table.logFree)?;
         let raw = live(&self.logs, log.0).ok_or_else(|| stale(F, log))?;
         // SAFETY: live log.
-        check(F, unsafe { free(raw) })?;
+        call(F, || unsafe { free(raw) })?;
         self.logs[log.0 as usize - 1] = None;
         Ok(())
     }

@@ -16,7 +16,7 @@ use libloading::os::unix::Library;
 
 use super::bindings as b;
 use super::library::{self, LoadError, ProviderInfo};
-use crate::sdk::api::ApiError;
+use crate::sdk::api::{ApiError, MetadataError};
 use crate::sdk::desc::{DataType, ScaleOffset};
 
 /// One graph input or output as recorded in a context binary.
@@ -71,11 +71,8 @@ fn check(function: &'static str, code: b::Qnn_ErrorHandle_t) -> Result<(), ApiEr
 const DEFINITION_DEFINED: u32 = 1;
 const ENCODING_SCALE_OFFSET: u32 = 0;
 
-fn unsupported_version(what: &str, version: u32) -> ApiError {
-    ApiError::InvalidArgument {
-        function: "systemContextGetMetaData",
-        reason: format!("{what} version {version} is not supported"),
-    }
+fn unsupported_version(what: &'static str, version: u32) -> ApiError {
+    ApiError::Metadata { source: MetadataError::UnsupportedVersion { what, version } }
 }
 
 /// Copies a NUL-terminated C string.
@@ -130,11 +127,8 @@ unsafe fn tensors(list: *const b::Qnn_Tensor_t, count: u32) -> Result<Vec<Tensor
                     Some(ScaleOffset { scale: so.scale, offset: so.offset })
                 }
                 (DEFINITION_DEFINED, other) => {
-                    return Err(ApiError::InvalidArgument {
-                        function: "systemContextGetMetaData",
-                        reason: format!(
-                            "graph I/O tensor `{name}` has quantization encoding {other}, not scale/offset"
-                        ),
+                    return Err(ApiError::Metadata {
+                        source: MetadataError::NotScaleOffset { tensor: name, encoding: other },
                     })
                 }
                 _ => None,
@@ -173,10 +167,7 @@ impl SystemApi {
         })
         .and_then(|()| {
             if info.is_null() {
-                return Err(ApiError::InvalidArgument {
-                    function: "systemContextGetMetaData",
-                    reason: "returned no metadata".into(),
-                });
+                return Err(ApiError::Metadata { source: MetadataError::Missing });
             }
             // SAFETY: non-null metadata owned by `handle`, not yet freed.
             unsafe { copy_info(&*info) }

@@ -1,0 +1,266 @@
+//! The QNN compile bench: a Qwen3-1.7B-shaped checkpoint (random weights, [`crate::synthetic`])
+//! compiled into a real HTP context binary, with the wall time and peak resident memory of every
+//! step: trace, passes, lower, validate, conversion to QNN descriptors, then the backend's own
+//! phases (adding nodes, finalize, serialize) and writing the binary.
+//!
+//! ```no_run
+//! let opts = aot::context_bench::BenchOptions::new("target/bench-context", 28);
+//! let bench = aot::context_bench::run(&opts)?;
+//! print!("{}", bench.summary());
+//! # Ok::<(), aot::AotError>(())
+//! ```
+//!
+//! Peak RSS per step is `VmHWM`, reset before each step ([`mllm_dsl::memory`]). The setup
+//! ([`prepare_checkpoint`]: writing the float checkpoint, calibrating and quantizing it once,
+//! cached in the work directory) is not measured: the bench starts from the quantized checkpoint
+//! as `qwen3_aot --quantized` does.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::error::{ensure, Context, Result};
+use backend_cpu::quant::{CalibrationMode, WeightMethod};
+use backend_qnn::sdk::{self, GraphDesc, ParamValue, TensorType};
+use backend_qnn::target::HtpTarget;
+use backend_qnn::{validate, Int4Storage, LowerOptions, QnnGraph, QnnLowering};
+use checkpoint::SafetensorsCheckpoint;
+use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::files::write_atomic_bytes;
+use mllm_dsl::memory::{peak_rss_bytes, reset_peak_rss};
+use mllm_dsl::passes::Pipeline;
+use mllm_dsl::ParamFormat;
+
+use crate::calibrate::{quantize, QuantizeOptions};
+use crate::config::load_aot_config;
+use crate::load::rope_positions;
+use crate::synthetic::write_qwen3_1_7b;
+use crate::trace::trace_graph;
+
+/// What to compile.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Work directory: the synthetic float and quantized checkpoints (kept for the next run) and
+    /// the context binary.
+    pub dir: PathBuf,
+    /// Decoder layers (Qwen3-1.7B has 28).
+    pub layers: usize,
+    /// One graph per chunk size.
+    pub chunks: Vec<usize>,
+    /// Context length of the graphs.
+    pub context: usize,
+}
+
+impl BenchOptions {
+    /// Chunks 32 and 1, context 1024, as `qwen3_aot` compiles.
+    pub fn new(dir: impl Into<PathBuf>, layers: usize) -> BenchOptions {
+        BenchOptions { dir: dir.into(), layers, chunks: vec![32, 1], context: 1024 }
+    }
+}
+
+/// One measured step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    pub name: &'static str,
+    /// This project's code (as opposed to Qualcomm's backend).
+    pub ours: bool,
+    pub seconds: f64,
+    /// Peak resident set during the step, in bytes (`None` where `/proc` cannot tell).
+    pub peak_rss: Option<u64>,
+}
+
+/// The bench's figures.
+#[derive(Clone, Debug)]
+pub struct ContextBench {
+    pub layers: usize,
+    pub steps: Vec<Step>,
+    /// Bytes of the distinct STATIC tensors (weights and param tensors) of all graphs.
+    pub static_weight_bytes: u64,
+    pub binary_bytes: u64,
+    pub binary_path: PathBuf,
+    /// Whether each step's peak was measured on its own (`/proc/self/clear_refs` writable).
+    pub peaks_reset: bool,
+}
+
+impl ContextBench {
+    pub fn total_seconds(&self) -> f64 {
+        self.steps.iter().map(|s| s.seconds).sum()
+    }
+
+    pub fn our_seconds(&self) -> f64 {
+        self.steps.iter().filter(|s| s.ours).map(|s| s.seconds).sum()
+    }
+
+    /// The highest peak of any step.
+    pub fn peak_rss(&self) -> Option<u64> {
+        self.steps.iter().filter_map(|s| s.peak_rss).max()
+    }
+
+    /// The table and the two targets (our steps ≤ 10 % of the total, peak RSS ≤ 2× weights).
+    pub fn summary(&self) -> String {
+        let mb = |b: u64| b as f64 / 1e6;
+        let mut out = format!("{:<22} {:>5} {:>10} {:>14}\n", "step", "whose", "wall s", "peak RSS MB");
+        for s in &self.steps {
+            let peak = s.peak_rss.map_or("?".to_string(), |p| format!("{:.0}", mb(p)));
+            let whose = if s.ours { "ours" } else { "QNN" };
+            out += &format!("{:<22} {whose:>5} {:>10.2} {peak:>14}\n", s.name, s.seconds);
+        }
+        let (total, ours) = (self.total_seconds(), self.our_seconds());
+        out += &format!(
+            "total {total:.2} s; our steps {ours:.2} s = {:.1} % of the total (target <= 10 %)\n",
+            100.0 * ours / total.max(f64::MIN_POSITIVE)
+        );
+        let weights = self.static_weight_bytes;
+        match self.peak_rss() {
+            Some(peak) => {
+                out += &format!(
+                    "peak RSS {:.0} MB = {:.2}x the static weight bytes ({:.0} MB) (target <= 2x){}\n",
+                    mb(peak),
+                    peak as f64 / weights as f64,
+                    mb(weights),
+                    if self.peaks_reset { "" } else { "; peaks NOT reset per step: they include the setup" }
+                )
+            }
+            None => out += "peak RSS unavailable (no /proc/self/status)\n",
+        }
+        out += &format!("context binary: {} ({:.0} MB)\n", self.binary_path.display(), mb(self.binary_bytes));
+        out
+    }
+}
+
+/// Wall time and peak RSS of consecutive steps.
+struct Meter {
+    steps: Vec<Step>,
+    open: Option<(usize, Instant)>,
+    peaks_reset: bool,
+}
+
+impl Meter {
+    /// Ends the open step and starts `name` (steps of the same name add up).
+    fn start(&mut self, name: &'static str, ours: bool) {
+        self.stop();
+        self.peaks_reset &= reset_peak_rss().is_ok();
+        let index = match self.steps.iter().position(|s| s.name == name) {
+            Some(i) => i,
+            None => {
+                self.steps.push(Step { name, ours, seconds: 0.0, peak_rss: None });
+                self.steps.len() - 1
+            }
+        };
+        self.open = Some((index, Instant::now()));
+    }
+
+    fn stop(&mut self) {
+        if let Some((i, started)) = self.open.take() {
+            let step = &mut self.steps[i];
+            step.seconds += started.elapsed().as_secs_f64();
+            step.peak_rss = step.peak_rss.max(peak_rss_bytes().ok());
+        }
+    }
+}
+
+/// Writes (once) the synthetic float checkpoint and its quantized form into `opts.dir`, then
+/// compiles the quantized one into a context binary with Qualcomm's backend, measuring each step.
+pub fn run(opts: &BenchOptions) -> Result<ContextBench> {
+    let quantized = prepare_checkpoint(opts)?;
+    let hf = HfConfig::from_dir(&quantized)?;
+    let ckpt = SafetensorsCheckpoint::open(&quantized)?;
+    let max_positions = rope_positions(&ckpt)?.context("the quantized checkpoint has no RoPE tables")?;
+    let (aot, _) = load_aot_config(None, &hf)?;
+    let target = HtpTarget::new(&aot.target_machine);
+    // Qualcomm's HTP backend refuses 4-bit tensors: int4 codes travel in 8-bit containers.
+    let mut lowering = QnnLowering::new(&ckpt, LowerOptions { int4_storage: Int4Storage::Int8Container });
+
+    let mut meter = Meter { steps: Vec::new(), open: None, peaks_reset: true };
+    let mut graphs: Vec<QnnGraph> = Vec::new();
+    for &chunk in &opts.chunks {
+        let name = format!("model.0.s{chunk}");
+        meter.start("trace", true);
+        let mut program = trace_graph(&hf, max_positions, chunk, opts.context, ParamFormat::QnnW4A16)?;
+        meter.start("passes", true);
+        Pipeline::qnn_aot(&aot, &ckpt).run(&mut program).with_context(|| format!("passes of `{name}`"))?;
+        meter.start("lower", true);
+        let mut lowered = lowering.lower_program(&program).with_context(|| format!("lowering `{name}`"))?;
+        ensure!(lowered.len() == 1, "graph `{name}` lowered to {} QNN graphs", lowered.len());
+        graphs.push(lowered.remove(0));
+    }
+    meter.start("validate", true);
+    for g in &graphs {
+        validate(g).with_context(|| format!("validating `{}`", g.name))?;
+    }
+    meter.start("convert to QNN structs", true);
+    let options = target.htp_options(graphs.len() > 1)?;
+    let descs = sdk::graph_descs(&graphs)?;
+    drop(graphs);
+    let static_weight_bytes = static_bytes(&descs);
+    let binary =
+        sdk::build_context_binary_with_sdk_observed(&descs, &options, &mut |phase| meter.start(phase.name(), false))
+            .context("building the context binary with Qualcomm's backend")?;
+    meter.start("write binary", true);
+    let binary_path = opts.dir.join("context.bin");
+    write_atomic_bytes(&binary_path, &binary)?;
+    meter.stop();
+    Ok(ContextBench {
+        layers: opts.layers,
+        steps: meter.steps,
+        static_weight_bytes,
+        binary_bytes: binary.len() as u64,
+        binary_path,
+        peaks_reset: meter.peaks_reset,
+    })
+}
+
+/// Bytes of the distinct STATIC tensors of `graphs` (shared weights counted once).
+fn static_bytes(graphs: &[GraphDesc]) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    let params = graphs.iter().flat_map(|g| &g.nodes).flat_map(|n| &n.params).filter_map(|p| match &p.value {
+        ParamValue::Tensor(t) => Some(t),
+        ParamValue::Scalar(_) => None,
+    });
+    let tensors = graphs.iter().flat_map(|g| &g.tensors).chain(params);
+    tensors
+        .filter(|t| t.tensor_type == TensorType::Static && seen.insert(t.name.as_str()))
+        .filter_map(|t| t.data.as_ref())
+        .map(|d| d.as_bytes().len() as u64)
+        .sum()
+}
+
+/// Where the quantized synthetic checkpoint of `opts` lives.
+fn quantized_dir(opts: &BenchOptions) -> PathBuf {
+    opts.dir.join(format!("qwen3-1.7b-{}l-w4a16", opts.layers))
+}
+
+/// Whether [`prepare_checkpoint`] has already made the checkpoint [`run`] compiles.
+pub fn is_prepared(opts: &BenchOptions) -> bool {
+    quantized_dir(opts).join("config.json").is_file()
+}
+
+/// The quantized checkpoint of the synthetic model with `opts.layers` layers, made on first use:
+/// float checkpoint, then calibration on one short sequence and W4A16 quantization. Callers that
+/// want [`run`]'s memory figures free of this setup run it in another process first.
+pub fn prepare_checkpoint(opts: &BenchOptions) -> Result<PathBuf> {
+    let float = opts.dir.join(format!("qwen3-1.7b-{}l-bf16", opts.layers));
+    let quantized = quantized_dir(opts);
+    if is_prepared(opts) {
+        return Ok(quantized);
+    }
+    if !float.join("config.json").is_file() {
+        write_qwen3_1_7b(&float, opts.layers)?;
+    }
+    let hf = HfConfig::from_dir(&float)?;
+    // Any ids will do for random weights; 16 tokens keep the calibration short.
+    let ids: Vec<i64> = (0..16).map(|i| (i * 7919 + 13) % hf.vocab_size as i64).collect();
+    quantize(&QuantizeOptions {
+        model: float.clone(),
+        aot_config: None,
+        calibration: vec![ids],
+        evaluation: None,
+        mode: CalibrationMode::Deployed,
+        out: quantized.clone(),
+        max_positions: opts.context,
+        progress: crate::progress::silent(),
+        weight_method: WeightMethod::Rtn,
+        rotation: backend_cpu::quant::Rotation::None,
+    })
+    .with_context(|| format!("quantizing the synthetic checkpoint {}", float.display()))?;
+    Ok(quantized)
+}

@@ -1,0 +1,80 @@
+//! Resident memory of this process, for benches: the current and peak resident set from
+//! `/proc/self/status` (`VmRSS`, `VmHWM`), and resetting the peak so one step can be measured on
+//! its own (`/proc/self/clear_refs`, value 5). Linux only; elsewhere every call returns an error.
+//!
+//! ```no_run
+//! use mllm_dsl::memory::{peak_rss_bytes, reset_peak_rss};
+//! let reset = reset_peak_rss().is_ok(); // false: the figure also covers what came before
+//! let big = vec![1u8; 1 << 28];
+//! println!("step peak: {} MB (reset: {reset})", peak_rss_bytes()? / 1_000_000);
+//! # drop(big);
+//! # Ok::<(), mllm_dsl::memory::MemoryError>(())
+//! ```
+
+use thiserror::Error;
+
+const STATUS: &str = "/proc/self/status";
+const CLEAR_REFS: &str = "/proc/self/clear_refs";
+
+/// Why a memory figure could not be read.
+#[derive(Debug, Error)]
+pub enum MemoryError {
+    #[error("reading {path}: {source}")]
+    Io { path: &'static str, source: std::io::Error },
+    #[error("{STATUS} has no `{field}:` line in kB")]
+    MissingField { field: &'static str },
+}
+
+/// The peak resident set (`VmHWM`) in bytes, since the process started or the last
+/// [`reset_peak_rss`].
+pub fn peak_rss_bytes() -> Result<u64, MemoryError> {
+    status_bytes("VmHWM")
+}
+
+/// The current resident set (`VmRSS`) in bytes.
+pub fn rss_bytes() -> Result<u64, MemoryError> {
+    status_bytes("VmRSS")
+}
+
+/// Sets the peak resident set to the current one, so the next [`peak_rss_bytes`] covers only
+/// what happens from now on.
+pub fn reset_peak_rss() -> Result<(), MemoryError> {
+    std::fs::write(CLEAR_REFS, "5").map_err(|source| MemoryError::Io { path: CLEAR_REFS, source })
+}
+
+fn status_bytes(field: &'static str) -> Result<u64, MemoryError> {
+    let status = std::fs::read_to_string(STATUS).map_err(|source| MemoryError::Io { path: STATUS, source })?;
+    parse_kb(&status, field).map(|kb| kb * 1024).ok_or(MemoryError::MissingField { field })
+}
+
+/// `field:   1234 kB` of a status text, in kB.
+fn parse_kb(status: &str, field: &str) -> Option<u64> {
+    let line = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    line.trim().strip_suffix("kB")?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lines_are_parsed_by_exact_field() {
+        let status = "VmHWMX:\t1 kB\nVmHWM:\t  123456 kB\nVmRSS:\t   2048 kB\nVmBad:\t12 MB\n";
+        assert_eq!(parse_kb(status, "VmHWM"), Some(123_456));
+        assert_eq!(parse_kb(status, "VmRSS"), Some(2048));
+        assert_eq!(parse_kb(status, "VmBad"), None);
+        assert_eq!(parse_kb(status, "VmSwap"), None);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_peak_covers_a_fresh_allocation() {
+        reset_peak_rss().unwrap();
+        let before = peak_rss_bytes().unwrap();
+        let touched = vec![7u8; 64 << 20];
+        let after = peak_rss_bytes().unwrap();
+        assert!(after >= before + (60 << 20), "peak {before} -> {after} after touching 64 MiB");
+        assert!(rss_bytes().unwrap() >= 60 << 20);
+        drop(touched);
+    }
+}
