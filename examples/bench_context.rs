@@ -7,8 +7,7 @@
 //! (target <= 2x).
 //!
 //! ```text
-//! QNN_SDK_ROOT=$(scripts/fetch-qnn-sdk) cargo run --release -p mllm-examples \
-//!     --features backend-qnn/qnn-sdk-cleanroom --example bench_context [-- --layers 28] [--dir DIR]
+//! scripts/fetch-qnn-sdk && cargo run --release -p mllm-examples --example bench_context [-- --layers 28] [--dir DIR]
 //! ```
 //! The synthetic checkpoint and its quantized form are made once into `--dir` (default
 //! `target/bench-context`) and reused; `--layers N` compiles fewer layers where memory is short.

@@ -14,8 +14,9 @@
 //!
 //! A quantized checkpoint (pymllm's export, or `quantize`'s output) runs in fake-quant mode (its
 //! QDQ points quantize with their stored parameters); `--float` runs it without them.
-//! `--qnn-context FILE` generates from a QNN context binary built from it instead: on the QNN SDK
-//! (`--features qnn-sdk`, `QNN_SDK_ROOT`), or with `--qnn-emulate` on backend-qnn's interpreter:
+//! `--qnn-context FILE` generates from a QNN context binary built from it instead: on Qualcomm's
+//! HTP backend (`scripts/fetch-qnn-sdk` or `QNN_SDK_ROOT`; on x86 its emulation), or with
+//! `--qnn-emulate` on backend-qnn's interpreter:
 //!
 //! ```text
 //! cargo run --release --example generate -- --model fixtures/pymllm-qwen3-dev-f32 --prompt-ids 5,17,99 \
@@ -93,9 +94,10 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub float: bool,
     /// Generate from this QNN context binary (built from --model's quantized checkpoint with
-    /// graphs for --chunk and 1 at --context) instead of the CPU model. Runs on the QNN SDK's HTP
-    /// backend (libQnnHtp.so of QNN_SDK_ROOT; on x86 its HTP emulation), which needs
-    /// `--features qnn-sdk`; --model supplies the tokenizer and config. See --qnn-emulate.
+    /// graphs for --chunk and 1 at --context) instead of the CPU model. Runs on Qualcomm's HTP
+    /// backend (libQnnHtp.so of QNN_SDK_ROOT, else of `scripts/fetch-qnn-sdk`'s cache; on x86 its
+    /// HTP emulation, which loads qwen3_aot's qnn/context.x86.bin, not the weight-shared
+    /// context.bin); --model supplies the tokenizer and config. See --qnn-emulate.
     #[arg(long, conflicts_with = "float")]
     pub qnn_context: Option<PathBuf>,
     /// Run --qnn-context on the CPU instead: backend-qnn's reference interpreter executes the

@@ -14,8 +14,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use aot::{
-    default_out_dir, run, AotOptions, AotReport, CalibSource, ModelSource, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN,
-    DEFAULT_MAX_POSITIONS,
+    default_out_dir, run, AotOptions, AotReport, CalibSource, ContextBinary, ModelSource, DEFAULT_CHUNKS,
+    DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS,
 };
 use backend_cpu::quant::{Rotation, WeightMethod};
 use clap::Parser;
@@ -41,7 +41,7 @@ Files written into --out (default: <cargo target dir>/qwen3_aot):
   qnn/<graph>.json          the QNN graph in QNN Netron's net.json schema
   qnn/<graph>.cpp, .bin     model.cpp / model.bin for qnn-model-lib-generator
   qnn/<graph>.summary.txt   ops by type, tensors by dtype, static bytes
-  qnn/context.bin           with --context-binary: the QNN HTP context binary holding every graph
+  qnn/context.bin, .x86.bin by Qualcomm's HTP backend (if found): all graphs weight-shared; unshared for x86 emulation
   report.json               model, accuracy ledger, timings, graphs, artifacts (paths relative to --out)
 
 report.json's ledger compares each stage with the previous one on the same inputs (logits):
@@ -49,6 +49,7 @@ report.json's ledger compares each stage with the previous one on the same input
   fakequant_vs_float  eager fake-quant vs float (calibration sequences; for --quantized, reference float_logits)
   passes_vs_eager     backend-cpu's interpreter on the final IR vs the eager fake-quant model, per graph
   qnn_vs_fakequant    backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run, per graph
+  htp_vs_fakequant    Qualcomm's x86 HTP emulation vs the CPU fake-quant run (htp_vs_interp: vs backend-qnn's interpreter)
 Each row has sqnr_db (null = identical), top1_agreement (fraction of positions whose argmax agrees) and max_abs_err.
 
 The output is built in a fresh .<out>.staging-* directory next to --out and replaces --out whole only when the run
@@ -95,10 +96,9 @@ pub struct AotArgs {
     /// Output directory. Default: <cargo target dir>/qwen3_aot.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Also build the QNN context binary (qnn/context.bin). Needs a build with
-    /// `--features mllm-examples/qnn-sdk` and QNN_SDK_ROOT set; otherwise an error says so.
-    #[arg(long)]
-    pub context_binary: bool,
+    /// qnn/context.bin by Qualcomm's backend: auto (if its libraries are found, else a warning), on, off.
+    #[arg(long, value_name = "WHEN", default_value = "auto", num_args = 0..=1, default_missing_value = "on")]
+    pub context_binary: ContextBinary,
     /// LPBQ weight rounding when calibrating: rtn (pymllm's), mse or gptq (docs/quantization.md).
     #[arg(long, value_name = "METHOD", default_value = "rtn")]
     pub weight_method: WeightMethod,

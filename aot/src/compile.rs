@@ -9,7 +9,9 @@
 //!    pipeline, dumping the IR after every pass;
 //! 4. **lower** to QNN with one [`QnnLowering`] (weights shared by name, as in one context),
 //!    validate, write `qnn/<graph>.{json,cpp,bin,summary.txt}`;
-//! 5. **validate**: the ledger ([`crate::ledger`]).
+//! 5. **context binary** ([`crate::htp`]), when Qualcomm's libraries are there: `qnn/context.bin`
+//!    (weight-shared, for the device) and `qnn/context.x86.bin` (for the x86 emulation);
+//! 6. **validate**: the ledger ([`crate::ledger`]), with `htp_*` rows from Qualcomm's emulation.
 //!
 //! Every file is written to a temporary name and renamed. Two runs with the same inputs write
 //! byte-identical files, except `report.json`'s `timings_s`, the only field that varies.
@@ -36,6 +38,7 @@ use mllm_dsl::{ParamFormat, Program};
 use crate::calibrate::{quantize_to, QuantizeOptions};
 use crate::config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
 use crate::embedded::{EMBEDDED_CALIB_IDS, EMBEDDED_MODEL, EMBEDDED_MODEL_NAME};
+use crate::htp::{ContextBinary, QualcommHtp};
 use crate::ledger::{float_vs_reference, quantized_vs_reference_float, LedgerEntry};
 use crate::load::{fake_quant_backend, open_model, rope_positions, ROPE_SIN_KEY};
 use crate::probe::Probe;
@@ -79,8 +82,9 @@ pub struct AotOptions {
     /// One graph per chunk size, in this order.
     pub chunks: Vec<usize>,
     pub out: PathBuf,
-    /// Also build the QNN context binary (needs the `qnn-sdk` feature and `QNN_SDK_ROOT`).
-    pub context_binary: bool,
+    /// Build `qnn/context.bin` (and the x86 one the `htp_*` ledger rows run) with Qualcomm's
+    /// backend: by default whenever its libraries are found (`scripts/fetch-qnn-sdk`).
+    pub context_binary: ContextBinary,
     /// RoPE table rows when calibrating (a quantized checkpoint's tables fix their own).
     pub max_positions: usize,
     /// Where the long steps report progress ([`crate::progress::bars`] on a terminal).
@@ -101,7 +105,7 @@ impl AotOptions {
             context_len: DEFAULT_CONTEXT_LEN,
             chunks: DEFAULT_CHUNKS.to_vec(),
             out: out.into(),
-            context_binary: false,
+            context_binary: ContextBinary::Auto,
             max_positions: DEFAULT_MAX_POSITIONS,
             progress: crate::progress::silent(),
             weight_method: WeightMethod::Rtn,
@@ -109,10 +113,6 @@ impl AotOptions {
         }
     }
 }
-
-/// How to enable `--context-binary` in a build that cannot do it.
-pub const CONTEXT_BINARY_HINT: &str = "--context-binary needs the QNN SDK: build the example with \
-     `--features mllm-examples/qnn-sdk` and set QNN_SDK_ROOT=/path/to/qairt/<ver> (libclang is needed for bindgen)";
 
 /// Runs the whole flow into `opts.out` and writes `report.json` there.
 ///
@@ -139,14 +139,24 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
 /// [`run`] writing straight into `out` (a fresh directory: the staging area).
 fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     let start = Instant::now();
-    if opts.context_binary {
-        // Before any work: a missing SDK fails now, not after calibrating and lowering.
-        backend_qnn::sdk::check_sdk_libraries().with_context(|| CONTEXT_BINARY_HINT)?;
-    }
     check_shapes(opts)?;
     let mut files = Files::new(out);
     let mut timings = Timings::default();
     let mut warnings = Vec::new();
+    // Before any work: Qualcomm's libraries, when they are asked for (a missing one fails now).
+    let qualcomm = match opts.context_binary {
+        ContextBinary::Off => None,
+        ContextBinary::Required => {
+            Some(backend_qnn::sdk::check_sdk_libraries().context("--context-binary needs Qualcomm's QNN libraries")?)
+        }
+        ContextBinary::Auto => match backend_qnn::sdk::check_sdk_libraries() {
+            Ok(paths) => Some(paths),
+            Err(e) => {
+                warnings.push(format!("{e}; qnn/context.bin and the htp_* ledger rows were skipped"));
+                None
+            }
+        },
+    };
 
     // 1. Load.
     let t = Instant::now();
@@ -295,6 +305,17 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     }
     timings.lower = compiled.timings.lower + t.elapsed().as_secs_f64();
     let graphs: Vec<QnnGraph> = compiled.graphs.iter().map(|g| g.graph.clone()).collect();
+    // The context binaries, built by Qualcomm's backend.
+    let htp = match qualcomm {
+        Some(paths) => {
+            let programs: Vec<&Program> = compiled.graphs.iter().map(|g| &g.program).collect();
+            let htp = QualcommHtp::build(paths, &programs, &ckpt, &target, &qnn_dir)?;
+            htp.written.iter().for_each(|p| files.record(p));
+            [timings.context_binary, timings.context_binary_x86] = htp.seconds;
+            Some(htp)
+        }
+        None => None,
+    };
 
     // 5. Per-graph ledger stages.
     let t = Instant::now();
@@ -321,16 +342,23 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 .describe("backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run"),
             comparison: Comparison::new("logits", cpu_logits, &qnn, hf.vocab_size)?,
         });
+        if let Some(htp) = &htp {
+            let on_htp = htp.run_logits(name, &probe.qnn_inputs(graph)?)?;
+            let what = "Qualcomm's x86 HTP emulation running qnn/context.x86.bin";
+            for (stage, reference, versus) in [
+                ("htp_vs_fakequant", cpu_logits, "the CPU fake-quant run of the final IR"),
+                ("htp_vs_interp", &qnn[..], "backend-qnn's reference interpreter on the lowered graph"),
+            ] {
+                ledger.push(LedgerEntry {
+                    stage,
+                    graph: Some(name.clone()),
+                    detail: probe.describe(&format!("{what} vs {versus}")),
+                    comparison: Comparison::new("logits", reference, &on_htp, hf.vocab_size)?,
+                });
+            }
+        }
     }
     timings.validate = t.elapsed().as_secs_f64();
-
-    // 6. The context binary, when asked for.
-    if opts.context_binary {
-        let path = qnn_dir.join("context.bin");
-        backend_qnn::context::build_context_binary(&graphs, &target, &path)
-            .with_context(|| format!("building the QNN context binary {}", path.display()))?;
-        files.record(&path);
-    }
 
     let graph_reports = graphs
         .iter()

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::error::{ensure, Context, Result};
-use backend_cpu::quant::{CalibrationMode, WeightMethod};
+use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
 use backend_qnn::sdk::{self, GraphDesc, ParamValue, TensorType};
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{validate, Int4Storage, LowerOptions, QnnGraph, QnnLowering};
@@ -259,7 +259,7 @@ pub fn prepare_checkpoint(opts: &BenchOptions) -> Result<PathBuf> {
         max_positions: opts.context,
         progress: crate::progress::silent(),
         weight_method: WeightMethod::Rtn,
-        rotation: backend_cpu::quant::Rotation::None,
+        rotation: Rotation::None,
     })
     .with_context(|| format!("quantizing the synthetic checkpoint {}", float.display()))?;
     Ok(quantized)

@@ -60,6 +60,12 @@ pub enum AotError {
     #[error(transparent)]
     QnnTarget(Box<backend_qnn::target::TargetError>),
     #[error(transparent)]
+    QnnLoad(Box<backend_qnn::sdk::LoadError>),
+    #[error(transparent)]
+    QnnBuild(Box<backend_qnn::sdk::BuildError>),
+    #[error(transparent)]
+    QnnRun(Box<backend_qnn::sdk::RunValuesError>),
+    #[error(transparent)]
     QnnConvert(Box<backend_qnn::sdk::ConvertError>),
     #[error(transparent)]
     ParseInt(Box<std::num::ParseIntError>),
@@ -118,6 +124,9 @@ boxed_from! {
     QnnModel <- backend_qnn::QnnModelError,
     QnnValidation <- backend_qnn::ValidationError,
     QnnTarget <- backend_qnn::target::TargetError,
+    QnnLoad <- backend_qnn::sdk::LoadError,
+    QnnBuild <- backend_qnn::sdk::BuildError,
+    QnnRun <- backend_qnn::sdk::RunValuesError,
     QnnConvert <- backend_qnn::sdk::ConvertError,
     ParseInt <- std::num::ParseIntError,
     Io <- std::io::Error,

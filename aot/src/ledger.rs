@@ -1,8 +1,9 @@
 //! The accuracy ledger: each stage compared with the one before it on the same inputs (logits).
 //! `float_vs_reference` (CPU float vs the checkpoint's reference logits), `fakequant_vs_float`
 //! (eager fake-quant vs float), `passes_vs_eager` (backend-cpu's IR interpreter on the final IR vs
-//! the eager fake-quant model) and `qnn_vs_fakequant` (backend-qnn's reference interpreter on the
-//! lowered graph vs the CPU fake-quant run of the final IR).
+//! the eager fake-quant model), `qnn_vs_fakequant` (backend-qnn's reference interpreter on the
+//! lowered graph vs the CPU fake-quant run of the final IR) and, when Qualcomm's libraries are
+//! there, `htp_vs_fakequant` / `htp_vs_interp` (its x86 HTP emulation vs those two; [`crate::htp`]).
 
 use std::path::Path;
 

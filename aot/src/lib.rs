@@ -23,6 +23,7 @@ pub mod context_bench;
 pub mod embedded;
 pub mod error;
 pub mod generation;
+pub mod htp;
 pub mod ledger;
 pub mod load;
 mod probe;
@@ -39,11 +40,12 @@ pub use calibrate::{evaluate, quantize, QuantizeOptions, QuantizeOutcome};
 pub use chat::{load_chat_template, stop_ids, user_turn_prompt, Conversation, TextStream};
 pub use compile::{
     compile, lower_for_context, run, AotOptions, CalibSource, CompileOptions, CompileTimings, CompiledGraph,
-    CompiledModel, ModelSource, CONTEXT_BINARY_HINT,
+    CompiledModel, ModelSource,
 };
 pub use config::{default_out_dir, load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
 pub use error::{AotError, Context, Result};
 pub use generation::GenerateRequest;
+pub use htp::ContextBinary;
 pub use ledger::LedgerEntry;
 pub use load::{load_float, load_model, CpuModel, RunMode};
 pub use real_model::smollm2_dir;

@@ -107,10 +107,8 @@ impl Probe {
         Ok(logits.as_f32().context("eager logits hold no f32 data")?.to_vec())
     }
 
-    /// backend-qnn's reference interpreter on the lowered graph: its logits (graph output 0).
-    pub(crate) fn run_qnn(&self, graph: &QnnGraph) -> Result<Vec<f32>> {
-        let interp = backend_qnn::interp::Interpreter::new(graph)
-            .with_context(|| format!("preparing graph `{}` for the reference interpreter", graph.name))?;
+    /// The graph inputs as values of `graph`'s input tensors (codes in their encodings).
+    pub(crate) fn qnn_inputs(&self, graph: &QnnGraph) -> Result<Vec<TensorValue>> {
         let mut codes: Vec<Vec<i64>> =
             vec![self.ids.clone(), self.positions.clone(), self.mask_codes.iter().map(|&c| i64::from(c)).collect()];
         codes.extend(self.kv_codes.iter().map(|c| c.iter().map(|&v| i64::from(v)).collect()));
@@ -121,7 +119,7 @@ impl Probe {
             graph.inputs.len(),
             codes.len()
         );
-        let values = graph
+        graph
             .inputs
             .iter()
             .zip(codes)
@@ -129,8 +127,15 @@ impl Probe {
                 let meta = graph.tensor(name).with_context(|| format!("graph input `{name}` has no tensor"))?;
                 TensorValue::from_codes(meta, codes).with_context(|| format!("graph input `{name}`"))
             })
-            .collect::<Result<Vec<_>>>()?;
-        let outputs = interp.run(&values).with_context(|| format!("running graph `{}`", graph.name))?;
+            .collect()
+    }
+
+    /// backend-qnn's reference interpreter on the lowered graph: its logits (graph output 0).
+    pub(crate) fn run_qnn(&self, graph: &QnnGraph) -> Result<Vec<f32>> {
+        let interp = backend_qnn::interp::Interpreter::new(graph)
+            .with_context(|| format!("preparing graph `{}` for the reference interpreter", graph.name))?;
+        let outputs =
+            interp.run(&self.qnn_inputs(graph)?).with_context(|| format!("running graph `{}`", graph.name))?;
         let logits = outputs.first().context("the graph has no outputs")?;
         Ok(logits.to_real()?)
     }

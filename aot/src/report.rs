@@ -25,6 +25,10 @@ pub struct Timings {
     pub passes: f64,
     pub lower: f64,
     pub validate: f64,
+    /// Qualcomm's prepare + finalize + serialize of `qnn/context.bin` (0 when not built).
+    pub context_binary: f64,
+    /// The same for `qnn/context.x86.bin` (no weight sharing, for the x86 emulation).
+    pub context_binary_x86: f64,
     pub total: f64,
 }
 
@@ -70,7 +74,8 @@ impl AotReport {
             "timings_s": {
                 "load": round(t.load), "calibrate": round(t.calibrate), "quantize": round(t.quantize),
                 "trace": round(t.trace), "passes": round(t.passes), "lower": round(t.lower),
-                "validate": round(t.validate), "total": round(t.total),
+                "validate": round(t.validate), "context_binary": round(t.context_binary),
+                "context_binary_x86": round(t.context_binary_x86), "total": round(t.total),
             },
             "graphs": self.graphs.iter().map(|g| serde_json::json!({
                 "name": g.name, "ops": g.ops, "tensors": g.tensors, "static_bytes": g.static_bytes,
@@ -113,8 +118,17 @@ impl AotReport {
         let _ = writeln!(
             s,
             "\ntimings (s): load {:.2}, calibrate {:.2}, quantize {:.2}, trace {:.2}, passes {:.2}, lower {:.2}, \
-             validate {:.2}, total {:.2}",
-            t.load, t.calibrate, t.quantize, t.trace, t.passes, t.lower, t.validate, t.total
+             validate {:.2}, context binary {:.2} (x86 {:.2}), total {:.2}",
+            t.load,
+            t.calibrate,
+            t.quantize,
+            t.trace,
+            t.passes,
+            t.lower,
+            t.validate,
+            t.context_binary,
+            t.context_binary_x86,
+            t.total
         );
         let _ = writeln!(s, "{} files written", self.artifacts.len());
         for w in &self.warnings {

@@ -58,15 +58,14 @@ impl Runner {
 
     /// The context binary at `binary`, built from the quantized checkpoint `dir` with graphs for
     /// `chunk` and 1 at `context`: on the CPU emulator when `emulate` (the graphs lowered again
-    /// from `dir`), else on the QNN SDK (feature `qnn-sdk`, `QNN_SDK_ROOT`).
+    /// from `dir`), else on Qualcomm's QNN libraries (`QNN_SDK_ROOT`, else `scripts/fetch-qnn-sdk`'s cache).
     pub fn context_binary(dir: &Path, binary: &Path, chunk: usize, context: usize, emulate: bool) -> Result<Runner> {
-        if !emulate && !backend_qnn::sdk::sdk_available() {
-            bail!(
-                "--qnn-context runs the binary on the QNN SDK's HTP backend, and this build has no QNN SDK support: \
-                 {} (for this example: cargo run --example generate --features qnn-sdk); or add --qnn-emulate to \
-                 run it on the CPU",
-                backend_qnn::sdk::ENABLE_SDK_HINT
-            );
+        if !emulate {
+            // Before reading anything: without Qualcomm's libraries say how to get them.
+            backend_qnn::sdk::check_sdk_libraries().context(
+                "--qnn-context runs the binary on Qualcomm's HTP backend (x86: its emulation); or add --qnn-emulate to \
+                 run it on backend-qnn's interpreter",
+            )?;
         }
         let config = HfConfig::from_dir(dir)?;
         let bytes = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;

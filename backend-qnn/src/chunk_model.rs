@@ -84,7 +84,6 @@ impl GraphIo {
     }
 }
 
-#[cfg(feature = "qnn-sdk")]
 impl GraphIo {
     /// The I/O of a graph as a context binary's metadata records it ([`crate::sdk::SystemApi`]).
     /// Every fixed-point tensor must carry its scale/offset there; when a binary's metadata
@@ -212,7 +211,6 @@ impl QnnChunkModel<EmulatedHtp> {
     }
 }
 
-#[cfg(feature = "qnn-sdk")]
 impl QnnChunkModel<crate::sdk::SdkApi> {
     /// `binary` run by a QNN backend library through the FFI (on x86, `libQnnHtp.so`'s HTP
     /// emulation). `api` must have a system library ([`crate::sdk::SdkApi::load_for_execution`]):
@@ -247,7 +245,6 @@ impl QnnChunkModel<crate::sdk::SdkApi> {
 
 /// Lowered-graph I/O against the binary's metadata: same tensors, types and shapes in the same
 /// order, and the same scale/offset wherever the metadata records one.
-#[cfg(feature = "qnn-sdk")]
 fn check_against_metadata(io: &GraphIo, info: &crate::sdk::ffi::GraphInfo) -> Result<(), QnnModelError> {
     let mismatch = |detail: String| QnnModelError::Mismatch {
         first: format!("{} (lowered)", io.name),

@@ -8,10 +8,10 @@
 //!
 //! Entry points:
 //! - [`build_context_binary`]`(graphs, target, out)`: the one applications call. Builds through
-//!   the QNN SDK found via `QNN_SDK_ROOT` (feature `qnn-sdk`) and writes the binary to `out`
-//!   atomically (temporary name, sync, rename). In a build without the feature it checks
-//!   everything that needs no SDK and then returns [`SdkError::NotBuilt`], whose message names
-//!   the feature and `QNN_SDK_ROOT`.
+//!   Qualcomm's QNN libraries ([`sdk::LibraryPaths::find`]: `QNN_SDK_ROOT`, else the cache
+//!   `scripts/fetch-qnn-sdk` fills) and writes the binary to `out` atomically (temporary name,
+//!   sync, rename). Without the libraries it checks everything that needs none and then returns
+//!   [`SdkError::Load`], whose message says how to get them.
 //! - [`write_context_binary`]: the same through any [`QnnApi`] (CI uses `RecordingApi`).
 //! - [`build_context`] / [`build_context_with_sdk`]: the binary in memory.
 
@@ -73,10 +73,10 @@ pub fn build_context(graphs: &[QnnGraph], target: &HtpTarget, api: &mut dyn QnnA
     Ok(sdk::build_context_binary(&descs, &options, api)?)
 }
 
-/// Builds `graphs` into one weight-sharing context for `target` with the QNN SDK (feature
-/// `qnn-sdk`, libraries found through `QNN_SDK_ROOT`) and writes the binary to `out`
-/// atomically. Without the feature: every SDK-free check, then [`SdkError::NotBuilt`], which
-/// says how to enable it; nothing is written.
+/// Builds `graphs` into one weight-sharing context for `target` with Qualcomm's QNN libraries
+/// ([`sdk::LibraryPaths::find`]) and writes the binary to `out` atomically. Without the
+/// libraries: every check that needs none, then [`SdkError::Load`], which says how to get
+/// them; nothing is written.
 pub fn build_context_binary(
     graphs: &[QnnGraph],
     target: &HtpTarget,
@@ -106,8 +106,8 @@ fn write_binary(graphs: &[QnnGraph], binary: &[u8], out: &Path) -> Result<Writte
     })
 }
 
-/// [`build_context`] with the QNN SDK of `QNN_SDK_ROOT` (feature `qnn-sdk`); without the feature
-/// an error saying how to enable it, after every check that needs no SDK.
+/// [`build_context`] with Qualcomm's QNN libraries ([`sdk::LibraryPaths::find`]); without them
+/// an error saying how to get them, after every check that needs none.
 pub fn build_context_with_sdk(graphs: &[QnnGraph], target: &HtpTarget) -> Result<Vec<u8>, ContextError> {
     let (descs, options) = context_request(graphs, target)?;
     Ok(sdk::build_context_binary_with_sdk(&descs, &options)?)

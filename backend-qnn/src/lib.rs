@@ -13,7 +13,7 @@
 //! - [`context`]: lowered graphs + `target_machine` -> one weight-sharing context binary.
 //! - [`chunk_model`]: [`QnnChunkModel`], a context binary's graphs as the generation runtime's
 //!   `ChunkModel` (prefill/decode through the QNN execute API).
-//! - [`sdk`]: the QNN API driver (recording in CI; bindgen + libloading with `--features qnn-sdk`).
+//! - [`sdk`]: the QNN API driver (recording; Qualcomm's libraries through committed bindings + libloading).
 
 pub mod artifacts;
 pub mod chunk_model;

@@ -2,7 +2,7 @@
 //! `target_machine`: the exact QNN call sequence, recorded by `RecordingApi` and snapshotted
 //! (`snapshots/qnn__qwen3__context_call_sequence.snap`), with one creation per shared weight.
 //! The same sequence through the FFI and the clean-room mock provider is tested in
-//! `tests/sdk_ffi.rs` (`--features qnn-sdk-cleanroom`).
+//! `tests/sdk_ffi.rs`.
 
 mod qwen3_common;
 
@@ -123,21 +123,24 @@ fn target_errors_stop_before_any_call() {
     build_context(&[s1], &old, &mut api).unwrap();
 }
 
-#[cfg(not(feature = "qnn-sdk"))]
+/// A `QNN_SDK_ROOT` without Qualcomm's libraries is an error naming the library it lacks, and
+/// nothing is written. (No other test of this file reads the variable.)
 #[test]
-fn without_the_sdk_feature_the_error_says_how_to_enable_it() {
+fn a_qnn_sdk_root_without_the_libraries_is_named_and_nothing_is_written() {
     use backend_qnn::context::{build_context_binary, build_context_with_sdk};
     let (s4, s1) = lowered_pair();
     let graphs = [s4, s1];
-    let err = build_context_with_sdk(&graphs, &sm8650()).unwrap_err();
-    assert!(matches!(err, ContextError::Sdk(backend_qnn::sdk::SdkError::NotBuilt)), "{err}");
-    let msg = err.to_string();
-    assert!(msg.contains("--features qnn-sdk") && msg.contains("QNN_SDK_ROOT"), "{msg}");
-    // The file-writing entry point: the same error, nothing written.
     let dir = TempDir::new("context-no-sdk");
+    std::env::set_var("QNN_SDK_ROOT", dir.0.join("no-sdk"));
+    let in_memory = build_context_with_sdk(&graphs, &sm8650()).unwrap_err();
     let out = dir.0.join("qwen3.bin");
-    let err = build_context_binary(&graphs, &sm8650(), &out).unwrap_err();
-    assert_eq!(err.to_string(), msg);
+    let written = build_context_binary(&graphs, &sm8650(), &out).unwrap_err();
+    std::env::remove_var("QNN_SDK_ROOT");
+    let msg = in_memory.to_string();
+    assert!(matches!(in_memory, ContextError::Sdk(backend_qnn::sdk::SdkError::Load(_))), "{msg}");
+    let lib = dir.0.join("no-sdk/lib/x86_64-linux-clang/libQnnHtp.so");
+    assert!(msg.contains(&lib.display().to_string()) && msg.contains("scripts/fetch-qnn-sdk"), "{msg}");
+    assert_eq!(written.to_string(), msg);
     assert!(std::fs::read_dir(&dir.0).unwrap().next().is_none(), "nothing may be written");
 }
 

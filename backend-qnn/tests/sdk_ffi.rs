@@ -1,13 +1,10 @@
 //! The bindgen + libloading path, end to end, against a mock QNN provider.
 //!
-//! Run with `QNN_SDK_ROOT=$PWD/backend-qnn/tests/cleanroom cargo test -p backend-qnn
-//! --features qnn-sdk` (clean-room, test-only headers; libclang needed), or with a real SDK.
 //! The mock (`tests/cleanroom/mock_provider.c`) is compiled with the `cc` crate's compiler
-//! discovery against the same headers bindgen read, loaded through `SdkApi` exactly like
+//! discovery against the clean-room declarations the committed bindings come from
+//! (`qnn-abi/include/QNN`), loaded through `SdkApi` exactly like
 //! `libQnnHtp.so`, and logs what it decodes from the C structs it receives in the format of
 //! `RecordingApi`. Equal logs mean the FFI layer passed exactly what the driver asked for.
-
-#![cfg(feature = "qnn-sdk")]
 
 #[path = "sdk_common/mod.rs"]
 mod common;
@@ -42,7 +39,7 @@ fn mock_sdk(variant: &'static str, defines: &[&str]) -> PathBuf {
     let lib_dir = root.join(ffi::HOST_LIB_DIR);
     std::fs::create_dir_all(&lib_dir).unwrap();
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cleanroom/mock_provider.c");
-    let include = Path::new(ffi::BINDINGS_SDK_ROOT).join("include/QNN");
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("qnn-abi/include/QNN");
     let compiler = cc::Build::new()
         .cargo_metadata(false)
         .target(ffi::BUILD_TARGET)

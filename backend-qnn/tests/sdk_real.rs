@@ -6,7 +6,7 @@
 //! a missing judge is not a pass.
 //!
 //! What each test pins, established by probing the real libraries (see the ABI comments in
-//! `tests/cleanroom/include/QNN`):
+//! `qnn-abi/include/QNN`):
 //! - `deviceCreate` reads the HTP custom config's value at offset 8 (a socModel written at
 //!   offset 4 is read as 0 and rejected with 14001), and rejects an unknown SoC;
 //! - context (weight sharing) and graph custom configs are accepted, both graphs finalize, and
@@ -14,19 +14,17 @@
 //! - `libQnnSystem.so`'s metadata (V3 binary info, 88-byte V3 graph infos, V2 tensors) reads
 //!   back every graph's name and I/O names, ids, dtypes, dims and scale/offset.
 
-#![cfg(feature = "qnn-sdk")]
-
 #[path = "sdk_common/mod.rs"]
 mod common;
 
 use std::sync::Mutex;
 
-use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi, SystemApi, FETCH_HINT};
+use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi, SystemApi};
 use backend_qnn::sdk::{build_context_binary, BuildError, Encoding, GraphDesc, HtpOptions};
 
 /// Qualcomm's libraries, or a failure saying how to get them.
 fn real_libraries() -> LibraryPaths {
-    LibraryPaths::real().unwrap_or_else(|| panic!("Qualcomm's QNN libraries were not found: {FETCH_HINT}"))
+    LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// One QNN backend at a time: Qualcomm's HTP backend is a process-wide singleton, and two

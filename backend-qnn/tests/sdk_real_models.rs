@@ -8,15 +8,13 @@
 //! and scale/offset encodings we declared. Fails, naming `scripts/fetch-qnn-sdk`, when the
 //! libraries are absent (see `tests/sdk_real.rs`).
 
-#![cfg(feature = "qnn-sdk")]
-
 mod model_common;
 
 use std::sync::Mutex;
 
 use backend_qnn::context::{build_context, context_request};
 use backend_qnn::encoding::Int4Storage;
-use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi, SystemApi, FETCH_HINT};
+use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi, SystemApi};
 use backend_qnn::sdk::{BuildError, DataType, Encoding};
 use backend_qnn::target::HtpTarget;
 use backend_qnn::LowerOptions;
@@ -29,7 +27,7 @@ const CONTEXT: usize = 1024;
 static BACKEND: Mutex<()> = Mutex::new(());
 
 fn compiles_for_real(model: AotModel) {
-    let paths = LibraryPaths::real().unwrap_or_else(|| panic!("Qualcomm's QNN libraries were not found: {FETCH_HINT}"));
+    let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
     let graphs = model.lowered_at(&[32, 1], CONTEXT, options);
     let names: Vec<&str> = graphs.iter().map(|g| g.name.as_str()).collect();
@@ -87,45 +85,23 @@ fn qwen2_compiles_with_qualcomms_backend() {
 // ------------------------------------------------------------------ execution ---------------
 
 use backend_qnn::interp::TensorValue;
-use backend_qnn::sdk::exec::{io_element_bytes, read_codes, write_codes};
-use backend_qnn::sdk::{build_context_binary, QnnExecApi};
+use backend_qnn::sdk::{build_context_binary, run_binary_on_values};
 use backend_qnn::QnnGraph;
 use model_common::{sqnr_db, CHUNK};
 
 /// Runs `g` of `binary` once on Qualcomm's x86 HTP emulation with `inputs`; the outputs as values.
 fn execute_on_htp(binary: &[u8], g: &QnnGraph, inputs: &[TensorValue]) -> Vec<TensorValue> {
-    let paths = LibraryPaths::real().unwrap_or_else(|| panic!("Qualcomm's QNN libraries were not found: {FETCH_HINT}"));
+    let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut api = SdkApi::load_for_execution(&paths).unwrap();
-    let context = api.context_create_from_binary(binary).unwrap();
-    let handle = api.graph_retrieve(context, &g.name).unwrap();
-    let bytes: Vec<Vec<u8>> = inputs
-        .iter()
-        .map(|v| {
-            let codes = v.codes().expect("quantized or integer input");
-            let mut out = vec![0u8; codes.len() * io_element_bytes(v.dtype).unwrap()];
-            write_codes(v.dtype, codes, &mut out).unwrap();
-            out
-        })
-        .collect();
-    let metas: Vec<_> = g.outputs.iter().map(|n| g.tensor(n).unwrap()).collect();
-    let mut outputs: Vec<Vec<u8>> =
-        metas.iter().map(|m| vec![0u8; m.numel() as usize * io_element_bytes(m.dtype).unwrap()]).collect();
-    let input_refs: Vec<&[u8]> = bytes.iter().map(|b| b.as_slice()).collect();
-    let mut output_refs: Vec<&mut [u8]> = outputs.iter_mut().map(|b| b.as_mut_slice()).collect();
-    api.graph_execute(handle, &input_refs, &mut output_refs).unwrap_or_else(|e| panic!("{}: {e}", g.name));
-    api.context_free(context).unwrap();
-    metas
-        .iter()
-        .zip(&outputs)
-        .map(|(m, b)| TensorValue::from_codes(m, read_codes(m.dtype, b).unwrap()).unwrap())
-        .collect()
+    let mut outputs = run_binary_on_values(&mut api, binary, &[(g, inputs)]).unwrap_or_else(|e| panic!("{e}"));
+    outputs.remove(0)
 }
 
 /// Logits SQNR of the HTP emulation against this project's reference interpreter and against
 /// backend-cpu's fake-quant run, per graph.
 fn htp_matches_the_references(model: AotModel) {
-    let paths = LibraryPaths::real().unwrap_or_else(|| panic!("Qualcomm's QNN libraries were not found: {FETCH_HINT}"));
+    let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
     let graphs = model.lowered_at(&[CHUNK, 1], model_common::CONTEXT, options);
     let target = HtpTarget::new(&model.aot_config().target_machine);
@@ -178,7 +154,7 @@ fn qwen2_runs_on_the_htp_emulation() {
 /// as SFIXED_POINT_8 containers (`Int4Storage::Int8Container`), as above.
 #[test]
 fn sfixed_point_4_weights_are_refused_by_qualcomms_backend() {
-    let paths = LibraryPaths::real().unwrap_or_else(|| panic!("Qualcomm's QNN libraries were not found: {FETCH_HINT}"));
+    let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
     let options = LowerOptions { int4_storage: Int4Storage::LowNibble };
     let graphs = model.lowered_at(&[1], model_common::CONTEXT, options);
@@ -195,7 +171,7 @@ fn sfixed_point_4_weights_are_refused_by_qualcomms_backend() {
 /// and the lines the backend logged while refusing it (caught by our log callback).
 #[test]
 fn a_rejected_node_names_qualcomms_log_line() {
-    let paths = LibraryPaths::real().unwrap_or_else(|| panic!("Qualcomm's QNN libraries were not found: {FETCH_HINT}"));
+    let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
     let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
     let graphs = model.lowered_at(&[1], CONTEXT, options);

@@ -12,15 +12,13 @@
 //! not tile the input are built by QAIRT 2.51 and refused by ours only (tests pin that leniency).
 //! Fails, naming `scripts/fetch-qnn-sdk`, when Qualcomm's libraries are absent.
 
-#![cfg(feature = "qnn-sdk")]
-
 mod model_common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use backend_qnn::encoding::{BlockScales, BlockwiseExpansion};
-use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi, FETCH_HINT};
+use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi};
 use backend_qnn::sdk::{
     graph_descs, ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, GraphDesc,
     HtpOptions, LogLevel, OpConfig, ParamValue, QnnApi, TensorDesc, TensorId,
@@ -152,7 +150,7 @@ fn build_one_node(
 }
 
 fn real_api() -> SdkApi {
-    let paths = LibraryPaths::real().unwrap_or_else(|| panic!("Qualcomm's QNN libraries were not found: {FETCH_HINT}"));
+    let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     SdkApi::load(&paths).expect("the real libQnnHtp.so loads")
 }
 

@@ -2,7 +2,7 @@
 //!
 //! Each method is one C entry point of the interface table (named in its doc), taking plain
 //! descriptors instead of C structs. [`crate::sdk::RecordingApi`] implements it by logging,
-//! `SdkApi` (feature `qnn-sdk`) by calling a real (or mock) backend library. The driver in
+//! `SdkApi` by calling a real (or mock) backend library. The driver in
 //! [`crate::sdk::build_context_binary`] is written once against this trait.
 //!
 //! Handles are opaque tokens issued by the implementation; they are only meaningful to the

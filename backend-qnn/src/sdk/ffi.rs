@@ -1,7 +1,8 @@
-//! The real QNN C API behind [`QnnApi`](crate::sdk::QnnApi) (cargo feature `qnn-sdk`).
+//! The real QNN C API behind [`QnnApi`](crate::sdk::QnnApi).
 //!
-//! - `bindings`: bindgen output for `$QNN_SDK_ROOT/include/QNN`, generated into `OUT_DIR` by
-//!   `build.rs` (never committed), with accessors for the versioned interface tables.
+//! - `bindings`: bindgen output for the project's clean-room declarations
+//!   (`qnn-abi/include/QNN`), committed as `qnn-abi/bindings.rs` with accessors for the
+//!   versioned interface tables (`tests/abi_bindings.rs` checks it is up to date).
 //! - [`library`]: locating and opening `libQnnHtp.so` / `libQnnSystem.so` with `libloading`
 //!   and selecting a provider whose core API major version equals the bindings' and whose
 //!   minor version is at least the bindings'.
@@ -12,7 +13,7 @@
 //!   and scale/offset encodings).
 
 #[cfg(not(unix))]
-compile_error!("feature `qnn-sdk` loads QNN libraries with dlopen and supports Unix hosts only");
+compile_error!("backend-qnn loads QNN libraries with dlopen and supports Unix hosts only");
 
 mod bindings;
 mod exec;
@@ -27,9 +28,6 @@ pub use library::{
 };
 pub use sdk_api::SdkApi;
 pub use system::{BinaryInfo, GraphInfo, SystemApi, TensorInfo};
-
-/// `QNN_SDK_ROOT` at build time: the SDK whose headers the bindings were generated from.
-pub const BINDINGS_SDK_ROOT: &str = env!("BACKEND_QNN_SDK_ROOT");
 
 /// The target triple this crate was built for (used by tests to compile C fixtures).
 pub const BUILD_TARGET: &str = env!("BACKEND_QNN_TARGET");
@@ -48,8 +46,7 @@ mod tests {
     use crate::sdk::config::HtpArch;
     use crate::sdk::desc::{DataType, Encoding, TensorType};
 
-    /// Our numeric codes against the enumerators of the headers in use. With a real SDK this
-    /// checks our documented values against Qualcomm's headers.
+    /// Our numeric codes against the enumerators of the clean-room declarations.
     #[test]
     fn codes_match_the_headers() {
         let dtypes: [(DataType, u32); 20] = [
@@ -107,7 +104,7 @@ mod tests {
     }
 
     /// Layouts established against Qualcomm's QAIRT 2.51 x86_64 libraries (see the ABI
-    /// comments in `tests/cleanroom/include/QNN`; `tests/sdk_real.rs` exercises them on the
+    /// comments in `qnn-abi/include/QNN`; `tests/sdk_real.rs` exercises them on the
     /// real `libQnnHtp.so` / `libQnnSystem.so`).
     #[test]
     fn layouts_match_qualcomms_libraries() {

@@ -3,8 +3,8 @@
 //! One line per QNN call: `function(arguments) -> result`. The format is chosen so that the
 //! C mock provider (`tests/cleanroom/mock_provider.c`) can print the same text from the C
 //! structs it receives: integers in decimal, floats like C's `%.8e`, enums by their
-//! `QnnTypes.h` names, long arrays as a short prefix plus an FNV-1a digest. A test under the
-//! `qnn-sdk` feature compares the two logs line by line, which proves the FFI layer passes
+//! `QnnTypes.h` names, long arrays as a short prefix plus an FNV-1a digest. `tests/sdk_ffi.rs`
+//! compares the two logs line by line, which proves the FFI layer passes
 //! exactly what the driver asked for.
 
 use std::fmt::Write as _;

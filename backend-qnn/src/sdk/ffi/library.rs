@@ -54,23 +54,20 @@ impl LibraryPaths {
         Some(cache.join(FETCHED_SDK_SUBDIR))
     }
 
-    /// Qualcomm's libraries if this machine has them: `QNN_SDK_ROOT` when it holds them, else
-    /// the root `scripts/fetch-qnn-sdk` fills. `None` when neither does ([`FETCH_HINT`] says
-    /// how to get them).
-    pub fn real() -> Option<LibraryPaths> {
-        let from_env = std::env::var_os("QNN_SDK_ROOT").filter(|r| !r.is_empty()).map(PathBuf::from);
-        from_env
-            .into_iter()
-            .chain(LibraryPaths::fetched_sdk_root())
-            .map(LibraryPaths::from_sdk_root)
-            .find(|p| p.backend.is_file() && p.system.is_file())
-    }
-
-    /// From `QNN_SDK_ROOT` at run time, else the SDK root the bindings were built from.
-    pub fn from_env() -> Result<LibraryPaths, LoadError> {
-        match std::env::var_os("QNN_SDK_ROOT").filter(|r| !r.is_empty()) {
-            Some(root) => Ok(LibraryPaths::from_sdk_root(PathBuf::from(root))),
-            None => Ok(LibraryPaths::from_sdk_root(super::BINDINGS_SDK_ROOT)),
+    /// The one place that decides where Qualcomm's libraries come from: `$QNN_SDK_ROOT` when it
+    /// is set (a root without both libraries is an error naming the missing one), else the root
+    /// `scripts/fetch-qnn-sdk` fills. [`LoadError::NotFound`] says how to get them.
+    pub fn find() -> Result<LibraryPaths, LoadError> {
+        let (root, from_env) = match std::env::var_os("QNN_SDK_ROOT").filter(|r| !r.is_empty()) {
+            Some(root) => (PathBuf::from(root), true),
+            None => (LibraryPaths::fetched_sdk_root().ok_or(LoadError::NotFound { missing: None })?, false),
+        };
+        let paths = LibraryPaths::from_sdk_root(&root);
+        let missing = [&paths.backend, &paths.system].into_iter().find(|p| !p.is_file()).cloned();
+        match missing {
+            Some(path) if from_env => Err(LoadError::NotInSdkRoot { path }),
+            Some(path) => Err(LoadError::NotFound { missing: Some(path) }),
+            None => Ok(paths),
         }
     }
 }
@@ -94,6 +91,10 @@ impl fmt::Display for ProviderInfo {
 /// Why a QNN library could not be used.
 #[derive(Debug, Error)]
 pub enum LoadError {
+    #[error("Qualcomm's QNN libraries were not found{}: {FETCH_HINT}", missing_note(.missing))]
+    NotFound { missing: Option<PathBuf> },
+    #[error("QNN library {} not found: QNN_SDK_ROOT must be a QAIRT SDK root (the directory holding {HOST_LIB_DIR}), or unset it to use the libraries `scripts/fetch-qnn-sdk` fetches", path.display())]
+    NotInSdkRoot { path: PathBuf },
     #[error("cannot open QNN library {}: {source} (set QNN_SDK_ROOT to the QAIRT SDK root or pass explicit LibraryPaths)", path.display())]
     Open { path: PathBuf, source: libloading::Error },
     #[error("{} does not export {symbol}: {source}", path.display())]
@@ -102,6 +103,10 @@ pub enum LoadError {
     GetProviders { path: PathBuf, symbol: &'static str, code: u64 },
     #[error("no provider in {} implements {wanted}; it offers: {}", path.display(), list(found))]
     NoCompatibleProvider { path: PathBuf, wanted: String, found: Vec<ProviderInfo> },
+}
+
+fn missing_note(missing: &Option<PathBuf>) -> String {
+    missing.as_ref().map(|p| format!(" ({} is missing)", p.display())).unwrap_or_default()
 }
 
 fn list(found: &[ProviderInfo]) -> String {

@@ -1,14 +1,13 @@
 /*
- * TEST-ONLY CLEAN-ROOM HEADER. This is NOT a Qualcomm file and contains no Qualcomm code.
+ * CLEAN-ROOM ABI DECLARATION. This is NOT a Qualcomm file and contains no Qualcomm code.
  *
- * Written for mllm-dsl's backend-qnn CI from the documented facts collected in
+ * Written for mllm-dsl's backend-qnn from the documented facts collected in
  * shared/research/qnn-api.md (function names, enumerator values, struct members and their
- * order); member names that document does not spell out were checked for compatibility only.
- * It declares just what backend-qnn's FFI layer and its mock provider use, so that the
- * bindgen + libloading path can be exercised without the QAIRT SDK:
- *     QNN_SDK_ROOT=$PWD/backend-qnn/tests/cleanroom cargo test -p backend-qnn --features qnn-sdk
- * Never build against a real QNN backend with it; install the QAIRT SDK and point
- * QNN_SDK_ROOT at it instead.
+ * order) and checked against Qualcomm's QAIRT 2.51 x86_64 libraries (layout test
+ * `layouts_match_qualcomms_libraries`). It declares just what backend-qnn's FFI layer and its
+ * mock provider use. The committed Rust bindings (backend-qnn/qnn-abi/bindings.rs) are
+ * generated from these files; after editing one, regenerate them with
+ *     QNN_ABI_REGENERATE=1 cargo test -p backend-qnn --test abi_bindings
  */
 #ifndef CLEANROOM_QNN_SYSTEM_INTERFACE_H
 #define CLEANROOM_QNN_SYSTEM_INTERFACE_H

@@ -1,0 +1,128 @@
+//! Qualcomm's own HTP backend in the main job: the context binary for the device and the ledger
+//! rows measured on its x86 emulation ([`QualcommHtp`]).
+//!
+//! The graphs are lowered again from the final IR with int4 weights in 8-bit containers
+//! ([`Int4Storage::Int8Container`]): QAIRT 2.51's HTP backend refuses `SFIXED_POINT_4` tensors
+//! (error 7004), while mllm's artifacts (`qnn/<graph>.{cpp,bin}`) keep its low-nibble layout.
+//! Two binaries are built from them:
+//! - `qnn/context.bin`: every graph in one weight-sharing context, for the device;
+//! - `qnn/context.x86.bin`: the same graphs without weight sharing, because the x86 emulation
+//!   refuses weight-shared binaries at load ("Shared weights buffer isn't supported on this
+//!   platform"). This is the binary the `htp_*` ledger rows execute and `generate --qnn-context`
+//!   can run on x86.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::error::{Context, Result};
+use backend_qnn::context::{build_context, context_request};
+use backend_qnn::encoding::Int4Storage;
+use backend_qnn::interp::TensorValue;
+use backend_qnn::sdk::{build_context_binary, run_binary_on_values, LibraryPaths, SdkApi};
+use backend_qnn::target::HtpTarget;
+use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
+use mllm_dsl::files::write_atomic_bytes;
+use mllm_dsl::passes::QuantParamProvider;
+use mllm_dsl::Program;
+
+/// Whether `qwen3_aot` builds the context binary with Qualcomm's backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ContextBinary {
+    /// When Qualcomm's libraries are found ([`LibraryPaths::find`]); else one warning says how
+    /// to get them and everything else runs.
+    #[default]
+    Auto,
+    /// Always: a run without the libraries fails before any work.
+    Required,
+    /// Never.
+    Off,
+}
+
+impl std::str::FromStr for ContextBinary {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(ContextBinary::Auto),
+            "on" => Ok(ContextBinary::Required),
+            "off" => Ok(ContextBinary::Off),
+            other => Err(format!("unknown --context-binary `{other}`; expected auto, on or off")),
+        }
+    }
+}
+
+/// Qualcomm's HTP backend is a process-wide singleton inside `libQnnHtp.so`: two builds or runs
+/// at once in one process make it fail validations spuriously, so they take turns.
+static ONE_BACKEND_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn exclusive() -> MutexGuard<'static, ()> {
+    ONE_BACKEND_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The two binaries built by Qualcomm's backend and what is needed to run the x86 one.
+pub(crate) struct QualcommHtp {
+    paths: LibraryPaths,
+    /// The graphs as built (8-bit int4 containers), in chunk order.
+    graphs: Vec<QnnGraph>,
+    emulation_binary: Vec<u8>,
+    /// `qnn/context.bin` and `qnn/context.x86.bin`.
+    pub(crate) written: [PathBuf; 2],
+    /// Wall time of Qualcomm's prepare + finalize + serialize, device binary and x86 binary.
+    pub(crate) seconds: [f64; 2],
+}
+
+impl QualcommHtp {
+    /// Lowers `programs` (the final IR of each graph, in order) for Qualcomm's backend with
+    /// `params` and builds both binaries for `target` into `qnn_dir`.
+    pub(crate) fn build(
+        paths: LibraryPaths,
+        programs: &[&Program],
+        params: &dyn QuantParamProvider,
+        target: &HtpTarget,
+        qnn_dir: &Path,
+    ) -> Result<QualcommHtp> {
+        let mut lowering = QnnLowering::new(params, LowerOptions { int4_storage: Int4Storage::Int8Container });
+        let mut graphs = Vec::with_capacity(programs.len());
+        for program in programs {
+            let lowered = lowering.lower_program(program).context("lowering for Qualcomm's backend")?;
+            graphs.extend(lowered);
+        }
+        let _turn = exclusive();
+        let device_path = qnn_dir.join("context.bin");
+        let t = Instant::now();
+        let mut api = SdkApi::load(&paths)?;
+        let device = build_context(&graphs, target, &mut api)
+            .with_context(|| format!("building {} with Qualcomm's HTP backend", device_path.display()))?;
+        drop(api);
+        let device_seconds = t.elapsed().as_secs_f64();
+        write_atomic_bytes(&device_path, &device)?;
+
+        let x86_path = qnn_dir.join("context.x86.bin");
+        let t = Instant::now();
+        let (descs, mut options) = context_request(&graphs, target)?;
+        options.weight_sharing = false;
+        let emulation_binary = build_context_binary(&descs, &options, &mut SdkApi::load(&paths)?)
+            .with_context(|| format!("building {} with Qualcomm's HTP backend", x86_path.display()))?;
+        let x86_seconds = t.elapsed().as_secs_f64();
+        write_atomic_bytes(&x86_path, &emulation_binary)?;
+        Ok(QualcommHtp {
+            paths,
+            graphs,
+            emulation_binary,
+            written: [device_path, x86_path],
+            seconds: [device_seconds, x86_seconds],
+        })
+    }
+
+    /// Graph `name` of the x86 binary run once on Qualcomm's HTP emulation with `inputs` (values
+    /// of the graph's inputs, as the probe gives them): its first output (the logits) as reals.
+    pub(crate) fn run_logits(&self, name: &str, inputs: &[TensorValue]) -> Result<Vec<f32>> {
+        let graph = self.graphs.iter().find(|g| g.name == name).with_context(|| format!("no graph `{name}`"))?;
+        let _turn = exclusive();
+        let mut api = SdkApi::load_for_execution(&self.paths)?;
+        let mut outputs = run_binary_on_values(&mut api, &self.emulation_binary, &[(graph, inputs)])
+            .with_context(|| format!("running graph `{name}` on Qualcomm's x86 HTP emulation"))?;
+        let logits = outputs.pop().and_then(|o| o.into_iter().next()).context("the graph has no outputs")?;
+        Ok(logits.to_real()?)
+    }
+}

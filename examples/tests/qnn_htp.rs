@@ -1,0 +1,106 @@
+//! Qualcomm's HTP backend through the two commands, as a user runs them: `qwen3_aot` builds
+//! `qnn/context.bin` (weight-shared, for the device) and `qnn/context.x86.bin` with the real
+//! `libQnnHtp.so` and prints `htp_*` ledger rows; `generate --qnn-context qnn/context.x86.bin`
+//! runs the binary on Qualcomm's x86 HTP emulation through the runtime (prompt processor, token
+//! generator, KV cache manager) and, on every tiny fixture, its 16 greedy tokens are the CPU
+//! fake-quant model's. Fails, naming `scripts/fetch-qnn-sdk`, when the libraries are absent.
+
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+
+#[allow(dead_code)]
+#[path = "../generate.rs"]
+mod generate;
+/// The examples' own sources: these tests run their entry points on parsed arguments.
+#[allow(dead_code)]
+#[path = "../qwen3_aot.rs"]
+mod qwen3_aot;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures")
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("qnn_htp").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn generated_ids(args: &[&str]) -> Vec<u32> {
+    let argv = ["generate"].iter().chain(args).copied();
+    let lines = generate::run_generate(&generate::GenerateArgs::try_parse_from(argv).unwrap())
+        .unwrap_or_else(|e| panic!("generate {args:?}: {e:#}"));
+    lines[0].strip_prefix("ids: ").unwrap().split(',').map(|s| s.parse().unwrap()).collect()
+}
+
+/// Prompt of 6 ids, 16 new tokens: two prefill chunks of 4 (the second padded), then decode.
+const PROMPT: &str = "5,17,99,3,64,8";
+
+/// `qwen3_aot` on `source` (graphs for chunk 4 and 1, context 32) with Qualcomm's backend
+/// required, then `generate` on the CPU fake-quant model and on the x86 binary.
+fn greedy_tokens_match_on_the_htp_emulation(name: &str, source: &[&str]) {
+    // Qualcomm's HTP backend is a process-wide singleton: one test at a time uses it.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    assert!(backend_qnn::sdk::LibraryPaths::find().is_ok(), "{}", backend_qnn::sdk::FETCH_HINT);
+    let out = temp(name);
+    let o = out.to_str().unwrap();
+    let shape = ["--chunk", "4", "--chunk", "1", "--context-len", "32", "--context-binary", "on", "--out", o];
+    let argv = ["qwen3_aot", "--quiet"].iter().chain(source).chain(&shape).copied();
+    let report = qwen3_aot::run_aot(&qwen3_aot::AotArgs::try_parse_from(argv).unwrap()).unwrap();
+    for stage in ["htp_vs_fakequant", "htp_vs_interp"] {
+        let rows: Vec<_> = report.ledger.iter().filter(|e| e.stage == stage).collect();
+        let graphs: Vec<_> = rows.iter().map(|e| e.graph.as_deref().unwrap()).collect();
+        assert_eq!(graphs, ["model.0.s4", "model.0.s1"], "{name} {stage}");
+        for e in rows {
+            eprintln!("{name} {stage} {}: {:.2} dB", e.graph.as_deref().unwrap(), e.comparison.sqnr_db);
+            assert!(e.comparison.sqnr_db >= 35.0, "{name} {stage}: {:?}", e.comparison);
+        }
+    }
+    // The quantized checkpoint the graphs were built from: pymllm's export, or the calibrated one.
+    let quantized = match source {
+        ["--quantized", dir] => PathBuf::from(dir),
+        _ => out.join("quantized"),
+    };
+    let q = quantized.to_str().unwrap();
+    let common = ["--model", q, "--prompt-ids", PROMPT, "--max-new-tokens", "16", "--chunk", "4", "--context", "32"];
+    let cpu = generated_ids(&common);
+    let binary = out.join("qnn/context.x86.bin");
+    let on_htp = generated_ids(&[&common[..], &["--qnn-context", binary.to_str().unwrap()]].concat());
+    assert_eq!(cpu.len(), 6 + 16);
+    assert_eq!(on_htp, cpu, "{name}: greedy ids on Qualcomm's HTP emulation vs the CPU fake-quant model");
+}
+
+fn calibrated(fixture: &str) -> [String; 4] {
+    let calib = fixtures().join("pymllm-qwen3-dev-f32/calib_ids.safetensors");
+    let model = fixtures().join(fixture);
+    ["--model".into(), model.display().to_string(), "--calib-ids".into(), calib.display().to_string()]
+}
+
+fn check_calibrated(fixture: &str) {
+    let args = calibrated(fixture);
+    greedy_tokens_match_on_the_htp_emulation(fixture, &args.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+#[test]
+fn qwen3_generates_the_same_tokens_on_qualcomms_htp_emulation() {
+    let dir = fixtures().join("pymllm-qwen3-dev-f32");
+    greedy_tokens_match_on_the_htp_emulation("qwen3", &["--quantized", dir.to_str().unwrap()]);
+}
+
+#[test]
+fn llama_generates_the_same_tokens_on_qualcomms_htp_emulation() {
+    check_calibrated("llama-dev-f32");
+}
+
+#[test]
+fn llama3_generates_the_same_tokens_on_qualcomms_htp_emulation() {
+    check_calibrated("llama3-dev-f32");
+}
+
+#[test]
+fn qwen2_generates_the_same_tokens_on_qualcomms_htp_emulation() {
+    check_calibrated("qwen2-dev-f32");
+}
