@@ -146,5 +146,5 @@ pub fn run_generate_io(
     output: &mut dyn Write,
     stream: bool,
 ) -> Result<Vec<String>> {
-    aot::generation::run(&args.request(), input, output, stream)
+    Ok(aot::generation::run(&args.request(), input, output, stream)?)
 }

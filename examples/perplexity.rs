@@ -92,7 +92,7 @@ fn main() -> Result<()> {
         (Some(path), _) => Some(load_id_sequences(path, "calib_ids", hf.vocab_size)?),
         (None, []) => None,
         (None, texts) => {
-            let each: Result<Vec<_>> =
+            let each: Result<Vec<_>, aot::AotError> =
                 texts.iter().map(|p| load_text_sequences(p, &tokenizer, 1024, 128, None)).collect();
             Some(each?.concat())
         }
@@ -107,7 +107,7 @@ fn main() -> Result<()> {
             mode: CalibrationMode::Deployed,
             out: out.clone(),
             max_positions: 1024,
-            progress: !args.quiet,
+            progress: aot::progress::bars(!args.quiet),
             weight_method: args.weight_method,
             act_ranges: args.act_range,
             rotation: args.rotation,
@@ -129,7 +129,7 @@ fn main() -> Result<()> {
         rtn: (!args.no_rtn).then_some(RtnBaseline { bits: args.rtn_bits, block: args.rtn_block }),
         ids,
         window: args.window,
-        progress: !args.quiet,
+        progress: aot::progress::bars(!args.quiet),
     })?;
     println!(
         "{} on the first {} predictions of {} ({} window(s) of <= {} tokens)",

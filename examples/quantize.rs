@@ -114,7 +114,7 @@ fn main() -> Result<()> {
         mode,
         out: args.out.clone(),
         max_positions: args.max_positions,
-        progress: !args.quiet,
+        progress: aot::progress::bars(!args.quiet),
         weight_method: args.weight_method,
         act_ranges: args.act_range,
         rotation: args.rotation,

@@ -134,7 +134,7 @@ impl AotArgs {
             out: self.out.clone().unwrap_or_else(|| default_out_dir("qwen3_aot")),
             context_binary: self.context_binary,
             max_positions: self.max_positions,
-            progress: !self.quiet,
+            progress: aot::progress::bars(!self.quiet),
             weight_method: self.weight_method,
             act_ranges: self.act_range,
             rotation: self.rotation,
@@ -146,5 +146,5 @@ impl AotArgs {
 /// Runs the command: sets the thread count, then the whole flow (see [`aot::run`]).
 pub fn run_aot(args: &AotArgs) -> Result<AotReport> {
     backend_cpu::kernels::set_num_threads(args.threads)?;
-    run(&args.options())
+    Ok(run(&args.options())?)
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{ensure, Context, Result};
+use crate::error::{ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::export::quantize_rope_tables;
 use backend_cpu::quant::{
@@ -27,7 +27,7 @@ use mllm_dsl::{ParamFormat, Program, QdqAttr};
 
 use crate::config::load_aot_config;
 use crate::load::{build_model, open_model};
-use crate::progress::bar;
+use crate::progress::Progress;
 use crate::trace::trace_model;
 
 /// Everything `quantize` needs.
@@ -43,7 +43,8 @@ pub struct QuantizeOptions {
     pub out: PathBuf,
     /// Rows of the RoPE tables (`mllm_qualcomm_max_length`), 1024 in mllm.
     pub max_positions: usize,
-    pub progress: bool,
+    /// Where the long steps report progress ([`crate::progress::bars`] on a terminal).
+    pub progress: std::sync::Arc<dyn Progress>,
     /// How linear weights are rounded (deployed mode only; `--mllm-compatible` is pymllm's).
     pub weight_method: WeightMethod,
     /// How activation and KV ranges are chosen (deployed mode only; `--mllm-compatible` is
@@ -149,7 +150,7 @@ fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &
         let store = CheckpointStore::open(model_dir, backend.clone(), hf.tie_word_embeddings)?;
         let mut model = models::build(hf, opts.max_positions)?;
         model.bind_params(&ParamSource::Store(&store)).with_context(|| format!("loading {}", model_dir.display()))?;
-        let pb = bar(opts.progress, opts.calibration.len(), "input stats");
+        let pb = opts.progress.start("input stats", opts.calibration.len());
         for (i, seq) in opts.calibration.iter().enumerate() {
             prefill_logits(model.as_ref(), &backend, seq).with_context(|| format!("calibration sequence {i}"))?;
             pb.inc(1);
@@ -173,7 +174,7 @@ fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &
         let store = CheckpointStore::for_config(model_dir, backend.clone(), hf)?;
         let weights = CalibrationWeights::new(&store, &aot, opts.mode).with_linears(&linears);
         let model = build_model(hf, opts.max_positions, &ParamSource::Store(&weights), model_dir)?;
-        let pb = bar(opts.progress, opts.calibration.len(), "calibrating");
+        let pb = opts.progress.start("calibrating", opts.calibration.len());
         for (i, seq) in opts.calibration.iter().enumerate() {
             ensure!(
                 seq.len() <= opts.max_positions,
@@ -192,13 +193,13 @@ fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &
     // 4. Weights, RoPE tables, QDQ parameters.
     let start = Instant::now();
     let groups_total = plan.params.len();
-    let pb = bar(opts.progress, groups_total, "quantizing");
+    let pb = opts.progress.start("quantizing", groups_total);
     let mut weights = quantize_weights_with(&plan, &source, hf.tie_word_embeddings, &linears, &|done, total, key| {
-        pb.set_length(total as u64);
-        pb.set_position(done as u64);
-        pb.set_message(key.to_string());
+        pb.set_position(done, total);
+        pb.set_message(key);
     })?;
-    pb.finish_with_message("done");
+    pb.set_message("done");
+    pb.finish();
     weights.tensors.extend(quantize_rope_tables(&plan, &calibration.params, &calibration.rope_tables)?);
     write_quantized_checkpoint(out, &hf.source, plan.block_size, &weights.tensors, &calibration.params)?;
     copy_tokenizer_files(&opts.model, out)?;
@@ -209,7 +210,8 @@ fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &
     let start = Instant::now();
     let eval = opts.evaluation.as_ref().unwrap_or(&opts.calibration);
     let eval_name = if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" };
-    let report = evaluate(hf, &qnn_program, model_dir, out, opts.max_positions, eval, eval_name, opts.progress)?;
+    let report =
+        evaluate(hf, &qnn_program, model_dir, out, opts.max_positions, eval, eval_name, opts.progress.as_ref())?;
     let evaluate_seconds = start.elapsed().as_secs_f64();
     // Relative to the output's directory when the model sits next to it (the AOT run's embedded
     // model), so the report does not embed a per-run staging path.
@@ -297,7 +299,7 @@ pub fn evaluate(
     max_positions: usize,
     sequences: &[Vec<i64>],
     what: &str,
-    progress: bool,
+    progress: &dyn Progress,
 ) -> Result<AccuracyReport> {
     let layers: Vec<(String, QdqAttr)> =
         layer_output_points(traced).into_iter().filter_map(|(s, p)| p.map(|p| (s, p))).collect();
@@ -307,7 +309,7 @@ pub fn evaluate(
         let recorder = Arc::new(RecordingHook::new(inner, keys.clone()));
         let backend = CpuBackend::with_qdq(recorder.clone());
         let (model, _store) = open_model(dir, hf, max_positions, &backend)?;
-        let pb = bar(progress, sequences.len(), label);
+        let pb = progress.start(label, sequences.len());
         let mut logits = Vec::new();
         for seq in sequences {
             logits.extend(prefill_logits(model.as_ref(), &backend, seq)?);
@@ -327,9 +329,9 @@ pub fn evaluate(
     let mut rows = Vec::new();
     for ((symbol, point), (f, q)) in layers.iter().zip(float_layers.iter().zip(&quant_layers)) {
         let name = format!("{symbol} (at {})", point.key);
-        rows.push(Comparison::new(name, f, q, hf.hidden_size).map_err(anyhow::Error::msg)?);
+        rows.push(Comparison::new(name, f, q, hf.hidden_size)?);
     }
-    rows.push(Comparison::new("logits", &float_logits, &quant_logits, hf.vocab_size).map_err(anyhow::Error::msg)?);
+    rows.push(Comparison::new("logits", &float_logits, &quant_logits, hf.vocab_size)?);
     Ok(AccuracyReport {
         // No paths: the report is the same wherever the run writes (its `model` names the input).
         description: format!("fake-quant of the quantized checkpoint vs the float model on {what}"),

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use anyhow::{anyhow, Context, Result};
+use crate::error::{AotError, Context, Result};
 use checkpoint::{ChatMessage, ChatTemplate};
 use serde_json::{Map, Value};
 
@@ -82,7 +82,7 @@ impl<'a> TextStream<'a> {
     /// Adds `id`; returns the text it completes (special tokens are not shown).
     pub fn push(&mut self, id: u32) -> Result<String> {
         self.ids.push(id);
-        let text = self.tokenizer.decode(&self.ids, true).map_err(|e| anyhow!("decoding: {e}"))?;
+        let text = self.tokenizer.decode(&self.ids, true).map_err(|e| AotError::tokenizer("decoding", e))?;
         if text.ends_with('\u{FFFD}') || text.len() < self.shown || !text.is_char_boundary(self.shown) {
             return Ok(String::new());
         }

@@ -19,9 +19,10 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, ensure, Context, Result};
+use crate::error::{bail, ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, Rotation, WeightMethod};
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
@@ -45,7 +46,7 @@ use crate::htp::{ContextBinary, QualcommHtp};
 use crate::ledger::{float_vs_reference, quantized_vs_reference_float, reference_logits, LedgerEntry};
 use crate::load::{fake_quant_backend, open_model, rope_positions, ROPE_SIN_KEY};
 use crate::probe::{Probe, ProbeText};
-use crate::progress::bar;
+use crate::progress::Progress;
 use crate::report::{AotReport, GraphReport, Timings};
 use crate::sequences::{load_id_sequences, load_text_sequences};
 use crate::trace::{trace_graph, trace_model};
@@ -90,7 +91,8 @@ pub struct AotOptions {
     pub context_binary: ContextBinary,
     /// RoPE table rows when calibrating (a quantized checkpoint's tables fix their own).
     pub max_positions: usize,
-    pub progress: bool,
+    /// Where the long steps report progress ([`crate::progress::bars`] on a terminal).
+    pub progress: Arc<dyn Progress>,
     /// How linear weights are rounded to LPBQ when calibrating (docs/quantization.md).
     pub weight_method: WeightMethod,
     /// How activation and KV ranges are chosen when calibrating (docs/quantization.md).
@@ -114,7 +116,7 @@ impl AotOptions {
             out: out.into(),
             context_binary: ContextBinary::Auto,
             max_positions: DEFAULT_MAX_POSITIONS,
-            progress: false,
+            progress: crate::progress::silent(),
             weight_method: WeightMethod::Rtn,
             act_ranges: ActRanges::default(),
             rotation: Rotation::None,
@@ -200,7 +202,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     RunSizes { max_positions: positions, context: opts.context_len, chunk: largest_chunk }
         .check(&hf, available_memory())?;
     let (aot, aot_warnings) = load_aot_config(opts.aot_config.as_deref(), &hf)?;
-    let target = htp_target(&aot)?;
+    let target = HtpTarget::new(&aot.target_machine);
     warnings.extend(aot_warnings);
     timings.load = t.elapsed().as_secs_f64();
 
@@ -239,7 +241,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 mode: CalibrationMode::Deployed,
                 out: quant_dir.clone(),
                 max_positions: opts.max_positions,
-                progress: opts.progress,
+                progress: opts.progress.clone(),
                 weight_method: opts.weight_method,
                 act_ranges: opts.act_ranges,
                 rotation: opts.rotation,
@@ -311,7 +313,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         chunks: &opts.chunks,
         max_positions,
         dump_ir: Some(&out.join("ir")),
-        progress: opts.progress,
+        progress: opts.progress.as_ref(),
     };
     let compiled = compile(&hf, &ckpt, &aot, &compile_opts)?;
     (timings.trace, timings.passes, timings.lower) = (compiled.timings.trace, compiled.timings.passes, 0.0);
@@ -358,12 +360,10 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
             graph: Some(name.clone()),
             detail: probe
                 .describe("backend-cpu's interpreter (fake-quant) on the final IR vs the eager fake-quant model"),
-            comparison: Comparison::new("logits", probe.text_rows(&eager), cpu_logits, hf.vocab_size)
-                .map_err(anyhow::Error::msg)?,
+            comparison: Comparison::new("logits", probe.text_rows(&eager), cpu_logits, hf.vocab_size)?,
         });
         let qnn = probe.run_qnn(graph)?;
-        let comparison =
-            Comparison::new("logits", cpu_logits, probe.text_rows(&qnn), hf.vocab_size).map_err(anyhow::Error::msg)?;
+        let comparison = Comparison::new("logits", cpu_logits, probe.text_rows(&qnn), hf.vocab_size)?;
         let mut detail =
             probe.describe("backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run");
         if opts.ledger_ops {
@@ -401,8 +401,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                     stage,
                     graph: Some(name.clone()),
                     detail: probe.describe(&format!("{what} vs {versus}")),
-                    comparison: Comparison::new("logits", reference, on_htp, hf.vocab_size)
-                        .map_err(anyhow::Error::msg)?,
+                    comparison: Comparison::new("logits", reference, on_htp, hf.vocab_size)?,
                 });
             }
         }
@@ -485,6 +484,7 @@ impl<'a> Files<'a> {
             .map(|p| {
                 let r = p
                     .strip_prefix(self.root)
+                    .ok()
                     .with_context(|| format!("{} is outside the output directory", p.display()))?;
                 Ok(r.to_string_lossy().replace('\\', "/"))
             })
@@ -493,12 +493,6 @@ impl<'a> Files<'a> {
         rel.dedup();
         Ok(rel)
     }
-}
-
-/// The HTP target of the AOT config's `target_machine`, checked against the chipset table
-/// (known SoC, arch matching the chipset, VTCM within the chip's).
-fn htp_target(aot: &AotConfig) -> Result<HtpTarget> {
-    HtpTarget::from_json(&aot.to_json()["target_machine"]).context("AOT config `target_machine`")
 }
 
 /// One graph compiled: the IR after mllm's passes and the QNN graph lowered from it.
@@ -537,7 +531,8 @@ pub struct CompileOptions<'a> {
     pub max_positions: usize,
     /// Dump the IR before the first pass and after every pass into `<dir>/<graph>/`.
     pub dump_ir: Option<&'a Path>,
-    pub progress: bool,
+    /// Where each compiled graph is reported.
+    pub progress: &'a dyn Progress,
 }
 
 /// A quantized checkpoint into QNN graphs: the model file of `hf` traced once per chunk size,
@@ -552,10 +547,10 @@ pub fn compile(
     let mut timings = CompileTimings::default();
     let mut lowering = QnnLowering::new(ckpt, LowerOptions::default());
     let (mut graphs, mut ir_dumps) = (Vec::new(), Vec::new());
-    let pb = bar(opts.progress, opts.chunks.len(), "compiling");
+    let pb = opts.progress.start("compiling", opts.chunks.len());
     for &chunk in opts.chunks {
         let name = format!("model.0.s{chunk}");
-        pb.set_message(name.clone());
+        pb.set_message(&name);
         let t = Instant::now();
         let mut program = trace_graph(hf, opts.max_positions, chunk, opts.context_len, ParamFormat::QnnW4A16)?;
         timings.trace += t.elapsed().as_secs_f64();
@@ -594,6 +589,12 @@ pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec
     ensure!(context <= max_positions, "--context {context} exceeds the checkpoint's {max_positions} RoPE positions");
     let (aot, _) = load_aot_config(None, &hf)?;
     let chunks: &[usize] = if chunk == 1 { &[1] } else { &[chunk, 1] };
-    let opts = CompileOptions { context_len: context, chunks, max_positions, dump_ir: None, progress: false };
+    let opts = CompileOptions {
+        context_len: context,
+        chunks,
+        max_positions,
+        dump_ir: None,
+        progress: &crate::progress::Silent,
+    };
     Ok(compile(&hf, &ckpt, &aot, &opts)?.graphs.into_iter().map(|g| g.graph).collect())
 }

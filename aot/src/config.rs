@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{ensure, Result};
+use crate::error::{ensure, Result};
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
 

@@ -7,7 +7,7 @@
 //! let opts = aot::context_bench::BenchOptions::new("target/bench-context", 28);
 //! let bench = aot::context_bench::run(&opts)?;
 //! print!("{}", bench.summary());
-//! # Ok::<(), anyhow::Error>(())
+//! # Ok::<(), aot::AotError>(())
 //! ```
 //!
 //! Peak RSS per step is `VmHWM`, reset before each step ([`mllm_dsl::memory`]). The setup
@@ -18,7 +18,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{ensure, Context, Result};
+use crate::error::{ensure, Context, Result};
 use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
 use backend_qnn::sdk::{self, GraphDesc, ParamValue, TensorType};
 use backend_qnn::target::HtpTarget;
@@ -166,7 +166,7 @@ pub fn run(opts: &BenchOptions) -> Result<ContextBench> {
     let ckpt = SafetensorsCheckpoint::open(&quantized)?;
     let max_positions = rope_positions(&ckpt)?.context("the quantized checkpoint has no RoPE tables")?;
     let (aot, _) = load_aot_config(None, &hf)?;
-    let target = HtpTarget::from_json(&aot.to_json()["target_machine"]).context("AOT config `target_machine`")?;
+    let target = HtpTarget::new(&aot.target_machine);
     // Qualcomm's HTP backend refuses 4-bit tensors: int4 codes travel in 8-bit containers.
     let mut lowering = QnnLowering::new(&ckpt, LowerOptions { int4_storage: Int4Storage::Int8Container });
 
@@ -257,7 +257,7 @@ pub fn prepare_checkpoint(opts: &BenchOptions) -> Result<PathBuf> {
         mode: CalibrationMode::Deployed,
         out: quantized.clone(),
         max_positions: opts.context,
-        progress: false,
+        progress: crate::progress::silent(),
         weight_method: WeightMethod::Rtn,
         act_ranges: Default::default(),
         rotation: Rotation::None,

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use backend_cpu::executor::real_values;
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::encoding::Encoding;

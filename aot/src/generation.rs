@@ -7,7 +7,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, ensure, Context, Result};
+use crate::error::{bail, ensure, AotError, Context, Result};
 use checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::config::run_sizes::{available_memory, RunSizes};
@@ -97,10 +97,10 @@ pub fn run(
     let lines_of = |prompt: &[u32], out: &GenerationOutput| {
         let ids: Vec<String> = prompt.iter().chain(&out.ids).map(u32::to_string).collect();
         let text = match (&tokenizer, stream) {
-            (Some(tok), false) => Some(tok.decode(&out.ids, true).map_err(|e| anyhow::anyhow!("decoding: {e}"))?),
+            (Some(tok), false) => Some(tok.decode(&out.ids, true).map_err(|e| AotError::tokenizer("decoding", e))?),
             _ => None,
         };
-        anyhow::Ok([Some(format!("ids: {}", ids.join(","))), text.map(|t| format!("text: {t}"))])
+        Ok::<_, AotError>([Some(format!("ids: {}", ids.join(","))), text.map(|t| format!("text: {t}"))])
     };
     let mut lines = Vec::new();
     // Several turns: user lines from `input` until it ends.

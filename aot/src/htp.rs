@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use backend_qnn::context::{build_context, context_request};
 use backend_qnn::encoding::Int4Storage;
 use backend_qnn::interp::TensorValue;

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, AotError, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::prefill_logits;
 use backend_cpu::CpuBackend;
@@ -49,7 +49,7 @@ pub(crate) fn reference_logits(dir: &Path, key: &str) -> Result<Option<(Vec<i64>
 }
 
 pub(crate) fn compare(reference: &[f32], test: &[f32], vocab: usize) -> Result<Comparison> {
-    Comparison::new("logits", reference, test, vocab).map_err(anyhow::Error::msg)
+    Comparison::new("logits", reference, test, vocab).map_err(AotError::from)
 }
 
 /// `float_vs_reference`: the CPU float model vs the checkpoint's `reference.safetensors` logits.

@@ -9,7 +9,7 @@
 //! // The embedded tiny Qwen3, calibrated, quantized, lowered, its artifacts written into `out/`.
 //! let report = aot::run(&aot::AotOptions::embedded("out"))?;
 //! print!("{}", report.summary());
-//! # Ok::<(), anyhow::Error>(())
+//! # Ok::<(), aot::AotError>(())
 //! ```
 //!
 //! It is the one crate that sees the model files and both backends: calibration runs on
@@ -22,6 +22,7 @@ pub mod config;
 pub mod context_bench;
 pub mod divergence;
 pub mod embedded;
+pub mod error;
 pub mod generation;
 pub mod htp;
 pub mod ledger;
@@ -43,6 +44,7 @@ pub use compile::{
     CompiledModel, ModelSource,
 };
 pub use config::{default_out_dir, load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
+pub use error::{AotError, Context, Result};
 pub use generation::GenerateRequest;
 pub use htp::ContextBinary;
 pub use ledger::LedgerEntry;

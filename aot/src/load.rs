@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{bail, ensure, Context, Result};
+use crate::error::{bail, ensure, Context, Result};
 use backend_cpu::quant::{is_quantized_checkpoint, FakeQuantHook, QdqParams};
 use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, QdqHook};
 use checkpoint::SafetensorsCheckpoint;

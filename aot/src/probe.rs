@@ -6,7 +6,7 @@
 //! what the eager fake-quant model's own prefill of the preceding text produced, as u8 codes of
 //! the graph's K/V input encodings.
 
-use anyhow::{ensure, Context, Result};
+use crate::error::{ensure, Context, Result};
 use backend_cpu::executor::real_values;
 use backend_cpu::quant::prefill;
 use backend_qnn::interp::TensorValue;

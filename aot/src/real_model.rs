@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use crate::error::{bail, Result};
 
 /// The converted SmolLM2-135M-Instruct directory, checked to hold `config.json` and
 /// `model.safetensors`; the error names the script that makes it.

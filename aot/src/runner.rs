@@ -6,7 +6,7 @@ use std::io::{BufRead, Write};
 use std::ops::ControlFlow;
 use std::path::Path;
 
-use anyhow::{bail, ensure, Context, Result};
+use crate::error::{bail, ensure, AotError, Context, Result};
 use backend_cpu::CpuChunkModel;
 use backend_qnn::sdk::{EmulatedHtp, SdkChunkModel, SdkError};
 use backend_qnn::{QnnChunkModel, QnnModelError};
@@ -137,7 +137,7 @@ impl Runner {
             }
         })?;
         if let Some(e) = failed {
-            return Err(e.context("writing the generated text"));
+            return Err(AotError::Step { context: "writing the generated text".into(), cause: Box::new(e) });
         }
         writeln!(output)?;
         Ok(out)
@@ -171,7 +171,7 @@ impl Runner {
             let prompt = crate::sequences::encode_prompt(tokenizer, &conversation.user_says(user)?, &self.config)?;
             check(&prompt)?;
             let out = self.generate(&prompt, config, stream.then_some(tokenizer), output)?;
-            let reply = tokenizer.decode(&out.ids, true).map_err(|e| anyhow::anyhow!("decoding: {e}"))?;
+            let reply = tokenizer.decode(&out.ids, true).map_err(|e| AotError::tokenizer("decoding", e))?;
             conversation.assistant_said(reply.trim());
             turns.push((prompt, out));
         }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use anyhow::{bail, ensure, Context, Result};
+use crate::error::{bail, ensure, AotError, Context, Result};
 use checkpoint::{ChatTemplate, SafetensorsCheckpoint};
 
 use crate::chat::user_turn_prompt;
@@ -41,14 +41,15 @@ pub fn load_text_sequences(
 ) -> Result<Vec<Vec<i64>>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let tok = tokenizers::Tokenizer::from_file(tokenizer)
-        .map_err(|e| anyhow::anyhow!("cannot load tokenizer {}: {e}", tokenizer.display()))?;
+        .map_err(|e| AotError::tokenizer(format!("cannot load tokenizer {}", tokenizer.display()), e))?;
     let mut out = Vec::new();
     for para in text.split("\n\n").map(str::trim).filter(|p| !p.is_empty()).take(max_samples) {
         let input = match chat {
             Some(template) => user_turn_prompt(template, para)?,
             None => para.to_string(),
         };
-        let enc = tok.encode(input, false).map_err(|e| anyhow::anyhow!("tokenizing {}: {e}", path.display()))?;
+        let enc =
+            tok.encode(input, false).map_err(|e| AotError::tokenizer(format!("tokenizing {}", path.display()), e))?;
         let ids: Vec<i64> = enc.get_ids().iter().take(max_len).map(|&i| i64::from(i)).collect();
         if !ids.is_empty() {
             out.push(ids);
@@ -61,12 +62,13 @@ pub fn load_text_sequences(
 /// The `tokenizer.json` of a model directory.
 pub fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
     let path = dir.join("tokenizer.json");
-    tokenizers::Tokenizer::from_file(&path).map_err(|e| anyhow::anyhow!("cannot load {}: {e}", path.display()))
+    tokenizers::Tokenizer::from_file(&path)
+        .map_err(|e| AotError::tokenizer(format!("cannot load {}", path.display()), e))
 }
 
 /// The token ids of a prompt text, checked against the vocabulary of `config`.
 pub fn encode_prompt(tokenizer: &tokenizers::Tokenizer, text: &str, config: &HfConfig) -> Result<Vec<u32>> {
-    let encoding = tokenizer.encode(text, false).map_err(|e| anyhow::anyhow!("tokenizing the prompt: {e}"))?;
+    let encoding = tokenizer.encode(text, false).map_err(|e| AotError::tokenizer("tokenizing the prompt", e))?;
     let ids = encoding.get_ids().to_vec();
     ensure!(!ids.is_empty(), "the prompt is empty");
     let vocab = config.vocab_size;

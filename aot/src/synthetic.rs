@@ -5,13 +5,13 @@
 //! ```no_run
 //! let dir = std::path::Path::new("target/qwen3-1.7b-synthetic");
 //! aot::synthetic::write_qwen3_1_7b(dir, 28)?;
-//! # Ok::<(), anyhow::Error>(())
+//! # Ok::<(), aot::AotError>(())
 //! ```
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{ensure, Context, Result};
+use crate::error::{ensure, Context, Result};
 use checkpoint::{write_safetensors_atomic, StDtype};
 use mllm_dsl::files::write_atomic_bytes;
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{ensure, Context, Result};
+use crate::error::{bail, ensure, AotError, Context, Result};
 use backend_cpu::quant::{FakeQuantHook, QdqParams, QualityRow, RtnWeights, TextEval};
 use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
@@ -17,7 +17,7 @@ use mllm_dsl::quant::points::qdq_points;
 use mllm_dsl::{BackendRef, CausalLm, ParamFormat};
 
 use crate::load::ROPE_SIN_KEY;
-use crate::progress::bar;
+use crate::progress::Progress;
 use crate::trace::trace_model;
 
 /// The first `max_tokens` tokens of a text file, tokenized with `tokenizer.json` as a plain text
@@ -25,8 +25,8 @@ use crate::trace::trace_model;
 pub fn load_text_ids(path: &Path, tokenizer: &Path, max_tokens: usize) -> Result<Vec<i64>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let tok = tokenizers::Tokenizer::from_file(tokenizer)
-        .map_err(|e| anyhow::anyhow!("cannot load tokenizer {}: {e}", tokenizer.display()))?;
-    let enc = tok.encode(text, true).map_err(|e| anyhow::anyhow!("tokenizing {}: {e}", path.display()))?;
+        .map_err(|e| AotError::tokenizer(format!("cannot load tokenizer {}", tokenizer.display()), e))?;
+    let enc = tok.encode(text, true).map_err(|e| AotError::tokenizer(format!("tokenizing {}", path.display()), e))?;
     let ids: Vec<i64> = enc.get_ids().iter().take(max_tokens).map(|&i| i64::from(i)).collect();
     ensure!(ids.len() >= 2, "{}: {} tokens; at least 2 are needed to measure perplexity", path.display(), ids.len());
     Ok(ids)
@@ -59,7 +59,8 @@ pub struct TextQualityOptions {
     pub ids: Vec<i64>,
     /// Tokens per prefill window (each window starts with no past).
     pub window: usize,
-    pub progress: bool,
+    /// Where the long steps report progress ([`crate::progress::bars`] on a terminal).
+    pub progress: std::sync::Arc<dyn Progress>,
 }
 
 /// The scores, float first, and the wall time of each model's run.
@@ -118,10 +119,7 @@ pub fn load_fake_quant(dir: &Path) -> Result<(Box<dyn CausalLm>, BackendRef, usi
     let ckpt = SafetensorsCheckpoint::open(dir)?;
     let rows = match ckpt.info(ROPE_SIN_KEY) {
         Ok((_, &[1, rows, _])) => rows,
-        _ => anyhow::bail!(
-            "{}: no RoPE table `{ROPE_SIN_KEY}` [1, L, head_dim]; not a quantized checkpoint",
-            dir.display()
-        ),
+        _ => bail!("{}: no RoPE table `{ROPE_SIN_KEY}` [1, L, head_dim]; not a quantized checkpoint", dir.display()),
     };
     let points = qdq_points(&trace_model(&hf, rows, ParamFormat::Float)?)?;
     let params = QdqParams::from_checkpoint(&ckpt, &points)
@@ -140,7 +138,7 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
     let positions = opts.window.min(opts.ids.len()).max(2);
     let n_windows = opts.ids.chunks(opts.window.max(1)).filter(|w| w.len() >= 2).count();
     let runs = 1 + opts.quantized.len() + usize::from(opts.rtn.is_some());
-    let pb = bar(opts.progress, runs * n_windows, "perplexity");
+    let pb = opts.progress.start("perplexity", runs * n_windows);
     let tick = |_: usize, _: usize| pb.inc(1);
     let (mut rows, mut seconds) = (Vec::new(), Vec::new());
 
@@ -159,7 +157,7 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
     // 2. Each quantized checkpoint in fake-quant mode.
     for (name, dir) in &opts.quantized {
         let t = Instant::now();
-        pb.set_message(name.clone());
+        pb.set_message(name);
         let (model, backend, rows_covered) = load_fake_quant(dir)?;
         ensure!(
             positions <= rows_covered,
@@ -174,12 +172,12 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
     if let Some(rtn) = opts.rtn {
         let t = Instant::now();
         let name = format!("RTN int{} block {} weight-only", rtn.bits, rtn.block);
-        pb.set_message(name.clone());
+        pb.set_message(&name);
         let rtn_store = RtnWeights::new(&store, rtn.bits, rtn.block)?;
         let model = bind(&hf, positions, &ParamSource::Store(&rtn_store), &opts.model)?;
         rows.push(eval.score(name.clone(), model.as_ref(), &float_backend, &tick).with_context(|| name.clone())?);
         seconds.push(t.elapsed().as_secs_f64());
     }
-    pb.finish_and_clear();
+    pb.finish();
     Ok(TextQuality { rows, seconds, windows: eval.windows() })
 }

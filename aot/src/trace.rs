@@ -1,7 +1,7 @@
 //! The model file of a config traced into a program: once per graph (chunk size and context),
 //! with symbolic parameters, so no weights are touched.
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::ParamSource;
 use mllm_dsl::{trace, ParamFormat, Program};

@@ -38,7 +38,7 @@ fn perplexity_float_and_rtn_match_transformers() {
         rtn: Some(RtnBaseline::default()),
         ids,
         window: 256,
-        progress: false,
+        progress: aot::progress::silent(),
     })
     .unwrap();
     eprintln!("{}", q.table());
@@ -70,7 +70,7 @@ fn every_ledger_stage_holds_on_the_real_model() {
         calibration: Some(aot::CalibSource::Text { path: fixture("text/calibration.txt"), chat: false }),
         chunks: vec![32, 1],
         weight_method: backend_cpu::quant::WeightMethod::Gptq,
-        progress: false,
+        progress: aot::progress::silent(),
         ledger_ops: true,
         // Qualcomm's backend on the real model is the htp rows' test, not this one.
         context_binary: aot::htp::ContextBinary::Off,

@@ -66,7 +66,7 @@ fn fake_quant_scores_match_pymllms_fake_quant_logits() {
         rtn: Some(RtnBaseline::default()),
         ids: ids.clone(),
         window: 64,
-        progress: false,
+        progress: aot::progress::silent(),
     })
     .unwrap();
     eprintln!("{}", q.table());

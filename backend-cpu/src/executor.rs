@@ -16,7 +16,31 @@ use std::sync::Arc;
 pub trait QdqHook: Send + Sync {
     /// Returns the new data for `x` at `point` (quantized-dequantized, or observed and passed
     /// through). `Ok(None)` leaves the tensor unchanged.
-    fn apply(&self, point: &QdqAttr, x: &[f32], shape: &[usize]) -> Result<Option<Vec<f32>>, String>;
+    fn apply(&self, point: &QdqAttr, x: &[f32], shape: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError>;
+}
+
+/// Why a [`QdqHook`] could not handle a QDQ point.
+#[derive(Debug, thiserror::Error)]
+pub enum QdqHookError {
+    #[error("QDQ point `{key}` has no parameters: it was not among the points traced from the model file")]
+    NoParameters { key: String },
+    #[error("QDQ point `{key}` was not among the points traced from the model file; cannot observe it")]
+    NotTraced { key: String },
+    #[error("QDQ point `{key}` is {here} here but was traced as {traced}")]
+    KindMismatch { key: String, here: String, traced: String },
+    #[error("the {what} of a QDQ hook is poisoned (a thread panicked while updating it)")]
+    Poisoned { what: &'static str },
+    #[error("QDQ point `{key}`: {problem}")]
+    Shape { key: String, problem: String },
+    #[error("QDQ point `{key}`: {source}")]
+    Kernel {
+        key: String,
+        #[source]
+        source: kernels::KernelError,
+    },
+    /// The hook's own parameter source failed (e.g. a checkpoint without the point's scale).
+    #[error(transparent)]
+    Params(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// The eager CPU backend.
@@ -159,7 +183,7 @@ impl CpuBackend {
     fn apply_qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, String> {
         let Some(hook) = &self.qdq else { return Ok(x.clone()) };
         let data = f32_of(x, "QDQ input")?;
-        match hook.apply(point, &data, x.shape())? {
+        match hook.apply(point, &data, x.shape()).map_err(|e| e.to_string())? {
             None => Ok(x.clone()),
             Some(new) => {
                 let backend = x.backend().cloned().ok_or("QDQ input has no backend")?;
@@ -426,8 +450,8 @@ mod tests {
     struct MissingParams;
 
     impl QdqHook for MissingParams {
-        fn apply(&self, point: &QdqAttr, _x: &[f32], _shape: &[usize]) -> Result<Option<Vec<f32>>, String> {
-            Err(format!("{}.fake_quant.scale is not in the checkpoint", point.key))
+        fn apply(&self, point: &QdqAttr, _x: &[f32], _shape: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError> {
+            Err(QdqHookError::Params(format!("{}.fake_quant.scale is not in the checkpoint", point.key).into()))
         }
     }
 

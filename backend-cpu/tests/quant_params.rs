@@ -70,8 +70,11 @@ fn fake_quant_uses_each_points_range_and_torch_rounding() {
     assert_eq!(z[0], 0.0);
     assert!((z[1] + 0.001).abs() < 1e-9);
 
-    assert!(hook.apply(&point(QdqKind::Activation, "unknown"), &[1.0], &[1]).unwrap_err().contains("`unknown`"));
-    assert!(hook.apply(&point(QdqKind::KvCache, "m.a"), &[1.0], &[1]).is_err(), "kind must match the trace");
+    let err = hook.apply(&point(QdqKind::Activation, "unknown"), &[1.0], &[1]).unwrap_err();
+    assert!(matches!(&err, backend_cpu::QdqHookError::NoParameters { key } if key == "unknown"), "{err}");
+    assert!(err.to_string().contains("`unknown`"), "{err}");
+    let err = hook.apply(&point(QdqKind::KvCache, "m.a"), &[1.0], &[1]).unwrap_err();
+    assert!(matches!(err, backend_cpu::QdqHookError::KindMismatch { .. }), "kind must match the trace: {err}");
     let _ = std::fs::remove_file(path);
 }
 

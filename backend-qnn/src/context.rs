@@ -1,7 +1,7 @@
 //! One HTP context binary from lowered graphs (mllm-anchor §5.6–5.8).
 //!
-//! The AOT config's `target_machine`, parsed into an [`HtpTarget`] (unknown chipsets and
-//! arch/chipset mismatches are errors there), gives the driver's [`HtpOptions`]; the graphs are
+//! The AOT config's `target_machine`, mapped to an [`HtpTarget`] (unknown chipsets and
+//! arch/chipset mismatches are errors of the config parser), gives the driver's [`HtpOptions`]; the graphs are
 //! validated and converted into [`GraphDesc`]s with their static buffers shared; and
 //! [`sdk::build_context_binary`] builds them, in the given order (prefill `model.0.s32` then decode
 //! `model.0.s1`), into one context, with weight sharing whenever there is more than one graph.

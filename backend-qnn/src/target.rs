@@ -16,234 +16,64 @@
 //! - the equivalent HTP backend-extension JSON for `qnn-context-binary-generator`.
 //!
 //! The performance mode is carried but only matters at run time (mllm-anchor §5.6).
-//! Unknown names and an arch that does not match the chipset are errors naming the field.
+//! Parsing and checking the object (unknown names, an arch that does not match the chipset, a
+//! VTCM size over the chipset's) is [`mllm_dsl::config::aot`]'s, which also owns the SoC table.
+
+pub use mllm_dsl::config::aot::{Chipset, HtpArch, HtpChipset};
+use mllm_dsl::config::aot::{HtpPdSession, HtpPerformance, TargetMachine};
 
 use crate::json::Json;
 
-/// `QnnHtpDevice_Arch_t`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[repr(u32)]
-pub enum HtpArch {
-    V68 = 68,
-    V69 = 69,
-    V73 = 73,
-    V75 = 75,
-    V79 = 79,
-    V81 = 81,
-    V85 = 85,
-}
-
-impl HtpArch {
-    const ALL: [HtpArch; 7] =
-        [HtpArch::V68, HtpArch::V69, HtpArch::V73, HtpArch::V75, HtpArch::V79, HtpArch::V81, HtpArch::V85];
-
-    /// The `QnnHtpDevice_Arch_t` value.
-    pub const fn raw(self) -> u32 {
-        self as u32
-    }
-
-    /// `"V75"` as written in the AOT config.
-    pub fn name(self) -> String {
-        format!("V{}", self.raw())
-    }
-
-    /// `"v75"` as written in HTP backend-extension JSON (`dsp_arch`).
-    pub fn dsp_arch(self) -> String {
-        format!("v{}", self.raw())
-    }
-
-    fn parse(s: &str) -> Option<HtpArch> {
-        HtpArch::ALL.into_iter().find(|a| a.name() == s)
+/// The `perf_profile` name QNN tools' backend-extension JSON uses for a performance mode.
+pub fn perf_profile(mode: HtpPerformance) -> &'static str {
+    match mode {
+        HtpPerformance::Default => "default",
+        HtpPerformance::SustainedHighPerformance => "sustained_high_performance",
+        HtpPerformance::Burst => "burst",
+        HtpPerformance::HighPerformance => "high_performance",
+        HtpPerformance::PowerSaver => "power_saver",
+        HtpPerformance::LowPowerSaver => "low_power_saver",
+        HtpPerformance::HighPowerSaver => "high_power_saver",
+        HtpPerformance::LowBalanced => "low_balanced",
+        HtpPerformance::Balanced => "balanced",
     }
 }
 
-impl std::fmt::Display for HtpArch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "V{}", self.raw())
-    }
-}
-
-/// A Snapdragon SoC with its QNN `socModel` id, HTP arch and VTCM size.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Chipset {
-    pub name: &'static str,
-    pub soc_model: u32,
-    pub arch: HtpArch,
-    /// VTCM in MB when a public table records it.
-    pub vtcm_mb: Option<u32>,
-}
-
-/// Known SoCs: executorch `serialization/qc_schema.py` (qnn-api.md §3) and mllm's chipset enum
-/// (SM8845 = 97, v81; its VTCM size is not recorded publicly, so the JSON value is trusted).
-pub const CHIPSETS: [Chipset; 11] = [
-    chip("SM8350", 30, HtpArch::V68, Some(4)),
-    chip("SM8450", 36, HtpArch::V69, Some(8)),
-    chip("SA8295", 39, HtpArch::V68, Some(8)),
-    chip("SM8475", 42, HtpArch::V69, Some(8)),
-    chip("SM8550", 43, HtpArch::V73, Some(8)),
-    chip("SM8650", 57, HtpArch::V75, Some(8)),
-    chip("SM8750", 69, HtpArch::V79, Some(8)),
-    chip("SM8850", 87, HtpArch::V81, Some(8)),
-    chip("QCM6490", 93, HtpArch::V68, Some(2)),
-    // mllm spells this SoC QCS6490; same socModel.
-    chip("QCS6490", 93, HtpArch::V68, Some(2)),
-    chip("SM8845", 97, HtpArch::V81, None),
-];
-
-const fn chip(name: &'static str, soc_model: u32, arch: HtpArch, vtcm_mb: Option<u32>) -> Chipset {
-    Chipset { name, soc_model, arch, vtcm_mb }
-}
-
-/// Runtime power profile (`htp_try_best_performance`), numbered as executorch's
-/// `QnnExecuTorchHtpPerformanceMode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PerformanceMode {
-    Default = 0,
-    SustainedHighPerformance = 1,
-    Burst = 2,
-    HighPerformance = 3,
-    PowerSaver = 4,
-    LowPowerSaver = 5,
-    HighPowerSaver = 6,
-    LowBalanced = 7,
-    Balanced = 8,
-}
-
-impl PerformanceMode {
-    const ALL: [(PerformanceMode, &'static str, &'static str); 9] = [
-        (PerformanceMode::Default, "HtpDefault", "default"),
-        (PerformanceMode::SustainedHighPerformance, "HtpSustainedHighPerformance", "sustained_high_performance"),
-        (PerformanceMode::Burst, "HtpBurst", "burst"),
-        (PerformanceMode::HighPerformance, "HtpHighPerformance", "high_performance"),
-        (PerformanceMode::PowerSaver, "HtpPowerSaver", "power_saver"),
-        (PerformanceMode::LowPowerSaver, "HtpLowPowerSaver", "low_power_saver"),
-        (PerformanceMode::HighPowerSaver, "HtpHighPowerSaver", "high_power_saver"),
-        (PerformanceMode::LowBalanced, "HtpLowBalanced", "low_balanced"),
-        (PerformanceMode::Balanced, "HtpBalanced", "balanced"),
-    ];
-
-    /// The `perf_profile` name used by QNN tools' backend-extension JSON.
-    pub fn perf_profile(self) -> &'static str {
-        PerformanceMode::ALL.iter().find(|(m, _, _)| *m == self).map_or("default", |(_, _, p)| p)
-    }
-}
-
-/// Signed or unsigned process domain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PdSession {
-    Unsigned,
-    Signed,
-}
-
-/// A parsed and checked `target_machine`.
+/// The AOT config's `target_machine` (parsed and checked by
+/// [`mllm_dsl::config::aot::AotConfig`]) with its SoC's facts looked up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HtpTarget {
     pub chipset: Chipset,
     pub arch: HtpArch,
-    pub performance: PerformanceMode,
-    pub pd_session: PdSession,
+    pub performance: HtpPerformance,
+    pub pd_session: HtpPdSession,
     pub vtcm_mb: u32,
 }
 
-/// Why a `target_machine` object was rejected.
+/// Why a target cannot take a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TargetError {
-    #[error("target_machine must be a JSON object")]
-    NotAnObject,
-    #[error("target_machine.{field} is missing")]
-    Missing { field: &'static str },
-    #[error("target_machine.{field}: expected {expected}, found {found}")]
-    Type { field: &'static str, expected: &'static str, found: String },
-    #[error("target_machine.{field}: unknown value `{value}` (known: {known})")]
-    Unknown { field: &'static str, value: String, known: String },
-    #[error("target_machine.{field}: {detail}")]
-    Invalid { field: &'static str, detail: String },
-    #[error("target_machine has unknown field `{field}`")]
-    UnknownField { field: String },
     #[error("weight sharing needs HTP V73 or newer, target is {arch}")]
-    WeightSharingUnsupported { arch: String },
+    WeightSharingUnsupported { arch: HtpArch },
 }
 
-const FIELDS: [&str; 5] =
-    ["htp_arch", "htp_chipset", "htp_try_best_performance", "htp_security_pd_session", "htp_vtcm_capability_in_mb"];
-
 impl HtpTarget {
-    /// Parse a `target_machine` object (the value of that key, not the whole AOT config).
-    pub fn from_json(value: &serde_json::Value) -> Result<HtpTarget, TargetError> {
-        let obj = value.as_object().ok_or(TargetError::NotAnObject)?;
-        if let Some(extra) = obj.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-            return Err(TargetError::UnknownField { field: extra.clone() });
+    /// The target of a parsed `target_machine` (whose arch, chipset and VTCM size the parser
+    /// checked against each other).
+    pub fn new(machine: &TargetMachine) -> HtpTarget {
+        HtpTarget {
+            chipset: machine.htp_chipset.soc(),
+            arch: machine.htp_arch,
+            performance: machine.htp_try_best_performance,
+            pd_session: machine.htp_security_pd_session,
+            vtcm_mb: machine.htp_vtcm_capability_in_mb,
         }
-        let string = |field: &'static str| -> Result<&str, TargetError> {
-            let v = obj.get(field).ok_or(TargetError::Missing { field })?;
-            v.as_str().ok_or_else(|| TargetError::Type { field, expected: "a string", found: v.to_string() })
-        };
-        let arch_name = string("htp_arch")?;
-        let arch = HtpArch::parse(arch_name).ok_or_else(|| TargetError::Unknown {
-            field: "htp_arch",
-            value: arch_name.into(),
-            known: HtpArch::ALL.map(|a| a.name()).join(", "),
-        })?;
-        let chip_name = string("htp_chipset")?;
-        let chipset = CHIPSETS.iter().copied().find(|c| c.name == chip_name).ok_or_else(|| TargetError::Unknown {
-            field: "htp_chipset",
-            value: chip_name.into(),
-            known: CHIPSETS.map(|c| c.name).join(", "),
-        })?;
-        if chipset.arch != arch {
-            return Err(TargetError::Invalid {
-                field: "htp_arch",
-                detail: format!(
-                    "{} does not match htp_chipset {}, which is {}",
-                    arch.name(),
-                    chipset.name,
-                    chipset.arch.name()
-                ),
-            });
-        }
-        let perf_name = string("htp_try_best_performance")?;
-        let performance =
-            PerformanceMode::ALL.iter().find(|(_, n, _)| *n == perf_name).map(|(m, _, _)| *m).ok_or_else(|| {
-                TargetError::Unknown {
-                    field: "htp_try_best_performance",
-                    value: perf_name.into(),
-                    known: PerformanceMode::ALL.map(|(_, n, _)| n).join(", "),
-                }
-            })?;
-        let pd_session = match string("htp_security_pd_session")? {
-            "HtpSignedPd" => PdSession::Signed,
-            "HtpUnsignedPd" => PdSession::Unsigned,
-            other => {
-                return Err(TargetError::Unknown {
-                    field: "htp_security_pd_session",
-                    value: other.into(),
-                    known: "HtpSignedPd, HtpUnsignedPd".into(),
-                })
-            }
-        };
-        let field = "htp_vtcm_capability_in_mb";
-        let v = obj.get(field).ok_or(TargetError::Missing { field })?;
-        let vtcm_mb = v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| TargetError::Type {
-            field,
-            expected: "a non-negative integer",
-            found: v.to_string(),
-        })?;
-        if vtcm_mb == 0 {
-            return Err(TargetError::Invalid { field, detail: "must be at least 1 MB".into() });
-        }
-        if let Some(max) = chipset.vtcm_mb.filter(|&max| vtcm_mb > max) {
-            return Err(TargetError::Invalid {
-                field,
-                detail: format!("{vtcm_mb} MB exceeds the {max} MB VTCM of {}", chipset.name),
-            });
-        }
-        Ok(HtpTarget { chipset, arch, performance, pd_session, vtcm_mb })
     }
 
     /// Device configs for `deviceCreate`, in the order executorch and mllm pass them.
     pub fn device_configs(&self) -> Vec<DeviceConfig> {
         let mut configs = vec![DeviceConfig::Soc { soc_model: self.chipset.soc_model }];
-        if self.pd_session == PdSession::Signed {
+        if self.pd_session == HtpPdSession::Signed {
             configs.push(DeviceConfig::SignedPd { device_id: 0 });
         }
         configs.push(DeviceConfig::PlatformInfo(PlatformInfo {
@@ -255,7 +85,7 @@ impl HtpTarget {
             on_chip_device_type: HTP_DEVICE_TYPE_ON_CHIP,
             vtcm_size_mb: self.vtcm_mb,
             soc_model: self.chipset.soc_model,
-            signed_pd_support: self.pd_session == PdSession::Signed,
+            signed_pd_support: self.pd_session == HtpPdSession::Signed,
             dlbc_support: true,
             arch: self.arch,
         }));
@@ -279,7 +109,7 @@ impl HtpTarget {
             return Ok(Vec::new());
         }
         if self.arch < HtpArch::V73 {
-            return Err(TargetError::WeightSharingUnsupported { arch: self.arch.name() });
+            return Err(TargetError::WeightSharingUnsupported { arch: self.arch });
         }
         Ok(vec![ContextConfig::WeightSharingEnabled(true)])
     }
@@ -294,7 +124,7 @@ impl HtpTarget {
                 soc_model: self.chipset.soc_model,
                 arch: self.arch,
                 vtcm_mb: self.vtcm_mb,
-                signed_pd: self.pd_session == PdSession::Signed,
+                signed_pd: self.pd_session == HtpPdSession::Signed,
             },
             graph: crate::sdk::GraphOptions { vtcm_mb: Some(self.vtcm_mb), ..crate::sdk::GraphOptions::mllm_default() },
             weight_sharing,
@@ -322,19 +152,19 @@ impl HtpTarget {
                 "devices",
                 Json::Arr(vec![Json::obj([
                     ("soc_model", Json::Int(self.chipset.soc_model.into())),
-                    ("dsp_arch", Json::str(self.arch.dsp_arch())),
+                    ("dsp_arch", Json::str(format!("v{}", self.arch.raw()))),
                     (
                         "pd_session",
                         Json::str(match self.pd_session {
-                            PdSession::Signed => "signed",
-                            PdSession::Unsigned => "unsigned",
+                            HtpPdSession::Signed => "signed",
+                            HtpPdSession::Unsigned => "unsigned",
                         }),
                     ),
                     (
                         "cores",
                         Json::Arr(vec![Json::obj([
                             ("core_id", Json::Int(0)),
-                            ("perf_profile", Json::str(self.performance.perf_profile())),
+                            ("perf_profile", Json::str(perf_profile(self.performance))),
                         ])]),
                     ),
                 ])]),
@@ -479,30 +309,22 @@ impl ContextConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mllm_dsl::config::aot::AotConfig;
 
-    fn reference(name: &str) -> serde_json::Value {
-        let path = format!("/work/shared/reference/mllm/{name}");
-        let fallback = match name {
-            "qwen3-1.7b-qnn-aot-config.json" => SM8650_JSON,
-            _ => SM8750_JSON,
-        };
-        let text = std::fs::read_to_string(path).unwrap_or_else(|_| fallback.to_string());
-        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
-        doc["target_machine"].clone()
+    /// mllm's Qwen3-1.7B target: SM8650, V75, burst, signed PD, 8 MB.
+    fn sm8650() -> TargetMachine {
+        AotConfig::w4a16_kv8().target_machine
     }
 
-    // Copies of the `target_machine` blocks of mllm's reference configs, used when the shared
-    // reference directory is not mounted.
-    const SM8650_JSON: &str = r#"{"target_machine": {"htp_arch": "V75", "htp_chipset": "SM8650",
-        "htp_try_best_performance": "HtpBurst", "htp_security_pd_session": "HtpSignedPd",
-        "htp_vtcm_capability_in_mb": 8}}"#;
-    const SM8750_JSON: &str = r#"{"target_machine": {"htp_arch": "V79", "htp_chipset": "SM8750",
-        "htp_try_best_performance": "HtpBurst", "htp_security_pd_session": "HtpSignedPd",
-        "htp_vtcm_capability_in_mb": 8}}"#;
+    fn target(edit: impl FnOnce(&mut TargetMachine)) -> HtpTarget {
+        let mut machine = sm8650();
+        edit(&mut machine);
+        HtpTarget::new(&machine)
+    }
 
     #[test]
-    fn htp_options_for_the_driver_follow_the_json() {
-        let t = HtpTarget::from_json(&reference("qwen3-1.7b-qnn-aot-config.json")).unwrap();
+    fn htp_options_for_the_driver_follow_the_config() {
+        let t = HtpTarget::new(&sm8650());
         let o = t.htp_options(true).unwrap();
         o.check().unwrap();
         let device = crate::sdk::HtpDeviceOptions { soc_model: 57, arch: HtpArch::V75, vtcm_mb: 8, signed_pd: true };
@@ -526,81 +348,49 @@ mod tests {
             ]
         );
         assert_eq!(t.device_configs().len(), 3);
-        // A smaller VTCM from the JSON reaches the graph configs.
-        let mut json = reference("qwen3-1.7b-qnn-aot-config.json");
-        json["htp_vtcm_capability_in_mb"] = serde_json::json!(4);
-        json["htp_security_pd_session"] = serde_json::json!("HtpUnsignedPd");
-        let o = HtpTarget::from_json(&json).unwrap().htp_options(false).unwrap();
+        // A smaller VTCM from the config reaches the graph configs.
+        let o = target(|m| {
+            m.htp_vtcm_capability_in_mb = 4;
+            m.htp_security_pd_session = HtpPdSession::Unsigned;
+        })
+        .htp_options(false)
+        .unwrap();
         assert_eq!(
             (o.device.vtcm_mb, o.graph.vtcm_mb, o.device.signed_pd, o.weight_sharing),
             (4, Some(4), false, false)
         );
         // Weight sharing needs V73+.
-        json["htp_arch"] = serde_json::json!("V69");
-        json["htp_chipset"] = serde_json::json!("SM8450");
-        let old = HtpTarget::from_json(&json).unwrap();
-        assert_eq!(old.htp_options(true).unwrap_err(), TargetError::WeightSharingUnsupported { arch: "V69".into() });
+        let old = target(|m| {
+            m.htp_arch = HtpArch::V69;
+            m.htp_chipset = HtpChipset::Sm8450;
+        });
+        assert_eq!(old.htp_options(true).unwrap_err(), TargetError::WeightSharingUnsupported { arch: HtpArch::V69 });
+        assert_eq!(
+            old.htp_options(true).unwrap_err().to_string(),
+            "weight sharing needs HTP V73 or newer, target is V69"
+        );
         assert!(old.htp_options(false).is_ok());
     }
 
     #[test]
-    fn parses_mllm_reference_configs() {
-        let t = HtpTarget::from_json(&reference("qwen3-1.7b-qnn-aot-config.json")).unwrap();
+    fn the_chipset_table_gives_soc_model_and_arch() {
+        let t = HtpTarget::new(&sm8650());
         assert_eq!(t.chipset.soc_model, 57);
         assert_eq!(t.arch, HtpArch::V75);
         assert_eq!(t.arch.raw(), 75);
         assert_eq!(t.vtcm_mb, 8);
-        assert_eq!(t.performance, PerformanceMode::Burst);
-        assert_eq!(t.pd_session, PdSession::Signed);
-        let t = HtpTarget::from_json(&reference("qwen3-4b-qnn-aot-config.json")).unwrap();
+        assert_eq!(t.performance, HtpPerformance::Burst);
+        assert_eq!(t.pd_session, HtpPdSession::Signed);
+        let t = target(|m| {
+            m.htp_arch = HtpArch::V79;
+            m.htp_chipset = HtpChipset::Sm8750;
+        });
         assert_eq!((t.chipset.soc_model, t.arch), (69, HtpArch::V79));
     }
 
-    fn with(field: &str, value: serde_json::Value) -> Result<HtpTarget, TargetError> {
-        let mut v = reference("qwen3-1.7b-qnn-aot-config.json");
-        v[field] = value;
-        HtpTarget::from_json(&v)
-    }
-
     #[test]
-    fn errors_name_the_field() {
-        let e = with("htp_chipset", "SM9999".into()).unwrap_err();
-        assert!(matches!(&e, TargetError::Unknown { field: "htp_chipset", .. }));
-        assert!(e.to_string().starts_with("target_machine.htp_chipset: unknown value `SM9999`"));
-        let e = with("htp_arch", "V73".into()).unwrap_err();
-        assert_eq!(e.to_string(), "target_machine.htp_arch: V73 does not match htp_chipset SM8650, which is V75");
-        assert!(matches!(with("htp_arch", "V99".into()).unwrap_err(), TargetError::Unknown { field: "htp_arch", .. }));
-        assert!(matches!(
-            with("htp_try_best_performance", "Turbo".into()).unwrap_err(),
-            TargetError::Unknown { field: "htp_try_best_performance", .. }
-        ));
-        assert!(matches!(
-            with("htp_security_pd_session", "HtpSecurePd".into()).unwrap_err(),
-            TargetError::Unknown { field: "htp_security_pd_session", .. }
-        ));
-        assert!(matches!(
-            with("htp_vtcm_capability_in_mb", "8".into()).unwrap_err(),
-            TargetError::Type { field: "htp_vtcm_capability_in_mb", .. }
-        ));
-        assert!(matches!(
-            with("htp_vtcm_capability_in_mb", 16.into()).unwrap_err(),
-            TargetError::Invalid { field: "htp_vtcm_capability_in_mb", .. }
-        ));
-        assert!(matches!(
-            with("htp_vtcm_capability_in_mb", 0.into()).unwrap_err(),
-            TargetError::Invalid { field: "htp_vtcm_capability_in_mb", .. }
-        ));
-        assert!(matches!(with("htp_arch", 75.into()).unwrap_err(), TargetError::Type { field: "htp_arch", .. }));
-        assert!(matches!(with("htp_chipsett", "SM8650".into()).unwrap_err(), TargetError::UnknownField { .. }));
-        let mut v = reference("qwen3-1.7b-qnn-aot-config.json");
-        v.as_object_mut().unwrap().remove("htp_arch");
-        assert_eq!(HtpTarget::from_json(&v).unwrap_err(), TargetError::Missing { field: "htp_arch" });
-        assert_eq!(HtpTarget::from_json(&serde_json::json!([1])).unwrap_err(), TargetError::NotAnObject);
-    }
-
-    #[test]
-    fn vtcm_comes_from_the_json() {
-        let t = with("htp_vtcm_capability_in_mb", 4.into()).unwrap();
+    fn vtcm_comes_from_the_config() {
+        let t = target(|m| m.htp_vtcm_capability_in_mb = 4);
         assert!(t.graph_configs().contains(&GraphConfig::VtcmSizeMb(4)));
         let Some(DeviceConfig::PlatformInfo(info)) = t.device_configs().last().copied() else {
             panic!("no platform info")
@@ -610,7 +400,7 @@ mod tests {
 
     #[test]
     fn device_configs_for_sm8650() {
-        let t = HtpTarget::from_json(&reference("qwen3-1.7b-qnn-aot-config.json")).unwrap();
+        let t = HtpTarget::new(&sm8650());
         let configs = t.device_configs();
         assert_eq!(configs.len(), 3);
         assert_eq!(configs[0], DeviceConfig::Soc { soc_model: 57 });
@@ -623,13 +413,13 @@ mod tests {
             (info.soc_model, info.arch.raw(), info.vtcm_size_mb, info.signed_pd_support, info.dlbc_support),
             (57, 75, 8, true, true)
         );
-        let unsigned = with("htp_security_pd_session", "HtpUnsignedPd".into()).unwrap();
+        let unsigned = target(|m| m.htp_security_pd_session = HtpPdSession::Unsigned);
         assert_eq!(unsigned.device_configs().len(), 2);
     }
 
     #[test]
     fn graph_and_context_configs() {
-        let t = HtpTarget::from_json(&reference("qwen3-1.7b-qnn-aot-config.json")).unwrap();
+        let t = HtpTarget::new(&sm8650());
         let g = t.graph_configs();
         assert_eq!(g.iter().map(|c| c.htp_option()).collect::<Vec<_>>(), vec![4, 2, 1, 3]);
         assert!(g.contains(&GraphConfig::Precision(Precision::Float16)));
@@ -637,16 +427,17 @@ mod tests {
         assert_eq!(t.context_configs(true).unwrap(), vec![ContextConfig::WeightSharingEnabled(true)]);
         assert_eq!(ContextConfig::WeightSharingEnabled(true).htp_option(), 1);
         assert!(t.context_configs(false).unwrap().is_empty());
-        let old: serde_json::Value = serde_json::json!({"htp_arch": "V69", "htp_chipset": "SM8450",
-            "htp_try_best_performance": "HtpDefault", "htp_security_pd_session": "HtpUnsignedPd",
-            "htp_vtcm_capability_in_mb": 8});
-        let old = HtpTarget::from_json(&old).unwrap();
+        let old = target(|m| {
+            m.htp_arch = HtpArch::V69;
+            m.htp_chipset = HtpChipset::Sm8450;
+            m.htp_try_best_performance = HtpPerformance::Default;
+        });
         assert!(matches!(old.context_configs(true), Err(TargetError::WeightSharingUnsupported { .. })));
     }
 
     #[test]
     fn backend_extension_json() {
-        let t = HtpTarget::from_json(&reference("qwen3-1.7b-qnn-aot-config.json")).unwrap();
+        let t = HtpTarget::new(&sm8650());
         let text = t.backend_extension_json(&["model.0.s32", "model.0.s1"]).unwrap();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["devices"][0]["soc_model"], 57);

@@ -530,7 +530,8 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
             let dilation = params::pair(node, "dilation").map_err(read)?;
             let pad = params::pad_amount(node).map_err(read)?;
             let group = params::int(node, "group", 0).map_err(read)? as u32;
-            let dims = shape::conv2d_output(&in0.dims, &filter.dims, stride, pad, dilation, group).map_err(fail)?;
+            let dims = shape::conv2d_output(&in0.dims, &filter.dims, stride, pad, dilation, group)
+                .map_err(|e| fail(e.to_string()))?;
             if let Some(b) = bias {
                 if b.dims != [dims[3]] {
                     return Err(fail(format!(
@@ -572,22 +573,24 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
         OpType::MatMul => {
             let ta = params::flag(node, "transpose_in0").map_err(read)?;
             let tb = params::flag(node, "transpose_in1").map_err(read)?;
-            expect_dims(shape::matmul_output(&in0.dims, &inputs[1].dims, ta, tb).map_err(fail)?)
+            expect_dims(shape::matmul_output(&in0.dims, &inputs[1].dims, ta, tb).map_err(|e| fail(e.to_string()))?)
         }
         OpType::ElementWiseAdd | OpType::ElementWiseMultiply | OpType::ElementWiseSubtract => {
-            expect_dims(shape::broadcast(&[&in0.dims, &inputs[1].dims]).map_err(fail)?)
+            expect_dims(shape::broadcast(&[&in0.dims, &inputs[1].dims]).map_err(|e| fail(e.to_string()))?)
         }
         OpType::ElementWiseEqual => {
             if out.dtype != DataType::Bool8 {
                 return Err(fail(format!("output `{}` must be BOOL_8, found {}", out.name, out.dtype)));
             }
-            expect_dims(shape::broadcast(&[&in0.dims, &inputs[1].dims]).map_err(fail)?)
+            expect_dims(shape::broadcast(&[&in0.dims, &inputs[1].dims]).map_err(|e| fail(e.to_string()))?)
         }
         OpType::ElementWiseSelect => {
             if in0.dtype != DataType::Bool8 {
                 return Err(fail(format!("condition `{}` must be BOOL_8, found {}", in0.name, in0.dtype)));
             }
-            expect_dims(shape::broadcast(&[&in0.dims, &inputs[1].dims, &inputs[2].dims]).map_err(fail)?)
+            expect_dims(
+                shape::broadcast(&[&in0.dims, &inputs[1].dims, &inputs[2].dims]).map_err(|e| fail(e.to_string()))?,
+            )
         }
         OpType::ElementWiseNeg | OpType::Sigmoid => expect_dims(in0.dims.clone()),
         OpType::Softmax => {
@@ -608,7 +611,7 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
                 return Err(param_err(node, "epsilon", format!("must be >= 0, found {eps}")));
             }
             let axes = params::u32s(node, "axes").map_err(read)?;
-            shape::check_axes(in0.rank(), &axes).map_err(|d| param_err(node, "axes", d))?;
+            shape::check_axes(in0.rank(), &axes).map_err(|e| param_err(node, "axes", e.to_string()))?;
             let norm_dims: Vec<u32> = axes.iter().map(|&a| in0.dims[a as usize]).collect();
             for (role, t) in ["gamma", "beta"].iter().zip(inputs[1..].iter()) {
                 if t.dims != norm_dims {
@@ -623,7 +626,7 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
         OpType::Transpose => {
             same_dtype(in0)?;
             let perm = params::u32s(node, "perm").map_err(read)?;
-            expect_dims(shape::transpose_output(&in0.dims, &perm).map_err(|d| param_err(node, "perm", d))?)
+            expect_dims(shape::transpose_output(&in0.dims, &perm).map_err(|e| param_err(node, "perm", e.to_string()))?)
         }
         OpType::Reshape => {
             same_dtype(in0)?;
@@ -646,7 +649,7 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
             }
             let axis = params::int(node, "axis", in0.rank()).map_err(read)?;
             let dims: Vec<&[u32]> = inputs.iter().map(|t| t.dims.as_slice()).collect();
-            expect_dims(shape::concat_output(&dims, axis as u32).map_err(fail)?)
+            expect_dims(shape::concat_output(&dims, axis as u32).map_err(|e| fail(e.to_string()))?)
         }
         OpType::Gather => {
             same_dtype(in0)?;
@@ -656,7 +659,7 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
             }
             let axis = params::int(node, "axis", in0.rank()).map_err(read)? as i32;
             let (axis, dims) =
-                shape::gather_output(&in0.dims, &idx.dims, axis).map_err(|d| param_err(node, "axis", d))?;
+                shape::gather_output(&in0.dims, &idx.dims, axis).map_err(|e| param_err(node, "axis", e.to_string()))?;
             if let Some(data) = &idx.data {
                 let bound = i64::from(in0.dims[axis]);
                 for (i, c) in data.bytes().chunks_exact(4).enumerate() {
@@ -683,13 +686,15 @@ fn check_op(node: &QnnNode, inputs: &[&QnnTensor], out: &QnnTensor) -> Result<()
                 mask("shrink_axes")?,
                 mask("new_axes_mask")?,
             )
-            .map_err(|d| param_err(node, "ranges", d))?;
+            .map_err(|e| param_err(node, "ranges", e.to_string()))?;
             expect_dims(dims)
         }
         OpType::ReduceMin | OpType::ReduceMax | OpType::ReduceMean => {
             let axes = params::u32s(node, "axes").map_err(read)?;
             let keep = params::flag(node, "keep_dims").map_err(read)?;
-            expect_dims(shape::reduce_output(&in0.dims, &axes, keep).map_err(|d| param_err(node, "axes", d))?)
+            expect_dims(
+                shape::reduce_output(&in0.dims, &axes, keep).map_err(|e| param_err(node, "axes", e.to_string()))?,
+            )
         }
         OpType::Convert | OpType::Cast => expect_dims(in0.dims.clone()),
         OpType::Quantize => {

@@ -11,11 +11,12 @@ use backend_qnn::sdk::render::{self, FakeGraph, FakeIo};
 use backend_qnn::sdk::RecordingApi;
 use backend_qnn::target::{HtpTarget, TargetError};
 use backend_qnn::TensorType;
+use mllm_dsl::config::aot::AotConfig;
 use qwen3_common::*;
 
 /// The `target_machine` block of mllm's Qwen3-1.7B AOT config (SM8650, V75, signed PD, 8 MB).
 fn sm8650() -> HtpTarget {
-    HtpTarget::from_json(&aot_config().target_machine_json).unwrap()
+    HtpTarget::new(&aot_config().target_machine)
 }
 
 #[test]
@@ -102,17 +103,18 @@ fn both_graphs_go_into_one_weight_sharing_context_in_order() {
 #[test]
 fn target_errors_stop_before_any_call() {
     let (s4, s1) = lowered_pair();
-    let mut json = aot_config().target_machine_json;
-    json["htp_chipset"] = serde_json::json!("SM9999");
-    let err = HtpTarget::from_json(&json).unwrap_err();
-    assert!(matches!(&err, TargetError::Unknown { field: "htp_chipset", .. }), "{err}");
-    json["htp_chipset"] = serde_json::json!("SM8750");
-    let err = HtpTarget::from_json(&json).unwrap_err().to_string();
-    assert_eq!(err, "target_machine.htp_arch: V75 does not match htp_chipset SM8750, which is V79");
+    // The AOT config owns the target checks: a bad target never reaches the backend.
+    let mut json = aot_config().to_json();
+    json["target_machine"]["htp_chipset"] = serde_json::json!("SM9999");
+    let err = AotConfig::from_json(&json).unwrap_err().to_string();
+    assert!(err.contains("`target_machine.htp_chipset`") && err.contains("\"SM9999\""), "{err}");
+    json["target_machine"]["htp_chipset"] = serde_json::json!("SM8750");
+    let err = AotConfig::from_json(&json).unwrap_err().to_string();
+    assert_eq!(err, "AOT config field `target_machine.htp_arch`: V75 does not match htp_chipset SM8750, which is V79");
     // Two graphs need weight sharing, which V69 lacks.
-    json["htp_chipset"] = serde_json::json!("SM8450");
-    json["htp_arch"] = serde_json::json!("V69");
-    let old = HtpTarget::from_json(&json).unwrap();
+    json["target_machine"]["htp_chipset"] = serde_json::json!("SM8450");
+    json["target_machine"]["htp_arch"] = serde_json::json!("V69");
+    let old = HtpTarget::new(&AotConfig::from_json(&json).unwrap().target_machine);
     let mut api = RecordingApi::new();
     let err = build_context(&[s4, s1.clone()], &old, &mut api).unwrap_err();
     assert!(matches!(err, ContextError::Target(TargetError::WeightSharingUnsupported { .. })), "{err}");

@@ -23,7 +23,7 @@ fn cpu_fake_quant_model() -> CpuChunkModel {
 }
 
 fn sm8650() -> HtpTarget {
-    HtpTarget::from_json(&aot_config().target_machine_json).unwrap()
+    HtpTarget::new(&aot_config().target_machine)
 }
 
 /// The context binary of the lowered pair, written to and read back from disk.

@@ -165,7 +165,7 @@ fn lowered_qwen3_context_crosses_the_abi_as_recorded() {
     let control = MockControl::open(&paths.backend);
     let (s4, s1) = qwen3_common::lowered_pair();
     let graphs = [s4, s1];
-    let target = backend_qnn::target::HtpTarget::from_json(&qwen3_common::aot_config().target_machine_json).unwrap();
+    let target = backend_qnn::target::HtpTarget::new(&qwen3_common::aot_config().target_machine);
 
     let mut recorder = RecordingApi::new();
     let expected = backend_qnn::context::build_context(&graphs, &target, &mut recorder).unwrap();
@@ -358,7 +358,7 @@ fn mock_outputs(inputs: &[Vec<u8>], sizes: &[usize]) -> Vec<Vec<u8>> {
 fn qwen3_binary() -> (Vec<u8>, [backend_qnn::QnnGraph; 2]) {
     let (s4, s1) = qwen3_common::lowered_pair();
     let graphs = [s4, s1];
-    let target = backend_qnn::target::HtpTarget::from_json(&qwen3_common::aot_config().target_machine_json).unwrap();
+    let target = backend_qnn::target::HtpTarget::new(&qwen3_common::aot_config().target_machine);
     let binary = backend_qnn::context::build_context(&graphs, &target, &mut RecordingApi::new()).unwrap();
     (binary, graphs)
 }

@@ -32,7 +32,7 @@ fn compiles_for_real(model: AotModel) {
     let graphs = model.lowered_at(&[32, 1], CONTEXT, options);
     let names: Vec<&str> = graphs.iter().map(|g| g.name.as_str()).collect();
     assert_eq!(names, ["model.0.s32", "model.0.s1"]);
-    let target = HtpTarget::from_json(&model.aot_config().target_machine_json).unwrap();
+    let target = HtpTarget::new(&model.aot_config().target_machine);
     let binary = {
         let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut api = SdkApi::load(&paths).unwrap();
@@ -104,7 +104,7 @@ fn htp_matches_the_references(model: AotModel) {
     let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
     let graphs = model.lowered_at(&[CHUNK, 1], model_common::CONTEXT, options);
-    let target = HtpTarget::from_json(&model.aot_config().target_machine_json).unwrap();
+    let target = HtpTarget::new(&model.aot_config().target_machine);
     // x86 HTP emulation refuses weight-shared binaries at load ("Shared weights buffer isn't
     // supported on this platform"), so the binary run here is built without weight sharing.
     let (descs, mut htp_options) = context_request(&graphs, &target).unwrap();
@@ -158,7 +158,7 @@ fn sfixed_point_4_weights_are_refused_by_qualcomms_backend() {
     let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
     let options = LowerOptions { int4_storage: Int4Storage::LowNibble };
     let graphs = model.lowered_at(&[1], model_common::CONTEXT, options);
-    let target = HtpTarget::from_json(&model.aot_config().target_machine_json).unwrap();
+    let target = HtpTarget::new(&model.aot_config().target_machine);
     let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let err = build_context(&graphs, &target, &mut SdkApi::load(&paths).unwrap()).unwrap_err().to_string();
     assert!(err.contains("creating tensor `model_layers_0_self_attn_q_proj_weight`"), "{err}");
@@ -175,7 +175,7 @@ fn a_rejected_node_names_qualcomms_log_line() {
     let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
     let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
     let graphs = model.lowered_at(&[1], CONTEXT, options);
-    let target = HtpTarget::from_json(&model.aot_config().target_machine_json).unwrap();
+    let target = HtpTarget::new(&model.aot_config().target_machine);
     let (mut descs, htp) = context_request(&graphs, &target).unwrap();
     // Past our own validator (already run above): the first Transpose loses its `perm`.
     let node = descs[0].nodes.iter_mut().find(|n| n.op_type == "Transpose").expect("a Transpose node");

@@ -30,7 +30,7 @@ fn run(mode: CalibrationMode, method: WeightMethod, ranges: ActRanges, out: &Pat
         mode,
         out: out.to_path_buf(),
         max_positions: 1024,
-        progress: false,
+        progress: aot::progress::silent(),
         weight_method: method,
         act_ranges: ranges,
         rotation: backend_cpu::quant::Rotation::None,

@@ -128,7 +128,7 @@ fn rotated_smollm2_matches_hf() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn quantize_fixture(mode: CalibrationMode, rotation: Rotation, out: &Path) -> anyhow::Result<aot::QuantizeOutcome> {
+fn quantize_fixture(mode: CalibrationMode, rotation: Rotation, out: &Path) -> aot::Result<aot::QuantizeOutcome> {
     let calibration =
         load_id_sequences(&fixture("pymllm-qwen3-dev-f32").join("calib_ids.safetensors"), "calib_ids", 128)?;
     quantize(&QuantizeOptions {
@@ -139,7 +139,7 @@ fn quantize_fixture(mode: CalibrationMode, rotation: Rotation, out: &Path) -> an
         mode,
         out: out.to_path_buf(),
         max_positions: 1024,
-        progress: false,
+        progress: aot::progress::silent(),
         weight_method: WeightMethod::Gptq,
         act_ranges: Default::default(),
         rotation,

@@ -196,8 +196,11 @@ impl Module for Embedding {
     }
 }
 
+/// Why a parameter's computed values could not be made (e.g. a table too large to allocate).
+pub type ParamInitError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Computes a parameter's f32 values when the checkpoint does not have it.
-pub type ParamInit = Arc<dyn Fn() -> Vec<f32> + Send + Sync>;
+pub type ParamInit = Arc<dyn Fn() -> Result<Vec<f32>, ParamInitError> + Send + Sync>;
 
 /// A bare parameter tensor (mllm's `nn::Param`), e.g. the RoPE tables `model.mllm_max_sin_embedding`.
 /// Its key is its own path. With [`or_compute`](Self::or_compute) it is computed when the checkpoint
@@ -222,7 +225,7 @@ impl Param {
         Param { shape: shape.into(), role, init: None, path: None, tensor: None }
     }
 
-    pub fn or_compute(mut self, init: impl Fn() -> Vec<f32> + Send + Sync + 'static) -> Self {
+    pub fn or_compute(mut self, init: impl Fn() -> Result<Vec<f32>, ParamInitError> + Send + Sync + 'static) -> Self {
         self.init = Some(Arc::new(init));
         self
     }
@@ -237,7 +240,11 @@ impl Module for Param {
         let (parent, name) = path.rsplit_once('.').unwrap_or(("", path));
         let t = match (src, &self.init) {
             (ParamSource::Store(store), Some(init)) if !store.contains(path) => {
-                let data = init();
+                let data = init().map_err(|e| Error::Weight {
+                    key: path.to_string(),
+                    module_path: parent.to_string(),
+                    message: format!("cannot compute it: {e}"),
+                })?;
                 Tensor::from_f32(data, self.shape.clone(), store.backend())?
             }
             _ => src.param(parent, name, self.role, &self.shape)?,

@@ -29,7 +29,6 @@ fn qwen3_1_7b_config_parses_and_equals_the_builtin_default() {
     assert_eq!(tm.htp_try_best_performance, HtpPerformance::Burst);
     assert_eq!(tm.htp_security_pd_session, HtpPdSession::Signed);
     assert_eq!(tm.htp_vtcm_capability_in_mb, 8);
-    assert_eq!(cfg.target_machine_json, cfg_1_7b()["target_machine"]);
     assert_eq!(cfg.graph_on_qnn, vec!["model"]);
     assert_eq!(cfg.op_on_qnn, vec!["lm_head"]);
     assert_eq!(cfg.split_graph, 1);
@@ -99,6 +98,35 @@ fn unknown_fields_are_rejected_everywhere() {
     assert_mentions(&m, &["`quant_recipe.builtin_llm_pass.kv_cache.query`", "unknown field"]);
     let m = error_of(|v| v["quant_recipe"]["extra"] = json!(1));
     assert_mentions(&m, &["`quant_recipe.extra`"]);
+}
+
+/// The target is checked as a whole where it is parsed (the QNN backend only maps it).
+#[test]
+fn the_target_machine_must_be_a_consistent_known_soc() {
+    let m = error_of(|v| v["target_machine"]["htp_chipset"] = json!("SM9999"));
+    assert_mentions(&m, &["`target_machine.htp_chipset`", "\"SM9999\"", "SM8650", "SM8845"]);
+    let m = error_of(|v| v["target_machine"]["htp_arch"] = json!("V73"));
+    assert_mentions(&m, &["`target_machine.htp_arch`", "V73 does not match htp_chipset SM8650, which is V75"]);
+    let m = error_of(|v| v["target_machine"]["htp_vtcm_capability_in_mb"] = json!(16));
+    assert_mentions(&m, &["`target_machine.htp_vtcm_capability_in_mb`", "16 MB exceeds the 8 MB VTCM of SM8650"]);
+    let m = error_of(|v| v["target_machine"]["htp_vtcm_capability_in_mb"] = json!(0));
+    assert_mentions(&m, &["`target_machine.htp_vtcm_capability_in_mb`", "greater than 0"]);
+    let m = error_of(|v| v["target_machine"]["htp_try_best_performance"] = json!("Turbo"));
+    assert_mentions(&m, &["`target_machine.htp_try_best_performance`", "\"Turbo\"", "HtpBurst"]);
+    let m = error_of(|v| v["target_machine"]["htp_security_pd_session"] = json!("HtpSecurePd"));
+    assert_mentions(&m, &["`target_machine.htp_security_pd_session`", "HtpSignedPd"]);
+    let m = error_of(|v| v["target_machine"]["htp_arch"] = json!(75));
+    assert_mentions(&m, &["`target_machine.htp_arch`", "found 75"]);
+    let m = error_of(|v| v["target_machine"] = json!([1]));
+    assert_mentions(&m, &["`target_machine`", "expected an object"]);
+    // SM8845's VTCM is not recorded publicly: the config's value is trusted.
+    let mut v = cfg_1_7b();
+    v["target_machine"]["htp_chipset"] = json!("SM8845");
+    v["target_machine"]["htp_arch"] = json!("V81");
+    v["target_machine"]["htp_vtcm_capability_in_mb"] = json!(16);
+    let cfg = AotConfig::from_json(&v).unwrap();
+    assert_eq!(cfg.target_machine.htp_chipset.soc().soc_model, 97);
+    assert_eq!(cfg.to_json()["target_machine"], v["target_machine"]);
 }
 
 #[test]

@@ -101,8 +101,8 @@ impl<A: DecoderAttention> DecoderModel<A> {
             layers: (0..cfg.num_hidden_layers).map(|i| DecoderLayer::new(cfg, i)).collect(),
             norm: RmsNorm::new(cfg.hidden_size, cfg.rms_norm_eps),
             // HF checkpoints have no RoPE tables: computed from the config unless the checkpoint has them.
-            rope_sin: Param::new(table, ParamRole::RopeTable).or_compute(move || sin_cos_tables(&inv, len).0),
-            rope_cos: Param::new(table, ParamRole::RopeTable).or_compute(move || sin_cos_tables(&inv2, len).1),
+            rope_sin: Param::new(table, ParamRole::RopeTable).or_compute(move || Ok(sin_cos_tables(&inv, len)?.0)),
+            rope_cos: Param::new(table, ParamRole::RopeTable).or_compute(move || Ok(sin_cos_tables(&inv2, len)?.1)),
             hidden: cfg.hidden_size,
         }
     }

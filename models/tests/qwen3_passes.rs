@@ -13,7 +13,7 @@
 
 mod common;
 
-use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter, QdqHook};
+use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter, QdqHook, QdqHookError};
 use checkpoint::SafetensorsCheckpoint;
 use common::snapshot;
 use mllm_dsl::config::aot::AotConfig;
@@ -77,8 +77,8 @@ fn after(n: usize, chunk: usize) -> Program {
 struct CheckpointQdq(SafetensorsCheckpoint);
 
 impl QdqHook for CheckpointQdq {
-    fn apply(&self, point: &QdqAttr, x: &[f32], _shape: &[usize]) -> Result<Option<Vec<f32>>, String> {
-        let params = qdq_params(point, &self.0).map_err(|e| e.to_string())?;
+    fn apply(&self, point: &QdqAttr, x: &[f32], _shape: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError> {
+        let params = qdq_params(point, &self.0).map_err(|e| QdqHookError::Params(e.into()))?;
         let fq = FakeQuantizer::new(&params);
         Ok(Some(x.iter().map(|&v| fq.fake(v)).collect()))
     }

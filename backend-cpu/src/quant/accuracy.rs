@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use mllm_dsl::QdqAttr;
 
-use crate::executor::QdqHook;
+use crate::executor::{QdqHook, QdqHookError};
 
 /// Records the input of selected QDQ points, then delegates to `inner` (identity when `None`).
 pub struct RecordingHook {
@@ -35,9 +35,9 @@ impl RecordingHook {
 }
 
 impl QdqHook for RecordingHook {
-    fn apply(&self, point: &QdqAttr, x: &[f32], shape: &[usize]) -> Result<Option<Vec<f32>>, String> {
+    fn apply(&self, point: &QdqAttr, x: &[f32], shape: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError> {
         if self.keys.contains(&point.key) {
-            let mut records = self.records.lock().map_err(|_| "recording state poisoned".to_string())?;
+            let mut records = self.records.lock().map_err(|_| QdqHookError::Poisoned { what: "recording state" })?;
             records.entry(point.key.clone()).or_default().push(x.to_vec());
         }
         match &self.inner {
@@ -179,7 +179,7 @@ mod tests {
     fn recording_hook_records_inputs_and_delegates() {
         struct Double;
         impl QdqHook for Double {
-            fn apply(&self, _: &QdqAttr, x: &[f32], _: &[usize]) -> Result<Option<Vec<f32>>, String> {
+            fn apply(&self, _: &QdqAttr, x: &[f32], _: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError> {
                 Ok(Some(x.iter().map(|v| v * 2.0).collect()))
             }
         }

@@ -50,7 +50,7 @@ use mllm_dsl::{BackendRef, QdqAttr, QdqKind, Result as DslResult, Tensor};
 use super::error::QuantizationError;
 use super::linear::LinearQuantizer;
 use super::params::QdqParams;
-use crate::executor::QdqHook;
+use crate::executor::{QdqHook, QdqHookError};
 use crate::store::CheckpointStore;
 
 /// Which model calibration observes (see the module docs).
@@ -243,9 +243,12 @@ fn last_position_range(x: &[f32], shape: &[usize]) -> Option<(f32, f32)> {
 }
 
 /// Range of `x[.., start..end, ..]` along `slice.dim`.
-fn slice_range(x: &[f32], shape: &[usize], slice: SliceOf) -> Result<Option<(f32, f32)>, String> {
+fn slice_range(key: &str, x: &[f32], shape: &[usize], slice: SliceOf) -> Result<Option<(f32, f32)>, QdqHookError> {
     if slice.dim >= shape.len() || slice.end > shape[slice.dim] || slice.start > slice.end {
-        return Err(format!("concatenation slice {slice:?} does not fit a tensor of shape {shape:?}"));
+        return Err(QdqHookError::Shape {
+            key: key.to_string(),
+            problem: format!("concatenation slice {slice:?} does not fit a tensor of shape {shape:?}"),
+        });
     }
     let inner: usize = shape[slice.dim + 1..].iter().product();
     let mid = shape[slice.dim];
@@ -256,11 +259,11 @@ fn slice_range(x: &[f32], shape: &[usize], slice: SliceOf) -> Result<Option<(f32
 }
 
 impl QdqHook for ObserverHook {
-    fn apply(&self, point: &QdqAttr, x: &[f32], shape: &[usize]) -> Result<Option<Vec<f32>>, String> {
+    fn apply(&self, point: &QdqAttr, x: &[f32], shape: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError> {
         if scheme_of(&point.kind).is_none() {
             return Ok(None);
         }
-        let mut state = self.state.lock().map_err(|_| "observer state poisoned".to_string())?;
+        let mut state = self.state.lock().map_err(|_| QdqHookError::Poisoned { what: "observer state" })?;
         *state.hits.entry(point.key.clone()).or_default() += 1;
         let whole = if self.last_position_only(point) { last_position_range(x, shape) } else { min_max_of(x) };
         let Some(whole) = whole else { return Ok(None) };
@@ -274,17 +277,12 @@ impl QdqHook for ObserverHook {
             Some(Slot::Concat { group, point: i }) => {
                 let (g, i) = (*group, *i);
                 let into_concat = match state.concat_slices.get(&(g, i)).copied().flatten() {
-                    Some(slice) => slice_range(x, shape, slice)?.unwrap_or(whole),
+                    Some(slice) => slice_range(&point.key, x, shape, slice)?.unwrap_or(whole),
                     None => whole,
                 };
                 state.concats[g].observe(i, whole, into_concat);
             }
-            None => {
-                return Err(format!(
-                    "QDQ point `{}` was not among the points traced from the model file; cannot observe it",
-                    point.key
-                ))
-            }
+            None => return Err(QdqHookError::NotTraced { key: point.key.clone() }),
         }
         Ok(None)
     }
@@ -414,9 +412,9 @@ mod tests {
         assert_eq!(last_position_range(&x, &[1, 1, 2, 2]), Some((-2.0, 9.0)));
         // First half of the last dim of [2, 4]: elements 0,1 and 4,5.
         let x = [1.0, -3.0, 7.0, 8.0, 0.5, 2.0, -9.0, 9.0];
-        assert_eq!(slice_range(&x, &[2, 4], SliceOf { dim: 1, start: 0, end: 2 }).unwrap(), Some((-3.0, 2.0)));
-        assert_eq!(slice_range(&x, &[2, 4], SliceOf { dim: 0, start: 1, end: 2 }).unwrap(), Some((-9.0, 9.0)));
-        assert!(slice_range(&x, &[2, 4], SliceOf { dim: 1, start: 0, end: 5 }).is_err());
+        assert_eq!(slice_range("p", &x, &[2, 4], SliceOf { dim: 1, start: 0, end: 2 }).unwrap(), Some((-3.0, 2.0)));
+        assert_eq!(slice_range("p", &x, &[2, 4], SliceOf { dim: 0, start: 1, end: 2 }).unwrap(), Some((-9.0, 9.0)));
+        assert!(slice_range("p", &x, &[2, 4], SliceOf { dim: 1, start: 0, end: 5 }).is_err());
     }
 
     #[test]

@@ -30,7 +30,7 @@ use mllm_dsl::QdqAttr;
 use rayon::prelude::*;
 
 use super::params::QdqParams;
-use crate::executor::QdqHook;
+use crate::executor::{QdqHook, QdqHookError};
 
 /// Elements per parallel task.
 const PAR_CHUNK: usize = 1 << 15;
@@ -53,15 +53,15 @@ impl FakeQuantHook {
 }
 
 impl QdqHook for FakeQuantHook {
-    fn apply(&self, point: &QdqAttr, x: &[f32], _shape: &[usize]) -> Result<Option<Vec<f32>>, String> {
-        let (known, fq) = self.quantizers.get(&point.key).ok_or_else(|| {
-            format!(
-                "QDQ point `{}` has no parameters: it was not among the points traced from the model file",
-                point.key
-            )
-        })?;
+    fn apply(&self, point: &QdqAttr, x: &[f32], _shape: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError> {
+        let (known, fq) =
+            self.quantizers.get(&point.key).ok_or_else(|| QdqHookError::NoParameters { key: point.key.clone() })?;
         if known.kind != point.kind {
-            return Err(format!("QDQ point `{}` is {point} here but was traced as {known}", point.key));
+            return Err(QdqHookError::KindMismatch {
+                key: point.key.clone(),
+                here: point.to_string(),
+                traced: known.to_string(),
+            });
         }
         let mut out = vec![0f32; x.len()];
         out.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK)).for_each(|(o, i)| {

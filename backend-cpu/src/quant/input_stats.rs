@@ -20,8 +20,8 @@ use mllm_dsl::quant::points::{InputMove, LinearInput};
 use mllm_dsl::QdqAttr;
 
 use super::error::QuantizationError;
-use crate::executor::QdqHook;
-use crate::kernels;
+use crate::executor::{QdqHook, QdqHookError};
+use crate::kernels::{self, KernelError};
 
 /// One linear input's statistics.
 #[derive(Clone, Debug, PartialEq)]
@@ -33,11 +33,20 @@ pub struct LinearStats {
     rows: usize,
 }
 
+/// Why summed input statistics cannot make a [`LinearStats`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinearStatsError {
+    #[error("{values} values over {rows} rows for {features} features (expected features^2 values, rows > 0)")]
+    Shape { values: usize, rows: usize, features: usize },
+    #[error("no input rows")]
+    NoRows,
+}
+
 impl LinearStats {
     /// Statistics from a summed `X^T X` over `rows` input rows.
-    pub fn from_sum(features: usize, mut sum: Vec<f32>, rows: usize) -> Result<Self, String> {
-        if sum.len() != features * features || rows == 0 {
-            return Err(format!("{} values over {rows} rows for {features} features", sum.len()));
+    pub fn from_sum(features: usize, mut sum: Vec<f32>, rows: usize) -> Result<Self, LinearStatsError> {
+        if Some(sum.len()) != features.checked_mul(features) || rows == 0 {
+            return Err(LinearStatsError::Shape { values: sum.len(), rows, features });
         }
         let inv = 1.0 / rows as f32;
         sum.iter_mut().for_each(|v| *v *= inv);
@@ -47,9 +56,9 @@ impl LinearStats {
 
     /// Statistics that know only `E[x_i^2]` (summed over `rows`); [`hessian`](Self::hessian) is
     /// then empty.
-    pub fn from_diagonal_sum(mut sum: Vec<f32>, rows: usize) -> Result<Self, String> {
+    pub fn from_diagonal_sum(mut sum: Vec<f32>, rows: usize) -> Result<Self, LinearStatsError> {
         if rows == 0 {
-            return Err("no input rows".into());
+            return Err(LinearStatsError::NoRows);
         }
         let inv = 1.0 / rows as f32;
         sum.iter_mut().for_each(|v| *v *= inv);
@@ -204,7 +213,7 @@ impl InputStatsHook {
 }
 
 /// `x` after `moves`, as `(data, shape)`.
-fn replay(x: &[f32], shape: &[usize], moves: &[InputMove]) -> Result<(Vec<f32>, Vec<usize>), String> {
+fn replay(x: &[f32], shape: &[usize], moves: &[InputMove]) -> Result<(Vec<f32>, Vec<usize>), KernelError> {
     let (mut data, mut shape) = (x.to_vec(), shape.to_vec());
     for m in moves {
         let (d, s) = match m {
@@ -212,29 +221,33 @@ fn replay(x: &[f32], shape: &[usize], moves: &[InputMove]) -> Result<(Vec<f32>, 
             InputMove::Permute { perm } => {
                 kernels::permute(&data, &shape, &perm.iter().map(|&p| p as isize).collect::<Vec<_>>())
             }
-        }
-        .map_err(|e| e.to_string())?;
+        }?;
         (data, shape) = (d, s);
     }
     Ok((data, shape))
 }
 
 impl QdqHook for InputStatsHook {
-    fn apply(&self, point: &QdqAttr, x: &[f32], shape: &[usize]) -> Result<Option<Vec<f32>>, String> {
+    fn apply(&self, point: &QdqAttr, x: &[f32], shape: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError> {
         let Some(indices) = self.by_point.get(&point.key) else { return Ok(None) };
         for &i in indices {
-            let mut acc = self.accumulators[i].lock().map_err(|_| "input statistics poisoned".to_string())?;
-            let (data, moved) = replay(x, shape, &acc.moves)
-                .map_err(|e| format!("QDQ point `{}`: replaying the moves to its linear: {e}", point.key))?;
+            let mut acc =
+                self.accumulators[i].lock().map_err(|_| QdqHookError::Poisoned { what: "input statistics" })?;
+            let (data, moved) = replay(x, shape, &acc.moves).map_err(|source| QdqHookError::Shape {
+                key: point.key.clone(),
+                problem: format!("replaying the moves to its linear: {source}"),
+            })?;
             let features = acc.features;
             if data.is_empty() {
                 continue;
             }
             if features == 0 || data.len() % features != 0 {
-                return Err(format!(
-                    "QDQ point `{}`: a {moved:?} tensor is no whole number of its linear's {features}-wide input rows",
-                    point.key
-                ));
+                return Err(QdqHookError::Shape {
+                    key: point.key.clone(),
+                    problem: format!(
+                        "a {moved:?} tensor is no whole number of its linear's {features}-wide input rows"
+                    ),
+                });
             }
             let rows = data.len() / features;
             let gram = match self.depth {
@@ -248,7 +261,8 @@ impl QdqHook for InputStatsHook {
                 StatsDepth::Full => {
                     // X^T X: [In, N] x [N, In].
                     let xt = crate::quant::calibrate::transpose(&data, rows, features);
-                    kernels::linear_kn(&xt, features, rows, &data, features, None).map_err(|e| e.to_string())?
+                    kernels::linear_kn(&xt, features, rows, &data, features, None)
+                        .map_err(|source| QdqHookError::Kernel { key: point.key.clone(), source })?
                 }
             };
             if acc.sum.is_empty() {

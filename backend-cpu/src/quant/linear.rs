@@ -67,16 +67,23 @@ impl WeightMethod {
     }
 }
 
+/// A weight method name other than rtn, mse, gptq, seqmse or seqmse-gptq.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown weight method `{name}`; expected rtn, mse, gptq, seqmse or seqmse-gptq")]
+pub struct UnknownWeightMethod {
+    pub name: String,
+}
+
 impl std::str::FromStr for WeightMethod {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownWeightMethod;
+    fn from_str(s: &str) -> Result<Self, UnknownWeightMethod> {
         match s {
             "rtn" => Ok(WeightMethod::Rtn),
             "mse" => Ok(WeightMethod::Mse),
             "gptq" => Ok(WeightMethod::Gptq),
             "seqmse" => Ok(WeightMethod::SeqMse),
             "seqmse-gptq" => Ok(WeightMethod::SeqMseGptq),
-            other => Err(format!("unknown weight method `{other}`; expected rtn, mse, gptq, seqmse or seqmse-gptq")),
+            other => Err(UnknownWeightMethod { name: other.to_string() }),
         }
     }
 }

@@ -42,11 +42,11 @@ pub use export::{
 };
 pub use fake_quant::FakeQuantHook;
 pub use hadamard::{orthogonal, Orthogonal, OrthogonalKind};
-pub use input_stats::{InputStats, InputStatsHook, LinearStats, StatsDepth};
-pub use linear::{LinearQuantizer, WeightMethod};
+pub use input_stats::{InputStats, InputStatsHook, LinearStats, LinearStatsError, StatsDepth};
+pub use linear::{LinearQuantizer, UnknownWeightMethod, WeightMethod};
 pub use params::QdqParams;
 pub use prefill::{prefill, prefill_logits, PresentKv};
-pub use rotation::{rotate_checkpoint, Rotation, RotationSummary};
+pub use rotation::{rotate_checkpoint, Rotation, RotationSummary, UnknownRotation};
 pub use rtn::RtnWeights;
 
 /// Whether a checkpoint holds quantized weights (pymllm's export or this project's): it has

@@ -58,13 +58,20 @@ impl Rotation {
     }
 }
 
+/// A rotation name other than none or hadamard.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown rotation `{name}`; expected none or hadamard")]
+pub struct UnknownRotation {
+    pub name: String,
+}
+
 impl std::str::FromStr for Rotation {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownRotation;
+    fn from_str(s: &str) -> Result<Self, UnknownRotation> {
         match s {
             "none" => Ok(Rotation::None),
             "hadamard" => Ok(Rotation::Hadamard),
-            other => Err(format!("unknown rotation `{other}`; expected none or hadamard")),
+            other => Err(UnknownRotation { name: other.to_string() }),
         }
     }
 }

@@ -218,6 +218,12 @@ impl From<ParamReadError> for EvalError {
     }
 }
 
+impl From<crate::shape::ShapeError> for EvalError {
+    fn from(e: crate::shape::ShapeError) -> Self {
+        EvalError::Detail(e.to_string())
+    }
+}
+
 impl From<String> for EvalError {
     fn from(e: String) -> Self {
         EvalError::Detail(e)

@@ -28,11 +28,11 @@ impl HtpDeviceOptions {
     }
 
     /// Options for a chipset name such as `SM8650` (case-insensitive), unsigned PD; `None` for
-    /// chipsets missing from [`crate::target::CHIPSETS`] or whose VTCM size is not recorded.
+    /// chipsets missing from [`crate::target::HtpChipset`] or whose VTCM size is not recorded.
     pub fn for_chipset(name: &str) -> Option<HtpDeviceOptions> {
-        crate::target::CHIPSETS.iter().find(|c| c.name.eq_ignore_ascii_case(name)).and_then(|c| {
-            Some(HtpDeviceOptions { soc_model: c.soc_model, arch: c.arch, vtcm_mb: c.vtcm_mb?, signed_pd: false })
-        })
+        crate::target::HtpChipset::ALL.iter().map(|c| c.soc()).find(|c| c.name.eq_ignore_ascii_case(name)).and_then(
+            |c| Some(HtpDeviceOptions { soc_model: c.soc_model, arch: c.arch, vtcm_mb: c.vtcm_mb?, signed_pd: false }),
+        )
     }
 
     /// `deviceCreate` configs: custom SOC, custom SIGNEDPD when requested, then PLATFORM_INFO

@@ -67,7 +67,7 @@ impl AotModel {
             mode: CalibrationMode::MllmCompatible,
             out: out.0.clone(),
             max_positions: MAX_POSITIONS,
-            progress: false,
+            progress: aot::progress::silent(),
             weight_method: backend_cpu::quant::WeightMethod::Rtn,
             act_ranges: Default::default(),
             rotation: backend_cpu::quant::Rotation::None,

@@ -22,10 +22,17 @@ pub enum GgmlType {
 /// The types [`GgmlType::from_id`] accepts, for error messages.
 pub const SUPPORTED_TYPES: &str = "F32, F16, BF16, Q4_0, Q4_1, Q8_0";
 
+/// A ggml tensor type this reader cannot dequantize (its name, or `type id N` when unknown).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name}")]
+pub struct UnsupportedGgmlType {
+    pub name: String,
+}
+
 impl GgmlType {
-    /// The type with ggml id `id` (`enum ggml_type`), or its name when this reader cannot
+    /// The type with ggml id `id` (`enum ggml_type`), or the type's name when this reader cannot
     /// dequantize it.
-    pub fn from_id(id: u32) -> Result<Self, String> {
+    pub fn from_id(id: u32) -> Result<Self, UnsupportedGgmlType> {
         Ok(match id {
             0 => GgmlType::F32,
             1 => GgmlType::F16,
@@ -33,7 +40,7 @@ impl GgmlType {
             3 => GgmlType::Q4_1,
             8 => GgmlType::Q8_0,
             30 => GgmlType::BF16,
-            other => return Err(ggml_type_name(other)),
+            other => return Err(UnsupportedGgmlType { name: ggml_type_name(other) }),
         })
     }
 

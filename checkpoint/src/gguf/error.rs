@@ -31,4 +31,7 @@ pub enum GgufError {
     InvalidKey { path: PathBuf, key: String, reason: String },
     #[error("cannot write {path}: {reason}")]
     Write { path: PathBuf, reason: String },
+    /// Staging, writing or moving the converted directory (the error names the path).
+    #[error(transparent)]
+    File(#[from] mllm_dsl::files::FileError),
 }

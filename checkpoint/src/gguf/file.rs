@@ -217,10 +217,10 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, GgufError> {
     let mut tensors = Vec::with_capacity(table.len());
     for (name, dims, type_id, offset) in table {
         let bad = |reason: String| GgufError::BadTensor { path: path.to_path_buf(), tensor: name.clone(), reason };
-        let ggml_type = GgmlType::from_id(type_id).map_err(|ggml_type| GgufError::UnsupportedType {
+        let ggml_type = GgmlType::from_id(type_id).map_err(|unsupported| GgufError::UnsupportedType {
             path: path.to_path_buf(),
             tensor: name.clone(),
-            ggml_type,
+            ggml_type: unsupported.name,
         })?;
         if dims.contains(&0) {
             return Err(bad(format!("dims {dims:?} contain a zero")));

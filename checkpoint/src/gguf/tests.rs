@@ -209,6 +209,12 @@ fn non_llama_files_are_refused_by_the_converter() {
     // The fixture says llama but has no hyper-parameters.
     assert!(err.contains("'llama.embedding_length' is missing"), "{err}");
     assert!(!out.exists(), "a failed conversion leaves no directory");
+    let staged: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("staging"))
+        .collect();
+    assert!(staged.is_empty(), "a failed conversion leaves no staging directory: {staged:?}");
     std::fs::create_dir(&out).unwrap();
     let err = convert_to_hf_dir(&gguf, &out).unwrap_err().to_string();
     assert!(err.contains("already exists"), "{err}");

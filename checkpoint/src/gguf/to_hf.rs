@@ -3,12 +3,13 @@
 //! generation config and tokenizer files built from the metadata.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{json, Value};
 
 use super::{tokenizer_config_json, tokenizer_json, GgufError, GgufFile};
 use crate::{write_safetensors_atomic, StDtype, TensorBytes};
+use mllm_dsl::files::{write_atomic_bytes, StagingDir};
 
 /// The one architecture converted: Llama (SmolLM2, Llama 2/3 without rope scaling).
 const ARCH: &str = "llama";
@@ -125,28 +126,20 @@ impl LlamaHparams {
 }
 
 /// Reads `gguf` and writes an HF checkpoint directory at `out`, which must not exist yet. Everything
-/// is written into a sibling temporary directory first and renamed to `out` at the end, so `out`
-/// either does not exist or is complete.
+/// is written into a staging directory next to `out` ([`mllm_dsl::files::StagingDir`]) and moved
+/// to `out` at the end, so `out` either does not exist or is complete; a killed run's staging
+/// directory is removed by the next run.
 pub fn convert_to_hf_dir(gguf: &GgufFile, out: &Path) -> Result<(), GgufError> {
-    let fail = |path: &Path, reason: String| GgufError::Write { path: path.to_path_buf(), reason };
     if out.exists() {
-        return Err(fail(out, "already exists; remove it or choose another directory".into()));
+        return Err(GgufError::Write {
+            path: out.to_path_buf(),
+            reason: "already exists; remove it or choose another directory".into(),
+        });
     }
     let hp = LlamaHparams::read(gguf)?;
-    let name = out.file_name().ok_or_else(|| fail(out, "has no directory name".into()))?;
-    let tmp = out.with_file_name(format!(".{}.partial-{}", name.to_string_lossy(), std::process::id()));
-    fn io(path: &Path) -> impl Fn(std::io::Error) -> GgufError + '_ {
-        move |e| GgufError::Write { path: path.to_path_buf(), reason: e.to_string() }
-    }
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
-    }
-    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-    let result = write_all(gguf, &hp, &tmp).and_then(|()| std::fs::rename(&tmp, out).map_err(io(out)));
-    if result.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    result
+    let staging = StagingDir::new(out)?;
+    write_all(gguf, &hp, staging.path())?;
+    Ok(staging.commit()?)
 }
 
 fn write_all(gguf: &GgufFile, hp: &LlamaHparams, dir: &Path) -> Result<(), GgufError> {
@@ -321,7 +314,7 @@ fn add_special_ids(config: &mut Value, special: &SpecialIds) {
     }
 }
 
-fn write_json(path: &PathBuf, value: &Value) -> Result<(), GgufError> {
+fn write_json(path: &Path, value: &Value) -> Result<(), GgufError> {
     let text = serde_json::to_string_pretty(value).expect("JSON values serialize");
-    std::fs::write(path, text + "\n").map_err(|e| GgufError::Write { path: path.clone(), reason: e.to_string() })
+    Ok(write_atomic_bytes(path, (text + "\n").as_bytes())?)
 }

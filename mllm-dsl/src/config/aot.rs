@@ -63,15 +63,18 @@ fn field_error(field: impl Into<String>, problem: impl Into<String>) -> AotConfi
 macro_rules! string_enum {
     ($(#[$meta:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
         $(#[$meta])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub enum $name { $($variant),+ }
 
         impl $name {
             /// Every accepted spelling, in declaration order.
             pub const NAMES: &'static [&'static str] = &[$($text),+];
 
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [Self] = &[$($name::$variant),+];
+
             /// The spelling used in the JSON.
-            pub fn as_str(self) -> &'static str {
+            pub const fn as_str(self) -> &'static str {
                 match self { $($name::$variant => $text),+ }
             }
 
@@ -89,20 +92,66 @@ macro_rules! string_enum {
 }
 
 string_enum!(
-    /// Hexagon tensor processor generation (`htp_arch`).
-    HtpArch { None => "NONE", V68 => "V68", V69 => "V69", V73 => "V73", V75 => "V75", V79 => "V79", V81 => "V81" }
+    /// Hexagon tensor processor generation (`htp_arch`), ordered oldest first.
+    HtpArch { V68 => "V68", V69 => "V69", V73 => "V73", V75 => "V75", V79 => "V79", V81 => "V81", V85 => "V85" }
 );
 
+impl HtpArch {
+    /// The `QnnHtpDevice_Arch_t` value (68 for V68, ...).
+    pub const fn raw(self) -> u32 {
+        match self {
+            HtpArch::V68 => 68,
+            HtpArch::V69 => 69,
+            HtpArch::V73 => 73,
+            HtpArch::V75 => 75,
+            HtpArch::V79 => 79,
+            HtpArch::V81 => 81,
+            HtpArch::V85 => 85,
+        }
+    }
+}
+
 string_enum!(
-    /// Snapdragon SoC (`htp_chipset`), as mllm's `QnnTargetMachineParser` lists them.
+    /// Snapdragon SoC (`htp_chipset`): the SoCs whose QNN `socModel` id is public.
     HtpChipset {
-        UnknownSm => "UNKNOWN_SM", Sa8295 => "SA8295", Sm8350 => "SM8350", Sm8450 => "SM8450",
-        Sm8475 => "SM8475", Sm8550 => "SM8550", Sm8650 => "SM8650", Sm8750 => "SM8750",
-        Sm8850 => "SM8850", Sm8845 => "SM8845", Ssg2115p => "SSG2115P", Ssg2125p => "SSG2125P",
-        Sxr1230p => "SXR1230P", Sxr2230p => "SXR2230P", Sxr2330p => "SXR2330P", Qcs9100 => "QCS9100",
-        Sar2230p => "SAR2230P", Sa8255 => "SA8255", Sw6100 => "SW6100",
+        Sm8350 => "SM8350", Sm8450 => "SM8450", Sa8295 => "SA8295", Sm8475 => "SM8475",
+        Sm8550 => "SM8550", Sm8650 => "SM8650", Sm8750 => "SM8750", Sm8850 => "SM8850",
+        Qcm6490 => "QCM6490", Qcs6490 => "QCS6490", Sm8845 => "SM8845",
     }
 );
+
+/// A Snapdragon SoC with its QNN `socModel` id, HTP arch and VTCM size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chipset {
+    pub name: &'static str,
+    pub soc_model: u32,
+    pub arch: HtpArch,
+    /// VTCM in MB when a public table records it.
+    pub vtcm_mb: Option<u32>,
+}
+
+impl HtpChipset {
+    /// The SoC's facts: executorch `serialization/qc_schema.py` (qnn-api.md §3) and mllm's
+    /// chipset enum (SM8845 = 97, v81; its VTCM size is not recorded publicly, so the JSON value
+    /// is trusted). The one table of SoCs in the project.
+    pub const fn soc(self) -> Chipset {
+        let (soc_model, arch, vtcm_mb) = match self {
+            HtpChipset::Sm8350 => (30, HtpArch::V68, Some(4)),
+            HtpChipset::Sm8450 => (36, HtpArch::V69, Some(8)),
+            HtpChipset::Sa8295 => (39, HtpArch::V68, Some(8)),
+            HtpChipset::Sm8475 => (42, HtpArch::V69, Some(8)),
+            HtpChipset::Sm8550 => (43, HtpArch::V73, Some(8)),
+            HtpChipset::Sm8650 => (57, HtpArch::V75, Some(8)),
+            HtpChipset::Sm8750 => (69, HtpArch::V79, Some(8)),
+            HtpChipset::Sm8850 => (87, HtpArch::V81, Some(8)),
+            HtpChipset::Qcm6490 => (93, HtpArch::V68, Some(2)),
+            // mllm spells this SoC QCS6490; same socModel.
+            HtpChipset::Qcs6490 => (93, HtpArch::V68, Some(2)),
+            HtpChipset::Sm8845 => (97, HtpArch::V81, None),
+        };
+        Chipset { name: self.as_str(), soc_model, arch, vtcm_mb }
+    }
+}
 
 string_enum!(
     /// HTP performance mode (`htp_try_best_performance`).
@@ -137,6 +186,27 @@ pub struct TargetMachine {
     pub htp_try_best_performance: HtpPerformance,
     pub htp_security_pd_session: HtpPdSession,
     pub htp_vtcm_capability_in_mb: u32,
+}
+
+impl TargetMachine {
+    /// The arch must be the chipset's, and the VTCM size at most the chipset's (when recorded).
+    fn check(&self) -> Result<(), AotConfigError> {
+        let soc = self.htp_chipset.soc();
+        if soc.arch != self.htp_arch {
+            return Err(field_error(
+                "target_machine.htp_arch",
+                format!("{} does not match htp_chipset {}, which is {}", self.htp_arch, soc.name, soc.arch),
+            ));
+        }
+        let vtcm = self.htp_vtcm_capability_in_mb;
+        if let Some(max) = soc.vtcm_mb.filter(|&max| vtcm > max) {
+            return Err(field_error(
+                "target_machine.htp_vtcm_capability_in_mb",
+                format!("{vtcm} MB exceeds the {max} MB VTCM of {}", soc.name),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One quantization recipe (`{"method", "sym", "precision", "block_size"?}`).
@@ -271,8 +341,6 @@ pub struct QuantRecipe {
 #[derive(Clone, Debug, PartialEq)]
 pub struct AotConfig {
     pub target_machine: TargetMachine,
-    /// The `target_machine` object as written, for the QNN backend.
-    pub target_machine_json: Value,
     /// Subgraphs lowered to QNN (e.g. `["model"]`).
     pub graph_on_qnn: Vec<String>,
     /// Top-level ops lowered to QNN (e.g. `["lm_head"]`).
@@ -307,8 +375,7 @@ impl AotConfig {
     pub fn from_json(value: &Value) -> Result<Self, AotConfigError> {
         let top = Obj::new(value, "", TOP_FIELDS)?;
 
-        let tm_value = top.get("target_machine")?;
-        let tm = Obj::new(tm_value, "target_machine", TARGET_FIELDS)?;
+        let tm = Obj::new(top.get("target_machine")?, "target_machine", TARGET_FIELDS)?;
         let vtcm_field = tm.path("htp_vtcm_capability_in_mb");
         let vtcm = as_u32(tm.get("htp_vtcm_capability_in_mb")?, &vtcm_field)?;
         if vtcm == 0 {
@@ -329,6 +396,7 @@ impl AotConfig {
             )?,
             htp_vtcm_capability_in_mb: vtcm,
         };
+        target_machine.check()?;
 
         let graph_on_qnn = as_string_list(top.get("graph_on_qnn")?, "graph_on_qnn")?;
         if graph_on_qnn.is_empty() {
@@ -371,7 +439,6 @@ impl AotConfig {
 
         Ok(AotConfig {
             target_machine,
-            target_machine_json: tm_value.clone(),
             graph_on_qnn,
             op_on_qnn,
             split_graph,
@@ -396,7 +463,6 @@ impl AotConfig {
         let linear_path = "quant_recipe.builtin_llm_pass.linear";
         let lm_head_path = "quant_recipe.builtin_llm_pass.lm_head";
         AotConfig {
-            target_machine_json: target_machine_to_json(&target_machine),
             target_machine,
             graph_on_qnn: vec!["model".into()],
             op_on_qnn: vec!["lm_head".into()],
@@ -418,7 +484,7 @@ impl AotConfig {
     pub fn to_json(&self) -> Value {
         let b = &self.quant_recipe.builtin_llm_pass;
         json!({
-            "target_machine": self.target_machine_json.clone(),
+            "target_machine": target_machine_to_json(&self.target_machine),
             "graph_on_qnn": self.graph_on_qnn,
             "op_on_qnn": self.op_on_qnn,
             "split_graph": self.split_graph,
