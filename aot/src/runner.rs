@@ -66,6 +66,7 @@ impl Runner {
                 "--qnn-context runs the binary on Qualcomm's HTP backend (x86: its emulation); or add --qnn-emulate to \
                  run it on backend-qnn's interpreter",
             )?;
+            refuse_shared_binary_on_x86(binary)?;
         }
         let config = HfConfig::from_dir(dir)?;
         let bytes = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
@@ -190,4 +191,26 @@ impl Runner {
         };
         out.context("generation failed")
     }
+}
+
+/// Qualcomm's x86 emulation cannot run a weight-shared context binary, and its libQnnHtp.so does
+/// not refuse one: `contextCreateFromBinary` crashes (SIGSEGV, QAIRT 2.51). `qwen3_aot` writes an
+/// unshared `<stem>.x86.bin` beside each shared `<stem>.bin` for this reason, so a binary with that
+/// sibling is the device's and is refused here, naming the one to use.
+fn refuse_shared_binary_on_x86(binary: &Path) -> Result<()> {
+    if !cfg!(target_arch = "x86_64") || binary.extension().is_none_or(|e| e != "bin") {
+        return Ok(());
+    }
+    let Some(stem) = binary.file_stem().and_then(|s| s.to_str()).filter(|s| !s.ends_with(".x86")) else {
+        return Ok(());
+    };
+    let sibling = binary.with_file_name(format!("{stem}.x86.bin"));
+    ensure!(
+        !sibling.is_file(),
+        "{} is the weight-shared context binary for the device, which Qualcomm's x86 HTP emulation cannot load \
+         (its libQnnHtp.so crashes on it); on this machine use {}",
+        binary.display(),
+        sibling.display()
+    );
+    Ok(())
 }

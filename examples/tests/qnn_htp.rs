@@ -71,6 +71,13 @@ fn greedy_tokens_match_on_the_htp_emulation(name: &str, source: &[&str]) {
     let on_htp = generated_ids(&[&common[..], &["--qnn-context", binary.to_str().unwrap()]].concat());
     assert_eq!(cpu.len(), 6 + 16);
     assert_eq!(on_htp, cpu, "{name}: greedy ids on Qualcomm's HTP emulation vs the CPU fake-quant model");
+    // The weight-shared binary next to it is the device's: refused on x86 (the emulation would
+    // crash on it), naming the unshared one.
+    let shared = out.join("qnn/context.bin");
+    let shared_arg = ["--qnn-context", shared.to_str().unwrap()];
+    let argv = ["generate"].iter().chain(&common).chain(&shared_arg).copied();
+    let err = generate::run_generate(&generate::GenerateArgs::try_parse_from(argv).unwrap()).unwrap_err();
+    assert!(format!("{err:#}").contains("context.x86.bin"), "{name}: {err:#}");
 }
 
 fn calibrated(fixture: &str) -> [String; 4] {
