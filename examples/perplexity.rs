@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use aot::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
-use aot::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
+use aot::{quantize, CalibSource, QuantizeOptions};
 use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
@@ -87,16 +87,13 @@ fn main() -> Result<()> {
         args.quantized.iter().map(|d| (format!("fake-quant {}", d.display()), d.clone())).collect();
 
     // 1. Calibrate and quantize first, when asked to.
-    let tokenizer = args.model.join("tokenizer.json");
-    let calibration = match (&args.calib_ids, args.calib_text.as_slice()) {
-        (Some(path), _) => Some(load_id_sequences(path, "calib_ids", hf.vocab_size)?),
-        (None, []) => None,
-        (None, texts) => {
-            let each: Result<Vec<_>, aot::AotError> =
-                texts.iter().map(|p| load_text_sequences(p, &tokenizer, 1024, 128, None)).collect();
-            Some(each?.concat())
-        }
+    let sources: Vec<CalibSource> = match &args.calib_ids {
+        Some(path) => vec![CalibSource::Ids(path.clone())],
+        None => args.calib_text.iter().map(|p| CalibSource::Text { path: p.clone(), chat: false }).collect(),
     };
+    let each: Result<Vec<_>, aot::AotError> =
+        sources.iter().map(|c| c.load(&args.model, hf.vocab_size, 1024, 128)).collect();
+    let calibration = if sources.is_empty() { None } else { Some(each?.concat()) };
     if let Some(calibration) = calibration {
         let out = args.out.clone().unwrap_or_else(|| aot::default_out_dir("perplexity").join("quantized"));
         let outcome = quantize(&QuantizeOptions {
@@ -122,7 +119,7 @@ fn main() -> Result<()> {
     }
 
     // 2. Score.
-    let ids = load_text_ids(&args.text, &tokenizer, args.tokens)?;
+    let ids = load_text_ids(&args.text, &args.model.join("tokenizer.json"), args.tokens)?;
     let quality = text_quality(&TextQualityOptions {
         model: args.model.clone(),
         quantized,

@@ -19,7 +19,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use aot::{load_id_sequences, load_text_sequences, quantize, QuantizeOptions};
+use aot::{load_id_sequences, quantize, CalibSource, QuantizeOptions};
 use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
@@ -86,15 +86,12 @@ fn main() -> Result<()> {
     let args = Args::parse();
     backend_cpu::kernels::set_num_threads(args.threads)?;
     let hf = HfConfig::from_dir(&args.model)?;
-    let calibration = match (&args.calib_ids, &args.calib_text) {
-        (Some(path), _) => load_id_sequences(path, "calib_ids", hf.vocab_size)?,
-        (None, Some(path)) => {
-            let template = if args.chat { Some(aot::load_chat_template(&args.model)?) } else { None };
-            let tokenizer = args.model.join("tokenizer.json");
-            load_text_sequences(path, &tokenizer, args.max_length, args.num_samples, template.as_ref())?
-        }
+    let source = match (&args.calib_ids, &args.calib_text) {
+        (Some(path), _) => CalibSource::Ids(path.clone()),
+        (None, Some(path)) => CalibSource::Text { path: path.clone(), chat: args.chat },
         (None, None) => unreachable!("clap requires one calibration source"),
     };
+    let calibration = source.load(&args.model, hf.vocab_size, args.max_length, args.num_samples)?;
     let evaluation = match &args.eval_ids {
         Some(path) => {
             let file = checkpoint::SafetensorsCheckpoint::open_file(path)

@@ -48,7 +48,7 @@ use crate::load::{fake_quant_backend, open_model, rope_positions, ROPE_SIN_KEY};
 use crate::probe::{Probe, ProbeText};
 use crate::progress::Progress;
 use crate::report::{AotReport, GraphReport, Timings};
-use crate::sequences::{load_id_sequences, load_text_sequences};
+use crate::sequences::CalibSource;
 use crate::trace::{trace_graph, trace_model};
 use mllm_dsl::config::run_sizes::{available_memory, RunSizes};
 
@@ -61,16 +61,6 @@ pub enum ModelSource {
     Float(PathBuf),
     /// A quantized checkpoint directory (pymllm's export or this project's): no calibration.
     Quantized(PathBuf),
-}
-
-/// Calibration token sequences.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CalibSource {
-    /// Safetensors with `calib_ids`, int64 (or int32) `[N, L]`.
-    Ids(PathBuf),
-    /// Paragraphs separated by blank lines, tokenized with the model directory's `tokenizer.json`
-    /// (each paragraph as a user turn through the model directory's own chat template when `chat`).
-    Text { path: PathBuf, chat: bool },
 }
 
 /// Everything [`run`] needs.
@@ -136,10 +126,7 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
         ModelSource::Float(dir) | ModelSource::Quantized(dir) => inputs.push(dir.clone()),
         ModelSource::Embedded => {}
     }
-    match &opts.calibration {
-        Some(CalibSource::Ids(path)) | Some(CalibSource::Text { path, .. }) => inputs.push(path.clone()),
-        None => {}
-    }
+    inputs.extend(opts.calibration.iter().map(|c| c.path().to_path_buf()));
     mllm_dsl::files::ensure_not_input(&opts.out, &inputs)?;
     let staging = mllm_dsl::files::StagingDir::new(&opts.out)?;
     let report = run_in(opts, staging.path())?;
@@ -214,14 +201,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         Some(calib) => {
             let float_dir = &model_dir;
             let t = Instant::now();
-            let calibration = match &calib {
-                CalibSource::Ids(path) => load_id_sequences(path, "calib_ids", hf.vocab_size)?,
-                CalibSource::Text { path, chat } => {
-                    let template = if *chat { Some(crate::chat::load_chat_template(float_dir)?) } else { None };
-                    let tokenizer = float_dir.join("tokenizer.json");
-                    load_text_sequences(path, &tokenizer, opts.max_positions, 128, template.as_ref())?
-                }
-            };
+            let calibration = calib.load(float_dir, hf.vocab_size, opts.max_positions, 128)?;
             timings.load += t.elapsed().as_secs_f64();
             let probe_text = ProbeText {
                 ids: calibration.iter().flatten().copied().collect(),

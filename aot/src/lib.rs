@@ -40,8 +40,8 @@ pub mod trace;
 pub use calibrate::{evaluate, quantize, QuantizeOptions, QuantizeOutcome};
 pub use chat::{load_chat_template, stop_ids, user_turn_prompt, Conversation, TextStream};
 pub use compile::{
-    compile, lower_for_context, run, AotOptions, CalibSource, CompileOptions, CompileTimings, CompiledGraph,
-    CompiledModel, ModelSource,
+    compile, lower_for_context, run, AotOptions, CompileOptions, CompileTimings, CompiledGraph, CompiledModel,
+    ModelSource,
 };
 pub use config::{default_out_dir, load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
 pub use error::{AotError, Context, Result};
@@ -52,5 +52,5 @@ pub use load::{load_float, load_model, CpuModel, RunMode};
 pub use real_model::smollm2_dir;
 pub use report::{AotReport, GraphReport, Timings};
 pub use runner::Runner;
-pub use sequences::{encode_prompt, load_id_sequences, load_text_sequences, load_tokenizer};
+pub use sequences::{encode_prompt, load_id_sequences, load_text_sequences, load_tokenizer, CalibSource};
 pub use trace::{trace_graph, trace_model};

@@ -1,13 +1,50 @@
 //! Token sequences to calibrate or evaluate on: ids from safetensors, or text paragraphs through
 //! the model's tokenizer.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{bail, ensure, AotError, Context, Result};
 use checkpoint::{ChatTemplate, SafetensorsCheckpoint};
 
-use crate::chat::user_turn_prompt;
+use crate::chat::{load_chat_template, user_turn_prompt};
 use mllm_dsl::config::hf::HfConfig;
+
+/// Calibration token sequences.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CalibSource {
+    /// Safetensors with `calib_ids`, int64 (or int32) `[N, L]`.
+    Ids(PathBuf),
+    /// Paragraphs separated by blank lines, tokenized with the model directory's `tokenizer.json`
+    /// (each paragraph as a user turn through the model directory's own chat template when `chat`).
+    Text { path: PathBuf, chat: bool },
+}
+
+impl CalibSource {
+    /// The file the sequences are read from.
+    pub fn path(&self) -> &Path {
+        match self {
+            CalibSource::Ids(path) | CalibSource::Text { path, .. } => path,
+        }
+    }
+
+    /// The sequences for the model in `model_dir`: ids checked against `vocab_size`, or text
+    /// paragraphs cut to `max_len` tokens, at most `max_samples` of them.
+    pub fn load(
+        &self,
+        model_dir: &Path,
+        vocab_size: usize,
+        max_len: usize,
+        max_samples: usize,
+    ) -> Result<Vec<Vec<i64>>> {
+        match self {
+            CalibSource::Ids(path) => load_id_sequences(path, "calib_ids", vocab_size),
+            CalibSource::Text { path, chat } => {
+                let template = if *chat { Some(load_chat_template(model_dir)?) } else { None };
+                load_text_sequences(path, &model_dir.join("tokenizer.json"), max_len, max_samples, template.as_ref())
+            }
+        }
+    }
+}
 
 /// Token sequences from `calib_ids`-style safetensors: an int64 (or int32) `[N, L]` tensor `key`.
 pub fn load_id_sequences(path: &Path, key: &str, vocab_size: usize) -> Result<Vec<Vec<i64>>> {
