@@ -1,10 +1,12 @@
 //! The LPBQ weight methods (`--weight-method`) and activation ranges (`--act-range`,
 //! docs/quantization.md) on the tiny fixture: the searched, SeqMSE and GPTQ-rounded weights and
 //! the MSE ranges must not leave fake-quant further from float than pymllm's recipe, and
-//! `--mllm-compatible` must ignore them (pymllm's parameters, bit for bit).
+//! `--mllm-compatible` must ignore them (pymllm's parameters, bit for bit). A model rotated first
+//! (`--rotation hadamard`) quantizes into the same format; `--mllm-compatible` refuses a rotation.
 
 use aot::{load_id_sequences, quantize, QuantizeOptions, QuantizeOutcome};
-use backend_cpu::quant::{CalibrationMode, WeightMethod};
+use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
+use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::quant::act_range::{ActRange, ActRanges};
 use mllm_dsl::QdqKind;
 use std::path::{Path, PathBuf};
@@ -19,9 +21,16 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-fn run(mode: CalibrationMode, method: WeightMethod, ranges: ActRanges, out: &Path) -> QuantizeOutcome {
+/// The tiny Qwen3 quantized on pymllm's calibration ids with the given options.
+fn quantize_fixture(
+    mode: CalibrationMode,
+    method: WeightMethod,
+    ranges: ActRanges,
+    rotation: Rotation,
+    out: &Path,
+) -> aot::Result<QuantizeOutcome> {
     let calibration =
-        load_id_sequences(&fixture("pymllm-qwen3-dev-f32").join("calib_ids.safetensors"), "calib_ids", 128).unwrap();
+        load_id_sequences(&fixture("pymllm-qwen3-dev-f32").join("calib_ids.safetensors"), "calib_ids", 128)?;
     quantize(&QuantizeOptions {
         model: fixture("qwen3-dev-f32"),
         aot_config: None,
@@ -33,9 +42,13 @@ fn run(mode: CalibrationMode, method: WeightMethod, ranges: ActRanges, out: &Pat
         progress: aot::progress::silent(),
         weight_method: method,
         act_ranges: ranges,
-        rotation: backend_cpu::quant::Rotation::None,
+        rotation,
     })
-    .unwrap_or_else(|e| panic!("{} weights: {e:#}", method.name()))
+}
+
+fn run(mode: CalibrationMode, method: WeightMethod, ranges: ActRanges, out: &Path) -> QuantizeOutcome {
+    quantize_fixture(mode, method, ranges, Rotation::None, out)
+        .unwrap_or_else(|e| panic!("{} weights: {e:#}", method.name()))
 }
 
 #[test]
@@ -132,4 +145,54 @@ fn range_methods_shrink_only_the_kinds_they_are_given() {
         let _ = std::fs::remove_dir_all(&out);
     }
     let _ = std::fs::remove_dir_all(scratch("range-minmax"));
+}
+
+/// A rotated model quantizes into the same pymllm key set (the rotation only changes numbers),
+/// the report names the rotation, and the rotated float copy is gone afterwards.
+#[test]
+fn rotated_checkpoint_quantizes_into_the_pymllm_format() {
+    let (plain, rot) = (scratch("q-none"), scratch("q-hadamard"));
+    quantize_fixture(CalibrationMode::Deployed, WeightMethod::Gptq, ActRanges::default(), Rotation::None, &plain)
+        .unwrap();
+    let outcome =
+        quantize_fixture(CalibrationMode::Deployed, WeightMethod::Gptq, ActRanges::default(), Rotation::Hadamard, &rot)
+            .unwrap();
+    assert!(outcome.rotation.is_some());
+    let keys = |d: &Path| {
+        let mut k: Vec<String> =
+            SafetensorsCheckpoint::open(d).unwrap().keys().into_iter().map(str::to_string).collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&plain), keys(&rot));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(rot.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["rotation"], "hadamard");
+    assert!(!rot.join("rotated-float").exists(), "the rotated float copy is removed");
+    let row = outcome.report.rows.last().unwrap();
+    println!(
+        "hadamard + gptq on the tiny fixture: logits SQNR {:.2} dB, top-1 {:.1} %",
+        row.sqnr_db,
+        100.0 * row.top1_agreement
+    );
+    // The quantized checkpoint runs in fake-quant mode like any other.
+    let loaded = aot::load_model(&rot, 64, aot::RunMode::Auto).unwrap();
+    assert!(loaded.fake_quant && loaded.unused.is_empty(), "unused: {:?}", loaded.unused);
+    let _ = (std::fs::remove_dir_all(&plain), std::fs::remove_dir_all(&rot));
+}
+
+#[test]
+fn mllm_compatible_mode_refuses_a_rotation() {
+    let out = scratch("mllm");
+    let Err(err) = quantize_fixture(
+        CalibrationMode::MllmCompatible,
+        WeightMethod::Gptq,
+        ActRanges::default(),
+        Rotation::Hadamard,
+        &out,
+    ) else {
+        panic!("--mllm-compatible accepted --rotation hadamard")
+    };
+    assert!(format!("{err:#}").contains("--rotation hadamard is not part of pymllm's recipe"), "{err:#}");
+    assert!(!out.exists(), "nothing written");
 }

@@ -1,10 +1,10 @@
 //! Rotations folded into the weights (`--rotation hadamard`, docs/quantization.md): the rotated
 //! float model still matches HF transformers' own logits (fixtures/, see fixtures/PROVENANCE.md),
-//! on the tiny fixtures of every model file and on SmolLM2-135M-Instruct; a rotated checkpoint
-//! quantizes into the usual pymllm format; `--mllm-compatible` refuses a rotation.
+//! on the tiny fixtures of every model file and on SmolLM2-135M-Instruct. Quantizing a rotated
+//! checkpoint is tested with the other quantization options, in quant_weight_methods.rs.
 
-use aot::{load_float, load_id_sequences, quantize, QuantizeOptions};
-use backend_cpu::quant::{rotate_checkpoint, CalibrationMode, OrthogonalKind, Rotation, WeightMethod};
+use aot::load_float;
+use backend_cpu::quant::{rotate_checkpoint, OrthogonalKind};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
@@ -126,63 +126,4 @@ fn rotated_smollm2_matches_hf() {
         assert_eq!(out, greedy, "{case} rotated: greedy ids");
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn quantize_fixture(mode: CalibrationMode, rotation: Rotation, out: &Path) -> aot::Result<aot::QuantizeOutcome> {
-    let calibration =
-        load_id_sequences(&fixture("pymllm-qwen3-dev-f32").join("calib_ids.safetensors"), "calib_ids", 128)?;
-    quantize(&QuantizeOptions {
-        model: fixture("qwen3-dev-f32"),
-        aot_config: None,
-        calibration,
-        evaluation: None,
-        mode,
-        out: out.to_path_buf(),
-        max_positions: 1024,
-        progress: aot::progress::silent(),
-        weight_method: WeightMethod::Gptq,
-        act_ranges: Default::default(),
-        rotation,
-    })
-}
-
-/// A rotated model quantizes into the same pymllm key set (the rotation only changes numbers),
-/// the report names the rotation, and the rotated float copy is gone afterwards.
-#[test]
-fn rotated_checkpoint_quantizes_into_the_pymllm_format() {
-    let (plain, rot) = (scratch("q-none"), scratch("q-hadamard"));
-    quantize_fixture(CalibrationMode::Deployed, Rotation::None, &plain).unwrap();
-    let outcome = quantize_fixture(CalibrationMode::Deployed, Rotation::Hadamard, &rot).unwrap();
-    assert!(outcome.rotation.is_some());
-    let keys = |d: &Path| {
-        let mut k: Vec<String> =
-            SafetensorsCheckpoint::open(d).unwrap().keys().into_iter().map(str::to_string).collect();
-        k.sort();
-        k
-    };
-    assert_eq!(keys(&plain), keys(&rot));
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(rot.join("report.json")).unwrap()).unwrap();
-    assert_eq!(report["rotation"], "hadamard");
-    assert!(!rot.join("rotated-float").exists(), "the rotated float copy is removed");
-    let row = outcome.report.rows.last().unwrap();
-    println!(
-        "hadamard + gptq on the tiny fixture: logits SQNR {:.2} dB, top-1 {:.1} %",
-        row.sqnr_db,
-        100.0 * row.top1_agreement
-    );
-    // The quantized checkpoint runs in fake-quant mode like any other.
-    let loaded = aot::load_model(&rot, 64, aot::RunMode::Auto).unwrap();
-    assert!(loaded.fake_quant && loaded.unused.is_empty(), "unused: {:?}", loaded.unused);
-    let _ = (std::fs::remove_dir_all(&plain), std::fs::remove_dir_all(&rot));
-}
-
-#[test]
-fn mllm_compatible_mode_refuses_a_rotation() {
-    let out = scratch("mllm");
-    let Err(err) = quantize_fixture(CalibrationMode::MllmCompatible, Rotation::Hadamard, &out) else {
-        panic!("--mllm-compatible accepted --rotation hadamard")
-    };
-    assert!(format!("{err:#}").contains("--rotation hadamard is not part of pymllm's recipe"), "{err:#}");
-    assert!(!out.exists(), "nothing written");
 }
