@@ -64,6 +64,7 @@ pub mod qdq;
 pub mod quant;
 pub mod runtime;
 mod scope;
+pub mod simd;
 pub mod tensor;
 pub mod trace;
 

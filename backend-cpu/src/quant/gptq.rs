@@ -39,6 +39,8 @@ pub enum GptqError {
 pub const DAMP: f64 = 0.01;
 /// Widest diagonal block of `H` that is factorized as one.
 pub const MAX_HESSIAN_BLOCK: usize = 768;
+/// Output channels rounded together, sharing each row of `U` (identical results, less memory traffic).
+const ROWS_PER_PASS: usize = 8;
 
 /// The upper Cholesky factor `U` of `H^-1` (`H^-1 = U^T U`), `[n][n]` row-major f32, for the
 /// `n x n` block of the symmetric `h` (stride `stride`) starting at `start`.
@@ -46,6 +48,11 @@ pub const MAX_HESSIAN_BLOCK: usize = 768;
 /// `H = V V^T` with `V = U^-1` upper triangular is a Cholesky factorization in reversed index
 /// order, so `U` is the reversed inverse of the ordinary Cholesky factor of reversed `H`.
 fn inverse_upper_factor(h: &[f32], stride: usize, cols: &[usize]) -> Result<Vec<f32>, GptqError> {
+    mllm_dsl::simd::widest(|| inverse_upper_factor_here(h, stride, cols))
+}
+
+#[inline(always)]
+fn inverse_upper_factor_here(h: &[f32], stride: usize, cols: &[usize]) -> Result<Vec<f32>, GptqError> {
     let n = cols.len();
     let rev = |i: usize| cols[n - 1 - i];
     // Reversed, damped H in f64.
@@ -106,7 +113,7 @@ fn inverse_upper_factor(h: &[f32], stride: usize, cols: &[usize]) -> Result<Vec<
 }
 
 /// `sum x_i y_i` with four independent accumulators (so the compiler can vectorize it).
-#[inline]
+#[inline(always)]
 fn dot4(x: &[f64], y: &[f64]) -> f64 {
     let mut acc = [0f64; 4];
     let (xc, yc) = (x.chunks_exact(4), y.chunks_exact(4));
@@ -161,7 +168,7 @@ impl HessianFactors {
 /// GPTQ codes for the row-major `[Out][In]` `weight` on the steps of `scales` (module docs).
 pub fn gptq_lpbq(weight: &[f32], scales: &LpbqRounded, h: &HessianFactors) -> Result<LpbqRounded, GptqError> {
     let shape = scales.shape;
-    let (inp, bs, nb) = (shape.in_features(), shape.block_size(), shape.blocks_per_channel());
+    let inp = shape.in_features();
     if weight.len() != shape.num_weights() {
         return Err(QuantError::LengthMismatch {
             what: "GPTQ weight [Out][In]",
@@ -176,27 +183,47 @@ pub fn gptq_lpbq(weight: &[f32], scales: &LpbqRounded, h: &HessianFactors) -> Re
         );
     }
     let mut codes = vec![0i8; weight.len()];
-    codes.par_chunks_mut(inp).zip(weight.par_chunks(inp)).enumerate().with_min_len(4).for_each(
-        |(o, (q_row, w_row))| {
-            let s2 = scales.scale2[o];
-            for (cols, u) in h.blocks.iter().zip(&h.factors) {
-                let n = cols.len();
-                // The block's weights in processing order, updated in place.
-                let mut w: Vec<f32> = cols.iter().map(|&c| w_row[c]).collect();
-                for i in 0..n {
-                    let col = cols[i];
-                    let s1 = scales.scale1[o * nb + col / bs];
-                    let q = lpbq_code(w[i], f32::from(s1) * s2);
-                    q_row[col] = q;
-                    let deq = f32::from(i16::from(q) * i16::from(s1)) * s2;
-                    let err = (w[i] - deq) / u[i * n + i];
-                    let (rest, u_row) = (&mut w[i + 1..], &u[i * n + i + 1..(i + 1) * n]);
-                    rest.iter_mut().zip(u_row).for_each(|(x, &f)| *x -= err * f);
-                }
-            }
-        },
-    );
+    // Output channels go in groups that share each row of `U` while it is in cache; every channel
+    // still sees exactly its own sequence of operations.
+    let group = ROWS_PER_PASS * inp;
+    codes.par_chunks_mut(group).zip(weight.par_chunks(group)).enumerate().for_each(|(g, (q_rows, w_rows))| {
+        mllm_dsl::simd::widest(|| round_channels(g * ROWS_PER_PASS, q_rows, w_rows, scales, h))
+    });
     Ok(LpbqRounded { shape, codes, scale1: scales.scale1.clone(), scale2: scales.scale2.clone() })
+}
+
+/// GPTQ's codes `q_rows` of the channels `first..` whose weights are `w_rows` (module docs).
+#[inline(always)]
+fn round_channels(first: usize, q_rows: &mut [i8], w_rows: &[f32], scales: &LpbqRounded, h: &HessianFactors) {
+    let shape = scales.shape;
+    let (inp, bs, nb) = (shape.in_features(), shape.block_size(), shape.blocks_per_channel());
+    let rows = w_rows.len() / inp;
+    let mut w = vec![0f32; rows * MAX_HESSIAN_BLOCK];
+    let mut err = [0f32; ROWS_PER_PASS];
+    for (cols, u) in h.blocks.iter().zip(&h.factors) {
+        let n = cols.len();
+        // The block's weights of each channel in processing order, updated in place.
+        for (r, w_row) in w_rows.chunks_exact(inp).enumerate() {
+            w[r * n..(r + 1) * n].iter_mut().zip(cols).for_each(|(x, &c)| *x = w_row[c]);
+        }
+        for i in 0..n {
+            let col = cols[i];
+            for r in 0..rows {
+                let o = first + r;
+                let (s1, s2) = (scales.scale1[o * nb + col / bs], scales.scale2[o]);
+                let wi = w[r * n + i];
+                let q = lpbq_code(wi, f32::from(s1) * s2);
+                q_rows[r * inp + col] = q;
+                let deq = f32::from(i16::from(q) * i16::from(s1)) * s2;
+                err[r] = (wi - deq) / u[i * n + i];
+            }
+            let u_row = &u[i * n + i + 1..(i + 1) * n];
+            for (r, &e) in err[..rows].iter().enumerate() {
+                let rest = &mut w[r * n + i + 1..(r + 1) * n];
+                rest.iter_mut().zip(u_row).for_each(|(x, &f)| *x -= e * f);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -240,6 +267,50 @@ mod tests {
                 assert!((v - f64::from(u8::from(i == j))).abs() < 1e-4, "({i},{j}) = {v}");
             }
         }
+    }
+
+    /// GPTQ's loop one output channel at a time, as the paper writes it.
+    fn one_channel_at_a_time(weight: &[f32], scales: &LpbqRounded, h: &HessianFactors) -> Vec<i8> {
+        let (inp, bs, nb) = (scales.shape.in_features(), scales.shape.block_size(), scales.shape.blocks_per_channel());
+        let mut codes = vec![0i8; weight.len()];
+        for (o, (q_row, w_row)) in codes.chunks_mut(inp).zip(weight.chunks(inp)).enumerate() {
+            for (cols, u) in h.blocks.iter().zip(&h.factors) {
+                let n = cols.len();
+                let mut w: Vec<f32> = cols.iter().map(|&c| w_row[c]).collect();
+                for i in 0..n {
+                    let s1 = scales.scale1[o * nb + cols[i] / bs];
+                    let q = lpbq_code(w[i], f32::from(s1) * scales.scale2[o]);
+                    q_row[cols[i]] = q;
+                    let err = (w[i] - f32::from(i16::from(q) * i16::from(s1)) * scales.scale2[o]) / u[i * n + i];
+                    for j in i + 1..n {
+                        w[j] -= err * u[i * n + j];
+                    }
+                }
+            }
+        }
+        codes
+    }
+
+    #[test]
+    fn channels_rounded_in_groups_get_the_codes_of_one_at_a_time() {
+        // 13 channels (a partial group) of 800 inputs (two Hessian blocks).
+        let (out, inp, rows) = (13, 800, 900);
+        let mut g = Lcg(21);
+        let x: Vec<f32> = (0..rows * inp).map(|_| g.next()).collect();
+        let mut sum = vec![0f32; inp * inp];
+        for r in x.chunks_exact(inp) {
+            for i in 0..inp {
+                for j in 0..inp {
+                    sum[i * inp + j] += r[i] * r[j];
+                }
+            }
+        }
+        let stats = LinearStats::from_sum(inp, sum, rows).unwrap();
+        let w: Vec<f32> = (0..out * inp).map(|_| g.next()).collect();
+        let scales = lpbq_mse_search(&w, LpbqShape::new(out, inp, 16).unwrap(), Some(stats.diagonal())).unwrap();
+        let factors = HessianFactors::new(&stats).unwrap();
+        assert_eq!(factors.blocks.len(), 2);
+        assert_eq!(gptq_lpbq(&w, &scales, &factors).unwrap().codes, one_channel_at_a_time(&w, &scales, &factors));
     }
 
     #[test]

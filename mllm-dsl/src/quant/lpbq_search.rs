@@ -203,6 +203,12 @@ pub fn lpbq_grid_search(
     let mut codes = vec![0i8; shape.num_weights()];
     let mut scale1 = vec![0u8; shape.num_blocks()];
     let mut scale2 = vec![0f32; shape.out_features()];
+    // Per-channel weights laid out for the lane search (the same for every row).
+    let lanes = match weights {
+        BlockWeights::Uniform => Some(LaneLayout::new(None, bs, nb)),
+        BlockWeights::Diagonal(h) => Some(LaneLayout::new(Some(h), bs, nb)),
+        BlockWeights::BlockHessian(_) => None,
+    };
     codes
         .par_chunks_mut(inp)
         .zip(scale1.par_chunks_mut(nb))
@@ -219,25 +225,10 @@ pub fn lpbq_grid_search(
                 code_row.fill(0);
                 return;
             }
-            let mut best: Option<(f64, f32, Vec<u8>)> = None;
-            for &gamma in grid {
-                let cand_s2 = gamma * row_max / (f32::from(LPBQ_QMAX) * f32::from(SCALE1_STEPS));
-                let mut total = 0f64;
-                let mut picks = Vec::with_capacity(nb);
-                for (b, w) in w_row.chunks_exact(bs).enumerate() {
-                    let nearest = (absmax[b] / f32::from(LPBQ_QMAX) / cand_s2).round().clamp(1.0, 16.0) as u8;
-                    let (e, s) = scale1_candidates(nearest)
-                        .map(|s| (block_error(w, weights, (b, inp), s, cand_s2, None), s))
-                        .min_by(|a, b| a.0.total_cmp(&b.0))
-                        .expect("at least one scale1 candidate");
-                    total += e;
-                    picks.push(s);
-                }
-                if best.as_ref().is_none_or(|(e, _, _)| total < *e) {
-                    best = Some((total, cand_s2, picks));
-                }
-            }
-            let (_, best_s2, picks) = best.expect("the scale2 grid is not empty");
+            let (best_s2, picks) = match &lanes {
+                Some(layout) => layout.search_row(w_row, &absmax, row_max, grid),
+                None => search_row_by_block(w_row, &absmax, row_max, weights, grid, inp),
+            };
             *s2 = best_s2;
             for (b, (w, c)) in w_row.chunks_exact(bs).zip(code_row.chunks_exact_mut(bs)).enumerate() {
                 block_error(w, BlockWeights::Uniform, (b, inp), picks[b], best_s2, Some(c));
@@ -245,6 +236,149 @@ pub fn lpbq_grid_search(
             s1_row.copy_from_slice(&picks);
         });
     Ok(LpbqRounded { shape, codes, scale1, scale2 })
+}
+
+/// The `scale2` candidate for `gamma` of a row whose largest weight is `row_max`.
+#[inline]
+fn scale2_candidate(gamma: f32, row_max: f32) -> f32 {
+    gamma * row_max / (f32::from(LPBQ_QMAX) * f32::from(SCALE1_STEPS))
+}
+
+/// The round-to-nearest level-1 scale of a block whose largest weight is `absmax`.
+#[inline]
+fn nearest_scale1(absmax: f32, scale2: f32) -> u8 {
+    (absmax / f32::from(LPBQ_QMAX) / scale2).round().clamp(1.0, 16.0) as u8
+}
+
+/// One row's search, block by block with [`block_error`]: `(scale2, scale1 per block)`.
+fn search_row_by_block(
+    w_row: &[f32],
+    absmax: &[f32],
+    row_max: f32,
+    weights: BlockWeights<'_>,
+    grid: &[f32],
+    inp: usize,
+) -> (f32, Vec<u8>) {
+    let (nb, bs) = (absmax.len(), w_row.len() / absmax.len());
+    let mut best: Option<(f64, f32, Vec<u8>)> = None;
+    for &gamma in grid {
+        let cand_s2 = scale2_candidate(gamma, row_max);
+        let mut total = 0f64;
+        let mut picks = Vec::with_capacity(nb);
+        for (b, w) in w_row.chunks_exact(bs).enumerate() {
+            let (e, s) = scale1_candidates(nearest_scale1(absmax[b], cand_s2))
+                .map(|s| (block_error(w, weights, (b, inp), s, cand_s2, None), s))
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .expect("at least one scale1 candidate");
+            total += e;
+            picks.push(s);
+        }
+        if best.as_ref().is_none_or(|(e, _, _)| total < *e) {
+            best = Some((total, cand_s2, picks));
+        }
+    }
+    let (_, s2, picks) = best.expect("the scale2 grid is not empty");
+    (s2, picks)
+}
+
+/// Blocks evaluated side by side by the lane search.
+const LANES: usize = 16;
+
+/// The per-channel weights of a `Uniform` / `Diagonal` search laid out for [`LaneLayout::search_row`]:
+/// element `i` of block `b` at `[i][b]`, blocks padded to a multiple of [`LANES`].
+///
+/// The lane search gives bit for bit [`search_row_by_block`]'s answer: each lane (one block)
+/// performs the same `f32` operations in the same order as [`block_error`] (a weight of 1 for
+/// `Uniform` multiplies exactly), candidates are tried in the same order and the first smallest
+/// error wins, as `min_by` picks it. Only the blocks run side by side, which the compiler turns
+/// into vector instructions instead of one long chain of dependent additions per block.
+struct LaneLayout {
+    bs: usize,
+    nb: usize,
+    /// Blocks rounded up to a multiple of [`LANES`].
+    padded: usize,
+    /// `[bs][padded]` per-channel weights (0 in the padding).
+    h: Vec<f32>,
+}
+
+impl LaneLayout {
+    fn new(h: Option<&[f32]>, bs: usize, nb: usize) -> LaneLayout {
+        let padded = nb.div_ceil(LANES) * LANES;
+        let mut t = vec![0f32; bs * padded];
+        for b in 0..nb {
+            for i in 0..bs {
+                t[i * padded + b] = h.map_or(1.0, |h| h[b * bs + i]);
+            }
+        }
+        LaneLayout { bs, nb, padded, h: t }
+    }
+
+    /// One row's search: `(scale2, scale1 per block)`.
+    fn search_row(&self, w_row: &[f32], absmax: &[f32], row_max: f32, grid: &[f32]) -> (f32, Vec<u8>) {
+        crate::simd::widest(|| self.search_row_here(w_row, absmax, row_max, grid))
+    }
+
+    #[inline(always)]
+    fn search_row_here(&self, w_row: &[f32], absmax: &[f32], row_max: f32, grid: &[f32]) -> (f32, Vec<u8>) {
+        let (bs, nb, padded) = (self.bs, self.nb, self.padded);
+        let mut w = vec![0f32; bs * padded];
+        for (b, blk) in w_row.chunks_exact(bs).enumerate() {
+            for (i, &x) in blk.iter().enumerate() {
+                w[i * padded + b] = x;
+            }
+        }
+        let mut lo = vec![1u8; padded];
+        let mut hi = vec![0u8; padded];
+        let mut best_err = vec![0f32; padded];
+        let mut pick = vec![0u8; padded];
+        let mut best: Option<(f64, f32, Vec<u8>)> = None;
+        for &gamma in grid {
+            let cand_s2 = scale2_candidate(gamma, row_max);
+            for b in 0..nb {
+                let range = scale1_candidates(nearest_scale1(absmax[b], cand_s2));
+                (lo[b], hi[b]) = (*range.start(), *range.end());
+            }
+            for k in 0..=SCALE1_BELOW + 1 {
+                for g in (0..padded).step_by(LANES) {
+                    let s1: [u8; LANES] = std::array::from_fn(|l| lo[g + l] + k);
+                    let err = self.lane_errors(&w, g, &s1, cand_s2);
+                    for l in 0..LANES {
+                        let b = g + l;
+                        if s1[l] > hi[b] {
+                            continue;
+                        }
+                        if k == 0 || err[l] < best_err[b] {
+                            (best_err[b], pick[b]) = (err[l], s1[l]);
+                        }
+                    }
+                }
+            }
+            let total: f64 = best_err[..nb].iter().map(|&e| f64::from(e)).sum();
+            if best.as_ref().is_none_or(|(e, _, _)| total < *e) {
+                best = Some((total, cand_s2, pick[..nb].to_vec()));
+            }
+        }
+        let (_, s2, picks) = best.expect("the scale2 grid is not empty");
+        (s2, picks)
+    }
+
+    /// [`block_error`] of blocks `g..g + LANES` at level-1 scales `s1`, side by side.
+    #[inline(always)]
+    fn lane_errors(&self, w: &[f32], g: usize, s1: &[u8; LANES], scale2: f32) -> [f32; LANES] {
+        let inv: [f32; LANES] = std::array::from_fn(|l| 1.0 / (f32::from(s1[l]) * scale2));
+        let s1: [i32; LANES] = std::array::from_fn(|l| i32::from(s1[l]));
+        let mut err = [0f32; LANES];
+        for i in 0..self.bs {
+            let row = i * self.padded + g;
+            let (x, h) = (&w[row..row + LANES], &self.h[row..row + LANES]);
+            for l in 0..LANES {
+                let q = i32::from(code_with_inverse(x[l], inv[l]));
+                let e = x[l] - (q * s1[l]) as f32 * scale2;
+                err[l] += e * e * h[l];
+            }
+        }
+        err
+    }
 }
 
 #[cfg(test)]
@@ -287,6 +421,31 @@ mod tests {
         let plain = lpbq_mse_search(&w, shape, None).unwrap().deployed_weights();
         let weighted = lpbq_mse_search(&w, shape, Some(&h)).unwrap().deployed_weights();
         assert!(sq_err(&w, &weighted, Some(&h), inp) <= sq_err(&w, &plain, Some(&h), inp));
+    }
+
+    #[test]
+    fn lane_search_picks_exactly_what_the_block_by_block_search_picks() {
+        // 37 blocks: two full lane groups and a padded one; weights with ties and heavy tails.
+        let (bs, nb) = (16, 37);
+        let inp = bs * nb;
+        let importance: Vec<f32> =
+            synthetic(inp, 5).iter().enumerate().map(|(i, x)| if i % 7 == 0 { 0.0 } else { x.abs() }).collect();
+        for (seed, h) in [(1, None), (2, Some(importance.as_slice())), (3, Some(&importance[..]))] {
+            let mut w = synthetic(8 * inp, seed);
+            // A block of equal magnitudes, and an all-zero block whose candidates all have error 0,
+            // where the first candidate must win.
+            w[..bs].iter_mut().enumerate().for_each(|(i, x)| *x = if i % 2 == 0 { 0.5 } else { -0.5 });
+            w[bs..2 * bs].fill(0.0);
+            let weights = h.map_or(BlockWeights::Uniform, BlockWeights::Diagonal);
+            let layout = LaneLayout::new(h, bs, nb);
+            for row in w.chunks_exact(inp) {
+                let absmax: Vec<f32> =
+                    row.chunks_exact(bs).map(|b| b.iter().fold(0f32, |m, x| m.max(x.abs()))).collect();
+                let row_max = absmax.iter().copied().fold(0f32, f32::max);
+                let by_block = search_row_by_block(row, &absmax, row_max, weights, &SCALE2_GRID, inp);
+                assert_eq!(layout.search_row(row, &absmax, row_max, &SCALE2_GRID), by_block, "seed {seed}");
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,46 @@
+//! Running a hot loop with the widest SIMD the CPU has ([`widest`]).
+//!
+//! The default x86-64 target assumes only SSE2, so plain Rust loops vectorize four `f32` wide and
+//! `f32::round_ties_even` becomes a library call. [`widest`] compiles the closure it is given again
+//! with AVX-512 or AVX2 enabled and picks one at run time. Without fast-math the compiler neither
+//! fuses multiplies and adds nor reorders sums, so every width gives bitwise the same results; only
+//! the speed differs.
+//!
+//! ```
+//! let x: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();
+//! let doubled: Vec<f32> = mllm_dsl::simd::widest(|| x.iter().map(|v| v * 2.0).collect());
+//! assert_eq!(doubled[3], 3.0);
+//! ```
+//!
+//! Only what is inlined into the closure gets the wider instructions: call it inside the per-row
+//! or per-chunk work, not around a parallel iterator.
+
+/// Runs `f` compiled for the widest vector extension the running CPU supports.
+#[inline(always)]
+pub fn widest<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F (checked just above).
+            return unsafe { x86::avx512(f) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { x86::avx2(f) };
+        }
+    }
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn avx512<R>(f: impl FnOnce() -> R) -> R {
+        f()
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
+        f()
+    }
+}
