@@ -64,11 +64,9 @@ impl QdqHook for FakeQuantHook {
             });
         }
         let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK)).for_each(|(o, i)| {
-            for (o, &v) in o.iter_mut().zip(i) {
-                *o = fq.fake(v);
-            }
-        });
+        out.par_chunks_mut(PAR_CHUNK)
+            .zip(x.par_chunks(PAR_CHUNK))
+            .for_each(|(o, i)| mllm_dsl::simd::widest(|| o.iter_mut().zip(i).for_each(|(o, &v)| *o = fq.fake(v))));
         Ok(Some(out))
     }
 }

@@ -10,9 +10,14 @@
 //! [`uint16`](super::uint16). mllm's C++ compiler quantizes scalar constants in yet another way
 //! ([`quantize_constant`]).
 
-use super::rounding::round_half_even;
+use super::rounding::{round_half_even, round_half_even_within_limit};
 use super::spec::{QuantParams, StorageType};
 use super::QuantError;
+
+/// Where [`FakeQuantizer::code`] cuts `x * inv_scale` when the code range, offset by the zero
+/// point, lies well inside it (every u8 / u16 encoding): 2^22, up to which
+/// [`round_half_even_within_limit`] is exact.
+const ROUNDING_LIMIT: f32 = 4_194_304.0;
 
 /// Precomputed form of [`QuantParams`] for per-element loops.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -22,6 +27,8 @@ pub struct FakeQuantizer {
     zero_point: f32,
     qmin: f32,
     qmax: f32,
+    /// Whether products may be cut at [`ROUNDING_LIMIT`] without changing any code.
+    cut: bool,
 }
 
 impl FakeQuantizer {
@@ -33,6 +40,7 @@ impl FakeQuantizer {
             zero_point: params.zero_point as f32,
             qmin: params.qmin as f32,
             qmax: params.qmax as f32,
+            cut: [params.qmin, params.qmax, params.zero_point].iter().all(|v| v.unsigned_abs() < 1 << 20),
         }
     }
 
@@ -45,7 +53,15 @@ impl FakeQuantizer {
     pub fn code(&self, x: f32) -> i32 {
         // `z_point + nearbyint(x * inv_scale)` is an f32 sum in torch; `max`/`min` send NaN to
         // qmin exactly as `fmin(fmax(q, qmin), qmax)` does.
-        let q = self.zero_point + round_half_even(x * self.inv_scale);
+        let v = x * self.inv_scale;
+        let q = if self.cut {
+            // Products beyond +-2^22 clamp to the range's end either way, so they are cut there
+            // first and the rounding needs no branch (the loops vectorize); NaN becomes -2^22,
+            // which clamps to qmin as before.
+            self.zero_point + round_half_even_within_limit(v.max(-ROUNDING_LIMIT).min(ROUNDING_LIMIT))
+        } else {
+            self.zero_point + round_half_even(v)
+        };
         q.max(self.qmin).min(self.qmax) as i32
     }
 
@@ -212,15 +228,19 @@ mod tests {
             (0.000_305_185_1, 65535, 0, 65535),
             (0.0123, 128, 0, 255),
             (1.0 / 65536.0, 0, 0, 65535),
+            // A range too wide to cut products at 2^22.
+            (0.5, 0, -(1 << 24), 1 << 24),
         ];
         let mut x = 0.123_f32;
         for (s, zp, lo, hi) in params {
             let p = QuantParams::new(s, zp, lo, hi).unwrap();
             let fq = FakeQuantizer::new(&p);
             for i in 0..20_000 {
-                // A deterministic spread of magnitudes and signs.
+                // A deterministic spread of magnitudes and signs, mostly within the range, some
+                // up to 10^7 times beyond it.
                 x = (x * 1.618_034 + 0.377).fract() * if i % 2 == 0 { 1.0 } else { -1.0 };
-                let v = x * s * (hi - lo) as f32 * 1.2;
+                let beyond = [1.2f32, 1.2, 1.2, 1e3, 1e7][i % 5];
+                let v = x * s * (hi - lo) as f32 * beyond;
                 assert_eq!(
                     fq.fake(v).to_bits(),
                     torch_reference(v, s, zp as i64, lo as i64, hi as i64).to_bits(),

@@ -22,9 +22,16 @@ pub(crate) fn round_half_even(x: f32) -> f32 {
     }
 }
 
+/// [`round_half_even`] for `|x| <= 2^22`, without the branch (so loops over it vectorize). NaN
+/// stays NaN; larger magnitudes give wrong results.
+#[inline(always)]
+pub(crate) fn round_half_even_within_limit(x: f32) -> f32 {
+    (x + MAGIC) - MAGIC
+}
+
 #[cfg(test)]
 mod tests {
-    use super::round_half_even;
+    use super::{round_half_even, round_half_even_within_limit, MAGIC_LIMIT};
 
     #[test]
     fn matches_library_round_ties_even() {
@@ -70,6 +77,9 @@ mod tests {
         for k in -200_000i32..200_000 {
             let x = k as f32 + 0.5;
             assert_eq!(round_half_even(x), x.round_ties_even(), "x = {x}");
+        }
+        for x in [MAGIC_LIMIT, -MAGIC_LIMIT, MAGIC_LIMIT - 0.5, -MAGIC_LIMIT + 0.5, 2_097_152.5, -2_097_151.5] {
+            assert_eq!(round_half_even_within_limit(x), x.round_ties_even(), "x = {x}");
         }
     }
 }
