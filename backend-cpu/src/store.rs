@@ -19,7 +19,7 @@ use checkpoint::{CheckpointError, SafetensorsCheckpoint, StDtype};
 use half::bf16;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
-use mllm_dsl::quant::lpbq::decode_lpbq;
+use mllm_dsl::quant::lpbq::decode_lpbq_hwio;
 use mllm_dsl::{BackendRef, Error, Result, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
@@ -176,7 +176,11 @@ impl CheckpointStore {
                     ));
                 }
                 let w = self.f32(req, key)?;
-                Ok(if shape == req.shape { w } else { out_in_to_hwio(&w, cin, cout) })
+                if shape == req.shape {
+                    Ok(w)
+                } else {
+                    out_in_to_hwio(req, &w, cin, cout)
+                }
             }
             (_, StDtype::U16) => {
                 if shape.iter().product::<usize>() != numel {
@@ -222,20 +226,17 @@ impl CheckpointStore {
                 s1.len()
             )));
         }
-        let w = decode_lpbq(&q, &s1, &s2, cin, cout, cin / blocks).map_err(|e| bad(e.to_string()))?;
-        Ok(out_in_to_hwio(&w, cin, cout))
+        decode_lpbq_hwio(&q, &s1, &s2, cin, cout, cin / blocks).map_err(|e| bad(e.to_string()))
     }
 }
 
 /// `[out, in]` (PyTorch) → `[in, out]` (the 1×1 conv's HWIO without its unit dims).
-fn out_in_to_hwio(w: &[f32], cin: usize, cout: usize) -> Vec<f32> {
-    let mut t = vec![0.0; w.len()];
-    for o in 0..cout {
-        for i in 0..cin {
-            t[i * cout + o] = w[o * cin + i];
-        }
-    }
-    t
+fn out_in_to_hwio(req: &ParamRequest<'_>, w: &[f32], cin: usize, cout: usize) -> Result<Vec<f32>> {
+    crate::kernels::transpose_2d(w, cout, cin).map_err(|e| Error::Weight {
+        key: req.key.to_string(),
+        module_path: req.module_path.to_string(),
+        message: format!("[out, in] -> HWIO: {e}"),
+    })
 }
 
 impl WeightStore for CheckpointStore {

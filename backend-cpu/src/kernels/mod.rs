@@ -37,7 +37,7 @@ pub use matmul_parts::{matmul_parts, BatchRepeat, JoinAxis, RhsParts};
 pub use movement::{concat, repeat_interleave, slice};
 pub use packed::{available_isas, linear_packed, linear_packed_with, PackedElems, PackedMatrix, PANEL};
 pub use packed_tile::Isa;
-pub use permute::{permute, transpose};
+pub use permute::{permute, transpose, transpose_2d};
 pub use reduce::{reduce, ReduceKind};
 pub use rms_norm::rms_norm;
 pub use shape::broadcast_shape;

@@ -33,6 +33,11 @@ pub fn transpose(x: &[f32], shape: &[usize], d0: isize, d1: isize) -> Result<(Ve
     permute_for(OP, x, shape, &perm)
 }
 
+/// A row-major `[rows, cols]` matrix as `[cols, rows]` (tiled, parallel for large ones).
+pub fn transpose_2d(x: &[f32], rows: usize, cols: usize) -> Result<Vec<f32>, KernelError> {
+    Ok(transpose(x, &[rows, cols], 0, 1)?.0)
+}
+
 fn permute_for(
     op: &'static str,
     x: &[f32],

@@ -327,8 +327,8 @@ impl<'a> CalibrationWeights<'a> {
         self
     }
 
-    /// `[Out][In]` row-major weight → what calibration sees, `[Out][In]`.
-    fn linear(&self, req: &ParamRequest<'_>, w: &[f32], n_out: usize, n_in: usize) -> DslResult<Vec<f32>> {
+    /// `[Out][In]` row-major weight → what calibration sees, `[Out][In]`, or `[In][Out]` with `hwio`.
+    fn linear(&self, req: &ParamRequest<'_>, w: &[f32], n_out: usize, n_in: usize, hwio: bool) -> DslResult<Vec<f32>> {
         let weight_err = |message: String| mllm_dsl::Error::Weight {
             key: req.key.to_string(),
             module_path: req.module_path.to_string(),
@@ -340,12 +340,18 @@ impl<'a> CalibrationWeights<'a> {
         if let (CalibrationMode::Deployed, Some(linears)) = (self.mode, self.linears) {
             let op = req.key.strip_suffix(".weight").unwrap_or(req.key);
             let export = linears.quantize(op, w, shape).map_err(|e| weight_err(e.to_string()))?;
-            return export.decode().map_err(|e| weight_err(e.to_string()));
+            let decoded = if hwio { export.decode_hwio() } else { export.decode() };
+            return decoded.map_err(|e| weight_err(e.to_string()));
         }
         let blocks = lpbq_block_quantize(w, shape).map_err(|e| weight_err(e.to_string()))?;
-        match self.mode {
-            CalibrationMode::MllmCompatible => Ok(blocks.fake_quant_weights()),
-            CalibrationMode::Deployed => blocks.to_export().decode().map_err(|e| weight_err(e.to_string())),
+        let rows = match self.mode {
+            CalibrationMode::MllmCompatible => blocks.fake_quant_weights(),
+            CalibrationMode::Deployed => blocks.to_export().decode().map_err(|e| weight_err(e.to_string()))?,
+        };
+        if hwio {
+            transpose(req, &rows, n_out, n_in)
+        } else {
+            Ok(rows)
         }
     }
 }
@@ -360,10 +366,10 @@ impl WeightStore for CalibrationWeights<'_> {
             ParamRole::Conv2dWeight => {
                 // HWIO [1, 1, In, Out] <-> [Out][In].
                 let (n_in, n_out) = (req.shape[2], req.shape[3]);
-                let w = transpose(data, n_in, n_out);
-                transpose(&self.linear(req, &w, n_out, n_in)?, n_out, n_in)
+                let w = transpose(req, data, n_in, n_out)?;
+                self.linear(req, &w, n_out, n_in, true)?
             }
-            ParamRole::LinearWeight => self.linear(req, data, req.shape[0], req.shape[1])?,
+            ParamRole::LinearWeight => self.linear(req, data, req.shape[0], req.shape[1], false)?,
             ParamRole::NormWeight | ParamRole::EmbeddingWeight if self.mode == CalibrationMode::Deployed => {
                 quantize_u16_weight(data)
                     .map_err(|e| mllm_dsl::Error::Weight {
@@ -387,15 +393,13 @@ impl WeightStore for CalibrationWeights<'_> {
     }
 }
 
-/// `rows x cols` row-major → `cols x rows`.
-pub(crate) fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0f32; x.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            t[c * rows + r] = x[r * cols + c];
-        }
-    }
-    t
+/// `rows x cols` row-major → `cols x rows`, for the weight `req` asked for.
+pub(crate) fn transpose(req: &ParamRequest<'_>, x: &[f32], rows: usize, cols: usize) -> DslResult<Vec<f32>> {
+    crate::kernels::transpose_2d(x, rows, cols).map_err(|e| mllm_dsl::Error::Weight {
+        key: req.key.to_string(),
+        module_path: req.module_path.to_string(),
+        message: format!("transposing [{rows}, {cols}]: {e}"),
+    })
 }
 
 #[cfg(test)]

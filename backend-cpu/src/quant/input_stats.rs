@@ -260,9 +260,9 @@ impl QdqHook for InputStatsHook {
                 }
                 StatsDepth::Full => {
                     // X^T X: [In, N] x [N, In].
-                    let xt = crate::quant::calibrate::transpose(&data, rows, features);
-                    kernels::linear_kn(&xt, features, rows, &data, features, None)
-                        .map_err(|source| QdqHookError::Kernel { key: point.key.clone(), source })?
+                    let kernel_error = |source| QdqHookError::Kernel { key: point.key.clone(), source };
+                    let xt = kernels::transpose_2d(&data, rows, features).map_err(kernel_error)?;
+                    kernels::linear_kn(&xt, features, rows, &data, features, None).map_err(kernel_error)?
                 }
             };
             if acc.sum.is_empty() {

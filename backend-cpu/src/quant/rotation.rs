@@ -249,7 +249,7 @@ fn fold_norms(t: &mut Tensors, hf: &HfConfig) -> Result<(), QuantizationError> {
 /// R1: `E·Q`, readers `W·Q`, writers `Qᵀ·W` and `Qᵀ·b`.
 fn rotate_residual(t: &mut Tensors, hf: &HfConfig, q: &Orthogonal) -> Result<(), QuantizationError> {
     let h = hf.hidden_size;
-    let qt = transpose(&q.data, h, h);
+    let qt = transposed(q, h)?;
     let mut readers = vec![EMBED.to_string(), LM_HEAD.to_string()];
     let mut writers = Vec::new();
     for i in 0..hf.num_hidden_layers {
@@ -280,7 +280,7 @@ fn rotate_residual(t: &mut Tensors, hf: &HfConfig, q: &Orthogonal) -> Result<(),
 /// R2: each KV head's V rows `Hᵀ·W_v[h]` (and bias), each attention head's O columns `W_o[:, h]·H`.
 fn rotate_heads(t: &mut Tensors, hf: &HfConfig, r: &Orthogonal) -> Result<(), QuantizationError> {
     let (h, d) = (hf.hidden_size, hf.head_dim);
-    let rt = transpose(&r.data, d, d);
+    let rt = transposed(r, d)?;
     for i in 0..hf.num_hidden_layers {
         let v = format!("model.layers.{i}.self_attn.v_proj.weight");
         let w = t.matrix(&v, hf.num_key_value_heads * d, h)?;
@@ -308,14 +308,10 @@ fn product(key: &str, a: &[f32], m: usize, k: usize, b: &[f32], n: usize) -> Res
         .map_err(|e| QuantizationError::Param { key: key.to_string(), problem: format!("rotating: {e}") })
 }
 
-fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; a.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = a[r * cols + c];
-        }
-    }
-    out
+/// `Qᵀ` of the square `n x n` rotation `q`.
+fn transposed(q: &Orthogonal, n: usize) -> Result<Vec<f32>, QuantizationError> {
+    crate::kernels::transpose_2d(&q.data, n, n)
+        .map_err(|e| QuantizationError::Report(format!("transposing the {n} x {n} rotation: {e}")))
 }
 
 fn write_checkpoint(t: &Tensors, out: &Path) -> Result<(), QuantizationError> {

@@ -72,9 +72,9 @@ impl WeightStore for RtnWeights<'_> {
             .ok_or_else(|| mllm_dsl::Error::msg(format!("`{}` has no real-valued data", req.key)))?;
         let out = if hwio {
             // HWIO [1, 1, In, Out] -> [Out][In] rows, quantize, back.
-            let mut w = transpose(&data, n_in, n_out);
+            let mut w = transpose(req, &data, n_in, n_out)?;
             rtn_quantize_rows(&mut w, n_in, self.bits, self.block);
-            transpose(&w, n_out, n_in)
+            transpose(req, &w, n_out, n_in)?
         } else {
             let mut w = data.into_owned();
             rtn_quantize_rows(&mut w, n_in, self.bits, self.block);

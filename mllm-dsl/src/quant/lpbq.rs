@@ -359,6 +359,12 @@ impl LpbqExport {
         self.validate()?;
         Ok(decode_unchecked(&self.weight_hwio, &self.scale1, &self.scale2, self.shape))
     }
+
+    /// The same deployed weight in the 1x1 conv's HWIO layout `[In][Out]` ([`decode_lpbq_hwio`]).
+    pub fn decode_hwio(&self) -> Result<Vec<f32>, QuantError> {
+        let (n_in, n_out) = (self.shape.in_features, self.shape.out_features);
+        decode_lpbq_hwio(&self.weight_hwio, &self.scale1, &self.scale2, n_in, n_out, self.shape.block_size)
+    }
 }
 
 fn validate_export(weight_hwio: &[i8], scale1: &[u8], scale2: &[f32], shape: LpbqShape) -> Result<(), QuantError> {
@@ -405,6 +411,30 @@ pub fn decode_lpbq(
     let shape = LpbqShape::new(out_features, in_features, block_size)?;
     validate_export(weight_nibbles, scale1, scale2, shape)?;
     Ok(decode_unchecked(weight_nibbles, scale1, scale2, shape))
+}
+
+/// [`decode_lpbq`]'s values in the 1x1 conv's HWIO layout, `[In][Out]`: `W[i][o]`, the same
+/// numbers without a transpose.
+pub fn decode_lpbq_hwio(
+    weight_nibbles: &[i8],
+    scale1: &[u8],
+    scale2: &[f32],
+    in_features: usize,
+    out_features: usize,
+    block_size: usize,
+) -> Result<Vec<f32>, QuantError> {
+    let shape = LpbqShape::new(out_features, in_features, block_size)?;
+    validate_export(weight_nibbles, scale1, scale2, shape)?;
+    let (n_out, bs, nb) = (shape.out_features, shape.block_size, shape.blocks_per_channel());
+    let mut out = vec![0f32; shape.num_weights()];
+    out.par_chunks_mut(n_out).enumerate().with_min_len(8).for_each(|(i, row)| {
+        let (codes, b) = (&weight_nibbles[i * n_out..(i + 1) * n_out], i / bs);
+        for (o, (v, &q)) in row.iter_mut().zip(codes).enumerate() {
+            let (q, s1) = (i32::from(sign_extend_nibble(q)), i32::from(scale1[o * nb + b]));
+            *v = (q * s1) as f32 * scale2[o];
+        }
+    });
+    Ok(out)
 }
 
 fn decode_unchecked(weight_hwio: &[i8], scale1: &[u8], scale2: &[f32], shape: LpbqShape) -> Vec<f32> {
@@ -534,6 +564,8 @@ mod tests {
         let w = synthetic(8 * 32, 7);
         let ex = quantize_lpbq(&w, LpbqShape::new(8, 32, 16).unwrap()).unwrap();
         let dec = decode_lpbq(&ex.weight_hwio, &ex.scale1, &ex.scale2, 32, 8, 16).unwrap();
+        let hwio = ex.decode_hwio().unwrap();
+        assert!((0..8).all(|o| (0..32).all(|i| hwio[i * 8 + o].to_bits() == dec[o * 32 + i].to_bits())));
         assert_eq!(dec, ex.decode().unwrap());
         for o in 0..8 {
             for i in 0..32 {
