@@ -136,7 +136,7 @@ pub fn run(opts: &AotOptions) -> Result<AotReport> {
 
 /// [`run`] writing straight into `out` (a fresh directory: the staging area).
 fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
-    let start = Instant::now();
+    let start = mllm_dsl::cpu_time::Stopwatch::start();
     check_shapes(opts)?;
     let mut files = Files::new(out);
     let mut timings = Timings::default();
@@ -401,7 +401,8 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         })
         .collect();
     files.record(&out.join("report.json"));
-    timings.total = start.elapsed().as_secs_f64();
+    let spent = start.elapsed();
+    (timings.total, timings.total_cpu) = (spent.wall, spent.cpu);
     let report =
         AotReport { model: model_name, ledger, timings, graphs: graph_reports, artifacts: files.relative()?, warnings };
     let mut text = serde_json::to_string_pretty(&report.to_json())?;

@@ -36,6 +36,9 @@ pub struct Timings {
     /// The same for `qnn/context.x86.bin` (no weight sharing, for the x86 emulation).
     pub context_binary_x86: f64,
     pub total: f64,
+    /// CPU seconds of the whole run, every thread of this process (user + system): on a shared
+    /// machine the wall times grow with the load, this does not.
+    pub total_cpu: f64,
 }
 
 /// What [`run`] did; `report.json` is [`AotReport::to_json`].
@@ -82,7 +85,7 @@ impl AotReport {
                 "quantize": round(t.quantize), "evaluate": round(t.evaluate), "trace": round(t.trace),
                 "passes": round(t.passes), "lower": round(t.lower), "validate": round(t.validate),
                 "context_binary": round(t.context_binary), "context_binary_x86": round(t.context_binary_x86),
-                "total": round(t.total),
+                "total": round(t.total), "total_cpu": round(t.total_cpu),
             },
             "graphs": self.graphs.iter().map(|g| serde_json::json!({
                 "name": g.name, "ops": g.ops, "tensors": g.tensors, "static_bytes": g.static_bytes,
@@ -125,7 +128,8 @@ impl AotReport {
         let _ = writeln!(
             s,
             "\ntimings (s): load {:.2}, input stats {:.2}, calibrate {:.2}, quantize {:.2}, evaluate {:.2}, \
-             trace {:.2}, passes {:.2}, lower {:.2}, validate {:.2}, context binary {:.2} (x86 {:.2}), total {:.2}",
+             trace {:.2}, passes {:.2}, lower {:.2}, validate {:.2}, context binary {:.2} (x86 {:.2}), total {:.2} \
+             (CPU {:.2})",
             t.load,
             t.input_stats,
             t.calibrate,
@@ -137,7 +141,8 @@ impl AotReport {
             t.validate,
             t.context_binary,
             t.context_binary_x86,
-            t.total
+            t.total,
+            t.total_cpu
         );
         let _ = writeln!(s, "{} files written", self.artifacts.len());
         for w in &self.warnings {
