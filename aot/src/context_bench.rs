@@ -33,7 +33,7 @@ use mllm_dsl::ParamFormat;
 use crate::calibrate::{quantize, QuantizeOptions};
 use crate::config::load_aot_config;
 use crate::load::rope_positions;
-use crate::synthetic::write_qwen3_1_7b;
+use crate::synthetic::{write_qwen3, QWEN3_1_7B};
 use crate::trace::trace_graph;
 
 /// What to compile.
@@ -244,7 +244,7 @@ pub fn prepare_checkpoint(opts: &BenchOptions) -> Result<PathBuf> {
         return Ok(quantized);
     }
     if !float.join("config.json").is_file() {
-        write_qwen3_1_7b(&float, opts.layers)?;
+        write_qwen3(&float, &QWEN3_1_7B, opts.layers)?;
     }
     let hf = HfConfig::from_dir(&float)?;
     // Any ids will do for random weights; 16 tokens keep the calibration short.
