@@ -21,6 +21,25 @@ fn num(v: &serde_json::Value, path: &[&str]) -> f64 {
     path.iter().fold(v, |v, k| &v[k]).as_f64().unwrap_or_else(|| panic!("reference has no number at {path:?}"))
 }
 
+/// Float, each quantized checkpoint and the RTN baseline scored on `ids` in one window (printed).
+fn score_on_eval_text(
+    dir: PathBuf,
+    ids: Vec<i64>,
+    quantized: Vec<(String, PathBuf)>,
+) -> aot::text_quality::TextQuality {
+    let q = text_quality(&TextQualityOptions {
+        model: dir,
+        quantized,
+        rtn: Some(RtnBaseline::default()),
+        ids,
+        window: 256,
+        progress: aot::progress::silent(),
+    })
+    .unwrap();
+    eprintln!("{}", q.table());
+    q
+}
+
 /// Float and RTN perplexity, KL and top-1 on the first 256 tokens of the evaluation text equal HF
 /// transformers' (fixtures/text/eval_reference_smollm2.json, made by make_eval_reference.py).
 #[test]
@@ -32,16 +51,7 @@ fn perplexity_float_and_rtn_match_transformers() {
     let first: Vec<i64> = reference["first_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
     assert_eq!(ids[..first.len()], first[..], "tokenization differs from the reference's");
     assert_eq!(ids.len() as f64, num(&reference, &["tokens"]));
-    let q = text_quality(&TextQualityOptions {
-        model: dir,
-        quantized: vec![],
-        rtn: Some(RtnBaseline::default()),
-        ids,
-        window: 256,
-        progress: aot::progress::silent(),
-    })
-    .unwrap();
-    eprintln!("{}", q.table());
+    let q = score_on_eval_text(dir, ids, vec![]);
     let (float, rtn) = (&q.rows[0], &q.rows[1]);
     let rel = |a: f64, b: f64| (a / b - 1.0).abs();
     assert!(rel(float.perplexity, num(&reference, &["float", "perplexity"])) < 1e-4, "{float:?}");
@@ -70,7 +80,7 @@ fn every_ledger_stage_holds_on_the_real_model() {
     let out = tempfile::tempdir().unwrap();
     let opts = aot::AotOptions {
         source: aot::ModelSource::Float(model_dir()),
-        calibration: Some(aot::CalibSource::Text { path: fixture("text/calibration.txt"), chat: false }),
+        calibration: vec![aot::CalibSource::Text { path: fixture("text/calibration.txt"), chat: false }],
         chunks: vec![32, 1],
         weight_method: backend_cpu::quant::WeightMethod::Gptq,
         rotation: backend_cpu::quant::Rotation::Hadamard,
@@ -125,3 +135,40 @@ const TARGET_SQNR_DB: f64 = 35.0;
 /// What `model.0.s32` is held to instead (33.9 dB measured; 23.7 dB without the rotation): see the
 /// test above.
 const S32_SQNR_FLOOR_DB: f64 = 20.0;
+
+/// Issue 16's quality target on the real model with the recommended recipe (docs/quantization.md:
+/// `--weight-method gptq --rotation hadamard`, calibrated on the three shipped calibration texts,
+/// never the evaluation text): on the first 256 tokens of fixtures/text/eval.txt, W4A16KV8
+/// fake-quant perplexity <= 1.10 x float and top-1 agreement with float >= 85 % (the issue's
+/// thresholds), and better than the naive weight-only RTN baseline in perplexity and KL.
+#[test]
+fn recommended_recipe_meets_the_quality_target() {
+    let dir = model_dir();
+    let out = tempfile::tempdir().unwrap();
+    let texts = ["calibration.txt", "calibration-extra.txt", "calibration-more.txt"];
+    let sources: Vec<aot::CalibSource> =
+        texts.iter().map(|t| aot::CalibSource::Text { path: fixture(&format!("text/{t}")), chat: false }).collect();
+    let hf = mllm_dsl::config::hf::HfConfig::from_dir(&dir).unwrap();
+    let calibration = aot::CalibSource::load_all(&sources, &dir, hf.vocab_size, 1024, 128).unwrap();
+    let quantized = out.path().join("quantized");
+    aot::quantize(&aot::QuantizeOptions {
+        model: dir.clone(),
+        aot_config: None,
+        calibration,
+        evaluation: None,
+        mode: backend_cpu::quant::CalibrationMode::Deployed,
+        out: quantized.clone(),
+        max_positions: 1024,
+        progress: aot::progress::silent(),
+        weight_method: backend_cpu::quant::WeightMethod::Gptq,
+        act_ranges: Default::default(),
+        rotation: backend_cpu::quant::Rotation::Hadamard,
+    })
+    .unwrap();
+    let ids = load_text_ids(&fixture("text/eval.txt"), &dir.join("tokenizer.json"), 256).unwrap();
+    let q = score_on_eval_text(dir, ids, vec![("W4A16KV8 gptq + hadamard".into(), quantized)]);
+    let (float, quant, rtn) = (&q.rows[0], &q.rows[1], &q.rows[2]);
+    assert!(quant.perplexity <= 1.10 * float.perplexity, "{quant:?} vs float {float:?}");
+    assert!(quant.top1_agreement >= 0.85, "{quant:?}");
+    assert!(quant.perplexity < rtn.perplexity && quant.mean_kl < rtn.mean_kl, "{quant:?} vs RTN {rtn:?}");
+}
