@@ -9,7 +9,7 @@ use crate::encoding::{Encoding, ScaleOffset};
 use crate::graph::{QnnTensor, Scalar, StaticData};
 use crate::opdef::OpType;
 
-use super::{encode, qnn_safe, GraphLowering, LowerError};
+use super::{encode, qnn_safe, GraphLowering, LowerError, SelectBroadcast};
 
 /// The static tensor of a scalar constant: PTQ's quantized code (`ValueDef::quantized`) in the
 /// value's encoding, or the float itself for unquantized constants.
@@ -68,6 +68,12 @@ impl GraphLowering<'_, '_, '_> {
         }
         let p = self.program;
         let shape = |v: ValueId| &p.value(v).ty.shape;
+        if matches!(op.kind, OpKind::Where) && self.lowering.options.select_broadcast == SelectBroadcast::Explicit {
+            let out_dims = encode::dims(shape(out)).map_err(|d| self.value_err(out, d))?;
+            for (i, input) in inputs.iter_mut().enumerate().skip(1) {
+                *input = self.broadcast_to(&name, i, input, &out_dims).map_err(&op_err)?;
+            }
+        }
         let in_rank = shape(op.inputs[0]).len();
         let out_name = self.value_name(out)?;
         let (out_dtype, out_encoding) = encode::value_type(p, out).map_err(|d| self.value_err(out, d))?;
