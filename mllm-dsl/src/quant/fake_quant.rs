@@ -58,7 +58,9 @@ impl FakeQuantizer {
             // Products beyond +-2^22 clamp to the range's end either way, so they are cut there
             // first and the rounding needs no branch (the loops vectorize); NaN becomes -2^22,
             // which clamps to qmin as before.
-            self.zero_point + round_half_even_within_limit(v.max(-ROUNDING_LIMIT).min(ROUNDING_LIMIT))
+            #[allow(clippy::manual_clamp)] // `clamp` would keep NaN, which the rounding cannot take
+            let cut = v.max(-ROUNDING_LIMIT).min(ROUNDING_LIMIT);
+            self.zero_point + round_half_even_within_limit(cut)
         } else {
             self.zero_point + round_half_even(v)
         };
