@@ -19,7 +19,7 @@ use checkpoint::{CheckpointError, SafetensorsCheckpoint, StDtype};
 use half::bf16;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
-use mllm_dsl::quant::lpbq::decode_lpbq_hwio;
+use mllm_dsl::quant::lpbq::{LpbqExport, LpbqShape};
 use mllm_dsl::{BackendRef, Error, Result, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
@@ -226,7 +226,8 @@ impl CheckpointStore {
                 s1.len()
             )));
         }
-        decode_lpbq_hwio(&q, &s1, &s2, cin, cout, cin / blocks).map_err(|e| bad(e.to_string()))
+        let shape = LpbqShape::new(cout, cin, cin / blocks).map_err(|e| bad(e.to_string()))?;
+        LpbqExport { shape, weight_hwio: q, scale1: s1, scale2: s2 }.decode_hwio().map_err(|e| bad(e.to_string()))
     }
 }
 

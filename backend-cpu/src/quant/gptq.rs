@@ -269,6 +269,19 @@ mod tests {
         }
     }
 
+    /// `X^T X / N` of the row-major `[N][inp]` inputs `x`, summed the plain way.
+    fn stats_of(x: &[f32], inp: usize) -> LinearStats {
+        let mut sum = vec![0f32; inp * inp];
+        for r in x.chunks_exact(inp) {
+            for i in 0..inp {
+                for j in 0..inp {
+                    sum[i * inp + j] += r[i] * r[j];
+                }
+            }
+        }
+        LinearStats::from_sum(inp, sum, x.len() / inp).unwrap()
+    }
+
     /// GPTQ's loop one output channel at a time, as the paper writes it.
     fn one_channel_at_a_time(weight: &[f32], scales: &LpbqRounded, h: &HessianFactors) -> Vec<i8> {
         let (inp, bs, nb) = (scales.shape.in_features(), scales.shape.block_size(), scales.shape.blocks_per_channel());
@@ -297,15 +310,7 @@ mod tests {
         let (out, inp, rows) = (13, 800, 900);
         let mut g = Lcg(21);
         let x: Vec<f32> = (0..rows * inp).map(|_| g.next()).collect();
-        let mut sum = vec![0f32; inp * inp];
-        for r in x.chunks_exact(inp) {
-            for i in 0..inp {
-                for j in 0..inp {
-                    sum[i * inp + j] += r[i] * r[j];
-                }
-            }
-        }
-        let stats = LinearStats::from_sum(inp, sum, rows).unwrap();
+        let stats = stats_of(&x, inp);
         let w: Vec<f32> = (0..out * inp).map(|_| g.next()).collect();
         let scales = lpbq_mse_search(&w, LpbqShape::new(out, inp, 16).unwrap(), Some(stats.diagonal())).unwrap();
         let factors = HessianFactors::new(&stats).unwrap();
@@ -325,15 +330,7 @@ mod tests {
             })
             .collect();
         let w: Vec<f32> = (0..out * inp).map(|_| g.next()).collect();
-        let mut sum = vec![0f32; inp * inp];
-        for r in x.chunks_exact(inp) {
-            for i in 0..inp {
-                for j in 0..inp {
-                    sum[i * inp + j] += r[i] * r[j];
-                }
-            }
-        }
-        let stats = LinearStats::from_sum(inp, sum, rows).unwrap();
+        let stats = stats_of(&x, inp);
         let shape = LpbqShape::new(out, inp, 16).unwrap();
         let scales = lpbq_mse_search(&w, shape, Some(stats.diagonal())).unwrap();
         let factors = HessianFactors::new(&stats).unwrap();

@@ -360,10 +360,10 @@ impl LpbqExport {
         Ok(decode_unchecked(&self.weight_hwio, &self.scale1, &self.scale2, self.shape))
     }
 
-    /// The same deployed weight in the 1x1 conv's HWIO layout `[In][Out]` ([`decode_lpbq_hwio`]).
+    /// The same deployed weight in the 1x1 conv's HWIO layout `[In][Out]`; validates first.
     pub fn decode_hwio(&self) -> Result<Vec<f32>, QuantError> {
-        let (n_in, n_out) = (self.shape.in_features, self.shape.out_features);
-        decode_lpbq_hwio(&self.weight_hwio, &self.scale1, &self.scale2, n_in, n_out, self.shape.block_size)
+        self.validate()?;
+        Ok(decode_hwio_unchecked(&self.weight_hwio, &self.scale1, &self.scale2, self.shape))
     }
 }
 
@@ -414,17 +414,9 @@ pub fn decode_lpbq(
 }
 
 /// [`decode_lpbq`]'s values in the 1x1 conv's HWIO layout, `[In][Out]`: `W[i][o]`, the same
-/// numbers without a transpose.
-pub fn decode_lpbq_hwio(
-    weight_nibbles: &[i8],
-    scale1: &[u8],
-    scale2: &[f32],
-    in_features: usize,
-    out_features: usize,
-    block_size: usize,
-) -> Result<Vec<f32>, QuantError> {
-    let shape = LpbqShape::new(out_features, in_features, block_size)?;
-    validate_export(weight_nibbles, scale1, scale2, shape)?;
+/// numbers without a transpose. `shape` must be valid for the tensors ([`LpbqExport::decode_hwio`]
+/// checks).
+fn decode_hwio_unchecked(weight_nibbles: &[i8], scale1: &[u8], scale2: &[f32], shape: LpbqShape) -> Vec<f32> {
     let (n_out, bs, nb) = (shape.out_features, shape.block_size, shape.blocks_per_channel());
     let mut out = vec![0f32; shape.num_weights()];
     out.par_chunks_mut(n_out).enumerate().with_min_len(8).for_each(|(i, row)| {
@@ -434,7 +426,7 @@ pub fn decode_lpbq_hwio(
             *v = (q * s1) as f32 * scale2[o];
         }
     });
-    Ok(out)
+    out
 }
 
 fn decode_unchecked(weight_hwio: &[i8], scale1: &[u8], scale2: &[f32], shape: LpbqShape) -> Vec<f32> {

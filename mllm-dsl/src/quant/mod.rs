@@ -49,7 +49,7 @@ pub(crate) mod test_data {
 }
 
 pub use fake_quant::{dequantize, fake_quantize, quantize, FakeQuantizer};
-pub use lpbq::{decode_lpbq, decode_lpbq_hwio, quantize_lpbq, LpbqBlockQuant, LpbqExport, LpbqShape};
+pub use lpbq::{decode_lpbq, quantize_lpbq, LpbqBlockQuant, LpbqExport, LpbqShape};
 pub use observer::{calculate_qparams, min_max_of, ConcatObserver, ConcatSharing, MinMaxObserver, ObserverScheme};
 pub use spec::{QdqKind, QuantParams, StorageType};
 pub use uint16::{decode_u16, export_u16, quantize_u16_weight, U16Weight};
