@@ -22,7 +22,7 @@ use crate::error::{ensure, Context, Result};
 use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
 use backend_qnn::sdk::{self, GraphDesc, ParamValue, TensorType};
 use backend_qnn::target::HtpTarget;
-use backend_qnn::{validate, Int4Storage, LowerOptions, QnnGraph, QnnLowering};
+use backend_qnn::{validate, LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::files::write_atomic_bytes;
@@ -186,7 +186,7 @@ pub fn run(opts: &BenchOptions) -> Result<ContextBench> {
     let (aot, _) = load_aot_config(None, &hf)?;
     let target = HtpTarget::new(&aot.target_machine);
     // Qualcomm's HTP backend refuses 4-bit tensors: int4 codes travel in 8-bit containers.
-    let mut lowering = QnnLowering::new(&ckpt, LowerOptions { int4_storage: Int4Storage::Int8Container });
+    let mut lowering = QnnLowering::new(&ckpt, LowerOptions::qualcomm_htp());
 
     let mut meter = Meter { steps: Vec::new(), open: None, peaks_reset: true };
     let mut graphs: Vec<QnnGraph> = Vec::new();

@@ -157,7 +157,7 @@ fn lpbq_weights_are_the_checkpoints_codes_and_scales() {
 fn int8_container_storage_sign_extends_the_codes_and_runs_the_same() {
     let ckpt = checkpoint();
     let program = compiled(1);
-    let opts = LowerOptions { int4_storage: Int4Storage::Int8Container };
+    let opts = LowerOptions { int4_storage: Int4Storage::Int8Container, ..LowerOptions::default() };
     let g = QnnLowering::new(&ckpt, opts).lower_program(&program).unwrap().remove(0);
     let w = g.tensor("lm_head_weight").unwrap();
     assert_eq!(w.dtype, DataType::SFixedPoint8);

@@ -28,7 +28,7 @@ static BACKEND: Mutex<()> = Mutex::new(());
 
 fn compiles_for_real(model: AotModel) {
     let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
-    let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
+    let options = LowerOptions::qualcomm_htp();
     let graphs = model.lowered_at(&[32, 1], CONTEXT, options);
     let names: Vec<&str> = graphs.iter().map(|g| g.name.as_str()).collect();
     assert_eq!(names, ["model.0.s32", "model.0.s1"]);
@@ -102,7 +102,7 @@ fn execute_on_htp(binary: &[u8], g: &QnnGraph, inputs: &[TensorValue]) -> Vec<Te
 /// backend-cpu's fake-quant run, per graph.
 fn htp_matches_the_references(model: AotModel) {
     let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
-    let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
+    let options = LowerOptions::qualcomm_htp();
     let graphs = model.lowered_at(&[CHUNK, 1], model_common::CONTEXT, options);
     let target = HtpTarget::new(&model.aot_config().target_machine);
     // x86 HTP emulation refuses weight-shared binaries at load ("Shared weights buffer isn't
@@ -156,7 +156,7 @@ fn qwen2_runs_on_the_htp_emulation() {
 fn sfixed_point_4_weights_are_refused_by_qualcomms_backend() {
     let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
-    let options = LowerOptions { int4_storage: Int4Storage::LowNibble };
+    let options = LowerOptions { int4_storage: Int4Storage::LowNibble, ..LowerOptions::qualcomm_htp() };
     let graphs = model.lowered_at(&[1], model_common::CONTEXT, options);
     let target = HtpTarget::new(&model.aot_config().target_machine);
     let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -173,7 +173,7 @@ fn sfixed_point_4_weights_are_refused_by_qualcomms_backend() {
 fn a_rejected_node_names_qualcomms_log_line() {
     let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
-    let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
+    let options = LowerOptions::qualcomm_htp();
     let graphs = model.lowered_at(&[1], CONTEXT, options);
     let target = HtpTarget::new(&model.aot_config().target_machine);
     let (mut descs, htp) = context_request(&graphs, &target).unwrap();

@@ -64,6 +64,7 @@
 //! Anything that cannot be lowered is a [`LowerError`] naming the graph and the op, value or
 //! checkpoint key; the finished graph must pass [`validate`](crate::validate()).
 
+mod broadcast;
 mod encode;
 mod ops;
 mod weights;
@@ -85,6 +86,35 @@ use crate::validate::ValidationError;
 pub struct LowerOptions {
     /// Byte layout of 4-bit weights (default mllm's low nibble; see `encoding.rs`).
     pub int4_storage: Int4Storage,
+    /// How a `Where` whose value operands are smaller than its output is lowered (default
+    /// mllm's: the `ElementWiseSelect` broadcasts them itself).
+    pub select_broadcast: SelectBroadcast,
+}
+
+impl LowerOptions {
+    /// What Qualcomm's HTP backend (QAIRT 2.51) needs: int4 weights in 8-bit containers (it
+    /// refuses `SFIXED_POINT_4`) and value operands of `ElementWiseSelect` broadcast explicitly
+    /// (see [`SelectBroadcast::Explicit`]).
+    pub fn qualcomm_htp() -> LowerOptions {
+        LowerOptions { int4_storage: Int4Storage::Int8Container, select_broadcast: SelectBroadcast::Explicit }
+    }
+}
+
+/// The lowering of a `Where` (`ElementWiseSelect`) whose true/false operand has fewer elements
+/// than the output, such as attention's masked fill `where(mask, scores, rowmin - 20)` with
+/// `rowmin` `[1, H, S, 1]` against scores `[1, H, S, T]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SelectBroadcast {
+    /// The select broadcasts its operands (mllm's graph).
+    #[default]
+    Implicit,
+    /// Each smaller operand is first broadcast to the output shape by an `ElementWiseAdd` of a
+    /// static zero tensor (exact: the sum keeps the operand's encoding). Qualcomm's HTP backend
+    /// (QAIRT 2.51, x86 emulation) computes the implicit form wrongly when the operand comes
+    /// from ReduceMin + Add over a MatMul's scores feeding a Softmax, the attention pattern:
+    /// at chunk sizes 8, 12, 16, 24 and 32 the logits are noise or the execution crashes
+    /// (`docs/ledger.md`, `tests/htp_select_broadcast.rs`).
+    Explicit,
 }
 
 /// Why a program could not be lowered.

@@ -10,7 +10,7 @@ use crate::graph::{QnnTensor, Scalar, StaticData};
 use crate::opdef::OpType;
 
 use super::encode::{self, EncodeError};
-use super::{qnn_safe, GraphLowering, LowerError};
+use super::{qnn_safe, GraphLowering, LowerError, SelectBroadcast};
 
 /// The static tensor of a scalar constant: PTQ's quantized code (`ValueDef::quantized`) in the
 /// value's encoding, or the float itself for unquantized constants.
@@ -64,6 +64,12 @@ impl GraphLowering<'_, '_, '_> {
         }
         let p = self.program;
         let shape = |v: ValueId| &p.value(v).ty.shape;
+        if matches!(op.kind, OpKind::Where) && self.lowering.options.select_broadcast == SelectBroadcast::Explicit {
+            let out_dims = encode::dims(shape(out)).map_err(|e| self.type_err(out, e))?;
+            for (i, input) in inputs.iter_mut().enumerate().skip(1) {
+                *input = self.broadcast_to(&name, i, input, &out_dims, |e| op_err(e.to_string()))?;
+            }
+        }
         let in_rank = shape(op.inputs[0]).len();
         let out_name = self.value_name(out)?;
         let (out_dtype, out_encoding) = encode::value_type(p, out).map_err(|e| self.type_err(out, e))?;
