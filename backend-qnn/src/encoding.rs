@@ -683,6 +683,10 @@ mod tests {
             Int4Storage::LowNibble.encode(&[8], true),
             Err(EncodingError::Int4OutOfRange { index: 0, value: 8 })
         );
+        // pymllm's low nibbles (-7 stored 0x09, 7 stored 0x07) give each layout's bytes directly.
+        assert_eq!(&*Int4Storage::LowNibble.from_low_nibbles(&[0x09, 0x07, 0x08]), &[0x09, 0x07, 0x08]);
+        assert_eq!(&*Int4Storage::Int8Container.from_low_nibbles(&[0x09, 0x07, 0x08]), &[0xF9, 0x07, 0xF8]);
+        assert_eq!(&*Int4Storage::Packed.from_low_nibbles(&[0x09, 0x07, 0x08]), &[0x79, 0x08]);
         assert_eq!(Int4Storage::LowNibble.signed_weight_dtype(), DataType::SFixedPoint4);
         assert_eq!(Int4Storage::Int8Container.signed_weight_dtype(), DataType::SFixedPoint8);
     }
