@@ -44,14 +44,12 @@
 //! - [`backend`]: what an eager backend implements.
 //! - [`runtime`]: backend-agnostic generation (KV cache, mask, chunked prefill, sampling).
 //! - [`passes`]: the AOT pass pipeline that turns a traced program into QNN-ready IR.
-//! - [`memory`]: current and peak resident memory, for benches; [`cpu_time`]: wall and CPU seconds
-//!   of a step.
+//! - [`memory`]: current and peak resident memory and CPU seconds, for benches.
 //! - [`simd`]: hot loops compiled for the widest vector extension the CPU has.
 
 pub mod backend;
 pub mod causal_lm;
 pub mod config;
-pub mod cpu_time;
 pub mod dtype;
 pub mod error;
 pub mod files;
