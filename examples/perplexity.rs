@@ -91,9 +91,11 @@ fn main() -> Result<()> {
         Some(path) => vec![CalibSource::Ids(path.clone())],
         None => args.calib_text.iter().map(|p| CalibSource::Text { path: p.clone(), chat: false }).collect(),
     };
-    let each: Result<Vec<_>, aot::AotError> =
-        sources.iter().map(|c| c.load(&args.model, hf.vocab_size, 1024, 128)).collect();
-    let calibration = if sources.is_empty() { None } else { Some(each?.concat()) };
+    let calibration = if sources.is_empty() {
+        None
+    } else {
+        Some(CalibSource::load_all(&sources, &args.model, hf.vocab_size, 1024, 128)?)
+    };
     if let Some(calibration) = calibration {
         let out = args.out.clone().unwrap_or_else(|| aot::default_out_dir("perplexity").join("quantized"));
         let outcome = quantize(&QuantizeOptions {

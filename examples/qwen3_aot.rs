@@ -74,9 +74,9 @@ pub struct AotArgs {
     /// Calibration token ids: safetensors with `calib_ids`, int64 [N, L]. Default run: embedded ids.
     #[arg(long, value_name = "FILE", conflicts_with = "calib_text")]
     pub calib_ids: Option<PathBuf>,
-    /// Calibration text: paragraphs separated by blank lines, tokenized with the model dir's tokenizer.json.
+    /// Calibration text: paragraphs separated by blank lines, tokenized with the model dir's tokenizer.json; repeatable.
     #[arg(long, value_name = "FILE")]
-    pub calib_text: Option<PathBuf>,
+    pub calib_text: Vec<PathBuf>,
     /// With --calib-text: each paragraph as a user turn through the model's own chat template, as pymllm does.
     #[arg(long, requires = "calib_text")]
     pub chat: bool,
@@ -119,10 +119,9 @@ impl AotArgs {
             (None, Some(dir)) => ModelSource::Quantized(dir.clone()),
             (None, None) => ModelSource::Embedded,
         };
-        let calibration = match (&self.calib_ids, &self.calib_text) {
-            (Some(path), _) => Some(CalibSource::Ids(path.clone())),
-            (None, Some(path)) => Some(CalibSource::Text { path: path.clone(), chat: self.chat }),
-            (None, None) => None,
+        let calibration = match &self.calib_ids {
+            Some(path) => vec![CalibSource::Ids(path.clone())],
+            None => self.calib_text.iter().map(|p| CalibSource::Text { path: p.clone(), chat: self.chat }).collect(),
         };
         let chunks = if self.chunks.is_empty() { DEFAULT_CHUNKS.to_vec() } else { self.chunks.clone() };
         AotOptions {

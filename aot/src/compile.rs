@@ -69,8 +69,9 @@ pub struct AotOptions {
     pub source: ModelSource,
     /// mllm's QNN AOT config JSON; the built-in W4A16KV8 one (with the model's layer count) when absent.
     pub aot_config: Option<PathBuf>,
-    /// Required for [`ModelSource::Float`]; the embedded ids for [`ModelSource::Embedded`] when absent.
-    pub calibration: Option<CalibSource>,
+    /// Calibration sources, concatenated in order. Required for [`ModelSource::Float`]; the
+    /// embedded ids for [`ModelSource::Embedded`] when empty.
+    pub calibration: Vec<CalibSource>,
     /// Positions of the K/V cache plus the current chunk (the mask width).
     pub context_len: usize,
     /// One graph per chunk size, in this order.
@@ -100,7 +101,7 @@ impl AotOptions {
         AotOptions {
             source: ModelSource::Embedded,
             aot_config: None,
-            calibration: None,
+            calibration: Vec::new(),
             context_len: DEFAULT_CONTEXT_LEN,
             chunks: DEFAULT_CHUNKS.to_vec(),
             out: out.into(),
@@ -168,14 +169,15 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
             }
             let ids = out.join("embedded/calib_ids.safetensors");
             files.write(&ids, EMBEDDED_CALIB_IDS)?;
-            let calib = opts.calibration.clone().unwrap_or(CalibSource::Ids(ids));
+            let calib =
+                if opts.calibration.is_empty() { vec![CalibSource::Ids(ids)] } else { opts.calibration.clone() };
             (EMBEDDED_MODEL_NAME.to_string(), dir, Some(calib))
         }
         ModelSource::Float(dir) => {
-            let Some(calib) = opts.calibration.clone() else {
+            if opts.calibration.is_empty() {
                 bail!("--model {} needs calibration data: pass --calib-ids FILE or --calib-text FILE", dir.display());
-            };
-            (dir.display().to_string(), dir.clone(), Some(calib))
+            }
+            (dir.display().to_string(), dir.clone(), Some(opts.calibration.clone()))
         }
         ModelSource::Quantized(dir) => (dir.display().to_string(), dir.clone(), None),
     };
@@ -201,7 +203,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         Some(calib) => {
             let float_dir = &model_dir;
             let t = Instant::now();
-            let calibration = calib.load(float_dir, hf.vocab_size, opts.max_positions, 128)?;
+            let calibration = CalibSource::load_all(&calib, float_dir, hf.vocab_size, opts.max_positions, 128)?;
             timings.load += t.elapsed().as_secs_f64();
             let probe_text = ProbeText {
                 ids: calibration.iter().flatten().copied().collect(),

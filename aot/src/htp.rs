@@ -41,14 +41,21 @@ pub enum ContextBinary {
     Off,
 }
 
+/// A `--context-binary` value other than auto, on or off.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown --context-binary `{name}`; expected auto, on or off")]
+pub struct UnknownContextBinary {
+    pub name: String,
+}
+
 impl std::str::FromStr for ContextBinary {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownContextBinary;
+    fn from_str(s: &str) -> Result<Self, UnknownContextBinary> {
         match s {
             "auto" => Ok(ContextBinary::Auto),
             "on" => Ok(ContextBinary::Required),
             "off" => Ok(ContextBinary::Off),
-            other => Err(format!("unknown --context-binary `{other}`; expected auto, on or off")),
+            other => Err(UnknownContextBinary { name: other.to_string() }),
         }
     }
 }

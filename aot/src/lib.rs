@@ -27,6 +27,7 @@ pub mod generation;
 pub mod htp;
 pub mod ledger;
 pub mod load;
+pub mod loss_breakdown;
 mod probe;
 pub mod progress;
 pub mod real_model;

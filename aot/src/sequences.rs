@@ -44,6 +44,19 @@ impl CalibSource {
             }
         }
     }
+
+    /// [`CalibSource::load`] of each source in turn, concatenated (at most `max_samples` from each).
+    pub fn load_all(
+        sources: &[CalibSource],
+        model_dir: &Path,
+        vocab_size: usize,
+        max_len: usize,
+        max_samples: usize,
+    ) -> Result<Vec<Vec<i64>>> {
+        let each: Result<Vec<_>> =
+            sources.iter().map(|c| c.load(model_dir, vocab_size, max_len, max_samples)).collect();
+        Ok(each?.concat())
+    }
 }
 
 /// Token sequences from `calib_ids`-style safetensors: an int64 (or int32) `[N, L]` tensor `key`.

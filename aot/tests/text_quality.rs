@@ -81,3 +81,57 @@ fn fake_quant_scores_match_pymllms_fake_quant_logits() {
     let (_, _, rows) = load_fake_quant(&qdir).unwrap();
     assert_eq!(rows, 1024);
 }
+
+/// The loss breakdown on pymllm's export of the tiny model: one row per linear family and per
+/// layer after float and all linears; each group scores its own members only (a group's row equals
+/// float when it is empty of changes, so every row differs from float: pymllm's int4 moved every
+/// weight), and the all-linears row is the worst by KL.
+#[test]
+fn loss_breakdown_scores_every_family_and_layer() {
+    use aot::loss_breakdown::{weight_loss_breakdown, BreakdownOptions};
+    let r = SafetensorsCheckpoint::open_file(fixture("qwen3-dev-f32").join("reference_long.safetensors")).unwrap();
+    let ids = r.read_i64("input_ids").unwrap();
+    let q = weight_loss_breakdown(&BreakdownOptions {
+        model: fixture("qwen3-dev-f32"),
+        quantized: fixture("pymllm-qwen3-dev-f32"),
+        rotation: backend_cpu::quant::Rotation::None,
+        ids: ids.clone(),
+        window: ids.len(),
+        progress: aot::progress::silent(),
+    })
+    .unwrap();
+    eprintln!("{}", q.table());
+    let names: Vec<&str> = q.rows.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "float",
+            "all linears",
+            "down_proj",
+            "gate_proj",
+            "k_proj",
+            "o_proj",
+            "q_proj",
+            "up_proj",
+            "v_proj",
+            "lm_head",
+            "layer 0",
+            "layer 1"
+        ]
+    );
+    assert_eq!((q.rows[0].mean_kl, q.rows[0].top1_agreement), (0.0, 1.0));
+    for row in &q.rows[2..] {
+        assert!(row.mean_kl > 0.0 && row.mean_kl < q.rows[1].mean_kl, "{row:?} vs all {:?}", q.rows[1]);
+    }
+    // A checkpoint that is not quantized is refused by name.
+    let err = weight_loss_breakdown(&BreakdownOptions {
+        model: fixture("qwen3-dev-f32"),
+        quantized: fixture("qwen3-dev-f32"),
+        rotation: backend_cpu::quant::Rotation::None,
+        ids,
+        window: 16,
+        progress: aot::progress::silent(),
+    })
+    .unwrap_err();
+    assert!(format!("{err:#}").contains("not a quantized checkpoint"), "{err:#}");
+}

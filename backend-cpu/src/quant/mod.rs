@@ -15,7 +15,8 @@
 //! - [`eval`]: perplexity, mean KL(float‖quant) and top-1 agreement on a text, as users measure quality;
 //! - [`rotation`]: Hadamard rotations folded into a float checkpoint before calibration, with
 //!   [`hadamard`] (the orthogonal matrices);
-//! - [`rtn`]: the naive weight-only round-to-nearest baseline a recipe must beat.
+//! - [`rtn`]: the naive weight-only round-to-nearest baseline a recipe must beat;
+//! - [`subset`]: a float model with chosen linears quantized, to attribute the loss.
 
 pub mod accuracy;
 pub mod calibrate;
@@ -31,6 +32,7 @@ pub mod params;
 pub mod prefill;
 pub mod rotation;
 pub mod rtn;
+pub mod subset;
 
 pub use accuracy::{AccuracyReport, Comparison, ComparisonError, RecordingHook};
 pub use calibrate::{Calibration, CalibrationMode, CalibrationWeights, ObserverHook};
@@ -48,6 +50,7 @@ pub use params::QdqParams;
 pub use prefill::{prefill, prefill_logits, PresentKv};
 pub use rotation::{rotate_checkpoint, Rotation, RotationSummary, UnknownRotation};
 pub use rtn::RtnWeights;
+pub use subset::QuantizedSubset;
 
 /// Whether a checkpoint holds quantized weights (pymllm's export or this project's): it has
 /// activation QDQ parameters or LPBQ scales.

@@ -74,6 +74,9 @@ use std::collections::{HashMap, HashSet};
 use mllm_dsl::ir::{Attr, Node, Program, SubGraph, ValueId};
 use mllm_dsl::passes::{ParamError, QuantParamProvider};
 
+pub use encode::EncodeError;
+pub use weights::WeightProblem;
+
 use crate::encoding::Int4Storage;
 use crate::graph::{GraphBuilder, QnnGraph, QnnTensor};
 use crate::validate::ValidationError;
@@ -128,8 +131,20 @@ pub enum LowerError {
     Op { graph: String, op: String, kind: &'static str, detail: String },
     #[error("graph `{graph}`: value {value}: {detail}")]
     Value { graph: String, value: String, detail: String },
-    #[error("graph `{graph}`: weight `{key}`: {detail}")]
-    Weight { graph: String, key: String, detail: String },
+    #[error("graph `{graph}`: value {value}: {source}")]
+    Type {
+        graph: String,
+        value: String,
+        #[source]
+        source: EncodeError,
+    },
+    #[error("graph `{graph}`: weight `{key}`: {source}")]
+    Weight {
+        graph: String,
+        key: String,
+        #[source]
+        source: WeightProblem,
+    },
     #[error("graph `{graph}`: {source}")]
     Param {
         graph: String,
@@ -245,8 +260,8 @@ impl GraphLowering<'_, '_, '_> {
         let region = &sg.region;
         for &v in &region.inputs {
             let name = self.value_name(v)?;
-            let (dtype, encoding) = encode::value_type(self.program, v).map_err(|d| self.value_err(v, d))?;
-            let dims = encode::dims(&self.program.value(v).ty.shape).map_err(|d| self.value_err(v, d))?;
+            let (dtype, encoding) = encode::value_type(self.program, v).map_err(|e| self.type_err(v, e))?;
+            let dims = encode::dims(&self.program.value(v).ty.shape).map_err(|e| self.type_err(v, e))?;
             self.builder.input(name.clone(), dtype, &dims, encoding);
             self.names.insert(v, name);
         }
@@ -312,6 +327,10 @@ impl GraphLowering<'_, '_, '_> {
         LowerError::Value { graph: self.graph.to_string(), value: self.describe(v), detail }
     }
 
+    fn type_err(&self, v: ValueId, source: EncodeError) -> LowerError {
+        LowerError::Type { graph: self.graph.to_string(), value: self.describe(v), source }
+    }
+
     fn graph_err(&self, detail: String) -> LowerError {
         LowerError::Graph { graph: self.graph.to_string(), detail }
     }
@@ -349,13 +368,13 @@ impl GraphLowering<'_, '_, '_> {
                     .map_err(|e| LowerError::Weight {
                         graph: self.graph.to_string(),
                         key: e.key,
-                        detail: e.detail,
+                        source: e.problem,
                     })?;
                     self.lowering.share_static(self.graph, t)?
                 }
             }
         } else if def.constant.is_some() {
-            let t = ops::constant_tensor(self.program, v, &name).map_err(|d| self.value_err(v, d))?;
+            let t = ops::constant_tensor(self.program, v, &name).map_err(|e| self.type_err(v, e))?;
             self.lowering.share_static(self.graph, t)?
         } else {
             return Err(self.value_err(

@@ -1,0 +1,77 @@
+//! Where a quantized checkpoint loses: the float model with one group of linears at a time (each
+//! family, each layer) replaced by the checkpoint's int4 weights, scored on a text against float.
+//!
+//! ```text
+//! cargo run --release --example loss_breakdown -- --model HF_DIR --quantized QDIR \
+//!     --text fixtures/text/eval.txt [--rotation hadamard] [--json FILE]
+//! ```
+//!
+//! `--rotation` must be the one `QDIR` was quantized with. The logic is [`aot::loss_breakdown`].
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use aot::loss_breakdown::{weight_loss_breakdown, BreakdownOptions};
+use aot::text_quality::load_text_ids;
+use clap::Parser;
+use mllm_dsl::files::write_atomic_bytes as write_atomic;
+
+#[derive(Parser, Debug)]
+#[command(about = "Weight-only loss of a quantized checkpoint per linear family and per layer")]
+struct Args {
+    /// HF float checkpoint directory the quantized one was made from (unrotated).
+    #[arg(long, value_name = "HF_DIR")]
+    model: PathBuf,
+    /// The quantized checkpoint (pymllm's format: `quantize`'s, `perplexity`'s or `qwen3_aot`'s output).
+    #[arg(long, value_name = "DIR")]
+    quantized: PathBuf,
+    /// The rotation the checkpoint was quantized with (none, hadamard).
+    #[arg(long, value_name = "ROTATION", default_value = "none")]
+    rotation: backend_cpu::quant::Rotation,
+    /// Evaluation text (plain UTF-8). Never the calibration text.
+    #[arg(long, value_name = "FILE")]
+    text: PathBuf,
+    /// Tokens of the text scored (its first N).
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    tokens: usize,
+    /// Tokens per prefill window; each window starts with no past.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    window: usize,
+    /// Also write the scores as JSON here.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// CPU threads (0: all cores).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    threads: usize,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    backend_cpu::kernels::set_num_threads(args.threads)?;
+    let ids = load_text_ids(&args.text, &args.model.join("tokenizer.json"), args.tokens)?;
+    let rows = weight_loss_breakdown(&BreakdownOptions {
+        model: args.model.clone(),
+        quantized: args.quantized.clone(),
+        rotation: args.rotation,
+        ids,
+        window: args.window,
+        progress: aot::progress::bars(!args.quiet),
+    })?;
+    println!(
+        "{} with linears of {} (weights only) on the first {} predictions of {}",
+        args.model.display(),
+        args.quantized.display(),
+        rows.rows[0].predictions,
+        args.text.display()
+    );
+    print!("{}", rows.table());
+    if let Some(path) = &args.json {
+        let mut text = serde_json::to_string_pretty(&rows.to_json())?;
+        text.push('\n');
+        write_atomic(path, text.as_bytes())?;
+    }
+    Ok(())
+}
