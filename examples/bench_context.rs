@@ -18,7 +18,7 @@ use std::process::Command;
 
 use anyhow::{ensure, Result};
 use aot::context_bench::{is_prepared, prepare_checkpoint, run, BenchOptions};
-use aot::synthetic::QWEN3_1_7B_LAYERS;
+use aot::synthetic::QWEN3_1_7B;
 use clap::Parser;
 
 #[derive(Parser, Debug)]
@@ -27,7 +27,7 @@ struct Args {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Decoder layers to compile.
-    #[arg(long, default_value_t = QWEN3_1_7B_LAYERS)]
+    #[arg(long, default_value_t = QWEN3_1_7B.layers)]
     layers: usize,
     /// CPU threads for the setup's calibration (0: all cores).
     #[arg(long, default_value_t = 0)]
@@ -58,8 +58,8 @@ fn main() -> Result<()> {
     }
     let bench = run(&opts)?;
     println!(
-        "Qwen3-1.7B shapes, {} of {QWEN3_1_7B_LAYERS} layers, graphs model.0.s32 + model.0.s1, context 1024",
-        bench.layers
+        "{} shapes, {} of {} layers, graphs model.0.s32 + model.0.s1, context 1024",
+        QWEN3_1_7B.name, bench.layers, QWEN3_1_7B.layers
     );
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("machine load average: {}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));

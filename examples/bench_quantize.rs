@@ -5,8 +5,8 @@
 //! ```text
 //! cargo run --release --example bench_quantize [-- --dir DIR] [--threads 2] [--keep]
 //! ```
-//! The checkpoint is generated once by project code into `DIR` (default
-//! `$CARGO_TARGET_DIR/bench-quantize`, else `target/bench-quantize`). Prints MB/s of input
+//! The checkpoint is generated once by project code (`aot::synthetic`) into `DIR` (default
+//! `bench-quantize` in the target directory). Prints MB/s of input
 //! weights (bf16 bytes read) for quantization alone and including the write, and the peak RSS
 //! (`VmHWM` of `/proc/self/status`, reset after generation) against the checkpoint size. Targets:
 //! >= 200 MB/s, peak RSS <= 1.5x the checkpoint.
@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use aot::synthetic::QWEN3_1_7B;
 use aot::trace_model;
 use backend_cpu::quant::{plan_export, quantize_weights, write_quantized_checkpoint, QdqParams};
 use checkpoint::SafetensorsCheckpoint;
@@ -38,16 +39,13 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let base = args.dir.clone().unwrap_or_else(|| {
-        let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| "target".into());
-        target.join("bench-quantize")
-    });
+    let base = args.dir.clone().unwrap_or_else(|| aot::default_out_dir("bench-quantize"));
     let input = base.join("qwen3-1.7b-synthetic-bf16");
     let output = base.join("qwen3-1.7b-synthetic-w4a16");
     if !input.join("config.json").is_file() {
         let start = Instant::now();
         println!("generating the synthetic checkpoint in {} ...", input.display());
-        aot::synthetic::write_qwen3_1_7b(&input, aot::synthetic::QWEN3_1_7B_LAYERS)?;
+        aot::synthetic::write_qwen3(&input, &QWEN3_1_7B, QWEN3_1_7B.layers)?;
         println!("generated in {:.1} s", start.elapsed().as_secs_f64());
     }
     // Generation (or nothing) so far; measure the quantization from here.

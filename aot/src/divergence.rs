@@ -34,8 +34,9 @@ pub struct OpDivergence {
     /// The same for the node alone on the fake-quant run's inputs (quantized to the node's input
     /// encodings, which is exact for values on their grid).
     pub own_steps: f32,
-    /// Elements that differ at all.
+    /// Elements that differ at all, as run and with the node alone.
     pub differing: usize,
+    pub own_differing: usize,
     pub elements: usize,
 }
 
@@ -92,6 +93,7 @@ pub(crate) fn op_by_op(
         }
         let own = interp.run_node(node_index, &own_inputs)?.to_real()?;
         let own_err = reference.iter().zip(&own).map(|(&r, &t)| (t - r).abs()).fold(0f32, f32::max);
+        let own_differing = reference.iter().zip(&own).filter(|(r, t)| r != t).count();
         let (mut signal, mut noise, mut max_abs_err, mut differing) = (0f64, 0f64, 0f32, 0);
         for (&r, &t) in reference.iter().zip(&test) {
             let e = (t - r).abs();
@@ -109,6 +111,7 @@ pub(crate) fn op_by_op(
             max_steps: if step > 0.0 { max_abs_err / step } else { 0.0 },
             own_steps: if step > 0.0 { own_err / step } else { 0.0 },
             differing,
+            own_differing,
             elements: test.len(),
         });
     }
@@ -117,18 +120,21 @@ pub(crate) fn op_by_op(
 
 /// The rows as a table, one line per node.
 pub fn table(rows: &[OpDivergence]) -> String {
-    let mut s =
-        format!("{:<60} {:<20} {:>9} {:>11} {:>9} {:>9}\n", "node", "op", "SQNR dB", "max |err|", "steps", "differ");
+    let mut s = format!(
+        "{:<60} {:<20} {:>9} {:>11} {:>9} {:>9} {:>10} {:>9}\n",
+        "node", "op", "SQNR dB", "max |err|", "steps", "differ", "own differ", "own steps"
+    );
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<60} {:<20} {:>9.2} {:>11.4e} {:>9.1} {:>8.1}% {:>9.1}",
+            "{:<60} {:<20} {:>9.2} {:>11.4e} {:>9.1} {:>8.1}% {:>9.3}% {:>9.1}",
             r.node,
             r.op,
             r.sqnr_db,
             r.max_abs_err,
             r.max_steps,
             100.0 * r.differing as f64 / r.elements.max(1) as f64,
+            100.0 * r.own_differing as f64 / r.elements.max(1) as f64,
             r.own_steps
         );
     }

@@ -1,9 +1,12 @@
 //! Qualcomm's own HTP backend in the main job: the context binary for the device and the ledger
 //! rows measured on its x86 emulation ([`QualcommHtp`]).
 //!
-//! The graphs are lowered again from the final IR with int4 weights in 8-bit containers
-//! ([`Int4Storage::Int8Container`]): QAIRT 2.51's HTP backend refuses `SFIXED_POINT_4` tensors
-//! (error 7004), while mllm's artifacts (`qnn/<graph>.{cpp,bin}`) keep its low-nibble layout.
+//! The graphs are lowered again from the final IR for Qualcomm's backend
+//! ([`LowerOptions::qualcomm_htp`]): int4 weights in 8-bit containers, since QAIRT 2.51's HTP
+//! backend refuses `SFIXED_POINT_4` tensors (error 7004), and the attention mask's select with
+//! its operands broadcast explicitly, since the backend computes the implicit broadcast wrongly
+//! at chunk sizes such as 8 and 32 ([`backend_qnn::SelectBroadcast`]). mllm's artifacts
+//! (`qnn/<graph>.{cpp,bin}`) keep mllm's graph and its low-nibble layout.
 //! Two binaries are built from them:
 //! - `qnn/context.bin`: every graph in one weight-sharing context, for the device;
 //! - `qnn/context.x86.bin`: the same graphs without weight sharing, because the x86 emulation
@@ -17,7 +20,6 @@ use std::time::Instant;
 
 use crate::error::{Context, Result};
 use backend_qnn::context::{build_context, context_request};
-use backend_qnn::encoding::Int4Storage;
 use backend_qnn::interp::TensorValue;
 use backend_qnn::sdk::{build_context_binary, run_binary_on_values, LibraryPaths, SdkApi};
 use backend_qnn::target::HtpTarget;
@@ -39,14 +41,21 @@ pub enum ContextBinary {
     Off,
 }
 
+/// A `--context-binary` value other than auto, on or off.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown --context-binary `{name}`; expected auto, on or off")]
+pub struct UnknownContextBinary {
+    pub name: String,
+}
+
 impl std::str::FromStr for ContextBinary {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownContextBinary;
+    fn from_str(s: &str) -> Result<Self, UnknownContextBinary> {
         match s {
             "auto" => Ok(ContextBinary::Auto),
             "on" => Ok(ContextBinary::Required),
             "off" => Ok(ContextBinary::Off),
-            other => Err(format!("unknown --context-binary `{other}`; expected auto, on or off")),
+            other => Err(UnknownContextBinary { name: other.to_string() }),
         }
     }
 }
@@ -81,7 +90,7 @@ impl QualcommHtp {
         target: &HtpTarget,
         qnn_dir: &Path,
     ) -> Result<QualcommHtp> {
-        let mut lowering = QnnLowering::new(params, LowerOptions { int4_storage: Int4Storage::Int8Container });
+        let mut lowering = QnnLowering::new(params, LowerOptions::qualcomm_htp());
         let mut graphs = Vec::with_capacity(programs.len());
         for program in programs {
             let lowered = lowering.lower_program(program).context("lowering for Qualcomm's backend")?;

@@ -60,16 +60,19 @@ fn perplexity_float_and_rtn_match_transformers() {
     assert!((rtn.top1_agreement - num(&reference, &["rtn_int4_b16", "top1_agreement"])).abs() <= 2.0 / 255.0);
 }
 
-/// The whole AOT flow on the real model (calibrated on the shipped calibration text with GPTQ
-/// weights, graphs `model.0.s32` and `model.0.s1` at context 1024), each per-graph ledger stage on
-/// probes of real text whose past K/V come from the model's own prefill:
-/// - `passes_vs_eager`: ≥ 60 dB and the same top-1 (the issue's target; it is exact today);
-/// - `qnn_vs_fakequant`: top-1 ≥ 95 % (the issue's target) and every node of the lowered graph,
-///   run alone on the fake-quant run's inputs, within one step of its output encoding (one
-///   rounding flip: the lowering and the interpreter compute what the IR computes). The logits SQNR is NOT at the issue's 35 dB: one-step
-///   rounding differences grow through 30 quantized layers until they reach the activation
-///   quantization's own noise (docs/ledger.md has the figures); the floor here catches a regression
-///   of that mechanism, not the target.
+/// The whole AOT flow on the real model with the best recipe of docs/quantization.md (GPTQ
+/// weights, `--rotation hadamard`), calibrated on the shipped calibration.txt (graphs
+/// `model.0.s32` and `model.0.s1` at context 1024), each per-graph ledger stage on probes of real
+/// text whose past K/V come from the model's own prefill, against the issue's targets:
+/// - `passes_vs_eager`: ≥ 60 dB and the same top-1 (it is exact today);
+/// - `qnn_vs_fakequant`: top-1 ≥ 95 % at both graphs, ≥ 35 dB at `model.0.s1`, and every node of
+///   the lowered graph, run alone on the fake-quant run's inputs, within one step of its output
+///   encoding (one rounding flip: the lowering and the interpreter compute what the IR computes).
+///   At `model.0.s32` the logits SQNR stays just under the issue's 35 dB (33.9 dB measured): the
+///   one-step flips grow until the two runs differ by about a step at every point, and from layer
+///   11 on the residual stream's step is set by the first token's massive activation
+///   (docs/ledger.md has the figures); that graph is held to a floor that catches a regression
+///   of this mechanism, not to the target.
 ///
 /// (Float parity against HF is pinned by examples/tests/smollm2.rs.)
 #[test]
@@ -80,6 +83,7 @@ fn every_ledger_stage_holds_on_the_real_model() {
         calibration: vec![aot::CalibSource::Text { path: fixture("text/calibration.txt"), chat: false }],
         chunks: vec![32, 1],
         weight_method: backend_cpu::quant::WeightMethod::Gptq,
+        rotation: backend_cpu::quant::Rotation::Hadamard,
         progress: aot::progress::silent(),
         ledger_ops: true,
         // Qualcomm's backend on the real model is the htp rows' test, not this one.
@@ -90,10 +94,16 @@ fn every_ledger_stage_holds_on_the_real_model() {
     eprintln!("{}", report.summary());
     let rows = |stage: &str| report.ledger.iter().filter(|e| e.stage == stage).collect::<Vec<_>>();
     let graphs = ["model.0.s32", "model.0.s1"];
-    for (stage, min_db, min_top1) in [("passes_vs_eager", 60.0, 1.0), ("qnn_vs_fakequant", SQNR_FLOOR_DB, 0.95)] {
+    let min_db = |stage: &str, graph: &str| match (stage, graph) {
+        ("passes_vs_eager", _) => 60.0,
+        (_, "model.0.s32") => S32_SQNR_FLOOR_DB,
+        _ => TARGET_SQNR_DB,
+    };
+    for (stage, min_top1) in [("passes_vs_eager", 1.0), ("qnn_vs_fakequant", 0.95)] {
         let found = rows(stage);
         assert_eq!(found.iter().map(|e| e.graph.as_deref().unwrap()).collect::<Vec<_>>(), graphs, "{stage}");
         for e in found {
+            let min_db = min_db(stage, e.graph.as_deref().unwrap());
             assert!(
                 e.detail.contains("of the calibration sequences"),
                 "{stage}: not a probe of the text: {}",
@@ -120,9 +130,11 @@ fn every_ledger_stage_holds_on_the_real_model() {
     }
 }
 
-/// The logits SQNR `qnn_vs_fakequant` keeps on the real model's probes (measured 23.7 dB at s32,
-/// 28.9 dB at s1); the issue's target of 35 dB is not met (see the test above).
-const SQNR_FLOOR_DB: f64 = 20.0;
+/// The issue's target for `qnn_vs_fakequant` (met at `model.0.s1`: 45.1 dB measured).
+const TARGET_SQNR_DB: f64 = 35.0;
+/// What `model.0.s32` is held to instead (33.9 dB measured; 23.7 dB without the rotation): see the
+/// test above.
+const S32_SQNR_FLOOR_DB: f64 = 20.0;
 
 /// Issue 16's quality target on the real model with the recommended recipe (docs/quantization.md:
 /// `--weight-method gptq --rotation hadamard`, calibrated on the three shipped calibration texts,

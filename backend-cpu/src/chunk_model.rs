@@ -41,6 +41,15 @@ fn filled(len: usize, fill: impl FnOnce(&mut [f32])) -> F32Buffer {
     data.into()
 }
 
+/// A model output the chunk model cannot hand back to the runtime.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ModelOutputError {
+    #[error("model output {what} has no real data")]
+    NotReal { what: &'static str },
+    #[error("model output logits has {found} values; expected {ar} or {rows} rows of {vocab}")]
+    LogitsLength { found: usize, ar: usize, rows: usize, vocab: usize },
+}
+
 impl ChunkModel for CpuChunkModel {
     type Kv = f32;
 
@@ -101,8 +110,8 @@ impl ChunkModel for CpuChunkModel {
         let (logits, new_k, new_v) =
             run_in_pool(|| model.forward_rows(&ids, &pos, &mask, &keys, &values, rows.clone()))?;
         let t2 = profile::lap(t1, "(chunk: model forward, ops included)");
-        fn read<'a>(t: &'a Tensor, what: &str) -> Result<Cow<'a, [f32]>, String> {
-            real_values(t).ok_or_else(|| format!("model output {what} has no real data"))
+        fn read<'a>(t: &'a Tensor, what: &'static str) -> Result<Cow<'a, [f32]>, ModelOutputError> {
+            real_values(t).ok_or(ModelOutputError::NotReal { what })
         }
         // All `ar` rows, or only the rows asked for when the model file honours them.
         let logits = read(&logits, "logits")?;
@@ -113,12 +122,7 @@ impl ChunkModel for CpuChunkModel {
         } else if logits.len() == rows.len() * vocab {
             dst[rows.start * vocab..rows.end * vocab].copy_from_slice(&logits);
         } else {
-            return Err(format!(
-                "model output logits has {} values; expected {ar} or {} rows of {vocab}",
-                logits.len(),
-                rows.len()
-            )
-            .into());
+            return Err(ModelOutputError::LogitsLength { found: logits.len(), ar, rows: rows.len(), vocab }.into());
         }
         for l in 0..shape.num_layers {
             let (k, v) = outputs.present_kv_mut(l);

@@ -43,6 +43,31 @@ pub enum QdqHookError {
     Params(Box<dyn std::error::Error + Send + Sync>),
 }
 
+/// Why the CPU backend could not run an op or apply a QDQ point; [`Backend::execute`] and
+/// [`Backend::qdq`] hand its message to the core, which adds the op, module path and call site.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuOpError {
+    #[error("{what} must hold real-valued data, got {dtype}")]
+    NotReal { what: &'static str, dtype: mllm_dsl::DType },
+    #[error("{what} must hold integer ids, got {dtype}")]
+    NotIds { what: &'static str, dtype: mllm_dsl::DType },
+    #[error("{0}")]
+    Kernel(#[from] kernels::KernelError),
+    #[error("{0}")]
+    Hook(#[from] QdqHookError),
+    #[error("{0}")]
+    Tensor(#[from] mllm_dsl::Error),
+    /// An input (or the QDQ input's backend) that the op needs is absent.
+    #[error("{0}")]
+    Missing(&'static str),
+    #[error("lazy result has shape {shape:?}, expected {out}")]
+    LazyShape { shape: Vec<usize>, out: TensorType },
+    #[error("input has {features} features but the weight {weight} expects {expected}")]
+    Features { features: usize, weight: String, expected: usize },
+    #[error("kernel produced {found} elements, expected {expected} for {out}")]
+    OutputLength { found: usize, expected: usize, out: TensorType },
+}
+
 /// The eager CPU backend.
 #[derive(Clone, Default)]
 pub struct CpuBackend {
@@ -62,8 +87,8 @@ impl CpuBackend {
 }
 
 /// Real values of an input: f32 data in place, packed weights and lazy joins materialized.
-fn f32_of<'a>(t: &'a Tensor, what: &str) -> Result<Cow<'a, [f32]>, String> {
-    real_values(t).ok_or_else(|| format!("{what} must hold real-valued data, got {}", t.dtype()))
+fn f32_of<'a>(t: &'a Tensor, what: &'static str) -> Result<Cow<'a, [f32]>, CpuOpError> {
+    real_values(t).ok_or(CpuOpError::NotReal { what, dtype: t.dtype() })
 }
 
 /// `t`'s real values in its logical (row-major) layout: borrowed for f32 storage, computed for
@@ -97,9 +122,9 @@ fn dense_arc(t: &Tensor) -> Option<F32Buffer> {
     }
 }
 
-fn lazy_storage(lazy: LazyJoin, out: &TensorType) -> Result<Storage, String> {
+fn lazy_storage(lazy: LazyJoin, out: &TensorType) -> Result<Storage, CpuOpError> {
     if lazy.shape != out.shape {
-        return Err(format!("lazy result has shape {:?}, expected {out}", lazy.shape));
+        return Err(CpuOpError::LazyShape { shape: lazy.shape, out: out.clone() });
     }
     Ok(Storage::Native(Arc::new(lazy)))
 }
@@ -107,7 +132,7 @@ fn lazy_storage(lazy: LazyJoin, out: &TensorType) -> Result<Storage, String> {
 /// `x @ y` read straight from `y`'s lazy parts: `y`'s batch dims must equal `x`'s (no
 /// broadcasting), it must be joined along one of its two matrix dims and repeated along a batch
 /// dim. `None` when the product does not have that form (the caller materializes `y`).
-fn matmul_lazy(x: &Tensor, y: &LazyJoin) -> Result<Option<Vec<f32>>, String> {
+fn matmul_lazy(x: &Tensor, y: &LazyJoin) -> Result<Option<Vec<f32>>, CpuOpError> {
     let (xs, ys) = (x.shape(), y.shape.as_slice());
     let r = ys.len();
     if r < 3 || xs.len() != r || xs[..r - 2] != ys[..r - 2] || xs[r - 1] != ys[r - 2] {
@@ -141,11 +166,11 @@ fn matmul_lazy(x: &Tensor, y: &LazyJoin) -> Result<Option<Vec<f32>>, String> {
     let parts = y.parts.iter().map(|(data, shape)| (&data[..], shape[extent_dim])).collect();
     let rhs = RhsParts { parts, axis, k: ys[r - 2], n: ys[r - 1], batches };
     let a = f32_of(x, "lhs")?;
-    kernels::matmul_parts(&a, xs[r - 2], &rhs).map(Some).map_err(|e| e.to_string())
+    Ok(Some(kernels::matmul_parts(&a, xs[r - 2], &rhs)?))
 }
 
-fn i64_of<'a>(t: &'a Tensor, what: &str) -> Result<&'a [i64], String> {
-    t.as_i64().ok_or_else(|| format!("{what} must hold integer ids, got {}", t.dtype()))
+fn i64_of<'a>(t: &'a Tensor, what: &'static str) -> Result<&'a [i64], CpuOpError> {
+    t.as_i64().ok_or(CpuOpError::NotIds { what, dtype: t.dtype() })
 }
 
 fn out_f32(data: Vec<f32>) -> Storage {
@@ -170,35 +195,37 @@ impl Backend for CpuBackend {
                 result
             }
         };
-        result.map_err(BackendError::Op)
+        result.map_err(|e| BackendError::Op(e.to_string()))
     }
 
     fn qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, BackendError> {
-        self.apply_qdq(x, point).map_err(|message| BackendError::Qdq { key: point.key.clone(), message })
+        self.apply_qdq(x, point).map_err(|e| BackendError::Qdq { key: point.key.clone(), message: e.to_string() })
     }
 }
 
 impl CpuBackend {
-    /// [`Backend::qdq`] with a plain message (the hook's or the input's problem).
-    fn apply_qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, String> {
+    /// [`Backend::qdq`] with the hook's or the input's problem.
+    fn apply_qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, CpuOpError> {
         let Some(hook) = &self.qdq else { return Ok(x.clone()) };
         let data = f32_of(x, "QDQ input")?;
-        match hook.apply(point, &data, x.shape()).map_err(|e| e.to_string())? {
+        match hook.apply(point, &data, x.shape())? {
             None => Ok(x.clone()),
             Some(new) => {
-                let backend = x.backend().cloned().ok_or("QDQ input has no backend")?;
-                Tensor::from_storage(x.ty().clone(), out_f32(new), backend).map_err(|e| e.to_string())
+                let backend = x.backend().cloned().ok_or(CpuOpError::Missing("QDQ input has no backend"))?;
+                Ok(Tensor::from_storage(x.ty().clone(), out_f32(new), backend)?)
             }
         }
     }
 
-    fn run(&self, op: &OpKind, inputs: &[&Tensor], out: &TensorType) -> Result<Storage, String> {
+    fn run(&self, op: &OpKind, inputs: &[&Tensor], out: &TensorType) -> Result<Storage, CpuOpError> {
         let x = inputs[0];
         let shape = x.shape();
-        let e = |err: kernels::KernelError| err.to_string();
+        let e = CpuOpError::Kernel;
         let data = match op {
             // Views keep the buffer: only the logical type changes.
-            OpKind::View { .. } | OpKind::Unsqueeze { .. } => return Ok(x.storage().cloned().ok_or("no data")?),
+            OpKind::View { .. } | OpKind::Unsqueeze { .. } => {
+                return x.storage().cloned().ok_or(CpuOpError::Missing("no data"))
+            }
             OpKind::Cast { to } => return cast(x, *to),
             OpKind::Transpose { dim0, dim1 } => {
                 kernels::transpose(&f32_of(x, "input")?, shape, *dim0 as isize, *dim1 as isize).map_err(e)?.0
@@ -215,7 +242,7 @@ impl CpuBackend {
                 return lazy_storage(LazyJoin::concat(parts, *dim).map_err(e)?, out);
             }
             OpKind::Concat { dim } => {
-                let data = inputs.iter().map(|t| f32_of(t, "input")).collect::<Result<Vec<_>, String>>()?;
+                let data = inputs.iter().map(|t| f32_of(t, "input")).collect::<Result<Vec<_>, CpuOpError>>()?;
                 let parts: Vec<(&[f32], &[usize])> = data.iter().zip(inputs).map(|(d, t)| (&**d, t.shape())).collect();
                 kernels::concat(&parts, *dim as isize).map_err(e)?.0
             }
@@ -273,7 +300,7 @@ impl CpuBackend {
                 kernels::rms_norm(&f32_of(x, "input")?, shape, &f32_of(inputs[1], "weight")?, *eps).map_err(e)?
             }
             OpKind::Embedding if packed_of(inputs[1]).is_some_and(|w| w.view == WeightView::NK) => {
-                let w = packed_of(inputs[1]).ok_or("packed weight")?;
+                let w = packed_of(inputs[1]).ok_or(CpuOpError::Missing("packed weight"))?;
                 w.matrix.gather_columns(i64_of(x, "ids")?).map_err(e)?
             }
             OpKind::Embedding => {
@@ -287,14 +314,11 @@ impl CpuBackend {
                     .0
             }
             OpKind::Conv2d | OpKind::Linear if packed_of(inputs[1]).is_some() => {
-                let w = packed_of(inputs[1]).ok_or("packed weight")?;
+                let w = packed_of(inputs[1]).ok_or(CpuOpError::Missing("packed weight"))?;
                 let k = *shape.last().unwrap_or(&1);
                 if k != w.matrix.k() {
-                    return Err(format!(
-                        "input has {k} features but the weight {:?} expects {}",
-                        w.matrix,
-                        w.matrix.k()
-                    ));
+                    let weight = format!("{:?}", w.matrix);
+                    return Err(CpuOpError::Features { features: k, weight, expected: w.matrix.k() });
                 }
                 let bias = inputs.get(2).map(|b| f32_of(b, "bias")).transpose()?;
                 kernels::linear_packed(&f32_of(x, "input")?, x.numel() / k.max(1), &w.matrix, bias.as_deref())
@@ -341,17 +365,17 @@ impl CpuBackend {
     }
 }
 
-fn check_len(data: Vec<f32>, out: &TensorType) -> Result<Storage, String> {
+fn check_len(data: Vec<f32>, out: &TensorType) -> Result<Storage, CpuOpError> {
     if data.len() != out.numel() {
-        return Err(format!("kernel produced {} elements, expected {} for {out}", data.len(), out.numel()));
+        return Err(CpuOpError::OutputLength { found: data.len(), expected: out.numel(), out: out.clone() });
     }
     Ok(out_f32(data))
 }
 
 /// Casts keep real values real (float and quantized dtypes all hold f32 data here: quantization
 /// happens at QDQ points) and convert between real and integer storage.
-fn cast(x: &Tensor, to: mllm_dsl::DType) -> Result<Storage, String> {
-    let storage = x.storage().ok_or("cast of a tensor without data")?;
+fn cast(x: &Tensor, to: mllm_dsl::DType) -> Result<Storage, CpuOpError> {
+    let storage = x.storage().ok_or(CpuOpError::Missing("cast of a tensor without data"))?;
     Ok(match (storage, to.is_index()) {
         (Storage::F32(v), true) => Storage::I64(v.iter().map(|&f| f as i64).collect::<Vec<_>>().into()),
         (Storage::I64(v), false) => Storage::F32(v.iter().map(|&i| i as f32).collect::<Vec<_>>().into()),

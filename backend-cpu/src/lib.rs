@@ -12,7 +12,7 @@ pub mod rng;
 pub mod store;
 
 pub use chunk_model::CpuChunkModel;
-pub use executor::{CpuBackend, QdqHook, QdqHookError};
+pub use executor::{CpuBackend, CpuOpError, QdqHook, QdqHookError};
 pub use interp::{Interpreter, Mode as InterpMode};
 pub use packed_weight::{PackedWeight, WeightView};
 pub use store::CheckpointStore;

@@ -4,7 +4,7 @@
 //! the committed bindings differ from what these headers give, and rewrites them with
 //! `QNN_ABI_REGENERATE=1`. Building backend-qnn needs neither bindgen nor libclang.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Headers the FFI layer needs; each pulls in the core headers it depends on.
 pub const ENTRY_HEADERS: [&str; 5] =
@@ -13,12 +13,33 @@ pub const ENTRY_HEADERS: [&str; 5] =
 /// The command that rewrites the committed bindings.
 pub const REGENERATE: &str = "QNN_ABI_REGENERATE=1 cargo test -p backend-qnn --test abi_bindings";
 
+/// Why the bindings could not be generated.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error("{} lacks {}", dir.display(), missing.join(", "))]
+    MissingHeaders { dir: PathBuf, missing: Vec<&'static str> },
+    #[error("bindgen failed on {}: {source}", dir.display())]
+    Bindgen {
+        dir: PathBuf,
+        #[source]
+        source: bindgen::BindgenError,
+    },
+    #[error(
+        "bindgen could not run: it needs libclang (Debian/Ubuntu: apt-get install libclang-dev, or set LIBCLANG_PATH)"
+    )]
+    NoLibclang,
+    #[error("cannot find the versioned function table of `{0}` in the bindings")]
+    NoTable(String),
+    #[error("`{interface}` table member `{field}` is not named vMAJOR_MINOR")]
+    TableName { interface: String, field: String },
+}
+
 /// The whole text of `bindings.rs` for the headers under `include` (the directory holding `QNN/`).
-pub fn bindings_file(include: &Path) -> Result<String, String> {
+pub fn bindings_file(include: &Path) -> Result<String, GenerateError> {
     let qnn = include.join("QNN");
     let missing: Vec<&str> = ENTRY_HEADERS.into_iter().filter(|h| !qnn.join(h).is_file()).collect();
     if !missing.is_empty() {
-        return Err(format!("{} lacks {}", qnn.display(), missing.join(", ")));
+        return Err(GenerateError::MissingHeaders { dir: qnn, missing });
     }
     let wrapper: String = ENTRY_HEADERS.iter().map(|h| format!("#include \"{h}\"\n")).collect();
     let builder = bindgen::Builder::default()
@@ -37,12 +58,8 @@ pub fn bindings_file(include: &Path) -> Result<String, String> {
     let generated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
     let bindings = match generated {
         Ok(Ok(bindings)) => bindings.to_string(),
-        Ok(Err(e)) => return Err(format!("bindgen failed on {}: {e}", qnn.display())),
-        Err(_) => {
-            return Err("bindgen could not run: it needs libclang (Debian/Ubuntu: apt-get install libclang-dev, \
-                        or set LIBCLANG_PATH)"
-                .into())
-        }
+        Ok(Err(source)) => return Err(GenerateError::Bindgen { dir: qnn, source }),
+        Err(_) => return Err(GenerateError::NoLibclang),
     };
     let core = interface_table(&bindings, "QnnInterface_t")?;
     let system = interface_table(&bindings, "QnnSystemInterface_t")?;
@@ -87,13 +104,13 @@ impl Table {
 /// Finds `pub union <T>__bindgen_ty_1 { pub vMAJ_MIN: Type, }` behind `struct_name`.
 /// The member is named after the API version (`QNN_INTERFACE_VER_NAME`), so it changes
 /// with every API version and is read from the bindings rather than hard-coded.
-fn interface_table(bindings: &str, struct_name: &str) -> Result<Table, String> {
+fn interface_table(bindings: &str, struct_name: &str) -> Result<Table, GenerateError> {
     let body = |header: &str| -> Option<&str> {
         let start = bindings.find(header)? + header.len();
         let end = start + bindings[start..].find("\n}")?;
         Some(&bindings[start..end])
     };
-    let not_found = || format!("cannot find the versioned function table of `{struct_name}` in the bindings");
+    let not_found = || GenerateError::NoTable(struct_name.to_string());
     let strukt = body(&format!("pub struct {struct_name} {{")).ok_or_else(not_found)?;
     let union_ty = strukt
         .lines()
@@ -109,7 +126,7 @@ fn interface_table(bindings: &str, struct_name: &str) -> Result<Table, String> {
         .strip_prefix('v')
         .and_then(|v| v.split_once('_'))
         .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
-    let (major, minor) =
-        version.ok_or_else(|| format!("`{struct_name}` table member `{field}` is not named vMAJOR_MINOR"))?;
+    let (major, minor) = version
+        .ok_or_else(|| GenerateError::TableName { interface: struct_name.to_string(), field: field.to_string() })?;
     Ok(Table { field: field.to_string(), ty: ty.to_string(), major, minor })
 }

@@ -35,6 +35,6 @@ pub use chunk_model::{GraphIo, IoTensor, QnnChunkModel, QnnModelError};
 pub use dtype::{DataType, TensorType};
 pub use encoding::{Encoding, Int4Storage, ScaleOffset};
 pub use graph::{GraphBuilder, Param, QnnGraph, QnnNode, QnnTensor, Scalar, StaticData, TensorRef};
-pub use lower::{LowerError, LowerOptions, QnnLowering};
+pub use lower::{EncodeError, LowerError, LowerOptions, QnnLowering, SelectBroadcast, WeightProblem};
 pub use opdef::OpType;
 pub use validate::{validate, ValidationError};

@@ -28,7 +28,7 @@ static BACKEND: Mutex<()> = Mutex::new(());
 
 fn compiles_for_real(model: AotModel) {
     let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
-    let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
+    let options = LowerOptions::qualcomm_htp();
     let graphs = model.lowered_at(&[32, 1], CONTEXT, options);
     let names: Vec<&str> = graphs.iter().map(|g| g.name.as_str()).collect();
     assert_eq!(names, ["model.0.s32", "model.0.s1"]);
@@ -102,7 +102,7 @@ fn execute_on_htp(binary: &[u8], g: &QnnGraph, inputs: &[TensorValue]) -> Vec<Te
 /// backend-cpu's fake-quant run, per graph.
 fn htp_matches_the_references(model: AotModel) {
     let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
-    let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
+    let options = LowerOptions::qualcomm_htp();
     let graphs = model.lowered_at(&[CHUNK, 1], model_common::CONTEXT, options);
     let target = HtpTarget::new(&model.aot_config().target_machine);
     // x86 HTP emulation refuses weight-shared binaries at load ("Shared weights buffer isn't
@@ -156,7 +156,7 @@ fn qwen2_runs_on_the_htp_emulation() {
 fn sfixed_point_4_weights_are_refused_by_qualcomms_backend() {
     let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
-    let options = LowerOptions { int4_storage: Int4Storage::LowNibble };
+    let options = LowerOptions { int4_storage: Int4Storage::LowNibble, ..LowerOptions::qualcomm_htp() };
     let graphs = model.lowered_at(&[1], model_common::CONTEXT, options);
     let target = HtpTarget::new(&model.aot_config().target_machine);
     let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -173,7 +173,7 @@ fn sfixed_point_4_weights_are_refused_by_qualcomms_backend() {
 fn a_rejected_node_names_qualcomms_log_line() {
     let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
-    let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
+    let options = LowerOptions::qualcomm_htp();
     let graphs = model.lowered_at(&[1], CONTEXT, options);
     let target = HtpTarget::new(&model.aot_config().target_machine);
     let (mut descs, htp) = context_request(&graphs, &target).unwrap();
@@ -196,4 +196,37 @@ fn a_rejected_node_names_qualcomms_log_line() {
     for part in [format!("`{name}`"), "(Transpose)".into(), "returned error 3110".into(), log[0].clone()] {
         assert!(msg.contains(&part), "`{part}` missing from: {msg}");
     }
+}
+
+/// The per-op tool on Qualcomm's emulation: the Qwen3 chunk-4 graph cut after its first Softmax
+/// (every node before it included), and that Softmax alone on the interpreter's inputs, agree
+/// with the reference interpreter.
+#[test]
+fn a_window_of_the_graph_runs_on_the_htp_emulation() {
+    use backend_qnn::interp::Interpreter;
+    use backend_qnn::sdk::{run_window_on_values, HtpOptions};
+    use backend_qnn::OpType;
+    let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
+    let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
+    let g = model.lowered_at(&[CHUNK], model_common::CONTEXT, LowerOptions::qualcomm_htp()).remove(0);
+    let values = Interpreter::new(&g).unwrap().run_all(&model.qnn_inputs(&g, CHUNK)).unwrap();
+    let softmax = g.nodes.iter().position(|n| n.op_type == OpType::Softmax).unwrap();
+    let options = HtpOptions { log_level: None, ..HtpOptions::sm8650() };
+    for nodes in [0..softmax + 1, softmax..softmax + 1] {
+        let out = {
+            let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut build = SdkApi::load(&paths).unwrap();
+            let mut exec = SdkApi::load_for_execution(&paths).unwrap();
+            run_window_on_values(&mut build, &mut exec, &options, &g, nodes.clone(), &values).unwrap()
+        };
+        let reference = values[&g.nodes[softmax].outputs[0]].to_real().unwrap();
+        let db = sqnr_db(&out[0].to_real().unwrap(), &reference);
+        eprintln!("nodes {nodes:?} on the HTP emulation: {db:.2} dB");
+        assert!(db >= 40.0, "nodes {nodes:?}: {db:.2} dB");
+    }
+    let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let (mut build, mut exec) = (SdkApi::load(&paths).unwrap(), SdkApi::load_for_execution(&paths).unwrap());
+    let err = run_window_on_values(&mut build, &mut exec, &options, &g, softmax..softmax + 1, &Default::default())
+        .unwrap_err();
+    assert!(err.to_string().contains("no value was given"), "{err}");
 }

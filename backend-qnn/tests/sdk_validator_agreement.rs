@@ -24,8 +24,8 @@ use backend_qnn::sdk::{
     HtpOptions, LogLevel, OpConfig, ParamValue, QnnApi, TensorDesc, TensorId,
 };
 use backend_qnn::{
-    validate, DataType, Encoding, Int4Storage, LowerOptions, OpType, Param, QnnGraph, QnnNode, QnnTensor, Scalar,
-    ScaleOffset, TensorType,
+    validate, DataType, Encoding, LowerOptions, OpType, Param, QnnGraph, QnnNode, QnnTensor, Scalar, ScaleOffset,
+    TensorType,
 };
 use model_common::{fixture, AotModel};
 
@@ -164,7 +164,7 @@ fn combination(g: &QnnGraph, node: &QnnNode) -> String {
 }
 
 fn lowered(model: &AotModel) -> Vec<QnnGraph> {
-    let options = LowerOptions { int4_storage: Int4Storage::Int8Container };
+    let options = LowerOptions::qualcomm_htp();
     let graphs = model.lowered_at(&[32, 1], CONTEXT, options);
     assert_eq!(graphs.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(), ["model.0.s32", "model.0.s1"]);
     graphs

@@ -99,7 +99,7 @@ pub(crate) fn copy_le<T: LeScalar>(src: &[u8], dst: &mut [T]) {
 }
 
 /// `src` reinterpreted as `[T]` when that is valid: little-endian host and aligned bytes.
-fn cast_in_place<T: bytemuck::Pod>(src: &[u8]) -> Option<&[T]> {
+pub(crate) fn cast_in_place<T: bytemuck::Pod>(src: &[u8]) -> Option<&[T]> {
     if cfg!(target_endian = "little") {
         bytemuck::try_cast_slice(src).ok()
     } else {

@@ -3,6 +3,7 @@
 //! weights of a pymllm export. Metadata comes from the header; only scales, zero points and
 //! range-checked codes are read.
 
+use crate::convert::LeScalar;
 use crate::{SafetensorsCheckpoint, StDtype};
 use mllm_dsl::passes::{ParamError, QuantParamProvider, StoredTensor};
 use mllm_dsl::DType;
@@ -22,10 +23,20 @@ fn dtype_of(d: StDtype) -> Option<DType> {
     })
 }
 
-fn min_max<T: Copy + Into<i64>>(v: &[T]) -> Option<(i64, i64)> {
-    let mut it = v.iter().map(|&x| x.into());
-    let first = it.next()?;
-    Some(it.fold((first, first), |(lo, hi), x| (lo.min(x), hi.max(x))))
+/// `(min, max)` of the little-endian `T`s in `bytes` folded into `acc`.
+fn fold_min_max<T: LeScalar + Ord + Copy + Into<i64>>(bytes: &[u8], acc: &mut Option<(i64, i64)>) {
+    fn fold<T: Ord + Copy>(mut values: impl Iterator<Item = T>) -> Option<(T, T)> {
+        let first = values.next()?;
+        Some(values.fold((first, first), |(lo, hi), x| (lo.min(x), hi.max(x))))
+    }
+    // Aligned little-endian data is read as `[T]` in place (the common case: a vectorized scan).
+    let found = match crate::convert::cast_in_place::<T>(bytes) {
+        Some(values) => fold(values.iter().copied()),
+        None => fold(bytes.chunks_exact(std::mem::size_of::<T>()).map(T::from_le)),
+    };
+    let Some((lo, hi)) = found else { return };
+    let (lo, hi) = (lo.into(), hi.into());
+    *acc = Some(acc.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
 }
 
 impl QuantParamProvider for SafetensorsCheckpoint {
@@ -54,17 +65,23 @@ impl QuantParamProvider for SafetensorsCheckpoint {
         SafetensorsCheckpoint::read_bytes(self, key).map_err(|e| self.error(key, e.to_string()))
     }
 
+    fn with_stored_bytes(&self, key: &str, visit: &mut dyn FnMut(&[u8])) -> Result<(), ParamError> {
+        self.with_bytes(key, visit).map(|_| ()).map_err(|e| self.error(key, e.to_string()))
+    }
+
     fn int_range(&self, key: &str) -> Result<Option<(i64, i64)>, ParamError> {
         let (dtype, _) = self.info(key).map_err(|e| self.error(key, e.to_string()))?;
-        let err = |e: crate::CheckpointError| self.error(key, e.to_string());
-        let range = match dtype {
-            StDtype::I8 => min_max(&self.read_i8(key).map_err(err)?),
-            StDtype::U8 => min_max(&self.read_u8(key).map_err(err)?),
-            StDtype::U16 => min_max(&self.read_u16(key).map_err(err)?),
-            StDtype::I32 => min_max(&self.read_i32(key).map_err(err)?),
-            StDtype::I64 => min_max(&self.read_i64(key).map_err(err)?),
+        let fold: fn(&[u8], &mut Option<(i64, i64)>) = match dtype {
+            StDtype::I8 => fold_min_max::<i8>,
+            StDtype::U8 => fold_min_max::<u8>,
+            StDtype::U16 => fold_min_max::<u16>,
+            StDtype::I32 => fold_min_max::<i32>,
+            StDtype::I64 => fold_min_max::<i64>,
             other => return Err(self.error(key, format!("a range check needs an integer tensor, found {other}"))),
         };
+        // Scanned in place in the mapping: a range check of the 311 MB LM head copies nothing.
+        let mut range = None;
+        self.visit_bytes(key, |chunk| fold(chunk, &mut range)).map_err(|e| self.error(key, e.to_string()))?;
         // An empty tensor has no values out of range.
         Ok(Some(range.unwrap_or((0, 0))))
     }

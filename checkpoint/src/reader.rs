@@ -276,16 +276,37 @@ impl SafetensorsCheckpoint {
     /// The stored bytes of `key` as they are in the file (little-endian, any dtype), e.g. for a
     /// backend that embeds quantized weights without converting them.
     pub fn read_bytes(&self, key: &str) -> Result<Vec<u8>, CheckpointError> {
+        let mut out = Vec::with_capacity(self.entry(key)?.end - self.entry(key)?.start);
+        self.visit_bytes(key, |chunk| out.extend_from_slice(chunk))?;
+        Ok(out)
+    }
+
+    /// Hands the stored bytes of `key` to `visit` in one piece straight from the mapping (no
+    /// copy), releasing its pages afterwards. Returns the stored dtype.
+    pub fn with_bytes(&self, key: &str, visit: impl FnOnce(&[u8])) -> Result<StDtype, CheckpointError> {
         let entry = self.entry(key)?;
         let file = &self.files[entry.file];
-        let mut out = Vec::with_capacity(entry.end - entry.start);
-        for start in (entry.start..entry.end).step_by(CHUNK_BYTES) {
-            let end = (start + CHUNK_BYTES).min(entry.end);
-            out.extend_from_slice(file.bytes(start, end));
+        visit(file.bytes(entry.start, entry.end));
+        file.release(entry.start, entry.end);
+        entry.used.store(true, Ordering::Relaxed);
+        Ok(entry.dtype)
+    }
+
+    /// Hands the stored bytes of `key` to `visit` straight from the mapping, in chunks of whole
+    /// elements, releasing each chunk's pages afterwards: a scan (a range check) costs no copy.
+    /// Returns the stored dtype.
+    pub fn visit_bytes(&self, key: &str, mut visit: impl FnMut(&[u8])) -> Result<StDtype, CheckpointError> {
+        let entry = self.entry(key)?;
+        let file = &self.files[entry.file];
+        let element = convert::element_size(entry.dtype).unwrap_or(1);
+        let chunk = (CHUNK_BYTES / element).max(1) * element;
+        for start in (entry.start..entry.end).step_by(chunk) {
+            let end = (start + chunk).min(entry.end);
+            visit(file.bytes(start, end));
             file.release(start, end);
         }
         entry.used.store(true, Ordering::Relaxed);
-        Ok(out)
+        Ok(entry.dtype)
     }
 
     /// A tensor whose stored dtype is exactly `T`'s; any other dtype is an error.

@@ -41,7 +41,7 @@ pub fn write_safetensors_atomic(
     }
     let mut ordered: Vec<&TensorBytes<'_>> = tensors.iter().collect();
     ordered.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    let header = header_bytes(&ordered, metadata).map_err(fail)?;
+    let header = header_bytes(&ordered, metadata, path)?;
 
     mllm_dsl::files::write_atomic(path, |w| {
         w.write_all(&header)?;
@@ -52,7 +52,13 @@ pub fn write_safetensors_atomic(
 
 /// Length prefix + JSON header (serialised by the safetensors crate), space-padded to 8 bytes
 /// so the data section starts aligned.
-fn header_bytes(ordered: &[&TensorBytes<'_>], metadata: &BTreeMap<String, String>) -> Result<Vec<u8>, String> {
+fn header_bytes(
+    ordered: &[&TensorBytes<'_>],
+    metadata: &BTreeMap<String, String>,
+    path: &Path,
+) -> Result<Vec<u8>, CheckpointError> {
+    let fail =
+        |e: &dyn std::fmt::Display| CheckpointError::Write { path: path.to_path_buf(), reason: format!("header: {e}") };
     let mut offset = 0;
     let infos = ordered
         .iter()
@@ -64,8 +70,8 @@ fn header_bytes(ordered: &[&TensorBytes<'_>], metadata: &BTreeMap<String, String
         .collect();
     let header_metadata =
         (!metadata.is_empty()).then(|| metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<HashMap<_, _>>());
-    let header = Metadata::new(header_metadata, infos).map_err(|e| format!("header: {e}"))?;
-    let mut json = serde_json::to_vec(&header).map_err(|e| format!("header: {e}"))?;
+    let header = Metadata::new(header_metadata, infos).map_err(|e| fail(&e))?;
+    let mut json = serde_json::to_vec(&header).map_err(|e| fail(&e))?;
     json.resize(json.len().div_ceil(8) * 8, b' ');
     let mut out = (json.len() as u64).to_le_bytes().to_vec();
     out.extend_from_slice(&json);

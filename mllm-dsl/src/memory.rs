@@ -1,6 +1,8 @@
 //! Resident memory of this process, for benches: the current and peak resident set from
 //! `/proc/self/status` (`VmRSS`, `VmHWM`), and resetting the peak so one step can be measured on
-//! its own (`/proc/self/clear_refs`, value 5). Linux only; elsewhere every call returns an error.
+//! its own (`/proc/self/clear_refs`, value 5); beside it the CPU time the process used
+//! (`/proc/self/stat`), which a loaded machine inflates far less than wall time. Linux only;
+//! elsewhere every call returns an error.
 //!
 //! ```no_run
 //! use mllm_dsl::memory::{peak_rss_bytes, reset_peak_rss};
@@ -15,6 +17,9 @@ use thiserror::Error;
 
 const STATUS: &str = "/proc/self/status";
 const CLEAR_REFS: &str = "/proc/self/clear_refs";
+const STAT: &str = "/proc/self/stat";
+/// Clock ticks per second of `/proc/<pid>/stat` times (`USER_HZ`, 100 on every Linux ABI).
+const USER_HZ: f64 = 100.0;
 
 /// Why a memory figure could not be read.
 #[derive(Debug, Error)]
@@ -23,6 +28,8 @@ pub enum MemoryError {
     Io { path: &'static str, source: std::io::Error },
     #[error("{STATUS} has no `{field}:` line in kB")]
     MissingField { field: &'static str },
+    #[error("{STAT} has no user and system times after the command name")]
+    MalformedStat,
 }
 
 /// The peak resident set (`VmHWM`) in bytes, since the process started or the last
@@ -40,6 +47,21 @@ pub fn rss_bytes() -> Result<u64, MemoryError> {
 /// what happens from now on.
 pub fn reset_peak_rss() -> Result<(), MemoryError> {
     std::fs::write(CLEAR_REFS, "5").map_err(|source| MemoryError::Io { path: CLEAR_REFS, source })
+}
+
+/// User plus system CPU seconds of all threads of this process so far (10 ms resolution).
+pub fn cpu_seconds() -> Result<f64, MemoryError> {
+    let stat = std::fs::read_to_string(STAT).map_err(|source| MemoryError::Io { path: STAT, source })?;
+    parse_cpu_ticks(&stat).map(|ticks| ticks as f64 / USER_HZ).ok_or(MemoryError::MalformedStat)
+}
+
+/// utime + stime (fields 14 and 15) of a `stat` line; the command name (field 2) is
+/// parenthesized and may hold spaces, so fields are counted after its closing parenthesis.
+fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
 }
 
 fn status_bytes(field: &'static str) -> Result<u64, MemoryError> {
@@ -64,6 +86,15 @@ mod tests {
         assert_eq!(parse_kb(status, "VmRSS"), Some(2048));
         assert_eq!(parse_kb(status, "VmBad"), None);
         assert_eq!(parse_kb(status, "VmSwap"), None);
+    }
+
+    #[test]
+    fn stat_times_are_read_after_the_command_name() {
+        // Fields 3.. of `man 5 proc`: state, ppid, pgrp, session, tty_nr, tpgid, flags, minflt,
+        // cminflt, majflt, cmajflt, then utime 250 and stime 30.
+        let stat = "4242 (a b) c) R 1 2 3 4 5 6 7 8 9 10 250 30 0 0 20 0 1 0\n";
+        assert_eq!(parse_cpu_ticks(stat), Some(280));
+        assert_eq!(parse_cpu_ticks("4242 (x) R 1 2"), None);
     }
 
     #[cfg(target_os = "linux")]

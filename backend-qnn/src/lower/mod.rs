@@ -64,6 +64,7 @@
 //! Anything that cannot be lowered is a [`LowerError`] naming the graph and the op, value or
 //! checkpoint key; the finished graph must pass [`validate`](crate::validate()).
 
+mod broadcast;
 mod encode;
 mod ops;
 mod weights;
@@ -72,6 +73,9 @@ use std::collections::{HashMap, HashSet};
 
 use mllm_dsl::ir::{Attr, Node, Program, SubGraph, ValueId};
 use mllm_dsl::passes::{ParamError, QuantParamProvider};
+
+pub use encode::EncodeError;
+pub use weights::WeightProblem;
 
 use crate::encoding::Int4Storage;
 use crate::graph::{GraphBuilder, QnnGraph, QnnTensor};
@@ -82,6 +86,35 @@ use crate::validate::ValidationError;
 pub struct LowerOptions {
     /// Byte layout of 4-bit weights (default mllm's low nibble; see `encoding.rs`).
     pub int4_storage: Int4Storage,
+    /// How a `Where` whose value operands are smaller than its output is lowered (default
+    /// mllm's: the `ElementWiseSelect` broadcasts them itself).
+    pub select_broadcast: SelectBroadcast,
+}
+
+impl LowerOptions {
+    /// What Qualcomm's HTP backend (QAIRT 2.51) needs: int4 weights in 8-bit containers (it
+    /// refuses `SFIXED_POINT_4`) and value operands of `ElementWiseSelect` broadcast explicitly
+    /// (see [`SelectBroadcast::Explicit`]).
+    pub fn qualcomm_htp() -> LowerOptions {
+        LowerOptions { int4_storage: Int4Storage::Int8Container, select_broadcast: SelectBroadcast::Explicit }
+    }
+}
+
+/// The lowering of a `Where` (`ElementWiseSelect`) whose true/false operand has fewer elements
+/// than the output, such as attention's masked fill `where(mask, scores, rowmin - 20)` with
+/// `rowmin` `[1, H, S, 1]` against scores `[1, H, S, T]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SelectBroadcast {
+    /// The select broadcasts its operands (mllm's graph).
+    #[default]
+    Implicit,
+    /// Each smaller operand is first broadcast to the output shape by an `ElementWiseAdd` of a
+    /// static zero tensor (exact: the sum keeps the operand's encoding). Qualcomm's HTP backend
+    /// (QAIRT 2.51, x86 emulation) computes the implicit form wrongly in the attention pattern
+    /// (the operand is ReduceMin + Add over the QK MatMul's scores, the select feeds Softmax):
+    /// at chunk sizes 8, 12, 16, 24 and 32 the logits were noise, or the execution crashed
+    /// (`docs/ledger.md`; `examples/tests/qnn_htp.rs` runs chunk 32).
+    Explicit,
 }
 
 /// Why a program could not be lowered.
@@ -98,8 +131,20 @@ pub enum LowerError {
     Op { graph: String, op: String, kind: &'static str, detail: String },
     #[error("graph `{graph}`: value {value}: {detail}")]
     Value { graph: String, value: String, detail: String },
-    #[error("graph `{graph}`: weight `{key}`: {detail}")]
-    Weight { graph: String, key: String, detail: String },
+    #[error("graph `{graph}`: value {value}: {source}")]
+    Type {
+        graph: String,
+        value: String,
+        #[source]
+        source: EncodeError,
+    },
+    #[error("graph `{graph}`: weight `{key}`: {source}")]
+    Weight {
+        graph: String,
+        key: String,
+        #[source]
+        source: WeightProblem,
+    },
     #[error("graph `{graph}`: {source}")]
     Param {
         graph: String,
@@ -215,8 +260,8 @@ impl GraphLowering<'_, '_, '_> {
         let region = &sg.region;
         for &v in &region.inputs {
             let name = self.value_name(v)?;
-            let (dtype, encoding) = encode::value_type(self.program, v).map_err(|d| self.value_err(v, d))?;
-            let dims = encode::dims(&self.program.value(v).ty.shape).map_err(|d| self.value_err(v, d))?;
+            let (dtype, encoding) = encode::value_type(self.program, v).map_err(|e| self.type_err(v, e))?;
+            let dims = encode::dims(&self.program.value(v).ty.shape).map_err(|e| self.type_err(v, e))?;
             self.builder.input(name.clone(), dtype, &dims, encoding);
             self.names.insert(v, name);
         }
@@ -282,6 +327,10 @@ impl GraphLowering<'_, '_, '_> {
         LowerError::Value { graph: self.graph.to_string(), value: self.describe(v), detail }
     }
 
+    fn type_err(&self, v: ValueId, source: EncodeError) -> LowerError {
+        LowerError::Type { graph: self.graph.to_string(), value: self.describe(v), source }
+    }
+
     fn graph_err(&self, detail: String) -> LowerError {
         LowerError::Graph { graph: self.graph.to_string(), detail }
     }
@@ -319,13 +368,13 @@ impl GraphLowering<'_, '_, '_> {
                     .map_err(|e| LowerError::Weight {
                         graph: self.graph.to_string(),
                         key: e.key,
-                        detail: e.detail,
+                        source: e.problem,
                     })?;
                     self.lowering.share_static(self.graph, t)?
                 }
             }
         } else if def.constant.is_some() {
-            let t = ops::constant_tensor(self.program, v, &name).map_err(|d| self.value_err(v, d))?;
+            let t = ops::constant_tensor(self.program, v, &name).map_err(|e| self.type_err(v, e))?;
             self.lowering.share_static(self.graph, t)?
         } else {
             return Err(self.value_err(

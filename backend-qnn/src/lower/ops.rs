@@ -9,32 +9,28 @@ use crate::encoding::{Encoding, ScaleOffset};
 use crate::graph::{QnnTensor, Scalar, StaticData};
 use crate::opdef::OpType;
 
-use super::{encode, qnn_safe, GraphLowering, LowerError};
+use super::encode::{self, EncodeError};
+use super::{qnn_safe, GraphLowering, LowerError, SelectBroadcast};
 
 /// The static tensor of a scalar constant: PTQ's quantized code (`ValueDef::quantized`) in the
 /// value's encoding, or the float itself for unquantized constants.
-pub(super) fn constant_tensor(p: &Program, v: ValueId, name: &str) -> Result<QnnTensor, String> {
+pub(super) fn constant_tensor(p: &Program, v: ValueId, name: &str) -> Result<QnnTensor, EncodeError> {
     let def = p.value(v);
-    let value = def.constant.ok_or("is not a constant")?;
+    let value = def.constant.ok_or(EncodeError::NotConstant)?;
     let dims = encode::dims(&def.ty.shape)?;
     let numel: usize = def.ty.shape.iter().product();
     let (dtype, encoding) = encode::value_type(p, v)?;
     let data = match (dtype, def.quantized) {
         (DataType::UFixedPoint16, Some(q)) => {
-            let q = u16::try_from(q).map_err(|_| format!("quantized code {q} does not fit uint16"))?;
+            let q = u16::try_from(q).map_err(|_| EncodeError::CodeRange { code: q, storage: "uint16" })?;
             StaticData::from_u16(&vec![q; numel])
         }
         (DataType::UFixedPoint8, Some(q)) => {
-            let q = u8::try_from(q).map_err(|_| format!("quantized code {q} does not fit uint8"))?;
+            let q = u8::try_from(q).map_err(|_| EncodeError::CodeRange { code: q, storage: "uint8" })?;
             StaticData::new(vec![q; numel])
         }
         (DataType::Float32, None) => StaticData::from_f32(&vec![value; numel]),
-        (d, q) => {
-            return Err(format!(
-                "constant {value} of QNN type {d} with quantized code {q:?}: expected a PTQ-quantized code for \
-                 fixed-point constants (run PTQ) or a Float32 constant"
-            ))
-        }
+        (qnn, code) => return Err(EncodeError::ConstantType { value, qnn, code }),
     };
     Ok(QnnTensor::new_static(name, dtype, &dims, encoding, data))
 }
@@ -68,10 +64,16 @@ impl GraphLowering<'_, '_, '_> {
         }
         let p = self.program;
         let shape = |v: ValueId| &p.value(v).ty.shape;
+        if matches!(op.kind, OpKind::Where) && self.lowering.options.select_broadcast == SelectBroadcast::Explicit {
+            let out_dims = encode::dims(shape(out)).map_err(|e| self.type_err(out, e))?;
+            for (i, input) in inputs.iter_mut().enumerate().skip(1) {
+                *input = self.broadcast_to(&name, i, input, &out_dims, |e| op_err(e.to_string()))?;
+            }
+        }
         let in_rank = shape(op.inputs[0]).len();
         let out_name = self.value_name(out)?;
-        let (out_dtype, out_encoding) = encode::value_type(p, out).map_err(|d| self.value_err(out, d))?;
-        let out_dims = encode::dims(shape(out)).map_err(|d| self.value_err(out, d))?;
+        let (out_dtype, out_encoding) = encode::value_type(p, out).map_err(|e| self.type_err(out, e))?;
+        let out_dims = encode::dims(shape(out)).map_err(|e| self.type_err(out, e))?;
         let check_dim = |dim: usize, what: &str| -> Result<u32, LowerError> {
             if dim < in_rank {
                 Ok(dim as u32)
@@ -222,7 +224,7 @@ impl GraphLowering<'_, '_, '_> {
             OpKind::Equal => (OpType::ElementWiseEqual, vec![]),
             OpKind::Where => (OpType::ElementWiseSelect, vec![]),
             OpKind::Cast { .. } => {
-                let (in_dtype, _) = encode::value_type(p, op.inputs[0]).map_err(|d| self.value_err(op.inputs[0], d))?;
+                let (in_dtype, _) = encode::value_type(p, op.inputs[0]).map_err(|e| self.type_err(op.inputs[0], e))?;
                 let op_type = match (in_dtype.is_fixed_point(), out_dtype.is_fixed_point()) {
                     (true, false) if out_dtype.is_float() => OpType::Dequantize,
                     (false, true) if in_dtype.is_float() => OpType::Quantize,
@@ -280,7 +282,7 @@ impl GraphLowering<'_, '_, '_> {
         let name = self.value_name(b)?;
         let encoding = |n: &str| self.builder.get(n).map(|t| t.encoding.clone()).unwrap_or_default();
         let t = super::weights::conv_bias_tensor(&symbol, &name, self.lowering.weights, &encoding(x), &encoding(w))
-            .map_err(|e| LowerError::Weight { graph: self.graph.to_string(), key: e.key, detail: e.detail })?;
+            .map_err(|e| LowerError::Weight { graph: self.graph.to_string(), key: e.key, source: e.problem })?;
         let t = self.lowering.share_static(self.graph, t)?;
         self.add_static(t)?;
         self.names.insert(b, name.clone());

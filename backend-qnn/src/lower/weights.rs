@@ -16,36 +16,94 @@
 //! the checkpoint key.
 
 use mllm_dsl::ir::{Program, QuantSpecKind, SpecParams, ValueId};
-use mllm_dsl::passes::QuantParamProvider;
+use mllm_dsl::passes::{ParamError, QuantParamProvider};
 use mllm_dsl::DType;
 
 use crate::dtype::DataType;
-use crate::encoding::{BlockScales, BlockwiseExpansion, Encoding, Int4Storage, ScaleOffset};
+use crate::encoding::{BlockScales, BlockwiseExpansion, Encoding, EncodingError, Int4Storage, ScaleOffset};
 use crate::graph::{QnnTensor, StaticData};
 
-use super::encode;
+use super::encode::{self, EncodeError};
 
 /// Why a weight could not be built; `key` is the checkpoint key concerned.
 #[derive(Debug)]
 pub(super) struct WeightError {
     pub key: String,
-    pub detail: String,
+    pub problem: WeightProblem,
 }
 
-fn fail(key: &str, detail: impl Into<String>) -> WeightError {
-    WeightError { key: key.to_string(), detail: detail.into() }
+/// What is wrong with a stored weight (or its spec); [`super::LowerError::Weight`] adds the graph
+/// and the checkpoint key.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum WeightProblem {
+    #[error("{0}")]
+    Param(#[from] ParamError),
+    #[error("{0}")]
+    Encode(#[from] EncodeError),
+    #[error("{0}")]
+    Encoding(#[from] EncodingError),
+    #[error("is missing from {provider}")]
+    Missing { provider: String },
+    #[error("is stored as {found} {found_shape:?}, expected {expected} {shape:?}")]
+    Stored { found: DType, found_shape: Vec<usize>, expected: DType, shape: Vec<usize> },
+    #[error("{dtype} weights ({qnn}) are not stored in checkpoints")]
+    NotStored { dtype: DType, qnn: DataType },
+    #[error("LPBQ weight has no quantization spec")]
+    NoSpec,
+    #[error("Int4LPBQ weight has spec {0}, expected LPBQ")]
+    NotLpbq(QuantSpecKind),
+    #[error("LPBQ spec {0} is not solved (run PTQ)")]
+    Unsolved(QuantSpecKind),
+    #[error("LPBQ weight dims {0:?}: expected HWIO [1, 1, In, Out]")]
+    NotHwio(Vec<u32>),
+    #[error("LPBQ channel axis {0}: the HWIO output channel is axis 3")]
+    ChannelAxis(usize),
+    #[error("LPBQ block size {block_size} does not divide In = {inputs}")]
+    BlockSize { block_size: usize, inputs: usize },
+    #[error("spec records {blocks:?} blocks x {channels:?} channels, dims give {dims_blocks} x {dims_channels}")]
+    SpecCounts { blocks: Option<usize>, channels: Option<usize>, dims_blocks: usize, dims_channels: usize },
+    #[error("has {found} channel scales, expected Out = {expected}")]
+    ChannelScales { found: usize, expected: usize },
+    #[error("byte {index} is {byte:#04x}; pymllm stores int4 codes as low nibbles")]
+    NotLowNibble { index: usize, byte: u8 },
+    #[error("code {index} is {code}, outside the spec's {min}..={max}")]
+    CodeRange { index: usize, code: i8, min: i32, max: i32 },
+    #[error("a Conv2D bias needs a per-tensor quantized input (its scale sets the bias scale)")]
+    BiasInput,
+    #[error("a Conv2D bias needs a quantized filter, found encoding {0}")]
+    BiasFilter(&'static str),
+    #[error("has {found} values, the filter has {channels} output channels")]
+    BiasLength { found: usize, channels: usize },
+    #[error("channel {channel}: bias {bias} with scale {scale} does not fit int32 codes")]
+    BiasRange { channel: usize, bias: f32, scale: f32 },
+}
+
+fn fail(key: &str, problem: impl Into<WeightProblem>) -> WeightError {
+    WeightError { key: key.to_string(), problem: problem.into() }
 }
 
 /// Reads `key` and checks its stored dtype and shape.
 fn stored(provider: &dyn QuantParamProvider, key: &str, dtype: DType, shape: &[usize]) -> Result<Vec<u8>, WeightError> {
+    check_stored(provider, key, dtype, shape)?;
+    provider.read_bytes(key).map_err(|e| fail(key, e))
+}
+
+/// Checks the stored dtype and shape of `key` without reading it.
+fn check_stored(
+    provider: &dyn QuantParamProvider,
+    key: &str,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<(), WeightError> {
     let info = provider
         .tensor(key)
-        .map_err(|e| fail(key, e.to_string()))?
-        .ok_or_else(|| fail(key, format!("is missing from {}", provider.name())))?;
+        .map_err(|e| fail(key, e))?
+        .ok_or_else(|| fail(key, WeightProblem::Missing { provider: provider.name() }))?;
     if info.dtype != dtype || info.shape != shape {
-        return Err(fail(key, format!("is stored as {} {:?}, expected {dtype} {shape:?}", info.dtype, info.shape)));
+        let (found, found_shape) = (info.dtype, info.shape);
+        return Err(fail(key, WeightProblem::Stored { found, found_shape, expected: dtype, shape: shape.to_vec() }));
     }
-    provider.read_bytes(key).map_err(|e| fail(key, e.to_string()))
+    Ok(())
 }
 
 /// The static tensor named `name` for the registered value `v` (symbol `symbol`).
@@ -71,7 +129,7 @@ pub(super) fn weight_tensor(
         DataType::Int32 => DType::I32,
         DataType::Int8 => DType::I8,
         DataType::UInt8 => DType::U8,
-        other => return Err(fail(symbol, format!("{} weights ({other}) are not stored in checkpoints", def.ty.dtype))),
+        qnn => return Err(fail(symbol, WeightProblem::NotStored { dtype: def.ty.dtype, qnn })),
     };
     let bytes = stored(provider, symbol, stored_dtype, shape)?;
     Ok(QnnTensor::new_static(name, dtype, &dims, encoding, StaticData::new(bytes)))
@@ -86,57 +144,50 @@ fn lpbq(
     provider: &dyn QuantParamProvider,
     int4: Int4Storage,
 ) -> Result<QnnTensor, WeightError> {
-    let spec = p.value_spec(v).ok_or_else(|| fail(symbol, "LPBQ weight has no quantization spec"))?;
+    let spec = p.value_spec(v).ok_or_else(|| fail(symbol, WeightProblem::NoSpec))?;
     let QuantSpecKind::Lpbq { quant_min, quant_max, block_size, ch_axis, scale_level_0_bitwidth, .. } = spec.kind
     else {
-        return Err(fail(symbol, format!("Int4LPBQ weight has spec {}, expected LPBQ", spec.kind)));
+        return Err(fail(symbol, WeightProblem::NotLpbq(spec.kind.clone())));
     };
     let Some(SpecParams::Lpbq { from, blocks, channels }) = &spec.params else {
-        return Err(fail(symbol, format!("LPBQ spec {} is not solved (run PTQ)", spec.kind)));
+        return Err(fail(symbol, WeightProblem::Unsolved(spec.kind.clone())));
     };
     // Conv2d filters are HWIO [1, 1, In, Out]; QNN's blockwise axis is the output channel.
     let &[1, 1, inputs, outputs] = dims else {
-        return Err(fail(symbol, format!("LPBQ weight dims {dims:?}: expected HWIO [1, 1, In, Out]")));
+        return Err(fail(symbol, WeightProblem::NotHwio(dims.to_vec())));
     };
     if ch_axis != 3 {
-        return Err(fail(symbol, format!("LPBQ channel axis {ch_axis}: the HWIO output channel is axis 3")));
+        return Err(fail(symbol, WeightProblem::ChannelAxis(ch_axis)));
     }
     let (cin, cout) = (inputs as usize, outputs as usize);
     if block_size == 0 || cin % block_size != 0 {
-        return Err(fail(symbol, format!("LPBQ block size {block_size} does not divide In = {cin}")));
+        return Err(fail(symbol, WeightProblem::BlockSize { block_size, inputs: cin }));
     }
     let nb = cin / block_size;
     if blocks.is_some_and(|b| b != nb) || channels.is_some_and(|c| c != cout) {
-        return Err(fail(
-            symbol,
-            format!("spec records {blocks:?} blocks x {channels:?} channels, dims give {nb} x {cout}"),
-        ));
+        let (blocks, channels) = (*blocks, *channels);
+        return Err(fail(symbol, WeightProblem::SpecCounts { blocks, channels, dims_blocks: nb, dims_channels: cout }));
     }
     let shape = [1, 1, cin, cout];
     let weight_key = SpecParams::lpbq_weight_key(from);
-    let mut codes = stored(provider, &weight_key, DType::I8, &shape)?;
+    check_stored(provider, &weight_key, DType::I8, &shape)?;
     let scale1_key = SpecParams::lpbq_scale1_key(from);
     let scale1 = stored(provider, &scale1_key, DType::U8, &[cout * nb])?;
     let scale2_key = SpecParams::lpbq_scale2_key(from);
-    let scale2 = provider.read_f32(&scale2_key).map_err(|e| fail(&scale2_key, e.to_string()))?;
+    let scale2 = provider.read_f32(&scale2_key).map_err(|e| fail(&scale2_key, e))?;
     if scale2.len() != cout {
-        return Err(fail(&scale2_key, format!("has {} channel scales, expected Out = {cout}", scale2.len())));
+        return Err(fail(&scale2_key, WeightProblem::ChannelScales { found: scale2.len(), expected: cout }));
     }
-    // pymllm keeps each code in the low nibble (`w & 0x0F`); anything else is a corrupt export.
-    // Decoded in place (the LM head alone is 311 MB for Qwen3-1.7B): no second copy is held.
-    for (i, b) in codes.iter_mut().enumerate() {
-        if *b & 0xF0 != 0 {
-            return Err(fail(&weight_key, format!("byte {i} is {b:#04x}; pymllm stores int4 codes as low nibbles")));
-        }
-        let q = if *b >= 8 { *b as i8 - 16 } else { *b as i8 };
-        if !(quant_min..=quant_max).contains(&i32::from(q)) {
-            return Err(fail(&weight_key, format!("code {i} is {q}, outside the spec's {quant_min}..={quant_max}")));
-        }
-        *b = q as u8;
-    }
-    // Same size and alignment: `collect` reuses the buffer.
-    let values: Vec<i8> = codes.into_iter().map(|b| b as i8).collect();
-    let data = int4.encode(&values, true).map_err(|e| fail(&weight_key, e.to_string()))?;
+    // Checked and re-encoded straight from the provider's bytes (the mapping, for a checkpoint):
+    // the only allocation is the result.
+    let mut codes = None;
+    provider
+        .with_stored_bytes(&weight_key, &mut |nibbles| {
+            codes = Some(lpbq_codes(nibbles, (quant_min, quant_max), int4));
+        })
+        .map_err(|e| fail(&weight_key, e))?;
+    let missing = || WeightProblem::Missing { provider: provider.name() };
+    let data = codes.unwrap_or_else(|| Err(missing())).map_err(|e| fail(&weight_key, e))?;
     let encoding = Encoding::BlockwiseExpansion(BlockwiseExpansion {
         axis: 3,
         scale_offsets: scale2.iter().map(|&scale| ScaleOffset { scale, offset: 0 }).collect::<Vec<_>>().into(),
@@ -145,6 +196,26 @@ fn lpbq(
         block_scales: BlockScales::U8(scale1.into()),
     });
     Ok(QnnTensor::new_static(name, int4.signed_weight_dtype(), dims, encoding, StaticData::new(data)))
+}
+
+/// pymllm's int4 codes (low nibbles, `-8..=7 & 0x0F`) checked against the spec's range and laid
+/// out in `int4`; the first bad byte is named.
+fn lpbq_codes(
+    nibbles: &[u8],
+    (min, max): (i32, i32),
+    int4: Int4Storage,
+) -> Result<std::sync::Arc<[u8]>, WeightProblem> {
+    let decode = |b: u8| if b >= 8 { b as i8 - 16 } else { b as i8 };
+    let bad = |b: u8| b & 0xF0 != 0 || !(min..=max).contains(&i32::from(decode(b)));
+    if let Some(index) = nibbles.iter().position(|&b| bad(b)) {
+        let byte = nibbles[index];
+        // pymllm keeps each code in the low nibble (`w & 0x0F`); anything else is a corrupt export.
+        if byte & 0xF0 != 0 {
+            return Err(WeightProblem::NotLowNibble { index, byte });
+        }
+        return Err(WeightProblem::CodeRange { index, code: decode(byte), min, max });
+    }
+    Ok(int4.from_low_nibbles(nibbles))
 }
 
 /// The `INT_32`-coded bias QNN's quantized Conv2d takes (QNN's and executorch's convention for a
@@ -162,24 +233,16 @@ pub(super) fn conv_bias_tensor(
     filter: &Encoding,
 ) -> Result<QnnTensor, WeightError> {
     let Encoding::ScaleOffset(x) = input else {
-        return Err(fail(symbol, "a Conv2D bias needs a per-tensor quantized input (its scale sets the bias scale)"));
+        return Err(fail(symbol, WeightProblem::BiasInput));
     };
     let channel_scales: Vec<f32> = match filter {
         Encoding::BlockwiseExpansion(bw) => bw.scale_offsets.iter().map(|s| s.scale).collect(),
         Encoding::AxisScaleOffset { scale_offsets, .. } => scale_offsets.iter().map(|s| s.scale).collect(),
-        other => {
-            return Err(fail(
-                symbol,
-                format!("a Conv2D bias needs a quantized filter, found encoding {}", other.c_name()),
-            ))
-        }
+        other => return Err(fail(symbol, WeightProblem::BiasFilter(other.c_name()))),
     };
-    let bias = provider.read_f32(symbol).map_err(|e| fail(symbol, e.to_string()))?;
+    let bias = provider.read_f32(symbol).map_err(|e| fail(symbol, e))?;
     if bias.len() != channel_scales.len() {
-        return Err(fail(
-            symbol,
-            format!("has {} values, the filter has {} output channels", bias.len(), channel_scales.len()),
-        ));
+        return Err(fail(symbol, WeightProblem::BiasLength { found: bias.len(), channels: channel_scales.len() }));
     }
     let mut scale_offsets = Vec::with_capacity(bias.len());
     let mut codes = Vec::with_capacity(bias.len());
@@ -188,7 +251,7 @@ pub(super) fn conv_bias_tensor(
         let q = (f64::from(b) / f64::from(scale)).round();
         let fits = scale > 0.0 && scale.is_finite() && (f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&q);
         if !fits {
-            return Err(fail(symbol, format!("channel {c}: bias {b} with scale {scale} does not fit int32 codes")));
+            return Err(fail(symbol, WeightProblem::BiasRange { channel: c, bias: b, scale }));
         }
         scale_offsets.push(ScaleOffset { scale, offset: 0 });
         codes.push(q as i32);

@@ -31,15 +31,13 @@ impl Pass for MergeLlmHead {
         let (call_at, call) = top_call(p, PASS)?;
         let graph = callee(&subgraph_slots(p), call, PASS)?;
         let call_outputs = call.outputs.clone();
-        let Some(head_at) = p
-            .main
-            .body
-            .iter()
-            .position(|n| matches!(n, Node::Linalg(op) if HEAD_NAMES.contains(&op.name.as_deref().unwrap_or(""))))
-        else {
+        let head = p.main.body.iter().enumerate().find_map(|(i, n)| match n {
+            Node::Linalg(op) if HEAD_NAMES.contains(&op.name.as_deref().unwrap_or("")) => Some((i, op)),
+            _ => None,
+        });
+        let Some((head_at, head)) = head else {
             return Ok(()); // No head: nothing to merge, as in mllm.
         };
-        let Node::Linalg(head) = &p.main.body[head_at] else { unreachable!() };
         let name = op_name(head);
         let err = |value: String, message: String| PassError::Op {
             pass: PASS,
@@ -85,20 +83,20 @@ impl Pass for MergeLlmHead {
         }
         let head = p.main.body.remove(head_at);
         let replace = |vs: &mut Vec<ValueId>| vs.iter_mut().filter(|v| **v == x).for_each(|v| *v = y);
-        // @main: the call now defines the logits; the head's input no longer leaves the graph.
-        if let Node::Call(c) = &mut p.main.body[call_at] {
-            replace(&mut c.outputs);
+        // @main: its one call (`top_call`) now defines the logits; the head's input no longer
+        // leaves the graph.
+        for n in &mut p.main.body {
+            if let Node::Call(c) = n {
+                replace(&mut c.outputs);
+            }
         }
         let r = region_mut(p, Some(graph));
         replace(&mut r.outputs);
-        let ret =
-            r.body.iter().rposition(|n| matches!(n, Node::Return(_))).ok_or_else(|| {
-                PassError::structure(PASS, format!("@{} has no cf.ReturnOp", module_of(p, Some(graph))))
-            })?;
-        let r = region_mut(p, Some(graph));
-        if let Node::Return(vs) = &mut r.body[ret] {
-            replace(vs);
-        }
+        let Some((ret, Node::Return(vs))) = r.body.iter_mut().enumerate().rfind(|(_, n)| matches!(n, Node::Return(_)))
+        else {
+            return Err(PassError::structure(PASS, format!("@{} has no cf.ReturnOp", module_of(p, Some(graph)))));
+        };
+        replace(vs);
         r.body.insert(ret, head);
         debug_assert!(region(p, Some(graph)).outputs.contains(&y));
         Ok(())

@@ -59,6 +59,14 @@ pub trait QuantParamProvider: Send + Sync {
         Err(self.error(key, "this provider holds parameters only, no weight data".into()))
     }
 
+    /// Hands the stored bytes of `key` (as [`read_bytes`](Self::read_bytes) returns them) to
+    /// `visit` in one piece. Providers that can lend them without a copy (a memory-mapped
+    /// checkpoint) override this, so a backend that re-encodes a weight allocates only its result.
+    fn with_stored_bytes(&self, key: &str, visit: &mut dyn FnMut(&[u8])) -> Result<(), ParamError> {
+        visit(&self.read_bytes(key)?);
+        Ok(())
+    }
+
     /// An error about `key` from this provider.
     fn error(&self, key: &str, message: String) -> ParamError {
         ParamError { provider: self.name(), key: key.to_string(), message }

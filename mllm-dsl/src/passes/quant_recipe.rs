@@ -60,12 +60,12 @@ impl Pass for LlmQuantRecipe<'_> {
                     let sg = p.graph(g);
                     let (inputs, symbol) = (sg.region.inputs.clone(), sg.symbol.clone());
                     for v in inputs {
-                        ensure_simple(p, v).map_err(|m| PassError::Op {
+                        ensure_simple(p, v).map_err(|e| PassError::Op {
                             pass: PASS,
                             op: format!("@{symbol}"),
                             module: symbol.clone(),
                             value: describe_value(p, v),
-                            message: m,
+                            message: e.message,
                         })?;
                     }
                 }
@@ -120,7 +120,7 @@ impl LlmQuantRecipe<'_> {
             OpKind::Concat { .. } => op
                 .inputs
                 .iter()
-                .try_for_each(|&v| ensure_simple(p, v).map(|_| ()).map_err(|m| fail(v, m)))
+                .try_for_each(|&v| ensure_simple(p, v).map(|_| ()))
                 .and_then(|_| self.share_first(p, op)),
             OpKind::Embedding => self.embedding(p, op),
             OpKind::Conv2d => self.conv2d(p, op),
@@ -131,7 +131,7 @@ impl LlmQuantRecipe<'_> {
             }
             OpKind::Cast { .. } => require_spec(p, op.inputs[0]).and_then(|_| own_output(p, op)),
             OpKind::Sigmoid | OpKind::Silu | OpKind::Neg | OpKind::Softmax { .. } | OpKind::Reduce { .. } => {
-                ensure_simple(p, op.inputs[0]).map_err(|m| fail(op.inputs[0], m)).and_then(|_| own_output(p, op))
+                ensure_simple(p, op.inputs[0]).and_then(|_| own_output(p, op))
             }
             OpKind::Equal => self.equal(p, op),
         };
@@ -147,7 +147,7 @@ impl LlmQuantRecipe<'_> {
     /// The output shares input 0's spec (created if the input has none).
     fn share_first(&self, p: &mut Program, op: &LinalgOp) -> Result<(), RuleError> {
         let x = op.inputs[0];
-        let spec = ensure_simple(p, x).map_err(|m| fail(x, m))?;
+        let spec = ensure_simple(p, x)?;
         for &o in &op.outputs {
             p.set_value_spec(o, spec);
         }
@@ -156,7 +156,7 @@ impl LlmQuantRecipe<'_> {
 
     fn embedding(&self, p: &mut Program, op: &LinalgOp) -> Result<(), RuleError> {
         let (ids, w) = (op.inputs[0], op.inputs[1]);
-        ensure_simple(p, ids).map_err(|m| fail(ids, m))?;
+        ensure_simple(p, ids)?;
         let spec = u16_weight(p, w)?;
         p.set_value_spec(op.outputs[0], spec);
         Ok(())
@@ -164,7 +164,7 @@ impl LlmQuantRecipe<'_> {
 
     fn rms_norm(&self, p: &mut Program, op: &LinalgOp) -> Result<(), RuleError> {
         let x = op.inputs[0];
-        ensure_simple(p, x).map_err(|m| fail(x, m))?;
+        ensure_simple(p, x)?;
         u16_weight(p, op.inputs[1])?;
         own_output(p, op)
     }
@@ -205,7 +205,7 @@ impl LlmQuantRecipe<'_> {
                     format!("a Conv2D bias must be a registered Float32 [{out_features}] parameter, found {found}"),
                 ));
             }
-            ensure_simple(p, b).map_err(|m| fail(b, m))?;
+            ensure_simple(p, b)?;
         }
         let spec = p.add_spec(QuantSpec::new(QuantSpecKind::u16_asym()));
         p.set_value_spec(op.outputs[0], spec);
@@ -257,13 +257,14 @@ fn require_spec(p: &Program, v: ValueId) -> Result<(), RuleError> {
 }
 
 /// The value's spec, or a new simple spec for its dtype.
-fn ensure_simple(p: &mut Program, v: ValueId) -> Result<SpecId, String> {
+fn ensure_simple(p: &mut Program, v: ValueId) -> Result<SpecId, RuleError> {
     if let Some(s) = p.value(v).spec {
         return Ok(s);
     }
     let dtype = p.value(v).ty.dtype;
-    let kind = QuantSpecKind::simple(dtype)
-        .ok_or_else(|| format!("a {dtype} value needs an explicit rule (it is only valid as a linear weight)"))?;
+    let kind = QuantSpecKind::simple(dtype).ok_or_else(|| {
+        fail(v, format!("a {dtype} value needs an explicit rule (it is only valid as a linear weight)"))
+    })?;
     let spec = p.add_spec(QuantSpec::new(kind));
     p.set_value_spec(v, spec);
     Ok(spec)
@@ -273,7 +274,7 @@ fn ensure_simple(p: &mut Program, v: ValueId) -> Result<SpecId, String> {
 fn own_output(p: &mut Program, op: &LinalgOp) -> Result<(), RuleError> {
     for &o in &op.outputs {
         if p.value(o).spec.is_none() {
-            ensure_simple(p, o).map_err(|m| fail(o, m))?;
+            ensure_simple(p, o)?;
         }
     }
     Ok(())

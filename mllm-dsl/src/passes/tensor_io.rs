@@ -157,7 +157,7 @@ impl Pass for MarkTensorIo<'_> {
         if !self.config.quant_recipe.llm_recipe {
             return Err(PassError::config("quant_recipe.llm_recipe", "must be true for the LLM I/O contract"));
         }
-        let (call_at, call) = top_call(p, PASS)?;
+        let (_, call) = top_call(p, PASS)?;
         let call_name = format!("graph.CallGraphOp @{}", call.symbol);
         let op_err = |p: &Program, v: ValueId, message: String| PassError::Op {
             pass: PASS,
@@ -192,40 +192,34 @@ impl Pass for MarkTensorIo<'_> {
             message: format!("{call_name} breaks mllm's positional I/O contract: {m}"),
         })?;
 
-        // Reorder the call chain @main -> @model -> (@model.0.sS) to the contract order.
+        // Reorder the call chain @main -> @model -> (@model.0.sS) to the contract order: the one
+        // call in @main, then in each graph the call that passes the whole I/O on.
         let slots = subgraph_slots(p);
-        let mut chain = vec![(None, call_at)];
         let mut graph = callee(&slots, call, PASS)?;
+        for n in &mut p.main.body {
+            if let Node::Call(c) = n {
+                reorder(&mut c.inputs, &ins);
+                reorder(&mut c.outputs, &outs);
+            }
+        }
         loop {
             let sg = p.graph_mut(graph);
             reorder(&mut sg.region.inputs, &ins);
             reorder(&mut sg.region.outputs, &outs);
             let mut next = None;
-            for (i, n) in sg.region.body.iter_mut().enumerate() {
+            for n in &mut sg.region.body {
                 match n {
                     Node::Return(vs) if same_set(vs, &outs) => reorder(vs, &outs),
-                    Node::Call(c) if same_set(&c.inputs, &ins) && same_set(&c.outputs, &outs) => {
-                        next = Some((Some(graph), i, c.symbol.clone()))
-                    }
+                    Node::Call(c) if same_set(&c.inputs, &ins) && same_set(&c.outputs, &outs) => next = Some(c),
                     _ => {}
                 }
             }
-            match next {
-                Some((g, i, symbol)) => {
-                    chain.push((g, i));
-                    graph = *slots
-                        .get(&symbol)
-                        .ok_or_else(|| PassError::structure(PASS, format!("@{symbol} is not defined")))?;
-                }
-                None => break,
-            }
-        }
-        for (g, i) in chain {
-            let n = &mut super::graph::region_mut(p, g).body[i];
-            if let Node::Call(c) = n {
-                reorder(&mut c.inputs, &ins);
-                reorder(&mut c.outputs, &outs);
-            }
+            let Some(c) = next else { break };
+            reorder(&mut c.inputs, &ins);
+            reorder(&mut c.outputs, &outs);
+            let symbol = c.symbol.clone();
+            graph =
+                *slots.get(&symbol).ok_or_else(|| PassError::structure(PASS, format!("@{symbol} is not defined")))?;
         }
         for v in ins {
             p.value_mut(v).graph_input = true;

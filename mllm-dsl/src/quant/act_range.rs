@@ -54,21 +54,39 @@ impl std::fmt::Display for ActRange {
     }
 }
 
+/// A malformed `--act-range` value (an [`ActRange`] or [`ActRanges`] spelling).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ActRangeParseError {
+    #[error("unknown activation range method `{0}`; expected minmax, mse or percentile:P (e.g. percentile:99.99)")]
+    UnknownMethod(String),
+    #[error("`{0}`: the percentile must be a number above 50 and at most 100, e.g. 99.99")]
+    Percentile(String),
+    #[error("`{part}` in `{text}`: expected KIND=METHOD with KIND act or kv (e.g. act=mse,kv=percentile:99.99)")]
+    NotKindMethod { part: String, text: String },
+    #[error("`{kind}` in `{text}`: unknown point kind; expected act or kv")]
+    UnknownKind { kind: String, text: String },
+    #[error("`{kind}` in `{text}`: {source}")]
+    Method {
+        kind: String,
+        text: String,
+        #[source]
+        source: Box<ActRangeParseError>,
+    },
+}
+
 impl std::str::FromStr for ActRange {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ActRangeParseError;
+    fn from_str(s: &str) -> Result<Self, ActRangeParseError> {
         match s {
             "minmax" => Ok(ActRange::MinMax),
             "mse" => Ok(ActRange::Mse),
             _ => {
                 let Some(p) = s.strip_prefix("percentile:") else {
-                    return Err(format!(
-                        "unknown activation range method `{s}`; expected minmax, mse or percentile:P (e.g. percentile:99.99)"
-                    ));
+                    return Err(ActRangeParseError::UnknownMethod(s.to_string()));
                 };
                 match p.parse::<f64>() {
                     Ok(v) if v > 50.0 && v <= 100.0 => Ok(ActRange::Percentile(v)),
-                    _ => Err(format!("`{s}`: the percentile must be a number above 50 and at most 100, e.g. 99.99")),
+                    _ => Err(ActRangeParseError::Percentile(s.to_string())),
                 }
             }
         }
@@ -101,25 +119,28 @@ impl std::fmt::Display for ActRanges {
 }
 
 impl std::str::FromStr for ActRanges {
-    type Err = String;
+    type Err = ActRangeParseError;
     /// `METHOD` (both kinds) or `act=METHOD,kv=METHOD` (either may be left out: min/max).
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, ActRangeParseError> {
         if !s.contains('=') {
             let m: ActRange = s.parse()?;
             return Ok(ActRanges { activations: m, kv_cache: m });
         }
         let mut out = ActRanges::default();
         for part in s.split(',') {
-            let (kind, method) = part.split_once('=').ok_or_else(|| {
-                format!(
-                    "`{part}` in `{s}`: expected KIND=METHOD with KIND act or kv (e.g. act=mse,kv=percentile:99.99)"
-                )
+            let text = || s.to_string();
+            let (kind, method) = part
+                .split_once('=')
+                .ok_or_else(|| ActRangeParseError::NotKindMethod { part: part.to_string(), text: text() })?;
+            let method = method.parse().map_err(|e| ActRangeParseError::Method {
+                kind: kind.to_string(),
+                text: text(),
+                source: Box::new(e),
             })?;
-            let method = method.parse().map_err(|e| format!("`{kind}` in `{s}`: {e}"))?;
             match kind {
                 "act" => out.activations = method,
                 "kv" => out.kv_cache = method,
-                _ => return Err(format!("`{kind}` in `{s}`: unknown point kind; expected act or kv")),
+                _ => return Err(ActRangeParseError::UnknownKind { kind: kind.to_string(), text: text() }),
             }
         }
         Ok(out)
@@ -248,7 +269,7 @@ mod tests {
             ("act=mse,kv", "expected KIND=METHOD"),
             ("kv=percentile:abc", "`kv` in `kv=percentile:abc`"),
         ] {
-            let e = bad.parse::<ActRanges>().unwrap_err();
+            let e = bad.parse::<ActRanges>().unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
         }
     }
