@@ -227,6 +227,43 @@ pub struct QnnGraph {
 }
 
 impl QnnGraph {
+    /// The sub-graph of `nodes` (a range of this graph's nodes, in order), for comparing a part
+    /// of a graph on a backend with a reference: tensors the range reads but does not produce
+    /// become its inputs (`APP_WRITE`, in order of first use; statics stay static), the last
+    /// node's outputs its outputs (`APP_READ`), everything else `NATIVE`. A range starting at 0
+    /// is the graph cut after its last node. `None` for an empty or out-of-range `nodes`.
+    pub fn window(&self, nodes: std::ops::Range<usize>) -> Option<QnnGraph> {
+        let picked = self.nodes.get(nodes)?;
+        let last = picked.last()?;
+        let produced: std::collections::HashSet<&String> = picked.iter().flat_map(|n| &n.outputs).collect();
+        let index = self.tensor_index();
+        let mut seen = std::collections::HashSet::new();
+        let mut window = QnnGraph {
+            name: self.name.clone(),
+            tensors: Vec::new(),
+            nodes: picked.to_vec(),
+            inputs: Vec::new(),
+            outputs: last.outputs.clone(),
+            int4_storage: self.int4_storage,
+        };
+        for name in picked.iter().flat_map(|n| n.inputs.iter().chain(&n.outputs)) {
+            let Some(&i) = index.get(name.as_str()).filter(|_| seen.insert(name)) else { continue };
+            let mut t = self.tensors[i].clone();
+            if t.tensor_type != TensorType::Static {
+                t.tensor_type = if !produced.contains(name) {
+                    window.inputs.push(name.clone());
+                    TensorType::AppWrite
+                } else if last.outputs.contains(name) {
+                    TensorType::AppRead
+                } else {
+                    TensorType::Native
+                };
+            }
+            window.tensors.push(t);
+        }
+        Some(window)
+    }
+
     /// An index from tensor name to position in `tensors` (first occurrence wins).
     pub fn tensor_index(&self) -> HashMap<&str, usize> {
         let mut index = HashMap::with_capacity(self.tensors.len());
@@ -503,6 +540,32 @@ mod tests {
         let c = graphs[1].tensors[0].data.as_ref().unwrap();
         assert!(a.shares_buffer_with(c));
         assert_eq!(graphs[0].static_bytes(), 8);
+    }
+
+    #[test]
+    fn a_window_reads_what_it_does_not_produce_and_outputs_its_last_node() {
+        let mut b = GraphBuilder::new("g");
+        let x = b.input("x", DataType::Float32, &[1, 4], Encoding::Undefined);
+        let w = b.static_tensor("w", DataType::Float32, &[1, 4], Encoding::Undefined, StaticData::from_f32(&[1.0; 4]));
+        let f = DataType::Float32;
+        let a = b.node("a", OpType::ElementWiseAdd).input(&x).input(&w).output("a", f, &[1, 4], Encoding::Undefined);
+        let a = a.finish_one();
+        let n = b.node("n", OpType::ElementWiseNeg).input(&a).output("n", f, &[1, 4], Encoding::Undefined).finish_one();
+        let m =
+            b.node("m", OpType::ElementWiseMultiply).input(&n).input(&a).output("m", f, &[1, 4], Encoding::Undefined);
+        let m = m.finish_one();
+        b.mark_output(&m);
+        let g = b.finish().unwrap();
+        let tail = g.window(1..3).unwrap();
+        assert_eq!((tail.inputs.as_slice(), tail.outputs.as_slice()), (&["a".to_string()][..], &["m".to_string()][..]));
+        let types: Vec<_> = tail.tensors.iter().map(|t| (t.name.as_str(), t.tensor_type)).collect();
+        assert_eq!(types, [("a", TensorType::AppWrite), ("n", TensorType::Native), ("m", TensorType::AppRead)]);
+        let head = g.window(0..1).unwrap();
+        assert_eq!((head.inputs.as_slice(), head.outputs.as_slice()), (&["x".to_string()][..], &["a".to_string()][..]));
+        assert_eq!(head.tensor("w").unwrap().tensor_type, TensorType::Static);
+        validate(&head).unwrap();
+        validate(&tail).unwrap();
+        assert!(g.window(2..2).is_none() && g.window(2..9).is_none());
     }
 
     #[test]

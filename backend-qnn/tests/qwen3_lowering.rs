@@ -15,7 +15,9 @@ mod qwen3_common;
 
 use backend_qnn::encoding::Int4Storage;
 use backend_qnn::graph::StaticData;
-use backend_qnn::{DataType, Encoding, LowerError, LowerOptions, OpType, Param, QnnLowering, TensorType};
+use backend_qnn::{
+    DataType, Encoding, LowerError, LowerOptions, OpType, Param, QnnLowering, SelectBroadcast, TensorType,
+};
 use mllm_dsl::passes::QuantParamProvider;
 use qwen3_common::*;
 
@@ -167,6 +169,36 @@ fn int8_container_storage_sign_extends_the_codes_and_runs_the_same() {
     let low = QnnLowering::new(&ckpt, LowerOptions::default()).lower_program(&program).unwrap().remove(0);
     let (a, b) = (run_qnn(&g, 1), run_qnn(&low, 1));
     assert_eq!(a[0].to_real().unwrap(), b[0].to_real().unwrap());
+}
+
+/// Qualcomm's lowering broadcasts the attention mask select's `[1, H, S, 1]` operand to the
+/// scores' shape with an Add of zeros before the select; in the reference interpreter that is
+/// exact: every output code equals mllm's implicit-broadcast graph's.
+#[test]
+fn explicit_select_broadcast_is_exact() {
+    let ckpt = checkpoint();
+    for chunk in [CHUNK, 1] {
+        let program = compiled(chunk);
+        let explicit = LowerOptions { select_broadcast: SelectBroadcast::Explicit, ..LowerOptions::default() };
+        let g = QnnLowering::new(&ckpt, explicit).lower_program(&program).unwrap().remove(0);
+        let implicit = QnnLowering::new(&ckpt, LowerOptions::default()).lower_program(&program).unwrap().remove(0);
+        let selects: Vec<_> = g.nodes.iter().filter(|n| n.op_type == OpType::ElementWiseSelect).collect();
+        assert_eq!(selects.len(), 2, "one masked fill per layer");
+        for select in selects {
+            let fill = g.tensor(&select.inputs[2]).unwrap();
+            assert_eq!(fill.dims, g.tensor(&select.outputs[0]).unwrap().dims, "{}", select.name);
+            let add = g.nodes.iter().find(|n| n.outputs[0] == fill.name).unwrap();
+            assert_eq!(add.op_type, OpType::ElementWiseAdd, "{}", select.name);
+            let zeros = g.tensor(&add.inputs[1]).unwrap();
+            assert_eq!(zeros.tensor_type, TensorType::Static);
+            assert!(zeros.data.as_ref().unwrap().bytes().iter().all(|&b| b == 0));
+        }
+        assert_eq!(g.nodes.len(), implicit.nodes.len() + 2);
+        let (a, b) = (run_qnn(&g, chunk), run_qnn(&implicit, chunk));
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.codes(), y.codes(), "{} s{chunk}", g.name);
+        }
+    }
 }
 
 #[test]

@@ -197,3 +197,36 @@ fn a_rejected_node_names_qualcomms_log_line() {
         assert!(msg.contains(&part), "`{part}` missing from: {msg}");
     }
 }
+
+/// The per-op tool on Qualcomm's emulation: the Qwen3 chunk-4 graph cut after its first Softmax
+/// (every node before it included), and that Softmax alone on the interpreter's inputs, agree
+/// with the reference interpreter.
+#[test]
+fn a_window_of_the_graph_runs_on_the_htp_emulation() {
+    use backend_qnn::interp::Interpreter;
+    use backend_qnn::sdk::{run_window_on_values, HtpOptions};
+    use backend_qnn::OpType;
+    let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
+    let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
+    let g = model.lowered_at(&[CHUNK], model_common::CONTEXT, LowerOptions::qualcomm_htp()).remove(0);
+    let values = Interpreter::new(&g).unwrap().run_all(&model.qnn_inputs(&g, CHUNK)).unwrap();
+    let softmax = g.nodes.iter().position(|n| n.op_type == OpType::Softmax).unwrap();
+    let options = HtpOptions { log_level: None, ..HtpOptions::sm8650() };
+    for nodes in [0..softmax + 1, softmax..softmax + 1] {
+        let out = {
+            let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut build = SdkApi::load(&paths).unwrap();
+            let mut exec = SdkApi::load_for_execution(&paths).unwrap();
+            run_window_on_values(&mut build, &mut exec, &options, &g, nodes.clone(), &values).unwrap()
+        };
+        let reference = values[&g.nodes[softmax].outputs[0]].to_real().unwrap();
+        let db = sqnr_db(&out[0].to_real().unwrap(), &reference);
+        eprintln!("nodes {nodes:?} on the HTP emulation: {db:.2} dB");
+        assert!(db >= 40.0, "nodes {nodes:?}: {db:.2} dB");
+    }
+    let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let (mut build, mut exec) = (SdkApi::load(&paths).unwrap(), SdkApi::load_for_execution(&paths).unwrap());
+    let err = run_window_on_values(&mut build, &mut exec, &options, &g, softmax..softmax + 1, &Default::default())
+        .unwrap_err();
+    assert!(err.to_string().contains("no value was given"), "{err}");
+}

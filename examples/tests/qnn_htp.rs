@@ -35,11 +35,13 @@ fn generated_ids(args: &[&str]) -> Vec<u32> {
     lines[0].strip_prefix("ids: ").unwrap().split(',').map(|s| s.parse().unwrap()).collect()
 }
 
-/// Prompt of 6 ids, 16 new tokens: two prefill chunks of 4 (the second padded), then decode.
+/// Prompt of 6 ids, 16 new tokens: one padded prefill chunk of 32 (the default prefill graph),
+/// then decode.
 const PROMPT: &str = "5,17,99,3,64,8";
 
-/// `qwen3_aot` on `source` (graphs for chunk 4 and 1, context 32) with Qualcomm's backend
-/// required, then `generate` on the CPU fake-quant model and on the x86 binary.
+/// `qwen3_aot` on `source` (the default graphs, chunk 32 and 1, at context 64) with Qualcomm's
+/// backend required, then `generate` on the CPU fake-quant model and on the x86 binary. Chunk 32
+/// is where the backend's implicit select broadcast went wrong (`SelectBroadcast::Explicit`).
 fn greedy_tokens_match_on_the_htp_emulation(name: &str, source: &[&str]) {
     // Qualcomm's HTP backend is a process-wide singleton: one test at a time uses it.
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -47,13 +49,13 @@ fn greedy_tokens_match_on_the_htp_emulation(name: &str, source: &[&str]) {
     assert!(backend_qnn::sdk::LibraryPaths::find().is_ok(), "{}", backend_qnn::sdk::FETCH_HINT);
     let out = temp(name);
     let o = out.to_str().unwrap();
-    let shape = ["--chunk", "4", "--chunk", "1", "--context-len", "32", "--context-binary", "on", "--out", o];
+    let shape = ["--chunk", "32", "--chunk", "1", "--context-len", "64", "--context-binary", "on", "--out", o];
     let argv = ["qwen3_aot", "--quiet"].iter().chain(source).chain(&shape).copied();
     let report = qwen3_aot::run_aot(&qwen3_aot::AotArgs::try_parse_from(argv).unwrap()).unwrap();
     for stage in ["htp_vs_fakequant", "htp_vs_interp"] {
         let rows: Vec<_> = report.ledger.iter().filter(|e| e.stage == stage).collect();
         let graphs: Vec<_> = rows.iter().map(|e| e.graph.as_deref().unwrap()).collect();
-        assert_eq!(graphs, ["model.0.s4", "model.0.s1"], "{name} {stage}");
+        assert_eq!(graphs, ["model.0.s32", "model.0.s1"], "{name} {stage}");
         for e in rows {
             eprintln!("{name} {stage} {}: {:.2} dB", e.graph.as_deref().unwrap(), e.comparison.sqnr_db);
             assert!(e.comparison.sqnr_db >= 35.0, "{name} {stage}: {:?}", e.comparison);
@@ -65,7 +67,7 @@ fn greedy_tokens_match_on_the_htp_emulation(name: &str, source: &[&str]) {
         _ => out.join("quantized"),
     };
     let q = quantized.to_str().unwrap();
-    let common = ["--model", q, "--prompt-ids", PROMPT, "--max-new-tokens", "16", "--chunk", "4", "--context", "32"];
+    let common = ["--model", q, "--prompt-ids", PROMPT, "--max-new-tokens", "16", "--chunk", "32", "--context", "64"];
     let cpu = generated_ids(&common);
     let binary = out.join("qnn/context.x86.bin");
     let on_htp = generated_ids(&[&common[..], &["--qnn-context", binary.to_str().unwrap()]].concat());

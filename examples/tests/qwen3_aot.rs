@@ -176,19 +176,16 @@ fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_t
             assert!(row["top1_agreement"].as_f64().unwrap() >= 0.9, "{stage}: {row}");
         }
     }
-    // Qualcomm's x86 HTP emulation: rows for both graphs. Known open discrepancy (issue 15 §5):
-    // on this embedded model's model.0.s32 with the probe's inputs the emulation gives -1.1 dB
-    // against both references (our interpreter: 76.5 dB), while model.0.s1 agrees (58.4 dB) and
-    // every fixture at chunk 4 agrees (tests/qnn_htp.rs). Measured by chunk (qwen3_aot --chunk N
-    // --chunk 1, every fixture family alike): 2..=7, 9, 31, 33 agree (46-58 dB); 8, 12, 16, 24, 32
-    // do not (-2..2 dB): chunks that are multiples of 4 from 8 up. Pinned as it stands until the
-    // per-op comparison finds the op: s1 must agree, s32 must be reported.
+    // Qualcomm's x86 HTP emulation: both graphs agree with both references. model.0.s32 gave
+    // -1.1 dB until the attention mask's select got its operands broadcast explicitly for
+    // Qualcomm's backend (backend_qnn::SelectBroadcast; docs/ledger.md).
     for stage in ["htp_vs_fakequant", "htp_vs_interp"] {
         let r = rows(&json, stage);
         let graphs: Vec<&str> = r.iter().map(|r| r["graph"].as_str().unwrap()).collect();
         assert_eq!(graphs, ["model.0.s32", "model.0.s1"], "{stage}");
-        assert!(db(r[1]) >= 35.0 && r[1]["top1_agreement"] == 1.0, "{stage}: {}", r[1]);
-        assert!(r[0]["sqnr_db"].as_f64().is_some_and(f64::is_finite), "{stage}: {}", r[0]);
+        for row in r {
+            assert!(db(row) >= 35.0 && row["top1_agreement"] == 1.0, "{stage}: {row}");
+        }
     }
     assert_eq!(rows(&json, "qnn_vs_fakequant")[0]["rows"], 32);
     assert_eq!(rows(&json, "qnn_vs_fakequant")[1]["rows"], 1);
@@ -230,8 +227,15 @@ fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_t
     assert_eq!(again.keys().collect::<Vec<_>>(), written.keys().collect::<Vec<_>>());
     for (name, bytes) in &written {
         if name.starts_with("qnn/context") {
-            // Qualcomm's serializer does not reproduce its bytes; the size is stable.
-            assert_eq!(again[name].len(), bytes.len(), "{name}");
+            // Qualcomm's serializer does not reproduce its bytes, and its size, padded to 4 KiB
+            // pages, can move by a page when the backend builds twice in one process (331776
+            // then 327680 bytes here; 331776 in each of four separate runs).
+            assert!(
+                again[name].len().abs_diff(bytes.len()) <= 4096,
+                "{name}: {} vs {}",
+                again[name].len(),
+                bytes.len()
+            );
         } else if name != "report.json" {
             assert!(&again[name] == bytes, "{name} differs between two runs");
         }

@@ -110,10 +110,10 @@ pub enum SelectBroadcast {
     Implicit,
     /// Each smaller operand is first broadcast to the output shape by an `ElementWiseAdd` of a
     /// static zero tensor (exact: the sum keeps the operand's encoding). Qualcomm's HTP backend
-    /// (QAIRT 2.51, x86 emulation) computes the implicit form wrongly when the operand comes
-    /// from ReduceMin + Add over a MatMul's scores feeding a Softmax, the attention pattern:
-    /// at chunk sizes 8, 12, 16, 24 and 32 the logits are noise or the execution crashes
-    /// (`docs/ledger.md`, `tests/htp_select_broadcast.rs`).
+    /// (QAIRT 2.51, x86 emulation) computes the implicit form wrongly in the attention pattern
+    /// (the operand is ReduceMin + Add over the QK MatMul's scores, the select feeds Softmax):
+    /// at chunk sizes 8, 12, 16, 24 and 32 the logits were noise, or the execution crashed
+    /// (`docs/ledger.md`; `examples/tests/qnn_htp.rs` runs chunk 32).
     Explicit,
 }
 

@@ -100,7 +100,7 @@ pub use exec::{IoBindingError, QnnExecApi};
 pub use from_graph::{graph_descs, ConvertError};
 pub use phases::{BuildPhase, PhaseObserver};
 pub use recording::{RecordedCall, RecordingApi};
-pub use run_values::{run_binary_on_values, RunValuesError};
+pub use run_values::{run_binary_on_values, run_window_on_values, RunValuesError};
 
 use thiserror::Error;
 

@@ -3,10 +3,15 @@
 //! output tensors. What the ledger's HTP rows and the per-op comparisons run on Qualcomm's
 //! backend; the runtime's chunk model ([`crate::QnnChunkModel`]) has its own, cache-aware path.
 
+use std::collections::HashMap;
+
 use thiserror::Error;
 
-use super::api::ApiError;
+use super::api::{ApiError, QnnApi};
+use super::config::HtpOptions;
+use super::driver::build_context_binary;
 use super::exec::{io_element_bytes, read_codes, write_codes, QnnExecApi};
+use super::from_graph::graph_descs;
 use crate::graph::QnnGraph;
 use crate::interp::{InterpError, TensorValue};
 
@@ -27,6 +32,45 @@ pub enum RunValuesError {
         #[source]
         source: InterpError,
     },
+}
+
+/// Nodes `nodes` of `graph` as their own graph ([`QnnGraph::window`]), built for `options` through
+/// `build` (one unshared context) and run once through `exec` on `values`, which must hold every
+/// tensor the window reads from outside (e.g. the reference interpreter's `run_all`): the
+/// window's last node's outputs as the backend computes them. Cutting a graph this way finds the
+/// first node a backend computes differently (how the HTP chunk-8 disagreement was found,
+/// `docs/ledger.md`); note a backend may crash instead of returning.
+pub fn run_window_on_values(
+    build: &mut dyn QnnApi,
+    exec: &mut dyn QnnExecApi,
+    options: &HtpOptions,
+    graph: &QnnGraph,
+    nodes: std::ops::Range<usize>,
+    values: &HashMap<String, TensorValue>,
+) -> Result<Vec<TensorValue>, RunValuesError> {
+    let window = graph.window(nodes.clone()).ok_or_else(|| RunValuesError::Io {
+        graph: graph.name.clone(),
+        tensor: "<nodes>".into(),
+        detail: format!("nodes {nodes:?} are not a non-empty range of the graph's {} nodes", graph.nodes.len()),
+    })?;
+    let inputs = window
+        .inputs
+        .iter()
+        .map(|name| {
+            values.get(name).cloned().ok_or_else(|| RunValuesError::Io {
+                graph: graph.name.clone(),
+                tensor: name.clone(),
+                detail: format!("read by nodes {nodes:?} but no value was given"),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let build_err =
+        |detail: String| RunValuesError::Io { graph: graph.name.clone(), tensor: "<window>".into(), detail };
+    let descs = graph_descs(std::slice::from_ref(&window)).map_err(|e| build_err(e.to_string()))?;
+    let options = HtpOptions { weight_sharing: false, ..*options };
+    let binary = build_context_binary(&descs, &options, build).map_err(|e| build_err(e.to_string()))?;
+    let mut outputs = run_binary_on_values(exec, &binary, &[(&window, &inputs)])?;
+    Ok(outputs.remove(0))
 }
 
 /// Loads `binary` once, runs each `(graph, inputs)` of `runs` (graphs looked up by name) and frees
