@@ -14,7 +14,7 @@ use anyhow::Result;
 use aot::loss_breakdown::{weight_loss_breakdown, BreakdownOptions};
 use aot::text_quality::load_text_ids;
 use clap::Parser;
-use mllm_dsl::files::write_atomic_bytes as write_atomic;
+use mllm_dsl::files::write_json_atomic;
 
 #[derive(Parser, Debug)]
 #[command(about = "Weight-only loss of a quantized checkpoint per linear family and per layer")]
@@ -69,9 +69,7 @@ fn main() -> Result<()> {
     );
     print!("{}", rows.table());
     if let Some(path) = &args.json {
-        let mut text = serde_json::to_string_pretty(&rows.to_json())?;
-        text.push('\n');
-        write_atomic(path, text.as_bytes())?;
+        write_json_atomic(path, &rows.to_json())?;
     }
     Ok(())
 }

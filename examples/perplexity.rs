@@ -18,7 +18,7 @@ use aot::{quantize, CalibSource, QuantizeOptions};
 use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::files::write_atomic_bytes as write_atomic;
+use mllm_dsl::files::write_json_atomic;
 
 #[derive(Parser, Debug)]
 #[command(about = "Perplexity, mean KL and top-1 agreement of quantized models against float on a text file")]
@@ -140,9 +140,7 @@ fn main() -> Result<()> {
     );
     print!("{}", quality.table());
     if let Some(path) = &args.json {
-        let mut text = serde_json::to_string_pretty(&quality.to_json())?;
-        text.push('\n');
-        write_atomic(path, text.as_bytes())?;
+        write_json_atomic(path, &quality.to_json())?;
     }
     Ok(())
 }

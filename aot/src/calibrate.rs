@@ -19,7 +19,7 @@ use backend_cpu::quant::{rotate_checkpoint, Rotation, RotationSummary};
 use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::files::write_atomic_bytes as write_atomic;
+use mllm_dsl::files::{write_atomic_bytes as write_atomic, write_json_atomic};
 use mllm_dsl::module::ParamSource;
 use mllm_dsl::quant::act_range::ActRanges;
 use mllm_dsl::quant::points::{concat_groups, layer_output_points, linear_inputs, qdq_points};
@@ -234,9 +234,7 @@ fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &
         "accuracy": report.to_json(),
         "warnings": warnings,
     });
-    let mut text = serde_json::to_string_pretty(&json)?;
-    text.push('\n');
-    write_atomic(&out.join("report.json"), text.as_bytes())?;
+    write_json_atomic(&out.join("report.json"), &json)?;
     Ok(QuantizeOutcome {
         calibration,
         report,

@@ -33,7 +33,7 @@ use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::aot::AotConfig;
 use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::files::write_atomic_bytes as write_atomic;
+use mllm_dsl::files::{write_atomic_bytes as write_atomic, write_json_atomic};
 use mllm_dsl::passes::Pipeline;
 use mllm_dsl::quant::act_range::ActRanges;
 use mllm_dsl::{ParamFormat, Program};
@@ -409,9 +409,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     timings.total_cpu = mllm_dsl::memory::cpu_seconds().map_or(0.0, |now| now - cpu_at_start);
     let report =
         AotReport { model: model_name, ledger, timings, graphs: graph_reports, artifacts: files.relative()?, warnings };
-    let mut text = serde_json::to_string_pretty(&report.to_json())?;
-    text.push('\n');
-    write_atomic(&out.join("report.json"), text.as_bytes())?;
+    write_json_atomic(&out.join("report.json"), &report.to_json())?;
     Ok(report)
 }
 

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use mllm_dsl::config::aot::AotConfig;
-use mllm_dsl::files::write_atomic_bytes;
+use mllm_dsl::files::write_json_atomic;
 use mllm_dsl::ir::{Node, Program};
 use mllm_dsl::quant::lpbq::LpbqShape;
 
@@ -399,8 +399,6 @@ pub fn write_quantized_checkpoint(
         problem: "expected a JSON object".into(),
     })?;
     obj.insert("linear_block_size".into(), serde_json::json!(block_size));
-    let mut text = serde_json::to_string_pretty(&config).expect("JSON values serialize");
-    text.push('\n');
-    write_atomic_bytes(&out_dir.join("config.json"), text.as_bytes()).map_err(CheckpointError::from)?;
+    write_json_atomic(&out_dir.join("config.json"), &config).map_err(CheckpointError::from)?;
     Ok(())
 }

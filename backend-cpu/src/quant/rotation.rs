@@ -33,7 +33,7 @@ use std::path::Path;
 
 use checkpoint::{write_safetensors_atomic, CheckpointError, SafetensorsCheckpoint, StDtype, TensorBytes};
 use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::files::{read_text_bounded, write_atomic_bytes, CONFIG_SIZE_LIMIT};
+use mllm_dsl::files::{read_text_bounded, write_atomic_bytes, write_json_atomic, CONFIG_SIZE_LIMIT};
 
 use super::error::QuantizationError;
 use super::hadamard::{orthogonal, Orthogonal, OrthogonalKind};
@@ -336,8 +336,6 @@ fn write_config(source: &Path, out: &Path) -> Result<(), QuantizationError> {
             obj.insert(dtype.into(), serde_json::json!("float32"));
         }
     }
-    let mut text = serde_json::to_string_pretty(&config).expect("JSON values serialize");
-    text.push('\n');
-    write_atomic_bytes(&out.join("config.json"), text.as_bytes()).map_err(CheckpointError::from)?;
+    write_json_atomic(&out.join("config.json"), &config).map_err(CheckpointError::from)?;
     Ok(())
 }

@@ -36,6 +36,13 @@ pub fn write_atomic_bytes(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
     write_atomic(path, |w| w.write_all(bytes))
 }
 
+/// [`write_atomic`] of a JSON value, pretty-printed with a final newline (reports, configs).
+pub fn write_json_atomic(path: &Path, value: &serde_json::Value) -> Result<(), FileError> {
+    let mut text = serde_json::to_string_pretty(value).expect("JSON values serialize");
+    text.push('\n');
+    write_atomic_bytes(path, text.as_bytes())
+}
+
 /// Persists a rename; best effort, as not every platform can sync a directory.
 pub(crate) fn sync_dir(dir: &Path) {
     let _ = File::open(dir).and_then(|d| d.sync_all());

@@ -24,7 +24,7 @@ mod disjoint;
 mod error;
 mod staging;
 
-pub use atomic_write::{write_atomic, write_atomic_bytes};
+pub use atomic_write::{write_atomic, write_atomic_bytes, write_json_atomic};
 pub use bounded_read::{read_bounded, read_text_bounded, CONFIG_SIZE_LIMIT};
 pub use disjoint::ensure_not_input;
 pub use error::FileError;
