@@ -148,8 +148,7 @@ fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &
         let hook = Arc::new(InputStatsHook::new(&linear_inputs(&qnn_program), depth));
         let backend = CpuBackend::with_qdq(hook.clone());
         let store = CheckpointStore::open(model_dir, backend.clone(), hf.tie_word_embeddings)?;
-        let mut model = models::build(hf, opts.max_positions)?;
-        model.bind_params(&ParamSource::Store(&store)).with_context(|| format!("loading {}", model_dir.display()))?;
+        let model = build_model(hf, opts.max_positions, &ParamSource::Store(&store), model_dir)?;
         let pb = opts.progress.start("input stats", opts.calibration.len());
         for (i, seq) in opts.calibration.iter().enumerate() {
             prefill_logits(model.as_ref(), &backend, seq).with_context(|| format!("calibration sequence {i}"))?;

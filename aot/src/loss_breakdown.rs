@@ -23,6 +23,7 @@ use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::ParamSource;
 
 use crate::error::{ensure, Context, Result};
+use crate::load::build_model;
 use crate::progress::Progress;
 use crate::text_quality::TextQuality;
 
@@ -83,11 +84,6 @@ pub fn weight_loss_breakdown(opts: &BreakdownOptions) -> Result<TextQuality> {
         groups(&ckpt)
     };
     let backend = CpuBackend::float();
-    let bind = |src: &ParamSource<'_>, hf: &HfConfig, what: &str| -> Result<Box<dyn mllm_dsl::CausalLm>> {
-        let mut model = models::build(hf, positions)?;
-        model.bind_params(src).with_context(|| format!("loading {what}"))?;
-        Ok(model)
-    };
     let n_windows = opts.ids.chunks(opts.window.max(1)).filter(|w| w.len() >= 2).count();
     let pb = opts.progress.start("loss breakdown", (1 + groups.len()) * n_windows);
     let tick = |_: usize, _: usize| pb.inc(1);
@@ -96,7 +92,7 @@ pub fn weight_loss_breakdown(opts: &BreakdownOptions) -> Result<TextQuality> {
     let t = Instant::now();
     let float_store = CheckpointStore::open(&opts.model, backend.clone(), hf.tie_word_embeddings)?;
     let eval = {
-        let float = bind(&ParamSource::Store(&float_store), &hf, &opts.model.display().to_string())?;
+        let float = build_model(&hf, positions, &ParamSource::Store(&float_store), &opts.model)?;
         TextEval::new(float.as_ref(), &backend, &opts.ids, opts.window, &tick)
             .with_context(|| format!("float run of {}", opts.model.display()))?
     };
@@ -123,7 +119,8 @@ pub fn weight_loss_breakdown(opts: &BreakdownOptions) -> Result<TextQuality> {
         pb.set_message(&g.name);
         let select = |op: &str| g.members.contains(op);
         let store = QuantizedSubset::new(&source_store, &quant_store, &select);
-        let model = bind(&ParamSource::Store(&store), &source_hf, &g.name)?;
+        let model = build_model(&source_hf, positions, &ParamSource::Store(&store), &opts.quantized)
+            .with_context(|| format!("group `{}`", g.name))?;
         rows.push(eval.score(g.name.clone(), model.as_ref(), &backend, &tick).with_context(|| g.name.clone())?);
         seconds.push(t.elapsed().as_secs_f64());
     }

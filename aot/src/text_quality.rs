@@ -16,7 +16,7 @@ use mllm_dsl::module::ParamSource;
 use mllm_dsl::quant::points::qdq_points;
 use mllm_dsl::{BackendRef, CausalLm, ParamFormat};
 
-use crate::load::ROPE_SIN_KEY;
+use crate::load::{build_model, ROPE_SIN_KEY};
 use crate::progress::Progress;
 use crate::trace::trace_model;
 
@@ -105,13 +105,6 @@ impl TextQuality {
     }
 }
 
-/// A checkpoint directory bound to `store`'s weights (or a store wrapping it), positions `max_positions`.
-fn bind(hf: &HfConfig, max_positions: usize, src: &ParamSource<'_>, dir: &Path) -> Result<Box<dyn CausalLm>> {
-    let mut model = models::build(hf, max_positions)?;
-    model.bind_params(src).with_context(|| format!("loading {}", dir.display()))?;
-    Ok(model)
-}
-
 /// A quantized checkpoint in fake-quant mode: its decoded weights and every QDQ point with its
 /// stored parameters. Returns the model, its backend and the RoPE rows it covers.
 pub fn load_fake_quant(dir: &Path) -> Result<(Box<dyn CausalLm>, BackendRef, usize)> {
@@ -128,7 +121,7 @@ pub fn load_fake_quant(dir: &Path) -> Result<(Box<dyn CausalLm>, BackendRef, usi
     let hook: Arc<dyn QdqHook> = Arc::new(FakeQuantHook::new(&params));
     let backend = CpuBackend::with_qdq(hook);
     let store = CheckpointStore::open(dir, backend.clone(), hf.tie_word_embeddings)?;
-    let model = bind(&hf, rows, &ParamSource::Store(&store), dir)?;
+    let model = build_model(&hf, rows, &ParamSource::Store(&store), dir)?;
     Ok((model, backend, rows))
 }
 
@@ -147,7 +140,7 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
     pb.set_message("float");
     let float_backend = CpuBackend::float();
     let store = CheckpointStore::open(&opts.model, float_backend.clone(), hf.tie_word_embeddings)?;
-    let float = bind(&hf, positions, &ParamSource::Store(&store), &opts.model)?;
+    let float = build_model(&hf, positions, &ParamSource::Store(&store), &opts.model)?;
     let eval = TextEval::new(float.as_ref(), &float_backend, &opts.ids, opts.window, &tick)
         .with_context(|| format!("float run of {}", opts.model.display()))?;
     drop(float);
@@ -174,7 +167,7 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
         let name = format!("RTN int{} block {} weight-only", rtn.bits, rtn.block);
         pb.set_message(&name);
         let rtn_store = RtnWeights::new(&store, rtn.bits, rtn.block)?;
-        let model = bind(&hf, positions, &ParamSource::Store(&rtn_store), &opts.model)?;
+        let model = build_model(&hf, positions, &ParamSource::Store(&rtn_store), &opts.model)?;
         rows.push(eval.score(name.clone(), model.as_ref(), &float_backend, &tick).with_context(|| name.clone())?);
         seconds.push(t.elapsed().as_secs_f64());
     }
