@@ -5,6 +5,7 @@ use crate::dtype::DataType;
 use crate::encoding::{Encoding, ScaleOffset};
 use crate::graph::{QnnTensor, StaticData};
 use crate::opdef::OpType;
+use crate::shape;
 
 use super::{qnn_safe, GraphLowering, LowerError};
 
@@ -13,10 +14,8 @@ use super::{qnn_safe, GraphLowering, LowerError};
 pub(super) enum BroadcastError {
     #[error("operand `{0}` is not a tensor of the graph")]
     Unknown(String),
-    #[error("operand `{tensor}` {dims:?} has a higher rank than the output {out:?}")]
-    RankTooHigh { tensor: String, dims: Vec<u32>, out: Vec<u32> },
-    #[error("operand `{tensor}` {dims:?} does not broadcast to {out:?} (axis {axis}: {own})")]
-    Incompatible { tensor: String, dims: Vec<u32>, out: Vec<u32>, axis: usize, own: u32 },
+    #[error("operand `{tensor}` {dims:?} does not broadcast to the output {out:?}")]
+    NotTo { tensor: String, dims: Vec<u32>, out: Vec<u32> },
     #[error("operand `{tensor}` of type {dtype} ({encoding}) cannot be broadcast explicitly")]
     Unsupported { tensor: String, dtype: DataType, encoding: String },
 }
@@ -38,24 +37,19 @@ impl GraphLowering<'_, '_, '_> {
         if t.dims == dims {
             return Ok(tensor.to_string());
         }
-        if t.rank() > dims.len() {
+        // The operand must broadcast to exactly `dims` under the validator's rule (shape::broadcast).
+        if shape::broadcast(&[&t.dims, dims]).ok().as_deref() != Some(dims) {
             let (dims, out) = (t.dims.clone(), dims.to_vec());
-            return Err(op_err(BroadcastError::RankTooHigh { tensor: tensor.to_string(), dims, out }));
+            return Err(op_err(BroadcastError::NotTo { tensor: tensor.to_string(), dims, out }));
         }
-        // NumPy alignment: the operand's dims are the output's trailing ones.
+        // NumPy alignment (the operand's dims are the output's trailing ones): the zeros span the
+        // axes the operand stretches and are 1 where it already has the output's size.
         let lead = dims.len() - t.rank();
-        let mut zero_dims = Vec::with_capacity(dims.len());
-        for (axis, &d) in dims.iter().enumerate() {
-            let own = if axis < lead { 1 } else { t.dims[axis - lead] };
-            match own {
-                o if o == d => zero_dims.push(1),
-                1 => zero_dims.push(d),
-                own => {
-                    let (tensor, out) = (tensor.to_string(), dims.to_vec());
-                    return Err(op_err(BroadcastError::Incompatible { tensor, dims: t.dims.clone(), out, axis, own }));
-                }
-            }
-        }
+        let zero_dims: Vec<u32> = dims
+            .iter()
+            .enumerate()
+            .map(|(axis, &d)| if axis >= lead && t.dims[axis - lead] == d { 1 } else { d })
+            .collect();
         let numel = zero_dims.iter().map(|&d| d as usize).product::<usize>();
         // Zeros of the operand's type: code 0 with offset 0 is an exact 0 in its scale.
         let zero_encoding = |so: &ScaleOffset| Encoding::ScaleOffset(ScaleOffset { scale: so.scale, offset: 0 });
