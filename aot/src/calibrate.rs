@@ -23,6 +23,7 @@ use mllm_dsl::files::{write_atomic_bytes as write_atomic, write_json_atomic};
 use mllm_dsl::module::ParamSource;
 use mllm_dsl::quant::act_range::ActRanges;
 use mllm_dsl::quant::points::{concat_groups, layer_output_points, linear_inputs, qdq_points};
+use mllm_dsl::{BackendRef, CausalLm};
 use mllm_dsl::{ParamFormat, Program, QdqAttr};
 
 use crate::config::load_aot_config;
@@ -64,8 +65,11 @@ pub struct QuantizeOutcome {
     pub calibration_seconds: f64,
     /// The input statistics pass of the weight method (0 for pymllm's rounding).
     pub input_stats_seconds: f64,
-    /// The accuracy report: float and fake-quant runs over the evaluation sequences.
+    /// The accuracy report: the fake-quant run over the evaluation sequences and the float one
+    /// (unless the input statistics pass recorded it), on its own thread beside the caller's work.
     pub evaluate_seconds: f64,
+    /// Folding the rotation into a float copy of the checkpoint (0 without a rotation).
+    pub rotate_seconds: f64,
     pub warnings: Vec<String>,
     /// The model file traced once in decode shape with W4A16 parameters: what it quantizes (its
     /// QDQ points), for whoever runs the quantized checkpoint next.
@@ -93,13 +97,26 @@ const ROTATED_DIR: &str = "rotated-float";
 
 /// [`quantize`] with the model's config already read (`hf` must be `opts.model`'s), writing
 /// straight into `out` (a fresh directory: the caller's staging area).
+pub(crate) fn quantize_to(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> Result<QuantizeOutcome> {
+    Ok(quantize_alongside(hf, opts, out, |_| Ok(()))?.0)
+}
+
+/// [`quantize_to`], running `alongside` on this thread while another thread evaluates the
+/// written checkpoint against float: `alongside` gets the model file traced for its QDQ points
+/// and may use everything in `out/quantized`'s place (`out`) but `report.json`, written last.
 ///
 /// With a rotation, the float checkpoint is rotated first into `out/rotated-float/` and everything
 /// after (statistics, calibration, weights, the accuracy report) runs on that; it is deleted once
-/// the quantized checkpoint is written.
-pub(crate) fn quantize_to(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> Result<QuantizeOutcome> {
+/// the evaluation is done.
+pub(crate) fn quantize_alongside<T>(
+    hf: &HfConfig,
+    opts: &QuantizeOptions,
+    out: &Path,
+    alongside: impl FnOnce(&Program) -> Result<T>,
+) -> Result<(QuantizeOutcome, T)> {
     if opts.rotation == Rotation::None {
-        return quantize_from(hf, &opts.model, opts, out);
+        let calibrated = calibrate_and_write(hf, &opts.model, opts, out)?;
+        return evaluate_alongside(hf, &opts.model, opts, out, calibrated, alongside);
     }
     ensure!(
         opts.mode != CalibrationMode::MllmCompatible,
@@ -108,19 +125,47 @@ pub(crate) fn quantize_to(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> 
         opts.rotation.name()
     );
     let rotated = out.join(ROTATED_DIR);
+    let start = Instant::now();
     let summary = rotate_checkpoint(&opts.model, hf, &rotated)
         .with_context(|| format!("rotating {} into {}", opts.model.display(), rotated.display()))?;
     let rotated_hf = HfConfig::from_dir(&rotated)?;
-    let mut outcome = quantize_from(&rotated_hf, &rotated, opts, out)?;
+    let rotate_seconds = start.elapsed().as_secs_f64();
+    let calibrated = calibrate_and_write(&rotated_hf, &rotated, opts, out)?;
+    let (mut outcome, also) = evaluate_alongside(&rotated_hf, &rotated, opts, out, calibrated, alongside)?;
     std::fs::remove_dir_all(&rotated).with_context(|| format!("removing {}", rotated.display()))?;
     outcome.rotation = Some(summary);
-    Ok(outcome)
+    outcome.rotate_seconds = rotate_seconds;
+    Ok((outcome, also))
 }
 
-/// [`quantize_to`] from the float checkpoint `model_dir` (config `hf`): `opts.model` itself or its
-/// rotated copy.
-fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &Path) -> Result<QuantizeOutcome> {
+/// What [`calibrate_and_write`] leaves for the accuracy report.
+struct Calibrated {
+    calibration: Calibration,
+    weight_method: WeightMethod,
+    act_ranges: ActRanges,
+    block_size: usize,
+    weight_input_bytes: u64,
+    input_stats_seconds: f64,
+    calibration_seconds: f64,
+    weight_seconds: f64,
+    warnings: Vec<String>,
+    traced: Program,
+    /// The float model on the evaluation sequences, when the input-statistics pass ran it already.
+    float_run: Option<RecordedRun>,
+}
+
+/// Steps 1-4 of [`quantize`] from the float checkpoint `model_dir` (config `hf`): `opts.model`
+/// itself or its rotated copy. Writes the quantized checkpoint (all but `report.json`) into `out`.
+fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &Path) -> Result<Calibrated> {
     ensure!(!opts.calibration.is_empty(), "no calibration sequences");
+    for (i, seq) in opts.calibration.iter().enumerate() {
+        ensure!(
+            seq.len() <= opts.max_positions,
+            "calibration sequence {i} has {} tokens; the RoPE tables cover {}",
+            seq.len(),
+            opts.max_positions
+        );
+    }
     let (aot, warnings) = load_aot_config(opts.aot_config.as_deref(), hf)?;
     let source = SafetensorsCheckpoint::open(model_dir)?;
     ensure!(
@@ -140,56 +185,42 @@ fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &
     let points = qdq_points(&qnn_program)?;
     let groups = concat_groups(&qnn_program);
 
-    // 2. The linears' input statistics (float model) when the weight method uses them.
+    // 2. The linears' input statistics (float model) when the weight method uses them. When the
+    //    accuracy report evaluates the calibration sequences, this pass also records what it
+    //    needs of the float model (logits, layer outputs): the same model on the same ids.
     let start = Instant::now();
     let weight_method =
         if opts.mode == CalibrationMode::MllmCompatible { WeightMethod::Rtn } else { opts.weight_method };
-    let stats = if let Some(depth) = weight_method.input_stats() {
+    let (stats, float_run) = if let Some(depth) = weight_method.input_stats() {
         let hook = Arc::new(InputStatsHook::new(&linear_inputs(&qnn_program), depth));
-        let backend = CpuBackend::with_qdq(hook.clone());
-        let store = CheckpointStore::open(model_dir, backend.clone(), hf.tie_word_embeddings)?;
-        let model = build_model(hf, opts.max_positions, &ParamSource::Store(&store), model_dir)?;
-        let pb = opts.progress.start("input stats", opts.calibration.len());
-        for (i, seq) in opts.calibration.iter().enumerate() {
-            prefill_logits(model.as_ref(), &backend, seq).with_context(|| format!("calibration sequence {i}"))?;
-            pb.inc(1);
-        }
-        pb.finish();
-        Some(Arc::new(hook.finish()?))
+        let float_run = if opts.evaluation.is_none() {
+            Some(run_recorded(
+                hf,
+                model_dir,
+                opts.max_positions,
+                Some(hook.clone()),
+                &qnn_program,
+                &opts.calibration,
+                "input stats",
+                opts.progress.as_ref(),
+            )?)
+        } else {
+            let backend = CpuBackend::with_qdq(hook.clone());
+            let (model, _store) = open_model(model_dir, hf, opts.max_positions, &backend)?;
+            run_sequences(model.as_ref(), &backend, &opts.calibration, "input stats", opts.progress.as_ref(), |_| {})?;
+            None
+        };
+        (Some(Arc::new(hook.finish()?)), float_run)
     } else {
-        None
+        (None, None)
     };
     let collected = stats.is_some();
     let linears = LinearQuantizer::new(weight_method, stats)?;
     // With GPTQ this includes factorizing the input Hessians.
     let input_stats_seconds = if collected { start.elapsed().as_secs_f64() } else { 0.0 };
 
-    // 3. Calibration.
-    let start = Instant::now();
-    let act_ranges = if opts.mode == CalibrationMode::MllmCompatible { ActRanges::default() } else { opts.act_ranges };
-    let hook = Arc::new(ObserverHook::with_ranges(&points, &groups, opts.mode, act_ranges));
-    let backend = CpuBackend::with_qdq(hook.clone());
-    let calibration = {
-        let store = CheckpointStore::for_config(model_dir, backend.clone(), hf)?;
-        let weights = CalibrationWeights::new(&store, &aot, opts.mode).with_linears(&linears);
-        let model = build_model(hf, opts.max_positions, &ParamSource::Store(&weights), model_dir)?;
-        let pb = opts.progress.start("calibrating", opts.calibration.len());
-        for (i, seq) in opts.calibration.iter().enumerate() {
-            ensure!(
-                seq.len() <= opts.max_positions,
-                "calibration sequence {i} has {} tokens; the RoPE tables cover {}",
-                seq.len(),
-                opts.max_positions
-            );
-            prefill_logits(model.as_ref(), &backend, seq).with_context(|| format!("calibration sequence {i}"))?;
-            pb.inc(1);
-        }
-        pb.finish();
-        hook.finish()?
-    };
-    let calibration_seconds = start.elapsed().as_secs_f64();
-
-    // 4. Weights, RoPE tables, QDQ parameters.
+    // 3. The weights, rounded once and in parallel over the linears (each export is cached in
+    //    `linears`, so the calibration model below sees exactly these codes).
     let start = Instant::now();
     let groups_total = plan.params.len();
     let pb = opts.progress.start("quantizing", groups_total);
@@ -199,19 +230,89 @@ fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &
     })?;
     pb.set_message("done");
     pb.finish();
+    let rounding_seconds = start.elapsed().as_secs_f64();
+
+    // 4. Calibration on the rounded weights.
+    let start = Instant::now();
+    let act_ranges = if opts.mode == CalibrationMode::MllmCompatible { ActRanges::default() } else { opts.act_ranges };
+    let hook = Arc::new(ObserverHook::with_ranges(&points, &groups, opts.mode, act_ranges));
+    let backend = CpuBackend::with_qdq(hook.clone());
+    let calibration = {
+        let store = CheckpointStore::for_config(model_dir, backend.clone(), hf)?;
+        let weights = CalibrationWeights::new(&store, &aot, opts.mode).with_linears(&linears);
+        let model = build_model(hf, opts.max_positions, &ParamSource::Store(&weights), model_dir)?;
+        run_sequences(model.as_ref(), &backend, &opts.calibration, "calibrating", opts.progress.as_ref(), |_| {})?;
+        hook.finish()?
+    };
+    // The rounding counts as calibration, as it did when the calibration model made it.
+    let calibration_seconds = rounding_seconds + start.elapsed().as_secs_f64();
+
+    // 5. RoPE tables and QDQ parameters; the checkpoint written.
+    let start = Instant::now();
     weights.tensors.extend(quantize_rope_tables(&plan, &calibration.params, &calibration.rope_tables)?);
     write_quantized_checkpoint(out, &hf.source, plan.block_size, &weights.tensors, &calibration.params)?;
     copy_tokenizer_files(&opts.model, out)?;
     let weight_seconds = start.elapsed().as_secs_f64();
     drop(weights);
+    Ok(Calibrated {
+        calibration,
+        weight_method,
+        act_ranges,
+        block_size: plan.block_size,
+        weight_input_bytes: weights_input_bytes(&source, &plan),
+        input_stats_seconds,
+        calibration_seconds,
+        weight_seconds,
+        warnings,
+        traced: qnn_program,
+        float_run,
+    })
+}
 
-    // 5. Accuracy of what was written.
-    let start = Instant::now();
+/// Step 5 of [`quantize`], the accuracy of what [`calibrate_and_write`] wrote into `out`, on a
+/// second thread while this one runs `alongside`; then the quantized checkpoint's `report.json`.
+fn evaluate_alongside<T>(
+    hf: &HfConfig,
+    model_dir: &Path,
+    opts: &QuantizeOptions,
+    out: &Path,
+    calibrated: Calibrated,
+    alongside: impl FnOnce(&Program) -> Result<T>,
+) -> Result<(QuantizeOutcome, T)> {
     let eval = opts.evaluation.as_ref().unwrap_or(&opts.calibration);
     let eval_name = if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" };
-    let report =
-        evaluate(hf, &qnn_program, model_dir, out, opts.max_positions, eval, eval_name, opts.progress.as_ref())?;
-    let evaluate_seconds = start.elapsed().as_secs_f64();
+    let Calibrated { traced, float_run, .. } = &calibrated;
+    let evaluation = || {
+        let start = Instant::now();
+        let float = match float_run {
+            Some(run) => run,
+            None => &run_recorded(
+                hf,
+                model_dir,
+                opts.max_positions,
+                None,
+                traced,
+                eval,
+                "eval float",
+                opts.progress.as_ref(),
+            )?,
+        };
+        let report =
+            evaluate_against(hf, traced, float, out, opts.max_positions, eval, eval_name, opts.progress.as_ref())?;
+        Ok::<_, crate::AotError>((report, start.elapsed().as_secs_f64()))
+    };
+    let (evaluated, also) = std::thread::scope(|scope| {
+        let evaluating = std::thread::Builder::new()
+            .name("evaluate".into())
+            .spawn_scoped(scope, evaluation)
+            .context("starting the evaluation thread")?;
+        let also = alongside(traced);
+        let evaluated = evaluating.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        Ok::<_, crate::AotError>((evaluated, also))
+    })?;
+    let (report, evaluate_seconds) = evaluated?;
+    let also = also?;
+    let Calibrated { calibration, weight_method, act_ranges, warnings, .. } = &calibrated;
     // Relative to the output's directory when the model sits next to it (the AOT run's embedded
     // model), so the report does not embed a per-run staging path.
     let model_name = out
@@ -224,29 +325,33 @@ fn quantize_from(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &
         "weight_method": weight_method.name(),
         "act_range": act_ranges.to_string(),
         "rotation": opts.rotation.name(),
-        "largest_residual_range": largest_residual_range(&calibration).map(|(point, range)| serde_json::json!({
+        "largest_residual_range": largest_residual_range(calibration).map(|(point, range)| serde_json::json!({
             "point": point, "range": range, "u16_step": range / 65535.0,
         })),
         "calibration_sequences": opts.calibration.len(),
-        "linear_block_size": plan.block_size,
+        "linear_block_size": calibrated.block_size,
         "qdq_points": calibration.params.len(),
         "accuracy": report.to_json(),
         "warnings": warnings,
     });
     write_json_atomic(&out.join("report.json"), &json)?;
-    Ok(QuantizeOutcome {
-        calibration,
-        report,
-        block_size: plan.block_size,
-        weight_input_bytes: weights_input_bytes(&source, &plan),
-        weight_seconds,
-        calibration_seconds,
-        input_stats_seconds,
-        evaluate_seconds,
-        warnings,
-        traced: qnn_program,
-        rotation: None,
-    })
+    Ok((
+        QuantizeOutcome {
+            report,
+            block_size: calibrated.block_size,
+            weight_input_bytes: calibrated.weight_input_bytes,
+            weight_seconds: calibrated.weight_seconds,
+            calibration_seconds: calibrated.calibration_seconds,
+            input_stats_seconds: calibrated.input_stats_seconds,
+            evaluate_seconds,
+            rotate_seconds: 0.0,
+            warnings: calibrated.warnings,
+            traced: calibrated.traced,
+            calibration: calibrated.calibration,
+            rotation: None,
+        },
+        also,
+    ))
 }
 
 /// The residual-stream QDQ point with the widest calibrated range (`max - min`), which sets the
@@ -283,6 +388,60 @@ fn copy_tokenizer_files(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Runs `sequences` through `model` one prefill at a time (progress as `label`), handing each
+/// sequence's logits (`[len, vocab]`) to `logits`.
+fn run_sequences(
+    model: &dyn CausalLm,
+    backend: &BackendRef,
+    sequences: &[Vec<i64>],
+    label: &str,
+    progress: &dyn Progress,
+    mut logits: impl FnMut(Vec<f32>),
+) -> Result<()> {
+    let pb = progress.start(label, sequences.len());
+    for (i, seq) in sequences.iter().enumerate() {
+        logits(prefill_logits(model, backend, seq).with_context(|| format!("sequence {i} of {label}"))?);
+        pb.inc(1);
+    }
+    pb.finish();
+    Ok(())
+}
+
+/// What the accuracy report compares of one model's run over the evaluation sequences: all
+/// logits, and each decoder layer's output, concatenated over the sequences.
+struct RecordedRun {
+    logits: Vec<f32>,
+    layers: Vec<Vec<f32>>,
+}
+
+/// The decoder layers' output QDQ points of the model file `traced` (symbol, point).
+fn layer_points(traced: &Program) -> Vec<(String, QdqAttr)> {
+    layer_output_points(traced).into_iter().filter_map(|(s, p)| p.map(|p| (s, p))).collect()
+}
+
+/// The checkpoint `dir` run over `sequences` with `hook` at its QDQ points, recording what
+/// [`RecordedRun`] holds (the layer outputs as they reach `hook`).
+#[allow(clippy::too_many_arguments)]
+fn run_recorded(
+    hf: &HfConfig,
+    dir: &Path,
+    max_positions: usize,
+    hook: Option<Arc<dyn QdqHook>>,
+    traced: &Program,
+    sequences: &[Vec<i64>],
+    label: &str,
+    progress: &dyn Progress,
+) -> Result<RecordedRun> {
+    let keys: Vec<String> = layer_points(traced).into_iter().map(|(_, p)| p.key).collect();
+    let recorder = Arc::new(RecordingHook::new(hook, keys.clone()));
+    let backend = CpuBackend::with_qdq(recorder.clone());
+    let (model, _store) = open_model(dir, hf, max_positions, &backend)?;
+    let mut logits = Vec::new();
+    run_sequences(model.as_ref(), &backend, sequences, label, progress, |l| logits.extend(l))?;
+    let layers = keys.iter().map(|k| recorder.take(k).concat()).collect();
+    Ok(RecordedRun { logits, layers })
+}
+
 /// Runs `sequences` through the float checkpoint `float_dir` and the quantized one `quant_dir`
 /// (fake-quant), one model at a time, recording each decoder layer's output, and compares them.
 /// `hf` is the model's config and `traced` its model file traced once ([`trace_model`]): which
@@ -298,37 +457,35 @@ pub fn evaluate(
     what: &str,
     progress: &dyn Progress,
 ) -> Result<AccuracyReport> {
-    let layers: Vec<(String, QdqAttr)> =
-        layer_output_points(traced).into_iter().filter_map(|(s, p)| p.map(|p| (s, p))).collect();
-    let keys: Vec<String> = layers.iter().map(|(_, p)| p.key.clone()).collect();
+    let float = run_recorded(hf, float_dir, max_positions, None, traced, sequences, "eval float", progress)?;
+    evaluate_against(hf, traced, &float, quant_dir, max_positions, sequences, what, progress)
+}
 
-    let run = |dir: &Path, inner: Option<Arc<dyn QdqHook>>, label: &str| -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        let recorder = Arc::new(RecordingHook::new(inner, keys.clone()));
-        let backend = CpuBackend::with_qdq(recorder.clone());
-        let (model, _store) = open_model(dir, hf, max_positions, &backend)?;
-        let pb = progress.start(label, sequences.len());
-        let mut logits = Vec::new();
-        for seq in sequences {
-            logits.extend(prefill_logits(model.as_ref(), &backend, seq)?);
-            pb.inc(1);
-        }
-        pb.finish();
-        let per_layer = keys.iter().map(|k| recorder.take(k).concat()).collect();
-        Ok((logits, per_layer))
-    };
-
-    let (float_logits, float_layers) = run(float_dir, None, "eval float")?;
+/// [`evaluate`] with the float model's run already made.
+#[allow(clippy::too_many_arguments)]
+fn evaluate_against(
+    hf: &HfConfig,
+    traced: &Program,
+    float: &RecordedRun,
+    quant_dir: &Path,
+    max_positions: usize,
+    sequences: &[Vec<i64>],
+    what: &str,
+    progress: &dyn Progress,
+) -> Result<AccuracyReport> {
     let quant_ckpt = SafetensorsCheckpoint::open(quant_dir)?;
     let params = QdqParams::from_checkpoint(&quant_ckpt, &qdq_points(traced)?)?;
     drop(quant_ckpt);
-    let (quant_logits, quant_layers) = run(quant_dir, Some(Arc::new(FakeQuantHook::new(&params))), "eval quant")?;
+    let fake_quant: Arc<dyn QdqHook> = Arc::new(FakeQuantHook::new(&params));
+    let quant =
+        run_recorded(hf, quant_dir, max_positions, Some(fake_quant), traced, sequences, "eval quant", progress)?;
 
     let mut rows = Vec::new();
-    for ((symbol, point), (f, q)) in layers.iter().zip(float_layers.iter().zip(&quant_layers)) {
+    for ((symbol, point), (f, q)) in layer_points(traced).iter().zip(float.layers.iter().zip(&quant.layers)) {
         let name = format!("{symbol} (at {})", point.key);
         rows.push(Comparison::new(name, f, q, hf.hidden_size)?);
     }
-    rows.push(Comparison::new("logits", &float_logits, &quant_logits, hf.vocab_size)?);
+    rows.push(Comparison::new("logits", &float.logits, &quant.logits, hf.vocab_size)?);
     Ok(AccuracyReport {
         // No paths: the report is the same wherever the run writes (its `model` names the input).
         description: format!("fake-quant of the quantized checkpoint vs the float model on {what}"),

@@ -38,7 +38,7 @@ use mllm_dsl::passes::Pipeline;
 use mllm_dsl::quant::act_range::ActRanges;
 use mllm_dsl::{ParamFormat, Program};
 
-use crate::calibrate::{quantize_to, QuantizeOptions};
+use crate::calibrate::{quantize_alongside, QuantizeOptions};
 use crate::config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
 use crate::divergence::{op_by_op, table as divergence_table};
 use crate::embedded::{EMBEDDED_CALIB_IDS, EMBEDDED_MODEL, EMBEDDED_MODEL_NAME};
@@ -198,10 +198,12 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     timings.load = t.elapsed().as_secs_f64();
 
     let mut ledger = Vec::new();
-    // 2. Calibrate and quantize (or take the quantized checkpoint as it is).
-    // The model file traced once for its QDQ points (by the calibration, or here), and the text the
-    // per-graph ledger probes are cut from.
-    let (quant_dir, max_positions, traced, probe_text) = match calibration_src {
+    let stage = GraphStage { opts, out, hf: &hf, aot: &aot, target: &target, qualcomm };
+    // 2. Calibrate and quantize (or take the quantized checkpoint as it is), then 3.-6. compile,
+    // build the context binaries and validate the graphs ([`compile_and_validate`]); after a
+    // calibration that runs while another thread evaluates the quantized checkpoint against float
+    // (both only read it).
+    let graphs_done = match calibration_src {
         Some(calib) => {
             let float_dir = &model_dir;
             let t = Instant::now();
@@ -232,7 +234,16 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
             };
             // Straight into this run's staging directory, which is swapped in as a whole.
             std::fs::create_dir(&quant_dir).with_context(|| format!("creating {}", quant_dir.display()))?;
-            let outcome = quantize_to(&hf, &options, &quant_dir)?;
+            let (outcome, done) = quantize_alongside(&hf, &options, &quant_dir, |traced| {
+                let quantized = QuantizedModel {
+                    dir: &quant_dir,
+                    max_positions: opts.max_positions,
+                    traced,
+                    probe_text: &probe_text,
+                };
+                compile_and_validate(stage, &quantized, &mut files, &mut timings)
+            })?;
+            timings.rotate = outcome.rotate_seconds;
             (timings.input_stats, timings.calibrate) = (outcome.input_stats_seconds, outcome.calibration_seconds);
             timings.quantize = outcome.weight_seconds;
             timings.evaluate += outcome.evaluate_seconds;
@@ -248,7 +259,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 comparison: logits.clone(),
             });
             files.record_dir(&quant_dir)?;
-            (quant_dir, opts.max_positions, outcome.traced, probe_text)
+            done
         }
         None => {
             let dir = model_dir.clone();
@@ -267,130 +278,13 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 Some((ids, _)) => ProbeText { ids, source: "reference.safetensors `input_ids`".into() },
                 None => ProbeText::deterministic(hf.vocab_size),
             };
-            (dir, rows, trace_model(&hf, rows, ParamFormat::QnnW4A16)?, probe_text)
+            let traced = trace_model(&hf, rows, ParamFormat::QnnW4A16)?;
+            let quantized = QuantizedModel { dir: &dir, max_positions: rows, traced: &traced, probe_text: &probe_text };
+            compile_and_validate(stage, &quantized, &mut files, &mut timings)?
         }
     };
-    ensure!(
-        opts.context_len <= max_positions,
-        "--context-len {} exceeds the {max_positions} positions the checkpoint's RoPE tables cover",
-        opts.context_len
-    );
-
-    let t = Instant::now();
-    let ckpt = SafetensorsCheckpoint::open(&quant_dir)
-        .with_context(|| format!("opening the quantized checkpoint {}", quant_dir.display()))?;
-    // The eager fake-quant model, built once for the ledger.
-    let eager_backend = fake_quant_backend(&ckpt, &traced)?;
-    let (eager_model, _) = open_model(&quant_dir, &hf, max_positions, &eager_backend)?;
-    timings.validate = t.elapsed().as_secs_f64();
-    if matches!(opts.source, ModelSource::Quantized(_)) {
-        let t = Instant::now();
-        if let Some(entry) = quantized_vs_reference_float(&quant_dir, &hf, eager_model.as_ref(), &eager_backend)? {
-            ledger.push(entry);
-        }
-        timings.evaluate = t.elapsed().as_secs_f64();
-    }
-
-    // 3.-4. Trace, run the pass pipeline and lower, one graph per chunk size; write the artifacts.
-    let compile_opts = CompileOptions {
-        context_len: opts.context_len,
-        chunks: &opts.chunks,
-        max_positions,
-        dump_ir: Some(&out.join("ir")),
-        progress: opts.progress.as_ref(),
-    };
-    let compiled = compile(&hf, &ckpt, &aot, &compile_opts)?;
-    (timings.trace, timings.passes, timings.lower) = (compiled.timings.trace, compiled.timings.passes, 0.0);
-    for path in &compiled.ir_dumps {
-        files.record(path);
-    }
-    let t = Instant::now();
-    let qnn_dir = out.join("qnn");
-    std::fs::create_dir_all(&qnn_dir).with_context(|| format!("creating {}", qnn_dir.display()))?;
-    for g in &compiled.graphs {
-        let name = &g.name;
-        let paths = write_graph_artifacts(&g.graph, &qnn_dir).with_context(|| format!("writing graph `{name}`"))?;
-        for p in [&paths.netron_json, &paths.model_cpp, &paths.model_bin, &paths.summary] {
-            files.record(p);
-        }
-    }
-    timings.lower = compiled.timings.lower + t.elapsed().as_secs_f64();
-    let graphs: Vec<QnnGraph> = compiled.graphs.iter().map(|g| g.graph.clone()).collect();
-    // The context binaries, built by Qualcomm's backend.
-    let htp = match qualcomm {
-        Some(paths) => {
-            let programs: Vec<&Program> = compiled.graphs.iter().map(|g| &g.program).collect();
-            let htp = QualcommHtp::build(paths, &programs, &ckpt, &target, &qnn_dir)?;
-            htp.written.iter().for_each(|p| files.record(p));
-            [timings.context_binary, timings.context_binary_x86] = htp.seconds;
-            Some(htp)
-        }
-        None => None,
-    };
-
-    // 5. Per-graph ledger stages.
-    let t = Instant::now();
-    let store = CheckpointStore::for_config(&quant_dir, CpuBackend::float(), &hf)?;
-    for CompiledGraph { name, chunk, program, graph } in &compiled.graphs {
-        let probe =
-            Probe::new(&hf, &ckpt, *chunk, opts.context_len, &probe_text, eager_model.as_ref(), &eager_backend)?;
-        let eager = probe.run_eager(eager_model.as_ref(), &eager_backend)?;
-        let cpu = Interpreter::new(program, &store, InterpMode::FakeQuant(&ckpt))
-            .run(&probe.cpu_inputs(&CpuBackend::float())?)
-            .with_context(|| format!("running graph `{name}` on backend-cpu's IR interpreter"))?;
-        let cpu_logits = probe.text_rows(cpu[0].as_f32().context("the interpreter's logits hold no f32 data")?);
-        ledger.push(LedgerEntry {
-            stage: "passes_vs_eager",
-            graph: Some(name.clone()),
-            detail: probe
-                .describe("backend-cpu's interpreter (fake-quant) on the final IR vs the eager fake-quant model"),
-            comparison: Comparison::new("logits", probe.text_rows(&eager), cpu_logits, hf.vocab_size)?,
-        });
-        let qnn = probe.run_qnn(graph)?;
-        let comparison = Comparison::new("logits", cpu_logits, probe.text_rows(&qnn), hf.vocab_size)?;
-        let mut detail =
-            probe.describe("backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run");
-        if opts.ledger_ops {
-            // Where the two part ways, node by node.
-            let rows = op_by_op(program, graph, &ckpt, &store, &probe)?;
-            let path = out.join("ledger_ops").join(format!("{name}.txt"));
-            std::fs::create_dir_all(out.join("ledger_ops"))?;
-            files.write(&path, divergence_table(&rows).as_bytes())?;
-            if let Some(first) = rows.iter().find(|r| r.max_steps >= 1.5) {
-                let _ = write!(
-                    detail,
-                    "; first node off by two steps or more: `{}` ({}, {:.1} steps)",
-                    first.node, first.op, first.max_steps
-                );
-            }
-            if let Some(worst) = rows.iter().max_by(|a, b| a.own_steps.total_cmp(&b.own_steps)) {
-                let _ = write!(
-                    detail,
-                    "; largest error of a node alone on the fake-quant inputs: {:.1} steps at `{}`",
-                    worst.own_steps, worst.node
-                );
-            }
-            let _ = write!(detail, "; every node in ledger_ops/{name}.txt");
-        }
-        ledger.push(LedgerEntry { stage: "qnn_vs_fakequant", graph: Some(name.clone()), detail, comparison });
-        if let Some(htp) = &htp {
-            let on_htp = htp.run_logits(name, &probe.qnn_inputs(graph)?)?;
-            let on_htp = probe.text_rows(&on_htp);
-            let what = "Qualcomm's x86 HTP emulation running qnn/context.x86.bin";
-            for (stage, reference, versus) in [
-                ("htp_vs_fakequant", cpu_logits, "the CPU fake-quant run of the final IR"),
-                ("htp_vs_interp", probe.text_rows(&qnn), "backend-qnn's reference interpreter on the lowered graph"),
-            ] {
-                ledger.push(LedgerEntry {
-                    stage,
-                    graph: Some(name.clone()),
-                    detail: probe.describe(&format!("{what} vs {versus}")),
-                    comparison: Comparison::new("logits", reference, on_htp, hf.vocab_size)?,
-                });
-            }
-        }
-    }
-    timings.validate += t.elapsed().as_secs_f64();
+    ledger.extend(graphs_done.ledger);
+    let graphs = graphs_done.graphs;
 
     let graph_reports = graphs
         .iter()
@@ -411,6 +305,175 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         AotReport { model: model_name, ledger, timings, graphs: graph_reports, artifacts: files.relative()?, warnings };
     write_json_atomic(&out.join("report.json"), &report.to_json())?;
     Ok(report)
+}
+
+/// What [`compile_and_validate`] works with: the run's options and what loading found.
+struct GraphStage<'a> {
+    opts: &'a AotOptions,
+    out: &'a Path,
+    hf: &'a HfConfig,
+    aot: &'a AotConfig,
+    target: &'a HtpTarget,
+    /// Qualcomm's libraries, when the context binaries are to be built.
+    qualcomm: Option<backend_qnn::sdk::LibraryPaths>,
+}
+
+/// The quantized checkpoint [`compile_and_validate`] compiles.
+struct QuantizedModel<'a> {
+    dir: &'a Path,
+    /// Rows of its RoPE tables.
+    max_positions: usize,
+    /// Its model file traced once for the QDQ points (by the calibration, or for it).
+    traced: &'a Program,
+    /// The text the per-graph ledger probes are cut from.
+    probe_text: &'a ProbeText,
+}
+
+/// What [`compile_and_validate`] made: the lowered graphs and their ledger rows.
+struct GraphsDone {
+    graphs: Vec<QnnGraph>,
+    ledger: Vec<LedgerEntry>,
+}
+
+/// Steps 3.-6. on the quantized checkpoint `model`: trace, pass pipeline and lowering per graph, the artifacts, the context binaries and the
+/// per-graph ledger rows (for a `--quantized` source also `quantized_vs_reference_float`, first).
+fn compile_and_validate(
+    job: GraphStage<'_>,
+    model: &QuantizedModel<'_>,
+    files: &mut Files<'_>,
+    timings: &mut Timings,
+) -> Result<GraphsDone> {
+    let mut graph_ledger = Vec::new();
+    ensure!(
+        job.opts.context_len <= model.max_positions,
+        "--context-len {} exceeds the {} positions the checkpoint's RoPE tables cover",
+        job.opts.context_len,
+        model.max_positions
+    );
+
+    let t = Instant::now();
+    let ckpt = SafetensorsCheckpoint::open(model.dir)
+        .with_context(|| format!("opening the quantized checkpoint {}", model.dir.display()))?;
+    // The eager fake-quant model, built once for the ledger.
+    let eager_backend = fake_quant_backend(&ckpt, model.traced)?;
+    let (eager_model, _) = open_model(model.dir, job.hf, model.max_positions, &eager_backend)?;
+    timings.validate = t.elapsed().as_secs_f64();
+    if matches!(job.opts.source, ModelSource::Quantized(_)) {
+        let t = Instant::now();
+        if let Some(entry) = quantized_vs_reference_float(model.dir, job.hf, eager_model.as_ref(), &eager_backend)? {
+            graph_ledger.push(entry);
+        }
+        timings.evaluate = t.elapsed().as_secs_f64();
+    }
+
+    // 3.-4. Trace, run the pass pipeline and lower, one graph per chunk size; write the artifacts.
+    let compile_opts = CompileOptions {
+        context_len: job.opts.context_len,
+        chunks: &job.opts.chunks,
+        max_positions: model.max_positions,
+        dump_ir: Some(&job.out.join("ir")),
+        progress: job.opts.progress.as_ref(),
+    };
+    let compiled = compile(job.hf, &ckpt, job.aot, &compile_opts)?;
+    (timings.trace, timings.passes, timings.lower) = (compiled.timings.trace, compiled.timings.passes, 0.0);
+    for path in &compiled.ir_dumps {
+        files.record(path);
+    }
+    let t = Instant::now();
+    let qnn_dir = job.out.join("qnn");
+    std::fs::create_dir_all(&qnn_dir).with_context(|| format!("creating {}", qnn_dir.display()))?;
+    for g in &compiled.graphs {
+        let name = &g.name;
+        let paths = write_graph_artifacts(&g.graph, &qnn_dir).with_context(|| format!("writing graph `{name}`"))?;
+        for p in [&paths.netron_json, &paths.model_cpp, &paths.model_bin, &paths.summary] {
+            files.record(p);
+        }
+    }
+    timings.lower = compiled.timings.lower + t.elapsed().as_secs_f64();
+    let graphs: Vec<QnnGraph> = compiled.graphs.iter().map(|g| g.graph.clone()).collect();
+    // The context binaries, built by Qualcomm's backend.
+    let htp = match job.qualcomm {
+        Some(paths) => {
+            let programs: Vec<&Program> = compiled.graphs.iter().map(|g| &g.program).collect();
+            let htp = QualcommHtp::build(paths, &programs, &ckpt, job.target, &qnn_dir)?;
+            htp.written.iter().for_each(|p| files.record(p));
+            [timings.context_binary, timings.context_binary_x86] = htp.seconds;
+            Some(htp)
+        }
+        None => None,
+    };
+
+    // 5. Per-graph ledger stages.
+    let t = Instant::now();
+    let store = CheckpointStore::for_config(model.dir, CpuBackend::float(), job.hf)?;
+    for CompiledGraph { name, chunk, program, graph } in &compiled.graphs {
+        let probe = Probe::new(
+            job.hf,
+            &ckpt,
+            *chunk,
+            job.opts.context_len,
+            model.probe_text,
+            eager_model.as_ref(),
+            &eager_backend,
+        )?;
+        let eager = probe.run_eager(eager_model.as_ref(), &eager_backend)?;
+        let cpu = Interpreter::new(program, &store, InterpMode::FakeQuant(&ckpt))
+            .run(&probe.cpu_inputs(&CpuBackend::float())?)
+            .with_context(|| format!("running graph `{name}` on backend-cpu's IR interpreter"))?;
+        let cpu_logits = probe.text_rows(cpu[0].as_f32().context("the interpreter's logits hold no f32 data")?);
+        graph_ledger.push(LedgerEntry {
+            stage: "passes_vs_eager",
+            graph: Some(name.clone()),
+            detail: probe
+                .describe("backend-cpu's interpreter (fake-quant) on the final IR vs the eager fake-quant model"),
+            comparison: Comparison::new("logits", probe.text_rows(&eager), cpu_logits, job.hf.vocab_size)?,
+        });
+        let qnn = probe.run_qnn(graph)?;
+        let comparison = Comparison::new("logits", cpu_logits, probe.text_rows(&qnn), job.hf.vocab_size)?;
+        let mut detail =
+            probe.describe("backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run");
+        if job.opts.ledger_ops {
+            // Where the two part ways, node by node.
+            let rows = op_by_op(program, graph, &ckpt, &store, &probe)?;
+            let path = job.out.join("ledger_ops").join(format!("{name}.txt"));
+            std::fs::create_dir_all(job.out.join("ledger_ops"))?;
+            files.write(&path, divergence_table(&rows).as_bytes())?;
+            if let Some(first) = rows.iter().find(|r| r.max_steps >= 1.5) {
+                let _ = write!(
+                    detail,
+                    "; first node off by two steps or more: `{}` ({}, {:.1} steps)",
+                    first.node, first.op, first.max_steps
+                );
+            }
+            if let Some(worst) = rows.iter().max_by(|a, b| a.own_steps.total_cmp(&b.own_steps)) {
+                let _ = write!(
+                    detail,
+                    "; largest error of a node alone on the fake-quant inputs: {:.1} steps at `{}`",
+                    worst.own_steps, worst.node
+                );
+            }
+            let _ = write!(detail, "; every node in ledger_ops/{name}.txt");
+        }
+        graph_ledger.push(LedgerEntry { stage: "qnn_vs_fakequant", graph: Some(name.clone()), detail, comparison });
+        if let Some(htp) = &htp {
+            let on_htp = htp.run_logits(name, &probe.qnn_inputs(graph)?)?;
+            let on_htp = probe.text_rows(&on_htp);
+            let what = "Qualcomm's x86 HTP emulation running qnn/context.x86.bin";
+            for (stage, reference, versus) in [
+                ("htp_vs_fakequant", cpu_logits, "the CPU fake-quant run of the final IR"),
+                ("htp_vs_interp", probe.text_rows(&qnn), "backend-qnn's reference interpreter on the lowered graph"),
+            ] {
+                graph_ledger.push(LedgerEntry {
+                    stage,
+                    graph: Some(name.clone()),
+                    detail: probe.describe(&format!("{what} vs {versus}")),
+                    comparison: Comparison::new("logits", reference, on_htp, job.hf.vocab_size)?,
+                });
+            }
+        }
+    }
+    timings.validate += t.elapsed().as_secs_f64();
+    Ok(GraphsDone { graphs, ledger: graph_ledger })
 }
 
 /// Chunk sizes and context length that make sense together.

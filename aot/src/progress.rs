@@ -6,7 +6,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 /// Receives the progress of the pipeline's long steps.
 pub trait Progress: Debug + Send + Sync {
@@ -43,13 +43,16 @@ impl ProgressStep for Silent {
     fn finish(&self) {}
 }
 
-/// indicatif progress bars on stderr (hidden without a TTY).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Bars;
+/// indicatif progress bars on stderr (hidden without a TTY), one line each: steps that run at
+/// the same time (the evaluation beside the compile) each keep their own line.
+#[derive(Debug, Default, Clone)]
+pub struct Bars {
+    lines: MultiProgress,
+}
 
 impl Progress for Bars {
     fn start(&self, what: &str, len: usize) -> Box<dyn ProgressStep> {
-        let pb = ProgressBar::new(len as u64);
+        let pb = self.lines.add(ProgressBar::new(len as u64));
         let style = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {elapsed_precise} {msg}")
             .expect("valid template")
             .progress_chars("=> ");
@@ -83,7 +86,7 @@ pub fn silent() -> Arc<dyn Progress> {
 /// Progress bars on stderr when `show` (a command line's `!--quiet`), else nothing.
 pub fn bars(show: bool) -> Arc<dyn Progress> {
     if show {
-        Arc::new(Bars)
+        Arc::new(Bars::default())
     } else {
         silent()
     }

@@ -19,6 +19,8 @@ pub struct GraphReport {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Timings {
     pub load: f64,
+    /// Folding the rotation into a float copy of the checkpoint (0 without `--rotation`).
+    pub rotate: f64,
     /// The weight method's pass over the calibration sequences collecting linear-input statistics
     /// (GPTQ's Hessians and their factorization; 0 for round-to-nearest).
     pub input_stats: f64,
@@ -81,7 +83,7 @@ impl AotReport {
             "model": self.model,
             "ledger": ledger,
             "timings_s": {
-                "load": round(t.load), "input_stats": round(t.input_stats), "calibrate": round(t.calibrate),
+                "load": round(t.load), "rotate": round(t.rotate), "input_stats": round(t.input_stats), "calibrate": round(t.calibrate),
                 "quantize": round(t.quantize), "evaluate": round(t.evaluate), "trace": round(t.trace),
                 "passes": round(t.passes), "lower": round(t.lower), "validate": round(t.validate),
                 "context_binary": round(t.context_binary), "context_binary_x86": round(t.context_binary_x86),
@@ -127,10 +129,11 @@ impl AotReport {
         let t = &self.timings;
         let _ = writeln!(
             s,
-            "\ntimings (s): load {:.2}, input stats {:.2}, calibrate {:.2}, quantize {:.2}, evaluate {:.2}, \
+            "\ntimings (s): load {:.2}, rotate {:.2}, input stats {:.2}, calibrate {:.2}, quantize {:.2}, evaluate {:.2}, \
              trace {:.2}, passes {:.2}, lower {:.2}, validate {:.2}, context binary {:.2} (x86 {:.2}), total {:.2} \
              (CPU {:.2})",
             t.load,
+            t.rotate,
             t.input_stats,
             t.calibrate,
             t.quantize,

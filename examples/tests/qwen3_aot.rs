@@ -205,7 +205,9 @@ fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_t
     assert_eq!(graphs[0]["static_bytes"], graphs[1]["static_bytes"]);
     assert!(graphs[0]["static_bytes"].as_u64().unwrap() > 10_000);
     let timings = json["timings_s"].as_object().unwrap();
-    for key in ["load", "input_stats", "calibrate", "evaluate", "trace", "passes", "lower", "validate", "total"] {
+    for key in
+        ["load", "rotate", "input_stats", "calibrate", "evaluate", "trace", "passes", "lower", "validate", "total"]
+    {
         assert!(timings[key].as_f64().unwrap() >= 0.0, "timings_s.{key}");
     }
     for key in ["context_binary", "context_binary_x86"] {

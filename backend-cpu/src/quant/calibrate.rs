@@ -327,16 +327,31 @@ impl<'a> CalibrationWeights<'a> {
         self
     }
 
+    /// The LPBQ shape of the linear weight `req` (`n_out x n_in`), its block size from the AOT config.
+    fn lpbq_shape(&self, req: &ParamRequest<'_>, n_out: usize, n_in: usize) -> DslResult<LpbqShape> {
+        let (bs, field) = self.aot.linear_block_size(req.module_path).map_err(|e| weight_error(req, e.to_string()))?;
+        LpbqShape::new(n_out, n_in, bs).map_err(|e| weight_error(req, format!("LPBQ block size from `{field}`: {e}")))
+    }
+
+    /// In deployed mode, the linear weight `req` decoded from the export `linears` already made
+    /// for it (the AOT run rounds every weight before calibrating), without reading the float one.
+    fn cached_linear(&self, req: &ParamRequest<'_>) -> DslResult<Option<Vec<f32>>> {
+        let (CalibrationMode::Deployed, Some(linears)) = (self.mode, self.linears) else { return Ok(None) };
+        let (n_out, n_in, hwio) = match (req.role, req.shape) {
+            (ParamRole::Conv2dWeight, &[1, 1, n_in, n_out]) => (n_out, n_in, true),
+            (ParamRole::LinearWeight, &[n_out, n_in]) => (n_out, n_in, false),
+            _ => return Ok(None),
+        };
+        let op = req.key.strip_suffix(".weight").unwrap_or(req.key);
+        let Some(export) = linears.cached(op, self.lpbq_shape(req, n_out, n_in)?) else { return Ok(None) };
+        let decoded = if hwio { export.decode_hwio() } else { export.decode() };
+        decoded.map(Some).map_err(|e| weight_error(req, e.to_string()))
+    }
+
     /// `[Out][In]` row-major weight → what calibration sees, `[Out][In]`, or `[In][Out]` with `hwio`.
     fn linear(&self, req: &ParamRequest<'_>, w: &[f32], n_out: usize, n_in: usize, hwio: bool) -> DslResult<Vec<f32>> {
-        let weight_err = |message: String| mllm_dsl::Error::Weight {
-            key: req.key.to_string(),
-            module_path: req.module_path.to_string(),
-            message,
-        };
-        let (bs, field) = self.aot.linear_block_size(req.module_path).map_err(|e| weight_err(e.to_string()))?;
-        let shape =
-            LpbqShape::new(n_out, n_in, bs).map_err(|e| weight_err(format!("LPBQ block size from `{field}`: {e}")))?;
+        let weight_err = |message: String| weight_error(req, message);
+        let shape = self.lpbq_shape(req, n_out, n_in)?;
         if let (CalibrationMode::Deployed, Some(linears)) = (self.mode, self.linears) {
             let op = req.key.strip_suffix(".weight").unwrap_or(req.key);
             let export = linears.quantize(op, w, shape).map_err(|e| weight_err(e.to_string()))?;
@@ -358,6 +373,9 @@ impl<'a> CalibrationWeights<'a> {
 
 impl WeightStore for CalibrationWeights<'_> {
     fn load(&self, req: &ParamRequest<'_>) -> DslResult<Tensor> {
+        if let Some(decoded) = self.cached_linear(req)? {
+            return Tensor::from_f32(decoded, req.shape.to_vec(), self.store.backend());
+        }
         let t = self.store.load(req)?;
         let data = crate::executor::real_values(&t)
             .ok_or_else(|| mllm_dsl::Error::msg(format!("`{}` has no real-valued data", req.key)))?;
@@ -391,6 +409,11 @@ impl WeightStore for CalibrationWeights<'_> {
     fn backend(&self) -> BackendRef {
         self.store.backend()
     }
+}
+
+/// A weight error naming `req`'s key and module path.
+fn weight_error(req: &ParamRequest<'_>, message: String) -> mllm_dsl::Error {
+    mllm_dsl::Error::Weight { key: req.key.to_string(), module_path: req.module_path.to_string(), message }
 }
 
 /// `rows x cols` row-major → `cols x rows`, for the weight `req` asked for.

@@ -122,6 +122,12 @@ impl LinearQuantizer {
         LinearQuantizer { method: WeightMethod::Rtn, stats: None, factors: HashMap::new(), cache: Mutex::default() }
     }
 
+    /// The export [`LinearQuantizer::quantize`] already made for `op` at `shape`, if any: a caller
+    /// that finds it need not read the float weight at all.
+    pub fn cached(&self, op: &str, shape: LpbqShape) -> Option<Arc<LpbqExport>> {
+        self.cache.lock().ok().and_then(|c| c.get(op).cloned()).filter(|hit| hit.shape == shape)
+    }
+
     pub fn method(&self) -> WeightMethod {
         self.method
     }
@@ -129,10 +135,8 @@ impl LinearQuantizer {
     /// The LPBQ export of the linear `op` (module path, e.g. `model.layers.0.mlp.up_proj`) whose
     /// row-major `[Out][In]` weight is `weight`.
     pub fn quantize(&self, op: &str, weight: &[f32], shape: LpbqShape) -> Result<Arc<LpbqExport>, QuantizationError> {
-        if let Some(hit) = self.cache.lock().ok().and_then(|c| c.get(op).cloned()) {
-            if hit.shape == shape {
-                return Ok(hit);
-            }
+        if let Some(hit) = self.cached(op, shape) {
+            return Ok(hit);
         }
         let stats = self.stats.as_ref().and_then(|s| s.get_shared(op));
         let quant = |e| QuantizationError::quant(op, e);
