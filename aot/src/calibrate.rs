@@ -61,7 +61,10 @@ pub struct QuantizeOutcome {
     pub report: AccuracyReport,
     pub block_size: usize,
     pub weight_input_bytes: u64,
+    /// Rounding the weights (the weight method, in parallel over the linears) and writing the
+    /// quantized checkpoint.
     pub weight_seconds: f64,
+    /// The observers' pass over the calibration sequences (on the rounded weights).
     pub calibration_seconds: f64,
     /// The input statistics pass of the weight method (0 for pymllm's rounding).
     pub input_stats_seconds: f64,
@@ -244,15 +247,15 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
         run_sequences(model.as_ref(), &backend, &opts.calibration, "calibrating", opts.progress.as_ref(), |_| {})?;
         hook.finish()?
     };
-    // The rounding counts as calibration, as it did when the calibration model made it.
-    let calibration_seconds = rounding_seconds + start.elapsed().as_secs_f64();
+    let calibration_seconds = start.elapsed().as_secs_f64();
 
     // 5. RoPE tables and QDQ parameters; the checkpoint written.
     let start = Instant::now();
     weights.tensors.extend(quantize_rope_tables(&plan, &calibration.params, &calibration.rope_tables)?);
     write_quantized_checkpoint(out, &hf.source, plan.block_size, &weights.tensors, &calibration.params)?;
     copy_tokenizer_files(&opts.model, out)?;
-    let weight_seconds = start.elapsed().as_secs_f64();
+    // The rounding (step 3) and the writing: the weights' share of the run.
+    let weight_seconds = rounding_seconds + start.elapsed().as_secs_f64();
     drop(weights);
     Ok(Calibrated {
         calibration,

@@ -13,6 +13,9 @@
 //!    (weight-shared, for the device) and `qnn/context.x86.bin` (for the x86 emulation);
 //! 6. **validate**: the ledger ([`crate::ledger`]), with `htp_*` rows from Qualcomm's emulation.
 //!
+//! After a calibration, the accuracy report against float (`fakequant_vs_float`) runs on a second
+//! thread beside steps 3-6, which only read the quantized checkpoint too.
+//!
 //! Every file is written to a temporary name and renamed. Two runs with the same inputs write
 //! byte-identical files, except `report.json`'s `timings_s` and the context binaries (Qualcomm's
 //! serializer does not reproduce its bytes from run to run).

@@ -22,12 +22,17 @@ pub struct Timings {
     /// Folding the rotation into a float copy of the checkpoint (0 without `--rotation`).
     pub rotate: f64,
     /// The weight method's pass over the calibration sequences collecting linear-input statistics
-    /// (GPTQ's Hessians and their factorization; 0 for round-to-nearest).
+    /// (GPTQ's Hessians and their factorization; 0 for round-to-nearest). The same float run
+    /// records the logits and layer outputs `evaluate` compares the fake-quant run with.
     pub input_stats: f64,
     /// The observers' pass over the calibration sequences.
     pub calibrate: f64,
+    /// The weights rounded by the weight method (in parallel over the linears) and the quantized
+    /// checkpoint written.
     pub quantize: f64,
     /// Accuracy of the quantized checkpoint against float (`fakequant_vs_float`, `float_vs_reference`).
+    /// After a calibration it runs on its own thread beside trace, passes, lower, the context
+    /// binaries and validate, so the steps' wall times add up to more than `total`.
     pub evaluate: f64,
     pub trace: f64,
     pub passes: f64,
