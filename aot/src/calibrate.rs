@@ -197,16 +197,14 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
     let (stats, float_run) = if let Some(depth) = weight_method.input_stats() {
         let hook = Arc::new(InputStatsHook::new(&linear_inputs(&qnn_program), depth));
         let float_run = if opts.evaluation.is_none() {
-            Some(run_recorded(
+            let on_calibration = Evaluation {
                 hf,
-                model_dir,
-                opts.max_positions,
-                Some(hook.clone()),
-                &qnn_program,
-                &opts.calibration,
-                "input stats",
-                opts.progress.as_ref(),
-            )?)
+                traced: &qnn_program,
+                max_positions: opts.max_positions,
+                sequences: &opts.calibration,
+                progress: opts.progress.as_ref(),
+            };
+            Some(on_calibration.run_recorded(model_dir, Some(hook.clone()), "input stats")?)
         } else {
             let backend = CpuBackend::with_qdq(hook.clone());
             let (model, _store) = open_model(model_dir, hf, opts.max_positions, &backend)?;
@@ -285,29 +283,21 @@ fn evaluate_alongside<T>(
     let eval = opts.evaluation.as_ref().unwrap_or(&opts.calibration);
     let eval_name = if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" };
     let Calibrated { traced, float_run, .. } = &calibrated;
-    let evaluation = || {
+    let evaluation =
+        Evaluation { hf, traced, max_positions: opts.max_positions, sequences: eval, progress: opts.progress.as_ref() };
+    let evaluate = || {
         let start = Instant::now();
         let float = match float_run {
             Some(run) => run,
-            None => &run_recorded(
-                hf,
-                model_dir,
-                opts.max_positions,
-                None,
-                traced,
-                eval,
-                "eval float",
-                opts.progress.as_ref(),
-            )?,
+            None => &evaluation.run_recorded(model_dir, None, "eval float")?,
         };
-        let report =
-            evaluate_against(hf, traced, float, out, opts.max_positions, eval, eval_name, opts.progress.as_ref())?;
+        let report = evaluation.against_float(float, out, eval_name)?;
         Ok::<_, crate::AotError>((report, start.elapsed().as_secs_f64()))
     };
     let (evaluated, also) = std::thread::scope(|scope| {
         let evaluating = std::thread::Builder::new()
             .name("evaluate".into())
-            .spawn_scoped(scope, evaluation)
+            .spawn_scoped(scope, evaluate)
             .context("starting the evaluation thread")?;
         let also = alongside(traced);
         let evaluated = evaluating.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -422,29 +412,6 @@ fn layer_points(traced: &Program) -> Vec<(String, QdqAttr)> {
     layer_output_points(traced).into_iter().filter_map(|(s, p)| p.map(|p| (s, p))).collect()
 }
 
-/// The checkpoint `dir` run over `sequences` with `hook` at its QDQ points, recording what
-/// [`RecordedRun`] holds (the layer outputs as they reach `hook`).
-#[allow(clippy::too_many_arguments)]
-fn run_recorded(
-    hf: &HfConfig,
-    dir: &Path,
-    max_positions: usize,
-    hook: Option<Arc<dyn QdqHook>>,
-    traced: &Program,
-    sequences: &[Vec<i64>],
-    label: &str,
-    progress: &dyn Progress,
-) -> Result<RecordedRun> {
-    let keys: Vec<String> = layer_points(traced).into_iter().map(|(_, p)| p.key).collect();
-    let recorder = Arc::new(RecordingHook::new(hook, keys.clone()));
-    let backend = CpuBackend::with_qdq(recorder.clone());
-    let (model, _store) = open_model(dir, hf, max_positions, &backend)?;
-    let mut logits = Vec::new();
-    run_sequences(model.as_ref(), &backend, sequences, label, progress, |l| logits.extend(l))?;
-    let layers = keys.iter().map(|k| recorder.take(k).concat()).collect();
-    Ok(RecordedRun { logits, layers })
-}
-
 /// Runs `sequences` through the float checkpoint `float_dir` and the quantized one `quant_dir`
 /// (fake-quant), one model at a time, recording each decoder layer's output, and compares them.
 /// `hf` is the model's config and `traced` its model file traced once ([`trace_model`]): which
@@ -460,40 +427,57 @@ pub fn evaluate(
     what: &str,
     progress: &dyn Progress,
 ) -> Result<AccuracyReport> {
-    let float = run_recorded(hf, float_dir, max_positions, None, traced, sequences, "eval float", progress)?;
-    evaluate_against(hf, traced, &float, quant_dir, max_positions, sequences, what, progress)
+    let evaluation = Evaluation { hf, traced, max_positions, sequences, progress };
+    let float = evaluation.run_recorded(float_dir, None, "eval float")?;
+    evaluation.against_float(&float, quant_dir, what)
 }
 
-/// [`evaluate`] with the float model's run already made.
-#[allow(clippy::too_many_arguments)]
-fn evaluate_against(
-    hf: &HfConfig,
-    traced: &Program,
-    float: &RecordedRun,
-    quant_dir: &Path,
+/// One model's runs over the evaluation sequences, as the accuracy report makes them.
+struct Evaluation<'a> {
+    hf: &'a HfConfig,
+    /// The model file traced once ([`trace_model`]): its QDQ points, which of them are layer outputs.
+    traced: &'a Program,
     max_positions: usize,
-    sequences: &[Vec<i64>],
-    what: &str,
-    progress: &dyn Progress,
-) -> Result<AccuracyReport> {
-    let quant_ckpt = SafetensorsCheckpoint::open(quant_dir)?;
-    let params = QdqParams::from_checkpoint(&quant_ckpt, &qdq_points(traced)?)?;
-    drop(quant_ckpt);
-    let fake_quant: Arc<dyn QdqHook> = Arc::new(FakeQuantHook::new(&params));
-    let quant =
-        run_recorded(hf, quant_dir, max_positions, Some(fake_quant), traced, sequences, "eval quant", progress)?;
+    sequences: &'a [Vec<i64>],
+    progress: &'a dyn Progress,
+}
 
-    let mut rows = Vec::new();
-    for ((symbol, point), (f, q)) in layer_points(traced).iter().zip(float.layers.iter().zip(&quant.layers)) {
-        let name = format!("{symbol} (at {})", point.key);
-        rows.push(Comparison::new(name, f, q, hf.hidden_size)?);
+impl Evaluation<'_> {
+    /// The checkpoint `dir` run over the sequences with `hook` at its QDQ points, recording what
+    /// [`RecordedRun`] holds (the layer outputs as they reach `hook`).
+    fn run_recorded(&self, dir: &Path, hook: Option<Arc<dyn QdqHook>>, label: &str) -> Result<RecordedRun> {
+        let keys: Vec<String> = layer_points(self.traced).into_iter().map(|(_, p)| p.key).collect();
+        let recorder = Arc::new(RecordingHook::new(hook, keys.clone()));
+        let backend = CpuBackend::with_qdq(recorder.clone());
+        let (model, _store) = open_model(dir, self.hf, self.max_positions, &backend)?;
+        let mut logits = Vec::new();
+        run_sequences(model.as_ref(), &backend, self.sequences, label, self.progress, |l| logits.extend(l))?;
+        let layers = keys.iter().map(|k| recorder.take(k).concat()).collect();
+        Ok(RecordedRun { logits, layers })
     }
-    rows.push(Comparison::new("logits", &float.logits, &quant.logits, hf.vocab_size)?);
-    Ok(AccuracyReport {
-        // No paths: the report is the same wherever the run writes (its `model` names the input).
-        description: format!("fake-quant of the quantized checkpoint vs the float model on {what}"),
-        sequences: sequences.len(),
-        tokens: sequences.iter().map(Vec::len).sum(),
-        rows,
-    })
+
+    /// The fake-quant run of the quantized checkpoint `quant_dir` compared with `float` (the
+    /// float model's run over the same sequences, described as `what`).
+    fn against_float(&self, float: &RecordedRun, quant_dir: &Path, what: &str) -> Result<AccuracyReport> {
+        let (hf, traced, sequences) = (self.hf, self.traced, self.sequences);
+        let quant_ckpt = SafetensorsCheckpoint::open(quant_dir)?;
+        let params = QdqParams::from_checkpoint(&quant_ckpt, &qdq_points(traced)?)?;
+        drop(quant_ckpt);
+        let fake_quant: Arc<dyn QdqHook> = Arc::new(FakeQuantHook::new(&params));
+        let quant = self.run_recorded(quant_dir, Some(fake_quant), "eval quant")?;
+
+        let mut rows = Vec::new();
+        for ((symbol, point), (f, q)) in layer_points(traced).iter().zip(float.layers.iter().zip(&quant.layers)) {
+            let name = format!("{symbol} (at {})", point.key);
+            rows.push(Comparison::new(name, f, q, hf.hidden_size)?);
+        }
+        rows.push(Comparison::new("logits", &float.logits, &quant.logits, hf.vocab_size)?);
+        Ok(AccuracyReport {
+            // No paths: the report is the same wherever the run writes (its `model` names the input).
+            description: format!("fake-quant of the quantized checkpoint vs the float model on {what}"),
+            sequences: sequences.len(),
+            tokens: sequences.iter().map(Vec::len).sum(),
+            rows,
+        })
+    }
 }
