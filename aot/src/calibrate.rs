@@ -105,7 +105,7 @@ pub(crate) fn quantize_to(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> 
 }
 
 /// [`quantize_to`], running `alongside` on this thread while another thread evaluates the
-/// written checkpoint against float: `alongside` gets the model file traced for its QDQ points
+/// written checkpoint against float (after it, with `--threads 1`): `alongside` gets the model file traced for its QDQ points
 /// and may use everything in `out/quantized`'s place (`out`) but `report.json`, written last.
 ///
 /// With a rotation, the float checkpoint is rotated first into `out/rotated-float/` and everything
@@ -271,7 +271,8 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
 }
 
 /// Step 5 of [`quantize`], the accuracy of what [`calibrate_and_write`] wrote into `out`, on a
-/// second thread while this one runs `alongside`; then the quantized checkpoint's `report.json`.
+/// second thread while this one runs `alongside` (one after the other when the kernels may use
+/// one thread only); then the quantized checkpoint's `report.json`.
 fn evaluate_alongside<T>(
     hf: &HfConfig,
     model_dir: &Path,
@@ -294,15 +295,21 @@ fn evaluate_alongside<T>(
         let report = evaluation.against_float(float, out, eval_name)?;
         Ok::<_, crate::AotError>((report, start.elapsed().as_secs_f64()))
     };
-    let (evaluated, also) = std::thread::scope(|scope| {
-        let evaluating = std::thread::Builder::new()
-            .name("evaluate".into())
-            .spawn_scoped(scope, evaluate)
-            .context("starting the evaluation thread")?;
-        let also = alongside(traced);
-        let evaluated = evaluating.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        Ok::<_, crate::AotError>((evaluated, also))
-    })?;
+    // `--threads 1` means one core: then the two run one after the other.
+    let (evaluated, also) = if backend_cpu::kernels::num_threads() <= 1 {
+        let evaluated = evaluate();
+        (evaluated, alongside(traced))
+    } else {
+        std::thread::scope(|scope| {
+            let evaluating = std::thread::Builder::new()
+                .name("evaluate".into())
+                .spawn_scoped(scope, evaluate)
+                .context("starting the evaluation thread")?;
+            let also = alongside(traced);
+            let evaluated = evaluating.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            Ok::<_, crate::AotError>((evaluated, also))
+        })?
+    };
     let (report, evaluate_seconds) = evaluated?;
     let also = also?;
     let Calibrated { calibration, weight_method, act_ranges, warnings, .. } = &calibrated;
