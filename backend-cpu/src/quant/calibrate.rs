@@ -430,6 +430,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_linear_rounded_before_calibration_reaches_the_model_as_if_rounded_there() {
+        // The AOT run rounds every linear before calibrating; the calibration model then takes
+        // the cached export (without the float weight) and must see the same values, in both layouts.
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/qwen3-dev-f32");
+        let hf = mllm_dsl::config::hf::HfConfig::from_dir(dir).unwrap();
+        let store = CheckpointStore::for_config(dir, crate::CpuBackend::float(), &hf).unwrap();
+        let aot = AotConfig::w4a16_kv8();
+        let (op, key) = ("model.layers.0.mlp.up_proj", "model.layers.0.mlp.up_proj.weight");
+        let (n_out, n_in) = (hf.intermediate_size, hf.hidden_size);
+        let (block, _) = aot.linear_block_size(op).unwrap();
+        let hf_rows = store.checkpoint().read_float_param(key).unwrap();
+        for (role, shape) in
+            [(ParamRole::Conv2dWeight, [1, 1, n_in, n_out].to_vec()), (ParamRole::LinearWeight, vec![n_out, n_in])]
+        {
+            let req = ParamRequest { key, module_path: op, role, shape: &shape };
+            let at_calibration = LinearQuantizer::rtn();
+            let rounded_there =
+                CalibrationWeights::new(&store, &aot, CalibrationMode::Deployed).with_linears(&at_calibration);
+            assert!(rounded_there.cached_linear(&req).unwrap().is_none());
+            let rounded_there = rounded_there.load(&req).unwrap();
+
+            let before = LinearQuantizer::rtn();
+            before.quantize(op, &hf_rows, LpbqShape::new(n_out, n_in, block).unwrap()).unwrap();
+            let from_cache = CalibrationWeights::new(&store, &aot, CalibrationMode::Deployed).with_linears(&before);
+            assert!(from_cache.cached_linear(&req).unwrap().is_some(), "{role:?}: the cached export is taken");
+            let from_cache = from_cache.load(&req).unwrap();
+            assert_eq!(from_cache.shape(), rounded_there.shape());
+            let values = |t: &Tensor| crate::executor::real_values(t).unwrap().to_vec();
+            assert_eq!(values(&from_cache), values(&rounded_there), "{role:?}");
+        }
+    }
+
+    #[test]
     fn last_position_and_slices_pick_the_right_elements() {
         // [1, 2, 3, 2]: two outer blocks of 3 rows x 2.
         let x: Vec<f32> = (0..12).map(|v| v as f32).collect();
