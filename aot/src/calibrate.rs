@@ -1,7 +1,8 @@
 //! Calibration and quantization beside the CPU executor: an HF float checkpoint becomes a
 //! quantized checkpoint in pymllm's format, without Python. Trace the model file to learn its QDQ
-//! points and parameters, calibrate on token sequences, quantize and write the weights, then
-//! compare fake-quant against float ([`quantize`], [`evaluate`]).
+//! points and parameters, round the weights (with input statistics from a float pass when the
+//! weight method wants them), calibrate on token sequences with the rounded weights, write the
+//! checkpoint, then compare fake-quant against float ([`quantize`], [`evaluate`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -105,8 +106,9 @@ pub(crate) fn quantize_to(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> 
 }
 
 /// [`quantize_to`], running `alongside` on this thread while another thread evaluates the
-/// written checkpoint against float (after it, with `--threads 1`): `alongside` gets the model file traced for its QDQ points
-/// and may use everything in `out/quantized`'s place (`out`) but `report.json`, written last.
+/// written checkpoint against float (one after the other with `--threads 1`). `alongside` gets
+/// the model file traced for its QDQ points; it may read every file of the checkpoint in `out`
+/// but `report.json`, which is written after both.
 ///
 /// With a rotation, the float checkpoint is rotated first into `out/rotated-float/` and everything
 /// after (statistics, calibration, weights, the accuracy report) runs on that; it is deleted once
@@ -157,7 +159,7 @@ struct Calibrated {
     float_run: Option<RecordedRun>,
 }
 
-/// Steps 1-4 of [`quantize`] from the float checkpoint `model_dir` (config `hf`): `opts.model`
+/// Steps 1-5 of [`quantize`] from the float checkpoint `model_dir` (config `hf`): `opts.model`
 /// itself or its rotated copy. Writes the quantized checkpoint (all but `report.json`) into `out`.
 fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &Path) -> Result<Calibrated> {
     ensure!(!opts.calibration.is_empty(), "no calibration sequences");
@@ -270,7 +272,7 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
     })
 }
 
-/// Step 5 of [`quantize`], the accuracy of what [`calibrate_and_write`] wrote into `out`, on a
+/// Step 6 of [`quantize`], the accuracy of what [`calibrate_and_write`] wrote into `out`, on a
 /// second thread while this one runs `alongside` (one after the other when the kernels may use
 /// one thread only); then the quantized checkpoint's `report.json`.
 fn evaluate_alongside<T>(
