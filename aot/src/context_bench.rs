@@ -211,7 +211,7 @@ pub fn run(opts: &BenchOptions) -> Result<ContextBench> {
     drop(graphs);
     let static_weight_bytes = static_bytes(&descs);
     let binary =
-        sdk::build_context_binary_with_sdk_observed(&descs, &options, &mut |phase| meter.start(phase.name(), false))
+        sdk::build_context_binary_with_sdk_observed(descs, &options, &mut |phase| meter.start(phase.name(), false))
             .context("building the context binary with Qualcomm's backend")?;
     meter.start("write binary", true);
     let binary_path = opts.dir.join("context.bin");
