@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use crate::error::{ensure, Context, Result};
 use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
-use backend_qnn::sdk::{self, GraphDesc, ParamValue, TensorType};
+use backend_qnn::sdk::{self, GraphDesc, TensorType};
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{validate, LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
@@ -270,11 +270,7 @@ pub fn run(opts: &BenchOptions) -> Result<ContextBench> {
 /// Bytes of the distinct STATIC tensors of `graphs` (shared weights counted once).
 fn static_bytes(graphs: &[GraphDesc]) -> u64 {
     let mut seen = std::collections::HashSet::new();
-    let params = graphs.iter().flat_map(|g| &g.nodes).flat_map(|n| &n.params).filter_map(|p| match &p.value {
-        ParamValue::Tensor(t) => Some(t),
-        ParamValue::Scalar(_) => None,
-    });
-    let tensors = graphs.iter().flat_map(|g| &g.tensors).chain(params);
+    let tensors = graphs.iter().flat_map(GraphDesc::tensors_and_params);
     tensors
         .filter(|t| t.tensor_type == TensorType::Static && seen.insert(t.name.as_str()))
         .filter_map(|t| t.data.as_ref())

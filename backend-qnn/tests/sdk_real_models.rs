@@ -9,6 +9,8 @@
 //! libraries are absent (see `tests/sdk_real.rs`).
 
 mod model_common;
+#[path = "sdk_common/mod.rs"]
+mod sdk_common;
 
 use std::sync::Mutex;
 
@@ -235,57 +237,11 @@ fn a_window_of_the_graph_runs_on_the_htp_emulation() {
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use backend_qnn::sdk::{
-    build_context_binary_owned, BuildPhase, GraphDesc, HtpOptions, ParamValue, PhaseObserver, StaticData,
-};
+use backend_qnn::sdk::{build_context_binary_owned, BuildPhase, HtpOptions, PhaseObserver};
+use sdk_common::poisoned_copies;
 
 /// Static buffers of [`poisoned_copies`] still alive.
 static LIVE_POISONED: AtomicUsize = AtomicUsize::new(0);
-
-/// Static bytes that are overwritten (0xA5) when dropped, so a backend reading them after the
-/// driver released them would compute with poison (or fault), not with the weights.
-struct PoisonOnDrop(Vec<u8>);
-
-impl AsRef<[u8]> for PoisonOnDrop {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl Drop for PoisonOnDrop {
-    fn drop(&mut self) {
-        self.0.fill(0xA5);
-        std::hint::black_box(&self.0);
-        LIVE_POISONED.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// `descs` with every static buffer copied into a [`PoisonOnDrop`] (shared weights stay shared:
-/// one copy per distinct buffer), the copies then held by nothing else.
-fn poisoned_copies(descs: &[GraphDesc]) -> Vec<GraphDesc> {
-    let mut copies: Vec<(StaticData, StaticData)> = Vec::new();
-    let mut descs = descs.to_vec();
-    for g in &mut descs {
-        let params = g.nodes.iter_mut().flat_map(|n| &mut n.params).filter_map(|p| match &mut p.value {
-            ParamValue::Tensor(t) => Some(t),
-            ParamValue::Scalar(_) => None,
-        });
-        for t in g.tensors.iter_mut().chain(params) {
-            let Some(data) = &t.data else { continue };
-            let copy = match copies.iter().find(|(original, _)| original.ptr_eq(data)) {
-                Some((_, copy)) => copy.clone(),
-                None => {
-                    LIVE_POISONED.fetch_add(1, Ordering::SeqCst);
-                    let copy = StaticData::from_owner(PoisonOnDrop(data.as_bytes().to_vec()));
-                    copies.push((data.clone(), copy.clone()));
-                    copy
-                }
-            };
-            t.data = Some(copy);
-        }
-    }
-    descs
-}
 
 /// [`build_context_binary_owned`] releases each graph's static data before its `graphFinalize`
 /// (nothing of it is alive when the last graph finalizes or the context is serialized), and
@@ -314,7 +270,8 @@ fn static_data_released_before_finalize_leaves_the_binary_unchanged() {
         };
         let mut sdk = SdkApi::load(&paths).unwrap();
         let mut observed = PhaseObserver::new(&mut sdk, &mut on_phase);
-        let released = build_context_binary_owned(poisoned_copies(&descs), &options, &mut observed).unwrap();
+        let released =
+            build_context_binary_owned(poisoned_copies(&descs, &LIVE_POISONED), &options, &mut observed).unwrap();
         drop(sdk);
         drop(_one_at_a_time);
         // The prefill graph finalizes with only the decode graph's buffers alive, the decode

@@ -106,11 +106,7 @@ fn build(mut graphs: Cow<'_, [GraphDesc]>, target: &HtpOptions, api: &mut dyn Qn
 /// Drops `graph`'s handles on its STATIC data (tensors and tensor params), once the backend has
 /// copied it.
 fn release_static_data(graph: &mut GraphDesc) {
-    let params = graph.nodes.iter_mut().flat_map(|n| &mut n.params).filter_map(|p| match &mut p.value {
-        ParamValue::Tensor(t) => Some(t),
-        ParamValue::Scalar(_) => None,
-    });
-    for t in graph.tensors.iter_mut().chain(params) {
+    for t in graph.tensors_and_params_mut() {
         t.data = None;
     }
 }
