@@ -44,6 +44,10 @@
 //! - The call sequence: an insta snapshot of the [`RecordingApi`] log for a two-graph toy
 //!   (`snapshots/qnn__sdk__call_sequence.snap`), plus assertions on ordering, weight sharing,
 //!   graph checks and error propagation (`tests/sdk_driver.rs`).
+//! - Static data is freed before each graph's finalize when the driver owns the descriptions
+//!   (`tests/sdk_driver.rs` through the recording API; `tests/sdk_real_models.rs` with
+//!   Qualcomm's backend, whose binary built from buffers poisoned on release computes the same
+//!   logits on the HTP emulation).
 //! - The committed bindings are what bindgen makes of the clean-room declarations
 //!   (`tests/abi_bindings.rs`; CI has libclang).
 //! - The FFI path against a mock (`tests/sdk_ffi.rs`): a mock provider
