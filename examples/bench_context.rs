@@ -29,6 +29,12 @@ struct Args {
     /// Decoder layers to compile.
     #[arg(long, default_value_t = QWEN3_1_7B.layers)]
     layers: usize,
+    /// Build the unshared binary (the one the x86 emulation loads) instead of the weight-shared one.
+    #[arg(long)]
+    no_weight_sharing: bool,
+    /// The graphs' FINALIZE_OPTIMIZATION_FLAG (default: mllm's 3).
+    #[arg(long)]
+    optimization_level: Option<u32>,
     /// CPU threads for the setup's calibration (0: all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -42,7 +48,11 @@ fn main() -> Result<()> {
     let args = Args::parse();
     backend_cpu::kernels::set_num_threads(args.threads)?;
     let dir = args.dir.clone().unwrap_or_else(|| aot::default_out_dir("bench-context"));
-    let opts = BenchOptions::new(&dir, args.layers);
+    let opts = BenchOptions {
+        weight_sharing: !args.no_weight_sharing,
+        optimization_level: args.optimization_level,
+        ..BenchOptions::new(&dir, args.layers)
+    };
     if args.prepare_only {
         prepare_checkpoint(&opts)?;
         return Ok(());
@@ -58,8 +68,12 @@ fn main() -> Result<()> {
     }
     let bench = run(&opts)?;
     println!(
-        "{} shapes, {} of {} layers, graphs model.0.s32 + model.0.s1, context 1024",
-        QWEN3_1_7B.name, bench.layers, QWEN3_1_7B.layers
+        "{} shapes, {} of {} layers, graphs model.0.s32 + model.0.s1, context 1024, weight sharing {}, O={}",
+        QWEN3_1_7B.name,
+        bench.layers,
+        QWEN3_1_7B.layers,
+        if opts.weight_sharing { "on" } else { "off" },
+        opts.optimization_level.map_or("3 (default)".to_string(), |o| o.to_string())
     );
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("machine load average: {}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));

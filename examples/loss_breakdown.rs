@@ -15,6 +15,7 @@ use aot::loss_breakdown::{weight_loss_breakdown, BreakdownOptions};
 use aot::text_quality::load_text_ids;
 use clap::Parser;
 use mllm_dsl::files::write_json_atomic;
+use mllm_examples::ScoreFlags;
 
 #[derive(Parser, Debug)]
 #[command(about = "Weight-only loss of a quantized checkpoint per linear family and per layer")]
@@ -37,20 +38,13 @@ struct Args {
     /// Tokens per prefill window; each window starts with no past.
     #[arg(long, value_name = "N", default_value_t = 256)]
     window: usize,
-    /// Also write the scores as JSON here.
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-    /// CPU threads (0: all cores).
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    threads: usize,
-    /// No progress bars.
-    #[arg(long)]
-    quiet: bool,
+    #[command(flatten)]
+    flags: ScoreFlags,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    backend_cpu::kernels::set_num_threads(args.threads)?;
+    backend_cpu::kernels::set_num_threads(args.flags.threads)?;
     let ids = load_text_ids(&args.text, &args.model.join("tokenizer.json"), args.tokens)?;
     let rows = weight_loss_breakdown(&BreakdownOptions {
         model: args.model.clone(),
@@ -58,7 +52,7 @@ fn main() -> Result<()> {
         rotation: args.rotation,
         ids,
         window: args.window,
-        progress: aot::progress::bars(!args.quiet),
+        progress: aot::progress::bars(!args.flags.quiet),
     })?;
     println!(
         "{} with linears of {} (weights only) on the first {} predictions of {}",
@@ -68,7 +62,7 @@ fn main() -> Result<()> {
         args.text.display()
     );
     print!("{}", rows.table());
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.flags.json {
         write_json_atomic(path, &rows.to_json())?;
     }
     Ok(())

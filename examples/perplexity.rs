@@ -19,6 +19,7 @@ use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::files::write_json_atomic;
+use mllm_examples::ScoreFlags;
 
 #[derive(Parser, Debug)]
 #[command(about = "Perplexity, mean KL and top-1 agreement of quantized models against float on a text file")]
@@ -68,20 +69,13 @@ struct Args {
     /// Skip the RTN baseline.
     #[arg(long)]
     no_rtn: bool,
-    /// Also write the scores as JSON here.
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-    /// CPU threads (0: all cores).
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    threads: usize,
-    /// No progress bars.
-    #[arg(long)]
-    quiet: bool,
+    #[command(flatten)]
+    flags: ScoreFlags,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    backend_cpu::kernels::set_num_threads(args.threads)?;
+    backend_cpu::kernels::set_num_threads(args.flags.threads)?;
     let hf = HfConfig::from_dir(&args.model)?;
     let mut quantized: Vec<(String, PathBuf)> =
         args.quantized.iter().map(|d| (format!("fake-quant {}", d.display()), d.clone())).collect();
@@ -106,7 +100,7 @@ fn main() -> Result<()> {
             mode: CalibrationMode::Deployed,
             out: out.clone(),
             max_positions: 1024,
-            progress: aot::progress::bars(!args.quiet),
+            progress: aot::progress::bars(!args.flags.quiet),
             weight_method: args.weight_method,
             act_ranges: args.act_range,
             rotation: args.rotation,
@@ -128,7 +122,7 @@ fn main() -> Result<()> {
         rtn: (!args.no_rtn).then_some(RtnBaseline { bits: args.rtn_bits, block: args.rtn_block }),
         ids,
         window: args.window,
-        progress: aot::progress::bars(!args.quiet),
+        progress: aot::progress::bars(!args.flags.quiet),
     })?;
     println!(
         "{} on the first {} predictions of {} ({} window(s) of <= {} tokens)",
@@ -139,7 +133,7 @@ fn main() -> Result<()> {
         args.window
     );
     print!("{}", quality.table());
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.flags.json {
         write_json_atomic(path, &quality.to_json())?;
     }
     Ok(())

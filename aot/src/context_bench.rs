@@ -10,7 +10,12 @@
 //! # Ok::<(), aot::AotError>(())
 //! ```
 //!
-//! Peak RSS per step is `VmHWM`, reset before each step ([`mllm_dsl::memory`]). The setup
+//! Peak RSS per step is `VmHWM`, reset before each step ([`mllm_dsl::memory`]); the RSS at each
+//! step's end shows what it leaves held. The lowered graphs, the lowering's weight cache and the
+//! checkpoint mapping are dropped before the backend starts, and the descriptions are handed to
+//! [`backend_qnn::sdk::build_context_binary_owned`], which frees the static bytes as soon as the
+//! backend has copied them: from the backend's finalize on, the process holds no weights of
+//! ours. `--no-weight-sharing` and `--optimization-level` measure two backend-side levers. The setup
 //! ([`prepare_checkpoint`]: writing the float checkpoint, calibrating and quantizing it once,
 //! cached in the work directory) is not measured: the bench starts from the quantized checkpoint
 //! as `qwen3_aot --quantized` does.
@@ -20,13 +25,13 @@ use std::time::Instant;
 
 use crate::error::{ensure, Context, Result};
 use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
-use backend_qnn::sdk::{self, GraphDesc, ParamValue, TensorType};
+use backend_qnn::sdk::{self, GraphDesc, TensorType};
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{validate, LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::files::write_atomic_bytes;
-use mllm_dsl::memory::{cpu_seconds, peak_rss_bytes, reset_peak_rss};
+use mllm_dsl::memory::{cpu_seconds, peak_rss_bytes, reset_peak_rss, rss_bytes};
 use mllm_dsl::passes::Pipeline;
 use mllm_dsl::ParamFormat;
 
@@ -48,12 +53,25 @@ pub struct BenchOptions {
     pub chunks: Vec<usize>,
     /// Context length of the graphs.
     pub context: usize,
+    /// One weight-sharing context (what `qwen3_aot` ships); `false` builds the unshared binary
+    /// the x86 emulation loads.
+    pub weight_sharing: bool,
+    /// The graphs' `FINALIZE_OPTIMIZATION_FLAG` when not the default (mllm's O=3): a
+    /// backend-side lever whose cost in time and memory the bench measures.
+    pub optimization_level: Option<u32>,
 }
 
 impl BenchOptions {
     /// Chunks 32 and 1, context 1024, as `qwen3_aot` compiles.
     pub fn new(dir: impl Into<PathBuf>, layers: usize) -> BenchOptions {
-        BenchOptions { dir: dir.into(), layers, chunks: vec![32, 1], context: 1024 }
+        BenchOptions {
+            dir: dir.into(),
+            layers,
+            chunks: vec![32, 1],
+            context: 1024,
+            weight_sharing: true,
+            optimization_level: None,
+        }
     }
 }
 
@@ -69,6 +87,8 @@ pub struct Step {
     pub cpu_seconds: Option<f64>,
     /// Peak resident set during the step, in bytes (`None` where `/proc` cannot tell).
     pub peak_rss: Option<u64>,
+    /// Resident set when the step ended (its last occurrence): what the step leaves held.
+    pub rss_after: Option<u64>,
 }
 
 /// The bench's figures.
@@ -108,12 +128,16 @@ impl ContextBench {
     /// The table and the two targets (our steps ≤ 10 % of the total, peak RSS ≤ 2× weights).
     pub fn summary(&self) -> String {
         let mb = |b: u64| b as f64 / 1e6;
-        let mut out = format!("{:<22} {:>5} {:>10} {:>10} {:>14}\n", "step", "whose", "wall s", "CPU s", "peak RSS MB");
+        let mut out = format!(
+            "{:<22} {:>5} {:>10} {:>10} {:>14} {:>14}\n",
+            "step", "whose", "wall s", "CPU s", "peak RSS MB", "RSS after MB"
+        );
         for s in &self.steps {
-            let peak = s.peak_rss.map_or("?".to_string(), |p| format!("{:.0}", mb(p)));
+            let [peak, after] =
+                [s.peak_rss, s.rss_after].map(|b| b.map_or("?".to_string(), |b| format!("{:.0}", mb(b))));
             let cpu = s.cpu_seconds.map_or("?".to_string(), |c| format!("{c:.2}"));
             let whose = if s.ours { "ours" } else { "QNN" };
-            out += &format!("{:<22} {whose:>5} {:>10.2} {cpu:>10} {peak:>14}\n", s.name, s.seconds);
+            out += &format!("{:<22} {whose:>5} {:>10.2} {cpu:>10} {peak:>14} {after:>14}\n", s.name, s.seconds);
         }
         let share = |ours: f64, total: f64| 100.0 * ours / total.max(f64::MIN_POSITIVE);
         let (total, ours) = (self.total_seconds(), self.our_seconds());
@@ -158,7 +182,14 @@ impl Meter {
         let index = match self.steps.iter().position(|s| s.name == name) {
             Some(i) => i,
             None => {
-                self.steps.push(Step { name, ours, seconds: 0.0, cpu_seconds: Some(0.0), peak_rss: None });
+                self.steps.push(Step {
+                    name,
+                    ours,
+                    seconds: 0.0,
+                    cpu_seconds: Some(0.0),
+                    peak_rss: None,
+                    rss_after: None,
+                });
                 self.steps.len() - 1
             }
         };
@@ -172,6 +203,7 @@ impl Meter {
             let cpu = cpu_start.zip(cpu_seconds().ok()).map(|(start, end)| end - start);
             step.cpu_seconds = step.cpu_seconds.zip(cpu).map(|(sum, c)| sum + c);
             step.peak_rss = step.peak_rss.max(peak_rss_bytes().ok());
+            step.rss_after = rss_bytes().ok();
         }
     }
 }
@@ -206,12 +238,20 @@ pub fn run(opts: &BenchOptions) -> Result<ContextBench> {
         validate(g).with_context(|| format!("validating `{}`", g.name))?;
     }
     meter.start("convert to QNN structs", true);
-    let options = target.htp_options(graphs.len() > 1)?;
+    let mut options = target.htp_options(opts.weight_sharing && graphs.len() > 1)?;
+    if let Some(level) = opts.optimization_level {
+        options.graph.optimization_level = Some(level);
+    }
     let descs = sdk::graph_descs(&graphs)?;
+    // The descriptions become the only owners of the static bytes (the lowering's cache of
+    // shared weights and the lowered graphs let go), so the driver can free them before the
+    // backend finalizes; the checkpoint's mapping goes too.
     drop(graphs);
+    drop(lowering);
+    drop(ckpt);
     let static_weight_bytes = static_bytes(&descs);
     let binary =
-        sdk::build_context_binary_with_sdk_observed(&descs, &options, &mut |phase| meter.start(phase.name(), false))
+        sdk::build_context_binary_with_sdk_observed(descs, &options, &mut |phase| meter.start(phase.name(), false))
             .context("building the context binary with Qualcomm's backend")?;
     meter.start("write binary", true);
     let binary_path = opts.dir.join("context.bin");
@@ -230,11 +270,7 @@ pub fn run(opts: &BenchOptions) -> Result<ContextBench> {
 /// Bytes of the distinct STATIC tensors of `graphs` (shared weights counted once).
 fn static_bytes(graphs: &[GraphDesc]) -> u64 {
     let mut seen = std::collections::HashSet::new();
-    let params = graphs.iter().flat_map(|g| &g.nodes).flat_map(|n| &n.params).filter_map(|p| match &p.value {
-        ParamValue::Tensor(t) => Some(t),
-        ParamValue::Scalar(_) => None,
-    });
-    let tensors = graphs.iter().flat_map(|g| &g.tensors).chain(params);
+    let tensors = graphs.iter().flat_map(GraphDesc::tensors_and_params);
     tensors
         .filter(|t| t.tensor_type == TensorType::Static && seen.insert(t.name.as_str()))
         .filter_map(|t| t.data.as_ref())

@@ -205,3 +205,56 @@ fn invalid_graphs_fail_before_any_call() {
     graphs[1].name = "model.0.s32".into();
     assert!(record(&graphs).0.unwrap_err().to_string().contains("graph name is used twice"));
 }
+
+mod owned_descriptions {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use backend_qnn::sdk::{
+        build_context_binary, build_context_binary_owned, BuildPhase, HtpOptions, PhaseObserver, RecordingApi,
+    };
+
+    /// Static buffers of the owned descriptions still alive.
+    static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+    /// By value, the driver frees each graph's static data once its nodes are added: the
+    /// prefill graph finalizes with only the decode graph's (shared) weights alive, the decode
+    /// graph and the serialization with none; the calls and the binary are those of the
+    /// borrowing build.
+    #[test]
+    fn static_data_is_freed_before_each_graph_is_finalized() {
+        let graphs = super::common::toy_model();
+        let mut borrowed = RecordingApi::new();
+        let expected = build_context_binary(&graphs, &HtpOptions::sm8650(), &mut borrowed).unwrap();
+
+        let owned = super::common::poisoned_copies(&graphs, &LIVE);
+        let distinct = LIVE.load(Ordering::SeqCst);
+        assert!(distinct > 0);
+        let mut alive_at = Vec::new();
+        let mut on_phase = |phase: BuildPhase| alive_at.push((phase, LIVE.load(Ordering::SeqCst)));
+        let mut recording = RecordingApi::new();
+        let binary = build_context_binary_owned(
+            owned,
+            &HtpOptions::sm8650(),
+            &mut PhaseObserver::new(&mut recording, &mut on_phase),
+        )
+        .unwrap();
+        use BuildPhase::*;
+        let decode_weights = alive_at[2].1;
+        assert!(decode_weights > 0 && decode_weights <= distinct, "{alive_at:?}");
+        assert_eq!(
+            alive_at,
+            [
+                (Setup, distinct),
+                (AddNodes, distinct),
+                (Finalize, decode_weights),
+                (AddNodes, decode_weights),
+                (Finalize, 0),
+                (Serialize, 0),
+                (Release, 0)
+            ]
+        );
+        assert_eq!(binary, expected);
+        let lines = |api: &RecordingApi| api.calls().iter().map(|c| c.line.clone()).collect::<Vec<_>>();
+        assert_eq!(lines(&recording), lines(&borrowed));
+    }
+}

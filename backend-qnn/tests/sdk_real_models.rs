@@ -9,6 +9,8 @@
 //! libraries are absent (see `tests/sdk_real.rs`).
 
 mod model_common;
+#[path = "sdk_common/mod.rs"]
+mod sdk_common;
 
 use std::sync::Mutex;
 
@@ -229,4 +231,67 @@ fn a_window_of_the_graph_runs_on_the_htp_emulation() {
     let err = run_window_on_values(&mut build, &mut exec, &options, &g, softmax..softmax + 1, &Default::default())
         .unwrap_err();
     assert!(err.to_string().contains("no value was given"), "{err}");
+}
+
+// ------------------------------------------------------------- static data lifetime ---------
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use backend_qnn::sdk::{build_context_binary_owned, BuildPhase, HtpOptions, PhaseObserver};
+use sdk_common::poisoned_copies;
+
+/// Static buffers of [`poisoned_copies`] still alive.
+static LIVE_POISONED: AtomicUsize = AtomicUsize::new(0);
+
+/// [`build_context_binary_owned`] releases each graph's static data before its `graphFinalize`
+/// (nothing of it is alive when the last graph finalizes or the context is serialized), and
+/// Qualcomm's backend does not need it then: with the released buffers poisoned, the binary
+/// reads back with the same graphs and I/O (weight-shared and unshared), and the unshared one
+/// computes on the HTP emulation exactly what the binary built from live buffers computes.
+/// (QAIRT 2.51's binaries are not byte-reproducible: two builds of the same graphs differ in a
+/// few thousand bytes unshared and in size when weight-shared, so bytes are not compared.)
+#[test]
+fn static_data_released_before_finalize_leaves_the_binary_unchanged() {
+    let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
+    let system = SystemApi::load(&paths.system).unwrap();
+    let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
+    let graphs = model.lowered_at(&[CHUNK, 1], model_common::CONTEXT, LowerOptions::qualcomm_htp());
+    let target = HtpTarget::new(&model.aot_config().target_machine);
+    let (descs, shared) = context_request(&graphs, &target).unwrap();
+    let unshared = HtpOptions { weight_sharing: false, ..shared };
+    for options in [shared, unshared] {
+        let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let live = build_context_binary(&descs, &options, &mut SdkApi::load(&paths).unwrap()).unwrap();
+        let mut alive_at = Vec::new();
+        let mut on_phase = |phase: BuildPhase| {
+            if matches!(phase, BuildPhase::Finalize | BuildPhase::Serialize) {
+                alive_at.push((phase, LIVE_POISONED.load(Ordering::SeqCst)));
+            }
+        };
+        let mut sdk = SdkApi::load(&paths).unwrap();
+        let mut observed = PhaseObserver::new(&mut sdk, &mut on_phase);
+        let released =
+            build_context_binary_owned(poisoned_copies(&descs, &LIVE_POISONED), &options, &mut observed).unwrap();
+        drop(sdk);
+        drop(_one_at_a_time);
+        // The prefill graph finalizes with only the decode graph's buffers alive, the decode
+        // graph and the serialization with none.
+        assert!(alive_at[0].0 == BuildPhase::Finalize && alive_at[0].1 > 0, "{alive_at:?}");
+        assert_eq!(alive_at[1..], [(BuildPhase::Finalize, 0), (BuildPhase::Serialize, 0)], "{alive_at:?}");
+        let sharing = options.weight_sharing;
+        // Tensor ids are left out: they count on across contexts of the process-wide backend.
+        let io = |binary: &[u8]| {
+            let mut graphs = system.binary_info(binary).unwrap().graphs;
+            graphs.iter_mut().flat_map(|g| g.inputs.iter_mut().chain(&mut g.outputs)).for_each(|t| t.id = 0);
+            graphs
+        };
+        assert_eq!(io(&released), io(&live), "weight sharing {sharing}");
+        if !sharing {
+            for (g, chunk) in graphs.iter().zip([CHUNK, 1]) {
+                let inputs = model.qnn_inputs(g, chunk);
+                let (a, b) = (execute_on_htp(&released, g, &inputs), execute_on_htp(&live, g, &inputs));
+                assert_eq!(a[0].to_real().unwrap(), b[0].to_real().unwrap(), "{}", g.name);
+            }
+        }
+    }
 }

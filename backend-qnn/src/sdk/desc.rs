@@ -365,6 +365,26 @@ pub struct GraphDesc {
     pub nodes: Vec<OpDesc>,
 }
 
+impl GraphDesc {
+    /// The graph's tensors and its nodes' tensor params: every tensor that may carry static data.
+    pub fn tensors_and_params(&self) -> impl Iterator<Item = &TensorDesc> {
+        let params = self.nodes.iter().flat_map(|n| &n.params).filter_map(|p| match &p.value {
+            ParamValue::Tensor(t) => Some(t),
+            ParamValue::Scalar(_) => None,
+        });
+        self.tensors.iter().chain(params)
+    }
+
+    /// [`Self::tensors_and_params`], mutable.
+    pub fn tensors_and_params_mut(&mut self) -> impl Iterator<Item = &mut TensorDesc> {
+        let params = self.nodes.iter_mut().flat_map(|n| &mut n.params).filter_map(|p| match &mut p.value {
+            ParamValue::Tensor(t) => Some(t),
+            ParamValue::Scalar(_) => None,
+        });
+        self.tensors.iter_mut().chain(params)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

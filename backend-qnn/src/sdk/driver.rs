@@ -13,6 +13,10 @@
 //!    HTP backend rejects a node naming another graph's tensor with "Did not find registered
 //!    tensor"). Prefill and decode graphs share weights through the context's weight-sharing
 //!    config, under which the backend stores STATIC tensors of the same name once.
+//!    The backend copies static data when a tensor is created, so [`build_context_binary_owned`]
+//!    drops each graph's handles on it once the graph's nodes are added, before `graphFinalize`
+//!    (QAIRT 2.51's HTP backend refuses `tensorCreateContextTensor`, "unsupported", so shared
+//!    weights cannot be created once for the whole context instead).
 //! 3. `contextGetBinarySize` → `contextGetBinary`.
 //! 4. `contextFree` → `deviceFree` → `backendFree` → `logFree`, also after a failure.
 //!
@@ -20,6 +24,7 @@
 //! dependency order, conflicting shared weights) is checked before the first call, so bad
 //! input never leaves a half-built context behind.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use thiserror::Error;
@@ -67,15 +72,43 @@ pub fn build_context_binary(
     target: &HtpOptions,
     api: &mut dyn QnnApi,
 ) -> Result<Vec<u8>, BuildError> {
+    build(Cow::Borrowed(graphs), target, api)
+}
+
+/// [`build_context_binary`] taking the descriptions by value, so that their STATIC data can go
+/// early: each graph's handles on its static bytes are dropped as soon as its nodes are added,
+/// before its `graphFinalize`. The backend copies static data when a tensor is created
+/// (`QnnTensor_createGraphTensor`: "This data will be copied, and may be safely de-allocated
+/// after this call returns"), so the bytes are freed once no later graph still holds them: a
+/// weight shared by prefill and decode lives until the decode graph has created it. Callers
+/// that keep no other handle on the data (the compile bench, which drops the lowered graphs)
+/// thus hold none of it while the backend finalizes and serializes.
+pub fn build_context_binary_owned(
+    graphs: Vec<GraphDesc>,
+    target: &HtpOptions,
+    api: &mut dyn QnnApi,
+) -> Result<Vec<u8>, BuildError> {
+    build(Cow::Owned(graphs), target, api)
+}
+
+fn build(mut graphs: Cow<'_, [GraphDesc]>, target: &HtpOptions, api: &mut dyn QnnApi) -> Result<Vec<u8>, BuildError> {
     target.check()?;
-    check_graphs(graphs)?;
+    check_graphs(&graphs)?;
 
     let mut session = Session::default();
-    let built = session.build(graphs, target, api);
+    let built = session.build(&mut graphs, target, api);
     let closed = session.close(api);
     let binary = built?;
     closed.map_err(|source| BuildError::Api { step: "releasing QNN handles".into(), source })?;
     Ok(binary)
+}
+
+/// Drops `graph`'s handles on its STATIC data (tensors and tensor params), once the backend has
+/// copied it.
+fn release_static_data(graph: &mut GraphDesc) {
+    for t in graph.tensors_and_params_mut() {
+        t.data = None;
+    }
 }
 
 /// Handles created so far, released in reverse order by [`Session::close`].
@@ -95,7 +128,7 @@ fn api_step(step: impl Into<String>) -> impl FnOnce(ApiError) -> BuildError {
 impl Session {
     fn build(
         &mut self,
-        graphs: &[GraphDesc],
+        graphs: &mut Cow<'_, [GraphDesc]>,
         target: &HtpOptions,
         api: &mut dyn QnnApi,
     ) -> Result<Vec<u8>, BuildError> {
@@ -113,13 +146,18 @@ impl Session {
         self.context = Some(context);
 
         let graph_configs = target.graph.graph_configs();
-        for graph in graphs {
+        for index in 0..graphs.len() {
+            let graph = &graphs[index];
             let handle = api
                 .graph_create(context, &graph.name, &graph_configs)
                 .map_err(api_step(format!("creating graph `{}`", graph.name)))?;
             let mut builder = GraphBuilder { api: &mut *api, backend, handle, graph, ids: HashMap::new() };
             builder.build()?;
-            api.graph_finalize(handle).map_err(api_step(format!("finalizing graph `{}`", graph.name)))?;
+            if let Cow::Owned(owned) = graphs {
+                release_static_data(&mut owned[index]);
+            }
+            let name = &graphs[index].name;
+            api.graph_finalize(handle).map_err(api_step(format!("finalizing graph `{name}`")))?;
         }
 
         let size = api.context_get_binary_size(context).map_err(api_step("querying the context binary size"))?;

@@ -9,7 +9,8 @@
 //! - [`QnnApi`]: the compile-side C API as a trait, one method per C entry point.
 //! - [`build_context_binary`]: the call sequence (one weight-sharing context, graphs in order,
 //!   tensors on first use, STATIC weights created in each graph (shared by the weight-sharing context), validate before add, finalize,
-//!   serialize, free) written once against the trait.
+//!   serialize, free) written once against the trait; [`build_context_binary_owned`] also frees
+//!   each graph's static data before its finalize (the backend has copied it by then).
 //! - [`graph_descs`]: lowered [`crate::QnnGraph`]s as [`GraphDesc`]s (static buffers shared, not copied).
 //! - [`QnnExecApi`]: the run-side API (load a binary, retrieve graphs, execute), which
 //!   [`crate::QnnChunkModel`] drives; `SdkApi` implements it through the FFI
@@ -43,6 +44,10 @@
 //! - The call sequence: an insta snapshot of the [`RecordingApi`] log for a two-graph toy
 //!   (`snapshots/qnn__sdk__call_sequence.snap`), plus assertions on ordering, weight sharing,
 //!   graph checks and error propagation (`tests/sdk_driver.rs`).
+//! - Static data is freed before each graph's finalize when the driver owns the descriptions
+//!   (`tests/sdk_driver.rs` through the recording API; `tests/sdk_real_models.rs` with
+//!   Qualcomm's backend, whose binary built from buffers poisoned on release computes the same
+//!   logits on the HTP emulation).
 //! - The committed bindings are what bindgen makes of the clean-room declarations
 //!   (`tests/abi_bindings.rs`; CI has libclang).
 //! - The FFI path against a mock (`tests/sdk_ffi.rs`): a mock provider
@@ -94,7 +99,9 @@ pub use desc::{
     BlockwiseExpansion, DataType, Encoding, GraphDesc, NameError, OpDesc, ParamDesc, ParamValue, Scalar, ScaleOffset,
     StaticData, TensorDesc, TensorError, TensorProblem, TensorType, QTI_AISW,
 };
-pub use driver::{build_context_binary, check_graphs, BuildError, GraphProblem, NodeProblem};
+pub use driver::{
+    build_context_binary, build_context_binary_owned, check_graphs, BuildError, GraphProblem, NodeProblem,
+};
 pub use emulated::EmulatedHtp;
 pub use exec::{IoBindingError, QnnExecApi};
 pub use from_graph::{graph_descs, ConvertError};
@@ -129,21 +136,28 @@ pub fn check_sdk_libraries() -> Result<LibraryPaths, SdkError> {
 /// Builds the context binary with the QNN libraries [`LibraryPaths::find`] locates. The graphs
 /// and options are checked first, so invalid input is reported as such whatever the machine has.
 pub fn build_context_binary_with_sdk(graphs: &[GraphDesc], target: &HtpOptions) -> Result<Vec<u8>, SdkError> {
-    build_context_binary_with_sdk_observed(graphs, target, &mut |_| {})
+    let mut api = checked_sdk(graphs, target)?;
+    Ok(build_context_binary(graphs, target, &mut api)?)
 }
 
-/// [`build_context_binary_with_sdk`], calling `on_phase` as the backend enters each
-/// [`BuildPhase`] (benches time and measure the phases this way).
+/// [`build_context_binary_with_sdk`] taking the graphs by value ([`build_context_binary_owned`]:
+/// their static data is released once the backend has copied it) and calling `on_phase` as the
+/// backend enters each [`BuildPhase`] (benches time and measure the phases this way).
 pub fn build_context_binary_with_sdk_observed(
-    graphs: &[GraphDesc],
+    graphs: Vec<GraphDesc>,
     target: &HtpOptions,
     on_phase: &mut dyn FnMut(BuildPhase),
 ) -> Result<Vec<u8>, SdkError> {
-    // Report invalid input as such, whatever libraries this machine has.
+    let mut api = checked_sdk(&graphs, target)?;
+    Ok(build_context_binary_owned(graphs, target, &mut PhaseObserver::new(&mut api, on_phase))?)
+}
+
+/// The SDK, loaded after checking `graphs` and `target`: invalid input is reported as such,
+/// whatever libraries this machine has.
+fn checked_sdk(graphs: &[GraphDesc], target: &HtpOptions) -> Result<SdkApi, SdkError> {
     target.check().map_err(BuildError::from)?;
     driver::check_graphs(graphs)?;
-    let mut api = SdkApi::load(&LibraryPaths::find()?)?;
-    Ok(build_context_binary(graphs, target, &mut PhaseObserver::new(&mut api, on_phase))?)
+    Ok(SdkApi::load(&LibraryPaths::find()?)?)
 }
 
 /// A context binary run by the QNN backend library as the runtime's chunk model.

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use backend_qnn::sdk::{
     BlockwiseExpansion, DataType, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar, ScaleOffset, StaticData,
     TensorDesc, TensorType, QTI_AISW,
@@ -124,4 +126,46 @@ pub fn toy_graph(seq: u32, weights: &[TensorDesc]) -> GraphDesc {
 pub fn toy_model() -> Vec<GraphDesc> {
     let weights = shared_weights();
     vec![toy_graph(32, &weights), toy_graph(1, &weights)]
+}
+
+/// Static bytes that count themselves in `live` and are overwritten (0xA5) when dropped, so a
+/// backend reading them after the driver released them computes with poison (or faults).
+pub struct PoisonOnDrop {
+    bytes: Vec<u8>,
+    live: &'static AtomicUsize,
+}
+
+impl AsRef<[u8]> for PoisonOnDrop {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for PoisonOnDrop {
+    fn drop(&mut self) {
+        self.bytes.fill(0xA5);
+        std::hint::black_box(&self.bytes);
+        self.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `graphs` with each distinct static buffer copied once into a [`PoisonOnDrop`] counted in
+/// `live` (buffers shared between graphs stay shared), the copies held by nothing else.
+pub fn poisoned_copies(graphs: &[GraphDesc], live: &'static AtomicUsize) -> Vec<GraphDesc> {
+    let mut copies: Vec<(StaticData, StaticData)> = Vec::new();
+    let mut graphs = graphs.to_vec();
+    for t in graphs.iter_mut().flat_map(GraphDesc::tensors_and_params_mut) {
+        let Some(data) = &t.data else { continue };
+        let copy = match copies.iter().find(|(original, _)| original.ptr_eq(data)) {
+            Some((_, copy)) => copy.clone(),
+            None => {
+                live.fetch_add(1, Ordering::SeqCst);
+                let copy = StaticData::from_owner(PoisonOnDrop { bytes: data.as_bytes().to_vec(), live });
+                copies.push((data.clone(), copy.clone()));
+                copy
+            }
+        };
+        t.data = Some(copy);
+    }
+    graphs
 }

@@ -1,9 +1,10 @@
 //! Building the C structs of the QNN API from descriptors.
 //!
-//! QNN reads names, dims, quantization arrays and static data through raw pointers, possibly
-//! until the context is serialized. Every buffer a struct built here points into is therefore
-//! owned by an [`Arena`] that the caller keeps alive for as long as QNN may look (for
-//! tensors and nodes: until the context is freed). Structs are zero-initialised and filled
+//! QNN reads names, dims and quantization arrays through raw pointers, possibly until the
+//! context is serialized. Every buffer a struct built here points into is therefore owned by an
+//! [`Arena`] that the caller keeps alive for as long as QNN may look (for tensors and nodes:
+//! until the context is freed). Static data is the exception: the backend copies it when the
+//! tensor is created, so it is only borrowed for the call. Structs are zero-initialised and filled
 //! field by field so that members added by newer headers stay zero ("not set").
 
 use std::any::Any;
@@ -133,11 +134,12 @@ pub(crate) fn tensor(arena: &mut Arena, desc: &TensorDesc, id: u32) -> Result<b:
     let mut buffer: b::Qnn_ClientBuffer_t = zeroed();
     if let Some(data) = &desc.data {
         let bytes = data.as_bytes();
-        // QNN only reads static client buffers; the arena keeps the bytes alive.
+        // QNN only reads static client buffers, and only during the call: tensor creation
+        // copies the data (QnnTensor.h), so the bytes stay the caller's and the arena keeps
+        // no handle on them (the driver may free them before finalize).
         buffer.data = bytes.as_ptr() as *mut c_void;
         buffer.dataSize = u32::try_from(bytes.len())
             .map_err(|_| MarshalError::DataTooLarge { tensor: desc.name.clone(), bytes: bytes.len() })?;
-        arena.hold(data.clone());
     }
     v2.__bindgen_anon_1.clientBuf = buffer;
     v2.isDynamicDimensions = ptr::null_mut();
