@@ -16,10 +16,13 @@ use rayon::ThreadPool;
 use super::team::Team;
 use super::KernelError;
 
-/// The configured count and its pool (`None` when running single-threaded).
+/// The configured count and its pool.
 #[derive(Clone)]
 pub(crate) struct ThreadCtx {
     pub threads: usize,
+    /// A rayon pool of exactly `threads` threads, one thread too, so that rayon iterators run
+    /// through [`ThreadCtx::install`] never fall back to rayon's global pool (one thread a core).
+    /// `None` only when no pool could be built.
     pool: Option<Arc<ThreadPool>>,
     /// `threads - 1` helpers that stay awake between kernels (see [`Team`]).
     team: Option<Arc<Team>>,
@@ -30,7 +33,7 @@ static CURRENT: Mutex<Option<ThreadCtx>> = Mutex::new(None);
 /// Sets how many threads later kernel calls may use; `0` means the machine's available
 /// parallelism, and more than that is capped to it with a warning on stderr (extra threads only
 /// contend for the same cores, and `--threads 100000` would spawn without limit). Builds a
-/// dedicated rayon pool of that size when it is more than one.
+/// dedicated rayon pool of that size.
 pub fn set_num_threads(threads: usize) -> Result<(), KernelError> {
     let ctx = build_ctx(threads)?;
     *CURRENT.lock().unwrap_or_else(PoisonError::into_inner) = Some(ctx);
@@ -57,16 +60,12 @@ fn build_ctx(threads: usize) -> Result<ThreadCtx, KernelError> {
         }
         n => n,
     };
-    let pool = if threads > 1 {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("mllm-kernels-{i}"))
-            .build()
-            .map_err(|e| KernelError::ThreadPool { threads, reason: e.to_string() })?;
-        Some(Arc::new(pool))
-    } else {
-        None
-    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("mllm-kernels-{i}"))
+        .build()
+        .map_err(|e| KernelError::ThreadPool { threads, reason: e.to_string() })?;
+    let pool = Some(Arc::new(pool));
     let team = if threads > 1 {
         let team = Team::new(threads - 1).map_err(|e| KernelError::ThreadPool { threads, reason: e.to_string() })?;
         Some(Arc::new(team))
@@ -76,7 +75,7 @@ fn build_ctx(threads: usize) -> Result<ThreadCtx, KernelError> {
     Ok(ThreadCtx { threads, pool, team })
 }
 
-/// Runs `f` on a thread of the kernel pool (directly when single-threaded).
+/// Runs `f` on a thread of the kernel pool (of one thread when single-threaded).
 ///
 /// Kernels called inside split their work by work stealing from that thread: the caller starts on
 /// its share at once and a sleeping helper joins when it wakes. Called from outside, every
@@ -128,8 +127,8 @@ impl ThreadCtx {
         });
     }
 
-    /// Runs `f` inside the dedicated pool (or directly when single-threaded), so rayon iterators
-    /// and gemm's own rayon tasks in `f` use exactly the configured threads.
+    /// Runs `f` inside the dedicated pool (directly only if none could be built), so rayon
+    /// iterators and gemm's own rayon tasks in `f` use exactly the configured threads.
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         match &self.pool {
             Some(pool) => pool.install(f),

@@ -107,8 +107,9 @@ impl LinearQuantizer {
         let gptq = matches!(method, WeightMethod::Gptq | WeightMethod::SeqMseGptq);
         if let (true, Some(stats)) = (gptq, &stats) {
             let distinct = stats.distinct();
+            // On the kernel pool, so `--threads` bounds it too.
             let made: Vec<Result<HessianFactors, GptqError>> =
-                distinct.par_iter().map(|s| HessianFactors::new(s)).collect();
+                crate::kernels::run_in_pool(|| distinct.par_iter().map(|s| HessianFactors::new(s)).collect());
             for (s, f) in distinct.iter().zip(made) {
                 let f = f.map_err(|e| QuantizationError::CalibrationData(format!("GPTQ input Hessian: {e}")))?;
                 factors.insert(Arc::as_ptr(s) as usize, f);

@@ -55,6 +55,9 @@ pub fn prefill(
     let values = (0..shape.num_layers)
         .map(|_| f32_tensor(vec![], vec![1, kvh, 0, d], DType::U8Sym))
         .collect::<Result<Vec<_>, _>>()?;
-    let (logits, keys, values) = model.forward_rows(&ids_t, &pos, &mask, &keys, &values, logit_rows)?;
+    // On the kernel pool: the QDQ hooks' rayon loops then use `--threads` threads, not rayon's
+    // global pool, and the kernels split their work from a pool thread.
+    let (logits, keys, values) =
+        crate::kernels::run_in_pool(|| model.forward_rows(&ids_t, &pos, &mask, &keys, &values, logit_rows))?;
     Ok((logits, (keys, values)))
 }
