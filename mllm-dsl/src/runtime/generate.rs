@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use super::error::RuntimeError;
 use super::model::ChunkModel;
 use super::sampler::{Sampler, Sampling};
+use super::kv_cache::KvPrefix;
 use super::sequence::Sequence;
 
 /// Prefill chunk length of mllm's Qwen3 AOT graphs.
@@ -315,6 +316,11 @@ impl<M: ChunkModel> Generator<M> {
     /// Gives the model back.
     pub fn into_model(self) -> M {
         self.model
+    }
+
+    /// Every generation from now on starts from `prefix` ([`Sequence::set_prefix`]).
+    pub fn set_prefix(&mut self, prefix: KvPrefix<M::Kv>) -> Result<(), RuntimeError> {
+        self.seq.set_prefix(prefix)
     }
 
     /// Runs `prompt` and generates from it (a fresh sequence each call).

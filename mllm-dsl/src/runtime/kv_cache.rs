@@ -15,6 +15,15 @@
 use super::error::RuntimeError;
 use super::model::ModelLayout;
 
+/// K/V every sequence starts from at positions `0..len` (an attention-sink prefix computed ahead
+/// of time), per layer: K `[Hkv, D, len]`, V `[Hkv, len, D]`, in the cache's element type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvPrefix<T> {
+    pub len: usize,
+    pub keys: Vec<Vec<T>>,
+    pub values: Vec<Vec<T>>,
+}
+
 /// KV cache of all layers, generic over the stored element (`f32` on CPU, `u8` for QNN).
 #[derive(Debug, Clone)]
 pub struct KvCache<T> {
@@ -161,26 +170,52 @@ impl<T: Copy + Default> KvCache<T> {
                 return Err(RuntimeError::TensorSize { tensor, layer, expected, got });
             }
         }
+        self.write_columns(layer, (present_k, present_v), ar, n_past, n_update)
+    }
+
+    /// Writes `prefix` at positions `[0, prefix.len)` of every layer (the cache is then at least
+    /// that long).
+    pub fn write_prefix(&mut self, prefix: &KvPrefix<T>) -> Result<(), RuntimeError> {
+        let layers = self.layout.num_layers;
+        if prefix.keys.len() != layers || prefix.values.len() != layers {
+            return Err(RuntimeError::LayerOutOfRange { layer: prefix.keys.len().max(prefix.values.len()), num_layers: layers });
+        }
+        let expected = self.layout.kv_elems(prefix.len);
+        for layer in 0..layers {
+            for (tensor, got) in [("prefix key", prefix.keys[layer].len()), ("prefix value", prefix.values[layer].len())] {
+                if got != expected {
+                    return Err(RuntimeError::TensorSize { tensor, layer, expected, got });
+                }
+            }
+            let (k, v) = (&prefix.keys[layer], &prefix.values[layer]);
+            self.write_columns(layer, (k, v), prefix.len.max(1), 0, prefix.len)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the first `n` columns of K `[Hkv, D, cols]` and V `[Hkv, cols, D]` into `layer`'s
+    /// cache at positions `[at, at + n)`.
+    fn write_columns(&mut self, layer: usize, kv: (&[T], &[T]), cols: usize, at: usize, n: usize) -> Result<(), RuntimeError> {
         let (rows, heads, d, stride) = self.dims();
-        if n_past + n_update > stride {
+        if at + n > stride {
             return Err(RuntimeError::CacheOverflow {
                 layer,
-                n_past,
-                n_update,
-                ar,
+                n_past: at,
+                n_update: n,
+                ar: self.ar,
                 past_cols: stride,
                 context_len: self.layout.context_len,
             });
         }
-        let key_rows = self.keys[layer].chunks_exact_mut(stride).zip(present_k.chunks_exact(ar));
+        let key_rows = self.keys[layer].chunks_exact_mut(stride).zip(kv.0.chunks_exact(cols));
         for (dst, src) in key_rows.take(rows) {
-            dst[n_past..n_past + n_update].copy_from_slice(&src[..n_update]);
+            dst[at..at + n].copy_from_slice(&src[..n]);
         }
-        let value_blocks = self.values[layer].chunks_exact_mut(stride * d).zip(present_v.chunks_exact(ar * d));
+        let value_blocks = self.values[layer].chunks_exact_mut(stride * d).zip(kv.1.chunks_exact(cols * d));
         for (dst, src) in value_blocks.take(heads) {
-            dst[n_past * d..(n_past + n_update) * d].copy_from_slice(&src[..n_update * d]);
+            dst[at * d..(at + n) * d].copy_from_slice(&src[..n * d]);
         }
-        self.len = self.len.max(n_past + n_update);
+        self.len = self.len.max(at + n);
         Ok(())
     }
 
@@ -294,6 +329,34 @@ mod tests {
         fill(&mut cache, 4, 7);
         assert_eq!(cache.len(), 7);
         assert_contents(&cache, 7);
+    }
+
+    #[test]
+    fn a_prefix_fills_the_first_columns_then_updates_continue_after_it() {
+        let l = layout(16);
+        let mut cache = KvCache::<u16>::new(l, 4).unwrap();
+        // A 3-position prefix: present() of positions 0..3 with a chunk of exactly 3.
+        let (keys, values): (Vec<_>, Vec<_>) = (0..l.num_layers).map(|layer| present(&l, layer, 3, 0)).unzip();
+        let prefix = KvPrefix { len: 3, keys, values };
+        cache.write_prefix(&prefix).unwrap();
+        assert_eq!(cache.len(), 3);
+        assert_contents(&cache, 3);
+        for layer in 0..l.num_layers {
+            let (k, v) = present(&l, layer, 4, 3);
+            cache.update(layer, &k, &v, 4, 3, 4).unwrap();
+        }
+        assert_contents(&cache, 7);
+        // Survives re-striding for the decode graph.
+        cache.rearrange(1).unwrap();
+        assert_contents(&cache, 7);
+
+        let mut short = prefix.clone();
+        short.values[1].pop();
+        let err = cache.write_prefix(&short).unwrap_err();
+        assert!(matches!(err, RuntimeError::TensorSize { tensor: "prefix value", layer: 1, .. }), "{err}");
+        let mut long = prefix.clone();
+        long.len = 16;
+        assert!(cache.write_prefix(&long).is_err());
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub use generate::{
     DecodeOutput, GenerationConfig, GenerationOutput, GenerationTimings, Generator, PrefillOutput, PromptProcessor,
     StopReason, TokenGenerator, DEFAULT_PREFILL_CHUNK,
 };
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvPrefix};
 pub use mask::{dequantize_mask_value, AttentionMask, MASK_ATTEND, MASK_MASKED, MASK_SCALE, MASK_ZERO_POINT};
 pub use model::{ChunkInputs, ChunkModel, ChunkOutputs, ModelLayout};
 pub use sampler::{argmax, RandomSampling, Sampler, Sampling};

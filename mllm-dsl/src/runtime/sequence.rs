@@ -13,7 +13,7 @@
 //! error before the model runs.
 
 use super::error::RuntimeError;
-use super::kv_cache::KvCache;
+use super::kv_cache::{KvCache, KvPrefix};
 use super::mask::AttentionMask;
 use super::model::{ChunkInputs, ChunkModel, ChunkOutputs, ModelLayout};
 
@@ -28,6 +28,8 @@ pub struct Sequence<T> {
     positions: Vec<i32>,
     /// One output buffer per chunk length used so far (typically the prefill length and 1).
     outputs: Vec<ChunkOutputs<T>>,
+    /// What every start ([`Sequence::reset`]) puts at positions `0..len`.
+    prefix: Option<KvPrefix<T>>,
 }
 
 impl<T: Copy + Default> Sequence<T> {
@@ -36,7 +38,23 @@ impl<T: Copy + Default> Sequence<T> {
         let cache = KvCache::new(layout, ar)?;
         let mut mask = AttentionMask::new(layout.context_len)?;
         mask.init(ar, 0)?;
-        Ok(Self { layout, cache, mask, n_past: 0, ids: Vec::new(), positions: Vec::new(), outputs: Vec::new() })
+        Ok(Self {
+            layout,
+            cache,
+            mask,
+            n_past: 0,
+            ids: Vec::new(),
+            positions: Vec::new(),
+            outputs: Vec::new(),
+            prefix: None,
+        })
+    }
+
+    /// From now on the sequence starts from `prefix` at positions `0..prefix.len` (an
+    /// attention-sink prefix), text from position `prefix.len`; starts over now.
+    pub fn set_prefix(&mut self, prefix: KvPrefix<T>) -> Result<(), RuntimeError> {
+        self.prefix = Some(prefix);
+        self.reset()
     }
 
     /// Positions already run (the next token goes to position `n_past`).
@@ -59,11 +77,15 @@ impl<T: Copy + Default> Sequence<T> {
         &self.mask
     }
 
-    /// Starts over at position 0, keeping the buffers.
+    /// Starts over at position 0 (after the prefix, when there is one), keeping the buffers.
     pub fn reset(&mut self) -> Result<(), RuntimeError> {
         self.cache.clear();
         self.n_past = 0;
-        self.mask.init(self.cache.ar(), 0)
+        if let Some(prefix) = &self.prefix {
+            self.cache.write_prefix(prefix)?;
+            self.n_past = prefix.len;
+        }
+        self.mask.init(self.cache.ar(), self.n_past)
     }
 
     /// Whether `n_tokens` tokens at the current position can run as one chunk of `ar`
