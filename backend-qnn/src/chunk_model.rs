@@ -17,7 +17,8 @@
 //! [`KvCache`]: mllm_dsl::runtime::KvCache
 
 use mllm_dsl::runtime::{
-    AttentionMask, ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout, MASK_SCALE, MASK_ZERO_POINT,
+    AttentionMask, ChunkInputs, ChunkModel, ChunkOutputs, KvPrefix, ModelError, ModelLayout, MASK_SCALE,
+    MASK_ZERO_POINT,
 };
 use thiserror::Error;
 
@@ -188,6 +189,41 @@ impl<A: QnnExecApi> QnnChunkModel<A> {
     /// The chunk lengths this context has graphs for.
     pub fn chunk_lens(&self) -> Vec<usize> {
         self.graphs.iter().map(|g| g.ar).collect()
+    }
+
+    /// Real K/V of `len` prefix positions per layer (K `[Hkv, D, len]`, V `[Hkv, len, D]`) as the
+    /// u8 codes of the graphs' past K/V inputs: an attention-sink prefix for the runtime's cache.
+    pub fn kv_prefix(&self, len: usize, keys: &[Vec<f32>], values: &[Vec<f32>]) -> Result<KvPrefix<u8>, QnnModelError> {
+        let layers = self.layout.num_layers;
+        let g = &self.graphs[0];
+        let contract = |detail: String| QnnModelError::Contract { graph: g.io.name.clone(), detail };
+        if keys.len() != layers || values.len() != layers {
+            return Err(contract(format!(
+                "the prefix has K/V of {} and {} layers, the graphs {layers}",
+                keys.len(),
+                values.len()
+            )));
+        }
+        let codes = |input: usize, real: &[f32]| -> Result<Vec<u8>, QnnModelError> {
+            let io = &g.io.inputs[input];
+            let so = io.quant.filter(|_| io.dtype == DataType::UFixedPoint8).ok_or_else(|| {
+                contract(format!("past K/V input `{}` is {} without a scale/offset, not u8", io.name, io.dtype))
+            })?;
+            if real.len() != self.layout.kv_elems(len) {
+                return Err(contract(format!(
+                    "a prefix of {len} positions has {} values for `{}`, expected {}",
+                    real.len(),
+                    io.name,
+                    self.layout.kv_elems(len)
+                )));
+            }
+            Ok(real.iter().map(|&x| so.quantize(x, (0, 255)) as u8).collect())
+        };
+        Ok(KvPrefix {
+            len,
+            keys: keys.iter().enumerate().map(|(l, k)| codes(3 + l, k)).collect::<Result<_, _>>()?,
+            values: values.iter().enumerate().map(|(l, v)| codes(3 + layers + l, v)).collect::<Result<_, _>>()?,
+        })
     }
 
     /// The execute API (e.g. to inspect an emulator).
