@@ -17,3 +17,23 @@ pub struct ScoreFlags {
     #[arg(long)]
     pub quiet: bool,
 }
+
+/// How a float checkpoint is quantized (docs/quantization.md): the options of the W4A16KV8
+/// recipe every main that calibrates offers.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RecipeFlags {
+    /// LPBQ weight rounding: rtn (pymllm's), mse, gptq, seqmse or seqmse-gptq.
+    #[arg(long, value_name = "METHOD", default_value = "rtn")]
+    pub weight_method: backend_cpu::quant::WeightMethod,
+    /// Activation/KV ranges: minmax (pymllm), mse or percentile:P, for both kinds or as
+    /// act=METHOD,kv=METHOD.
+    #[arg(long, value_name = "METHOD", default_value = "minmax")]
+    pub act_range: mllm_dsl::quant::act_range::ActRanges,
+    /// Rotation folded into the float weights first: none or hadamard (QuaRot's R1 + R2).
+    #[arg(long, value_name = "ROTATION", default_value = "none")]
+    pub rotation: backend_cpu::quant::Rotation,
+    /// Attention-sink prefix every sequence starts from (its float K/V ship with the checkpoint):
+    /// a token as the tokenizer spells it (e.g. '<|endoftext|>') or id:N; repeatable.
+    #[arg(long, value_name = "TOKEN")]
+    pub sink_prefix: Vec<String>,
+}

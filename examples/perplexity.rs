@@ -19,7 +19,7 @@ use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::files::write_json_atomic;
-use mllm_examples::ScoreFlags;
+use mllm_examples::{RecipeFlags, ScoreFlags};
 
 #[derive(Parser, Debug)]
 #[command(about = "Perplexity, mean KL and top-1 agreement of quantized models against float on a text file")]
@@ -57,15 +57,9 @@ struct Args {
     /// RTN baseline bits.
     #[arg(long, value_name = "N", default_value_t = 4)]
     rtn_bits: u32,
-    /// With --calib-text / --calib-ids: LPBQ weight method (rtn, mse, gptq, seqmse, seqmse-gptq).
-    #[arg(long, value_name = "METHOD", default_value = "rtn")]
-    weight_method: backend_cpu::quant::WeightMethod,
-    /// With --calib-*: activation/KV ranges: minmax, mse, percentile:P or act=M,kv=M (docs/quantization.md).
-    #[arg(long, value_name = "METHOD", default_value = "minmax")]
-    act_range: mllm_dsl::quant::act_range::ActRanges,
-    /// With --calib-text / --calib-ids: rotation folded into the weights first (none, hadamard).
-    #[arg(long, value_name = "ROTATION", default_value = "none")]
-    rotation: backend_cpu::quant::Rotation,
+    /// With --calib-text / --calib-ids: the quantization recipe.
+    #[command(flatten)]
+    recipe: RecipeFlags,
     /// Skip the RTN baseline.
     #[arg(long)]
     no_rtn: bool,
@@ -90,6 +84,10 @@ fn main() -> Result<()> {
     } else {
         Some(CalibSource::load_all(&sources, &args.model, hf.vocab_size, 1024, 128)?)
     };
+    let sink_prefix = match args.recipe.sink_prefix.is_empty() {
+        true => None,
+        false => Some(aot::sink_prefix_ids(&args.recipe.sink_prefix, &args.model, hf.vocab_size)?),
+    };
     if let Some(calibration) = calibration {
         let out = args.out.clone().unwrap_or_else(|| aot::default_out_dir("perplexity").join("quantized"));
         let outcome = quantize(&QuantizeOptions {
@@ -101,9 +99,10 @@ fn main() -> Result<()> {
             out: out.clone(),
             max_positions: 1024,
             progress: aot::progress::bars(!args.flags.quiet),
-            weight_method: args.weight_method,
-            act_ranges: args.act_range,
-            rotation: args.rotation,
+            weight_method: args.recipe.weight_method,
+            act_ranges: args.recipe.act_range,
+            rotation: args.recipe.rotation,
+            sink_prefix,
         })?;
         outcome.warnings.iter().for_each(|w| eprintln!("warning: {w}"));
         let (calibrated, quantized_s) = (outcome.calibration_seconds, outcome.weight_seconds);

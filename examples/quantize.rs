@@ -23,6 +23,7 @@ use aot::{load_id_sequences, quantize, CalibSource, QuantizeOptions};
 use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::config::hf::HfConfig;
+use mllm_examples::RecipeFlags;
 
 #[derive(Parser, Debug)]
 #[command(about = "Calibrate and quantize an HF checkpoint into pymllm's W4A16KV8 checkpoint format")]
@@ -59,17 +60,10 @@ struct Args {
     /// Rows of the RoPE tables (mllm_qualcomm_max_length).
     #[arg(long, default_value_t = 1024)]
     max_positions: usize,
-    /// How linear weights are rounded to LPBQ: rtn (pymllm's), mse, gptq, seqmse or seqmse-gptq.
-    /// Ignored with --mllm-compatible. See docs/quantization.md.
-    #[arg(long, default_value = "rtn")]
-    weight_method: backend_cpu::quant::WeightMethod,
-    /// How activation and KV ranges are chosen: minmax (pymllm), mse or percentile:P, for both
-    /// kinds or as act=METHOD,kv=METHOD. Ignored with --mllm-compatible.
-    #[arg(long, value_name = "METHOD", default_value = "minmax")]
-    act_range: mllm_dsl::quant::act_range::ActRanges,
-    /// Rotation folded into the float weights first: none or hadamard (not with --mllm-compatible).
-    #[arg(long, default_value = "none")]
-    rotation: backend_cpu::quant::Rotation,
+    /// The quantization recipe (weight method and ranges are ignored with --mllm-compatible, which
+    /// refuses a rotation or a sink prefix).
+    #[command(flatten)]
+    recipe: RecipeFlags,
     /// Output directory, replaced whole when the run succeeds (built in a staging directory next
     /// to it; a failed run leaves it as it was). It may not be or contain --model.
     #[arg(long)]
@@ -112,9 +106,13 @@ fn main() -> Result<()> {
         out: args.out.clone(),
         max_positions: args.max_positions,
         progress: aot::progress::bars(!args.quiet),
-        weight_method: args.weight_method,
-        act_ranges: args.act_range,
-        rotation: args.rotation,
+        weight_method: args.recipe.weight_method,
+        act_ranges: args.recipe.act_range,
+        rotation: args.recipe.rotation,
+        sink_prefix: match args.recipe.sink_prefix.is_empty() {
+            true => None,
+            false => Some(aot::sink_prefix_ids(&args.recipe.sink_prefix, &args.model, hf.vocab_size)?),
+        },
     };
     let outcome = quantize(&opts)?;
     for w in &outcome.warnings {
@@ -134,6 +132,12 @@ fn main() -> Result<()> {
         args.out.display(),
         outcome.weight_seconds
     );
+    if let Some(sink) = &outcome.sink_prefix {
+        let (ids, clamped, values) = (&sink.ids, sink.clamped, sink.values);
+        println!(
+            "attention-sink prefix {ids:?}: its K/V shipped on the K/V grid ({clamped} of {values} values clamped)"
+        );
+    }
     print!("{}", outcome.report.table());
     println!("report: {}", args.out.join("report.json").display());
     Ok(())

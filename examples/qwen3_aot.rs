@@ -15,8 +15,8 @@ use aot::{
     default_out_dir, run, AotOptions, AotReport, CalibSource, ContextBinary, ModelSource, DEFAULT_CHUNKS,
     DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS,
 };
-use backend_cpu::quant::{Rotation, WeightMethod};
 use clap::Parser;
+use mllm_examples::RecipeFlags;
 
 fn main() -> Result<()> {
     let args = AotArgs::parse();
@@ -93,15 +93,9 @@ pub struct AotArgs {
     /// qnn/context.bin by Qualcomm's backend: auto (if its libraries are found, else a warning), on, off.
     #[arg(long, value_name = "WHEN", default_value = "auto", num_args = 0..=1, default_missing_value = "on")]
     pub context_binary: ContextBinary,
-    /// LPBQ weight rounding when calibrating: rtn (pymllm's), mse, gptq, seqmse, seqmse-gptq (docs/quantization.md).
-    #[arg(long, value_name = "METHOD", default_value = "rtn")]
-    pub weight_method: WeightMethod,
-    /// Activation/KV ranges when calibrating: minmax (pymllm), mse, percentile:P or act=M,kv=M.
-    #[arg(long, value_name = "METHOD", default_value = "minmax")]
-    pub act_range: mllm_dsl::quant::act_range::ActRanges,
-    /// Rotation folded into the float weights before calibrating: none or hadamard (QuaRot's R1 + R2).
-    #[arg(long, value_name = "ROTATION", default_value = "none")]
-    pub rotation: Rotation,
+    /// The quantization recipe when calibrating.
+    #[command(flatten)]
+    pub recipe: RecipeFlags,
     /// CPU threads (0: all cores; more than the machine has are capped with a warning).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub threads: usize,
@@ -134,10 +128,11 @@ impl AotArgs {
             context_binary: self.context_binary,
             max_positions: self.max_positions,
             progress: aot::progress::bars(!self.quiet),
-            weight_method: self.weight_method,
-            act_ranges: self.act_range,
-            rotation: self.rotation,
+            weight_method: self.recipe.weight_method,
+            act_ranges: self.recipe.act_range,
+            rotation: self.recipe.rotation,
             ledger_ops: self.ledger_ops,
+            sink_prefix: self.recipe.sink_prefix.clone(),
         }
     }
 }

@@ -14,7 +14,7 @@ use backend_cpu::quant::export::quantize_rope_tables;
 use backend_cpu::quant::{
     is_quantized_checkpoint, plan_export, prefill_logits, quantize_weights_with, write_quantized_checkpoint,
     AccuracyReport, Calibration, CalibrationMode, CalibrationWeights, FakeQuantHook, InputStatsHook, LinearQuantizer,
-    ObserverHook, QdqParams, RecordingHook, WeightMethod,
+    ObserverHook, QdqParams, RecordingHook, SinkPrefix, WeightMethod,
 };
 use backend_cpu::quant::{rotate_checkpoint, Rotation, RotationSummary};
 use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
@@ -54,6 +54,10 @@ pub struct QuantizeOptions {
     pub act_ranges: ActRanges,
     /// Rotation folded into the float weights before anything else (deployed mode only).
     pub rotation: Rotation,
+    /// Token ids of the attention-sink prefix every run starts from ([`SinkPrefix`]; deployed
+    /// mode only): its float K/V are computed once, calibration never sees the sink, and the
+    /// checkpoint ships them on its K/V grid.
+    pub sink_prefix: Option<Vec<i64>>,
 }
 
 /// What `quantize` did.
@@ -80,6 +84,18 @@ pub struct QuantizeOutcome {
     pub traced: Program,
     /// What the rotation folded in, when there was one.
     pub rotation: Option<RotationSummary>,
+    /// The attention-sink prefix the checkpoint ships, when there is one.
+    pub sink_prefix: Option<SinkSummary>,
+}
+
+/// What `--sink-prefix` produced.
+#[derive(Clone, Debug)]
+pub struct SinkSummary {
+    pub ids: Vec<i64>,
+    /// K/V values outside their layer's u8 K/V grid, clamped when the prefix was rounded onto it.
+    pub clamped: usize,
+    /// K/V values in all.
+    pub values: usize,
 }
 
 /// Calibrates `opts.model`, writes the quantized checkpoint (`model.safetensors`, `config.json`,
@@ -119,6 +135,11 @@ pub(crate) fn quantize_alongside<T>(
     out: &Path,
     alongside: impl FnOnce(&Program) -> Result<T>,
 ) -> Result<(QuantizeOutcome, T)> {
+    ensure!(
+        opts.sink_prefix.is_none() || opts.mode != CalibrationMode::MllmCompatible,
+        "--sink-prefix is not part of pymllm's recipe (its runtime starts every sequence with an empty K/V cache); \
+         --mllm-compatible reproduces that recipe exactly, so drop --sink-prefix with it"
+    );
     if opts.rotation == Rotation::None {
         let calibrated = calibrate_and_write(hf, &opts.model, opts, out)?;
         return evaluate_alongside(hf, &opts.model, opts, out, calibrated, alongside);
@@ -157,16 +178,20 @@ struct Calibrated {
     traced: Program,
     /// The float model on the evaluation sequences, when the input-statistics pass ran it already.
     float_run: Option<RecordedRun>,
+    /// The float model's attention-sink prefix (its own K/V), when there is one.
+    float_prefix: Option<SinkPrefix>,
+    sink_summary: Option<SinkSummary>,
 }
 
 /// Steps 1-5 of [`quantize`] from the float checkpoint `model_dir` (config `hf`): `opts.model`
 /// itself or its rotated copy. Writes the quantized checkpoint (all but `report.json`) into `out`.
 fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &Path) -> Result<Calibrated> {
     ensure!(!opts.calibration.is_empty(), "no calibration sequences");
+    let prefix_len = opts.sink_prefix.as_ref().map_or(0, Vec::len);
     for (i, seq) in opts.calibration.iter().enumerate() {
         ensure!(
-            seq.len() <= opts.max_positions,
-            "calibration sequence {i} has {} tokens; the RoPE tables cover {}",
+            prefix_len + seq.len() <= opts.max_positions,
+            "calibration sequence {i} has {} tokens (after {prefix_len} prefix tokens); the RoPE tables cover {}",
             seq.len(),
             opts.max_positions
         );
@@ -190,6 +215,18 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
     let points = qdq_points(&qnn_program)?;
     let groups = concat_groups(&qnn_program);
 
+    // 1b. The attention-sink prefix's K/V, computed once by the float model: every pass below
+    //     starts from them, so no observer ever sees the sink's massive activation.
+    let float_prefix = match &opts.sink_prefix {
+        Some(ids) => {
+            let backend = CpuBackend::float();
+            let (model, _store) = open_model(model_dir, hf, opts.max_positions, &backend)?;
+            Some(SinkPrefix::compute(model.as_ref(), &backend, ids).context("computing the attention-sink prefix")?)
+        }
+        None => None,
+    };
+    let prefix = float_prefix.as_ref();
+
     // 2. The linears' input statistics (float model) when the weight method uses them. When the
     //    accuracy report evaluates the calibration sequences, this pass also records what it
     //    needs of the float model (logits, layer outputs): the same model on the same ids.
@@ -206,11 +243,12 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
                 sequences: &opts.calibration,
                 progress: opts.progress.as_ref(),
             };
-            Some(on_calibration.run_recorded(model_dir, Some(hook.clone()), "input stats")?)
+            Some(on_calibration.run_recorded(model_dir, Some(hook.clone()), prefix, "input stats")?)
         } else {
             let backend = CpuBackend::with_qdq(hook.clone());
             let (model, _store) = open_model(model_dir, hf, opts.max_positions, &backend)?;
-            run_sequences(model.as_ref(), &backend, &opts.calibration, "input stats", opts.progress.as_ref(), |_| {})?;
+            let label = "input stats";
+            run_sequences(model.as_ref(), &backend, prefix, &opts.calibration, label, opts.progress.as_ref(), |_| {})?;
             None
         };
         (Some(Arc::new(hook.finish()?)), float_run)
@@ -244,7 +282,8 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
         let store = CheckpointStore::for_config(model_dir, backend.clone(), hf)?;
         let weights = CalibrationWeights::new(&store, &aot, opts.mode).with_linears(&linears);
         let model = build_model(hf, opts.max_positions, &ParamSource::Store(&weights), model_dir)?;
-        run_sequences(model.as_ref(), &backend, &opts.calibration, "calibrating", opts.progress.as_ref(), |_| {})?;
+        let label = "calibrating";
+        run_sequences(model.as_ref(), &backend, prefix, &opts.calibration, label, opts.progress.as_ref(), |_| {})?;
         hook.finish()?
     };
     let calibration_seconds = start.elapsed().as_secs_f64();
@@ -254,6 +293,16 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
     weights.tensors.extend(quantize_rope_tables(&plan, &calibration.params, &calibration.rope_tables)?);
     write_quantized_checkpoint(out, &hf.source, plan.block_size, &weights.tensors, &calibration.params)?;
     copy_tokenizer_files(&opts.model, out)?;
+    // The prefix on the checkpoint's K/V grid, beside it: what every quantized run attends to.
+    let sink_summary = match &float_prefix {
+        Some(prefix) => {
+            let (on_grid, clamped) = crate::sink::on_kv_grid(prefix, &calibration.params)?;
+            on_grid.save(out)?;
+            let values = prefix.keys.iter().chain(&prefix.values).map(Vec::len).sum();
+            Some(SinkSummary { ids: prefix.ids.clone(), clamped, values })
+        }
+        None => None,
+    };
     // The rounding (step 3) and the writing: the weights' share of the run.
     let weight_seconds = rounding_seconds + start.elapsed().as_secs_f64();
     drop(weights);
@@ -269,6 +318,8 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
         warnings,
         traced: qnn_program,
         float_run,
+        float_prefix,
+        sink_summary,
     })
 }
 
@@ -285,14 +336,14 @@ fn evaluate_alongside<T>(
 ) -> Result<(QuantizeOutcome, T)> {
     let eval = opts.evaluation.as_ref().unwrap_or(&opts.calibration);
     let eval_name = if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" };
-    let Calibrated { traced, float_run, .. } = &calibrated;
+    let Calibrated { traced, float_run, float_prefix, .. } = &calibrated;
     let evaluation =
         Evaluation { hf, traced, max_positions: opts.max_positions, sequences: eval, progress: opts.progress.as_ref() };
     let evaluate = || {
         let start = Instant::now();
         let float = match float_run {
             Some(run) => run,
-            None => &evaluation.run_recorded(model_dir, None, "eval float")?,
+            None => &evaluation.run_recorded(model_dir, None, float_prefix.as_ref(), "eval float")?,
         };
         let report = evaluation.against_float(float, out, eval_name)?;
         Ok::<_, crate::AotError>((report, start.elapsed().as_secs_f64()))
@@ -327,6 +378,9 @@ fn evaluate_alongside<T>(
         "weight_method": weight_method.name(),
         "act_range": act_ranges.to_string(),
         "rotation": opts.rotation.name(),
+        "sink_prefix": calibrated.sink_summary.as_ref().map(|s| serde_json::json!({
+            "ids": s.ids, "file": backend_cpu::quant::SINK_PREFIX_FILE, "clamped_values": s.clamped, "values": s.values,
+        })),
         "largest_residual_range": largest_residual_range(calibration).map(|(point, range)| serde_json::json!({
             "point": point, "range": range, "u16_step": range / 65535.0,
         })),
@@ -351,6 +405,7 @@ fn evaluate_alongside<T>(
             traced: calibrated.traced,
             calibration: calibrated.calibration,
             rotation: None,
+            sink_prefix: calibrated.sink_summary,
         },
         also,
     ))
@@ -390,11 +445,12 @@ fn copy_tokenizer_files(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs `sequences` through `model` one prefill at a time (progress as `label`), handing each
-/// sequence's logits (`[len, vocab]`) to `logits`.
+/// Runs `sequences` through `model` one prefill at a time (each after `prefix`, when given;
+/// progress as `label`), handing each sequence's logits (`[len, vocab]`) to `logits`.
 fn run_sequences(
     model: &dyn CausalLm,
     backend: &BackendRef,
+    prefix: Option<&SinkPrefix>,
     sequences: &[Vec<i64>],
     label: &str,
     progress: &dyn Progress,
@@ -402,7 +458,7 @@ fn run_sequences(
 ) -> Result<()> {
     let pb = progress.start(label, sequences.len());
     for (i, seq) in sequences.iter().enumerate() {
-        logits(prefill_logits(model, backend, seq).with_context(|| format!("sequence {i} of {label}"))?);
+        logits(prefill_logits(model, backend, prefix, seq).with_context(|| format!("sequence {i} of {label}"))?);
         pb.inc(1);
     }
     pb.finish();
@@ -437,7 +493,16 @@ pub fn evaluate(
     progress: &dyn Progress,
 ) -> Result<AccuracyReport> {
     let evaluation = Evaluation { hf, traced, max_positions, sequences, progress };
-    let float = evaluation.run_recorded(float_dir, None, "eval float")?;
+    // The quantized checkpoint's prefix tokens, with the float model's own K/V of them.
+    let float_prefix = match SinkPrefix::load_beside(quant_dir)? {
+        Some(shipped) => {
+            let backend = CpuBackend::float();
+            let (model, _store) = open_model(float_dir, hf, max_positions, &backend)?;
+            Some(SinkPrefix::compute(model.as_ref(), &backend, &shipped.ids).context("the attention-sink prefix")?)
+        }
+        None => None,
+    };
+    let float = evaluation.run_recorded(float_dir, None, float_prefix.as_ref(), "eval float")?;
     evaluation.against_float(&float, quant_dir, what)
 }
 
@@ -452,15 +517,21 @@ struct Evaluation<'a> {
 }
 
 impl Evaluation<'_> {
-    /// The checkpoint `dir` run over the sequences with `hook` at its QDQ points, recording what
-    /// [`RecordedRun`] holds (the layer outputs as they reach `hook`).
-    fn run_recorded(&self, dir: &Path, hook: Option<Arc<dyn QdqHook>>, label: &str) -> Result<RecordedRun> {
+    /// The checkpoint `dir` run over the sequences (after `prefix`) with `hook` at its QDQ points,
+    /// recording what [`RecordedRun`] holds (the layer outputs as they reach `hook`).
+    fn run_recorded(
+        &self,
+        dir: &Path,
+        hook: Option<Arc<dyn QdqHook>>,
+        prefix: Option<&SinkPrefix>,
+        label: &str,
+    ) -> Result<RecordedRun> {
         let keys: Vec<String> = layer_points(self.traced).into_iter().map(|(_, p)| p.key).collect();
         let recorder = Arc::new(RecordingHook::new(hook, keys.clone()));
         let backend = CpuBackend::with_qdq(recorder.clone());
         let (model, _store) = open_model(dir, self.hf, self.max_positions, &backend)?;
         let mut logits = Vec::new();
-        run_sequences(model.as_ref(), &backend, self.sequences, label, self.progress, |l| logits.extend(l))?;
+        run_sequences(model.as_ref(), &backend, prefix, self.sequences, label, self.progress, |l| logits.extend(l))?;
         let layers = keys.iter().map(|k| recorder.take(k).concat()).collect();
         Ok(RecordedRun { logits, layers })
     }
@@ -473,7 +544,8 @@ impl Evaluation<'_> {
         let params = QdqParams::from_checkpoint(&quant_ckpt, &qdq_points(traced)?)?;
         drop(quant_ckpt);
         let fake_quant: Arc<dyn QdqHook> = Arc::new(FakeQuantHook::new(&params));
-        let quant = self.run_recorded(quant_dir, Some(fake_quant), "eval quant")?;
+        let prefix = SinkPrefix::load_beside(quant_dir)?;
+        let quant = self.run_recorded(quant_dir, Some(fake_quant), prefix.as_ref(), "eval quant")?;
 
         let mut rows = Vec::new();
         for ((symbol, point), (f, q)) in layer_points(traced).iter().zip(float.layers.iter().zip(&quant.layers)) {

@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use crate::error::{bail, ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
-use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, Rotation, WeightMethod};
+use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, Rotation, SinkPrefix, WeightMethod};
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::artifacts::summary::summarize;
 use backend_qnn::artifacts::write_graph_artifacts;
@@ -52,6 +52,7 @@ use crate::probe::{Probe, ProbeText};
 use crate::progress::Progress;
 use crate::report::{AotReport, GraphReport, Timings};
 use crate::sequences::CalibSource;
+use crate::sink::sink_prefix_ids;
 use crate::trace::{trace_graph, trace_model};
 use mllm_dsl::config::run_sizes::{available_memory, RunSizes};
 
@@ -96,6 +97,9 @@ pub struct AotOptions {
     /// Also compare every node of each lowered graph with the CPU fake-quant run on the probe and
     /// write the table into `ledger_ops/<graph>.txt` ([`crate::divergence`]; docs/ledger.md).
     pub ledger_ops: bool,
+    /// The attention-sink prefix's tokens when calibrating (`--sink-prefix`, each a token's text
+    /// or `id:N`; [`backend_cpu::quant::SinkPrefix`]); a quantized checkpoint brings its own.
+    pub sink_prefix: Vec<String>,
 }
 
 impl AotOptions {
@@ -115,6 +119,7 @@ impl AotOptions {
             act_ranges: ActRanges::default(),
             rotation: Rotation::None,
             ledger_ops: false,
+            sink_prefix: Vec::new(),
         }
     }
 }
@@ -222,6 +227,10 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
             }
             timings.evaluate = t.elapsed().as_secs_f64();
             let quant_dir = out.join("quantized");
+            let sink_prefix = match opts.sink_prefix.is_empty() {
+                true => None,
+                false => Some(sink_prefix_ids(&opts.sink_prefix, float_dir, hf.vocab_size)?),
+            };
             let options = QuantizeOptions {
                 model: float_dir.clone(),
                 aot_config: opts.aot_config.clone(),
@@ -234,6 +243,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 weight_method: opts.weight_method,
                 act_ranges: opts.act_ranges,
                 rotation: opts.rotation,
+                sink_prefix,
             };
             // Straight into this run's staging directory, which is swapped in as a whole.
             std::fs::create_dir(&quant_dir).with_context(|| format!("creating {}", quant_dir.display()))?;
@@ -266,6 +276,11 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         }
         None => {
             let dir = model_dir.clone();
+            ensure!(
+                opts.sink_prefix.is_empty(),
+                "--sink-prefix is chosen when calibrating; the quantized checkpoint {} ships its own prefix (or none)",
+                dir.display()
+            );
             let ckpt = SafetensorsCheckpoint::open(&dir)?;
             ensure!(
                 is_quantized_checkpoint(&ckpt),
@@ -360,6 +375,8 @@ fn compile_and_validate(
     // The eager fake-quant model, built once for the ledger.
     let eager_backend = fake_quant_backend(&ckpt, model.traced)?;
     let (eager_model, _) = open_model(model.dir, job.hf, model.max_positions, &eager_backend)?;
+    let prefix = SinkPrefix::load_beside(model.dir)
+        .with_context(|| format!("the attention-sink prefix of {}", model.dir.display()))?;
     timings.validate = t.elapsed().as_secs_f64();
     if matches!(job.opts.source, ModelSource::Quantized(_)) {
         let t = Instant::now();
@@ -418,6 +435,7 @@ fn compile_and_validate(
             model.probe_text,
             eager_model.as_ref(),
             &eager_backend,
+            prefix.as_ref(),
         )?;
         let eager = probe.run_eager(eager_model.as_ref(), &eager_backend)?;
         let cpu = Interpreter::new(program, &store, InterpMode::FakeQuant(&ckpt))

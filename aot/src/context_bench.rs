@@ -315,6 +315,7 @@ pub fn prepare_checkpoint(opts: &BenchOptions) -> Result<PathBuf> {
         weight_method: WeightMethod::Rtn,
         act_ranges: Default::default(),
         rotation: Rotation::None,
+        sink_prefix: None,
     })
     .with_context(|| format!("quantizing the synthetic checkpoint {}", float.display()))?;
     Ok(quantized)

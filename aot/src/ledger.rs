@@ -57,7 +57,8 @@ pub(crate) fn float_vs_reference(dir: &Path, hf: &HfConfig, max_positions: usize
     let Some((ids, reference)) = reference_logits(dir, "logits")? else { return Ok(None) };
     let backend = CpuBackend::float();
     let (model, _) = open_model(dir, hf, max_positions, &backend)?;
-    let logits = prefill_logits(model.as_ref(), &backend, &ids).context("float prefill of the reference input_ids")?;
+    let logits =
+        prefill_logits(model.as_ref(), &backend, None, &ids).context("float prefill of the reference input_ids")?;
     Ok(Some(LedgerEntry {
         stage: "float_vs_reference",
         graph: None,
@@ -76,7 +77,7 @@ pub(crate) fn quantized_vs_reference_float(
     backend: &BackendRef,
 ) -> Result<Option<LedgerEntry>> {
     let Some((ids, reference)) = reference_logits(dir, "float_logits")? else { return Ok(None) };
-    let logits = prefill_logits(eager, backend, &ids).context("fake-quant prefill of the reference input_ids")?;
+    let logits = prefill_logits(eager, backend, None, &ids).context("fake-quant prefill of the reference input_ids")?;
     Ok(Some(LedgerEntry {
         stage: "fakequant_vs_float",
         graph: None,

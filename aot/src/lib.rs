@@ -34,11 +34,12 @@ pub mod real_model;
 pub mod report;
 pub mod runner;
 pub mod sequences;
+pub mod sink;
 pub mod synthetic;
 pub mod text_quality;
 pub mod trace;
 
-pub use calibrate::{evaluate, quantize, QuantizeOptions, QuantizeOutcome};
+pub use calibrate::{evaluate, quantize, QuantizeOptions, QuantizeOutcome, SinkSummary};
 pub use chat::{load_chat_template, stop_ids, user_turn_prompt, Conversation, TextStream};
 pub use compile::{
     compile, lower_for_context, run, AotOptions, CompileOptions, CompileTimings, CompiledGraph, CompiledModel,
@@ -54,4 +55,5 @@ pub use real_model::smollm2_dir;
 pub use report::{AotReport, GraphReport, Timings};
 pub use runner::Runner;
 pub use sequences::{encode_prompt, load_id_sequences, load_text_sequences, load_tokenizer, CalibSource};
+pub use sink::sink_prefix_ids;
 pub use trace::{trace_graph, trace_model};

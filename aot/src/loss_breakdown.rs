@@ -93,7 +93,7 @@ pub fn weight_loss_breakdown(opts: &BreakdownOptions) -> Result<TextQuality> {
     let float_store = CheckpointStore::open(&opts.model, backend.clone(), hf.tie_word_embeddings)?;
     let eval = {
         let float = build_model(&hf, positions, &ParamSource::Store(&float_store), &opts.model)?;
-        TextEval::new(float.as_ref(), &backend, &opts.ids, opts.window, &tick)
+        TextEval::new(float.as_ref(), &backend, None, &opts.ids, opts.window, &tick)
             .with_context(|| format!("float run of {}", opts.model.display()))?
     };
     let (mut rows, mut seconds) = (vec![eval.float().clone()], vec![t.elapsed().as_secs_f64()]);
@@ -121,7 +121,7 @@ pub fn weight_loss_breakdown(opts: &BreakdownOptions) -> Result<TextQuality> {
         let store = QuantizedSubset::new(&source_store, &quant_store, &select);
         let model = build_model(&source_hf, positions, &ParamSource::Store(&store), &opts.quantized)
             .with_context(|| format!("group `{}`", g.name))?;
-        rows.push(eval.score(g.name.clone(), model.as_ref(), &backend, &tick).with_context(|| g.name.clone())?);
+        rows.push(eval.score(g.name.clone(), model.as_ref(), &backend, None, &tick).with_context(|| g.name.clone())?);
         seconds.push(t.elapsed().as_secs_f64());
     }
     pb.finish();

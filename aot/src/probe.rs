@@ -4,11 +4,12 @@
 //! A probe is one chunk of real text as a compiled graph sees it in the middle of a prompt: the
 //! chunk's token ids at their positions, the runtime's attention mask, and a K/V cache holding
 //! what the eager fake-quant model's own prefill of the preceding text produced, as u8 codes of
-//! the graph's K/V input encodings.
+//! the graph's K/V input encodings — after the checkpoint's attention-sink prefix in the first
+//! columns, when it ships one.
 
 use crate::error::{ensure, Context, Result};
 use backend_cpu::executor::real_values;
-use backend_cpu::quant::prefill;
+use backend_cpu::quant::{prefill, SinkPrefix};
 use backend_qnn::interp::TensorValue;
 use backend_qnn::QnnGraph;
 use mllm_dsl::config::hf::HfConfig;
@@ -50,8 +51,11 @@ impl ProbeText {
 pub(crate) struct Probe {
     chunk: usize,
     context: usize,
-    /// Valid past tokens in the cache (columns `0..past`); the chunk starts at position `past`.
+    /// Valid past tokens in the cache (columns `0..past`, the prefix's first); the chunk starts
+    /// at position `past`.
     past: usize,
+    /// Attention-sink prefix tokens in the first cache columns (0 without a prefix).
+    prefix: usize,
     /// Rows of the chunk holding text (the rest is zero padding, as the runtime pads).
     rows: usize,
     source: String,
@@ -67,10 +71,12 @@ pub(crate) struct Probe {
 }
 
 impl Probe {
-    /// The probe of a `chunk`-token graph at `context`: the chunk is text tokens `past..past + rows`
+    /// The probe of a `chunk`-token graph at `context`: the chunk is text tokens `t..t + rows`
     /// of the first [`PROBE_WINDOW`] tokens of `text` (the last `chunk` of them, or all but the
-    /// first when the text is shorter), and the cache holds the K/V `model` (the eager fake-quant
-    /// model on `backend`) computes when it prefills tokens `0..past`.
+    /// first when the text is shorter), and the cache holds `prefix` (the checkpoint's
+    /// attention-sink prefix, `P` columns) then the K/V `model` (the eager fake-quant model on
+    /// `backend`) computes when it prefills text tokens `0..t` after it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         hf: &HfConfig,
         params: &dyn QuantParamProvider,
@@ -79,22 +85,50 @@ impl Probe {
         text: &ProbeText,
         model: &dyn CausalLm,
         backend: &BackendRef,
+        prefix: Option<&SinkPrefix>,
     ) -> Result<Probe> {
         ensure!(!text.ids.is_empty(), "the probe text ({}) has no tokens", text.source);
         let cfg = TransformerConfig::from_hf(hf, context);
         let cache = context - chunk;
+        let n_prefix = prefix.map_or(0, SinkPrefix::len);
+        ensure!(
+            n_prefix < cache,
+            "the attention-sink prefix's {n_prefix} tokens leave no cache column for text in a {chunk}-token graph \
+             at context {context}"
+        );
         let window = text.ids.len().min(PROBE_WINDOW);
         // At least one token before the chunk when the text has two, so the chunk attends a past.
         let rows = chunk.min(window.saturating_sub(1)).max(1);
-        let past = (window - rows).min(cache);
-        let mut ids = text.ids[past..past + rows].to_vec();
+        let text_past = (window - rows).min(cache - n_prefix);
+        let past = n_prefix + text_past;
+        let mut ids = text.ids[text_past..text_past + rows].to_vec();
         ids.resize(chunk, 0);
         let positions = (past..past + chunk).map(|p| p as i64).collect();
         let mut mask = AttentionMask::new(context).context("probe mask")?;
         mask.init(chunk, past).context("probe mask")?;
 
         let (kvh, d, l) = (cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers);
-        let (keys, values) = prefill_kv(model, backend, &text.ids[..past])?;
+        let (mut keys, mut values) = prefill_kv(model, backend, prefix, &text.ids[..text_past])?;
+        if let Some(prefix) = prefix {
+            // The prefix's columns first: K `[Hkv, D, P]` rows joined with the text's `[Hkv, D, t]`,
+            // V `[Hkv, P, D]` blocks with `[Hkv, t, D]`.
+            let join = |a: &[f32], b: &[f32], a_cols: usize, b_cols: usize, rows: usize| -> Vec<f32> {
+                let a_rows = a.chunks_exact(a_cols.max(1));
+                let b_rows = b.chunks_exact(b_cols.max(1)).map(Some).chain(std::iter::repeat(None));
+                a_rows
+                    .zip(b_rows)
+                    .take(rows)
+                    .flat_map(|(a, b)| a.iter().chain(b.unwrap_or_default()).copied())
+                    .collect()
+            };
+            let (p, t) = (n_prefix, text_past);
+            keys = (0..l)
+                .map(|i| join(&prefix.keys[i], keys.get(i).map_or(&[][..], Vec::as_slice), p, t, kvh * d))
+                .collect();
+            values = (0..l)
+                .map(|i| join(&prefix.values[i], values.get(i).map_or(&[][..], Vec::as_slice), p * d, t * d, kvh))
+                .collect();
+        }
         let mut kv_codes = Vec::with_capacity(2 * l);
         let mut kv_scales = Vec::with_capacity(2 * l);
         for (which, present) in [(KvCache::Key, &keys), (KvCache::Value, &values)] {
@@ -128,6 +162,7 @@ impl Probe {
             past,
             rows,
             source: text.source.clone(),
+            prefix: n_prefix,
             ids,
             positions,
             mask_codes: mask.to_u16(),
@@ -139,16 +174,22 @@ impl Probe {
     }
 
     pub(crate) fn describe(&self, what: &str) -> String {
+        let text_past = self.past - self.prefix;
+        let prefix = match self.prefix {
+            0 => String::new(),
+            p => format!(" after the {p}-token attention-sink prefix,"),
+        };
         format!(
             "{what}; tokens {}..{} of {} ({} of {} rows), after the eager fake-quant prefill of the {} tokens before \
-             them as past K/V ({} cache columns)",
-            self.past,
-            self.past + self.rows,
+             them as past K/V ({} cache columns;{prefix} positions from {})",
+            text_past,
+            text_past + self.rows,
             self.source,
             self.rows,
             self.chunk,
-            self.past,
-            self.context - self.chunk
+            text_past,
+            self.context - self.chunk,
+            self.past
         )
     }
 
@@ -225,13 +266,19 @@ impl Probe {
 type LayerValues = Vec<Vec<f32>>;
 
 /// Per layer, the K `[Hkv, D, n]` and V `[Hkv, n, D]` the model computes when it prefills `ids`
-/// from position 0 with an empty cache (as the CPU runtime's first chunk does); none for no ids.
-fn prefill_kv(model: &dyn CausalLm, backend: &BackendRef, ids: &[i64]) -> Result<(LayerValues, LayerValues)> {
+/// after `prefix` (from position 0 with an empty cache without one, as the CPU runtime's first
+/// chunk does); none for no ids.
+fn prefill_kv(
+    model: &dyn CausalLm,
+    backend: &BackendRef,
+    prefix: Option<&SinkPrefix>,
+    ids: &[i64],
+) -> Result<(LayerValues, LayerValues)> {
     let n = ids.len();
     if n == 0 {
         return Ok((Vec::new(), Vec::new()));
     }
-    let (_, (keys, values)) = prefill(model, backend, ids, n..n)
+    let (_, (keys, values)) = prefill(model, backend, prefix, ids, n..n)
         .with_context(|| format!("eager fake-quant prefill of the {n} probe tokens before the chunk"))?;
     let read = |t: &Tensor, what: &str| -> Result<Vec<f32>> {
         Ok(real_values(t).with_context(|| format!("the prefill's {what} holds no real data"))?.into_owned())

@@ -7,11 +7,12 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use crate::error::{bail, ensure, AotError, Context, Result};
+use backend_cpu::quant::SinkPrefix;
 use backend_cpu::CpuChunkModel;
 use backend_qnn::sdk::{EmulatedHtp, SdkChunkModel, SdkError};
 use backend_qnn::{QnnChunkModel, QnnModelError};
 use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator};
+use mllm_dsl::runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator, KvPrefix};
 
 use crate::chat::{Conversation, TextStream};
 use crate::compile::lower_for_context;
@@ -52,7 +53,12 @@ impl Runner {
             let (n, keys) = (loaded.unused.len(), loaded.unused.join(", "));
             notes.push(format!("warning: {n} checkpoint tensors were not used: {keys}"));
         }
-        let generator = RunnerGenerator::Cpu(Box::new(Generator::new(loaded.model)?));
+        let mut generator = Generator::new(loaded.model)?;
+        if let Some(prefix) = shipped_prefix(dir, &mut notes)? {
+            let SinkPrefix { keys, values, .. } = prefix.clone();
+            generator.set_prefix(KvPrefix { len: prefix.len(), keys, values })?;
+        }
+        let generator = RunnerGenerator::Cpu(Box::new(generator));
         Ok(Runner { config: loaded.config, notes, generator })
     }
 
@@ -75,7 +81,7 @@ impl Runner {
         if emulate {
             let graphs = lower_for_context(dir, chunk, context)?;
             let model = QnnChunkModel::emulated(graphs, &bytes).with_context(what)?;
-            let generator = RunnerGenerator::Emulated(Box::new(Generator::new(model)?));
+            let generator = RunnerGenerator::Emulated(Box::new(with_prefix(model, dir, &mut notes)?));
             return Ok(Runner { config, notes, generator });
         }
         // The graph I/O (and its encodings) comes from the binary's metadata; only when that lacks
@@ -102,7 +108,7 @@ impl Runner {
         );
         let ctx = model.layout().context_len;
         ensure!(ctx == context, "{} was built for context {ctx}, not --context {context}", binary.display());
-        let generator = RunnerGenerator::Sdk(Box::new(Generator::new(model)?));
+        let generator = RunnerGenerator::Sdk(Box::new(with_prefix(model, dir, &mut notes)?));
         Ok(Runner { config, notes, generator })
     }
 
@@ -191,6 +197,40 @@ impl Runner {
         };
         out.context("generation failed")
     }
+}
+
+/// The attention-sink prefix the checkpoint `dir` ships, noted in `notes` when there is one.
+fn shipped_prefix(dir: &Path, notes: &mut Vec<String>) -> Result<Option<SinkPrefix>> {
+    let prefix =
+        SinkPrefix::load_beside(dir).with_context(|| format!("the attention-sink prefix of {}", dir.display()))?;
+    if let Some(p) = &prefix {
+        notes.push(format!(
+            "{}: every sequence starts from its {}-token attention-sink prefix {:?} ({})",
+            dir.display(),
+            p.len(),
+            p.ids,
+            backend_cpu::quant::SINK_PREFIX_FILE
+        ));
+    }
+    Ok(prefix)
+}
+
+/// A generator over a context binary's graphs, starting every sequence from the prefix the
+/// checkpoint `dir` ships (as codes of the graphs' K/V inputs), when it ships one.
+fn with_prefix<A: backend_qnn::sdk::QnnExecApi>(
+    model: QnnChunkModel<A>,
+    dir: &Path,
+    notes: &mut Vec<String>,
+) -> Result<Generator<QnnChunkModel<A>>> {
+    let prefix = match shipped_prefix(dir, notes)? {
+        Some(p) => Some(model.kv_prefix(p.len(), &p.keys, &p.values).context("the attention-sink prefix")?),
+        None => None,
+    };
+    let mut generator = Generator::new(model)?;
+    if let Some(prefix) = prefix {
+        generator.set_prefix(prefix)?;
+    }
+    Ok(generator)
 }
 
 /// Qualcomm's x86 emulation cannot run a weight-shared context binary, and its libQnnHtp.so does

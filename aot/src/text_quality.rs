@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{bail, ensure, AotError, Context, Result};
-use backend_cpu::quant::{FakeQuantHook, QdqParams, QualityRow, RtnWeights, TextEval};
+use backend_cpu::quant::{FakeQuantHook, QdqParams, QualityRow, RtnWeights, SinkPrefix, TextEval};
 use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
 use mllm_dsl::config::hf::HfConfig;
@@ -125,15 +125,42 @@ pub fn load_fake_quant(dir: &Path) -> Result<(Box<dyn CausalLm>, BackendRef, usi
     Ok((model, backend, rows))
 }
 
-/// Scores float, each quantized checkpoint and the RTN baseline on `opts.ids`.
+/// Scores float, each quantized checkpoint and the RTN baseline on `opts.ids`. When the quantized
+/// checkpoints ship an attention-sink prefix ([`SinkPrefix`]), every model starts each window
+/// from the same prefix tokens: the quantized ones from the K/V they ship, float and RTN from
+/// their own.
 pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
     let hf = HfConfig::from_dir(&opts.model)?;
-    let positions = opts.window.min(opts.ids.len()).max(2);
+    let prefixes = opts
+        .quantized
+        .iter()
+        .map(|(_, dir)| SinkPrefix::load_beside(dir).with_context(|| format!("the prefix of {}", dir.display())))
+        .collect::<Result<Vec<_>>>()?;
+    let prefix_ids = prefixes.first().and_then(|p| p.as_ref().map(|p| p.ids.clone()));
+    for ((_, dir), p) in opts.quantized.iter().zip(&prefixes) {
+        ensure!(
+            p.as_ref().map(|p| &p.ids) == prefix_ids.as_ref(),
+            "{} starts from the attention-sink prefix {:?}, {} from {:?}: checkpoints scored together must share it",
+            dir.display(),
+            p.as_ref().map(|p| &p.ids),
+            opts.quantized[0].1.display(),
+            prefix_ids
+        );
+    }
+    let prefix_len = prefix_ids.as_ref().map_or(0, Vec::len);
+    let positions = opts.window.min(opts.ids.len()).max(2) + prefix_len;
     let n_windows = opts.ids.chunks(opts.window.max(1)).filter(|w| w.len() >= 2).count();
     let runs = 1 + opts.quantized.len() + usize::from(opts.rtn.is_some());
     let pb = opts.progress.start("perplexity", runs * n_windows);
     let tick = |_: usize, _: usize| pb.inc(1);
     let (mut rows, mut seconds) = (Vec::new(), Vec::new());
+    // A float-activation model's own K/V of the prefix tokens.
+    let own_prefix = |model: &dyn CausalLm, backend: &BackendRef| -> Result<Option<SinkPrefix>> {
+        Ok(match &prefix_ids {
+            Some(ids) => Some(SinkPrefix::compute(model, backend, ids).context("the attention-sink prefix")?),
+            None => None,
+        })
+    };
 
     // 1. Float: the reference every other model is scored against.
     let t = Instant::now();
@@ -141,14 +168,15 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
     let float_backend = CpuBackend::float();
     let store = CheckpointStore::open(&opts.model, float_backend.clone(), hf.tie_word_embeddings)?;
     let float = build_model(&hf, positions, &ParamSource::Store(&store), &opts.model)?;
-    let eval = TextEval::new(float.as_ref(), &float_backend, &opts.ids, opts.window, &tick)
+    let float_prefix = own_prefix(float.as_ref(), &float_backend)?;
+    let eval = TextEval::new(float.as_ref(), &float_backend, float_prefix.as_ref(), &opts.ids, opts.window, &tick)
         .with_context(|| format!("float run of {}", opts.model.display()))?;
     drop(float);
     rows.push(eval.float().clone());
     seconds.push(t.elapsed().as_secs_f64());
 
     // 2. Each quantized checkpoint in fake-quant mode.
-    for (name, dir) in &opts.quantized {
+    for ((name, dir), prefix) in opts.quantized.iter().zip(&prefixes) {
         let t = Instant::now();
         pb.set_message(name);
         let (model, backend, rows_covered) = load_fake_quant(dir)?;
@@ -157,7 +185,8 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
             "{}: its RoPE tables cover {rows_covered} positions; the evaluation window needs {positions}",
             dir.display()
         );
-        rows.push(eval.score(name.clone(), model.as_ref(), &backend, &tick).with_context(|| name.clone())?);
+        let row = eval.score(name.clone(), model.as_ref(), &backend, prefix.as_ref(), &tick);
+        rows.push(row.with_context(|| name.clone())?);
         seconds.push(t.elapsed().as_secs_f64());
     }
 
@@ -168,7 +197,9 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
         pb.set_message(&name);
         let rtn_store = RtnWeights::new(&store, rtn.bits, rtn.block)?;
         let model = build_model(&hf, positions, &ParamSource::Store(&rtn_store), &opts.model)?;
-        rows.push(eval.score(name.clone(), model.as_ref(), &float_backend, &tick).with_context(|| name.clone())?);
+        let prefix = own_prefix(model.as_ref(), &float_backend)?;
+        let row = eval.score(name.clone(), model.as_ref(), &float_backend, prefix.as_ref(), &tick);
+        rows.push(row.with_context(|| name.clone())?);
         seconds.push(t.elapsed().as_secs_f64());
     }
     pb.finish();

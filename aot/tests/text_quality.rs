@@ -33,7 +33,7 @@ fn float_perplexity_equals_hf_logits_perplexity() {
     let store = CheckpointStore::open(&dir, backend.clone(), cfg.tie_word_embeddings).unwrap();
     let mut model = models::build(&cfg, 64).unwrap();
     model.bind_params(&ParamSource::Store(&store)).unwrap();
-    let eval = TextEval::new(model.as_ref(), &backend, &ids, 64, &|_, _| {}).unwrap();
+    let eval = TextEval::new(model.as_ref(), &backend, None, &ids, 64, &|_, _| {}).unwrap();
     eprintln!("float perplexity: ours {:.6}, HF {:.6}", eval.float_perplexity(), hf.perplexity);
     assert_eq!(eval.float().predictions, ids.len() - 1);
     assert!((eval.float_perplexity() / hf.perplexity - 1.0).abs() < 1e-5);
@@ -41,14 +41,14 @@ fn float_perplexity_equals_hf_logits_perplexity() {
     assert!(eval.float_perplexity() > 2.0 && (eval.float_perplexity() - 128.0).abs() > 1.0);
 
     // Scoring the float model against itself: KL 0, full agreement.
-    let own = eval.score("again", model.as_ref(), &backend, &|_, _| {}).unwrap();
+    let own = eval.score("again", model.as_ref(), &backend, None, &|_, _| {}).unwrap();
     assert!(own.mean_kl.abs() < 1e-12 && own.top1_agreement == 1.0, "{own:?}");
 
     // Windows of 16: three prefills (16, 16, 8 tokens), 15 + 15 + 7 predictions.
-    let windowed = TextEval::new(model.as_ref(), &backend, &ids, 16, &|_, _| {}).unwrap();
+    let windowed = TextEval::new(model.as_ref(), &backend, None, &ids, 16, &|_, _| {}).unwrap();
     assert_eq!((windowed.windows(), windowed.float().predictions), (3, 37));
-    assert!(TextEval::new(model.as_ref(), &backend, &ids, 1, &|_, _| {}).is_err());
-    assert!(TextEval::new(model.as_ref(), &backend, &[5, 128], 8, &|_, _| {}).is_err());
+    assert!(TextEval::new(model.as_ref(), &backend, None, &ids, 1, &|_, _| {}).is_err());
+    assert!(TextEval::new(model.as_ref(), &backend, None, &[5, 128], 8, &|_, _| {}).is_err());
 }
 
 #[test]

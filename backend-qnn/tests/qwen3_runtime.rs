@@ -92,6 +92,67 @@ fn greedy_generation_from_the_context_binary_matches_the_cpu_fake_quant_run() {
     assert_eq!(q.ids, c.ids, "greedy ids");
 }
 
+/// An attention-sink prefix (K/V on the checkpoint's K/V grid, as `quantize --sink-prefix` ships
+/// it) starts both runtimes alike: the context binary's u8 cache gets exactly the prefix's codes,
+/// and the greedy run after it matches the CPU fake-quant run that starts from the real values.
+#[test]
+fn a_sink_prefix_starts_the_context_binary_like_the_cpu_run() {
+    use backend_cpu::quant::SinkPrefix;
+    use mllm_dsl::runtime::KvPrefix;
+    let (s4, s1) = lowered_pair();
+    let graphs = vec![s4, s1];
+    let dir = TempDir::new("runtime-prefix");
+    let binary = context_binary(&graphs, &dir);
+    let qnn = QnnChunkModel::emulated(graphs, &binary).unwrap();
+
+    // Two prefix tokens through the fake-quant model, rounded onto the checkpoint's K/V grid.
+    let (model, backend, _) = aot::text_quality::load_fake_quant(&fixture()).unwrap();
+    let real = SinkPrefix::compute(model.as_ref(), &backend, &[1, 7]).unwrap();
+    let ckpt = checkpoint::SafetensorsCheckpoint::open(fixture()).unwrap();
+    let scale = |l: usize, w: &str| {
+        ckpt.read_f32(&format!("model.layers.{l}.self_attn.{w}_cast_to_int8_qdq.fake_quant.scale")).unwrap()[0]
+    };
+    let layers = real.num_layers();
+    let (ks, vs): (Vec<f32>, Vec<f32>) = (0..layers).map(|l| (scale(l, "k"), scale(l, "v"))).unzip();
+    let (prefix, _) = real.on_kv_grid(&ks, &vs).unwrap();
+    let codes = qnn.kv_prefix(2, &prefix.keys, &prefix.values).unwrap();
+    for l in 0..layers {
+        for (c, v) in codes.keys[l].iter().zip(&prefix.keys[l]) {
+            assert_eq!((i32::from(*c) - 128) as f32 * ks[l], *v, "layer {l} key code");
+        }
+        for (c, v) in codes.values[l].iter().zip(&prefix.values[l]) {
+            assert_eq!((i32::from(*c) - 128) as f32 * vs[l], *v, "layer {l} value code");
+        }
+    }
+    assert!(qnn.kv_prefix(3, &prefix.keys, &prefix.values).is_err(), "sizes that do not fit 3 positions");
+
+    let prompt = [5u32, 17, 99, 3, 64, 8];
+    let config = GenerationConfig {
+        max_new_tokens: 6,
+        prefill_chunk: CHUNK,
+        eos_ids: vec![],
+        collect_prompt_logits: true,
+        ..GenerationConfig::default()
+    };
+    let mut qnn = Generator::new(Capture::new(qnn, CaptureRows::Read)).unwrap();
+    qnn.set_prefix(codes).unwrap();
+    let mut cpu = Generator::new(Capture::new(cpu_fake_quant_model(), CaptureRows::Read)).unwrap();
+    cpu.set_prefix(KvPrefix { len: 2, keys: prefix.keys.clone(), values: prefix.values.clone() }).unwrap();
+    let q = qnn.generate(&prompt, &config).unwrap();
+    let c = cpu.generate(&prompt, &config).unwrap();
+    let (qs, cs) = (&qnn.model().logits, &cpu.model().logits);
+    assert_eq!(qs.len(), prompt.len() + 5);
+    for (step, (a, b)) in qs.iter().zip(cs).enumerate() {
+        let db = sqnr_db(a, b);
+        assert!(db >= 35.0, "position {step} after the prefix: logits SQNR {db:.2} dB < 35 dB");
+    }
+    assert_eq!(q.ids, c.ids, "greedy ids after the prefix");
+    // The prefix is attended: without it the CPU run's first prompt row differs.
+    let mut plain = Generator::new(Capture::new(cpu_fake_quant_model(), CaptureRows::Read)).unwrap();
+    plain.generate(&prompt, &config).unwrap();
+    assert!(sqnr_db(&plain.model().logits[0], &cs[0]) < 60.0, "the prefix changes the first row");
+}
+
 #[test]
 fn binaries_of_other_graphs_and_broken_io_are_refused() {
     let (s4, s1) = lowered_pair();

@@ -39,6 +39,7 @@ fn run(mode: CalibrationMode, out: &Path) -> QuantizeOutcome {
         weight_method: backend_cpu::quant::WeightMethod::Rtn,
         act_ranges: Default::default(),
         rotation: backend_cpu::quant::Rotation::None,
+        sink_prefix: None,
     };
     quantize(&opts).unwrap()
 }
@@ -196,6 +197,7 @@ fn quantize_error(model: PathBuf, aot_config: Option<PathBuf>) -> String {
         weight_method: backend_cpu::quant::WeightMethod::Rtn,
         act_ranges: Default::default(),
         rotation: backend_cpu::quant::Rotation::None,
+        sink_prefix: None,
     };
     let err = quantize(&opts).err().expect("quantize must refuse this configuration");
     eprintln!("{err:#}");

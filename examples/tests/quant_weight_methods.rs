@@ -43,6 +43,7 @@ fn quantize_fixture(
         weight_method: method,
         act_ranges: ranges,
         rotation,
+        sink_prefix: None,
     })
 }
 

@@ -527,6 +527,7 @@ fn run_into(which: &str, out: &Path) {
                 weight_method: backend_cpu::quant::WeightMethod::Rtn,
                 act_ranges: Default::default(),
                 rotation: backend_cpu::quant::Rotation::None,
+                sink_prefix: None,
             })
             .unwrap();
         }

@@ -3,13 +3,14 @@
 //!
 //! Quick start:
 //! ```ignore
-//! let eval = TextEval::new(float_model.as_ref(), &float_backend, ids, 256, &|_, _| {})?;
-//! let row = eval.score("W4A16KV8 fake-quant", quant_model.as_ref(), &quant_backend, &|_, _| {})?;
+//! let eval = TextEval::new(float_model.as_ref(), &float_backend, None, ids, 256, &|_, _| {})?;
+//! let row = eval.score("W4A16KV8 fake-quant", quant_model.as_ref(), &quant_backend, None, &|_, _| {})?;
 //! println!("float ppl {:.2}, quant ppl {:.2}, KL {:.4}", eval.float_perplexity(), row.perplexity, row.mean_kl);
 //! ```
 //!
 //! The token sequence is cut into windows of at most `window` tokens; each window is one prefill
-//! with no past ([`prefill_logits`]), so every model sees exactly the same contexts. Row `t` of a
+//! with no past ([`prefill_logits`]), or after an attention-sink prefix each model brings (the
+//! same tokens, its own K/V), so every model sees exactly the same contexts. Row `t` of a
 //! window's logits predicts token `t + 1` of that window: a window of `n` tokens scores `n - 1`
 //! predictions. Softmaxes are computed in f64 from the f32 logits.
 
@@ -17,6 +18,7 @@ use mllm_dsl::{BackendRef, CausalLm};
 
 use super::error::QuantizationError;
 use super::prefill::prefill_logits;
+use super::sink::SinkPrefix;
 
 /// Per-position log-probabilities of one logits row (log-softmax, f64).
 fn log_softmax(row: &[f32]) -> Vec<f64> {
@@ -76,14 +78,17 @@ pub struct TextEval {
     windows: Vec<WindowRef>,
     vocab: usize,
     float: QualityRow,
+    /// The float run's attention-sink prefix tokens: every scored model must start from the same.
+    prefix_ids: Option<Vec<i64>>,
 }
 
 impl TextEval {
-    /// Runs the float model over `ids` in windows of at most `window` tokens and keeps its
-    /// predictions. `progress(done, total)` is called after each window.
+    /// Runs the float model over `ids` in windows of at most `window` tokens (each after `prefix`,
+    /// when given) and keeps its predictions. `progress(done, total)` is called after each window.
     pub fn new(
         float_model: &dyn CausalLm,
         float_backend: &BackendRef,
+        prefix: Option<&SinkPrefix>,
         ids: &[i64],
         window: usize,
         progress: &dyn Fn(usize, usize),
@@ -109,7 +114,7 @@ impl TextEval {
         let mut windows = Vec::with_capacity(chunks.len());
         let (mut nll, mut predictions) = (0f64, 0usize);
         for (i, w) in chunks.iter().enumerate() {
-            let logits = prefill_logits(float_model, float_backend, w)?;
+            let logits = prefill_logits(float_model, float_backend, prefix, w)?;
             let rows: Vec<&[f32]> = logits.chunks_exact(vocab).take(w.len() - 1).collect();
             let log_probs: Vec<Vec<f64>> = rows.iter().map(|r| log_softmax(r)).collect();
             let top1 = rows.iter().map(|r| argmax(r)).collect();
@@ -125,7 +130,7 @@ impl TextEval {
             top1_agreement: 1.0,
             predictions,
         };
-        Ok(TextEval { windows, vocab, float })
+        Ok(TextEval { windows, vocab, float, prefix_ids: prefix.map(|p| p.ids.clone()) })
     }
 
     /// The float model's row (perplexity; KL 0, agreement 1 by definition).
@@ -142,15 +147,24 @@ impl TextEval {
         self.windows.len()
     }
 
-    /// Runs `model` over the same windows and scores it against the float model.
+    /// Runs `model` over the same windows (after `prefix`, its own K/V of the float run's prefix
+    /// tokens) and scores it against the float model.
     pub fn score(
         &self,
         name: impl Into<String>,
         model: &dyn CausalLm,
         backend: &BackendRef,
+        prefix: Option<&SinkPrefix>,
         progress: &dyn Fn(usize, usize),
     ) -> Result<QualityRow, QuantizationError> {
         let name = name.into();
+        if prefix.map(|p| &p.ids) != self.prefix_ids.as_ref() {
+            return Err(QuantizationError::Report(format!(
+                "`{name}` starts from the attention-sink prefix {:?}, the float model from {:?}: the contexts differ",
+                prefix.map(|p| &p.ids),
+                self.prefix_ids
+            )));
+        }
         if model.shape().vocab_size != self.vocab {
             return Err(QuantizationError::Report(format!(
                 "`{name}` has a vocabulary of {}, the float model {}",
@@ -160,7 +174,7 @@ impl TextEval {
         }
         let (mut nll, mut kl, mut agree) = (0f64, 0f64, 0usize);
         for (i, w) in self.windows.iter().enumerate() {
-            let logits = prefill_logits(model, backend, &w.ids)?;
+            let logits = prefill_logits(model, backend, prefix, &w.ids)?;
             let (n, k, a) = window_stats(&w.log_probs, &w.top1, &logits, &w.ids, self.vocab);
             nll += n;
             kl += k;

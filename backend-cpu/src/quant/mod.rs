@@ -16,7 +16,9 @@
 //! - [`rotation`]: Hadamard rotations folded into a float checkpoint before calibration, with
 //!   [`hadamard`] (the orthogonal matrices);
 //! - [`rtn`]: the naive weight-only round-to-nearest baseline a recipe must beat;
-//! - [`subset`]: a float model with chosen linears quantized, to attribute the loss.
+//! - [`subset`]: a float model with chosen linears quantized, to attribute the loss;
+//! - [`sink`]: the attention-sink prefix every run may start from, shipped beside a quantized
+//!   checkpoint.
 
 pub mod accuracy;
 pub mod calibrate;
@@ -32,6 +34,7 @@ pub mod params;
 pub mod prefill;
 pub mod rotation;
 pub mod rtn;
+pub mod sink;
 pub mod subset;
 
 pub use accuracy::{AccuracyReport, Comparison, ComparisonError, RecordingHook};
@@ -50,6 +53,7 @@ pub use params::QdqParams;
 pub use prefill::{prefill, prefill_logits, PresentKv};
 pub use rotation::{rotate_checkpoint, Rotation, RotationSummary, UnknownRotation};
 pub use rtn::RtnWeights;
+pub use sink::{SinkPrefix, SINK_PREFIX_FILE};
 pub use subset::QuantizedSubset;
 
 /// Whether a checkpoint holds quantized weights (pymllm's export or this project's): it has

@@ -1,5 +1,6 @@
-//! One whole sequence through a model file as a single prefill chunk with no past: how pymllm
-//! calibrates (HF `generate`'s first forward) and how the oracle's reference logits were made.
+//! One whole sequence through a model file as a single prefill chunk, with no past (how pymllm
+//! calibrates, HF `generate`'s first forward, and how the oracle's reference logits were made) or
+//! after an attention-sink prefix ([`SinkPrefix`]).
 
 use std::ops::Range;
 
@@ -7,12 +8,19 @@ use mllm_dsl::runtime::{dequantize_mask_value, MASK_ATTEND, MASK_MASKED};
 use mllm_dsl::{BackendRef, CausalLm, DType, Storage, Tensor, TensorType};
 
 use super::error::QuantizationError;
+use super::sink::SinkPrefix;
 
-/// Runs `ids` through `model` with positions `0..S`, a causal mask over the sequence only
-/// (`[1, 1, S, S]`, the dequantized u16 mask: 0.0 attends) and empty past K/V. Returns the logits,
-/// `S x vocab` row-major.
-pub fn prefill_logits(model: &dyn CausalLm, backend: &BackendRef, ids: &[i64]) -> Result<Vec<f32>, QuantizationError> {
-    let (logits, _) = prefill(model, backend, ids, 0..ids.len())?;
+/// Runs `ids` through `model` with positions `P..P + S` after the `P` tokens of `prefix` (none:
+/// `P = 0`, empty past K/V), a causal mask over the sequence that attends every prefix column
+/// (`[1, 1, S, P + S]`, the dequantized u16 mask: 0.0 attends). Returns the logits, `S x vocab`
+/// row-major.
+pub fn prefill_logits(
+    model: &dyn CausalLm,
+    backend: &BackendRef,
+    prefix: Option<&SinkPrefix>,
+    ids: &[i64],
+) -> Result<Vec<f32>, QuantizationError> {
+    let (logits, _) = prefill(model, backend, prefix, ids, 0..ids.len())?;
     let data = logits.as_f32().ok_or_else(|| QuantizationError::Report("model logits hold no f32 data".into()))?;
     let (s, vocab) = (ids.len(), model.shape().vocab_size);
     if data.len() != s * vocab {
@@ -24,7 +32,8 @@ pub fn prefill_logits(model: &dyn CausalLm, backend: &BackendRef, ids: &[i64]) -
     Ok(data.to_vec())
 }
 
-/// The present K/V of every layer after a prefill: K `[1, Hkv, D, S]`, V `[1, Hkv, S, D]` each.
+/// The present K/V of every layer after a prefill (the sequence's, not the prefix's): K
+/// `[1, Hkv, D, S]`, V `[1, Hkv, S, D]` each.
 pub type PresentKv = (Vec<Tensor>, Vec<Tensor>);
 
 /// [`prefill_logits`]' run with the logits of chunk rows `logit_rows` only (a model file may skip
@@ -32,6 +41,7 @@ pub type PresentKv = (Vec<Tensor>, Vec<Tensor>);
 pub fn prefill(
     model: &dyn CausalLm,
     backend: &BackendRef,
+    prefix: Option<&SinkPrefix>,
     ids: &[i64],
     logit_rows: Range<usize>,
 ) -> Result<(Tensor, PresentKv), QuantizationError> {
@@ -40,21 +50,30 @@ pub fn prefill(
         return Err(QuantizationError::CalibrationData("an empty sequence cannot be run".into()));
     }
     let shape = model.shape();
+    let p = prefix.map_or(0, SinkPrefix::len);
     let (attend, masked) = (dequantize_mask_value(MASK_ATTEND), dequantize_mask_value(MASK_MASKED));
-    let mask: Vec<f32> = (0..s * s).map(|k| if k % s <= k / s { attend } else { masked }).collect();
+    let cols = p + s;
+    // Row r (position p + r) attends every prefix column and the sequence up to itself.
+    let mask: Vec<f32> = (0..s * cols).map(|k| if k % cols <= p + k / cols { attend } else { masked }).collect();
     let f32_tensor = |data: Vec<f32>, dims: Vec<usize>, dtype: DType| {
         Tensor::from_storage(TensorType::new(dims, dtype), Storage::F32(data.into()), backend.clone())
     };
     let ids_t = Tensor::from_i64(ids.to_vec(), vec![1, s], DType::I32, backend.clone())?;
-    let pos = Tensor::from_i64((0..s as i64).collect::<Vec<_>>(), vec![s], DType::I32, backend.clone())?;
-    let mask = f32_tensor(mask, vec![1, 1, s, s], DType::F32)?;
-    let (kvh, d) = (shape.num_kv_heads, shape.head_dim);
-    let keys = (0..shape.num_layers)
-        .map(|_| f32_tensor(vec![], vec![1, kvh, d, 0], DType::U8Sym))
-        .collect::<Result<Vec<_>, _>>()?;
-    let values = (0..shape.num_layers)
-        .map(|_| f32_tensor(vec![], vec![1, kvh, 0, d], DType::U8Sym))
-        .collect::<Result<Vec<_>, _>>()?;
+    let pos = Tensor::from_i64((p as i64..(p + s) as i64).collect::<Vec<_>>(), vec![s], DType::I32, backend.clone())?;
+    let mask = f32_tensor(mask, vec![1, 1, s, cols], DType::F32)?;
+    let (keys, values) = match prefix {
+        Some(prefix) => {
+            prefix.check_fits(model)?;
+            prefix.past_tensors(backend)?
+        }
+        None => {
+            let (kvh, d) = (shape.num_kv_heads, shape.head_dim);
+            let empty = |dims: Vec<usize>| f32_tensor(vec![], dims, DType::U8Sym);
+            let keys = (0..shape.num_layers).map(|_| empty(vec![1, kvh, d, 0])).collect::<Result<Vec<_>, _>>()?;
+            let values = (0..shape.num_layers).map(|_| empty(vec![1, kvh, 0, d])).collect::<Result<Vec<_>, _>>()?;
+            (keys, values)
+        }
+    };
     // On the kernel pool: the QDQ hooks' rayon loops then use `--threads` threads, not rayon's
     // global pool, and the kernels split their work from a pool thread.
     let (logits, keys, values) =

@@ -71,6 +71,7 @@ impl AotModel {
             weight_method: backend_cpu::quant::WeightMethod::Rtn,
             act_ranges: Default::default(),
             rotation: backend_cpu::quant::Rotation::None,
+            sink_prefix: None,
         })
         .unwrap_or_else(|e| panic!("calibrating {name}: {e:#}"));
         let mut model = AotModel::open(out.0.clone());

@@ -1,0 +1,57 @@
+//! `--sink-prefix`: which tokens form the attention-sink prefix ([`SinkPrefix`]), and the prefix
+//! rounded onto a quantized checkpoint's K/V grid.
+
+use std::path::Path;
+
+use crate::error::{bail, ensure, Context, Result};
+use backend_cpu::quant::{QdqParams, SinkPrefix};
+use models::io::{kv_qdq, KvCache};
+
+/// The token ids of `--sink-prefix` values: each a token of the model's vocabulary as the
+/// tokenizer spells it (`<|endoftext|>`) or `id:N`, checked against `vocab_size`.
+pub fn sink_prefix_ids(specs: &[String], model_dir: &Path, vocab_size: usize) -> Result<Vec<i64>> {
+    let mut tokenizer = None;
+    let mut ids = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let id = match spec.strip_prefix("id:") {
+            Some(n) => n.parse::<i64>().with_context(|| format!("--sink-prefix {spec}: `{n}` is not a token id"))?,
+            None => {
+                if tokenizer.is_none() {
+                    tokenizer = Some(
+                        crate::sequences::load_tokenizer(model_dir)
+                            .with_context(|| format!("--sink-prefix {spec} names a token by its text"))?,
+                    );
+                }
+                let tok = tokenizer.as_ref().expect("loaded above");
+                match tok.token_to_id(spec) {
+                    Some(id) => i64::from(id),
+                    None => bail!(
+                        "--sink-prefix {spec}: no such token in {}/tokenizer.json (give one token as the tokenizer \
+                         spells it, e.g. <|endoftext|>, or id:N)",
+                        model_dir.display()
+                    ),
+                }
+            }
+        };
+        ensure!(
+            (0..vocab_size as i64).contains(&id),
+            "--sink-prefix {spec}: token id {id} is outside the vocabulary 0..{vocab_size}"
+        );
+        ids.push(id);
+    }
+    Ok(ids)
+}
+
+/// `prefix` rounded onto the u8 grid of each layer's K/V cache QDQ point in `params`, and how
+/// many values were clamped to the grid's range.
+pub(crate) fn on_kv_grid(prefix: &SinkPrefix, params: &QdqParams) -> Result<(SinkPrefix, usize)> {
+    let scales = |which: KvCache| -> Result<Vec<f32>> {
+        (0..prefix.num_layers())
+            .map(|l| {
+                let key = kv_qdq(l, which).key;
+                Ok(params.get(&key).with_context(|| format!("the calibration has no parameters for `{key}`"))?.scale)
+            })
+            .collect()
+    };
+    Ok(prefix.on_kv_grid(&scales(KvCache::Key)?, &scales(KvCache::Value)?)?)
+}
