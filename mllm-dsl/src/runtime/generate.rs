@@ -18,9 +18,9 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use super::error::RuntimeError;
+use super::kv_cache::KvPrefix;
 use super::model::ChunkModel;
 use super::sampler::{Sampler, Sampling};
-use super::kv_cache::KvPrefix;
 use super::sequence::Sequence;
 
 /// Prefill chunk length of mllm's Qwen3 AOT graphs.

@@ -178,11 +178,16 @@ impl<T: Copy + Default> KvCache<T> {
     pub fn write_prefix(&mut self, prefix: &KvPrefix<T>) -> Result<(), RuntimeError> {
         let layers = self.layout.num_layers;
         if prefix.keys.len() != layers || prefix.values.len() != layers {
-            return Err(RuntimeError::LayerOutOfRange { layer: prefix.keys.len().max(prefix.values.len()), num_layers: layers });
+            return Err(RuntimeError::LayerOutOfRange {
+                layer: prefix.keys.len().max(prefix.values.len()),
+                num_layers: layers,
+            });
         }
         let expected = self.layout.kv_elems(prefix.len);
         for layer in 0..layers {
-            for (tensor, got) in [("prefix key", prefix.keys[layer].len()), ("prefix value", prefix.values[layer].len())] {
+            for (tensor, got) in
+                [("prefix key", prefix.keys[layer].len()), ("prefix value", prefix.values[layer].len())]
+            {
                 if got != expected {
                     return Err(RuntimeError::TensorSize { tensor, layer, expected, got });
                 }
@@ -195,7 +200,14 @@ impl<T: Copy + Default> KvCache<T> {
 
     /// Copies the first `n` columns of K `[Hkv, D, cols]` and V `[Hkv, cols, D]` into `layer`'s
     /// cache at positions `[at, at + n)`.
-    fn write_columns(&mut self, layer: usize, kv: (&[T], &[T]), cols: usize, at: usize, n: usize) -> Result<(), RuntimeError> {
+    fn write_columns(
+        &mut self,
+        layer: usize,
+        kv: (&[T], &[T]),
+        cols: usize,
+        at: usize,
+        n: usize,
+    ) -> Result<(), RuntimeError> {
         let (rows, heads, d, stride) = self.dims();
         if at + n > stride {
             return Err(RuntimeError::CacheOverflow {
