@@ -75,6 +75,10 @@ pub enum RuntimeError {
     #[error("layer {layer} is out of range; the model has {num_layers} layers")]
     LayerOutOfRange { layer: usize, num_layers: usize },
 
+    /// A K/V prefix for another number of layers.
+    #[error("the K/V prefix holds {keys} key and {values} value layers; the model has {num_layers} layers")]
+    PrefixLayers { keys: usize, values: usize, num_layers: usize },
+
     /// A present K/V or logits buffer of the wrong size.
     #[error("{tensor} of layer {layer} has {got} elements; expected {expected}")]
     TensorSize { tensor: &'static str, layer: usize, expected: usize, got: usize },

@@ -178,8 +178,9 @@ impl<T: Copy + Default> KvCache<T> {
     pub fn write_prefix(&mut self, prefix: &KvPrefix<T>) -> Result<(), RuntimeError> {
         let layers = self.layout.num_layers;
         if prefix.keys.len() != layers || prefix.values.len() != layers {
-            return Err(RuntimeError::LayerOutOfRange {
-                layer: prefix.keys.len().max(prefix.values.len()),
+            return Err(RuntimeError::PrefixLayers {
+                keys: prefix.keys.len(),
+                values: prefix.values.len(),
                 num_layers: layers,
             });
         }
@@ -366,6 +367,10 @@ mod tests {
         short.values[1].pop();
         let err = cache.write_prefix(&short).unwrap_err();
         assert!(matches!(err, RuntimeError::TensorSize { tensor: "prefix value", layer: 1, .. }), "{err}");
+        let mut one_layer = prefix.clone();
+        one_layer.keys.pop();
+        let err = cache.write_prefix(&one_layer).unwrap_err();
+        assert_eq!(err.to_string(), "the K/V prefix holds 1 key and 2 value layers; the model has 2 layers");
         let mut long = prefix.clone();
         long.len = 16;
         assert!(cache.write_prefix(&long).is_err());
