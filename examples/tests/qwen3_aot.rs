@@ -73,13 +73,16 @@ fn rows<'a>(report: &'a serde_json::Value, stage: &str) -> Vec<&'a serde_json::V
     report["ledger"].as_array().unwrap().iter().filter(|r| r["stage"] == stage).collect()
 }
 
-/// A context binary's graphs as Qualcomm's `libQnnSystem.so` reads them back.
-fn context_metadata(binary: &[u8]) -> backend_qnn::sdk::ffi::BinaryInfo {
+/// A context binary's graphs as Qualcomm's `libQnnSystem.so` reads them back: per graph, its
+/// name and each I/O tensor's name, dtype, dims and encoding (not the tensor ids, which the
+/// backend numbers anew on every build in a process).
+fn context_metadata(binary: &[u8]) -> Vec<(String, Vec<String>)> {
     let paths = backend_qnn::sdk::LibraryPaths::find().expect(backend_qnn::sdk::FETCH_HINT);
     let system = backend_qnn::sdk::ffi::SystemApi::load(&paths.system).unwrap();
     let info = system.binary_info(binary).unwrap();
     assert_eq!(info.graphs.len(), 2, "a context binary of both graphs");
-    info
+    let io = |t: &backend_qnn::sdk::ffi::TensorInfo| format!("{} {:?} {:?} {:?}", t.name, t.dtype, t.dims, t.quant);
+    info.graphs.iter().map(|g| (g.name.clone(), g.inputs.iter().chain(&g.outputs).map(io).collect())).collect()
 }
 
 fn db(row: &serde_json::Value) -> f64 {
