@@ -86,6 +86,10 @@ fn main() -> Result<()> {
     };
     let sink_prefix = match args.recipe.sink_prefix.is_empty() {
         true => None,
+        false if calibration.is_none() => anyhow::bail!(
+            "--sink-prefix is chosen when calibrating (--calib-text / --calib-ids); a --quantized checkpoint \
+             brings its own (sink_prefix.safetensors) and is scored after it"
+        ),
         false => Some(aot::sink_prefix_ids(&args.recipe.sink_prefix, &args.model, hf.vocab_size)?),
     };
     if let Some(calibration) = calibration {

@@ -386,6 +386,17 @@ fn bad_inputs_fail_with_messages_naming_the_file_or_field() {
     // Arguments that exclude each other.
     let err = error(&["--model", "a", "--quantized", "b"]);
     assert!(err.contains("--quantized"), "{err}");
+
+    // Attention-sink prefixes: outside the vocabulary, a token's text without a tokenizer, one for
+    // a quantized checkpoint (which ships its own), and pymllm's recipe are refused.
+    let calibrate = ["--model", model.to_str().unwrap(), "--calib-ids", &calib_ids(), "--out", out];
+    let err = error(&[&calibrate[..], &["--sink-prefix", "id:128"][..]].concat());
+    assert!(err.contains("--sink-prefix id:128") && err.contains("outside the vocabulary 0..128"), "{err}");
+    let err = error(&[&calibrate[..], &["--sink-prefix", "<|endoftext|>"][..]].concat());
+    assert!(err.contains("--sink-prefix <|endoftext|>") && err.contains("tokenizer.json"), "{err}");
+    let err = error(&[&quantized[..], &["--sink-prefix", "id:1"][..]].concat());
+    assert!(err.contains("--sink-prefix") && err.contains("ships its own prefix"), "{err}");
+    assert!(!Path::new(out).exists(), "no output from refused runs");
 }
 
 #[test]
