@@ -30,6 +30,7 @@ use mllm_dsl::{ParamFormat, Program, QdqAttr};
 use crate::config::load_aot_config;
 use crate::load::{build_model, open_model};
 use crate::progress::Progress;
+use crate::sink::{float_prefix, on_kv_grid};
 use crate::trace::trace_model;
 
 /// Everything `quantize` needs.
@@ -218,11 +219,7 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
     // 1b. The attention-sink prefix's K/V, computed once by the float model: every pass below
     //     starts from them, so no observer ever sees the sink's massive activation.
     let float_prefix = match &opts.sink_prefix {
-        Some(ids) => {
-            let backend = CpuBackend::float();
-            let (model, _store) = open_model(model_dir, hf, opts.max_positions, &backend)?;
-            Some(SinkPrefix::compute(model.as_ref(), &backend, ids).context("computing the attention-sink prefix")?)
-        }
+        Some(ids) => Some(float_prefix(model_dir, hf, opts.max_positions, ids)?),
         None => None,
     };
     let prefix = float_prefix.as_ref();
@@ -296,7 +293,7 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
     // The prefix on the checkpoint's K/V grid, beside it: what every quantized run attends to.
     let sink_summary = match &float_prefix {
         Some(prefix) => {
-            let (on_grid, clamped) = crate::sink::on_kv_grid(prefix, &calibration.params)?;
+            let (on_grid, clamped) = on_kv_grid(prefix, &calibration.params)?;
             on_grid.save(out)?;
             let values = prefix.keys.iter().chain(&prefix.values).map(Vec::len).sum();
             Some(SinkSummary { ids: prefix.ids.clone(), clamped, values })
@@ -495,11 +492,7 @@ pub fn evaluate(
     let evaluation = Evaluation { hf, traced, max_positions, sequences, progress };
     // The quantized checkpoint's prefix tokens, with the float model's own K/V of them.
     let float_prefix = match SinkPrefix::load_beside(quant_dir)? {
-        Some(shipped) => {
-            let backend = CpuBackend::float();
-            let (model, _store) = open_model(float_dir, hf, max_positions, &backend)?;
-            Some(SinkPrefix::compute(model.as_ref(), &backend, &shipped.ids).context("the attention-sink prefix")?)
-        }
+        Some(shipped) => Some(float_prefix(float_dir, hf, max_positions, &shipped.ids)?),
         None => None,
     };
     let float = evaluation.run_recorded(float_dir, None, float_prefix.as_ref(), "eval float")?;

@@ -9,11 +9,12 @@
 
 use crate::error::{ensure, Context, Result};
 use backend_cpu::executor::real_values;
-use backend_cpu::quant::{prefill, SinkPrefix};
+use backend_cpu::quant::{prefill, QuantizationError, SinkPrefix};
 use backend_qnn::interp::TensorValue;
 use backend_qnn::QnnGraph;
 use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::passes::QuantParamProvider;
+use mllm_dsl::quant::{FakeQuantizer, QuantParams};
 use mllm_dsl::runtime::{dequantize_mask_value, AttentionMask};
 use mllm_dsl::{BackendRef, CausalLm, DType, Storage, Tensor, TensorType};
 use models::io::{kv_qdq, KvCache};
@@ -108,49 +109,34 @@ impl Probe {
         mask.init(chunk, past).context("probe mask")?;
 
         let (kvh, d, l) = (cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers);
-        let (mut keys, mut values) = prefill_kv(model, backend, prefix, &text.ids[..text_past])?;
-        if let Some(prefix) = prefix {
-            // The prefix's columns first: K `[Hkv, D, P]` rows joined with the text's `[Hkv, D, t]`,
-            // V `[Hkv, P, D]` blocks with `[Hkv, t, D]`.
-            let join = |a: &[f32], b: &[f32], a_cols: usize, b_cols: usize, rows: usize| -> Vec<f32> {
-                let a_rows = a.chunks_exact(a_cols.max(1));
-                let b_rows = b.chunks_exact(b_cols.max(1)).map(Some).chain(std::iter::repeat(None));
-                a_rows
-                    .zip(b_rows)
-                    .take(rows)
-                    .flat_map(|(a, b)| a.iter().chain(b.unwrap_or_default()).copied())
-                    .collect()
-            };
-            let (p, t) = (n_prefix, text_past);
-            keys = (0..l)
-                .map(|i| join(&prefix.keys[i], keys.get(i).map_or(&[][..], Vec::as_slice), p, t, kvh * d))
-                .collect();
-            values = (0..l)
-                .map(|i| join(&prefix.values[i], values.get(i).map_or(&[][..], Vec::as_slice), p * d, t * d, kvh))
-                .collect();
-        }
+        let (keys, values) = prefill_kv(model, backend, prefix, &text.ids[..text_past])?;
         let mut kv_codes = Vec::with_capacity(2 * l);
         let mut kv_scales = Vec::with_capacity(2 * l);
-        for (which, present) in [(KvCache::Key, &keys), (KvCache::Value, &values)] {
+        for (which, text_kv) in [(KvCache::Key, &keys), (KvCache::Value, &values)] {
             for layer in 0..l {
-                let scale = params.scalar_f32(&kv_qdq(layer, which).scale_key())?;
-                // Unused cache columns hold real zero (masked anyway).
+                let key = kv_qdq(layer, which).scale_key();
+                let scale = params.scalar_f32(&key)?;
+                let kv = QuantParams::kv_u8(scale).map_err(|source| QuantizationError::Quant { key, source })?;
+                let fq = FakeQuantizer::new(&kv);
+                let prefix_kv = prefix.map(|p| match which {
+                    KvCache::Key => p.keys[layer].as_slice(),
+                    KvCache::Value => p.values[layer].as_slice(),
+                });
+                let text_kv = text_kv.get(layer).map(Vec::as_slice);
+                // Unused cache columns hold real zero (masked anyway). K `[Hkv, D, cols]` goes into
+                // rows of `cache` columns, V `[Hkv, cols, D]` into heads of `cache` rows of `D`: the
+                // prefix's columns first, then the text's.
+                let width = if which == KvCache::Key { 1 } else { d };
                 let mut codes = vec![128u8; kvh * d * cache];
-                let src = present.get(layer).map(Vec::as_slice).unwrap_or_default();
-                let quantize = |v: f32| ((v / scale).round_ties_even() + 128.0).clamp(0.0, 255.0) as u8;
-                match which {
-                    // K `[Hkv, D, past]` into rows of `cache` columns.
-                    KvCache::Key => {
-                        for (dst, src) in codes.chunks_exact_mut(cache).zip(src.chunks_exact(past.max(1))) {
-                            dst[..past].iter_mut().zip(src).for_each(|(q, &v)| *q = quantize(v));
-                        }
+                let mut at = 0;
+                for (src, cols) in [(prefix_kv, n_prefix), (text_kv, text_past)] {
+                    let Some(src) = src.filter(|_| cols > 0) else { continue };
+                    let (row, stride) = (cols * width, cache * width);
+                    for (dst, src) in codes.chunks_exact_mut(stride).zip(src.chunks_exact(row)) {
+                        let dst = &mut dst[at * width..at * width + row];
+                        dst.iter_mut().zip(src).for_each(|(q, &v)| *q = fq.code(v) as u8);
                     }
-                    // V `[Hkv, past, D]` into heads of `cache` rows.
-                    KvCache::Value => {
-                        for (dst, src) in codes.chunks_exact_mut(cache * d).zip(src.chunks_exact((past * d).max(1))) {
-                            dst[..past * d].iter_mut().zip(src).for_each(|(q, &v)| *q = quantize(v));
-                        }
-                    }
+                    at += cols;
                 }
                 kv_scales.push(scale);
                 kv_codes.push(codes);

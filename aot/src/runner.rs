@@ -12,7 +12,7 @@ use backend_cpu::CpuChunkModel;
 use backend_qnn::sdk::{EmulatedHtp, SdkChunkModel, SdkError};
 use backend_qnn::{QnnChunkModel, QnnModelError};
 use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator, KvPrefix};
+use mllm_dsl::runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator};
 
 use crate::chat::{Conversation, TextStream};
 use crate::compile::lower_for_context;
@@ -55,8 +55,7 @@ impl Runner {
         }
         let mut generator = Generator::new(loaded.model)?;
         if let Some(prefix) = shipped_prefix(dir, &mut notes)? {
-            let SinkPrefix { keys, values, .. } = prefix.clone();
-            generator.set_prefix(KvPrefix { len: prefix.len(), keys, values })?;
+            generator.set_prefix(prefix.into_kv_prefix())?;
         }
         let generator = RunnerGenerator::Cpu(Box::new(generator));
         Ok(Runner { config: loaded.config, notes, generator })

@@ -5,7 +5,12 @@ use std::path::Path;
 
 use crate::error::{bail, ensure, Context, Result};
 use backend_cpu::quant::{QdqParams, SinkPrefix};
+use backend_cpu::CpuBackend;
+use mllm_dsl::config::hf::HfConfig;
+use mllm_dsl::quant::QuantParams;
 use models::io::{kv_qdq, KvCache};
+
+use crate::load::open_model;
 
 /// The token ids of `--sink-prefix` values: each a token of the model's vocabulary as the
 /// tokenizer spells it (`<|endoftext|>`) or `id:N`, checked against `vocab_size`.
@@ -42,16 +47,24 @@ pub fn sink_prefix_ids(specs: &[String], model_dir: &Path, vocab_size: usize) ->
     Ok(ids)
 }
 
-/// `prefix` rounded onto the u8 grid of each layer's K/V cache QDQ point in `params`, and how
-/// many values were clamped to the grid's range.
+/// `prefix` fake-quantized by each layer's K/V cache QDQ parameters in `params`, and how many
+/// values were clamped to the grid's range.
 pub(crate) fn on_kv_grid(prefix: &SinkPrefix, params: &QdqParams) -> Result<(SinkPrefix, usize)> {
-    let scales = |which: KvCache| -> Result<Vec<f32>> {
+    let layer_params = |which: KvCache| -> Result<Vec<QuantParams>> {
         (0..prefix.num_layers())
             .map(|l| {
                 let key = kv_qdq(l, which).key;
-                Ok(params.get(&key).with_context(|| format!("the calibration has no parameters for `{key}`"))?.scale)
+                Ok(*params.get(&key).with_context(|| format!("the calibration has no parameters for `{key}`"))?)
             })
             .collect()
     };
-    Ok(prefix.on_kv_grid(&scales(KvCache::Key)?, &scales(KvCache::Value)?)?)
+    Ok(prefix.on_kv_grid(&layer_params(KvCache::Key)?, &layer_params(KvCache::Value)?)?)
+}
+
+/// The K/V `ids` leave in the float checkpoint `dir` (config `hf`, RoPE rows `max_positions`):
+/// the prefix a float run starts from.
+pub(crate) fn float_prefix(dir: &Path, hf: &HfConfig, max_positions: usize, ids: &[i64]) -> Result<SinkPrefix> {
+    let backend = CpuBackend::float();
+    let (model, _store) = open_model(dir, hf, max_positions, &backend)?;
+    SinkPrefix::compute(model.as_ref(), &backend, ids).context("computing the attention-sink prefix")
 }

@@ -98,7 +98,7 @@ fn greedy_generation_from_the_context_binary_matches_the_cpu_fake_quant_run() {
 #[test]
 fn a_sink_prefix_starts_the_context_binary_like_the_cpu_run() {
     use backend_cpu::quant::SinkPrefix;
-    use mllm_dsl::runtime::KvPrefix;
+    use mllm_dsl::quant::QuantParams;
     let (s4, s1) = lowered_pair();
     let graphs = vec![s4, s1];
     let dir = TempDir::new("runtime-prefix");
@@ -114,7 +114,8 @@ fn a_sink_prefix_starts_the_context_binary_like_the_cpu_run() {
     };
     let layers = real.num_layers();
     let (ks, vs): (Vec<f32>, Vec<f32>) = (0..layers).map(|l| (scale(l, "k"), scale(l, "v"))).unzip();
-    let (prefix, _) = real.on_kv_grid(&ks, &vs).unwrap();
+    let kv_u8 = |scales: &[f32]| scales.iter().map(|&s| QuantParams::kv_u8(s).unwrap()).collect::<Vec<_>>();
+    let (prefix, _) = real.on_kv_grid(&kv_u8(&ks), &kv_u8(&vs)).unwrap();
     let codes = qnn.kv_prefix(2, &prefix.keys, &prefix.values).unwrap();
     for l in 0..layers {
         for (c, v) in codes.keys[l].iter().zip(&prefix.keys[l]) {
@@ -137,7 +138,7 @@ fn a_sink_prefix_starts_the_context_binary_like_the_cpu_run() {
     let mut qnn = Generator::new(Capture::new(qnn, CaptureRows::Read)).unwrap();
     qnn.set_prefix(codes).unwrap();
     let mut cpu = Generator::new(Capture::new(cpu_fake_quant_model(), CaptureRows::Read)).unwrap();
-    cpu.set_prefix(KvPrefix { len: 2, keys: prefix.keys.clone(), values: prefix.values.clone() }).unwrap();
+    cpu.set_prefix(prefix.into_kv_prefix()).unwrap();
     let q = qnn.generate(&prompt, &config).unwrap();
     let c = cpu.generate(&prompt, &config).unwrap();
     let (qs, cs) = (&qnn.model().logits, &cpu.model().logits);

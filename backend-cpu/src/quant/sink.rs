@@ -17,6 +17,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
+use mllm_dsl::quant::{dequantize, FakeQuantizer, QuantParams};
+use mllm_dsl::runtime::KvPrefix;
 use mllm_dsl::{BackendRef, CausalLm, DType, Storage, Tensor, TensorType};
 
 use super::error::QuantizationError;
@@ -76,35 +78,38 @@ impl SinkPrefix {
         self.keys.len()
     }
 
-    /// The same prefix with every K and V value rounded to the u8 grid of its layer's K/V QDQ
-    /// point (`scale`, zero point 128), as the NPU's cache stores it; values outside the grid's
-    /// range are clamped, and how many were is returned beside it.
+    /// The same prefix with every K and V value fake-quantized by its layer's K/V QDQ parameters
+    /// (u8, zero point 128: what the fake-quant model's cache holds and the NPU's cache stores);
+    /// values beyond the grid's range are clamped, and how many were is returned beside it.
     pub fn on_kv_grid(
         &self,
-        key_scales: &[f32],
-        value_scales: &[f32],
+        key_params: &[QuantParams],
+        value_params: &[QuantParams],
     ) -> Result<(SinkPrefix, usize), QuantizationError> {
         let layers = self.num_layers();
-        if key_scales.len() != layers || value_scales.len() != layers {
+        if key_params.len() != layers || value_params.len() != layers {
             return Err(bad(format!(
-                "the prefix has {layers} layers, the K/V QDQ scales {} and {}",
-                key_scales.len(),
-                value_scales.len()
+                "the prefix has {layers} layers, the K/V QDQ parameters {} and {}",
+                key_params.len(),
+                value_params.len()
             )));
         }
         let mut clamped = 0;
-        let mut round = |data: &[f32], scale: f32| -> Vec<f32> {
-            data.iter()
-                .map(|&v| {
-                    let code = (v / scale).round_ties_even() + 128.0;
-                    clamped += usize::from(!(0.0..=255.0).contains(&code));
-                    (code.clamp(0.0, 255.0) - 128.0) * scale
-                })
-                .collect()
+        let mut round = |data: &[f32], params: &QuantParams| -> Vec<f32> {
+            let fq = FakeQuantizer::new(params);
+            let half = params.scale / 2.0;
+            let (lo, hi) = (dequantize(params.qmin, params) - half, dequantize(params.qmax, params) + half);
+            clamped += data.iter().filter(|&&v| v < lo || v > hi).count();
+            data.iter().map(|&v| fq.fake(v)).collect()
         };
-        let keys = self.keys.iter().zip(key_scales).map(|(k, &s)| round(k, s)).collect();
-        let values = self.values.iter().zip(value_scales).map(|(v, &s)| round(v, s)).collect();
+        let keys = self.keys.iter().zip(key_params).map(|(k, p)| round(k, p)).collect();
+        let values = self.values.iter().zip(value_params).map(|(v, p)| round(v, p)).collect();
         Ok((SinkPrefix { keys, values, ..self.clone() }, clamped))
+    }
+
+    /// The prefix in the runtime's form, to start every sequence of a CPU generator from.
+    pub fn into_kv_prefix(self) -> KvPrefix<f32> {
+        KvPrefix { len: self.len(), keys: self.keys, values: self.values }
     }
 
     /// The past K and V tensors a model's `forward` takes: `[1, Hkv, D, P]` and `[1, Hkv, P, D]`
