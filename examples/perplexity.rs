@@ -84,14 +84,12 @@ fn main() -> Result<()> {
     } else {
         Some(CalibSource::load_all(&sources, &args.model, hf.vocab_size, 1024, 128)?)
     };
-    let sink_prefix = match args.recipe.sink_prefix.is_empty() {
-        true => None,
-        false if calibration.is_none() => anyhow::bail!(
-            "--sink-prefix is chosen when calibrating (--calib-text / --calib-ids); a --quantized checkpoint \
-             brings its own (sink_prefix.safetensors) and is scored after it"
-        ),
-        false => Some(aot::sink_prefix_ids(&args.recipe.sink_prefix, &args.model, hf.vocab_size)?),
-    };
+    anyhow::ensure!(
+        args.recipe.sink_prefix.is_empty() || calibration.is_some(),
+        "--sink-prefix is chosen when calibrating (--calib-text / --calib-ids); a --quantized checkpoint brings \
+         its own (sink_prefix.safetensors) and is scored after it"
+    );
+    let sink_prefix = aot::sink_prefix_ids(&args.recipe.sink_prefix, &args.model, hf.vocab_size)?;
     if let Some(calibration) = calibration {
         let out = args.out.clone().unwrap_or_else(|| aot::default_out_dir("perplexity").join("quantized"));
         let outcome = quantize(&QuantizeOptions {

@@ -109,10 +109,7 @@ fn main() -> Result<()> {
         weight_method: args.recipe.weight_method,
         act_ranges: args.recipe.act_range,
         rotation: args.recipe.rotation,
-        sink_prefix: match args.recipe.sink_prefix.is_empty() {
-            true => None,
-            false => Some(aot::sink_prefix_ids(&args.recipe.sink_prefix, &args.model, hf.vocab_size)?),
-        },
+        sink_prefix: aot::sink_prefix_ids(&args.recipe.sink_prefix, &args.model, hf.vocab_size)?,
     };
     let outcome = quantize(&opts)?;
     for w in &outcome.warnings {

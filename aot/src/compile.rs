@@ -227,10 +227,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
             }
             timings.evaluate = t.elapsed().as_secs_f64();
             let quant_dir = out.join("quantized");
-            let sink_prefix = match opts.sink_prefix.is_empty() {
-                true => None,
-                false => Some(sink_prefix_ids(&opts.sink_prefix, float_dir, hf.vocab_size)?),
-            };
+            let sink_prefix = sink_prefix_ids(&opts.sink_prefix, float_dir, hf.vocab_size)?;
             let options = QuantizeOptions {
                 model: float_dir.clone(),
                 aot_config: opts.aot_config.clone(),

@@ -12,9 +12,12 @@ use models::io::{kv_qdq, KvCache};
 
 use crate::load::open_model;
 
-/// The token ids of `--sink-prefix` values: each a token of the model's vocabulary as the
-/// tokenizer spells it (`<|endoftext|>`) or `id:N`, checked against `vocab_size`.
-pub fn sink_prefix_ids(specs: &[String], model_dir: &Path, vocab_size: usize) -> Result<Vec<i64>> {
+/// The token ids of `--sink-prefix` values, `None` for no values: each a token of the model's
+/// vocabulary as the tokenizer spells it (`<|endoftext|>`) or `id:N`, checked against `vocab_size`.
+pub fn sink_prefix_ids(specs: &[String], model_dir: &Path, vocab_size: usize) -> Result<Option<Vec<i64>>> {
+    if specs.is_empty() {
+        return Ok(None);
+    }
     let mut tokenizer = None;
     let mut ids = Vec::with_capacity(specs.len());
     for spec in specs {
@@ -44,7 +47,7 @@ pub fn sink_prefix_ids(specs: &[String], model_dir: &Path, vocab_size: usize) ->
         );
         ids.push(id);
     }
-    Ok(ids)
+    Ok(Some(ids))
 }
 
 /// `prefix` fake-quantized by each layer's K/V cache QDQ parameters in `params`, and how many

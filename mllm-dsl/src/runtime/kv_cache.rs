@@ -184,6 +184,7 @@ impl<T: Copy + Default> KvCache<T> {
                 num_layers: layers,
             });
         }
+        // Every layer checked before any is written: a refused prefix leaves the cache as it was.
         let expected = self.layout.kv_elems(prefix.len);
         for layer in 0..layers {
             for (tensor, got) in
@@ -193,6 +194,8 @@ impl<T: Copy + Default> KvCache<T> {
                     return Err(RuntimeError::TensorSize { tensor, layer, expected, got });
                 }
             }
+        }
+        for layer in 0..layers {
             let (k, v) = (&prefix.keys[layer], &prefix.values[layer]);
             self.write_columns(layer, (k, v), prefix.len.max(1), 0, prefix.len)?;
         }

@@ -51,10 +51,16 @@ impl<T: Copy + Default> Sequence<T> {
     }
 
     /// From now on the sequence starts from `prefix` at positions `0..prefix.len` (an
-    /// attention-sink prefix), text from position `prefix.len`; starts over now.
+    /// attention-sink prefix), text from position `prefix.len`; starts over now. A prefix that
+    /// does not fit the model is refused and the previous start kept.
     pub fn set_prefix(&mut self, prefix: KvPrefix<T>) -> Result<(), RuntimeError> {
-        self.prefix = Some(prefix);
-        self.reset()
+        let previous = self.prefix.replace(prefix);
+        if let Err(refused) = self.reset() {
+            self.prefix = previous;
+            self.reset()?;
+            return Err(refused);
+        }
+        Ok(())
     }
 
     /// Positions already run (the next token goes to position `n_past`).
@@ -200,5 +206,28 @@ impl<T: Copy + Default> Sequence<T> {
         // else: the chunk ends at the context length; nothing can attend to it later.
         self.n_past += n;
         Ok(&self.outputs[slot])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_prefix_keeps_the_previous_start() {
+        let layout = ModelLayout { num_layers: 2, num_kv_heads: 1, head_dim: 2, vocab_size: 10, context_len: 8 };
+        let mut seq = Sequence::<u16>::new(layout, 1).unwrap();
+        // Two positions: K [1, 2, 2] and V [1, 2, 2] per layer.
+        let prefix = KvPrefix { len: 2, keys: vec![vec![1, 2, 3, 4]; 2], values: vec![vec![5, 6, 7, 8]; 2] };
+        seq.set_prefix(prefix).unwrap();
+        assert_eq!((seq.n_past(), seq.cache().len()), (2, 2));
+        assert_eq!(&seq.cache().past_key(1)[..2], &[1, 2]);
+
+        let bad = KvPrefix { len: 3, keys: vec![vec![9; 6]; 2], values: vec![vec![9; 5]; 2] };
+        assert!(matches!(seq.set_prefix(bad), Err(RuntimeError::TensorSize { tensor: "prefix value", .. })));
+        assert_eq!((seq.n_past(), seq.cache().len()), (2, 2), "the previous prefix still starts the sequence");
+        assert_eq!(&seq.cache().past_key(1)[..2], &[1, 2]);
+        seq.reset().unwrap();
+        assert_eq!(seq.n_past(), 2);
     }
 }
