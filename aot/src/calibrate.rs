@@ -411,9 +411,7 @@ fn evaluate_alongside<T>(
 /// The residual-stream QDQ point with the widest calibrated range (`max - min`), which sets the
 /// u16 step of the stream there: a massive activation stretches it, a rotation spreads it.
 pub fn largest_residual_range(calibration: &Calibration) -> Option<(String, f32)> {
-    let residual = |key: &str| {
-        ["input_layernorm_input_qdq", "add_0_output_qdq", "model.norm_input_qdq"].iter().any(|s| key.ends_with(s))
-    };
+    let residual = models::keys::is_residual_qdq;
     calibration
         .ranges
         .iter()

@@ -47,7 +47,7 @@ use crate::divergence::{op_by_op, table as divergence_table};
 use crate::embedded::{EMBEDDED_CALIB_IDS, EMBEDDED_MODEL, EMBEDDED_MODEL_NAME};
 use crate::htp::{ContextBinary, QualcommHtp};
 use crate::ledger::{float_vs_reference, quantized_vs_reference_float, reference_logits, LedgerEntry};
-use crate::load::{fake_quant_backend, open_model, rope_positions, ROPE_SIN_KEY};
+use crate::load::{fake_quant_backend, open_model, rope_positions};
 use crate::probe::{Probe, ProbeText};
 use crate::progress::Progress;
 use crate::report::{AotReport, GraphReport, Timings};
@@ -55,6 +55,7 @@ use crate::run_sizes::{available_memory, RunSizes};
 use crate::sequences::CalibSource;
 use crate::sink::sink_prefix_ids;
 use crate::trace::{trace_graph, trace_model};
+use models::keys::ROPE_SIN_TABLE;
 
 /// Where the model comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -286,7 +287,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 dir.display()
             );
             let Some(rows) = rope_positions(&ckpt)? else {
-                bail!("{}: the quantized checkpoint has no RoPE table `{ROPE_SIN_KEY}`", dir.display())
+                bail!("{}: the quantized checkpoint has no RoPE table `{ROPE_SIN_TABLE}`", dir.display())
             };
             drop(ckpt);
             let probe_text = match reference_logits(&dir, "float_logits")? {
@@ -648,7 +649,7 @@ pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec
     let hf = HfConfig::from_dir(dir)?;
     let ckpt = SafetensorsCheckpoint::open(dir)?;
     let Some(max_positions) = rope_positions(&ckpt)? else {
-        bail!("{}: not a quantized checkpoint with RoPE tables (`{ROPE_SIN_KEY}`)", dir.display())
+        bail!("{}: not a quantized checkpoint with RoPE tables (`{ROPE_SIN_TABLE}`)", dir.display())
     };
     ensure!(context <= max_positions, "--context {context} exceeds the checkpoint's {max_positions} RoPE positions");
     let (aot, _) = load_aot_config(None, &hf)?;

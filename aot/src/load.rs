@@ -14,9 +14,7 @@ use mllm_dsl::{BackendRef, CausalLm, ParamFormat, Program};
 use models::hf::HfConfig;
 
 use crate::trace::trace_model;
-
-/// RoPE table key whose shape tells how many positions a quantized checkpoint covers.
-pub const ROPE_SIN_KEY: &str = "model.mllm_max_sin_embedding";
+use models::keys::ROPE_SIN_TABLE;
 
 /// A checkpoint loaded for eager CPU execution.
 pub struct CpuModel {
@@ -75,10 +73,10 @@ fn fake_quant_hook(ckpt: &SafetensorsCheckpoint, traced: &Program) -> Result<(Ar
 /// How many positions a quantized checkpoint's RoPE tables cover (`[1, L, head_dim]` rows);
 /// `None` when it has no tables.
 pub fn rope_positions(ckpt: &SafetensorsCheckpoint) -> Result<Option<usize>> {
-    match ckpt.info(ROPE_SIN_KEY) {
+    match ckpt.info(ROPE_SIN_TABLE) {
         Ok((_, &[1, rows, _])) => Ok(Some(rows)),
         Ok((_, shape)) => {
-            bail!("{}: `{ROPE_SIN_KEY}` has shape {shape:?}, expected [1, L, head_dim]", ckpt.root().display())
+            bail!("{}: `{ROPE_SIN_TABLE}` has shape {shape:?}, expected [1, L, head_dim]", ckpt.root().display())
         }
         Err(_) => Ok(None),
     }

@@ -16,9 +16,10 @@ use mllm_dsl::module::ParamSource;
 use mllm_dsl::{BackendRef, CausalLm, ParamFormat};
 use models::hf::HfConfig;
 
-use crate::load::{build_model, ROPE_SIN_KEY};
+use crate::load::build_model;
 use crate::progress::Progress;
 use crate::trace::trace_model;
+use models::keys::ROPE_SIN_TABLE;
 
 /// The first `max_tokens` tokens of a text file, tokenized with `tokenizer.json` as a plain text
 /// (the tokenizer's own special-token rules, no chat template).
@@ -110,9 +111,9 @@ impl TextQuality {
 pub fn load_fake_quant(dir: &Path) -> Result<(Box<dyn CausalLm>, BackendRef, usize)> {
     let hf = HfConfig::from_dir(dir)?;
     let ckpt = SafetensorsCheckpoint::open(dir)?;
-    let rows = match ckpt.info(ROPE_SIN_KEY) {
+    let rows = match ckpt.info(ROPE_SIN_TABLE) {
         Ok((_, &[1, rows, _])) => rows,
-        _ => bail!("{}: no RoPE table `{ROPE_SIN_KEY}` [1, L, head_dim]; not a quantized checkpoint", dir.display()),
+        _ => bail!("{}: no RoPE table `{ROPE_SIN_TABLE}` [1, L, head_dim]; not a quantized checkpoint", dir.display()),
     };
     let points = qdq_points(&trace_model(&hf, rows, ParamFormat::Float)?)?;
     let params = QdqParams::from_checkpoint(&ckpt, &points)

@@ -188,10 +188,16 @@ impl CheckpointStore {
                 }
                 let prefix = match req.role {
                     // Tables are pre-quantized with the model's sin/cos QDQ parameters.
-                    ParamRole::RopeTable if key.ends_with("sin_embedding") => {
-                        "model.sin_embedding_input_qdq.fake_quant".into()
-                    }
-                    ParamRole::RopeTable => "model.cos_embedding_input_qdq.fake_quant".into(),
+                    ParamRole::RopeTable => match models::keys::rope_table_qdq(key) {
+                        Some(point) => format!("{point}.fake_quant"),
+                        None => {
+                            return Err(Error::Weight {
+                                key: req.key.to_string(),
+                                module_path: req.module_path.to_string(),
+                                message: format!("`{key}` is not a RoPE table the model files declare"),
+                            })
+                        }
+                    },
                     _ => key.trim_end_matches(".weight").to_string(),
                 };
                 let (scale, zp) = self.scale_zp(req, &prefix)?;

@@ -11,6 +11,7 @@ pub mod config;
 pub mod decoder;
 pub mod hf;
 pub mod io;
+pub mod keys;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
