@@ -536,7 +536,7 @@ pub fn check_mllm_contract(graphs: &[GraphInfo], shape: &MllmModelShape) -> Vec<
 /// The mask encoding mllm's compiler gives `causal_mask` (scale 0.001/65535, zero point 65535:
 /// `examples/qwen3_qnn_aot/compile_common.hpp:13-14`), which this project's graphs use too.
 pub fn mllm_mask_encoding() -> ScaleOffset {
-    ScaleOffset::from_zero_point(mllm_dsl::runtime::MASK_SCALE, mllm_dsl::runtime::MASK_ZERO_POINT)
+    ScaleOffset::from_zero_point(runtime::MASK_SCALE, runtime::MASK_ZERO_POINT)
 }
 
 /// The "where it runs" table of the printed summary.

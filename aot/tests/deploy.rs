@@ -15,7 +15,7 @@ use aot::{AotOptions, CalibSource, ModelSource};
 use backend_qnn::sdk::ffi::{BinaryInfo, GraphInfo};
 use backend_qnn::sdk::{LibraryPaths, SystemApi, FETCH_HINT};
 use backend_qnn::{DataType, ScaleOffset};
-use mllm_dsl::config::hf::HfConfig;
+use models::hf::HfConfig;
 
 /// Qualcomm's HTP backend is a process-wide singleton: one test at a time builds with it.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -149,7 +149,7 @@ fn the_tiny_default_binary_meets_mllms_runtime_contract() {
     let prompt = [5u32, 17, 99, 3, 64, 8];
     let theirs = mllm_loop_greedy(&binary, &hf, &prompt, 16);
     let mut runner = aot::Runner::context_binary(&out.join("quantized"), &binary, 32, 1024, false).unwrap();
-    let config = mllm_dsl::runtime::GenerationConfig { max_new_tokens: 16, prefill_chunk: 32, ..Default::default() };
+    let config = runtime::GenerationConfig { max_new_tokens: 16, prefill_chunk: 32, ..Default::default() };
     let ours = runner.generate(&prompt, &config, None, &mut Vec::new()).unwrap().ids;
     eprintln!("mllm's loop: {theirs:?}\nours:        {ours:?}");
     assert_eq!(theirs, ours, "greedy ids: mllm's runtime loop vs this project's runtime, on the same x86 binary");
