@@ -108,8 +108,11 @@ fn assert_default_pair(out: &Path, hf: &HfConfig) {
     assert_eq!(io_shapes(&x86), io_shapes(&info), "the x86 binary's graph I/O");
 }
 
+/// A graph's name, and the names and dims of its inputs then outputs.
+type GraphShapes = (String, Vec<(String, Vec<u32>)>);
+
 /// Per graph, the names and dims of its inputs then outputs.
-fn io_shapes(info: &BinaryInfo) -> Vec<(String, Vec<(String, Vec<u32>)>)> {
+fn io_shapes(info: &BinaryInfo) -> Vec<GraphShapes> {
     let tensors = |g: &GraphInfo| g.inputs.iter().chain(&g.outputs).map(|t| (t.name.clone(), t.dims.clone())).collect();
     info.graphs.iter().map(|g| (g.name.clone(), tensors(g))).collect()
 }
@@ -139,7 +142,7 @@ fn the_tiny_default_binary_meets_mllms_runtime_contract() {
     let opts = AotOptions { target_runtime: TargetRuntime::Mllm, ..AotOptions::embedded(&out) };
     let report = aot::run(&opts).unwrap();
     assert!(report.summary().contains("qnn/context.bin: mllm-dsl, mllm"), "{}", report.summary());
-    let hf = HfConfig::from_dir(&out.join("embedded/qwen3-dev-f32")).unwrap();
+    let hf = HfConfig::from_dir(out.join("embedded/qwen3-dev-f32")).unwrap();
     assert_default_pair(&out, &hf);
     assert_deploy(&out, 2);
 
