@@ -312,6 +312,10 @@ impl CpuBackend {
                 let w = inputs[1];
                 kernels::index_select(&f32_of(w, "weight")?, w.shape(), 0, i64_of(x, "ids")?, shape).map_err(e)?.0
             }
+            OpKind::Gather { dim: 0 } if shape.len() == 2 && u16_table_of(x).is_some() => {
+                let w = u16_table_of(x).ok_or(CpuOpError::Missing("uint16 table"))?;
+                w.gather_rows(i64_of(inputs[1], "indices")?).map_err(e)?
+            }
             OpKind::Gather { dim } => {
                 let idx = inputs[1];
                 kernels::index_select(&f32_of(x, "table")?, shape, *dim as isize, i64_of(idx, "indices")?, idx.shape())

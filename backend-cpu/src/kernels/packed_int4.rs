@@ -222,10 +222,11 @@ mod avx512 {
     use super::{store_row, Int4Panel, BLOCK_SUM_ROWS, INT4_ROW_BYTES, PANEL, PREFETCH_ROWS};
     use std::arch::x86_64::*;
 
-    /// 16 codes' bytes widened to 32-bit lanes.
-    #[inline(always)]
-    unsafe fn widen(p: *const u8) -> __m512i {
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))
+    /// 16 bytes widened to 32-bit lanes (a macro, so it is compiled with the tile's features).
+    macro_rules! widen {
+        ($p:expr) => {
+            _mm512_cvtepu8_epi32(_mm_loadu_si128($p as *const __m128i))
+        };
     }
 
     /// # Safety
@@ -248,8 +249,8 @@ mod avx512 {
         let (codes, bs) = (p.codes.as_ptr(), p.block);
         for b in 0..k / bs {
             let s = p.scale1.as_ptr().add(b * PANEL);
-            let s_lo = _mm512_cvtepi32_ps(widen(s));
-            let s_hi = _mm512_cvtepi32_ps(widen(s.add(16)));
+            let s_lo = _mm512_cvtepi32_ps(widen!(s));
+            let s_hi = _mm512_cvtepi32_ps(widen!(s.add(16)));
             let mut blo = [_mm512_setzero_ps(); MR];
             let mut bhi = [_mm512_setzero_ps(); MR];
             for kk in b * bs..(b + 1) * bs {
@@ -257,7 +258,7 @@ mod avx512 {
                     let ahead = codes.wrapping_add((kk + PREFETCH_ROWS) * INT4_ROW_BYTES) as *const i8;
                     _mm_prefetch::<_MM_HINT_T0>(ahead);
                 }
-                let v = widen(codes.add(kk * INT4_ROW_BYTES));
+                let v = widen!(codes.add(kk * INT4_ROW_BYTES));
                 let q0 = _mm512_permutexvar_ps(v, table);
                 let q1 = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), table);
                 if MR <= BLOCK_SUM_ROWS {
@@ -276,9 +277,11 @@ mod avx512 {
                 }
             }
             if MR <= BLOCK_SUM_ROWS {
-                for r in 0..MR {
-                    lo[r] = _mm512_fmadd_ps(blo[r], s_lo, lo[r]);
-                    hi[r] = _mm512_fmadd_ps(bhi[r], s_hi, hi[r]);
+                for (l, b) in lo.iter_mut().zip(&blo) {
+                    *l = _mm512_fmadd_ps(*b, s_lo, *l);
+                }
+                for (h, b) in hi.iter_mut().zip(&bhi) {
+                    *h = _mm512_fmadd_ps(*b, s_hi, *h);
                 }
             }
         }
@@ -299,10 +302,11 @@ mod avx2 {
     use super::{store_row, Int4Panel, INT4_ROW_BYTES, PANEL};
     use std::arch::x86_64::*;
 
-    /// 8 bytes widened to 32-bit lanes.
-    #[inline(always)]
-    unsafe fn widen(p: *const u8) -> __m256i {
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
+    /// 8 bytes widened to 32-bit lanes (a macro, so it is compiled with the tile's features).
+    macro_rules! widen {
+        ($p:expr) => {
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64($p as *const __m128i))
+        };
     }
 
     /// # Safety
@@ -322,23 +326,33 @@ mod avx2 {
         let magic = _mm256_set1_epi32(0x4B00_0008);
         let offset = _mm256_set1_ps(8_388_616.0);
         let low = _mm256_set1_epi32(15);
-        let value = |n: __m256i| _mm256_sub_ps(_mm256_castsi256_ps(_mm256_xor_si256(n, magic)), offset);
+        // (A macro, not a closure: a closure would not be compiled with this function's features.)
+        macro_rules! value {
+            ($n:expr) => {
+                _mm256_sub_ps(_mm256_castsi256_ps(_mm256_xor_si256($n, magic)), offset)
+            };
+        }
         // acc[r][q] holds columns 8q..8q+8.
         let mut acc = [[_mm256_setzero_ps(); 4]; MR];
         let (codes, bs) = (p.codes.as_ptr(), p.block);
         for b in 0..k / bs {
             let s1 = p.scale1.as_ptr().add(b * PANEL);
-            let s: [__m256; 4] = std::array::from_fn(|q| _mm256_cvtepi32_ps(widen(s1.add(8 * q))));
+            let s = [
+                _mm256_cvtepi32_ps(widen!(s1)),
+                _mm256_cvtepi32_ps(widen!(s1.add(8))),
+                _mm256_cvtepi32_ps(widen!(s1.add(16))),
+                _mm256_cvtepi32_ps(widen!(s1.add(24))),
+            ];
             for kk in b * bs..(b + 1) * bs {
                 // Bytes 0..8 hold columns 0..8 (low nibbles) and 16..24 (high); bytes 8..16
                 // columns 8..16 and 24..32.
                 let row = codes.add(kk * INT4_ROW_BYTES);
-                let (v0, v1) = (widen(row), widen(row.add(8)));
+                let (v0, v1) = (widen!(row), widen!(row.add(8)));
                 let w = [
-                    _mm256_mul_ps(value(_mm256_and_si256(v0, low)), s[0]),
-                    _mm256_mul_ps(value(_mm256_and_si256(v1, low)), s[1]),
-                    _mm256_mul_ps(value(_mm256_srli_epi32::<4>(v0)), s[2]),
-                    _mm256_mul_ps(value(_mm256_srli_epi32::<4>(v1)), s[3]),
+                    _mm256_mul_ps(value!(_mm256_and_si256(v0, low)), s[0]),
+                    _mm256_mul_ps(value!(_mm256_and_si256(v1, low)), s[1]),
+                    _mm256_mul_ps(value!(_mm256_srli_epi32::<4>(v0)), s[2]),
+                    _mm256_mul_ps(value!(_mm256_srli_epi32::<4>(v1)), s[3]),
                 ];
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let x = _mm256_set1_ps(*a.add(r * k + kk));
