@@ -44,7 +44,7 @@ use backend_cpu::rng::SplitMix64;
 use backend_cpu::QuantizedWeights;
 use clap::Parser;
 use mllm_dsl::memory::{peak_rss_bytes, rss_bytes};
-use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
+use runtime::{GenerationConfig, Generator, Sampling};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -260,7 +260,7 @@ fn summarize(results: &BTreeMap<(String, usize), Vec<(f64, f64)>>, threads: &[us
 
 /// The W4A16KV8 export of `model` (RTN weights; activation ranges from one random sequence).
 fn quantize(model: &Path, out: &Path, context: usize) -> Result<()> {
-    let hf = mllm_dsl::config::hf::HfConfig::from_dir(model)?;
+    let hf = models::hf::HfConfig::from_dir(model)?;
     let mut rng = SplitMix64::new(11);
     let ids: Vec<i64> = (0..64).map(|_| (rng.next() % hf.vocab_size as u64) as i64).collect();
     aot::quantize(&aot::QuantizeOptions {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use aot::{load_model_with, RunMode};
 use backend_cpu::QuantizedWeights;
-use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
+use runtime::{GenerationConfig, Generator, Sampling};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)
@@ -33,7 +33,7 @@ fn run(dir: &Path, weights: QuantizedWeights, prompt: &[u32]) -> (Vec<f32>, Vec<
 }
 
 fn check_same_logits(dir: &Path) {
-    let vocab = mllm_dsl::config::hf::HfConfig::from_dir(dir).unwrap().vocab_size;
+    let vocab = models::hf::HfConfig::from_dir(dir).unwrap().vocab_size;
     let prompt: Vec<u32> = (0..13).map(|i| ((i * 37 + 5) % vocab) as u32).collect();
     let (int4, int4_ids, int4_bytes) = run(dir, QuantizedWeights::Packed, &prompt);
     let (f32s, f32_ids, f32_bytes) = run(dir, QuantizedWeights::F32, &prompt);

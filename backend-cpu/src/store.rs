@@ -18,11 +18,11 @@ use crate::kernels::{Int4Packer, PackedMatrix};
 use crate::packed_weight::{PackedWeight, WeightView};
 use crate::u16_table::U16Table;
 use checkpoint::{CheckpointError, SafetensorsCheckpoint, StDtype};
+use compiler::quant::lpbq::{LpbqExport, LpbqShape, SCALE1_STEPS};
 use half::bf16;
-use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
-use mllm_dsl::quant::lpbq::{LpbqExport, LpbqShape, SCALE1_STEPS};
 use mllm_dsl::{BackendRef, Error, Result, Tensor};
+use models::hf::HfConfig;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -303,7 +303,7 @@ impl CheckpointStore {
         Error::Weight { key: req.key.to_string(), module_path: req.module_path.to_string(), message }
     }
 
-    /// Deployed LPBQ values (`signext4(q) * scale1 * scale2`, decoded by `mllm_dsl::quant::lpbq`) in HWIO.
+    /// Deployed LPBQ values (`signext4(q) * scale1 * scale2`, decoded by `compiler::quant::lpbq`) in HWIO.
     fn decode_lpbq(&self, req: &ParamRequest<'_>, key: &str, cin: usize, cout: usize) -> Result<Vec<f32>> {
         let (scale1, scale2, shape) = self.lpbq_scales(req, key, cin, cout)?;
         let q = self.ckpt.read_i8(key).map_err(|e| self.err(req, e))?;

@@ -1,5 +1,5 @@
 //! The W4A16 int4 kernels against the f32 path: LPBQ codes and scales made by the project's
-//! quantizer (`mllm_dsl::quant::lpbq`), decoded to f32 by its decoder, multiplied in f64; the
+//! quantizer (`compiler::quant::lpbq`), decoded to f32 by its decoder, multiplied in f64; the
 //! int4 product on every instruction-set version this CPU has, for row counts around the tile
 //! heights, column counts around the panel width, odd block sizes, bias and 1 or 2 threads.
 //! Unpacking returns the decoder's values bit for bit; bad codes and scales are rejected.
@@ -8,7 +8,7 @@ mod common;
 
 use backend_cpu::kernels::{self, Int4Packer, KernelError, PackedMatrix, PANEL};
 use common::Lcg;
-use mllm_dsl::quant::lpbq::{lpbq_block_quantize, LpbqShape};
+use compiler::quant::lpbq::{lpbq_block_quantize, LpbqShape};
 
 /// An LPBQ export of a random `[n, k]` weight: its HWIO nibbles (as bytes), scale1, scale2, and
 /// the decoded f32 weight `[k, n]` (HWIO).
@@ -130,7 +130,7 @@ fn every_code_and_scale_value_decodes_like_the_lpbq_decoder() {
     let nibbles: Vec<u8> = (0..k * n).map(|i| ((i * 7 + i / n) % 16) as u8).collect();
     let scale1: Vec<u8> = (0..n * (k / block)).map(|i| (i % 17) as u8).collect();
     let scale2: Vec<f32> = (0..n).map(|c| 0.001 * (c + 1) as f32).collect();
-    let export = mllm_dsl::quant::lpbq::LpbqExport {
+    let export = compiler::quant::lpbq::LpbqExport {
         shape: LpbqShape::new(n, k, block).unwrap(),
         weight_hwio: nibbles.iter().map(|&v| v as i8).collect(),
         scale1: scale1.clone(),
