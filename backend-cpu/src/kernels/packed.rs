@@ -15,7 +15,7 @@
 //! A tied embedding (the table `[V, H]` that is also the LM head `[H, V]`) is one packed matrix:
 //! its rows are the matrix's columns ([`PackedMatrix::gather_columns`]).
 //!
-//! LPBQ int4 weights stay 4-bit ([`Int4Panels`], built by [`Int4Packer`]): a panel row is 16
+//! LPBQ int4 weights stay 4-bit ([`Int4Panels`], built by [`super::Int4Packer`]): a panel row is 16
 //! bytes, byte `j` holding column `j` in its low nibble and column `16 + j` in its high nibble;
 //! each panel carries its `u8` block scales (`scale1`, one per block of `K` rows and column) and
 //! the matrix its per-column `scale2`. The kernels widen the nibbles and apply `scale1` inside the
@@ -99,7 +99,7 @@ impl PackedMatrix {
         Ok(PackedMatrix { k, n, elems })
     }
 
-    /// A matrix of LPBQ int4 codes (see [`Int4Packer`]).
+    /// A matrix of LPBQ int4 codes (see [`super::Int4Packer`]).
     pub(crate) fn from_int4(k: usize, n: usize, panels: Int4Panels) -> Self {
         PackedMatrix { k, n, elems: PackedElems::Int4(panels) }
     }
