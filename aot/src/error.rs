@@ -69,6 +69,9 @@ pub enum AotError {
     QnnConvert(Box<backend_qnn::sdk::ConvertError>),
     #[error(transparent)]
     ParseInt(Box<std::num::ParseIntError>),
+    /// A quantization recipe name or combination that cannot be used.
+    #[error(transparent)]
+    Recipe(Box<crate::recipe::RecipeError>),
     /// A tokenizer that would not load, encode or decode.
     #[error("{what}: {source}")]
     Tokenizer {
@@ -116,6 +119,7 @@ boxed_from! {
     Kernel <- backend_cpu::kernels::KernelError,
     Quantization <- backend_cpu::quant::QuantizationError,
     Comparison <- backend_cpu::quant::ComparisonError,
+    Recipe <- crate::recipe::RecipeError,
     Lowering <- backend_qnn::LowerError,
     Artifact <- backend_qnn::artifacts::ArtifactError,
     ContextBinary <- backend_qnn::context::ContextError,
