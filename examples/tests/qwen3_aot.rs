@@ -448,6 +448,8 @@ fn calibration_text_goes_through_the_model_directorys_tokenizer() {
         model.to_str().unwrap(),
         "--calib-text",
         text.to_str().unwrap(),
+        "--recipe",
+        "rtn",
         "--chunk",
         "4",
         "--context-len",
