@@ -35,7 +35,7 @@ pub struct RecipeFlags {
     /// Activation/KV ranges: minmax (pymllm), mse or percentile:P, for both kinds or as
     /// act=METHOD,kv=METHOD (replaces the recipe's).
     #[arg(long, value_name = "METHOD")]
-    pub act_range: Option<mllm_dsl::quant::act_range::ActRanges>,
+    pub act_range: Option<compiler::quant::act_range::ActRanges>,
     /// Rotation folded into the float weights first: none or hadamard (QuaRot's R1 + R2; replaces the recipe's).
     #[arg(long, value_name = "ROTATION")]
     pub rotation: Option<backend_cpu::quant::Rotation>,
@@ -65,7 +65,7 @@ impl RecipeFlags {
     /// `--recipe`, else the family's default, refined by the individual flags.
     pub fn choose(
         &self,
-        model: Option<(&std::path::Path, &mllm_dsl::config::hf::HfConfig)>,
+        model: Option<(&std::path::Path, &models::hf::HfConfig)>,
     ) -> anyhow::Result<aot::Chosen> {
         use anyhow::Context as _;
         aot::recipe::choose(self.recipe, model, &self.refinements()).with_context(|| {

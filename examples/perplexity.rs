@@ -16,9 +16,9 @@ use anyhow::Result;
 use aot::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
 use aot::{quantize, CalibSource, QuantizeOptions};
 use clap::Parser;
-use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::files::write_json_atomic;
 use mllm_examples::{RecipeFlags, ScoreFlags};
+use models::hf::HfConfig;
 
 #[derive(Parser, Debug)]
 #[command(about = "Perplexity, mean KL and top-1 agreement of quantized models against float on a text file")]

@@ -17,8 +17,8 @@ use aot::{
 };
 use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
 use clap::Parser;
-use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::quant::act_range::ActRanges;
+use models::hf::HfConfig;
+use compiler::quant::act_range::ActRanges;
 use mllm_examples::RecipeFlags;
 
 fn main() -> Result<()> {

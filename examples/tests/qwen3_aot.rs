@@ -12,7 +12,7 @@ use aot::AotReport;
 use backend_cpu::quant::Sqnr;
 use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, TensorBytes};
 use clap::{CommandFactory, Parser};
-use mllm_dsl::config::aot::AotConfig;
+use compiler::aot_config::AotConfig;
 
 /// The example's own source: these tests run its `run_aot` on parsed arguments.
 #[allow(dead_code)]
