@@ -63,10 +63,7 @@ impl RecipeFlags {
 
     /// The recipe for calibrating `model` (directory and config; `None`: the embedded model):
     /// `--recipe`, else the family's default, refined by the individual flags.
-    pub fn choose(
-        &self,
-        model: Option<(&std::path::Path, &models::hf::HfConfig)>,
-    ) -> anyhow::Result<aot::Chosen> {
+    pub fn choose(&self, model: Option<(&std::path::Path, &models::hf::HfConfig)>) -> anyhow::Result<aot::Chosen> {
         use anyhow::Context as _;
         aot::recipe::choose(self.recipe, model, &self.refinements()).with_context(|| {
             let name = self.recipe.map_or_else(|| "the default recipe".to_string(), |r| format!("--recipe {r}"));

@@ -17,9 +17,9 @@ use aot::{
 };
 use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
 use clap::Parser;
-use models::hf::HfConfig;
 use compiler::quant::act_range::ActRanges;
 use mllm_examples::RecipeFlags;
+use models::hf::HfConfig;
 
 fn main() -> Result<()> {
     let args = AotArgs::parse();

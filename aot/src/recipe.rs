@@ -17,8 +17,8 @@
 use std::path::Path;
 
 use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
-use models::hf::{HfConfig, ModelType};
 use compiler::quant::act_range::ActRanges;
+use models::hf::{HfConfig, ModelType};
 
 /// A named recipe ([`RecipeName::recipe`] gives its settings).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
