@@ -69,6 +69,12 @@ pub enum AotError {
     QnnConvert(Box<backend_qnn::sdk::ConvertError>),
     #[error(transparent)]
     ParseInt(Box<std::num::ParseIntError>),
+    /// Planning or cutting sharded context binaries.
+    #[error(transparent)]
+    Shard(Box<crate::shard::ShardError>),
+    /// A shard's build in its child process failed or was killed.
+    #[error(transparent)]
+    ShardBuild(Box<crate::shard_build::ShardBuildError>),
     /// A tokenizer that would not load, encode or decode.
     #[error("{what}: {source}")]
     Tokenizer {
@@ -129,6 +135,8 @@ boxed_from! {
     QnnRun <- backend_qnn::sdk::RunValuesError,
     QnnConvert <- backend_qnn::sdk::ConvertError,
     ParseInt <- std::num::ParseIntError,
+    Shard <- crate::shard::ShardError,
+    ShardBuild <- crate::shard_build::ShardBuildError,
     Io <- std::io::Error,
     Json <- serde_json::Error,
 }

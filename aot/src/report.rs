@@ -58,6 +58,8 @@ pub struct AotReport {
     /// Files written, relative to the output directory, sorted.
     pub artifacts: Vec<String>,
     pub warnings: Vec<String>,
+    /// How the decoder layers were cut into context binaries, and why (`--shards`).
+    pub shards: Vec<String>,
 }
 
 impl AotReport {
@@ -99,6 +101,7 @@ impl AotReport {
             })).collect::<Vec<_>>(),
             "artifacts": self.artifacts,
             "warnings": self.warnings,
+            "shards": self.shards,
         })
     }
 
@@ -152,6 +155,9 @@ impl AotReport {
             t.total,
             t.total_cpu
         );
+        for line in &self.shards {
+            let _ = writeln!(s, "shards: {line}");
+        }
         let _ = writeln!(s, "{} files written", self.artifacts.len());
         for w in &self.warnings {
             let _ = writeln!(s, "warning: {w}");

@@ -132,6 +132,9 @@ pub enum QnnModelError {
     Mismatch { first: String, second: String, detail: String },
     #[error("no graphs were given")]
     NoGraphs,
+    /// A shard of a sharded model set is missing, extra or does not fit the others.
+    #[error("shard {shard}: {detail}")]
+    Shard { shard: String, detail: String },
     #[error("opening the context binary: {0}")]
     Api(#[from] ApiError),
     #[error("preparing the CPU emulation: {0}")]
@@ -490,7 +493,7 @@ impl<A: QnnExecApi> ChunkModel for QnnChunkModel<A> {
 
 /// The runtime's mask (u16 codes in mllm's mask encoding) in the graph input's encoding: the
 /// codes themselves when the encodings agree (the lowering's case), requantized otherwise.
-fn mask_codes(mask: &AttentionMask, graph: ScaleOffset) -> Vec<i64> {
+pub(crate) fn mask_codes(mask: &AttentionMask, graph: ScaleOffset) -> Vec<i64> {
     let ours = ScaleOffset::from_zero_point(MASK_SCALE, MASK_ZERO_POINT);
     if graph == ours {
         return mask.as_u16().iter().map(|&c| i64::from(c)).collect();
