@@ -12,8 +12,8 @@ use backend_cpu::CpuChunkModel;
 use backend_qnn::sdk::{EmulatedHtp, SdkApi, SdkChunkModel, SdkError};
 use backend_qnn::sharded::{shard_set_files, ShardBinary};
 use backend_qnn::{GraphIo, QnnChunkModel, QnnModelError, ShardedChunkModel};
-use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator};
+use models::hf::HfConfig;
+use runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator};
 
 use crate::chat::{Conversation, TextStream};
 use crate::compile::lower_for_context;

@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::config::run_sizes::available_memory;
+use models::hf::HfConfig;
+use crate::run_sizes::available_memory;
 use mllm_dsl::ParamFormat;
 
 use crate::context_bench::{prepare_checkpoint, BenchOptions};

@@ -26,10 +26,10 @@ use backend_qnn::sdk::{self, BuildPhase, GraphDesc, TensorType};
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{validate, LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::config::hf::HfConfig;
+use models::hf::HfConfig;
 use mllm_dsl::files::write_atomic_bytes;
 use mllm_dsl::memory::{cpu_seconds, peak_rss_bytes, reset_peak_rss, rss_bytes};
-use mllm_dsl::passes::Pipeline;
+use compiler::passes::Pipeline;
 use mllm_dsl::ParamFormat;
 use serde_json::{json, Value};
 

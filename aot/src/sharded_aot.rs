@@ -10,7 +10,7 @@ use backend_qnn::interp::{Interpreter, TensorValue};
 use backend_qnn::sdk::{run_binary_on_values, LibraryPaths, SdkApi};
 use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::passes::QuantParamProvider;
+use compiler::passes::QuantParamProvider;
 
 use crate::compile::CompiledGraph;
 use crate::error::{Context, Result};

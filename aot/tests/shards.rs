@@ -13,7 +13,7 @@ use aot::synthetic::{QWEN3_1_7B, QWEN3_8B};
 use backend_qnn::interp::{Interpreter, TensorValue};
 use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::config::hf::HfConfig;
+use models::hf::HfConfig;
 use mllm_dsl::ParamFormat;
 
 fn fixture(name: &str) -> PathBuf {

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use mllm_dsl::runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
+use runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
 
 use crate::chunk_model::{GraphIo, IoTensor, QnnModelError};
 use crate::dtype::DataType;
