@@ -68,7 +68,8 @@ fn main() -> Result<()> {
     // A shard build child (`--build-shard JOB`) runs its job and exits here.
     aot::shard_build::child_main_if_requested();
     let args = Args::parse();
-    let shape = shape_by_name(&args.shape).with_context(|| format!("--shape {}: expected 0.6b, 1.7b, 4b or 8b", args.shape))?;
+    let shape =
+        shape_by_name(&args.shape).with_context(|| format!("--shape {}: expected 0.6b, 1.7b, 4b or 8b", args.shape))?;
     let layers = args.layers.unwrap_or(shape.layers);
     backend_cpu::kernels::set_num_threads(args.threads)?;
     let dir = args.dir.clone().unwrap_or_else(|| aot::default_out_dir("bench-context"));

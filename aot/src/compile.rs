@@ -429,8 +429,8 @@ fn compile_and_validate(
     for path in &compiled.ir_dumps {
         files.record(path);
     }
-    // How many context binaries, and why.
-    let sharding = plan_run_shards(job.opts, &compiled.graphs)?;
+    // How many context binaries, and why (--shards, or mllm's split_graph in the AOT config).
+    let sharding = plan_run_shards(job.opts, job.aot.split_graph, &compiled.graphs)?;
     let mut shard_lines = sharding.reasons.clone();
     shard_lines.extend(sharding.plan.table().lines().map(str::to_string));
     let sharded = sharding.plan.count() > 1;
@@ -608,13 +608,22 @@ fn compile_and_validate(
 
 /// The shard plan of a run: from the final IR's parameters (shapes and dtypes), `--shards`, the
 /// binary limit and the memory budget.
-fn plan_run_shards(opts: &AotOptions, compiled: &[CompiledGraph]) -> Result<AutoPlan> {
+fn plan_run_shards(opts: &AotOptions, split_graph: u32, compiled: &[CompiledGraph]) -> Result<AutoPlan> {
     let program = &compiled.first().context("no graph was compiled")?.program;
+    // split_graph 1 is mllm's default (one binary): only a larger value asks for shards.
+    let shards = match (opts.shards, split_graph as usize) {
+        (ShardCount::Fixed(n), m) if m > 1 && n != m => bail!(
+            "--shards {n} disagrees with the AOT config's split_graph {m} ({}): give one, or the same count",
+            opts.aot_config.as_ref().map_or("built-in".to_string(), |p| p.display().to_string())
+        ),
+        (ShardCount::Auto, m) if m > 1 => ShardCount::Fixed(m),
+        (shards, _) => shards,
+    };
     let bytes = ModelBytes::from_program(program)?;
     let max_memory = opts.max_memory.unwrap_or_else(|| default_max_memory(available_memory(), &bytes));
     let limits = AutoLimits { max_context_bytes: opts.max_context_bytes, max_memory, factor: BUILD_MEMORY_FACTOR };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    Ok(plan_shards(&bytes, opts.shards, &limits, cores, opts.jobs)?)
+    Ok(plan_shards(&bytes, shards, &limits, cores, opts.jobs)?)
 }
 
 /// Chunk sizes and context length that make sense together.
@@ -768,6 +777,11 @@ pub fn compile(
 /// The QNN graphs of a quantized checkpoint for prefill chunk `chunk` (and decode, chunk 1) at
 /// `context`, lowered together as for one context binary: `model.0.s<chunk>`, `model.0.s1`.
 pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec<QnnGraph>> {
+    Ok(compile_for_context(dir, chunk, context)?.into_iter().map(|g| g.graph).collect())
+}
+
+/// [`lower_for_context`]'s compiled graphs (final IR and lowered graph).
+pub fn compile_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec<CompiledGraph>> {
     let hf = HfConfig::from_dir(dir)?;
     let ckpt = SafetensorsCheckpoint::open(dir)?;
     let Some(max_positions) = rope_positions(&ckpt)? else {
@@ -783,5 +797,5 @@ pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec
         dump_ir: None,
         progress: &crate::progress::Silent,
     };
-    Ok(compile(&hf, &ckpt, &aot, &opts)?.graphs.into_iter().map(|g| g.graph).collect())
+    Ok(compile(&hf, &ckpt, &aot, &opts)?.graphs)
 }

@@ -380,7 +380,11 @@ pub fn expand_layers(src: &Path, dst: &Path, layers: usize) -> Result<()> {
     for entry in std::fs::read_dir(src)? {
         let path = entry?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if path.is_file() && !name.ends_with(".safetensors") && name != "model.safetensors.index.json" && name != "config.json" {
+        if path.is_file()
+            && !name.ends_with(".safetensors")
+            && name != "model.safetensors.index.json"
+            && name != "config.json"
+        {
             write_atomic_bytes(&dst.join(name), &std::fs::read(&path)?)?;
         }
     }

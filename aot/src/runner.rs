@@ -228,19 +228,59 @@ impl Runner {
         let config = HfConfig::from_dir(dir)?;
         let api = SdkApi::load_for_execution(&paths)?;
         let mut notes = Vec::new();
-        let mut shards = Vec::with_capacity(files.len());
+        // Every binary's metadata first (libQnnSystem.so), before the backend loads any.
+        let mut read = Vec::with_capacity(files.len());
         for f in &files {
             let binary = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
             let info = api.binary_info(&binary).map_err(QnnModelError::from);
             let info = info.with_context(|| format!("reading the metadata of {}", f.display()))?;
-            let graphs = info.graphs.iter().map(GraphIo::from_info).collect::<Result<Vec<_>, _>>();
-            let graphs = graphs.with_context(|| format!("the graph I/O of {}", f.display()))?;
+            read.push((f, binary, info));
+        }
+        let from_metadata: Result<Vec<Vec<GraphIo>>, QnnModelError> =
+            read.iter().map(|(_, _, info)| info.graphs.iter().map(GraphIo::from_info).collect()).collect();
+        let ios = match from_metadata {
+            Ok(ios) => ios,
+            Err(QnnModelError::MissingEncoding { graph, tensor, .. }) => {
+                notes.push(format!(
+                    "the metadata of `{graph}` has no encoding for `{tensor}`; lowering {} again for the I/O encodings",
+                    dir.display()
+                ));
+                let plan = plan_of_set(&read.iter().map(|(_, _, i)| i).collect::<Vec<_>>())?;
+                let compiled = crate::compile::compile_for_context(dir, chunk, context)?;
+                let ckpt = checkpoint::SafetensorsCheckpoint::open(dir)?;
+                let lowered =
+                    crate::sharded_aot::lower_shards(&compiled, &plan, &ckpt, backend_qnn::LowerOptions::default())?;
+                let mut ios = Vec::new();
+                for ((_, _, info), graphs) in read.iter().zip(&lowered) {
+                    let mut io = Vec::new();
+                    for g in &info.graphs {
+                        let l = graphs.iter().find(|l| l.name == g.name).with_context(|| {
+                            format!("graph `{}` of the shard set is not among the lowered shards", g.name)
+                        })?;
+                        io.push(GraphIo::from_graph(l)?);
+                    }
+                    ios.push(io);
+                }
+                ios
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut shards = Vec::with_capacity(files.len());
+        for ((f, binary, _), graphs) in read.into_iter().zip(ios) {
             shards.push(ShardBinary { origin: f.display().to_string(), binary, graphs });
         }
-        notes.push(format!("{} shards chained: {}", files.len(), files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")));
+        notes.push(format!(
+            "{} shards chained: {}",
+            files.len(),
+            files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")
+        ));
         let model = ShardedChunkModel::open(api, shards)?;
         let chunks = model.chunk_lens();
-        ensure!(chunks.contains(&chunk), "{} has graphs for chunks {chunks:?}, not for --chunk {chunk}", path.display());
+        ensure!(
+            chunks.contains(&chunk),
+            "{} has graphs for chunks {chunks:?}, not for --chunk {chunk}",
+            path.display()
+        );
         let ctx = model.layout().context_len;
         ensure!(ctx == context, "{} was built for context {ctx}, not --context {context}", path.display());
         ensure!(
@@ -261,6 +301,32 @@ impl Runner {
     }
 }
 
+/// The shard plan a set of binaries was built with: each shard's layers from its graphs'
+/// `past_key_<l>` inputs.
+fn plan_of_set(infos: &[&backend_qnn::sdk::ffi::BinaryInfo]) -> Result<crate::shard::ShardPlan> {
+    let count = infos.len();
+    let mut shards = Vec::with_capacity(count);
+    for (index, info) in infos.iter().enumerate() {
+        let layers: Vec<usize> = info
+            .graphs
+            .first()
+            .map(|g| g.inputs.iter().filter_map(|t| t.name.strip_prefix("past_key_")?.parse().ok()).collect())
+            .unwrap_or_default();
+        let (Some(&lo), Some(&hi)) = (layers.iter().min(), layers.iter().max()) else {
+            bail!("shard {} of the set has no past_key_<l> inputs", index + 1)
+        };
+        shards.push(crate::shard::ShardSpec {
+            index,
+            count,
+            layers: lo..hi + 1,
+            embedding: index == 0,
+            head: index + 1 == count,
+            static_bytes: 0,
+        });
+    }
+    Ok(crate::shard::ShardPlan { shards })
+}
+
 /// A directory, or a file named `context_<i>_of_<n>[.x86].bin`.
 fn is_shard_set(path: &Path) -> bool {
     if path.is_dir() {
@@ -268,9 +334,9 @@ fn is_shard_set(path: &Path) -> bool {
     }
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let stem = name.strip_suffix(".x86.bin").or_else(|| name.strip_suffix(".bin"));
-    stem.and_then(|s| s.strip_prefix("context_")).and_then(|s| s.split_once("_of_")).is_some_and(|(i, n)| {
-        i.parse::<usize>().is_ok() && n.parse::<usize>().is_ok()
-    })
+    stem.and_then(|s| s.strip_prefix("context_"))
+        .and_then(|s| s.split_once("_of_"))
+        .is_some_and(|(i, n)| i.parse::<usize>().is_ok() && n.parse::<usize>().is_ok())
 }
 
 /// The attention-sink prefix the checkpoint `dir` ships, noted in `notes` when there is one.

@@ -65,7 +65,9 @@ pub fn part_of(name: &str) -> Part {
 pub enum ShardError {
     #[error("--shards 0: a model needs at least one shard")]
     Zero,
-    #[error("--shards {shards} is more than the model's {layers} decoder layers (every shard holds at least one layer)")]
+    #[error(
+        "--shards {shards} is more than the model's {layers} decoder layers (every shard holds at least one layer)"
+    )]
     MoreShardsThanLayers { shards: usize, layers: usize },
     #[error(
         "shard {shard} of {count} (layers {first}..={last}{extra}) holds {bytes} static bytes ({:.0} MB), more than \
@@ -369,9 +371,14 @@ pub const DEFAULT_MAX_CONTEXT_BYTES: u64 = 2 << 30;
 
 /// The default memory budget: the available RAM, and at most twice the model's static bytes
 /// (so a compile holds at most 2× the weights it compiles, parent and children together) but at
-/// least [`MEMORY_FLOOR`] (a small model builds in one piece).
+/// least [`MEMORY_FLOOR`] (a small model builds in one piece) and at least what the build of the
+/// smallest possible first or last shard needs (the embedding or the norm + lm_head with one
+/// layer: for Qwen3-1.7B's 151,936-token vocabulary 7 × 673 MB, just above 2 × 2344 MB).
 pub fn default_max_memory(available: u64, bytes: &ModelBytes) -> u64 {
-    available.min((2 * bytes.total()).max(MEMORY_FLOOR))
+    let first = bytes.shared + bytes.embedding + bytes.layers.first().copied().unwrap_or(0);
+    let last = bytes.shared + bytes.head + bytes.layers.last().copied().unwrap_or(0);
+    let smallest_possible = build_memory(first.max(last), BUILD_MEMORY_FACTOR);
+    available.min((2 * bytes.total()).max(MEMORY_FLOOR).max(smallest_possible))
 }
 
 /// 4 GiB: below it the default memory budget does not shrink with the model.
@@ -691,10 +698,7 @@ pub fn shard_program(program: &Program, plan: &ShardPlan, shard: usize) -> Resul
             Node::Linalg(op) if keep[i] => {
                 let mut op = op.clone();
                 op.attrs.insert("qnn_graph_name".into(), mllm_dsl::ir::Attr::Str(name.clone()));
-                op.attrs.insert(
-                    "qnn_context_name".into(),
-                    mllm_dsl::ir::Attr::Str(format!("context.{}", spec.index)),
-                );
+                op.attrs.insert("qnn_context_name".into(), mllm_dsl::ir::Attr::Str(format!("context.{}", spec.index)));
                 used_params.extend(op.inputs.iter().copied().filter(|v| params.contains(v)));
                 new_body.push(Node::Linalg(op));
             }

@@ -7,9 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use models::hf::HfConfig;
 use crate::run_sizes::available_memory;
 use mllm_dsl::ParamFormat;
+use models::hf::HfConfig;
 
 use crate::context_bench::{prepare_checkpoint, BenchOptions};
 use crate::error::{Context, Result};
@@ -128,7 +128,8 @@ impl ShardBench {
         }
         for (name, ours) in names {
             let steps = self.jobs.shards.iter().flat_map(|o| o.steps.iter().filter(move |s| s.name == name));
-            let (w, c, p) = steps.fold((0.0, 0.0, 0u64), |(w, c, p), s| (w + s.seconds, c + s.cpu_seconds, p.max(s.peak_rss)));
+            let (w, c, p) =
+                steps.fold((0.0, 0.0, 0u64), |(w, c, p), s| (w + s.seconds, c + s.cpu_seconds, p.max(s.peak_rss)));
             out += &format!("  {name:<24} {:>5} {w:>9.2} {c:>9.2} {:>9.0}\n", if ours { "ours" } else { "QNN" }, mb(p));
         }
         let child_cpu: f64 = self.jobs.shards.iter().flat_map(|o| &o.steps).map(|s| s.cpu_seconds).sum();
@@ -178,8 +179,11 @@ pub fn run_sharded(opts: &ShardBenchOptions, exe: &Path, log: &mut dyn FnMut(&st
     let bytes = model_bytes(&checkpoint, opts.bench.context)?;
     let available = available_memory();
     let memory_budget = opts.max_memory.unwrap_or_else(|| default_max_memory(available, &bytes));
-    let limits =
-        AutoLimits { max_context_bytes: opts.max_context_bytes, max_memory: memory_budget, factor: BUILD_MEMORY_FACTOR };
+    let limits = AutoLimits {
+        max_context_bytes: opts.max_context_bytes,
+        max_memory: memory_budget,
+        factor: BUILD_MEMORY_FACTOR,
+    };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let auto = plan_shards(&bytes, opts.shards, &limits, cores, opts.jobs)?;
     for r in &auto.reasons {

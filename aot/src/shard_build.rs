@@ -26,11 +26,11 @@ use backend_qnn::sdk::{self, BuildPhase, GraphDesc, TensorType};
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{validate, LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
-use models::hf::HfConfig;
+use compiler::passes::Pipeline;
 use mllm_dsl::files::write_atomic_bytes;
 use mllm_dsl::memory::{cpu_seconds, peak_rss_bytes, reset_peak_rss, rss_bytes};
-use compiler::passes::Pipeline;
 use mllm_dsl::ParamFormat;
+use models::hf::HfConfig;
 use serde_json::{json, Value};
 
 use crate::config::load_aot_config;
@@ -270,7 +270,11 @@ impl Meter {
 
 /// The graphs of shard `job.shard`, one per chunk size, lowered for Qualcomm's backend from the
 /// quantized checkpoint (traced, mllm's passes, cut).
-pub fn lower_shard(job: &ShardJob, ckpt: &SafetensorsCheckpoint, meter: Option<&mut dyn FnMut(&str)>) -> Result<Vec<QnnGraph>> {
+pub fn lower_shard(
+    job: &ShardJob,
+    ckpt: &SafetensorsCheckpoint,
+    meter: Option<&mut dyn FnMut(&str)>,
+) -> Result<Vec<QnnGraph>> {
     let mut noop = |_: &str| {};
     let step: &mut dyn FnMut(&str) = match meter {
         Some(m) => m,
@@ -508,7 +512,9 @@ pub fn run_jobs(
         let _ = std::fs::remove_file(&r.job_file);
         if !status.success() {
             let status = describe_status(status);
-            failure.get_or_insert(ShardBuildError::Failed { job: r.job.describe(), status, stderr: tail(&stderr, 40) }.into());
+            failure.get_or_insert(
+                ShardBuildError::Failed { job: r.job.describe(), status, stderr: tail(&stderr, 40) }.into(),
+            );
             continue;
         }
         match parse_report(&r.job, &stdout) {

@@ -56,9 +56,14 @@ pub fn run_chain(
             .iter()
             .map(|n| {
                 if n == HIDDEN_STATES {
-                    hidden.clone().with_context(|| format!("graph `{}` takes hidden_states, no shard gave them", g.name))
+                    hidden
+                        .clone()
+                        .with_context(|| format!("graph `{}` takes hidden_states, no shard gave them", g.name))
                 } else {
-                    inputs.get(n).cloned().with_context(|| format!("graph `{}` takes `{n}`, which the model lacks", g.name))
+                    inputs
+                        .get(n)
+                        .cloned()
+                        .with_context(|| format!("graph `{}` takes `{n}`, which the model lacks", g.name))
                 }
             })
             .collect::<Result<_>>()?;

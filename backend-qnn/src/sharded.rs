@@ -163,7 +163,9 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
                 let roles_in: Vec<Role> = g
                     .inputs
                     .iter()
-                    .map(|t| role_of(&t.name).ok_or_else(|| err(format!("graph `{}`: unknown input `{}`", g.name, t.name))))
+                    .map(|t| {
+                        role_of(&t.name).ok_or_else(|| err(format!("graph `{}`: unknown input `{}`", g.name, t.name)))
+                    })
                     .collect::<Result<_, _>>()?;
                 let roles_out: Vec<Role> = g
                     .outputs
@@ -186,7 +188,11 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
                     return Err(err(format!(
                         "graph `{}` {}; as shard {} of {count} it must output {}",
                         g.name,
-                        if has(&roles_out, Role::Logits) { "outputs logits (it is a last shard)" } else { "outputs hidden_states" },
+                        if has(&roles_out, Role::Logits) {
+                            "outputs logits (it is a last shard)"
+                        } else {
+                            "outputs hidden_states"
+                        },
                         index + 1,
                         if last { "logits (is a shard missing after it?)" } else { "hidden_states" }
                     )));
@@ -233,7 +239,10 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
                 }
                 if let Some(t) = g.inputs.iter().find(|t| t.name == HIDDEN_STATES) {
                     let Some((prev_origin, prev)) = hidden_out.get(&ar) else {
-                        return Err(err(format!("graph `{}` takes hidden_states but no shard before it outputs them", g.name)));
+                        return Err(err(format!(
+                            "graph `{}` takes hidden_states but no shard before it outputs them",
+                            g.name
+                        )));
                     };
                     if t.dtype != prev.dtype || t.dims != prev.dims || t.quant != prev.quant {
                         return Err(err(format!(
@@ -265,9 +274,10 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
                 layout = Some(l);
                 // K/V codes go into the cache unchanged.
                 for l in graph_layers.clone().unwrap_or(0..0) {
-                    for (past, present) in
-                        [(format!("past_key_{l}"), format!("present_key_{l}")), (format!("past_value_{l}"), format!("present_value_{l}"))]
-                    {
+                    for (past, present) in [
+                        (format!("past_key_{l}"), format!("present_key_{l}")),
+                        (format!("past_value_{l}"), format!("present_value_{l}")),
+                    ] {
                         let p = g.inputs.iter().find(|t| t.name == past);
                         let q = g.outputs.iter().find(|t| t.name == present);
                         match (p, q) {
@@ -313,7 +323,8 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
         let mut loaded: Vec<Shard> = Vec::with_capacity(count);
         let result = (|| {
             for (s, layers) in shards.into_iter().zip(plans) {
-                let context = api.context_create_from_binary(&s.binary).map_err(|e| shard_err(&s.origin, e.to_string()))?;
+                let context =
+                    api.context_create_from_binary(&s.binary).map_err(|e| shard_err(&s.origin, e.to_string()))?;
                 loaded.push(Shard { origin: s.origin.clone(), context, layers, graphs: Vec::new() });
                 let shard = loaded.last_mut().expect("pushed");
                 for io in s.graphs {
@@ -454,11 +465,9 @@ impl<A: QnnExecApi> ChunkModel for ShardedChunkModel<A> {
 /// The shard files of a set, by index: `dir` (or the directory of `first`) holding
 /// `context_<i>_of_<n>.bin` (with `x86`, `context_<i>_of_<n>.x86.bin`). Refuses a set with a
 /// missing shard, a shard of another count, or an extra file, naming it.
-pub fn shard_set_files(
-    path: &std::path::Path,
-    x86: bool,
-) -> Result<Vec<std::path::PathBuf>, QnnModelError> {
-    let dir = if path.is_dir() { path.to_path_buf() } else { path.parent().map(|p| p.to_path_buf()).unwrap_or_default() };
+pub fn shard_set_files(path: &std::path::Path, x86: bool) -> Result<Vec<std::path::PathBuf>, QnnModelError> {
+    let dir =
+        if path.is_dir() { path.to_path_buf() } else { path.parent().map(|p| p.to_path_buf()).unwrap_or_default() };
     let suffix = if x86 { ".x86.bin" } else { ".bin" };
     let mut found: BTreeMap<usize, (usize, std::path::PathBuf)> = BTreeMap::new();
     let mut counts: BTreeMap<usize, String> = BTreeMap::new();
@@ -470,7 +479,8 @@ pub fn shard_set_files(
         if !x86 && stem.ends_with(".x86") {
             continue;
         }
-        let Some((i, n)) = stem.split_once("_of_").and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)))
+        let Some((i, n)) =
+            stem.split_once("_of_").and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)))
         else {
             continue;
         };
