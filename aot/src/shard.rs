@@ -70,9 +70,8 @@ pub enum ShardError {
     )]
     MoreShardsThanLayers { shards: usize, layers: usize },
     #[error(
-        "shard {shard} of {count} (layers {first}..={last}{extra}) holds {bytes} static bytes ({:.0} MB), more than \
-         --max-context-bytes {limit} ({:.0} MB); no cut of the layers fits (one layer is {layer_bytes} bytes)",
-        *bytes as f64 / 1e6, *limit as f64 / 1e6
+        "shard {shard} of {count} (layers {first}..={last}{extra}) holds {bytes} static bytes, more than \
+         --max-context-bytes {limit}; no cut of the layers fits (one layer is {layer_bytes} bytes)"
     )]
     ShardTooLarge {
         shard: usize,
@@ -85,9 +84,8 @@ pub enum ShardError {
         layer_bytes: u64,
     },
     #[error(
-        "the largest shard's build needs ~{need} bytes ({:.0} MB: {factor}× its {bytes} static bytes in Qualcomm's \
-         backend) even at {shards} shards (one per layer), more than --max-memory {budget} ({:.0} MB)",
-        *need as f64 / 1e6, *budget as f64 / 1e6
+        "the largest shard's build needs ~{need} bytes ({factor}x its {bytes} static bytes in Qualcomm's backend) \
+         even at {shards} shards (one per layer), more than --max-memory {budget}"
     )]
     MemoryTooSmall { need: u64, factor: f64, bytes: u64, shards: usize, budget: u64 },
     #[error("the model has no decoder layer parameters (`model.layers.<l>.*`)")]

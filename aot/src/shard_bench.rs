@@ -46,9 +46,9 @@ impl ShardBenchOptions {
 }
 
 /// The plan from a weight-free trace of the checkpoint's config: the model's static bytes by part.
-pub fn model_bytes(checkpoint: &Path, context: usize) -> Result<ModelBytes> {
-    let hf = HfConfig::from_dir(checkpoint)?;
-    let ckpt = checkpoint::SafetensorsCheckpoint::open(checkpoint)?;
+pub fn model_bytes(dir: &Path, context: usize) -> Result<ModelBytes> {
+    let hf = HfConfig::from_dir(dir)?;
+    let ckpt = checkpoint::SafetensorsCheckpoint::open(dir)?;
     let max_positions = rope_positions(&ckpt)?.context("the quantized checkpoint has no RoPE tables")?;
     drop(ckpt);
     let program = trace_graph(&hf, max_positions, 1, context.min(max_positions), ParamFormat::QnnW4A16)?;
