@@ -69,6 +69,9 @@ pub enum AotError {
     QnnConvert(Box<backend_qnn::sdk::ConvertError>),
     #[error(transparent)]
     ParseInt(Box<std::num::ParseIntError>),
+    /// A graph family that cannot be built or does not match a binary.
+    #[error(transparent)]
+    Family(Box<crate::family::FamilyError>),
     /// A tokenizer that would not load, encode or decode.
     #[error("{what}: {source}")]
     Tokenizer {
@@ -129,6 +132,7 @@ boxed_from! {
     QnnRun <- backend_qnn::sdk::RunValuesError,
     QnnConvert <- backend_qnn::sdk::ConvertError,
     ParseInt <- std::num::ParseIntError,
+    Family <- crate::family::FamilyError,
     Io <- std::io::Error,
     Json <- serde_json::Error,
 }

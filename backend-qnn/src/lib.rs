@@ -18,6 +18,7 @@
 pub mod artifacts;
 pub mod chunk_model;
 pub mod context;
+pub mod cost;
 pub mod dtype;
 pub mod encoding;
 pub mod graph;

@@ -382,7 +382,7 @@ fn bad_inputs_fail_with_messages_naming_the_file_or_field() {
     assert!(err.contains("--calib-ids"), "{err}");
     // Chunk sizes the context cannot hold.
     let err = error(&[&quantized[..], &["--chunk", "16"][..]].concat());
-    assert!(err.contains("--chunk 16 must be smaller than --context-len 16"), "{err}");
+    assert!(err.contains("--chunk 16 must be smaller than the context length 16"), "{err}");
     // Arguments that exclude each other.
     let err = error(&["--model", "a", "--quantized", "b"]);
     assert!(err.contains("--quantized"), "{err}");
@@ -422,7 +422,7 @@ fn help_documents_every_argument_and_the_report() {
     // The defaults as documented.
     let args = AotArgs::try_parse_from(["qwen3_aot"]).unwrap();
     let opts = args.options();
-    assert_eq!((opts.chunks, opts.context_len), (vec![32, 1], 1024));
+    assert_eq!((opts.chunks, opts.context_lens), (vec![32, 1], vec![1024]));
     assert!(opts.out.ends_with("qwen3_aot"));
 }
 
