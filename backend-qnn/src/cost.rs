@@ -6,7 +6,8 @@
 //!   static weights and products between activations (attention scores and their weighted sum over
 //!   the whole context window: `chunk x heads x head_dim x context` each), and by operand width
 //!   (a 16-bit operand runs at HMX's 16-bit rate);
-//! - bytes read from DRAM: every static tensor once (weights, LPBQ scales, RoPE tables), the past
+//! - bytes read from DRAM: every static tensor once (weights, LPBQ scales; of a table read through
+//!   a Gather, such as the embedding and the RoPE tables, only the rows gathered), the past
 //!   K/V inputs (`past_key_*`, `past_value_*`: the whole `context - chunk` window, masked or not,
 //!   since the graph is static), the other inputs; bytes written: the new K/V (`present_*`) and the
 //!   other outputs (logits).
@@ -26,7 +27,9 @@
 
 use crate::artifacts::summary::node_macs;
 use crate::dtype::TensorType;
+use crate::encoding::Encoding;
 use crate::graph::{Param, QnnGraph};
+use crate::opdef::OpType;
 
 /// What one call of a graph does: arithmetic and DRAM traffic.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -41,7 +44,8 @@ pub struct GraphCost {
     pub attention_macs: u64,
     /// Of all multiply-accumulates, those with a 16-bit (or wider) operand.
     pub wide_macs: u64,
-    /// Static data read per call (weights, scales, constants).
+    /// Static data read per call (weights and their scales at the device's widths, constants,
+    /// the gathered rows of tables).
     pub weight_bytes: u64,
     /// Past K/V read per call (every layer, the whole past window).
     pub kv_read_bytes: u64,
@@ -57,10 +61,34 @@ impl GraphCost {
         let index = graph.tensor_index();
         let tensor = |name: &str| index.get(name).map(|&i| &graph.tensors[i]);
         let bytes = |name: &str| tensor(name).map_or(0, |t| t.numel() * u64::from(t.dtype.bit_width()) / 8);
+        // A table read through a Gather (the embedding, the RoPE tables) costs the rows gathered,
+        // not the whole table; every other static tensor is read whole.
+        let mut gathered: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+        for node in graph.nodes.iter().filter(|n| n.op_type == OpType::Gather) {
+            let (Some(table), Some(out)) = (node.inputs.first(), node.outputs.first()) else { continue };
+            if tensor(table).is_some_and(|t| t.tensor_type == TensorType::Static) {
+                *gathered.entry(table.as_str()).or_default() += bytes(out);
+            }
+        }
+        let static_read: u64 = graph
+            .tensors
+            .iter()
+            .filter(|t| t.data.is_some())
+            .map(|t| gathered.get(t.name.as_str()).copied().unwrap_or_else(|| stored_bytes(t)))
+            .sum();
+        let param_bytes: u64 = graph
+            .nodes
+            .iter()
+            .flat_map(|n| n.params.iter())
+            .filter_map(|(_, p)| match p {
+                Param::Tensor(t) if t.data.is_some() => Some(stored_bytes(t)),
+                _ => None,
+            })
+            .sum();
         let mut cost = GraphCost {
             chunk: graph.inputs.first().and_then(|n| tensor(n)).map_or(0, |t| t.numel() as usize),
             context_len: tensor("attention_mask").and_then(|t| t.dims.last()).map_or(0, |&d| d as usize),
-            weight_bytes: graph.static_bytes(),
+            weight_bytes: static_read + param_bytes,
             ..GraphCost::default()
         };
         for name in &graph.inputs {
@@ -106,6 +134,22 @@ impl GraphCost {
     pub fn dram_bytes(&self) -> u64 {
         self.weight_bytes + self.kv_read_bytes + self.kv_written_bytes + self.io_bytes
     }
+}
+
+/// Bytes a static tensor occupies on the device: its elements at the data type's width (4-bit
+/// codes packed two to a byte, whatever container the artifact stores them in) plus its
+/// quantization scales (LPBQ: one block multiplier of `block_scale_bitwidth` bits per block and
+/// one f32 scale per output channel).
+fn stored_bytes(t: &crate::graph::QnnTensor) -> u64 {
+    let codes = (t.numel() * u64::from(t.dtype.bit_width())).div_ceil(8);
+    let scales = match &t.encoding {
+        Encoding::BlockwiseExpansion(b) => {
+            (b.block_scales.len() as u64 * u64::from(b.block_scale_bitwidth)).div_ceil(8) + 4 * b.scale_offsets.len() as u64
+        }
+        Encoding::AxisScaleOffset { scale_offsets, .. } => 4 * scale_offsets.len() as u64,
+        _ => 0,
+    };
+    codes + scales
 }
 
 /// A decoder's dimensions and storage widths: [`GraphCost`]s without lowering a checkpoint.
@@ -191,7 +235,12 @@ impl DecoderShapes {
             weight_macs,
             attention_macs,
             wide_macs: if self.act_bits > 8 { weight_macs + attention_macs } else { 0 },
-            weight_bytes: bytes(linear, self.weight_bits) + bytes(lm_head, self.lm_head_bits),
+            // The linears and the lm_head; the u16 embedding and RoPE (sin, cos) rows gathered for
+            // the chunk; the u16 RMSNorm weights (two per layer, Qwen3's q/k norms, the final one).
+            weight_bytes: bytes(linear, self.weight_bits)
+                + bytes(lm_head, self.lm_head_bits)
+                + s * (self.hidden + 2 * self.head_dim) * 2
+                + (self.layers * (2 * self.hidden + 2 * self.head_dim) + self.hidden) * 2,
             kv_read_bytes: kv_elems(c - s) * self.kv_bits / 8,
             kv_written_bytes: kv_elems(s) * self.kv_bits / 8,
             // ids and positions (i32), the u16 mask, u16 logits.

@@ -157,3 +157,28 @@ fn graphs_that_cannot_share_weights_are_refused_by_name() {
     let err = aot::family::check_weights_shared(&graphs).unwrap_err().to_string();
     assert!(err.contains(&name) && err.contains("model.0.s1_cl32") && err.contains("cannot share weights"), "{err}");
 }
+
+/// The cost model's two front ends agree: the counts of each lowered graph of a family (MACs, K/V
+/// read and written, weight bytes) against the same counts from the checkpoint's config.json.
+#[test]
+fn the_cost_of_each_lowered_graph_matches_the_decoders_shapes() {
+    use backend_qnn::cost::GraphCost;
+    let model = fixtures().join("pymllm-qwen3-dev-f32");
+    let family = GraphFamily::new(&[8, 4, 1], &[16, 32], GraphNaming::Mllm).unwrap();
+    let hf = mllm_dsl::config::hf::HfConfig::from_dir(&model).unwrap();
+    let shapes = aot::family::decoder_shapes(&hf);
+    for g in lower_family(&model, &family).unwrap() {
+        let lowered = GraphCost::of(&g);
+        let analytic = shapes.call(lowered.chunk, lowered.context_len);
+        let spec = family.spec_named(&g.name, 1).unwrap();
+        assert_eq!((lowered.chunk, lowered.context_len), (spec.chunk, spec.context_len), "{}", g.name);
+        assert_eq!(lowered.weight_macs, analytic.weight_macs, "{}", g.name);
+        assert_eq!(lowered.attention_macs, analytic.attention_macs, "{}", g.name);
+        assert_eq!(lowered.wide_macs, lowered.macs(), "{}: every product has a 16-bit operand (A16)", g.name);
+        assert_eq!(lowered.kv_read_bytes, analytic.kv_read_bytes, "{}", g.name);
+        assert_eq!(lowered.kv_written_bytes, analytic.kv_written_bytes, "{}", g.name);
+        let ratio = lowered.weight_bytes as f64 / analytic.weight_bytes as f64;
+        eprintln!("{}: weight bytes {} lowered, {} from shapes ({ratio:.3})", g.name, lowered.weight_bytes, analytic.weight_bytes);
+        assert!((0.9..=1.1).contains(&ratio), "{}: {lowered:?} vs {analytic:?}", g.name);
+    }
+}
