@@ -14,7 +14,7 @@
 use anyhow::{ensure, Context, Result};
 use backend_qnn::cost::{Calibration, DecoderShapes, HtpPerf};
 use clap::Parser;
-use mllm_dsl::runtime::{GenerationConfig, Generator, GraphChoice, GraphMenu, Sampling};
+use runtime::{GenerationConfig, Generator, GraphChoice, GraphMenu, Sampling};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -96,7 +96,9 @@ fn main() -> Result<()> {
             let calls: Vec<String> = calls.iter().map(|(c, ctx, n)| format!("{n}x s{c}@{ctx}")).collect();
             let decode_rate = |d: f64| if args.new_tokens > 1 { (args.new_tokens - 1) as f64 / d } else { 0.0 };
             let (ttft_fixed, ratio, dec_fixed) = match fixed {
-                Some((p, d)) => (format!("{:.1} ms", p * 1e3), format!("{:.2}x", p / select.0), format!("{:.1}", decode_rate(d))),
+                Some((p, d)) => {
+                    (format!("{:.1} ms", p * 1e3), format!("{:.2}x", p / select.0), format!("{:.1}", decode_rate(d)))
+                }
                 None => ("no fit".into(), "-".into(), "no fit".into()),
             };
             println!(
@@ -117,16 +119,15 @@ fn main() -> Result<()> {
 /// Wall times on the CPU backend: the fixed pair (chunk 32 at context 1024) and selection over
 /// the same family shape scaled to the checkpoint (costs from its own shapes on SM8650).
 fn measure_cpu(dir: &std::path::Path, args: &Args) -> Result<()> {
-    let hf = mllm_dsl::config::hf::HfConfig::from_dir(dir)?;
+    let hf = models::hf::HfConfig::from_dir(dir)?;
     let target = HtpPerf::by_name("sm8650").context("SM8650 is in the table")?;
     let family = aot::GraphFamily::new(&[128, 32, 1], &[1024, 4096], aot::GraphNaming::Mllm)?;
     let menu = aot::family::graph_menu(&hf, &family, None, &target)?;
+    println!("\nmeasured on the CPU backend ({}), {} new tokens, greedy; wall seconds", dir.display(), args.new_tokens);
     println!(
-        "\nmeasured on the CPU backend ({}), {} new tokens, greedy; wall seconds",
-        dir.display(),
-        args.new_tokens
+        "  {:>6}  {:>10} {:>10} {:>7}  {:>10} {:>10}  same ids",
+        "prompt", "TTFT fixed", "TTFT sel.", "ratio", "dec fixed", "dec sel."
     );
-    println!("  {:>6}  {:>10} {:>10} {:>7}  {:>10} {:>10}  same ids", "prompt", "TTFT fixed", "TTFT sel.", "ratio", "dec fixed", "dec sel.");
     for &prompt_len in args.prompts.iter().filter(|&&p| p <= args.cpu_max_prompt && p + args.new_tokens <= 1024) {
         let prompt: Vec<u32> = (0..prompt_len).map(|i| (i as u32 * 7919 + 13) % hf.vocab_size as u32).collect();
         let config = GenerationConfig {

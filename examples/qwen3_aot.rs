@@ -132,7 +132,11 @@ impl AotArgs {
             source,
             aot_config: self.aot_config.clone(),
             calibration,
-            context_lens: if self.context_lens.is_empty() { vec![DEFAULT_CONTEXT_LEN] } else { self.context_lens.clone() },
+            context_lens: if self.context_lens.is_empty() {
+                vec![DEFAULT_CONTEXT_LEN]
+            } else {
+                self.context_lens.clone()
+            },
             chunks,
             graph_naming: self.graph_names,
             out: self.out.clone().unwrap_or_else(|| default_out_dir("qwen3_aot")),

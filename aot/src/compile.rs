@@ -45,8 +45,8 @@ use models::hf::HfConfig;
 use crate::calibrate::{quantize_alongside, QuantizeOptions};
 use crate::config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
 use crate::divergence::{op_by_op, table as divergence_table};
-use crate::family::{check_weights_shared, GraphFamily, GraphNaming, GraphSpec};
 use crate::embedded::{EMBEDDED_CALIB_IDS, EMBEDDED_MODEL, EMBEDDED_MODEL_NAME};
+use crate::family::{check_weights_shared, GraphFamily, GraphNaming, GraphSpec};
 use crate::htp::{ContextBinary, QualcommHtp};
 use crate::ledger::{float_vs_reference, quantized_vs_reference_float, reference_logits, LedgerEntry};
 use crate::load::{fake_quant_backend, open_model, rope_positions, ROPE_SIN_KEY};
@@ -202,8 +202,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     // Sizes checked against each other, the config and the memory before any work (a quantized
     // checkpoint's own RoPE tables are checked against --context-len once it is opened).
     let largest_context = family.contexts().iter().copied().max().unwrap_or(DEFAULT_CONTEXT_LEN);
-    let positions =
-        if matches!(opts.source, ModelSource::Quantized(_)) { largest_context } else { opts.max_positions };
+    let positions = if matches!(opts.source, ModelSource::Quantized(_)) { largest_context } else { opts.max_positions };
     let largest_chunk = opts.chunks.iter().copied().max().unwrap_or(1);
     RunSizes { max_positions: positions, context: largest_context, chunk: largest_chunk }
         .check(&hf, available_memory())?;
@@ -681,11 +680,6 @@ pub fn lower_family(dir: &Path, family: &GraphFamily) -> Result<Vec<QnnGraph>> {
         );
     }
     let (aot, _) = load_aot_config(None, &hf)?;
-    let opts = CompileOptions {
-        family,
-        max_positions,
-        dump_ir: None,
-        progress: &crate::progress::Silent,
-    };
+    let opts = CompileOptions { family, max_positions, dump_ir: None, progress: &crate::progress::Silent };
     Ok(compile(&hf, &ckpt, &aot, &opts)?.graphs.into_iter().map(|g| g.graph).collect())
 }

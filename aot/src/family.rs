@@ -20,7 +20,7 @@
 use std::collections::BTreeSet;
 
 use backend_qnn::cost::{DecoderShapes, GraphCost, HtpPerf};
-use mllm_dsl::runtime::{GraphChoice, GraphMenu};
+use runtime::{GraphChoice, GraphMenu};
 
 /// One member of a family: a graph for `chunk` new tokens per call attending over `context_len`
 /// positions (the K/V cache holds `context_len - chunk`).
@@ -222,7 +222,7 @@ pub fn check_weights_shared(graphs: &[backend_qnn::QnnGraph]) -> Result<(u64, u6
 
 /// `hf`'s decoder as the cost model sees it, stored as this project compiles it (W4A16 LPBQ
 /// block 16 weights and lm_head, 8-bit K/V, 16-bit activations).
-pub fn decoder_shapes(hf: &mllm_dsl::config::hf::HfConfig) -> DecoderShapes {
+pub fn decoder_shapes(hf: &models::hf::HfConfig) -> DecoderShapes {
     let w = |x: usize| x as u64;
     DecoderShapes {
         layers: w(hf.num_hidden_layers),
@@ -239,7 +239,7 @@ pub fn decoder_shapes(hf: &mllm_dsl::config::hf::HfConfig) -> DecoderShapes {
 /// Every member of `family` with its modelled seconds per call on `target`: from the lowered
 /// `graphs` when given (named as the family names them), else from `hf`'s shapes.
 pub fn graph_menu(
-    hf: &mllm_dsl::config::hf::HfConfig,
+    hf: &models::hf::HfConfig,
     family: &GraphFamily,
     graphs: Option<&[backend_qnn::QnnGraph]>,
     target: &HtpPerf,
@@ -252,7 +252,11 @@ pub fn graph_menu(
             Some(g) => GraphCost::of(g),
             None => shapes.call(spec.chunk, spec.context_len),
         };
-        choices.push(GraphChoice { chunk: spec.chunk, context_len: spec.context_len, cost_s: target.call(&cost).total_s() });
+        choices.push(GraphChoice {
+            chunk: spec.chunk,
+            context_len: spec.context_len,
+            cost_s: target.call(&cost).total_s(),
+        });
     }
     Ok(GraphMenu::new(choices)?)
 }
@@ -274,7 +278,14 @@ mod tests {
         let names: Vec<String> = f.members().into_iter().map(|s| f.name(s, 0, 1)).collect();
         assert_eq!(
             names,
-            ["model.0.s128", "model.0.s32", "model.0.s1", "model.0.s128_cl4096", "model.0.s32_cl4096", "model.0.s1_cl4096"]
+            [
+                "model.0.s128",
+                "model.0.s32",
+                "model.0.s1",
+                "model.0.s128_cl4096",
+                "model.0.s32_cl4096",
+                "model.0.s1_cl4096"
+            ]
         );
         assert_eq!(f.name(GraphSpec { chunk: 32, context_len: 1024 }, 2, 3), "model.2.s32");
         assert_eq!(f.spec_named("model.0.s1_cl4096", 1), Some(GraphSpec { chunk: 1, context_len: 4096 }));
@@ -290,7 +301,10 @@ mod tests {
         let e = GraphFamily::new(&[512, 1], &[4096, 512], GraphNaming::Mllm).unwrap_err();
         assert_eq!(e, FamilyError::ChunkNotBelowContext { chunk: 512, context_len: 512 });
         assert!(e.to_string().contains("--chunk 512 must be smaller than the context length 512"), "{e}");
-        assert_eq!(GraphFamily::new(&[1], &[64, 64], GraphNaming::Mllm).unwrap_err(), FamilyError::DuplicateContext(64));
+        assert_eq!(
+            GraphFamily::new(&[1], &[64, 64], GraphNaming::Mllm).unwrap_err(),
+            FamilyError::DuplicateContext(64)
+        );
         assert_eq!(GraphFamily::new(&[], &[64], GraphNaming::Mllm).unwrap_err(), FamilyError::NoChunk);
         assert_eq!(GraphFamily::new(&[0], &[64], GraphNaming::Mllm).unwrap_err(), FamilyError::ZeroChunk);
     }

@@ -15,9 +15,9 @@ use runtime::{GenerationConfig, GenerationOutput, RandomSampling, Sampling};
 
 use crate::chat::{load_chat_template, stop_ids, Conversation};
 use crate::family::{graph_menu, GraphFamily, GraphNaming};
-use backend_qnn::cost::HtpPerf;
 use crate::load::RunMode;
 use crate::runner::Runner;
+use backend_qnn::cost::HtpPerf;
 
 /// What to generate from and how; the `generate` example's arguments (errors name them as
 /// `--flag`s), documented there.
@@ -139,8 +139,7 @@ pub fn run(
         Some(tok) => stop_ids(&runner.config.eos_token_ids, conversation.as_ref().map(Conversation::template), tok),
         None => runner.config.eos_token_ids.clone(),
     };
-    let (max_new_tokens, prefill_chunk, collect_prompt_logits) =
-        (req.max_new_tokens, chunk, req.logits_out.is_some());
+    let (max_new_tokens, prefill_chunk, collect_prompt_logits) = (req.max_new_tokens, chunk, req.logits_out.is_some());
     let config = GenerationConfig { max_new_tokens, prefill_chunk, sampling, eos_ids, collect_prompt_logits };
     let fits = |prompt: &[u32]| fits_in_context(prompt, req.max_new_tokens, context);
     let lines_of = |prompt: &[u32], out: &GenerationOutput| {

@@ -96,7 +96,11 @@ impl QualcommHtp {
             let mut lowered = lowering
                 .lower_program(program)
                 .with_context(|| format!("lowering graph `{name}` for Qualcomm's backend"))?;
-            crate::error::ensure!(lowered.len() == 1, "graph `{name}` lowered to {} QNN graphs, expected 1", lowered.len());
+            crate::error::ensure!(
+                lowered.len() == 1,
+                "graph `{name}` lowered to {} QNN graphs, expected 1",
+                lowered.len()
+            );
             lowered[0].name = name.to_string();
             graphs.extend(lowered);
         }

@@ -44,8 +44,8 @@ pub mod trace;
 pub use calibrate::{evaluate, quantize, QuantizeOptions, QuantizeOutcome, SinkSummary};
 pub use chat::{load_chat_template, stop_ids, user_turn_prompt, Conversation, TextStream};
 pub use compile::{
-    compile, lower_family, lower_for_context, run, AotOptions, CompileOptions, CompileTimings, CompiledGraph, CompiledModel,
-    ModelSource,
+    compile, lower_family, lower_for_context, run, AotOptions, CompileOptions, CompileTimings, CompiledGraph,
+    CompiledModel, ModelSource,
 };
 pub use config::{default_out_dir, load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
 pub use error::{AotError, Context, Result};

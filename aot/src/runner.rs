@@ -152,7 +152,7 @@ impl Runner {
     }
 
     /// From now on every step runs on the graph of `menu` of least modelled cost
-    /// ([`mllm_dsl::runtime::GraphMenu`]).
+    /// ([`runtime::GraphMenu`]).
     pub fn select(&mut self, menu: GraphMenu) -> Result<()> {
         match &mut self.generator {
             RunnerGenerator::Cpu(g) => g.set_menu(menu),

@@ -144,7 +144,8 @@ fn stored_bytes(t: &crate::graph::QnnTensor) -> u64 {
     let codes = (t.numel() * u64::from(t.dtype.bit_width())).div_ceil(8);
     let scales = match &t.encoding {
         Encoding::BlockwiseExpansion(b) => {
-            (b.block_scales.len() as u64 * u64::from(b.block_scale_bitwidth)).div_ceil(8) + 4 * b.scale_offsets.len() as u64
+            (b.block_scales.len() as u64 * u64::from(b.block_scale_bitwidth)).div_ceil(8)
+                + 4 * b.scale_offsets.len() as u64
         }
         Encoding::AxisScaleOffset { scale_offsets, .. } => 4 * scale_offsets.len() as u64,
         _ => 0,
@@ -396,10 +397,7 @@ impl HtpPerf {
     /// Every target of the table, with the efficiencies of [`Calibration::reference_efficiencies`].
     pub fn table() -> Vec<HtpPerf> {
         let e = Calibration::reference_efficiencies();
-        [HtpPerf::sm8650_peaks(), HtpPerf::sm8750_peaks()]
-            .into_iter()
-            .map(|t| HtpPerf { efficiency: e, ..t })
-            .collect()
+        [HtpPerf::sm8650_peaks(), HtpPerf::sm8750_peaks()].into_iter().map(|t| HtpPerf { efficiency: e, ..t }).collect()
     }
 
     /// The target of [`HtpPerf::table`] named `name` (`sm8650`, `v75`, `sm8750`, `v79`; any case).

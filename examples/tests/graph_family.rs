@@ -71,11 +71,15 @@ fn selection_generates_the_fixed_pairs_tokens_on_the_cpu_and_moves_context_only_
     assert_eq!(steps.iter().filter(|s| s.starts_with("move")).count(), 1);
 
     // A short conversation never leaves the small context.
-    let short: Vec<&str> =
-        ["--model", m, "--prompt-ids", "5,17,99", "--max-new-tokens", "4", "--verbose"].into_iter().chain(FAMILY).collect();
+    let short: Vec<&str> = ["--model", m, "--prompt-ids", "5,17,99", "--max-new-tokens", "4", "--verbose"]
+        .into_iter()
+        .chain(FAMILY)
+        .collect();
     let short = run(&short).unwrap();
     assert!(graph_lines(&short).iter().all(|s| s.ends_with("context 16")), "{short:#?}");
-    let fixed_short = run(&["--model", m, "--prompt-ids", "5,17,99", "--max-new-tokens", "4", "--chunk", "4", "--context", "16"]).unwrap();
+    let fixed_short =
+        run(&["--model", m, "--prompt-ids", "5,17,99", "--max-new-tokens", "4", "--chunk", "4", "--context", "16"])
+            .unwrap();
     assert_eq!(ids_line(&short), ids_line(&fixed_short));
 }
 
@@ -95,7 +99,7 @@ fn selection_on_a_family_context_binary_generates_the_fixed_pairs_tokens() {
     // Every member reads the same weight buffers: the family holds each weight once.
     let (once, per_graph) = aot::family::check_weights_shared(&graphs).unwrap();
     assert!(once * 5 < per_graph, "{once} bytes once, {per_graph} over the graphs");
-    let target = HtpTarget::new(&mllm_dsl::config::aot::AotConfig::w4a16_kv8().target_machine);
+    let target = HtpTarget::new(&compiler::aot_config::AotConfig::w4a16_kv8().target_machine);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("graph-family");
     std::fs::create_dir_all(&dir).unwrap();
     let binary = dir.join("family.bin");
@@ -116,7 +120,19 @@ fn selection_on_a_family_context_binary_generates_the_fixed_pairs_tokens() {
     let other: Vec<&str> = common
         .iter()
         .copied()
-        .chain(["--chunk", "8", "--chunk", "2", "--context", "16", "--context", "32", "--qnn-emulate", "--qnn-context", bin])
+        .chain([
+            "--chunk",
+            "8",
+            "--chunk",
+            "2",
+            "--context",
+            "16",
+            "--context",
+            "32",
+            "--qnn-emulate",
+            "--qnn-context",
+            bin,
+        ])
         .collect();
     let err = format!("{:#}", run(&other).unwrap_err());
     assert!(err.contains("family.bin") && err.contains("model.0.s2"), "{err}");
@@ -129,11 +145,13 @@ fn bad_families_and_prompts_are_refused_by_name() {
     // A prompt longer than the largest context.
     let long: Vec<String> = (0..40).map(|i| (i % 100 + 3).to_string()).collect();
     let long = long.join(",");
-    let args: Vec<&str> = ["--model", m, "--prompt-ids", &long, "--max-new-tokens", "1"].into_iter().chain(FAMILY).collect();
+    let args: Vec<&str> =
+        ["--model", m, "--prompt-ids", &long, "--max-new-tokens", "1"].into_iter().chain(FAMILY).collect();
     let err = format!("{:#}", run(&args).unwrap_err());
     assert!(err.contains("40 tokens") && err.contains("--context 32"), "{err}");
     // A chunk that does not fit the smallest context.
-    let args = ["--model", m, "--prompt-ids", "5", "--chunk", "16", "--chunk", "4", "--context", "16", "--context", "32"];
+    let args =
+        ["--model", m, "--prompt-ids", "5", "--chunk", "16", "--chunk", "4", "--context", "16", "--context", "32"];
     let err = format!("{:#}", run(&args).unwrap_err());
     assert!(err.contains("--chunk 16 must be smaller than the context length 16"), "{err}");
     // An unknown target of the cost model.
@@ -165,7 +183,7 @@ fn the_cost_of_each_lowered_graph_matches_the_decoders_shapes() {
     use backend_qnn::cost::GraphCost;
     let model = fixtures().join("pymllm-qwen3-dev-f32");
     let family = GraphFamily::new(&[8, 4, 1], &[16, 32], GraphNaming::Mllm).unwrap();
-    let hf = mllm_dsl::config::hf::HfConfig::from_dir(&model).unwrap();
+    let hf = models::hf::HfConfig::from_dir(&model).unwrap();
     let shapes = aot::family::decoder_shapes(&hf);
     for g in lower_family(&model, &family).unwrap() {
         let lowered = GraphCost::of(&g);
@@ -178,7 +196,10 @@ fn the_cost_of_each_lowered_graph_matches_the_decoders_shapes() {
         assert_eq!(lowered.kv_read_bytes, analytic.kv_read_bytes, "{}", g.name);
         assert_eq!(lowered.kv_written_bytes, analytic.kv_written_bytes, "{}", g.name);
         let ratio = lowered.weight_bytes as f64 / analytic.weight_bytes as f64;
-        eprintln!("{}: weight bytes {} lowered, {} from shapes ({ratio:.3})", g.name, lowered.weight_bytes, analytic.weight_bytes);
+        eprintln!(
+            "{}: weight bytes {} lowered, {} from shapes ({ratio:.3})",
+            g.name, lowered.weight_bytes, analytic.weight_bytes
+        );
         assert!((0.9..=1.1).contains(&ratio), "{}: {lowered:?} vs {analytic:?}", g.name);
     }
 }

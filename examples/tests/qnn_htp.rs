@@ -128,23 +128,68 @@ fn a_graph_family_generates_the_fixed_pairs_tokens_on_qualcomms_htp_emulation() 
     let out = temp("family");
     let o = out.to_str().unwrap();
     let argv = [
-        "qwen3_aot", "--quiet", "--quantized", q, "--chunk", "8", "--chunk", "4", "--chunk", "1", "--context-len", "32",
-        "--context-len", "64", "--context-binary", "on", "--out", o,
+        "qwen3_aot",
+        "--quiet",
+        "--quantized",
+        q,
+        "--chunk",
+        "8",
+        "--chunk",
+        "4",
+        "--chunk",
+        "1",
+        "--context-len",
+        "32",
+        "--context-len",
+        "64",
+        "--context-binary",
+        "on",
+        "--out",
+        o,
     ];
     let report = qwen3_aot::run_aot(&qwen3_aot::AotArgs::try_parse_from(argv).unwrap()).unwrap();
     let graphs: Vec<&str> = report.graphs.iter().map(|g| g.name.as_str()).collect();
-    assert_eq!(graphs, ["model.0.s8", "model.0.s4", "model.0.s1", "model.0.s8_cl64", "model.0.s4_cl64", "model.0.s1_cl64"]);
+    assert_eq!(
+        graphs,
+        ["model.0.s8", "model.0.s4", "model.0.s1", "model.0.s8_cl64", "model.0.s4_cl64", "model.0.s1_cl64"]
+    );
     assert!(report.shared_static_bytes * 5 < report.unshared_static_bytes, "{report:?}");
     for e in report.ledger.iter().filter(|e| e.stage == "htp_vs_fakequant") {
         assert!(e.comparison.sqnr_db >= 35.0, "{:?}: {:?}", e.graph, e.comparison);
     }
     // 26 prompt ids + 16 new: 42 positions outgrow context 32.
     let prompt = "5,17,99,3,64,8,21,77,42,9,100,11,60,33,2,90,14,55,71,6,38,120,47,29,81,12";
-    let fixed = generated_ids(&["--model", q, "--prompt-ids", prompt, "--max-new-tokens", "16", "--chunk", "4", "--context", "64"]);
+    let fixed = generated_ids(&[
+        "--model",
+        q,
+        "--prompt-ids",
+        prompt,
+        "--max-new-tokens",
+        "16",
+        "--chunk",
+        "4",
+        "--context",
+        "64",
+    ]);
     let binary = out.join("qnn/context.x86.bin");
     let family = [
-        "--model", q, "--prompt-ids", prompt, "--max-new-tokens", "16", "--chunk", "8", "--chunk", "4", "--context", "32",
-        "--context", "64", "--qnn-context", binary.to_str().unwrap(), "--verbose",
+        "--model",
+        q,
+        "--prompt-ids",
+        prompt,
+        "--max-new-tokens",
+        "16",
+        "--chunk",
+        "8",
+        "--chunk",
+        "4",
+        "--context",
+        "32",
+        "--context",
+        "64",
+        "--qnn-context",
+        binary.to_str().unwrap(),
+        "--verbose",
     ];
     let argv = ["generate"].iter().chain(&family).copied();
     let lines = generate::run_generate(&generate::GenerateArgs::try_parse_from(argv).unwrap()).unwrap();

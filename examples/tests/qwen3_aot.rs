@@ -231,7 +231,8 @@ fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_t
     let ratio = json["cost_model"]["vs_mllm_qwen3_1_7b_sm8650"]["decode_tok_s"]["ratio"].as_f64().unwrap();
     assert!((0.5..=2.0).contains(&ratio), "{ratio}");
     // The weights are held once for both graphs.
-    let (shared, unshared) = (json["static_bytes"]["shared"].as_u64().unwrap(), json["static_bytes"]["unshared"].as_u64().unwrap());
+    let (shared, unshared) =
+        (json["static_bytes"]["shared"].as_u64().unwrap(), json["static_bytes"]["unshared"].as_u64().unwrap());
     assert!(shared < unshared && unshared <= 2 * shared, "{shared} {unshared}");
     let timings = json["timings_s"].as_object().unwrap();
     for key in

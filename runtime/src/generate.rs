@@ -430,14 +430,8 @@ impl<M: ChunkModel> Generator<M> {
         self.seq.move_to_context(menu.contexts()[0])?;
         let mut steps = Vec::new();
         let start = Instant::now();
-        let (last_logits, prompt_logits, chunks) = select::prefill(
-            menu,
-            &mut self.model,
-            &mut self.seq,
-            prompt,
-            config.collect_prompt_logits,
-            &mut steps,
-        )?;
+        let (last_logits, prompt_logits, chunks) =
+            select::prefill(menu, &mut self.model, &mut self.seq, prompt, config.collect_prompt_logits, &mut steps)?;
         let prefill_time = start.elapsed();
         let start = Instant::now();
         let decoded = select::decode(

@@ -91,7 +91,7 @@ impl GraphMenu {
         if choices.is_empty() {
             return Err(bad("no graphs".into()));
         }
-        choices.sort_by(|a, b| (a.context_len, std::cmp::Reverse(a.chunk)).cmp(&(b.context_len, std::cmp::Reverse(b.chunk))));
+        choices.sort_by_key(|c| (c.context_len, std::cmp::Reverse(c.chunk)));
         for (i, c) in choices.iter().enumerate() {
             if !(c.cost_s.is_finite() && c.cost_s > 0.0) {
                 return Err(bad(format!(
@@ -277,7 +277,11 @@ pub(super) fn prefill<M: ChunkModel + ?Sized>(
 }
 
 /// Moves `seq` to `context_len` when it is elsewhere, recording the move.
-fn move_to<T: Copy + Default>(seq: &mut Sequence<T>, context_len: usize, steps: &mut Vec<Step>) -> Result<(), RuntimeError> {
+fn move_to<T: Copy + Default>(
+    seq: &mut Sequence<T>,
+    context_len: usize,
+    steps: &mut Vec<Step>,
+) -> Result<(), RuntimeError> {
     let from = seq.layout().context_len;
     if from != context_len {
         seq.move_to_context(context_len)?;
@@ -389,7 +393,10 @@ mod tests {
         let plan = m.plan_prompt(0, 40, 64).unwrap();
         let chunks: Vec<usize> = plan.iter().map(|p| p.chunk).collect();
         assert_eq!(chunks, [32, 1, 1, 1, 1, 1, 1, 1, 1]);
-        assert!(matches!(m.plan_prompt(0, 65, 64), Err(RuntimeError::PromptTooLong { prompt_len: 65, context_len: 64 })));
+        assert!(matches!(
+            m.plan_prompt(0, 65, 64),
+            Err(RuntimeError::PromptTooLong { prompt_len: 65, context_len: 64 })
+        ));
         // The largest context may be filled exactly by the prompt.
         assert_eq!(m.plan_prompt(0, 64, 64).unwrap().iter().map(|p| p.n_tokens).sum::<usize>(), 64);
     }
