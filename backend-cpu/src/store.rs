@@ -188,10 +188,9 @@ impl CheckpointStore {
                 }
                 let prefix = match req.role {
                     // Tables are pre-quantized with the model's sin/cos QDQ parameters.
-                    ParamRole::RopeTable if key.ends_with("sin_embedding") => {
-                        "model.sin_embedding_input_qdq.fake_quant".into()
-                    }
-                    ParamRole::RopeTable => "model.cos_embedding_input_qdq.fake_quant".into(),
+                    // `model.mllm_max_sin_embedding` -> `model.sin_embedding_input_qdq`, and the
+                    // sliding layers' `model.mllm_max_local_sin_embedding` -> `model.local_sin_...`.
+                    ParamRole::RopeTable => format!("{}_input_qdq.fake_quant", key.replacen("mllm_max_", "", 1)),
                     _ => key.trim_end_matches(".weight").to_string(),
                 };
                 let (scale, zp) = self.scale_zp(req, &prefix)?;
