@@ -10,6 +10,7 @@ pub mod blocks;
 pub mod config;
 pub mod decoder;
 pub mod gemma3;
+pub mod hf;
 pub mod io;
 pub mod llama;
 pub mod mistral;
@@ -20,7 +21,7 @@ pub mod rope;
 
 pub use config::TransformerConfig;
 
-use mllm_dsl::config::hf::HfConfig;
+use crate::hf::HfConfig;
 use mllm_dsl::{CausalLm, Error, Result};
 
 /// A model family as its file declares it: the `model_type`s it serves and how it builds the
