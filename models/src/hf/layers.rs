@@ -65,6 +65,9 @@ pub(super) fn hidden_act(fields: &Fields<'_>) -> Result<HiddenAct, ConfigError> 
 
 /// The sliding-window layout, from whichever spelling the config uses (module docs).
 pub(super) fn attention_layout(fields: &Fields<'_>, num_layers: usize) -> Result<AttentionLayout, ConfigError> {
+    if fields.opt_bool("use_bidirectional_attention")? == Some(true) {
+        return Err(fields.invalid("use_bidirectional_attention", "true is not supported: the model files are causal"));
+    }
     let window = match fields.opt_usize("sliding_window")? {
         Some(0) => return Err(fields.invalid("sliding_window", "must be at least 1")),
         Some(w) => Some(fields.bounded("sliding_window", w, limits::POSITIONS)?),
