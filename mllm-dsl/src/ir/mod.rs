@@ -17,7 +17,7 @@ mod print;
 pub mod quant;
 
 pub use parse::parse;
-pub(crate) use print::numbering;
+pub use print::numbering;
 pub use print::{print, MAX_LINE};
 pub use quant::{QuantSpec, QuantSpecKind, SpecId, SpecParams, SpecSyntaxError};
 

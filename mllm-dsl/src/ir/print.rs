@@ -1,4 +1,4 @@
-//! The printer: mllm's textual IR grammar (mllm-anchor §3.2), made deterministic.
+//! The printer: mllm's textual IR grammar (mllm/compile/ir printers), made deterministic.
 //!
 //! - Values are renumbered `%0, %1, ...` in the order their definitions are printed; no uuids.
 //! - A value prints with its type and attributes where it is defined (region inputs, op outputs,
@@ -20,8 +20,9 @@ pub const MAX_LINE: usize = 200;
 
 const INDENT: &str = "    ";
 
-/// Value ids in the order the printer numbers them.
-pub(crate) fn numbering(p: &Program) -> Vec<ValueId> {
+/// Value ids in the order the printer numbers them (`%0`, `%1`, …), for messages that name a
+/// value as the printed IR does.
+pub fn numbering(p: &Program) -> Vec<ValueId> {
     let mut n = Numbering::default();
     n.region_header(&p.main);
     n.region_body(&p.main);
