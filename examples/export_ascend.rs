@@ -19,7 +19,7 @@ use aot::ascend::{ascend_quality, export_ascend, AscendOptions, QuantType};
 use aot::text_quality::load_text_ids;
 use aot::CalibSource;
 use clap::Parser;
-use mllm_dsl::config::hf::HfConfig;
+use models::hf::HfConfig;
 use mllm_dsl::files::write_json_atomic;
 
 #[derive(Parser, Debug)]

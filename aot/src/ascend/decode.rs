@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use checkpoint::{SafetensorsCheckpoint, StDtype};
-use mllm_dsl::config::hf::HfConfig;
+use models::hf::HfConfig;
 use mllm_dsl::files::{read_text_bounded, CONFIG_SIZE_LIMIT};
 use mllm_dsl::ParamFormat;
 

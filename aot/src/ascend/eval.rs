@@ -10,7 +10,7 @@ use std::sync::Arc;
 use backend_cpu::quant::{prefill_logits, score_logits};
 use backend_cpu::CpuBackend;
 use checkpoint::{write_safetensors_atomic, StDtype};
-use mllm_dsl::config::hf::HfConfig;
+use models::hf::HfConfig;
 use mllm_dsl::files::{read_text_bounded, write_json_atomic, CONFIG_SIZE_LIMIT};
 
 use super::decode::decode_dir;

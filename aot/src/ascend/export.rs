@@ -9,7 +9,7 @@ use std::time::Instant;
 use backend_cpu::quant::{prefill_logits, rotate_checkpoint, Rotation};
 use backend_cpu::CpuBackend;
 use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
-use mllm_dsl::config::hf::{CheckpointDtype, HfConfig};
+use models::hf::{CheckpointDtype, HfConfig};
 use mllm_dsl::files::{read_text_bounded, write_atomic_bytes, write_json_atomic, StagingDir, CONFIG_SIZE_LIMIT};
 use mllm_dsl::ParamFormat;
 

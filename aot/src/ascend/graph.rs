@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use mllm_dsl::op::OpKind;
-use mllm_dsl::quant::points::{linear_inputs, LinearInput};
+use compiler::quant::points::{linear_inputs, LinearInput};
 use mllm_dsl::{Program, QdqAttr, QdqKind};
 
 /// One Linear / Conv2D of the model file.

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use backend_cpu::kernels;
 use backend_cpu::{QdqHook, QdqHookError};
-use mllm_dsl::quant::points::InputMove;
+use compiler::quant::points::InputMove;
 use mllm_dsl::QdqAttr;
 
 /// Ranges observed during calibration.
