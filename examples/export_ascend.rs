@@ -19,8 +19,8 @@ use aot::ascend::{ascend_quality, export_ascend, AscendOptions, QuantType};
 use aot::text_quality::load_text_ids;
 use aot::CalibSource;
 use clap::Parser;
-use models::hf::HfConfig;
 use mllm_dsl::files::write_json_atomic;
+use models::hf::HfConfig;
 
 #[derive(Parser, Debug)]
 #[command(about = "Calibrate an HF checkpoint and export it as AscendV1 (msModelSlim's format for Ascend NPUs)")]

@@ -47,7 +47,9 @@ fn values(ckpt: &SafetensorsCheckpoint, key: &str) -> Vec<f64> {
         StDtype::I8 => ckpt.read_i8(key).unwrap().into_iter().map(f64::from).collect(),
         StDtype::I32 => ckpt.read_i32(key).unwrap().into_iter().map(f64::from).collect(),
         // deq_scale: the f32 bit pattern in an int64; compare the f32 it holds.
-        StDtype::I64 => ckpt.read_i64(key).unwrap().into_iter().map(|v| f64::from(f32::from_bits(v as i32 as u32))).collect(),
+        StDtype::I64 => {
+            ckpt.read_i64(key).unwrap().into_iter().map(|v| f64::from(f32::from_bits(v as i32 as u32))).collect()
+        }
         _ => ckpt.read_float_param(key).unwrap().into_iter().map(f64::from).collect(),
     }
 }
@@ -110,16 +112,16 @@ fn sharded_export_has_an_index_and_reads_back() {
     opts.part_bytes = Some(20_000);
     let outcome = export_ascend(&opts).unwrap();
     assert!(outcome.shards > 1, "{} shards", outcome.shards);
-    let index: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(out.join("quant_model_weights.safetensors.index.json")).unwrap(),
-    )
-    .unwrap();
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("quant_model_weights.safetensors.index.json")).unwrap())
+            .unwrap();
     let map = index["weight_map"].as_object().unwrap();
     assert_eq!(map.len(), outcome.tensors);
     let last = format!("quant_model_weights-{:05}-of-{:05}.safetensors", outcome.shards, outcome.shards);
     assert!(out.join(&last).is_file(), "{last}");
     assert!(!out.join("quant_model_weights.safetensors").exists());
-    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
     assert!(config.get("quantization_config").is_none());
     assert!(out.join("generation_config.json").is_file());
     // Decoded with the format's formulas, every linear is close to its float weight.
@@ -129,9 +131,10 @@ fn sharded_export_has_an_index_and_reads_back() {
     for (key, _, w) in &decoded.tensors {
         if key.ends_with("proj.weight") {
             let f = float.read_float_param(key).unwrap();
-            let (s, n): (f64, f64) = f.iter().zip(w).fold((0.0, 0.0), |(s, n), (&a, &b)| {
-                (s + f64::from(a * a), n + f64::from((a - b) * (a - b)))
-            });
+            let (s, n): (f64, f64) = f
+                .iter()
+                .zip(w)
+                .fold((0.0, 0.0), |(s, n), (&a, &b)| (s + f64::from(a * a), n + f64::from((a - b) * (a - b))));
             let sqnr = 10.0 * (s / n).log10();
             assert!(sqnr > 35.0, "`{key}`: decoded int8 weight SQNR {sqnr:.1} dB");
         }

@@ -12,9 +12,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use checkpoint::{SafetensorsCheckpoint, StDtype};
-use models::hf::HfConfig;
 use mllm_dsl::files::{read_text_bounded, CONFIG_SIZE_LIMIT};
 use mllm_dsl::ParamFormat;
+use models::hf::HfConfig;
 
 use super::error::AscendError;
 use super::format::{unpack_int4_rows, Activation, QuantType, C8, SCALE_BIAS_SPLITS};
@@ -142,7 +142,12 @@ pub fn decode_linear(d: &AscendDir, name: &str, out: usize, inp: usize) -> Resul
     let bias = |d: &AscendDir| -> Result<Option<Vec<f32>>> {
         let b = key("bias");
         if d.file_of.contains_key(&b) {
-            d.expect(&b, if qt == QuantType::Float { tag } else { "FLOAT" }, &[StDtype::F32, StDtype::F16, StDtype::BF16], &[out])?;
+            d.expect(
+                &b,
+                if qt == QuantType::Float { tag } else { "FLOAT" },
+                &[StDtype::F32, StDtype::F16, StDtype::BF16],
+                &[out],
+            )?;
             Ok(Some(d.f32s(&b)?))
         } else {
             Ok(None)
@@ -241,7 +246,17 @@ pub fn decode_dir(dir: &Path, hf: &HfConfig, max_positions: usize) -> Result<Dec
     let mut types = Vec::new();
     for l in &linears {
         let dl = decode_linear(&d, &l.name, l.out_features, l.in_features)?;
-        for suffix in ["weight", "bias", "weight_scale", "weight_offset", "scale_bias", "quant_bias", "input_scale", "input_offset", "deq_scale"] {
+        for suffix in [
+            "weight",
+            "bias",
+            "weight_scale",
+            "weight_offset",
+            "scale_bias",
+            "quant_bias",
+            "input_scale",
+            "input_offset",
+            "deq_scale",
+        ] {
             covered.insert(format!("{}.{suffix}", l.name));
         }
         let act = dl.quant_type.activation();

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use backend_cpu::quant::{prefill_logits, score_logits};
 use backend_cpu::CpuBackend;
 use checkpoint::{write_safetensors_atomic, StDtype};
-use models::hf::HfConfig;
 use mllm_dsl::files::{read_text_bounded, write_json_atomic, CONFIG_SIZE_LIMIT};
+use models::hf::HfConfig;
 
 use super::decode::decode_dir;
 use super::format::f32_bytes;
@@ -103,12 +103,10 @@ pub fn ascend_quality(
     let score = |name: &str, logits: &[Vec<f32>]| -> Result<AscendQualityRow> {
         let (mut nll, mut kl, mut agree, mut n) = (0f64, 0f64, 0f64, 0usize);
         let (mut signal, mut noise) = (0f64, 0f64);
-        let mut float_nll = 0f64;
         for ((w, r), t) in windows.iter().zip(&reference).zip(logits) {
-            let (fr, tr) = score_logits(r, t, w, vocab)?;
+            let (_, tr) = score_logits(r, t, w, vocab)?;
             let p = tr.predictions as f64;
             nll += tr.perplexity.ln() * p;
-            float_nll += fr.perplexity.ln() * p;
             kl += tr.mean_kl * p;
             agree += tr.top1_agreement * p;
             n += tr.predictions;
@@ -117,7 +115,6 @@ pub fn ascend_quality(
                 noise += f64::from(a - b) * f64::from(a - b);
             }
         }
-        let _ = float_nll;
         let p = n as f64;
         let sqnr = 10.0 * (signal / noise).log10();
         ensure!(
@@ -164,8 +161,11 @@ pub fn ascend_quality(
 /// config (lm_head written out, so not tied).
 fn write_decoded(export: &Path, out: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
     let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, _, v)| f32_bytes(v)).collect();
-    let refs: Vec<checkpoint::TensorBytes<'_>> =
-        tensors.iter().zip(&bytes).map(|((k, s, _), b)| (k.as_str(), StDtype::F32, s.as_slice(), b.as_slice())).collect();
+    let refs: Vec<checkpoint::TensorBytes<'_>> = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((k, s, _), b)| (k.as_str(), StDtype::F32, s.as_slice(), b.as_slice()))
+        .collect();
     write_safetensors_atomic(out.join("model.safetensors"), &refs, &BTreeMap::new())?;
     let cpath = export.join("config.json");
     let mut config: serde_json::Value = serde_json::from_str(&read_text_bounded(&cpath, CONFIG_SIZE_LIMIT)?)

@@ -9,9 +9,9 @@ use std::time::Instant;
 use backend_cpu::quant::{prefill_logits, rotate_checkpoint, Rotation};
 use backend_cpu::CpuBackend;
 use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
-use models::hf::{CheckpointDtype, HfConfig};
 use mllm_dsl::files::{read_text_bounded, write_atomic_bytes, write_json_atomic, StagingDir, CONFIG_SIZE_LIMIT};
 use mllm_dsl::ParamFormat;
+use models::hf::{CheckpointDtype, HfConfig};
 
 use super::error::AscendError;
 use super::format::{
@@ -177,8 +177,7 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
                 seq.len(),
                 opts.max_positions
             );
-            prefill_logits(model.as_ref(), &backend, None, seq)
-                .with_context(|| format!("calibration sequence {i}"))?;
+            prefill_logits(model.as_ref(), &backend, None, seq).with_context(|| format!("calibration sequence {i}"))?;
             pb.inc(1);
         }
         pb.finish();
@@ -245,7 +244,8 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
     }
     // C8: per-channel symmetric int8 scales under the producing linear's name.
     for KvPoint { point, linear } in &kv {
-        let amax = observed.kv_abs_max.get(&point.key).context(format!("KV point `{}` was never observed", point.key))?;
+        let amax =
+            observed.kv_abs_max.get(&point.key).context(format!("KV point `{}` was never observed", point.key))?;
         let scales: Vec<f32> = amax.iter().map(|&a| symmetric_int8_scale(a)).collect();
         let n = scales.len();
         tensors.push(StoredTensor::new(

@@ -367,7 +367,8 @@ pub fn linear_tensors(
             if o % 2 != 0 {
                 return Err(cannot(format!("{o} output channels cannot be packed two int4 per int8")));
             }
-            let parallel = Parallelism::of(name).ok_or_else(|| AscendError::UnknownParallelism { linear: name.into() })?;
+            let parallel =
+                Parallelism::of(name).ok_or_else(|| AscendError::UnknownParallelism { linear: name.into() })?;
             if parallel == Parallelism::Row && i % SCALE_BIAS_SPLITS != 0 {
                 return Err(cannot(format!(
                     "a row-parallel scale_bias splits the {i} inputs into {SCALE_BIAS_SPLITS} equal parts"
@@ -379,11 +380,18 @@ pub fn linear_tensors(
             let mut scale_bias = Vec::with_capacity(o * splits);
             for r in 0..o {
                 for s in 0..splits {
-                    let sum: f32 = q[r * i + s * part..r * i + (s + 1) * part].iter().map(|&v| v as f32 * scale[r]).sum();
+                    let sum: f32 =
+                        q[r * i + s * part..r * i + (s + 1) * part].iter().map(|&v| v as f32 * scale[r]).sum();
                     scale_bias.push(8.0 * sum);
                 }
             }
-            out.push(StoredTensor::new(key("weight"), tag, StDtype::I8, vec![o / 2, i], i8_bytes(&pack_int4_rows(&q, o, i))));
+            out.push(StoredTensor::new(
+                key("weight"),
+                tag,
+                StDtype::I8,
+                vec![o / 2, i],
+                i8_bytes(&pack_int4_rows(&q, o, i)),
+            ));
             out.push(StoredTensor::f32(key("weight_scale"), tag, vec![o, 1], &scale));
             out.push(StoredTensor::f32(key("weight_offset"), tag, vec![o, 1], &vec![0.0; o]));
             out.push(StoredTensor::f32(key("scale_bias"), tag, vec![o, splits], &scale_bias));
@@ -421,7 +429,8 @@ mod tests {
         let e = QuantType::parse("W3A8", "--quant-type").unwrap_err();
         assert!(e.to_string().contains("W3A8") && e.to_string().contains("--quant-type"), "{e}");
         let w = vec![0.5f32; 3 * 4];
-        let lin = FloatLinear { name: "m.layers.0.mlp.up_proj", out_features: 3, in_features: 4, weight: &w, bias: None };
+        let lin =
+            FloatLinear { name: "m.layers.0.mlp.up_proj", out_features: 3, in_features: 4, weight: &w, bias: None };
         let e = linear_tensors(&lin, QuantType::W4A8Dynamic, None, FloatDtype::F32).unwrap_err();
         assert!(matches!(e, AscendError::CannotPack { .. }), "{e}");
         let lin = FloatLinear { name: "m.lm_head", out_features: 2, in_features: 6, weight: &w, bias: None };

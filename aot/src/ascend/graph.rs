@@ -4,8 +4,8 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use mllm_dsl::op::OpKind;
 use compiler::quant::points::{linear_inputs, LinearInput};
+use mllm_dsl::op::OpKind;
 use mllm_dsl::{Program, QdqAttr, QdqKind};
 
 /// One Linear / Conv2D of the model file.
@@ -63,7 +63,7 @@ pub fn kv_points(program: &Program) -> Vec<KvPoint> {
     for op in &ops {
         for &v in &op.outputs {
             let Some(q) = &program.value(v).qdq else { continue };
-            if q.kind != QdqKind::KvCache || !seen.insert(q.key.clone()) {
+            if !matches!(q.kind, QdqKind::KvCache) || !seen.insert(q.key.clone()) {
                 continue;
             }
             // Breadth-first up the data inputs: the first linear met is the producer.

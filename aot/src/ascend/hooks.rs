@@ -43,10 +43,10 @@ impl AscendObserver {
     }
 }
 
-/// `[B, H, S, D]` → per-channel (h, d) values; checks the rank.
-fn kv_channels(key: &str, shape: &[usize]) -> Result<(usize, usize, usize), QdqHookError> {
+/// The `H * D` channels of a `[B, H, S, D]` KV tensor; checks the rank.
+fn kv_channels(key: &str, shape: &[usize]) -> Result<usize, QdqHookError> {
     match shape {
-        [b, h, s, d] => Ok((b * 1, *h * *d, *s)),
+        [_, h, _, d] => Ok(h * d),
         _ => Err(QdqHookError::Shape {
             key: key.to_string(),
             problem: format!("a KV-cache point must be [B, H, S, D] for per-channel C8, got {shape:?}"),
@@ -77,7 +77,10 @@ impl QdqHook for AscendObserver {
             return Ok(None);
         }
         if let Some(bad) = x.iter().find(|v| !v.is_finite()) {
-            return Err(QdqHookError::Shape { key: point.key.clone(), problem: format!("observed a non-finite value {bad}") });
+            return Err(QdqHookError::Shape {
+                key: point.key.clone(),
+                problem: format!("observed a non-finite value {bad}"),
+            });
         }
         let mut s = self.state.lock().map_err(|_| QdqHookError::Poisoned { what: "AscendV1 observer" })?;
         if is_act && !x.is_empty() {
@@ -87,7 +90,7 @@ impl QdqHook for AscendObserver {
             *r = (r.0.min(lo), r.1.max(hi));
         }
         if is_kv {
-            let (_, channels, _) = kv_channels(&point.key, shape)?;
+            let channels = kv_channels(&point.key, shape)?;
             let m = s.kv_abs_max.entry(point.key.clone()).or_insert_with(|| vec![0.0; channels]);
             if m.len() != channels {
                 return Err(QdqHookError::Shape {
@@ -176,7 +179,7 @@ impl QdqHook for AscendFakeQuant {
                 out
             }
             PointQuant::KvPerChannel { scales } => {
-                let (_, channels, _) = kv_channels(&point.key, shape)?;
+                let channels = kv_channels(&point.key, shape)?;
                 if channels != scales.len() {
                     return Err(QdqHookError::Shape {
                         key: point.key.clone(),
