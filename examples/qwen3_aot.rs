@@ -62,8 +62,8 @@ except report.json's \"timings_s\" (wall times) and qnn/context*.bin (Qualcomm's
     after_help = AFTER_HELP
 )]
 pub struct AotArgs {
-    /// HF float checkpoint directory (config.json + safetensors) to calibrate; its model_type picks the model file.
-    #[arg(long, value_name = "HF_DIR", conflicts_with = "quantized")]
+    /// HF float checkpoint directory (config.json + safetensors) or a GGUF file (converted once into the cache) to calibrate; its model_type picks the model file.
+    #[arg(long, value_name = "HF_DIR|GGUF", conflicts_with = "quantized")]
     pub model: Option<PathBuf>,
     /// Quantized checkpoint directory (pymllm's export or this project's `quantize`): no calibration.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["calib_ids", "calib_text"])]
@@ -140,5 +140,9 @@ impl AotArgs {
 /// Runs the command: sets the thread count, then the whole flow (see [`aot::run`]).
 pub fn run_aot(args: &AotArgs) -> Result<AotReport> {
     backend_cpu::kernels::set_num_threads(args.threads)?;
-    Ok(run(&args.options())?)
+    let mut options = args.options();
+    if let ModelSource::Float(dir) = &mut options.source {
+        *dir = aot::resolve_model(dir)?;
+    }
+    Ok(run(&options)?)
 }

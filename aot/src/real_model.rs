@@ -11,14 +11,10 @@ use crate::error::{bail, Result};
 pub fn smollm2_dir() -> Result<PathBuf> {
     let dir = match std::env::var_os("MLLM_DSL_SMOLLM2_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => {
-            let cache = match (std::env::var_os("MLLM_DSL_CACHE"), std::env::var_os("HOME")) {
-                (Some(cache), _) => PathBuf::from(cache),
-                (None, Some(home)) => PathBuf::from(home).join(".cache/mllm-dsl"),
-                (None, None) => bail!("neither MLLM_DSL_CACHE nor HOME is set: cannot find SmolLM2-135M-Instruct"),
-            };
-            cache.join("smollm2-135m-instruct-hf")
-        }
+        None => match crate::model_path::cache_dir() {
+            Some(cache) => cache.join("smollm2-135m-instruct-hf"),
+            None => bail!("neither MLLM_DSL_CACHE nor HOME is set: cannot find SmolLM2-135M-Instruct"),
+        },
     };
     if !(dir.join("config.json").is_file() && dir.join("model.safetensors").is_file()) {
         bail!(
