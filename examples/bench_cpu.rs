@@ -22,7 +22,7 @@ use aot::synthetic::{write_qwen3, QWEN3_0_6B};
 use backend_cpu::rng::SplitMix64;
 use clap::Parser;
 use mllm_dsl::memory::{peak_rss_bytes, rss_bytes};
-use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
+use runtime::{GenerationConfig, Generator, Sampling};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;

@@ -9,10 +9,11 @@
 //!
 //! `cargo run --release --example bench_passes`
 
+use compiler::aot_config::AotConfig;
+use compiler::passes::{Pipeline, SyntheticParams};
 use mllm_dsl::memory::peak_rss_bytes;
-use mllm_dsl::passes::{Pipeline, SyntheticParams};
 use mllm_dsl::prelude::*;
-use mllm_dsl::{config::aot::AotConfig, CausalLm, Program};
+use mllm_dsl::{CausalLm, Program};
 use models::io::trace_inputs;
 use models::qwen3::Qwen3ForCausalLM;
 use models::TransformerConfig;

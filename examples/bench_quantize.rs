@@ -20,10 +20,10 @@ use aot::trace_model;
 use backend_cpu::quant::{plan_export, quantize_weights, write_quantized_checkpoint, QdqParams};
 use checkpoint::SafetensorsCheckpoint;
 use clap::Parser;
-use mllm_dsl::config::aot::AotConfig;
-use mllm_dsl::config::hf::HfConfig;
+use compiler::aot_config::AotConfig;
 use mllm_dsl::memory::{peak_rss_bytes, reset_peak_rss};
 use mllm_dsl::ParamFormat;
+use models::hf::HfConfig;
 
 #[derive(Parser, Debug)]
 struct Args {

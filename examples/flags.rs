@@ -28,7 +28,7 @@ pub struct RecipeFlags {
     /// Activation/KV ranges: minmax (pymllm), mse or percentile:P, for both kinds or as
     /// act=METHOD,kv=METHOD.
     #[arg(long, value_name = "METHOD", default_value = "minmax")]
-    pub act_range: mllm_dsl::quant::act_range::ActRanges,
+    pub act_range: compiler::quant::act_range::ActRanges,
     /// Rotation folded into the float weights first: none or hadamard (QuaRot's R1 + R2).
     #[arg(long, value_name = "ROTATION", default_value = "none")]
     pub rotation: backend_cpu::quant::Rotation,

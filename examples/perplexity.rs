@@ -17,9 +17,9 @@ use aot::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOpt
 use aot::{quantize, CalibSource, QuantizeOptions};
 use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
-use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::files::write_json_atomic;
 use mllm_examples::{RecipeFlags, ScoreFlags};
+use models::hf::HfConfig;
 
 #[derive(Parser, Debug)]
 #[command(about = "Perplexity, mean KL and top-1 agreement of quantized models against float on a text file")]

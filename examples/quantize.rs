@@ -22,8 +22,8 @@ use anyhow::{Context, Result};
 use aot::{load_id_sequences, quantize, CalibSource, QuantizeOptions};
 use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
-use mllm_dsl::config::hf::HfConfig;
 use mllm_examples::RecipeFlags;
+use models::hf::HfConfig;
 
 #[derive(Parser, Debug)]
 #[command(about = "Calibrate and quantize an HF checkpoint into pymllm's W4A16KV8 checkpoint format")]

@@ -19,13 +19,13 @@ use backend_cpu::quant::{
 use backend_cpu::quant::{rotate_checkpoint, Rotation, RotationSummary};
 use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::config::hf::HfConfig;
+use compiler::quant::act_range::ActRanges;
+use compiler::quant::points::{concat_groups, layer_output_points, linear_inputs, qdq_points};
 use mllm_dsl::files::{write_atomic_bytes as write_atomic, write_json_atomic};
 use mllm_dsl::module::ParamSource;
-use mllm_dsl::quant::act_range::ActRanges;
-use mllm_dsl::quant::points::{concat_groups, layer_output_points, linear_inputs, qdq_points};
 use mllm_dsl::{BackendRef, CausalLm};
 use mllm_dsl::{ParamFormat, Program, QdqAttr};
+use models::hf::HfConfig;
 
 use crate::config::load_aot_config;
 use crate::load::{build_model, open_model};

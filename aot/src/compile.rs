@@ -34,12 +34,12 @@ use backend_qnn::artifacts::write_graph_artifacts;
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::config::aot::AotConfig;
-use mllm_dsl::config::hf::HfConfig;
+use compiler::aot_config::AotConfig;
+use compiler::passes::Pipeline;
+use compiler::quant::act_range::ActRanges;
 use mllm_dsl::files::{write_atomic_bytes as write_atomic, write_json_atomic};
-use mllm_dsl::passes::Pipeline;
-use mllm_dsl::quant::act_range::ActRanges;
 use mllm_dsl::{ParamFormat, Program};
+use models::hf::HfConfig;
 
 use crate::calibrate::{quantize_alongside, QuantizeOptions};
 use crate::config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
@@ -51,10 +51,10 @@ use crate::load::{fake_quant_backend, open_model, rope_positions, ROPE_SIN_KEY};
 use crate::probe::{Probe, ProbeText};
 use crate::progress::Progress;
 use crate::report::{AotReport, GraphReport, Timings};
+use crate::run_sizes::{available_memory, RunSizes};
 use crate::sequences::CalibSource;
 use crate::sink::sink_prefix_ids;
 use crate::trace::{trace_graph, trace_model};
-use mllm_dsl::config::run_sizes::{available_memory, RunSizes};
 
 /// Where the model comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]

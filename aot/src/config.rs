@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{ensure, Result};
-use mllm_dsl::config::aot::AotConfig;
-use mllm_dsl::config::hf::HfConfig;
+use compiler::aot_config::AotConfig;
+use models::hf::HfConfig;
 
 /// Chunk sizes mllm compiles for Qwen3: prefill 32, decode 1.
 pub const DEFAULT_CHUNKS: [usize; 2] = [32, 1];

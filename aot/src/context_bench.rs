@@ -29,11 +29,11 @@ use backend_qnn::sdk::{self, GraphDesc, TensorType};
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{validate, LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::config::hf::HfConfig;
+use compiler::passes::Pipeline;
 use mllm_dsl::files::write_atomic_bytes;
 use mllm_dsl::memory::{cpu_seconds, peak_rss_bytes, reset_peak_rss, rss_bytes};
-use mllm_dsl::passes::Pipeline;
 use mllm_dsl::ParamFormat;
+use models::hf::HfConfig;
 
 use crate::calibrate::{quantize, QuantizeOptions};
 use crate::config::load_aot_config;

@@ -12,25 +12,25 @@ use std::fmt::Display;
 #[derive(Debug, thiserror::Error)]
 pub enum AotError {
     #[error(transparent)]
-    HfConfig(Box<mllm_dsl::config::hf::ConfigError>),
+    HfConfig(Box<models::hf::ConfigError>),
     #[error(transparent)]
-    AotConfig(Box<mllm_dsl::config::aot::AotConfigError>),
+    AotConfig(Box<compiler::aot_config::AotConfigError>),
     #[error(transparent)]
-    RunSizes(Box<mllm_dsl::config::run_sizes::RunSizeError>),
+    RunSizes(Box<crate::run_sizes::RunSizeError>),
     #[error(transparent)]
     File(Box<mllm_dsl::files::FileError>),
     /// Building, binding, tracing or running a model file.
     #[error(transparent)]
     Model(Box<mllm_dsl::Error>),
     #[error(transparent)]
-    Pass(Box<mllm_dsl::passes::PassError>),
+    Pass(Box<compiler::passes::PassError>),
     #[error(transparent)]
-    QdqPoints(Box<mllm_dsl::quant::points::PointsError>),
+    QdqPoints(Box<compiler::quant::points::PointsError>),
     #[error(transparent)]
-    QuantParams(Box<mllm_dsl::passes::ParamError>),
+    QuantParams(Box<compiler::passes::ParamError>),
     /// Running a chunked model (prefill/decode) on a backend.
     #[error(transparent)]
-    Runtime(Box<mllm_dsl::runtime::RuntimeError>),
+    Runtime(Box<runtime::RuntimeError>),
     #[error(transparent)]
     Checkpoint(Box<checkpoint::CheckpointError>),
     #[error(transparent)]
@@ -104,15 +104,15 @@ macro_rules! boxed_from {
 }
 
 boxed_from! {
-    HfConfig <- mllm_dsl::config::hf::ConfigError,
-    AotConfig <- mllm_dsl::config::aot::AotConfigError,
-    RunSizes <- mllm_dsl::config::run_sizes::RunSizeError,
+    HfConfig <- models::hf::ConfigError,
+    AotConfig <- compiler::aot_config::AotConfigError,
+    RunSizes <- crate::run_sizes::RunSizeError,
     File <- mllm_dsl::files::FileError,
     Model <- mllm_dsl::Error,
-    Pass <- mllm_dsl::passes::PassError,
-    QdqPoints <- mllm_dsl::quant::points::PointsError,
-    QuantParams <- mllm_dsl::passes::ParamError,
-    Runtime <- mllm_dsl::runtime::RuntimeError,
+    Pass <- compiler::passes::PassError,
+    QdqPoints <- compiler::quant::points::PointsError,
+    QuantParams <- compiler::passes::ParamError,
+    Runtime <- runtime::RuntimeError,
     Checkpoint <- checkpoint::CheckpointError,
     ChatTemplate <- checkpoint::ChatTemplateError,
     CpuInterpreter <- backend_cpu::interp::InterpError,

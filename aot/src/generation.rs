@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::error::{bail, ensure, AotError, Context, Result};
+use crate::run_sizes::{available_memory, RunSizes};
 use checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
-use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::config::run_sizes::{available_memory, RunSizes};
-use mllm_dsl::runtime::{GenerationConfig, GenerationOutput, RandomSampling, Sampling};
+use models::hf::HfConfig;
+use runtime::{GenerationConfig, GenerationOutput, RandomSampling, Sampling};
 
 use crate::chat::{load_chat_template, stop_ids, Conversation};
 use crate::load::RunMode;

@@ -24,8 +24,8 @@ use backend_qnn::interp::TensorValue;
 use backend_qnn::sdk::{build_context_binary, run_binary_on_values, LibraryPaths, SdkApi};
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
+use compiler::passes::QuantParamProvider;
 use mllm_dsl::files::write_atomic_bytes;
-use mllm_dsl::passes::QuantParamProvider;
 use mllm_dsl::Program;
 
 /// Whether `qwen3_aot` builds the context binary with Qualcomm's backend.

@@ -12,8 +12,8 @@ use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::prefill_logits;
 use backend_cpu::CpuBackend;
 use checkpoint::{SafetensorsCheckpoint, StDtype};
-use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::{BackendRef, CausalLm};
+use models::hf::HfConfig;
 
 use crate::load::open_model;
 

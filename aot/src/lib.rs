@@ -33,6 +33,7 @@ mod probe;
 pub mod progress;
 pub mod real_model;
 pub mod report;
+pub mod run_sizes;
 pub mod runner;
 pub mod sequences;
 pub mod sink;

@@ -8,10 +8,10 @@ use crate::error::{bail, ensure, Context, Result};
 use backend_cpu::quant::{is_quantized_checkpoint, FakeQuantHook, QdqParams};
 use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::config::hf::HfConfig;
+use compiler::quant::points::qdq_points;
 use mllm_dsl::module::ParamSource;
-use mllm_dsl::quant::points::qdq_points;
 use mllm_dsl::{BackendRef, CausalLm, ParamFormat, Program};
+use models::hf::HfConfig;
 
 use crate::trace::trace_model;
 

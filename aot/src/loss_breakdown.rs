@@ -19,8 +19,8 @@ use std::time::Instant;
 use backend_cpu::quant::{rotate_checkpoint, QuantizedSubset, Rotation, TextEval};
 use backend_cpu::{CheckpointStore, CpuBackend};
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::ParamSource;
+use models::hf::HfConfig;
 
 use crate::error::{ensure, Context, Result};
 use crate::load::build_model;

@@ -49,24 +49,14 @@ pub enum ModelPathError {
     },
 }
 
-/// The project's cache: `$MLLM_DSL_CACHE`, else `$HOME/.cache/mllm-dsl` (where
-/// `scripts/fetch-smollm2` and `scripts/fetch-qnn-sdk` put their downloads too).
-pub fn cache_dir() -> Option<PathBuf> {
-    match (std::env::var_os("MLLM_DSL_CACHE"), std::env::var_os("HOME")) {
-        (Some(cache), _) => Some(PathBuf::from(cache)),
-        (None, Some(home)) => Some(PathBuf::from(home).join(".cache/mllm-dsl")),
-        (None, None) => None,
-    }
-}
-
 /// The HF checkpoint directory a model argument stands for: `path` itself when it is a directory
 /// with `config.json`, the cached conversion of a GGUF file (converting it first if needed, into
-/// [`cache_dir`]); any other path is an error naming what it is and what was expected.
+/// [`mllm_dsl::files::project_cache`]); any other path is an error naming what it is and what was expected.
 pub fn resolve_model(path: &Path) -> Result<PathBuf, ModelPathError> {
     match kind(path)? {
         Kind::HfDir => Ok(path.to_path_buf()),
         Kind::Gguf => {
-            let cache = cache_dir().ok_or_else(|| ModelPathError::NoCache { path: path.to_path_buf() })?;
+            let cache = mllm_dsl::files::project_cache().ok_or_else(|| ModelPathError::NoCache { path: path.to_path_buf() })?;
             converted_gguf(path, &cache.join("gguf"))
         }
     }

@@ -12,13 +12,13 @@ use backend_cpu::executor::real_values;
 use backend_cpu::quant::{prefill, QuantizationError, SinkPrefix};
 use backend_qnn::interp::TensorValue;
 use backend_qnn::QnnGraph;
-use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::passes::QuantParamProvider;
-use mllm_dsl::quant::{FakeQuantizer, QuantParams};
-use mllm_dsl::runtime::{dequantize_mask_value, AttentionMask};
+use compiler::passes::QuantParamProvider;
+use compiler::quant::{FakeQuantizer, QuantParams};
 use mllm_dsl::{BackendRef, CausalLm, DType, Storage, Tensor, TensorType};
+use models::hf::HfConfig;
 use models::io::{kv_qdq, KvCache};
 use models::TransformerConfig;
+use runtime::{dequantize_mask_value, AttentionMask};
 
 /// Tokens of the probe text a probe uses at most: the chunk and the past before it.
 pub const PROBE_WINDOW: usize = 128;

@@ -11,10 +11,12 @@ use crate::error::{bail, Result};
 pub fn smollm2_dir() -> Result<PathBuf> {
     let dir = match std::env::var_os("MLLM_DSL_SMOLLM2_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => match crate::model_path::cache_dir() {
-            Some(cache) => cache.join("smollm2-135m-instruct-hf"),
-            None => bail!("neither MLLM_DSL_CACHE nor HOME is set: cannot find SmolLM2-135M-Instruct"),
-        },
+        None => {
+            let Some(cache) = mllm_dsl::files::project_cache() else {
+                bail!("neither MLLM_DSL_CACHE nor HOME is set: cannot find SmolLM2-135M-Instruct")
+            };
+            cache.join("smollm2-135m-instruct-hf")
+        }
     };
     if !(dir.join("config.json").is_file() && dir.join("model.safetensors").is_file()) {
         bail!(

@@ -11,8 +11,8 @@ use backend_cpu::quant::SinkPrefix;
 use backend_cpu::CpuChunkModel;
 use backend_qnn::sdk::{EmulatedHtp, SdkChunkModel, SdkError};
 use backend_qnn::{QnnChunkModel, QnnModelError};
-use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator};
+use models::hf::HfConfig;
+use runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator};
 
 use crate::chat::{Conversation, TextStream};
 use crate::compile::lower_for_context;

@@ -7,7 +7,7 @@ use crate::error::{bail, ensure, AotError, Context, Result};
 use checkpoint::{ChatTemplate, SafetensorsCheckpoint};
 
 use crate::chat::{load_chat_template, user_turn_prompt};
-use mllm_dsl::config::hf::HfConfig;
+use models::hf::HfConfig;
 
 /// Calibration token sequences.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,8 +6,8 @@ use std::path::Path;
 use crate::error::{bail, ensure, Context, Result};
 use backend_cpu::quant::{QdqParams, SinkPrefix};
 use backend_cpu::CpuBackend;
-use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::quant::QuantParams;
+use compiler::quant::QuantParams;
+use models::hf::HfConfig;
 use models::io::{kv_qdq, KvCache};
 
 use crate::load::open_model;

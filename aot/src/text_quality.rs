@@ -11,10 +11,10 @@ use crate::error::{bail, ensure, AotError, Context, Result};
 use backend_cpu::quant::{FakeQuantHook, QdqParams, QualityRow, RtnWeights, SinkPrefix, TextEval};
 use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::config::hf::HfConfig;
+use compiler::quant::points::qdq_points;
 use mllm_dsl::module::ParamSource;
-use mllm_dsl::quant::points::qdq_points;
 use mllm_dsl::{BackendRef, CausalLm, ParamFormat};
+use models::hf::HfConfig;
 
 use crate::load::{build_model, ROPE_SIN_KEY};
 use crate::progress::Progress;

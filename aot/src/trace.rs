@@ -2,9 +2,9 @@
 //! with symbolic parameters, so no weights are touched.
 
 use crate::error::{Context, Result};
-use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::ParamSource;
 use mllm_dsl::{trace, ParamFormat, Program};
+use models::hf::HfConfig;
 use models::TransformerConfig;
 
 /// Traces the model file of `hf` once (decode shape: one token, one past position) with symbolic

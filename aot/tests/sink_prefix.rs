@@ -12,8 +12,8 @@ use aot::{quantize, QuantizeOptions, RunMode, Runner};
 use backend_cpu::quant::{prefill_logits, CalibrationMode, SinkPrefix, SINK_PREFIX_FILE};
 use backend_cpu::CpuBackend;
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::runtime::GenerationConfig;
+use models::hf::HfConfig;
+use runtime::GenerationConfig;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)

@@ -11,8 +11,8 @@ use aot::text_quality::{load_fake_quant, text_quality, RtnBaseline, TextQualityO
 use backend_cpu::quant::{score_logits, TextEval};
 use backend_cpu::{CheckpointStore, CpuBackend};
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::ParamSource;
+use models::hf::HfConfig;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)

@@ -4,9 +4,9 @@
 
 use std::path::PathBuf;
 
-use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::quant::points::qdq_points;
+use compiler::quant::points::qdq_points;
 use mllm_dsl::ParamFormat;
+use models::hf::HfConfig;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)

@@ -6,8 +6,8 @@
 
 use crate::executor::{profile, real_values};
 use crate::kernels::run_in_pool;
-use mllm_dsl::runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
 use mllm_dsl::{BackendRef, CausalLm, DType, F32Buffer, Storage, Tensor, TensorType};
+use runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
 use std::borrow::Cow;
 
 /// Value of a masked mask entry (uint16 0 dequantized with mllm's mask encoding); 0.0 attends.

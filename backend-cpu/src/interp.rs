@@ -16,13 +16,13 @@
 //! Fake quantization is torch's ([`FakeQuantizer`]), the same arithmetic as eager fake-quant runs.
 
 use crate::executor::CpuBackend;
+use compiler::passes::{qdq_params, ParamError, QuantParamProvider};
+use compiler::quant::fake_quant::{dequantize, FakeQuantizer};
+use compiler::quant::spec::QuantParams;
 use mllm_dsl::backend::Storage;
 use mllm_dsl::ir::{LinalgOp, Node, Program, Region, SubGraph, ValueId};
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
 use mllm_dsl::op::OpKind;
-use mllm_dsl::passes::{qdq_params, ParamError, QuantParamProvider};
-use mllm_dsl::quant::fake_quant::{dequantize, FakeQuantizer};
-use mllm_dsl::quant::spec::QuantParams;
 use mllm_dsl::{BackendRef, Tensor};
 use std::collections::HashMap;
 
@@ -319,8 +319,8 @@ fn weight_roles(kind: &OpKind) -> Vec<Option<ParamRole>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use compiler::passes::SyntheticParams;
     use mllm_dsl::ir::{CallGraph, Node};
-    use mllm_dsl::passes::SyntheticParams;
     use mllm_dsl::{trace, DType, TraceInput};
 
     struct NoWeights;

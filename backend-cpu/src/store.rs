@@ -16,11 +16,11 @@
 use crate::kernels::PackedMatrix;
 use crate::packed_weight::{PackedWeight, WeightView};
 use checkpoint::{CheckpointError, SafetensorsCheckpoint, StDtype};
+use compiler::quant::lpbq::{LpbqExport, LpbqShape};
 use half::bf16;
-use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
-use mllm_dsl::quant::lpbq::{LpbqExport, LpbqShape};
 use mllm_dsl::{BackendRef, Error, Result, Tensor};
+use models::hf::HfConfig;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -207,7 +207,7 @@ impl CheckpointStore {
         }
     }
 
-    /// Deployed LPBQ values (`signext4(q) * scale1 * scale2`, decoded by `mllm_dsl::quant::lpbq`) in HWIO.
+    /// Deployed LPBQ values (`signext4(q) * scale1 * scale2`, decoded by `compiler::quant::lpbq`) in HWIO.
     fn decode_lpbq(&self, req: &ParamRequest<'_>, key: &str, cin: usize, cout: usize) -> Result<Vec<f32>> {
         let prefix = key.trim_end_matches(".weight");
         let q = self.ckpt.read_i8(key).map_err(|e| self.err(req, e))?;

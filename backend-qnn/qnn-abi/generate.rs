@@ -3,6 +3,11 @@
 //! Used by `tests/abi_bindings.rs` only (bindgen is a dev-dependency): the test fails when
 //! the committed bindings differ from what these headers give, and rewrites them with
 //! `QNN_ABI_REGENERATE=1`. Building backend-qnn needs neither bindgen nor libclang.
+//!
+//! The output must not depend on the machine: libclang is the pinned LLVM 18.1.1 that
+//! `scripts/fetch-libclang` fetches into the project cache (`LIBCLANG_PATH` overrides it), and
+//! the few standard C names the declarations use come from `qnn-abi/freestanding`, not from a C
+//! library or compiler install (`-nostdinc`).
 
 use std::path::{Path, PathBuf};
 
@@ -25,13 +30,29 @@ pub enum GenerateError {
         source: bindgen::BindgenError,
     },
     #[error(
-        "bindgen could not run: it needs libclang (Debian/Ubuntu: apt-get install libclang-dev, or set LIBCLANG_PATH)"
+        "bindgen could not load libclang from {}: run scripts/fetch-libclang (or set LIBCLANG_PATH to a \
+         directory holding libclang.so)", dir.display()
     )]
-    NoLibclang,
+    NoLibclang { dir: PathBuf },
+    #[error(
+        "no libclang directory: LIBCLANG_PATH, MLLM_DSL_CACHE and HOME are all unset (run scripts/fetch-libclang)"
+    )]
+    NoLibclangDir,
     #[error("cannot find the versioned function table of `{0}` in the bindings")]
     NoTable(String),
     #[error("`{interface}` table member `{field}` is not named vMAJOR_MINOR")]
     TableName { interface: String, field: String },
+}
+
+/// Where `scripts/fetch-libclang` puts libclang.so, under the project cache.
+const FETCHED_LIBCLANG_SUBDIR: &str = "libclang/18.1.1";
+
+/// The directory bindgen loads libclang from: `$LIBCLANG_PATH`, else the fetched one.
+pub fn libclang_dir() -> Result<PathBuf, GenerateError> {
+    match std::env::var_os("LIBCLANG_PATH").filter(|p| !p.is_empty()) {
+        Some(dir) => Ok(PathBuf::from(dir)),
+        None => Ok(mllm_dsl::files::project_cache().ok_or(GenerateError::NoLibclangDir)?.join(FETCHED_LIBCLANG_SUBDIR)),
+    }
 }
 
 /// The whole text of `bindings.rs` for the headers under `include` (the directory holding `QNN/`).
@@ -42,8 +63,14 @@ pub fn bindings_file(include: &Path) -> Result<String, GenerateError> {
         return Err(GenerateError::MissingHeaders { dir: qnn, missing });
     }
     let wrapper: String = ENTRY_HEADERS.iter().map(|h| format!("#include \"{h}\"\n")).collect();
+    let freestanding = include.parent().unwrap_or(include).join("freestanding");
+    let libclang = libclang_dir()?;
+    // clang-sys reads LIBCLANG_PATH when bindgen first loads libclang, just below.
+    std::env::set_var("LIBCLANG_PATH", &libclang);
     let builder = bindgen::Builder::default()
         .header_contents("backend_qnn_wrapper.h", &wrapper)
+        .clang_arg("-nostdinc")
+        .clang_arg(format!("-isystem{}", freestanding.display()))
         .clang_arg(format!("-I{}", qnn.display()))
         .allowlist_type("Qnn.*")
         .allowlist_type("_QnnDevice_.*")
@@ -59,7 +86,7 @@ pub fn bindings_file(include: &Path) -> Result<String, GenerateError> {
     let bindings = match generated {
         Ok(Ok(bindings)) => bindings.to_string(),
         Ok(Err(source)) => return Err(GenerateError::Bindgen { dir: qnn, source }),
-        Err(_) => return Err(GenerateError::NoLibclang),
+        Err(_) => return Err(GenerateError::NoLibclang { dir: libclang }),
     };
     let core = interface_table(&bindings, "QnnInterface_t")?;
     let system = interface_table(&bindings, "QnnSystemInterface_t")?;

@@ -1,6 +1,6 @@
 //! [`QnnChunkModel`]: a context binary's graphs as the generation runtime's [`ChunkModel`].
 //!
-//! mllm's NPU runtime (mllm-anchor.md §6) loads one context holding a prefill graph
+//! mllm's NPU runtime (mllm/backends/qnn/aot_rt) loads one context holding a prefill graph
 //! (`model.0.s32`) and a decode graph (`model.0.s1`), and per chunk writes the graph inputs
 //! (ids, positions, the u16 SMART_MASK, past K/V as u8 codes), executes, and reads the logits and
 //! the new K/V codes. This is that loop over [`QnnExecApi`], so it drives the SDK's HTP backend and
@@ -14,9 +14,9 @@
 //! `present_key_<l> [1, Hkv, D, ar]`, `present_value_<l> [1, Hkv, ar, D]` with the encoding of the
 //! layer's past input (codes go into the cache unchanged, so the encodings must agree).
 //!
-//! [`KvCache`]: mllm_dsl::runtime::KvCache
+//! [`KvCache`]: runtime::KvCache
 
-use mllm_dsl::runtime::{
+use runtime::{
     AttentionMask, ChunkInputs, ChunkModel, ChunkOutputs, KvPrefix, ModelError, ModelLayout, MASK_SCALE,
     MASK_ZERO_POINT,
 };

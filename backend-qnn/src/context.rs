@@ -1,4 +1,4 @@
-//! One HTP context binary from lowered graphs (mllm-anchor §5.6–5.8).
+//! One HTP context binary from lowered graphs (mllm's QnnAOTEnv and QNNRuntime::retrieveContext).
 //!
 //! The AOT config's `target_machine`, mapped to an [`HtpTarget`] (unknown chipsets and
 //! arch/chipset mismatches are errors of the config parser), gives the driver's [`HtpOptions`]; the graphs are

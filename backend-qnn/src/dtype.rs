@@ -1,6 +1,6 @@
 //! QNN element data types (`Qnn_DataType_t`) and tensor roles (`Qnn_TensorType_t`).
 //!
-//! The numeric values are the ones the QNN C API uses (qnn-api.md §2.3, §2.4): the high byte of a
+//! The numeric values are the ones the QNN C API uses (`QnnTypes.h`: Qnn_DataType_t, Qnn_TensorType_t): the high byte of a
 //! data type is its class (signed int, unsigned int, float, signed/unsigned fixed point, bool,
 //! string) and the low byte spells the bit width in decimal digits (`0x0416` is a 16-bit unsigned
 //! fixed-point type). A public Rust mirror got several of these wrong, so every value is asserted
@@ -298,7 +298,7 @@ mod tests {
 
     #[test]
     fn data_type_values_match_qnn_types_h() {
-        // Values from qnn-api.md §2.3 (QnnTypes.h), written out independently of the enum.
+        // Values of QnnTypes.h's Qnn_DataType_t, written out independently of the enum.
         let expected: [(DataType, u32); 22] = [
             (DataType::Int8, 0x0008),
             (DataType::Int16, 0x0016),
@@ -327,7 +327,7 @@ mod tests {
             assert_eq!(dtype.raw(), raw, "{dtype:?}");
             assert_eq!(DataType::from_raw(raw), Some(dtype));
         }
-        // Decimal values quoted by onnxruntime's JSON dumps (qnn-api.md §6).
+        // Decimal values quoted by onnxruntime's JSON dumps (Qualcomm's qnn-model-lib-generator docs).
         assert_eq!(DataType::Float32.raw(), 562);
         assert_eq!(DataType::UFixedPoint16.raw(), 1046);
         assert_eq!(DataType::from_raw(0x0208), None);

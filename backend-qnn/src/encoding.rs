@@ -1,33 +1,33 @@
 //! Quantization encodings (`Qnn_QuantizeParams_t`) and the exact integer <-> real mappings.
 //!
-//! QNN's convention (qnn-api.md §2.5, QnnTypes.h comment) is
+//! QNN's convention (`QnnTypes.h`) is
 //! `real = scale * (q + offset)` with `scale > 0`, so a QNN `offset` is the *negated* zero point.
 //! The sign flip lives in [`ScaleOffset::from_zero_point`] and nowhere else.
 //!
 //! Encodings modelled here (the ones an LLM lowering needs):
 //! - `UNDEFINED` for float / integer / bool tensors;
 //! - `SCALE_OFFSET`: per-tensor affine; uint16 activations (offset in [-65535, 0]) and the uint8
-//!   "symmetric" KV cache, which QNN spells as `offset = -128` (qnn-api.md §2.5, mllm-anchor §5.3);
+//!   "symmetric" KV cache, which QNN spells as `offset = -128` (`QnnTypes.h`; mllm's parseQnnQuantizeParamFromIR);
 //! - `AXIS_SCALE_OFFSET`: per-channel (`axis` indexes the channel dimension);
 //! - `BLOCKWISE_EXPANSION` (LPBQ): `axis` = output channel, per-channel `scaleOffsets` with offset 0
 //!   ("scale2"), and per-block integer multipliers `blocksScale8` ("scale1") laid out
 //!   `[channel][block]` with `numBlocksPerAxis = In / block_size`, `blockScaleBitwidth = 4` in
-//!   8-bit storage (qnn-api.md §2.5 table, §5.3; mllm-anchor §5.4). Dequantization:
+//!   8-bit storage (`QnnTypes.h`; ExecuTorch backends/qualcomm/builders/node_visitor.py; mllm's QNNTensorWrapper::setBlockwiseQuantization). Dequantization:
 //!   `w[i, o] = (q + offset_o) * scale2[o] * scale1[o][i / block_size]`.
 //!
 //! Rounding: real -> integer uses round-half-to-even. QNN does not document the HTP's rounding;
 //! half-even is what PyTorch's `fake_quantize_per_tensor_affine` (`std::nearbyint`) does, which
-//! is how both executorch and pymllm calibrate (qnn-api.md §5.2, mllm-anchor §1.1), and what the
+//! is how both executorch and pymllm calibrate (ExecuTorch backends/qualcomm/quantizer; pymllm's observers), and what the
 //! LPBQ scale construction uses (`torch.round`). Arithmetic is done in f64 and rounded to f32
 //! once, so dequantized values are the correctly rounded f32 of the exact product.
 //!
 //! 4-bit weight storage ([`Int4Storage`]): the public sources disagree on how 4-bit weights are
-//! laid out in the client buffer (qnn-api.md §2.3 note, §5.3, §8.4 risk 4):
+//! laid out in the client buffer (`QnnTypes.h`; ExecuTorch backends/qualcomm/builders/node_visitor.py):
 //! - the QnnTypes.h note says 4-bit types are "tightly packed", two per byte, lower nibble first;
 //! - mllm tags LPBQ weights `SFIXED_POINT_4` but writes one value per byte, masked to the low
-//!   nibble (`w & 0x0F`, `sizeof(mllm_int4_t) == 1`, dataSize = numel; mllm-anchor §5.4, §8 fact 8);
+//!   nibble (`w & 0x0F`, `sizeof(mllm_int4_t) == 1`, dataSize = numel; mllm's QNNTensorWrapper::setBlockwiseQuantization);
 //! - executorch tags them `SFIXED_POINT_8` and stores -7..7 sign-extended in int8 containers, the
-//!   CI-tested `16a4w_block` route (qnn-api.md §5.3).
+//!   CI-tested `16a4w_block` route (ExecuTorch backends/qualcomm/builders/node_visitor.py).
 //!
 //! We follow mllm by default ([`Int4Storage::LowNibble`]) because mllm's Qwen3 AOT flow is the
 //! flow this crate replaces, and keep the other two selectable per graph.
@@ -49,7 +49,7 @@ pub mod definition {
     pub const UNDEFINED: u32 = 0x7FFF_FFFF;
 }
 
-/// `Qnn_QuantizationEncoding_t` values (qnn-api.md §2.5).
+/// `Qnn_QuantizationEncoding_t` values (`Qnn_QuantizeParams_t` in `QnnTypes.h`).
 pub mod encoding_value {
     pub const SCALE_OFFSET: u32 = 0;
     pub const AXIS_SCALE_OFFSET: u32 = 1;
@@ -457,7 +457,7 @@ fn dequantize_blockwise(
 
 /// LPBQ parameters from real per-block scales `s[o][b]` (`[channels][num_blocks]`), as executorch
 /// (`make_qnn_per_block_config`) and mllm (`scale2 = max/16`, `scale1 = clamp(round(s/scale2),
-/// 1, 16)`) construct them (qnn-api.md §5.3, mllm-anchor §8 fact 14):
+/// 1, 16)`) construct them (ExecuTorch backends/qualcomm/builders/node_visitor.py; mllm's QNNTensorWrapper::setBlockwiseQuantization):
 /// `scale2[o] = max_b s[o][b] / 16`, `scale1[o][b] = clamp(round_half_even(s[o][b] / scale2[o]), 1, 16)`.
 pub fn lpbq_from_block_scales(
     block_scales: &[f32],
@@ -566,7 +566,7 @@ mod tests {
 
     #[test]
     fn uint16_mask_encoding_maps_65535_to_zero() {
-        // executorch's attention mask: 65535 = attend (0.0), 0 = masked (-255.0), qnn-api.md §5.1.
+        // executorch's attention mask: 65535 = attend (0.0), 0 = masked (-255.0), ExecuTorch examples/qualcomm/oss_scripts/llama.
         let so = ScaleOffset { scale: 255.0 / 65535.0, offset: -65535 };
         assert_eq!(so.dequantize(65535), 0.0);
         assert!((so.dequantize(0) + 255.0).abs() < 1e-4);

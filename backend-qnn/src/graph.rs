@@ -1,13 +1,13 @@
 //! An owned model of one lowered QNN graph: tensors, nodes, ordered inputs and outputs.
 //!
-//! The model mirrors what the QNN C API receives (qnn-api.md §2.1, §2.6): tensors carry their
+//! The model mirrors what the QNN C API receives (`QnnTypes.h`, `QnnInterface.h`): tensors carry their
 //! `Qnn_TensorType_t`, `Qnn_DataType_t`, dims and quantization encoding; nodes carry the op
 //! package, op type, named params (scalar or static tensor) and *positional* input/output tensor
 //! names. Graph inputs/outputs are ordered because the runtime binds them by position
-//! (mllm-anchor §5.1).
+//! (mllm/backends/qnn/aot/QnnWrappersAPI.cpp).
 //!
 //! Static data is held as `Arc<[u8]>` so the prefill and decode graphs of one context can point
-//! at the same weight bytes without copies (they share weights by name, mllm-anchor §5.1).
+//! at the same weight bytes without copies (they share weights by name, mllm/backends/qnn/aot/QnnWrappersAPI.cpp).
 //!
 //! [`GraphBuilder`] is the construction API a lowering pass uses; `finish` validates.
 

@@ -1,5 +1,5 @@
 //! A small JSON value with deterministic output: object keys are written in sorted order (as
-//! nlohmann::json's default `std::map` does in the QNN JSON dumpers, qnn-api.md §6), floats in
+//! nlohmann::json's default `std::map` does in the QNN JSON dumpers, Qualcomm's qnn-model-lib-generator docs), floats in
 //! their shortest round-trip form. Independent of serde_json feature flags such as
 //! `preserve_order`, so artifact bytes cannot change when another crate enables one.
 

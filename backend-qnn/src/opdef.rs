@@ -2,8 +2,8 @@
 //!
 //! Each [`OpDef`] records the positional inputs (required / optional), the named params (scalar
 //! or tensor, accepted dtypes, tensor shape rule, default) and the output count. Facts come from
-//! qnn-api.md §4 (QnnOpDef.h names, executorch / mllm / onnxruntime builders) and mllm-anchor §5.5.
-//! Where §4 gives a default the param is optional; where it gives none the param is mandatory
+//! Qualcomm's op definitions (QnnOpDef.h names; the op builders of ExecuTorch, mllm's mllm/backends/qnn/aot/visitor and onnxruntime's QNN EP).
+//! Where the op definition gives a default the param is optional; where it gives none the param is mandatory
 //! (the lowering always sets it). Per-op dtype and shape rules that need tensor metadata live in
 //! `validate.rs`; the interpreter (`interp.rs`) implements the semantics.
 //!

@@ -1,11 +1,11 @@
 //! The HTP compile target: the AOT config's `target_machine` object and the QNN options it
 //! implies.
 //!
-//! Input (mllm's `qnn_aot_cfg_*.json`, mllm-anchor §5.6):
+//! Input (mllm's `qnn_aot_cfg_*.json`, mllm's QnnTargetMachineParser.cpp and QnnAOTEnv):
 //! `{"htp_arch": "V75", "htp_chipset": "SM8650", "htp_try_best_performance": "HtpBurst",
 //!   "htp_security_pd_session": "HtpSignedPd", "htp_vtcm_capability_in_mb": 8}`.
 //!
-//! Output, as plain data the FFI layer turns into C structs (qnn-api.md §3):
+//! Output, as plain data the FFI layer turns into C structs (QnnHtpDevice.h, QnnHtpGraph.h, QnnHtpContext.h):
 //! - device configs for `deviceCreate`: custom `SOC` (socModel), custom `SIGNEDPD` when the
 //!   signed PD is requested, and `PLATFORM_INFO` (one on-chip device, one core, VTCM size, SoC,
 //!   signed-PD support, DLBC support, arch) — what both executorch and mllm send;
@@ -15,12 +15,12 @@
 //!   (prefill + decode), which needs V73+;
 //! - the equivalent HTP backend-extension JSON for `qnn-context-binary-generator`.
 //!
-//! The performance mode is carried but only matters at run time (mllm-anchor §5.6).
+//! The performance mode is carried but only matters at run time (mllm's QnnTargetMachineParser.cpp and QnnAOTEnv).
 //! Parsing and checking the object (unknown names, an arch that does not match the chipset, a
-//! VTCM size over the chipset's) is [`mllm_dsl::config::aot`]'s, which also owns the SoC table.
+//! VTCM size over the chipset's) is [`compiler::aot_config`]'s, which also owns the SoC table.
 
-pub use mllm_dsl::config::aot::{Chipset, HtpArch, HtpChipset};
-use mllm_dsl::config::aot::{HtpPdSession, HtpPerformance, TargetMachine};
+pub use compiler::aot_config::{Chipset, HtpArch, HtpChipset};
+use compiler::aot_config::{HtpPdSession, HtpPerformance, TargetMachine};
 
 use crate::json::Json;
 
@@ -40,7 +40,7 @@ pub fn perf_profile(mode: HtpPerformance) -> &'static str {
 }
 
 /// The AOT config's `target_machine` (parsed and checked by
-/// [`mllm_dsl::config::aot::AotConfig`]) with its SoC's facts looked up.
+/// [`compiler::aot_config::AotConfig`]) with its SoC's facts looked up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HtpTarget {
     pub chipset: Chipset,
@@ -103,7 +103,7 @@ impl HtpTarget {
     }
 
     /// Context configs for `contextCreate`. Weight sharing (several graphs over one set of
-    /// weights) needs V73+ (qnn-api.md §3, §4).
+    /// weights) needs V73+ (QnnHtpGraph.h; QnnOpDef.h).
     pub fn context_configs(&self, weight_sharing: bool) -> Result<Vec<ContextConfig>, TargetError> {
         if !weight_sharing {
             return Ok(Vec::new());
@@ -134,7 +134,7 @@ impl HtpTarget {
 
     /// The HTP backend-extension config for `qnn-context-binary-generator --config_file`
     /// (the file its `backend_extensions.config_file_path` points at), in the key layout public
-    /// scripts agree on (qnn-api.md §3 "CLI equivalent").
+    /// scripts agree on (the HTP backend-extension JSON of qnn-context-binary-generator).
     pub fn backend_extension_json(&self, graph_names: &[&str]) -> Result<String, TargetError> {
         let weight_sharing = graph_names.len() > 1;
         self.context_configs(weight_sharing)?;
@@ -309,7 +309,7 @@ impl ContextConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mllm_dsl::config::aot::AotConfig;
+    use compiler::aot_config::AotConfig;
 
     /// mllm's Qwen3-1.7B target: SM8650, V75, burst, signed PD, 8 MB.
     fn sm8650() -> TargetMachine {

@@ -4,7 +4,7 @@
 //! backend-specific reasons (HTP op support), never for structural ones. Rules, in check order:
 //!
 //! 1. tensors: unique names (graph and param tensors share one namespace, QNN hashes all names,
-//!    qnn-api.md §2.2 error 7006); no zero dims; `STATIC` exactly when data is present; static
+//!    QnnCommon.h error 7006); no zero dims; `STATIC` exactly when data is present; static
 //!    data size = numel x element size (4-bit per the graph's [`Int4Storage`],
 //!    whose byte content is also checked); encodings: fixed-point types need one, other types
 //!    must have none, `scale` finite and > 0, offsets within the dtype's range (offset =
@@ -268,7 +268,7 @@ fn check_encoding(t: &QnnTensor) -> Result<()> {
     }
 }
 
-/// LPBQ invariants (qnn-api.md §2.5, §5.3; mllm-anchor §5.4):
+/// LPBQ invariants (`QnnTypes.h`; ExecuTorch backends/qualcomm/builders/node_visitor.py; mllm's QNNTensorWrapper::setBlockwiseQuantization):
 /// signed 4- or 8-bit STATIC weight; `axis` is the output channel of an HWIO `[1, 1, In, Out]`
 /// filter (axis 3) or an `[Out, In]` weight (axis 0); one per-channel scale per output channel,
 /// each with offset 0; `numBlocksPerAxis * block == In`; `[Out][numBlocks]` block scales whose

@@ -14,7 +14,7 @@ mod model_common;
 
 use backend_qnn::graph::StaticData;
 use backend_qnn::{DataType, Encoding, OpType, QnnGraph, TensorType};
-use mllm_dsl::passes::{ParamError, QuantParamProvider, StoredTensor};
+use compiler::passes::{ParamError, QuantParamProvider, StoredTensor};
 use model_common::{op_census, AotModel, CHUNK};
 
 /// Op census of the chunk-N graph of a 2-layer model without q/k norm; `bias` = Qwen2.

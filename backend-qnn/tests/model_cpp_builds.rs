@@ -1,7 +1,8 @@
 //! Compiles the generated `model.cpp`, links the `model.bin` members the way the lib generator
 //! does (`tar -x`, then `ld -r -b binary obj/binary/<sym>.raw`), runs it against a stand-in
 //! `QnnModel` that prints what it receives (tests/cpp_harness), and compares every tensor, param
-//! and node with the graph. Skipped (with a message) when g++, ld or tar is missing.
+//! and node with the graph. g++, ld and tar are required: a missing one fails the test, naming it
+//! (`.ci/run` installs them; on Debian: `apt-get install g++ binutils tar`).
 
 mod common;
 
@@ -13,8 +14,10 @@ use backend_qnn::artifacts::write_graph_artifacts;
 use backend_qnn::encoding::BlockScales;
 use backend_qnn::{Encoding, Param, QnnGraph, QnnTensor, Scalar};
 
-fn have(tool: &str) -> bool {
-    Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success())
+/// Fails naming `tool` when it cannot be run.
+fn require(tool: &str) {
+    let ok = Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(ok, "`{tool} --version` did not run: this test builds the generated model library with g++, ld and tar");
 }
 
 fn run(cmd: &mut Command) -> String {
@@ -123,9 +126,8 @@ fn expected(graph: &QnnGraph) -> Vec<String> {
 
 #[test]
 fn generated_model_cpp_compiles_links_and_hands_qnnmodel_the_graph() {
-    if !(have("g++") && have("ld") && have("tar")) {
-        eprintln!("skipping: g++, ld and tar are needed to build the generated model library");
-        return;
+    for tool in ["g++", "ld", "tar"] {
+        require(tool);
     }
     let graph = common::tiny_attention("tiny_attention");
     let dir = std::env::temp_dir().join(format!("backend-qnn-model-lib-{}", std::process::id()));

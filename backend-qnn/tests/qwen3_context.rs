@@ -11,7 +11,7 @@ use backend_qnn::sdk::render::{self, FakeGraph, FakeIo};
 use backend_qnn::sdk::RecordingApi;
 use backend_qnn::target::{HtpTarget, TargetError};
 use backend_qnn::TensorType;
-use mllm_dsl::config::aot::AotConfig;
+use compiler::aot_config::AotConfig;
 use qwen3_common::*;
 
 /// The `target_machine` block of mllm's Qwen3-1.7B AOT config (SM8650, V75, signed PD, 8 MB).

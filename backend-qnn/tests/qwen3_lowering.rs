@@ -18,7 +18,7 @@ use backend_qnn::graph::StaticData;
 use backend_qnn::{
     DataType, Encoding, LowerError, LowerOptions, OpType, Param, QnnLowering, SelectBroadcast, TensorType,
 };
-use mllm_dsl::passes::QuantParamProvider;
+use compiler::passes::QuantParamProvider;
 use qwen3_common::*;
 
 #[test]
@@ -299,19 +299,19 @@ impl QuantParamProvider for Corrupt {
     fn name(&self) -> String {
         format!("corrupted {}", QuantParamProvider::name(&self.ckpt))
     }
-    fn tensor(&self, key: &str) -> Result<Option<mllm_dsl::passes::StoredTensor>, mllm_dsl::passes::ParamError> {
+    fn tensor(&self, key: &str) -> Result<Option<compiler::passes::StoredTensor>, compiler::passes::ParamError> {
         self.ckpt.tensor(key)
     }
-    fn read_f32(&self, key: &str) -> Result<Vec<f32>, mllm_dsl::passes::ParamError> {
+    fn read_f32(&self, key: &str) -> Result<Vec<f32>, compiler::passes::ParamError> {
         QuantParamProvider::read_f32(&self.ckpt, key)
     }
-    fn read_i32(&self, key: &str) -> Result<Vec<i32>, mllm_dsl::passes::ParamError> {
+    fn read_i32(&self, key: &str) -> Result<Vec<i32>, compiler::passes::ParamError> {
         QuantParamProvider::read_i32(&self.ckpt, key)
     }
-    fn int_range(&self, key: &str) -> Result<Option<(i64, i64)>, mllm_dsl::passes::ParamError> {
+    fn int_range(&self, key: &str) -> Result<Option<(i64, i64)>, compiler::passes::ParamError> {
         self.ckpt.int_range(key)
     }
-    fn read_bytes(&self, key: &str) -> Result<Vec<u8>, mllm_dsl::passes::ParamError> {
+    fn read_bytes(&self, key: &str) -> Result<Vec<u8>, compiler::passes::ParamError> {
         let mut b = QuantParamProvider::read_bytes(&self.ckpt, key)?;
         if key == self.key {
             b[0] |= 0x70;

@@ -12,8 +12,8 @@ use backend_qnn::context::write_context_binary;
 use backend_qnn::sdk::{ApiError, EmulatedHtp, RecordingApi};
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{GraphIo, QnnChunkModel, QnnModelError};
-use mllm_dsl::runtime::{argmax, ChunkModel, GenerationConfig, Generator, ModelLayout, StopReason};
 use qwen3_common::*;
+use runtime::{argmax, ChunkModel, GenerationConfig, Generator, ModelLayout, StopReason};
 
 /// The checkpoint run eagerly by backend-cpu with its QDQ points fake-quantized.
 fn cpu_fake_quant_model() -> CpuChunkModel {
@@ -98,7 +98,7 @@ fn greedy_generation_from_the_context_binary_matches_the_cpu_fake_quant_run() {
 #[test]
 fn a_sink_prefix_starts_the_context_binary_like_the_cpu_run() {
     use backend_cpu::quant::SinkPrefix;
-    use mllm_dsl::quant::QuantParams;
+    use compiler::quant::QuantParams;
     let (s4, s1) = lowered_pair();
     let graphs = vec![s4, s1];
     let dir = TempDir::new("runtime-prefix");

@@ -302,7 +302,7 @@ fn missing_library_names_the_path() {
 use backend_qnn::sdk::render::{fnv1a64, parse_fake_context_binary};
 use backend_qnn::sdk::{ContextHandle, GraphHandle, QnnExecApi};
 use backend_qnn::{GraphIo, QnnChunkModel, QnnModelError};
-use mllm_dsl::runtime::{ChunkModel, GenerationConfig, Generator};
+use runtime::{ChunkModel, GenerationConfig, Generator};
 
 /// What one `graphExecute` received and returned, as seen above the FFI.
 struct Executed {

@@ -2,7 +2,7 @@
 //! the widths that size the first allocations, so a config that disagrees with its weights
 //! fails at once with both numbers instead of warning, allocating, or failing deep in a layer.
 
-use mllm_dsl::config::hf::HfConfig;
+use models::hf::HfConfig;
 
 use super::{CheckpointError, SafetensorsCheckpoint};
 

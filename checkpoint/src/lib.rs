@@ -22,7 +22,7 @@ mod mapped_file;
 mod near;
 mod reader;
 mod writer;
-// The checkpoint as the PTQ pass's `mllm_dsl::passes::QuantParamProvider`.
+// The checkpoint as the PTQ pass's `compiler::passes::QuantParamProvider`.
 mod ptq_params;
 
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE};

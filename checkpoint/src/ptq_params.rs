@@ -5,7 +5,7 @@
 
 use crate::convert::LeScalar;
 use crate::{SafetensorsCheckpoint, StDtype};
-use mllm_dsl::passes::{ParamError, QuantParamProvider, StoredTensor};
+use compiler::passes::{ParamError, QuantParamProvider, StoredTensor};
 use mllm_dsl::DType;
 
 fn dtype_of(d: StDtype) -> Option<DType> {

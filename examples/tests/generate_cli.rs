@@ -158,7 +158,7 @@ fn a_qnn_context_binary_generates_like_the_cpu_fake_quant_model() {
     use backend_qnn::target::HtpTarget;
     let model = fixtures().join("pymllm-qwen3-dev-f32");
     let graphs = lower_for_context(&model, 4, 16).unwrap();
-    let target = HtpTarget::new(&mllm_dsl::config::aot::AotConfig::w4a16_kv8().target_machine);
+    let target = HtpTarget::new(&compiler::aot_config::AotConfig::w4a16_kv8().target_machine);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("qnn-context");
     std::fs::create_dir_all(&dir).unwrap();
     let binary = dir.join("qwen3-tiny.bin");

@@ -4,7 +4,7 @@
 
 use aot::load_float;
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
+use runtime::{GenerationConfig, Generator, Sampling};
 use std::path::{Path, PathBuf};
 
 const TOLERANCE: f32 = 1e-4;
@@ -104,7 +104,7 @@ fn qwen2_f32_qkv_bias() {
 #[test]
 fn llama3_inv_freq_matches_hf() {
     let dir = fixture("llama3-dev-f32");
-    let hf = mllm_dsl::config::hf::HfConfig::from_dir(&dir).unwrap();
+    let hf = models::hf::HfConfig::from_dir(&dir).unwrap();
     let ours = hf.rope_inv_freq();
     let file = SafetensorsCheckpoint::open_file(dir.join("inv_freq.safetensors")).unwrap();
     let (expected, default) = (file.read_f32("llama3_inv_freq").unwrap(), file.read_f32("default_inv_freq").unwrap());

@@ -8,7 +8,7 @@ use aot::{load_id_sequences, load_model, quantize, QuantizeOptions, QuantizeOutc
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::CalibrationMode;
 use checkpoint::{SafetensorsCheckpoint, StDtype};
-use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
+use runtime::{GenerationConfig, Generator, Sampling};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -215,7 +215,7 @@ fn block_size_conflicts_are_reported_before_calibration() {
 
     // An AOT block size that does not divide the hidden width (32).
     let aot_text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../mllm-dsl/tests/data/mllm/qwen3-1.7b-qnn-aot-config.json"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../compiler/tests/data/mllm/qwen3-1.7b-qnn-aot-config.json"),
     )
     .unwrap();
     let aot = scratch("aot24.json");

@@ -7,7 +7,7 @@
 use aot::{load_model, RunMode};
 use backend_cpu::quant::accuracy::Comparison;
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
+use runtime::{GenerationConfig, Generator, Sampling};
 use std::path::{Path, PathBuf};
 
 const CONTEXT: usize = 64;

@@ -7,7 +7,7 @@
 use aot::{load_id_sequences, quantize, QuantizeOptions, QuantizeOutcome};
 use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::quant::act_range::{ActRange, ActRanges};
+use compiler::quant::act_range::{ActRange, ActRanges};
 use mllm_dsl::QdqKind;
 use std::path::{Path, PathBuf};
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use aot::AotReport;
 use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, TensorBytes};
 use clap::{CommandFactory, Parser};
-use mllm_dsl::config::aot::AotConfig;
+use compiler::aot_config::AotConfig;
 
 /// The example's own source: these tests run its `run_aot` on parsed arguments.
 #[allow(dead_code)]

@@ -6,8 +6,8 @@
 use aot::load_float;
 use backend_cpu::quant::{rotate_checkpoint, OrthogonalKind};
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
+use models::hf::HfConfig;
+use runtime::{GenerationConfig, Generator, Sampling};
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {

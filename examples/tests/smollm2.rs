@@ -8,7 +8,7 @@
 
 use aot::load_float;
 use checkpoint::{ChatMessage, ChatTemplate, SafetensorsCheckpoint};
-use mllm_dsl::runtime::{GenerationConfig, Generator, Sampling};
+use runtime::{GenerationConfig, Generator, Sampling};
 use std::path::{Path, PathBuf};
 
 /// The example's own source: the chat tests run its `run_generate_io` on parsed arguments.

@@ -5,6 +5,11 @@ use std::ops::Range;
 use crate::module::ParamSource;
 use crate::{Error, Result, Tensor};
 
+/// Scale of the attention mask input's u16 encoding (`mask` in [`CausalLm`]'s graph I/O).
+pub const MASK_SCALE: f32 = 0.001 / 65535.0;
+/// Zero point of the attention mask input's u16 encoding (QNN offset = -65535).
+pub const MASK_ZERO_POINT: i32 = 65535;
+
 /// The numbers a backend needs about a decoder model file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecoderShape {

@@ -41,15 +41,14 @@
 //! - [`module`] and [`nn`]: module trees, parameter binding, layers; `#[module]` generates the glue.
 //! - [`qdq!`] and [`qdq`]: QDQ points and their checkpoint keys.
 //! - [`trace`](mod@trace): recording a [`Program`]; [`ir`]: the program, its printer and parser.
-//! - [`backend`]: what an eager backend implements.
-//! - [`runtime`]: backend-agnostic generation (KV cache, mask, chunked prefill, sampling).
-//! - [`passes`]: the AOT pass pipeline that turns a traced program into QNN-ready IR.
+//! - [`backend`]: what an eager backend implements; [`causal_lm`]: what every decoder model file
+//!   offers (its graph I/O contract).
+//! - [`files`]: bounded reads, atomic writes and staged output directories, for every crate.
 //! - [`memory`]: current and peak resident memory and CPU seconds, for benches.
 //! - [`simd`]: hot loops compiled for the widest vector extension the CPU has.
 
 pub mod backend;
 pub mod causal_lm;
-pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod files;
@@ -60,10 +59,7 @@ pub mod memory;
 pub mod module;
 pub mod nn;
 pub mod op;
-pub mod passes;
 pub mod qdq;
-pub mod quant;
-pub mod runtime;
 mod scope;
 pub mod simd;
 pub mod tensor;

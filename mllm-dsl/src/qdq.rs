@@ -1,6 +1,6 @@
 //! QDQ points: where the NPU graph needs a quantized tensor.
 //!
-//! A QDQ point is metadata, not an op (mllm-anchor §8.3): it names the checkpoint entries that hold the
+//! A QDQ point is metadata, not an op (mllm/nn ptq QDQ modules): it names the checkpoint entries that hold the
 //! scale / zero point of a value. `qdq!(x, "up_proj_input_qdq")` in module `model.layers.0.mlp` resolves
 //! to the key `model.layers.0.mlp.up_proj_input_qdq`, whose parameters live at
 //! `<key>.fake_quant.scale` and `<key>.fake_quant.zero_point`.

@@ -18,7 +18,7 @@ use crate::decoder::AttentionInputs;
 use mllm_dsl::prelude::*;
 // The mask's compile-time parameters, also those of the `0.0` it is compared with (mllm's
 // `addCausalMaskParams`): uint16 with zero point 65535, so 65535 (attend) dequantizes to 0.0.
-use mllm_dsl::runtime::{MASK_SCALE, MASK_ZERO_POINT};
+use mllm_dsl::causal_lm::{MASK_SCALE, MASK_ZERO_POINT};
 
 /// The SwiGLU MLP `down(silu(gate(x)) * up(x))`, identical in mllm's Qwen3, Qwen2 and Llama.
 #[module]

@@ -1,7 +1,7 @@
 //! The architecture numbers a decoder-only model file needs, independent of where they came from
 //! (an HF `config.json`, mllm's config, or a synthetic config for benches and snapshots).
 
-use mllm_dsl::config::hf::{default_inv_freq, HfConfig};
+use crate::hf::{default_inv_freq, HfConfig};
 
 /// Shapes and constants of a Qwen3 / Qwen2 / Llama style decoder.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,10 +1,10 @@
-//! The graph I/O contract shared by the decoder models (mllm-anchor §8.10), positional:
+//! The graph I/O contract shared by the decoder models (mllm's MarkTensorIOPass), positional:
 //! inputs `ids i32 [1, S]`, `positions i32 [S]`, `mask [1, 1, S, ctx]`, `past_key_0..L-1
 //! [1, Hkv, D, ctx-S]`, `past_value_0..L-1 [1, Hkv, ctx-S, D]`; outputs `logits [1, 1, S, V]`,
 //! `present_key_l [1, Hkv, D, S]`, `present_value_l [1, Hkv, S, D]`.
 
 use crate::config::TransformerConfig;
-use mllm_dsl::runtime::{MASK_SCALE, MASK_ZERO_POINT};
+use mllm_dsl::causal_lm::{MASK_SCALE, MASK_ZERO_POINT};
 use mllm_dsl::{DType, ParamFormat, QdqAttr, QdqKind, TraceInput};
 
 /// Trace inputs for one chunk size. In the QNN form the mask is uint16 with its compile-time QDQ,

@@ -9,6 +9,7 @@
 pub mod blocks;
 pub mod config;
 pub mod decoder;
+pub mod hf;
 pub mod io;
 pub mod llama;
 pub mod qwen2;
@@ -17,7 +18,7 @@ pub mod rope;
 
 pub use config::TransformerConfig;
 
-use mllm_dsl::config::hf::{HfConfig, ModelType};
+use crate::hf::{HfConfig, ModelType};
 use mllm_dsl::{CausalLm, Error, Result};
 
 /// Builds the model file for an HF checkpoint's `model_type` (unbound: bind it to weights or

@@ -1,6 +1,6 @@
 //! RoPE tables as mllm's QNN models take them: `[1, L, head_dim]` sin/cos rows for positions `0..L`,
 //! gathered by position id inside the graph. The inverse frequencies come from the config
-//! (`mllm_dsl::config::hf::default_inv_freq`, `HfConfig::rope_inv_freq`).
+//! (`crate::hf::default_inv_freq`, `HfConfig::rope_inv_freq`).
 
 /// Why the RoPE tables could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +44,7 @@ pub fn sin_cos_tables(inv_freq: &[f32], len: usize) -> Result<(Vec<f32>, Vec<f32
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mllm_dsl::config::hf::default_inv_freq;
+    use crate::hf::default_inv_freq;
 
     #[test]
     fn tables_follow_hf_layout() {

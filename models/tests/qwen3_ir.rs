@@ -121,7 +121,7 @@ fn decoder_scope() {
 }
 
 /// The real Qwen3-1.7B config traces without weights for both chunk sizes, and the op census equals
-/// the one mllm's current modeling file produces (mllm-anchor §3.3: Conv2D 197, View 365 counting
+/// the one mllm's current modeling file produces (mllm's qwen3_qnn_aot_1.7B.mir dump: Conv2D 197, View 365 counting
 /// mllm's unsqueeze views, Mul 196, ...).
 #[test]
 fn qwen3_1_7b_traces_with_mllm_op_census() {

@@ -10,21 +10,21 @@
 //!   fake-quant (QDQ parameters from the checkpoint).
 //! - Per-pass checks on the real model: spec sharing, solved parameters, constants, LPBQ layout,
 //!   the flat graph, the I/O contract and tensor names; and PTQ's errors on a corrupted checkpoint.
-#![allow(clippy::result_large_err)] // PassError carries its context; see mllm_dsl::passes.
+#![allow(clippy::result_large_err)] // PassError carries its context; see compiler::passes.
 
 mod common;
 
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter, QdqHook, QdqHookError};
 use checkpoint::SafetensorsCheckpoint;
 use common::{checked_text, line_diff, snapshot_text};
-use mllm_dsl::config::aot::AotConfig;
-use mllm_dsl::config::hf::HfConfig;
+use compiler::aot_config::AotConfig;
+use compiler::passes::{qdq_params, ParamError, Pipeline, QuantParamProvider, StoredTensor};
+use compiler::quant::fake_quant::FakeQuantizer;
+use mllm_dsl::causal_lm::{MASK_SCALE, MASK_ZERO_POINT};
 use mllm_dsl::ir::{Node, QuantSpecKind, SpecParams};
-use mllm_dsl::passes::{qdq_params, ParamError, Pipeline, QuantParamProvider, StoredTensor};
 use mllm_dsl::prelude::*;
-use mllm_dsl::quant::fake_quant::FakeQuantizer;
-use mllm_dsl::runtime::{MASK_SCALE, MASK_ZERO_POINT};
 use mllm_dsl::{BackendRef, CausalLm, Program, QdqAttr, Storage, TensorType};
+use models::hf::HfConfig;
 use models::io::{kv_qdq, trace_inputs, KvCache};
 use models::qwen3::Qwen3ForCausalLM;
 use models::TransformerConfig;

@@ -2,7 +2,7 @@
 //! agreement per decoder layer and at the logits.
 //!
 //! Layer outputs are captured with a [`RecordingHook`] on the QDQ points that sit on them
-//! ([`layer_output_points`](mllm_dsl::quant::points::layer_output_points)): QDQ is metadata on a
+//! ([`layer_output_points`](compiler::quant::points::layer_output_points)): QDQ is metadata on a
 //! value, so the tensor a point receives *is* the previous layer's output, before quantization.
 //! Running the float model with a recording hook and no inner hook (QDQ = identity) and the
 //! fake-quant model with the same recording around a [`FakeQuantHook`](super::FakeQuantHook)

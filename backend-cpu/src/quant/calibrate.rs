@@ -37,14 +37,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use mllm_dsl::config::aot::AotConfig;
+use compiler::aot_config::AotConfig;
+use compiler::quant::act_range::{ActRange, ActRanges, RangeObserver};
+use compiler::quant::lpbq::{lpbq_block_quantize, LpbqShape};
+use compiler::quant::observer::{min_max_of, ConcatObserver, ConcatSharing, ObserverScheme};
+use compiler::quant::points::{ConcatGroup, SliceOf};
+use compiler::quant::spec::EPS_8BIT;
+use compiler::quant::{quantize_u16_weight, QuantParams};
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
-use mllm_dsl::quant::act_range::{ActRange, ActRanges, RangeObserver};
-use mllm_dsl::quant::lpbq::{lpbq_block_quantize, LpbqShape};
-use mllm_dsl::quant::observer::{min_max_of, ConcatObserver, ConcatSharing, ObserverScheme};
-use mllm_dsl::quant::points::{ConcatGroup, SliceOf};
-use mllm_dsl::quant::spec::EPS_8BIT;
-use mllm_dsl::quant::{quantize_u16_weight, QuantParams};
 use mllm_dsl::{BackendRef, QdqAttr, QdqKind, Result as DslResult, Tensor};
 
 use super::error::QuantizationError;
@@ -216,14 +216,14 @@ impl ObserverHook {
 
 fn observed(
     point: &QdqAttr,
-    p: Result<QuantParams, mllm_dsl::quant::QuantError>,
+    p: Result<QuantParams, compiler::quant::QuantError>,
 ) -> Result<QuantParams, QuantizationError> {
     p.map_err(|e| observed_error(point, e))
 }
 
-fn observed_error(point: &QdqAttr, e: mllm_dsl::quant::QuantError) -> QuantizationError {
+fn observed_error(point: &QdqAttr, e: compiler::quant::QuantError) -> QuantizationError {
     match e {
-        mllm_dsl::quant::QuantError::Unobserved => QuantizationError::Unobserved { key: point.key.clone() },
+        compiler::quant::QuantError::Unobserved => QuantizationError::Unobserved { key: point.key.clone() },
         e => QuantizationError::quant(&point.key, e),
     }
 }
@@ -434,7 +434,7 @@ mod tests {
         // The AOT run rounds every linear before calibrating; the calibration model then takes
         // the cached export (without the float weight) and must see the same values, in both layouts.
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/qwen3-dev-f32");
-        let hf = mllm_dsl::config::hf::HfConfig::from_dir(dir).unwrap();
+        let hf = models::hf::HfConfig::from_dir(dir).unwrap();
         let store = CheckpointStore::for_config(dir, crate::CpuBackend::float(), &hf).unwrap();
         let aot = AotConfig::w4a16_kv8();
         let (op, key) = ("model.layers.0.mlp.up_proj", "model.layers.0.mlp.up_proj.weight");

@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use mllm_dsl::config::aot::AotConfigError;
-use mllm_dsl::quant::points::PointsError;
-use mllm_dsl::quant::QuantError;
+use compiler::aot_config::AotConfigError;
+use compiler::quant::points::PointsError;
+use compiler::quant::QuantError;
 
 use checkpoint::CheckpointError;
 

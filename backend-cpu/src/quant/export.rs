@@ -22,14 +22,14 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use mllm_dsl::config::aot::AotConfig;
+use compiler::aot_config::AotConfig;
+use compiler::quant::lpbq::LpbqShape;
 use mllm_dsl::files::write_json_atomic;
 use mllm_dsl::ir::{Node, Program};
-use mllm_dsl::quant::lpbq::LpbqShape;
 
 use super::linear::LinearQuantizer;
-use mllm_dsl::quant::uint16::export_u16;
-use mllm_dsl::quant::{quantize_u16_weight, QuantParams};
+use compiler::quant::uint16::export_u16;
+use compiler::quant::{quantize_u16_weight, QuantParams};
 use mllm_dsl::{DType, QdqKind};
 use rayon::prelude::*;
 

@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 
-use mllm_dsl::quant::{FakeQuantizer, QuantParams};
+use compiler::quant::{FakeQuantizer, QuantParams};
 use mllm_dsl::QdqAttr;
 use rayon::prelude::*;
 

@@ -21,8 +21,8 @@
 
 use rayon::prelude::*;
 
-use mllm_dsl::quant::lpbq_search::{lpbq_code, LpbqRounded};
-use mllm_dsl::quant::QuantError;
+use compiler::quant::lpbq_search::{lpbq_code, LpbqRounded};
+use compiler::quant::QuantError;
 
 use super::input_stats::LinearStats;
 
@@ -229,8 +229,8 @@ fn round_channels(first: usize, q_rows: &mut [i8], w_rows: &[f32], scales: &Lpbq
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mllm_dsl::quant::lpbq::LpbqShape;
-    use mllm_dsl::quant::lpbq_search::lpbq_mse_search;
+    use compiler::quant::lpbq::LpbqShape;
+    use compiler::quant::lpbq_search::lpbq_mse_search;
 
     struct Lcg(u32);
     impl Lcg {

@@ -9,14 +9,14 @@
 //! ```
 //!
 //! The hook sits on the QDQ points the linears' inputs come from
-//! ([`linear_inputs`](mllm_dsl::quant::points::linear_inputs)), replays the transposes between the
+//! ([`linear_inputs`](compiler::quant::points::linear_inputs)), replays the transposes between the
 //! point and the linear, and accumulates `X^T X` with the CPU matmul kernel. Linears sharing an
 //! input (q/k/v, gate/up) share one accumulator. It never changes a tensor.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use mllm_dsl::quant::points::{InputMove, LinearInput};
+use compiler::quant::points::{InputMove, LinearInput};
 use mllm_dsl::QdqAttr;
 
 use super::error::QuantizationError;

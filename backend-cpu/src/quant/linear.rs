@@ -20,9 +20,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use mllm_dsl::quant::lpbq::{quantize_lpbq, LpbqExport, LpbqShape};
-use mllm_dsl::quant::lpbq_search::lpbq_mse_search;
-use mllm_dsl::quant::seqmse::lpbq_seqmse_search;
+use compiler::quant::lpbq::{quantize_lpbq, LpbqExport, LpbqShape};
+use compiler::quant::lpbq_search::lpbq_mse_search;
+use compiler::quant::seqmse::lpbq_seqmse_search;
 
 use super::error::QuantizationError;
 use rayon::prelude::*;

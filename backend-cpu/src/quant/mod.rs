@@ -3,7 +3,7 @@
 //! reports comparing the two.
 //!
 //! Everything here works on a model file's QDQ points as the trace of the model lists them
-//! ([`mllm_dsl::quant::points`]), so nothing is specific to one architecture:
+//! ([`compiler::quant::points`]), so nothing is specific to one architecture:
 //! - [`params`]: scale / zero point of every QDQ point, read from a checkpoint and validated;
 //! - [`fake_quant`]: the [`QdqHook`](crate::QdqHook) that quantizes and dequantizes at each point;
 //! - [`calibrate`]: the observing hook, the weights the model sees while it observes, and the

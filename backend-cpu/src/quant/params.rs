@@ -11,8 +11,8 @@
 
 use std::collections::BTreeMap;
 
-use mllm_dsl::quant::spec::KV_ZERO_POINT;
-use mllm_dsl::quant::QuantParams;
+use compiler::quant::spec::KV_ZERO_POINT;
+use compiler::quant::QuantParams;
 use mllm_dsl::{QdqAttr, QdqKind};
 
 use super::error::QuantizationError;

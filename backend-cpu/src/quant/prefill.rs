@@ -4,8 +4,8 @@
 
 use std::ops::Range;
 
-use mllm_dsl::runtime::{dequantize_mask_value, MASK_ATTEND, MASK_MASKED};
 use mllm_dsl::{BackendRef, CausalLm, DType, Storage, Tensor, TensorType};
+use runtime::{dequantize_mask_value, MASK_ATTEND, MASK_MASKED};
 
 use super::error::QuantizationError;
 use super::sink::SinkPrefix;

@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! use backend_cpu::quant::rotation::rotate_checkpoint;
-//! let hf = mllm_dsl::config::hf::HfConfig::from_dir("fixtures/qwen3-dev-f32")?;
+//! let hf = models::hf::HfConfig::from_dir("fixtures/qwen3-dev-f32")?;
 //! let summary = rotate_checkpoint("fixtures/qwen3-dev-f32".as_ref(), &hf, "/tmp/rotated".as_ref())?;
 //! println!("{}", summary.describe());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -32,8 +32,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use checkpoint::{write_safetensors_atomic, CheckpointError, SafetensorsCheckpoint, StDtype, TensorBytes};
-use mllm_dsl::config::hf::HfConfig;
 use mllm_dsl::files::{read_text_bounded, write_atomic_bytes, write_json_atomic, CONFIG_SIZE_LIMIT};
+use models::hf::HfConfig;
 
 use super::error::QuantizationError;
 use super::hadamard::{orthogonal, Orthogonal, OrthogonalKind};

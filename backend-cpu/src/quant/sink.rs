@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
-use mllm_dsl::quant::{dequantize, FakeQuantizer, QuantParams};
-use mllm_dsl::runtime::KvPrefix;
+use compiler::quant::{dequantize, FakeQuantizer, QuantParams};
 use mllm_dsl::{BackendRef, CausalLm, DType, Storage, Tensor, TensorType};
+use runtime::KvPrefix;
 
 use super::error::QuantizationError;
 use crate::executor::real_values;

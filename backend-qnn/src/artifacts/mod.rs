@@ -1,6 +1,6 @@
 //! Files describing one graph, for inspection and for the QNN converter toolchain:
 //!
-//! - `<graph>.json`: the QNN net.json schema QNN Netron reads ([`netron`], qnn-api.md §6);
+//! - `<graph>.json`: the QNN net.json schema QNN Netron reads ([`netron`], Qualcomm's qnn-model-lib-generator docs);
 //! - `<graph>.cpp` + `<graph>.bin`: a `model.cpp` / `model.bin` pair in the shape
 //!   `qnn-model-lib-generator` compiles into a model library ([`model_cpp`], [`tar`]);
 //! - `<graph>.summary.txt`: ops by type, tensors by dtype, static bytes, MACs ([`summary`]).

@@ -1,4 +1,4 @@
-//! `model.cpp` + `model.bin` for `qnn-model-lib-generator` (qnn-api.md §6).
+//! `model.cpp` + `model.bin` for `qnn-model-lib-generator` (Qualcomm's qnn-model-lib-generator docs).
 //!
 //! The C++ has the shape of converter output, written from the documented facts:
 //! one `addTensor_<sym>(QnnModel&)` per graph input and static tensor, calling

@@ -1,6 +1,6 @@
 //! `<graph>.json` in the QNN net.json schema (what the converter writes as `model_net.json` and
 //! what QNN Netron opens), following the layout of onnxruntime's QNN JSON dumper
-//! (qnn-api.md §6):
+//! (Qualcomm's qnn-model-lib-generator docs):
 //!
 //! ```text
 //! { "model.cpp", "model.bin", "converter_command", "copyright_str", "op_types": [..],

@@ -2,7 +2,7 @@
 //!
 //! `model.cpp` names one function per tensor / node and refers to static buffers through
 //! `BINVARSTART(sym)`, which expands to the linker symbol `_binary_obj_binary_<sym>_raw_start`
-//! of the object the lib generator makes from `<sym>.raw` in `model.bin` (qnn-api.md §6). So a
+//! of the object the lib generator makes from `<sym>.raw` in `model.bin` (Qualcomm's qnn-model-lib-generator docs). So a
 //! symbol must be a C identifier fragment, unique, and short enough for a tar member name.
 
 use std::collections::HashSet;

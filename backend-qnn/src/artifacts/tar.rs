@@ -1,6 +1,6 @@
 //! A minimal, deterministic ustar writer for `model.bin`.
 //!
-//! `model.bin` is a plain tar with one `<symbol>.raw` member per static buffer (qnn-api.md §6;
+//! `model.bin` is a plain tar with one `<symbol>.raw` member per static buffer (Qualcomm's qnn-model-lib-generator docs;
 //! MNN builds it with `tar -cf graph0.bin *.raw`). Members are regular files with mode 0644,
 //! uid/gid 0, mtime 0 and empty owner names, so the archive depends only on its contents.
 

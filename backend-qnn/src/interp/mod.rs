@@ -14,7 +14,7 @@
 //!
 //! Cast semantics chosen here (QNN documents Cast as a data-type change): to float types the
 //! value converts exactly, to fixed-point types it is requantized (executorch uses Cast between
-//! 8/16-bit signed and unsigned types with equal scale, qnn-api.md §4), to integer types it is
+//! 8/16-bit signed and unsigned types with equal scale, QnnOpDef.h, the qti.aisw op package), to integer types it is
 //! truncated toward zero with saturation, to BOOL_8 it is `value != 0`.
 
 mod kernels;

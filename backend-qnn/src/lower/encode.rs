@@ -1,4 +1,4 @@
-//! IR value types to QNN data types and quantization encodings (mllm-anchor §5.2, §5.3).
+//! IR value types to QNN data types and quantization encodings (mllm/backends/qnn/QNNUtils.cpp; mllm's parseQnnQuantizeParamFromIR).
 //!
 //! | IR dtype | spec | QNN dtype | encoding |
 //! |---|---|---|---|

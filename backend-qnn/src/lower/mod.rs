@@ -1,5 +1,5 @@
 //! LLM2QnnLowering: the final IR of the AOT pass pipeline becomes [`QnnGraph`]s
-//! (mllm-anchor §4 pass 8, §5.1–5.5).
+//! (mllm/backends/qnn/aot/passes and mllm/backends/qnn/aot/visitor).
 //!
 //! # Input
 //!
@@ -11,11 +11,11 @@
 //! # Output
 //!
 //! One [`QnnGraph`] per flat graph, named like it, validated:
-//! - tensors (§5.1): region inputs are `APP_WRITE`, in region order; region outputs `APP_READ`,
+//! - tensors (mllm's QnnWrappersAPI.cpp): region inputs are `APP_WRITE`, in region order; region outputs `APP_READ`,
 //!   in region order (the runtime binds both positionally); registered parameters and constants
 //!   `STATIC`; everything else `NATIVE`. Tensor names are the IR names, node names the op names.
-//! - data types and encodings (§5.2, §5.3): see `encode.rs`; LPBQ weights see `weights.rs`.
-//! - ops (§5.5, package `qti.aisw`):
+//! - data types and encodings (mllm's QNNUtils.cpp): see `encode.rs`; LPBQ weights see `weights.rs`.
+//! - ops (mllm/backends/qnn/aot/visitor, package `qti.aisw`):
 //!
 //! | IR op | QNN op | inputs | params |
 //! |---|---|---|---|
@@ -71,8 +71,8 @@ mod weights;
 
 use std::collections::{HashMap, HashSet};
 
+use compiler::passes::{ParamError, QuantParamProvider};
 use mllm_dsl::ir::{Attr, Node, Program, SubGraph, ValueId};
-use mllm_dsl::passes::{ParamError, QuantParamProvider};
 
 pub use encode::EncodeError;
 pub use weights::WeightProblem;

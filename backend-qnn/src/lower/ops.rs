@@ -187,7 +187,7 @@ impl GraphLowering<'_, '_, '_> {
                 )
             }
             OpKind::Embedding => {
-                // QNN's Gather takes the table first (mllm-anchor §5.5).
+                // QNN's Gather takes the table first (mllm/backends/qnn/aot/visitor).
                 inputs.swap(0, 1);
                 (OpType::Gather, vec![("axis".into(), ParamValue::Scalar(Scalar::Int32(0)))])
             }

@@ -2,7 +2,7 @@
 //!
 //! - uint16 weights (embedding, RMSNorm gammas, RoPE tables): the stored `u16` codes as they
 //!   are, with the value's `SCALE_OFFSET` encoding (offset = -zero_point).
-//! - LPBQ weights (every projection, mllm-anchor §5.4): pymllm's export under the op prefix
+//! - LPBQ weights (every projection, mllm's QNNTensorWrapper::setBlockwiseQuantization): pymllm's export under the op prefix
 //!   `<op>.{weight, scale1, scale2}`: HWIO `[1, 1, In, Out]` int4 codes in the low nibble of
 //!   int8 (`-7..=7 & 0x0F`), `scale1` u8 `[Out][In/block]` block multipliers, `scale2` f32
 //!   `[Out]` channel scales. They become one `BLOCKWISE_EXPANSION` encoding with `axis = 3`
@@ -15,8 +15,8 @@
 //! Every stored dtype and shape is checked against the IR value and the spec; a mismatch names
 //! the checkpoint key.
 
+use compiler::passes::{ParamError, QuantParamProvider};
 use mllm_dsl::ir::{Program, QuantSpecKind, SpecParams, ValueId};
-use mllm_dsl::passes::{ParamError, QuantParamProvider};
 use mllm_dsl::DType;
 
 use crate::dtype::DataType;

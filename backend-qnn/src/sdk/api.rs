@@ -214,7 +214,7 @@ impl ApiError {
     }
 }
 
-/// Names of the error codes documented in `QnnCommon.h` and friends (qnn-api.md §2.2).
+/// Names of the error codes documented in `QnnCommon.h` and the per-API headers.
 fn describe_code(handle: u64) -> String {
     let code = handle & 0xFFFF;
     let name = match code {
@@ -249,7 +249,7 @@ fn describe_code(handle: u64) -> String {
     format!(" ({name})")
 }
 
-/// The compile-side QNN API (mllm-anchor.md §5.7): everything needed to turn graph
+/// The compile-side QNN API (mllm's QnnAOTEnv): everything needed to turn graph
 /// descriptions into a serialized context binary.
 ///
 /// Implementations must not retain references to arguments beyond the call; the FFI copies

@@ -2,7 +2,7 @@
 //!
 //! Options are what a user chooses (SoC, VTCM, precision, ...). [`HtpOptions`] expands them
 //! into the exact config entries passed to `deviceCreate`, `contextCreate` and `graphCreate`,
-//! in the order mllm's QNN AOT environment sends them (mllm-anchor.md §5.6). Both the recording
+//! in the order mllm's QNN AOT environment sends them (mllm's QnnTargetMachineParser.cpp and QnnAOTEnv). Both the recording
 //! API and the FFI consume these lists, so a call log shows precisely what the SDK receives.
 
 use thiserror::Error;

@@ -3,7 +3,7 @@
 //!
 //! These types are deliberately small and independent of the lowering model so that the SDK
 //! layer can be tested on its own; the graph lowering converts into them. Numeric codes are the
-//! ones documented for `QnnTypes.h` (see `shared/research/qnn-api.md` §2.3–2.5), so a
+//! ones documented for `QnnTypes.h`, so a
 //! description can be rendered or passed to C without a lookup table elsewhere.
 
 use std::fmt;

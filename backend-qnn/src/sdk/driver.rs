@@ -1,6 +1,6 @@
 //! [`build_context_binary`]: the compile-side call sequence, written once against [`QnnApi`].
 //!
-//! The order follows mllm's QNN AOT environment (mllm-anchor.md §5.7):
+//! The order follows mllm's QNN AOT environment (mllm's QnnAOTEnv):
 //!
 //! 1. `logCreate` (optional) → `backendCreate` → `deviceCreate(device configs)` →
 //!    `contextCreate(weight sharing)`: ONE context for all graphs.

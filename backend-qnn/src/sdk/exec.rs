@@ -1,5 +1,5 @@
 //! The run-side QNN C API as a Rust trait: load a context binary, look its graphs up by name,
-//! execute them on client buffers (mllm-anchor.md §6: the NPU runtime's `contextCreateFromBinary`
+//! execute them on client buffers (mllm/backends/qnn/aot_rt: the NPU runtime's `contextCreateFromBinary`
 //! → `graphRetrieve` → `graphExecute` loop).
 //!
 //! It is a separate trait from the compile-side [`QnnApi`](super::QnnApi) because a runtime

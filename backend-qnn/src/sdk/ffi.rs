@@ -88,7 +88,7 @@ mod tests {
         assert_eq!(5, b::QNN_QUANTIZATION_ENCODING_BLOCKWISE_EXPANSION as u32);
     }
 
-    /// LP64 sizes from qnn-api.md §2.6 (measured there with an independent C mirror).
+    /// LP64 sizes from QnnTypes.h (checked by the layout tests against Qualcomm's libraries).
     #[test]
     fn struct_sizes_match_the_documented_abi() {
         use std::mem::size_of;

@@ -1,5 +1,5 @@
 //! A tiny one-layer, attention-like graph in the shape mllm's Qwen3 AOT lowering produces
-//! (mllm-anchor §5.5, §8): embedding Gather, RmsNorm, LPBQ 1x1 Conv2d projections, q-norm,
+//! (mllm/backends/qnn/aot/visitor): embedding Gather, RmsNorm, LPBQ 1x1 Conv2d projections, q-norm,
 //! RoPE with rotate-half (StridedSlice + Neg + Concat), uint8 symmetric KV cache (Transpose +
 //! Convert + Concat), scaled scores, masked softmax (ReduceMin + Add + Equal + Select + Softmax),
 //! output projection, residual, SiLU (Sigmoid + Multiply) and a per-channel FullyConnected head.

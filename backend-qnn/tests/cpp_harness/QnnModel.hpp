@@ -1,5 +1,5 @@
 // Test-only stand-in for the SDK's QnnModel.hpp: a minimal mirror of the QNN types the
-// generated model.cpp uses (field order as documented in qnn-api.md §2.5-2.6), and a QnnModel
+// generated model.cpp uses (field order as `QnnTypes.h` documents it), and a QnnModel
 // that prints every tensor and node it receives. Written for backend-qnn's tests; it is not
 // derived from Qualcomm's headers and only models what the generated code touches.
 #pragma once

@@ -14,14 +14,14 @@ use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::interp::{Interpreter as QnnInterpreter, TensorValue};
 use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::config::aot::AotConfig;
-use mllm_dsl::config::hf::HfConfig;
-use mllm_dsl::passes::{Pipeline, QuantParamProvider};
+use compiler::aot_config::AotConfig;
+use compiler::passes::{Pipeline, QuantParamProvider};
 use mllm_dsl::prelude::*;
-use mllm_dsl::runtime::{MASK_SCALE, MASK_ZERO_POINT};
 use mllm_dsl::{Program, Storage, TensorType};
+use models::hf::HfConfig;
 use models::io::{kv_qdq, KvCache};
 use models::TransformerConfig;
+use runtime::{MASK_SCALE, MASK_ZERO_POINT};
 
 pub const CHUNK: usize = 4;
 pub const CONTEXT: usize = 16;

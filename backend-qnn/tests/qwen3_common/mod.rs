@@ -12,10 +12,10 @@ use std::sync::OnceLock;
 use backend_qnn::interp::TensorValue;
 use backend_qnn::QnnGraph;
 use checkpoint::SafetensorsCheckpoint;
-use mllm_dsl::config::aot::AotConfig;
-use mllm_dsl::runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
+use compiler::aot_config::AotConfig;
 use mllm_dsl::{Program, Tensor};
 use models::TransformerConfig;
+use runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
 use std::path::PathBuf;
 
 pub use model_common::{sqnr_db, AotModel, Inputs, TempDir, CHUNK, CONTEXT, MAX_POSITIONS, N_PAST};

@@ -246,7 +246,7 @@ fn llama_gguf_converts_back_to_the_hf_checkpoint_it_was_made_from() {
         assert!(x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()), "{key} differs from HF");
     }
 
-    use mllm_dsl::config::hf::HfConfig;
+    use models::hf::HfConfig;
     let (c, h) = (HfConfig::from_dir(&out).unwrap(), HfConfig::from_dir(&hf_dir).unwrap());
     assert_eq!(
         (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers),

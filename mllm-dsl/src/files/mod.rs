@@ -16,16 +16,19 @@
 //!   through a link) and renamed over the target, so readers see the old file or the whole new one.
 //! - [`StagingDir`]: a whole output directory built aside and swapped into place only when the
 //!   run succeeded; a failed or killed run leaves the previous output untouched.
+//! - [`project_cache`]: where the fetch scripts keep what they download.
 //! - [`ensure_not_input`]: an output path that would overwrite or remove an input is refused.
 
 mod atomic_write;
 mod bounded_read;
+mod cache;
 mod disjoint;
 mod error;
 mod staging;
 
 pub use atomic_write::{write_atomic, write_atomic_bytes, write_json_atomic};
 pub use bounded_read::{read_bounded, read_text_bounded, CONFIG_SIZE_LIMIT};
+pub use cache::project_cache;
 pub use disjoint::ensure_not_input;
 pub use error::FileError;
 pub use staging::StagingDir;

@@ -18,7 +18,7 @@ mod print;
 pub mod quant;
 
 pub use parse::parse;
-pub(crate) use print::value_names;
+pub use print::{numbering, value_names};
 pub use print::{print, MAX_LINE};
 pub use quant::{QuantSpec, QuantSpecKind, SpecId, SpecParams, SpecSyntaxError};
 

@@ -1,4 +1,4 @@
-//! The printer: mllm's textual IR grammar, made deterministic and local.
+//! The printer: mllm's textual IR grammar (mllm/compile/ir printers), made deterministic and local.
 //!
 //! - Values are named, not numbered globally, so that one op more or less changes only the lines
 //!   that mention it:
@@ -33,8 +33,9 @@ pub const MAX_LINE: usize = 200;
 
 const INDENT: &str = "    ";
 
-/// Value ids in the order the printer first shows them.
-pub(crate) fn numbering(p: &Program) -> Vec<ValueId> {
+/// Value ids in the order the printer first shows them (the order [`Program::canonicalize`]
+/// gives the arena).
+pub fn numbering(p: &Program) -> Vec<ValueId> {
     scoped_numbering(p).into_iter().map(|(v, _)| v).collect()
 }
 
@@ -119,8 +120,9 @@ fn usable_name(name: &str) -> bool {
         && !name.ends_with(['.', '-'])
 }
 
-/// Every value's full name (see the module docs), in print order.
-pub(crate) fn value_names(p: &Program) -> Vec<(ValueId, String)> {
+/// Every value's full name (see the module docs), in print order, for messages that name a value
+/// as the printed IR does.
+pub fn value_names(p: &Program) -> Vec<(ValueId, String)> {
     // The op that produces each value (an op's outputs are named after it wherever they print).
     let mut producer: HashMap<ValueId, (&str, usize)> = HashMap::new();
     fn walk<'a>(r: &'a Region, producer: &mut HashMap<ValueId, (&'a str, usize)>) {

@@ -47,11 +47,7 @@ impl LibraryPaths {
 
     /// The SDK root `scripts/fetch-qnn-sdk` writes, whether or not it exists yet.
     pub fn fetched_sdk_root() -> Option<PathBuf> {
-        let cache = match std::env::var_os("MLLM_DSL_CACHE").filter(|c| !c.is_empty()) {
-            Some(cache) => PathBuf::from(cache),
-            None => PathBuf::from(std::env::var_os("HOME").filter(|h| !h.is_empty())?).join(".cache/mllm-dsl"),
-        };
-        Some(cache.join(FETCHED_SDK_SUBDIR))
+        Some(mllm_dsl::files::project_cache()?.join(FETCHED_SDK_SUBDIR))
     }
 
     /// The one place that decides where Qualcomm's libraries come from: `$QNN_SDK_ROOT` when it

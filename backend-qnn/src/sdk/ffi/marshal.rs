@@ -18,7 +18,7 @@ use crate::sdk::api::{BoundParamValue, BoundTensor, MarshalError, OpConfig};
 use crate::sdk::config::{ContextConfig, DeviceConfig, GraphConfig};
 use crate::sdk::desc::{Encoding, Scalar, ScaleOffset, TensorDesc};
 
-// Enumerator values (qnn-api.md §2.3–§3); `as _` adapts them to each enum's C type.
+// Enumerator values (`QnnTypes.h`, the HTP headers); `as _` adapts them to each enum's C type.
 const TENSOR_VERSION_2: u32 = 2;
 const OPCONFIG_VERSION_1: u32 = 1;
 const DATA_FORMAT_DENSE: u32 = 0;

@@ -67,7 +67,7 @@ fn check(function: &'static str, code: b::Qnn_ErrorHandle_t) -> Result<(), ApiEr
     }
 }
 
-/// `QNN_DEFINITION_DEFINED` and `QNN_QUANTIZATION_ENCODING_SCALE_OFFSET` (qnn-api.md §2.4–2.5).
+/// `QNN_DEFINITION_DEFINED` and `QNN_QUANTIZATION_ENCODING_SCALE_OFFSET` (`QnnTypes.h`).
 const DEFINITION_DEFINED: u32 = 1;
 const ENCODING_SCALE_OFFSET: u32 = 0;
 

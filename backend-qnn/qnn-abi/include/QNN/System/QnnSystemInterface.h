@@ -1,9 +1,9 @@
 /*
  * CLEAN-ROOM ABI DECLARATION. This is NOT a Qualcomm file and contains no Qualcomm code.
  *
- * Written for mllm-dsl's backend-qnn from the documented facts collected in
- * shared/research/qnn-api.md (function names, enumerator values, struct members and their
- * order) and checked against Qualcomm's QAIRT 2.51 x86_64 libraries (layout test
+ * Written for mllm-dsl's backend-qnn from facts Qualcomm documents publicly in its QNN API
+ * reference (function names, enumerator values, struct members and their order) and
+ * checked against Qualcomm's QAIRT 2.51 x86_64 libraries (layout test
  * `layouts_match_qualcomms_libraries`). It declares just what backend-qnn's FFI layer and its
  * mock provider use. The committed Rust bindings (backend-qnn/qnn-abi/bindings.rs) are
  * generated from these files; after editing one, regenerate them with
