@@ -24,13 +24,16 @@ const EXPECTED: &str = "expected an HF checkpoint directory (config.json + model
 /// A model path that is not a model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelPathError {
-    #[error("model {path}: no such file or directory ({EXPECTED})")]
+    #[error("model {path}: no such file or directory ({})", EXPECTED)]
     Missing { path: PathBuf },
-    #[error("model {path}: a directory without config.json ({EXPECTED})")]
+    #[error("model {path}: a directory without config.json ({})", EXPECTED)]
     NoConfig { path: PathBuf },
-    #[error("model {path}: a file that is not GGUF (it starts with {start:?}, a GGUF file with \"GGUF\"; {EXPECTED})")]
+    #[error(
+        "model {path}: a file that is not GGUF (it starts with {start:?}, a GGUF file with \"GGUF\"; {})",
+        EXPECTED
+    )]
     NotGguf { path: PathBuf, start: String },
-    #[error("model {path}: neither a file nor a directory ({EXPECTED})")]
+    #[error("model {path}: neither a file nor a directory ({})", EXPECTED)]
     NotFileOrDir { path: PathBuf },
     #[error("model {path}: cannot read it: {source}")]
     Io {
@@ -56,7 +59,8 @@ pub fn resolve_model(path: &Path) -> Result<PathBuf, ModelPathError> {
     match kind(path)? {
         Kind::HfDir => Ok(path.to_path_buf()),
         Kind::Gguf => {
-            let cache = mllm_dsl::files::project_cache().ok_or_else(|| ModelPathError::NoCache { path: path.to_path_buf() })?;
+            let cache =
+                mllm_dsl::files::project_cache().ok_or_else(|| ModelPathError::NoCache { path: path.to_path_buf() })?;
             converted_gguf(path, &cache.join("gguf"))
         }
     }

@@ -55,8 +55,7 @@ fn generate_runs_a_gguf_file_like_the_hf_checkpoint_it_was_made_from() {
     assert_eq!(ids_line(&lines), greedy);
 
     // Converted once: one directory in the cache, found again by the second run.
-    let converted: Vec<PathBuf> =
-        std::fs::read_dir(cache().join("gguf")).unwrap().map(|e| e.unwrap().path()).collect();
+    let converted: Vec<PathBuf> = std::fs::read_dir(cache().join("gguf")).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(converted.len(), 1, "{converted:?}");
     let dir = &converted[0];
     assert!(dir.file_name().unwrap().to_str().unwrap().starts_with("llama-tiny-"), "{}", dir.display());

@@ -154,12 +154,13 @@ pub fn value_names(p: &Program) -> Vec<(ValueId, String)> {
         } else if let Some(sym) = p.value(v).symbol.as_deref().filter(|s| usable_name(s)) {
             sym.to_string()
         } else {
-            let k = local.entry(scope).or_insert(0);
-            *k += 1;
+            let next = local.entry(scope).or_insert(0);
+            let k = *next;
+            *next += 1;
             if scope.is_empty() {
-                format!("{}", *k - 1)
+                k.to_string()
             } else {
-                format!("{scope}.#{}", *k - 1)
+                format!("{scope}.#{k}")
             }
         };
         let mut name = base.clone();
@@ -316,7 +317,14 @@ impl Printer<'_> {
                 if !attrs.is_empty() {
                     write!(head, "{} ", attrs_text(&attrs)).unwrap();
                 }
-                self.signature(indent, &head, &self.bares(&op.inputs, scope), &self.typeds(&op.outputs, scope), "", out);
+                self.signature(
+                    indent,
+                    &head,
+                    &self.bares(&op.inputs, scope),
+                    &self.typeds(&op.outputs, scope),
+                    "",
+                    out,
+                );
             }
             Node::Register { device, value } => {
                 let head = format!("tensor.{device}.register ");
