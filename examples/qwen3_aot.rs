@@ -12,8 +12,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use aot::{
-    default_out_dir, run, AotOptions, AotReport, CalibSource, ContextBinary, ModelSource, DEFAULT_CHUNKS,
-    DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS,
+    default_out_dir, run, AotOptions, AotReport, CalibSource, ContextBinary, ModelSource, TargetRuntime,
+    DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS,
 };
 use clap::Parser;
 use mllm_examples::RecipeFlags;
@@ -40,7 +40,13 @@ Files written into --out (default: <cargo target dir>/qwen3_aot):
   qnn/<graph>.cpp, .bin     model.cpp / model.bin for qnn-model-lib-generator
   qnn/<graph>.summary.txt   ops by type, tensors by dtype, static bytes
   qnn/context.bin, .x86.bin by Qualcomm's HTP backend (if found): all graphs weight-shared; unshared for x86 emulation
-  report.json               model, accuracy ledger, timings, graphs, artifacts (paths relative to --out)
+  report.json               model, accuracy ledger, timings, graphs, deploy, artifacts (paths relative to --out)
+
+report.json's \"deploy\" says, per artifact (qnn/context.bin, qnn/context.x86.bin), which runtime can run it: this
+project's (mllm-dsl: generate --qnn-context), mllm's QnnAOTRuntime (mllm), or neither, with each blocker (sink prefix,
+shards, graph names, a broken graph I/O contract: the device binary is read back through libQnnSystem.so and checked
+against mllm's runtime) and what its user must know (docs/deploy.md). --target-runtime mllm refuses up front every
+option that would leave mllm's runtime unable to run the result (--sink-prefix, no --chunk 1, --context-binary off).
 
 report.json's ledger compares each stage with the previous one on the same inputs (logits):
   float_vs_reference  CPU float vs the checkpoint dir's reference.safetensors (when present)
@@ -103,6 +109,10 @@ pub struct AotArgs {
     pub quiet: bool,
     #[arg(long, help = "Also compare every node of each graph with the fake-quant run (ledger_ops/).")]
     pub ledger_ops: bool,
+    /// The runtime the result must run on: any (report.json's \"deploy\" says which runs what), or mllm
+    /// (mllm's QnnAOTRuntime: options it cannot run are refused before any work; docs/deploy.md).
+    #[arg(long, value_name = "RUNTIME", default_value = "any")]
+    pub target_runtime: TargetRuntime,
 }
 
 impl AotArgs {
@@ -133,6 +143,7 @@ impl AotArgs {
             rotation: self.recipe.rotation,
             ledger_ops: self.ledger_ops,
             sink_prefix: self.recipe.sink_prefix.clone(),
+            target_runtime: self.target_runtime,
         }
     }
 }

@@ -43,6 +43,7 @@ use models::hf::HfConfig;
 
 use crate::calibrate::{quantize_alongside, QuantizeOptions};
 use crate::config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
+use crate::deploy::{ArtifactRuntimes, ArtifactTraits, GraphShape, MllmModelShape, PlannedRun, TargetRuntime};
 use crate::divergence::{op_by_op, table as divergence_table};
 use crate::embedded::{EMBEDDED_CALIB_IDS, EMBEDDED_MODEL, EMBEDDED_MODEL_NAME};
 use crate::htp::{ContextBinary, QualcommHtp};
@@ -101,6 +102,9 @@ pub struct AotOptions {
     /// The attention-sink prefix's tokens when calibrating (`--sink-prefix`, each a token's text
     /// or `id:N`; [`backend_cpu::quant::SinkPrefix`]); a quantized checkpoint brings its own.
     pub sink_prefix: Vec<String>,
+    /// The runtime the result must run on (`--target-runtime`): for mllm's, every option that
+    /// would leave it unable to run the result is refused before any work ([`crate::deploy`]).
+    pub target_runtime: TargetRuntime,
 }
 
 impl AotOptions {
@@ -121,6 +125,7 @@ impl AotOptions {
             rotation: Rotation::None,
             ledger_ops: false,
             sink_prefix: Vec::new(),
+            target_runtime: TargetRuntime::Any,
         }
     }
 }
@@ -150,14 +155,21 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     // Process CPU time where /proc is readable (0 elsewhere: the figure is informative only).
     let cpu_at_start = mllm_dsl::memory::cpu_seconds().unwrap_or(0.0);
     check_shapes(opts)?;
+    let context_binary = plan_for_target(opts)?;
     let mut files = Files::new(out);
     let mut timings = Timings::default();
     let mut warnings = Vec::new();
     // Before any work: Qualcomm's libraries, when they are asked for (a missing one fails now).
-    let qualcomm = match opts.context_binary {
+    let qualcomm = match context_binary {
         ContextBinary::Off => None,
         ContextBinary::Required => {
-            Some(backend_qnn::sdk::check_sdk_libraries().context("--context-binary needs Qualcomm's QNN libraries")?)
+            let why = match opts.target_runtime {
+                TargetRuntime::Mllm => {
+                    "--target-runtime mllm needs the context binary, built by Qualcomm's QNN libraries"
+                }
+                TargetRuntime::Any => "--context-binary needs Qualcomm's QNN libraries",
+            };
+            Some(backend_qnn::sdk::check_sdk_libraries().context(why)?)
         }
         ContextBinary::Auto => match backend_qnn::sdk::check_sdk_libraries() {
             Ok(paths) => Some(paths),
@@ -300,6 +312,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         }
     };
     ledger.extend(graphs_done.ledger);
+    let deploy = graphs_done.deploy;
     let graphs = graphs_done.graphs;
 
     let graph_reports = graphs
@@ -317,8 +330,15 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     files.record(&out.join("report.json"));
     timings.total = start.elapsed().as_secs_f64();
     timings.total_cpu = mllm_dsl::memory::cpu_seconds().map_or(0.0, |now| now - cpu_at_start);
-    let report =
-        AotReport { model: model_name, ledger, timings, graphs: graph_reports, artifacts: files.relative()?, warnings };
+    let report = AotReport {
+        model: model_name,
+        ledger,
+        timings,
+        graphs: graph_reports,
+        deploy,
+        artifacts: files.relative()?,
+        warnings,
+    };
     write_json_atomic(&out.join("report.json"), &report.to_json())?;
     Ok(report)
 }
@@ -349,6 +369,8 @@ struct QuantizedModel<'a> {
 struct GraphsDone {
     graphs: Vec<QnnGraph>,
     ledger: Vec<LedgerEntry>,
+    /// Where the artifacts run ([`crate::deploy::where_it_runs`]).
+    deploy: Vec<ArtifactRuntimes>,
 }
 
 /// Steps 3.-6. on the quantized checkpoint `model`: trace, pass pipeline and lowering per graph, the artifacts, the context binaries and the
@@ -492,7 +514,70 @@ fn compile_and_validate(
         }
     }
     timings.validate += t.elapsed().as_secs_f64();
-    Ok(GraphsDone { graphs, ledger: graph_ledger })
+
+    // 6. Where the artifacts run: the compile's properties, and mllm's graph I/O contract checked
+    // on the device binary as Qualcomm's system library reads it back.
+    let traits = ArtifactTraits {
+        sink_prefix: prefix.as_ref().map_or(0, |p| p.len()),
+        shards: 1,
+        graphs: planned_graphs(job.opts),
+        eos_ids: job.hf.eos_token_ids.clone(),
+        context_binary: htp.is_some(),
+    };
+    let contract = htp.as_ref().map(|htp| {
+        let shape = MllmModelShape {
+            num_layers: job.hf.num_hidden_layers,
+            kv_heads: job.hf.num_key_value_heads,
+            head_dim: job.hf.head_dim,
+            vocab_size: job.hf.vocab_size,
+            context_len: job.opts.context_len,
+        };
+        crate::deploy::check_mllm_contract(&htp.device_info.graphs, &shape)
+    });
+    if job.opts.target_runtime == TargetRuntime::Mllm {
+        if let Some(violations) = contract.as_ref().filter(|v| !v.is_empty()) {
+            bail!("--target-runtime mllm: qnn/context.bin breaks mllm's graph I/O contract: {}", violations.join("; "));
+        }
+    }
+    let deploy = crate::deploy::where_it_runs(&traits, contract.as_deref());
+    Ok(GraphsDone { graphs, ledger: graph_ledger, deploy })
+}
+
+/// The graphs a run builds, as [`crate::deploy`] sees them: `model.0.s<chunk>` at `--context-len`.
+fn planned_graphs(opts: &AotOptions) -> Vec<GraphShape> {
+    (opts.chunks.iter())
+        .map(|&chunk| GraphShape { name: graph_name(chunk), chunk, context_len: opts.context_len })
+        .collect()
+}
+
+/// mllm's name of the graph for `chunk` tokens per call.
+fn graph_name(chunk: usize) -> String {
+    format!("model.0.s{chunk}")
+}
+
+/// `--target-runtime`'s checks before any work, and the context-binary setting that follows:
+/// for mllm's runtime the binary is required (a run without Qualcomm's libraries fails now).
+fn plan_for_target(opts: &AotOptions) -> Result<ContextBinary> {
+    match opts.target_runtime {
+        TargetRuntime::Any => Ok(opts.context_binary),
+        TargetRuntime::Mllm => {
+            let shipped = match &opts.source {
+                ModelSource::Quantized(dir) => SinkPrefix::load_beside(dir)
+                    .with_context(|| format!("the attention-sink prefix of {}", dir.display()))?
+                    .map_or(0, |p| p.len()),
+                _ => 0,
+            };
+            let plan = PlannedRun {
+                sink_prefix: opts.sink_prefix.len().max(shipped),
+                prefix_from_checkpoint: shipped > 0,
+                shards: 1,
+                graphs: planned_graphs(opts),
+                context_binary_off: opts.context_binary == ContextBinary::Off,
+            };
+            crate::deploy::refuse_for_mllm(&plan)?;
+            Ok(ContextBinary::Required)
+        }
+    }
 }
 
 /// Chunk sizes and context length that make sense together.
@@ -614,7 +699,7 @@ pub fn compile(
     let (mut graphs, mut ir_dumps) = (Vec::new(), Vec::new());
     let pb = opts.progress.start("compiling", opts.chunks.len());
     for &chunk in opts.chunks {
-        let name = format!("model.0.s{chunk}");
+        let name = graph_name(chunk);
         pb.set_message(&name);
         let t = Instant::now();
         let mut program = trace_graph(hf, opts.max_positions, chunk, opts.context_len, ParamFormat::QnnW4A16)?;

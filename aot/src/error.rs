@@ -67,6 +67,9 @@ pub enum AotError {
     QnnRun(Box<backend_qnn::sdk::RunValuesError>),
     #[error(transparent)]
     QnnConvert(Box<backend_qnn::sdk::ConvertError>),
+    /// `--target-runtime` refusing an option before any work.
+    #[error(transparent)]
+    TargetRuntime(Box<crate::deploy::TargetRuntimeRefusal>),
     #[error(transparent)]
     ParseInt(Box<std::num::ParseIntError>),
     /// A tokenizer that would not load, encode or decode.
@@ -101,6 +104,7 @@ macro_rules! boxed_from {
 }
 
 boxed_from! {
+    TargetRuntime <- crate::deploy::TargetRuntimeRefusal,
     HfConfig <- models::hf::ConfigError,
     AotConfig <- compiler::aot_config::AotConfigError,
     RunSizes <- crate::run_sizes::RunSizeError,

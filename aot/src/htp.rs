@@ -78,6 +78,8 @@ pub(crate) struct QualcommHtp {
     pub(crate) written: [PathBuf; 2],
     /// Wall time of Qualcomm's prepare + finalize + serialize, device binary and x86 binary.
     pub(crate) seconds: [f64; 2],
+    /// The device binary's graphs and I/O as Qualcomm's `libQnnSystem.so` reads them back.
+    pub(crate) device_info: backend_qnn::sdk::ffi::BinaryInfo,
 }
 
 impl QualcommHtp {
@@ -105,6 +107,10 @@ impl QualcommHtp {
         drop(api);
         let device_seconds = t.elapsed().as_secs_f64();
         write_atomic_bytes(&device_path, &device)?;
+        let device_info = backend_qnn::sdk::SystemApi::load(&paths.system)?
+            .binary_info(&device)
+            .map_err(backend_qnn::QnnModelError::from)
+            .with_context(|| format!("reading {} back with {}", device_path.display(), paths.system.display()))?;
 
         let x86_path = qnn_dir.join("context.x86.bin");
         let t = Instant::now();
@@ -120,6 +126,7 @@ impl QualcommHtp {
             emulation_binary,
             written: [device_path, x86_path],
             seconds: [device_seconds, x86_seconds],
+            device_info,
         })
     }
 

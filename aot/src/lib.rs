@@ -20,6 +20,7 @@ pub mod chat;
 pub mod compile;
 pub mod config;
 pub mod context_bench;
+pub mod deploy;
 pub mod divergence;
 pub mod embedded;
 pub mod error;
@@ -47,6 +48,7 @@ pub use compile::{
     ModelSource,
 };
 pub use config::{default_out_dir, load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
+pub use deploy::{ArtifactRuntimes, Runtime, TargetRuntime, TargetRuntimeRefusal};
 pub use error::{AotError, Context, Result};
 pub use generation::GenerateRequest;
 pub use htp::ContextBinary;

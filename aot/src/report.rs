@@ -55,6 +55,8 @@ pub struct AotReport {
     pub ledger: Vec<LedgerEntry>,
     pub timings: Timings,
     pub graphs: Vec<GraphReport>,
+    /// Which runtime runs each artifact, and why not ([`crate::deploy`]).
+    pub deploy: Vec<crate::deploy::ArtifactRuntimes>,
     /// Files written, relative to the output directory, sorted.
     pub artifacts: Vec<String>,
     pub warnings: Vec<String>,
@@ -97,6 +99,7 @@ impl AotReport {
             "graphs": self.graphs.iter().map(|g| serde_json::json!({
                 "name": g.name, "ops": g.ops, "tensors": g.tensors, "static_bytes": g.static_bytes,
             })).collect::<Vec<_>>(),
+            "deploy": crate::deploy::to_json(&self.deploy),
             "artifacts": self.artifacts,
             "warnings": self.warnings,
         })
@@ -131,6 +134,8 @@ impl AotReport {
                 ops.join(", ")
             );
         }
+        s.push_str("\nwhere the artifacts run (this project's runtime `mllm-dsl`, mllm's QnnAOTRuntime `mllm`):\n");
+        s.push_str(&crate::deploy::summary_lines(&self.deploy));
         let t = &self.timings;
         let _ = writeln!(
             s,

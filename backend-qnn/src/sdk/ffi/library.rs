@@ -17,8 +17,14 @@ use thiserror::Error;
 
 use super::bindings as b;
 
-/// Where the host (x86_64 Linux) libraries live inside a QAIRT SDK.
+/// Where the libraries for the machine this program runs on live inside a QAIRT SDK: the x86_64
+/// Linux ones (Qualcomm's HTP emulation), or, built for Android, the phone's aarch64 ones.
+#[cfg(not(target_os = "android"))]
 pub const HOST_LIB_DIR: &str = "lib/x86_64-linux-clang";
+/// Where the libraries for the machine this program runs on live inside a QAIRT SDK: the x86_64
+/// Linux ones (Qualcomm's HTP emulation), or, built for Android, the phone's aarch64 ones.
+#[cfg(target_os = "android")]
+pub const HOST_LIB_DIR: &str = "lib/aarch64-android";
 /// `QNN_BACKEND_ID_HTP`.
 pub const HTP_BACKEND_ID: u32 = 6;
 /// Where `scripts/fetch-qnn-sdk` lays out Qualcomm's x86_64 libraries (from PyPI's
@@ -39,7 +45,7 @@ pub struct LibraryPaths {
 }
 
 impl LibraryPaths {
-    /// `<root>/lib/x86_64-linux-clang/{libQnnHtp.so, libQnnSystem.so}`.
+    /// `<root>/`[`HOST_LIB_DIR`]`/{libQnnHtp.so, libQnnSystem.so}`.
     pub fn from_sdk_root(root: impl AsRef<Path>) -> LibraryPaths {
         let dir = root.as_ref().join(HOST_LIB_DIR);
         LibraryPaths { backend: dir.join("libQnnHtp.so"), system: dir.join("libQnnSystem.so") }
