@@ -18,22 +18,56 @@ pub struct ScoreFlags {
     pub quiet: bool,
 }
 
-/// How a float checkpoint is quantized (docs/quantization.md): the options of the W4A16KV8
-/// recipe every main that calibrates offers.
+/// How a float checkpoint is quantized (docs/quantization.md): a named recipe, refined by the
+/// individual settings every main that calibrates offers. The recipes and the rule are
+/// [`aot::recipe`]'s: a named recipe sets every setting, a flag given on its own replaces that
+/// setting, and `mllm` (pymllm's, bit for bit) refuses a flag that differs from it.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RecipeFlags {
-    /// LPBQ weight rounding: rtn (pymllm's), mse, gptq, seqmse or seqmse-gptq.
-    #[arg(long, value_name = "METHOD", default_value = "rtn")]
-    pub weight_method: backend_cpu::quant::WeightMethod,
+    /// Quantization recipe: mllm (pymllm's, bit for bit), rtn (pymllm's rounding and ranges, calibrated as
+    /// deployed) or recommended (gptq, hadamard, sink prefix <|endoftext|>). Default with --model: the best
+    /// recipe of the model's family (printed at the start).
+    #[arg(long, value_name = "NAME")]
+    pub recipe: Option<aot::RecipeName>,
+    /// LPBQ weight rounding: rtn (pymllm's), mse, gptq, seqmse or seqmse-gptq (replaces the recipe's).
+    #[arg(long, value_name = "METHOD")]
+    pub weight_method: Option<backend_cpu::quant::WeightMethod>,
     /// Activation/KV ranges: minmax (pymllm), mse or percentile:P, for both kinds or as
-    /// act=METHOD,kv=METHOD.
-    #[arg(long, value_name = "METHOD", default_value = "minmax")]
-    pub act_range: compiler::quant::act_range::ActRanges,
-    /// Rotation folded into the float weights first: none or hadamard (QuaRot's R1 + R2).
-    #[arg(long, value_name = "ROTATION", default_value = "none")]
-    pub rotation: backend_cpu::quant::Rotation,
+    /// act=METHOD,kv=METHOD (replaces the recipe's).
+    #[arg(long, value_name = "METHOD")]
+    pub act_range: Option<compiler::quant::act_range::ActRanges>,
+    /// Rotation folded into the float weights first: none or hadamard (QuaRot's R1 + R2; replaces the recipe's).
+    #[arg(long, value_name = "ROTATION")]
+    pub rotation: Option<backend_cpu::quant::Rotation>,
     /// Attention-sink prefix every sequence starts from (its float K/V ship with the checkpoint):
-    /// a token as the tokenizer spells it (e.g. '<|endoftext|>') or id:N; repeatable.
+    /// a token as the tokenizer spells it (e.g. '<|endoftext|>') or id:N; repeatable (replaces the recipe's).
     #[arg(long, value_name = "TOKEN")]
     pub sink_prefix: Vec<String>,
+}
+
+impl RecipeFlags {
+    /// The individual settings given.
+    pub fn refinements(&self) -> aot::Refinements {
+        aot::Refinements {
+            weight_method: self.weight_method,
+            act_ranges: self.act_range,
+            rotation: self.rotation,
+            sink_prefix: (!self.sink_prefix.is_empty()).then(|| self.sink_prefix.clone()),
+        }
+    }
+
+    /// Whether any recipe flag was given.
+    pub fn any(&self) -> bool {
+        self.recipe.is_some() || self.refinements() != aot::Refinements::default()
+    }
+
+    /// The recipe for calibrating `model` (directory and config; `None`: the embedded model):
+    /// `--recipe`, else the family's default, refined by the individual flags.
+    pub fn choose(&self, model: Option<(&std::path::Path, &models::hf::HfConfig)>) -> anyhow::Result<aot::Chosen> {
+        use anyhow::Context as _;
+        aot::recipe::choose(self.recipe, model, &self.refinements()).with_context(|| {
+            let name = self.recipe.map_or_else(|| "the default recipe".to_string(), |r| format!("--recipe {r}"));
+            format!("{name} with --weight-method / --act-range / --rotation / --sink-prefix")
+        })
+    }
 }

@@ -15,7 +15,6 @@ use std::path::PathBuf;
 use anyhow::Result;
 use aot::text_quality::{load_text_ids, text_quality, RtnBaseline, TextQualityOptions};
 use aot::{quantize, CalibSource, QuantizeOptions};
-use backend_cpu::quant::CalibrationMode;
 use clap::Parser;
 use mllm_dsl::files::write_json_atomic;
 use mllm_examples::{RecipeFlags, ScoreFlags};
@@ -57,7 +56,8 @@ struct Args {
     /// RTN baseline bits.
     #[arg(long, value_name = "N", default_value_t = 4)]
     rtn_bits: u32,
-    /// With --calib-text / --calib-ids: the quantization recipe.
+    /// With --calib-text / --calib-ids: the quantization recipe (default: the best of the model's
+    /// family, printed at the start).
     #[command(flatten)]
     recipe: RecipeFlags,
     /// Skip the RTN baseline.
@@ -85,25 +85,28 @@ fn main() -> Result<()> {
         Some(CalibSource::load_all(&sources, &args.model, hf.vocab_size, 1024, 128)?)
     };
     anyhow::ensure!(
-        args.recipe.sink_prefix.is_empty() || calibration.is_some(),
-        "--sink-prefix is chosen when calibrating (--calib-text / --calib-ids); a --quantized checkpoint brings \
-         its own (sink_prefix.safetensors) and is scored after it"
+        !args.recipe.any() || calibration.is_some(),
+        "--recipe, --weight-method, --act-range, --rotation and --sink-prefix are chosen when calibrating \
+         (--calib-text / --calib-ids); a --quantized checkpoint brings its own and is scored as it is"
     );
-    let sink_prefix = aot::sink_prefix_ids(&args.recipe.sink_prefix, &args.model, hf.vocab_size)?;
     if let Some(calibration) = calibration {
+        let chosen = args.recipe.choose(Some((&args.model, &hf)))?;
+        eprintln!("{}", chosen.line());
+        let recipe = chosen.recipe;
+        let sink_prefix = aot::sink_prefix_ids(&recipe.sink_prefix, &args.model, hf.vocab_size)?;
         let out = args.out.clone().unwrap_or_else(|| aot::default_out_dir("perplexity").join("quantized"));
         let outcome = quantize(&QuantizeOptions {
             model: args.model.clone(),
             aot_config: args.aot_config.clone(),
             calibration,
             evaluation: None,
-            mode: CalibrationMode::Deployed,
+            mode: recipe.mode,
             out: out.clone(),
             max_positions: 1024,
             progress: aot::progress::bars(!args.flags.quiet),
-            weight_method: args.recipe.weight_method,
-            act_ranges: args.recipe.act_range,
-            rotation: args.recipe.rotation,
+            weight_method: recipe.weight_method,
+            act_ranges: recipe.act_ranges,
+            rotation: recipe.rotation,
             sink_prefix,
         })?;
         outcome.warnings.iter().for_each(|w| eprintln!("warning: {w}"));

@@ -11,16 +11,15 @@
 //! `--calib-text`: a text file whose blank-line separated paragraphs are tokenized with the
 //! model's `tokenizer.json` (with `--chat`, each as a user turn through the model's own chat template,
 //! as pymllm does).
-//! `--mllm-compatible` reproduces pymllm's calibration, quirks included; the default observes the
-//! model as deployed. `DIR` receives `model.safetensors`, `config.json` (with
+//! `--recipe mllm` (or `--mllm-compatible`) reproduces pymllm's calibration, quirks included; the
+//! default is the best recipe of the model's family (`aot::recipe`), printed at the start. `DIR` receives `model.safetensors`, `config.json` (with
 //! `linear_block_size`), the tokenizer files and `report.json`; `generate --model DIR` then runs
 //! it in fake-quant mode.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use aot::{load_id_sequences, quantize, CalibSource, QuantizeOptions};
-use backend_cpu::quant::CalibrationMode;
+use aot::{load_id_sequences, quantize, CalibSource, QuantizeOptions, RecipeName};
 use clap::Parser;
 use mllm_examples::RecipeFlags;
 use models::hf::HfConfig;
@@ -54,14 +53,13 @@ struct Args {
     /// Default: the calibration sequences.
     #[arg(long)]
     eval_ids: Option<PathBuf>,
-    /// Reproduce pymllm's observed parameters (its calibration quirks included).
+    /// Reproduce pymllm's observed parameters (its calibration quirks included): `--recipe mllm`.
     #[arg(long)]
     mllm_compatible: bool,
     /// Rows of the RoPE tables (mllm_qualcomm_max_length).
     #[arg(long, default_value_t = 1024)]
     max_positions: usize,
-    /// The quantization recipe (weight method and ranges are ignored with --mllm-compatible, which
-    /// refuses a rotation or a sink prefix).
+    /// The quantization recipe (default: the best of the model's family, printed at the start).
     #[command(flatten)]
     recipe: RecipeFlags,
     /// Output directory, replaced whole when the run succeeds (built in a staging directory next
@@ -96,7 +94,20 @@ fn main() -> Result<()> {
         }
         None => None,
     };
-    let mode = if args.mllm_compatible { CalibrationMode::MllmCompatible } else { CalibrationMode::Deployed };
+    // `--mllm-compatible` is the `mllm` recipe by another name.
+    let mut recipe_flags = args.recipe.clone();
+    if args.mllm_compatible {
+        anyhow::ensure!(
+            matches!(recipe_flags.recipe, None | Some(RecipeName::Mllm)),
+            "--mllm-compatible is --recipe mllm; it cannot be combined with --recipe {}",
+            recipe_flags.recipe.map_or("", RecipeName::name)
+        );
+        recipe_flags.recipe = Some(RecipeName::Mllm);
+    }
+    let chosen = recipe_flags.choose(Some((&args.model, &hf)))?;
+    eprintln!("{}", chosen.line());
+    let recipe = chosen.recipe;
+    let mode = recipe.mode;
     let opts = QuantizeOptions {
         model: args.model.clone(),
         aot_config: args.aot_config.clone(),
@@ -106,10 +117,10 @@ fn main() -> Result<()> {
         out: args.out.clone(),
         max_positions: args.max_positions,
         progress: aot::progress::bars(!args.quiet),
-        weight_method: args.recipe.weight_method,
-        act_ranges: args.recipe.act_range,
-        rotation: args.recipe.rotation,
-        sink_prefix: aot::sink_prefix_ids(&args.recipe.sink_prefix, &args.model, hf.vocab_size)?,
+        weight_method: recipe.weight_method,
+        act_ranges: recipe.act_ranges,
+        rotation: recipe.rotation,
+        sink_prefix: aot::sink_prefix_ids(&recipe.sink_prefix, &args.model, hf.vocab_size)?,
     };
     let outcome = quantize(&opts)?;
     for w in &outcome.warnings {

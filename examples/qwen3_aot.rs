@@ -12,20 +12,29 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use aot::{
-    default_out_dir, run, AotOptions, AotReport, CalibSource, ContextBinary, ModelSource, TargetRuntime,
-    DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS,
+    default_out_dir, run, AotOptions, AotReport, CalibSource, Chosen, ContextBinary, ModelSource, Recipe,
+    TargetRuntime, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS,
 };
+use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
 use clap::Parser;
+use compiler::quant::act_range::ActRanges;
 use mllm_examples::RecipeFlags;
+use models::hf::HfConfig;
 
 fn main() -> Result<()> {
     let args = AotArgs::parse();
     print!("{}", run_aot(&args)?.summary());
-    println!("report: {}", args.options().out.join("report.json").display());
+    println!("report: {}", args.out_dir().join("report.json").display());
     Ok(())
 }
 
 const AFTER_HELP: &str = "\
+Recipes (--recipe; docs/quantization.md): mllm (pymllm's, bit for bit), rtn (pymllm's rounding and ranges, calibrated
+as deployed), recommended (gptq weights, hadamard rotation, sink prefix <|endoftext|>). With --model the default is the
+best recipe of the model's family (recommended for qwen3, qwen2, llama); the embedded model's default is rtn. The recipe
+is printed on standard error at the start. --weight-method, --act-range, --rotation and --sink-prefix each replace that
+one setting of the recipe; with --recipe mllm a setting that differs from pymllm's is an error.
+
 With no arguments, compiles an embedded tiny Qwen3 (fixtures/qwen3-dev-f32, random weights, 2 layers) calibrated on
 embedded token ids, so the whole flow runs without a download.
 
@@ -54,7 +63,8 @@ report.json's ledger compares each stage with the previous one on the same input
   passes_vs_eager     backend-cpu's interpreter on the final IR vs the eager fake-quant model, per graph
   qnn_vs_fakequant    backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run, per graph
   htp_vs_fakequant    Qualcomm's x86 HTP emulation vs the CPU fake-quant run (htp_vs_interp: vs backend-qnn's interpreter)
-Each row has sqnr_db (null = identical), top1_agreement (fraction of positions whose argmax agrees) and max_abs_err;
+Each row has sqnr_db (dB; \"identical\" when test equals reference, \"non-finite\" when a NaN or infinity reached the
+logits, which also adds a warning), top1_agreement (fraction of positions whose argmax agrees) and max_abs_err;
 --ledger-ops adds ledger_ops/<graph>.txt, each node of the graph vs the fake-quant run (docs/ledger.md).
 
 The output is built in a fresh .<out>.staging-* directory next to --out and replaces --out whole only when the run
@@ -99,7 +109,7 @@ pub struct AotArgs {
     /// qnn/context.bin by Qualcomm's backend: auto (if its libraries are found, else a warning), on, off.
     #[arg(long, value_name = "WHEN", default_value = "auto", num_args = 0..=1, default_missing_value = "on")]
     pub context_binary: ContextBinary,
-    /// The quantization recipe when calibrating.
+    /// The quantization recipe when calibrating (a named recipe, refined by the individual flags).
     #[command(flatten)]
     pub recipe: RecipeFlags,
     /// CPU threads (0: all cores; more than the machine has are capped with a warning).
@@ -116,8 +126,42 @@ pub struct AotArgs {
 }
 
 impl AotArgs {
-    /// The run these arguments ask for.
-    pub fn options(&self) -> AotOptions {
+    /// Where the run writes.
+    pub fn out_dir(&self) -> PathBuf {
+        self.out.clone().unwrap_or_else(|| default_out_dir("qwen3_aot"))
+    }
+
+    /// The recipe a calibrating run uses (`None` for a `--quantized` checkpoint, which brings its
+    /// own): `--recipe`, else with `--model` the best recipe of its family, else (the embedded
+    /// model) `rtn`; refined by the individual flags.
+    pub fn recipe(&self) -> Result<Option<Chosen>> {
+        if self.quantized.is_some() {
+            let r = &self.recipe;
+            anyhow::ensure!(
+                r.recipe.is_none() && r.weight_method.is_none() && r.act_range.is_none() && r.rotation.is_none(),
+                "--recipe, --weight-method, --act-range and --rotation are chosen when calibrating; the quantized \
+                 checkpoint {} was quantized already",
+                self.quantized.as_ref().map_or_else(String::new, |d| d.display().to_string())
+            );
+            return Ok(None);
+        }
+        let hf = match &self.model {
+            Some(dir) => Some(HfConfig::from_dir(dir)?),
+            None => None,
+        };
+        let model = self.model.as_deref().zip(hf.as_ref());
+        Ok(Some(self.recipe.choose(model)?.for_runtime(self.target_runtime)))
+    }
+
+    /// The run these arguments ask for, with the recipe [`AotArgs::recipe`] chose.
+    pub fn options(&self) -> Result<AotOptions> {
+        let recipe = self.recipe()?;
+        Ok(self.options_with(recipe.as_ref().map(|c| &c.recipe)))
+    }
+
+    /// The run these arguments ask for with `recipe` (for a calibrating run); a `--quantized`
+    /// run keeps only `--sink-prefix`, which it refuses.
+    fn options_with(&self, recipe: Option<&Recipe>) -> AotOptions {
         let source = match (&self.model, &self.quantized) {
             (Some(dir), _) => ModelSource::Float(dir.clone()),
             (None, Some(dir)) => ModelSource::Quantized(dir.clone()),
@@ -134,22 +178,28 @@ impl AotArgs {
             calibration,
             context_len: self.context_len,
             chunks,
-            out: self.out.clone().unwrap_or_else(|| default_out_dir("qwen3_aot")),
+            out: self.out_dir(),
             context_binary: self.context_binary,
             max_positions: self.max_positions,
             progress: aot::progress::bars(!self.quiet),
-            weight_method: self.recipe.weight_method,
-            act_ranges: self.recipe.act_range,
-            rotation: self.recipe.rotation,
+            mode: recipe.map_or(CalibrationMode::Deployed, |r| r.mode),
+            weight_method: recipe.map_or(WeightMethod::Rtn, |r| r.weight_method),
+            act_ranges: recipe.map_or_else(ActRanges::default, |r| r.act_ranges),
+            rotation: recipe.map_or(Rotation::None, |r| r.rotation),
             ledger_ops: self.ledger_ops,
-            sink_prefix: self.recipe.sink_prefix.clone(),
+            sink_prefix: recipe.map_or_else(|| self.recipe.sink_prefix.clone(), |r| r.sink_prefix.clone()),
             target_runtime: self.target_runtime,
         }
     }
 }
 
-/// Runs the command: sets the thread count, then the whole flow (see [`aot::run`]).
+/// Runs the command: sets the thread count, prints the recipe (standard error), then the whole
+/// flow (see [`aot::run`]).
 pub fn run_aot(args: &AotArgs) -> Result<AotReport> {
     backend_cpu::kernels::set_num_threads(args.threads)?;
-    Ok(run(&args.options())?)
+    let recipe = args.recipe()?;
+    if let Some(chosen) = &recipe {
+        eprintln!("{}", chosen.line());
+    }
+    Ok(run(&args.options_with(recipe.as_ref().map(|c| &c.recipe)))?)
 }

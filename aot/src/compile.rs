@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use crate::error::{bail, ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
-use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, Rotation, SinkPrefix, WeightMethod};
+use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, Rotation, SinkPrefix, Sqnr, WeightMethod};
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::artifacts::summary::summarize;
 use backend_qnn::artifacts::write_graph_artifacts;
@@ -90,6 +90,9 @@ pub struct AotOptions {
     pub max_positions: usize,
     /// Where the long steps report progress ([`crate::progress::bars`] on a terminal).
     pub progress: Arc<dyn Progress>,
+    /// How the observers calibrate: as deployed, or pymllm's calibration bit for bit
+    /// ([`crate::recipe`]'s `mllm`).
+    pub mode: CalibrationMode,
     /// How linear weights are rounded to LPBQ when calibrating (docs/quantization.md).
     pub weight_method: WeightMethod,
     /// How activation and KV ranges are chosen when calibrating (docs/quantization.md).
@@ -120,6 +123,7 @@ impl AotOptions {
             context_binary: ContextBinary::Auto,
             max_positions: DEFAULT_MAX_POSITIONS,
             progress: crate::progress::silent(),
+            mode: CalibrationMode::Deployed,
             weight_method: WeightMethod::Rtn,
             act_ranges: ActRanges::default(),
             rotation: Rotation::None,
@@ -246,7 +250,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 aot_config: opts.aot_config.clone(),
                 calibration,
                 evaluation: None,
-                mode: CalibrationMode::Deployed,
+                mode: opts.mode,
                 out: quant_dir.clone(),
                 max_positions: opts.max_positions,
                 progress: opts.progress.clone(),
@@ -314,6 +318,11 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     ledger.extend(graphs_done.ledger);
     let deploy = graphs_done.deploy;
     let graphs = graphs_done.graphs;
+    // A NaN or infinity in a stage's logits is named, never read as a figure.
+    for e in ledger.iter().filter(|e| e.comparison.sqnr() == Sqnr::NonFinite) {
+        let graph = e.graph.as_deref().map_or_else(String::new, |g| format!(" ({g})"));
+        warnings.push(format!("ledger row {}{graph}: SQNR is non-finite (a NaN or infinity in the logits)", e.stage));
+    }
 
     let graph_reports = graphs
         .iter()

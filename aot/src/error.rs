@@ -72,6 +72,9 @@ pub enum AotError {
     TargetRuntime(Box<crate::deploy::TargetRuntimeRefusal>),
     #[error(transparent)]
     ParseInt(Box<std::num::ParseIntError>),
+    /// A quantization recipe name or combination that cannot be used.
+    #[error(transparent)]
+    Recipe(Box<crate::recipe::RecipeError>),
     /// A tokenizer that would not load, encode or decode.
     #[error("{what}: {source}")]
     Tokenizer {
@@ -120,6 +123,7 @@ boxed_from! {
     Kernel <- backend_cpu::kernels::KernelError,
     Quantization <- backend_cpu::quant::QuantizationError,
     Comparison <- backend_cpu::quant::ComparisonError,
+    Recipe <- crate::recipe::RecipeError,
     Lowering <- backend_qnn::LowerError,
     Artifact <- backend_qnn::artifacts::ArtifactError,
     ContextBinary <- backend_qnn::context::ContextError,

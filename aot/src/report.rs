@@ -63,16 +63,16 @@ pub struct AotReport {
 }
 
 impl AotReport {
-    /// `report.json`'s content. Infinite SQNR (identical outputs) is written as `null`.
+    /// `report.json`'s content. Each ledger row's `sqnr_db` is a number, `"identical"` (no
+    /// difference at all) or `"non-finite"` (a NaN or infinity in the compared logits) ([`backend_cpu::quant::Sqnr`]).
     pub fn to_json(&self) -> serde_json::Value {
-        let num = |x: f64| if x.is_finite() { serde_json::json!(x) } else { serde_json::Value::Null };
         let ledger: Vec<_> = self
             .ledger
             .iter()
             .map(|e| {
                 let mut row = serde_json::json!({
                     "stage": e.stage,
-                    "sqnr_db": num(e.comparison.sqnr_db),
+                    "sqnr_db": e.comparison.sqnr().to_json(),
                     "top1_agreement": e.comparison.top1_agreement,
                     "max_abs_err": e.comparison.max_abs_error,
                     "rows": e.comparison.rows,
@@ -110,14 +110,12 @@ impl AotReport {
         let mut s = format!("model: {}\n\naccuracy ledger (test vs reference, logits):\n", self.model);
         let _ = writeln!(s, "  {:<20} {:<12} {:>9} {:>7} {:>11}", "stage", "graph", "SQNR dB", "top-1", "max |err|");
         for e in &self.ledger {
-            let db =
-                if e.comparison.sqnr_db.is_finite() { format!("{:.2}", e.comparison.sqnr_db) } else { "inf".into() };
             let _ = writeln!(
                 s,
                 "  {:<20} {:<12} {:>9} {:>6.1}% {:>11.3e}",
                 e.stage,
                 e.graph.as_deref().unwrap_or("-"),
-                db,
+                e.comparison.sqnr(),
                 e.comparison.top1_agreement * 100.0,
                 e.comparison.max_abs_error
             );
@@ -162,5 +160,45 @@ impl AotReport {
             let _ = writeln!(s, "warning: {w}");
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use backend_cpu::quant::accuracy::Comparison;
+
+    fn entry(stage: &'static str, reference: &[f32], test: &[f32]) -> LedgerEntry {
+        let comparison = Comparison::new("logits", reference, test, 2).unwrap();
+        LedgerEntry { stage, graph: Some("model.0.s1".into()), detail: String::new(), comparison }
+    }
+
+    /// "identical" and "non-finite" are distinct values in report.json and in the printed ledger,
+    /// and a non-finite row is never a number (nor the `null` of a missing one).
+    #[test]
+    fn identical_and_non_finite_rows_say_so() {
+        let r = [1.0, 2.0, 3.0, 4.0];
+        let report = AotReport {
+            model: "m".into(),
+            ledger: vec![
+                entry("passes_vs_eager", &r, &r),
+                entry("qnn_vs_fakequant", &r, &[1.0, f32::NAN, 3.0, 4.0]),
+                entry("htp_vs_fakequant", &r, &[1.0, 2.0, 3.0, 4.5]),
+            ],
+            timings: Timings::default(),
+            graphs: vec![],
+            artifacts: vec![],
+            warnings: vec![],
+            deploy: vec![],
+        };
+        let json = report.to_json();
+        let sqnr: Vec<_> = json["ledger"].as_array().unwrap().iter().map(|row| row["sqnr_db"].clone()).collect();
+        assert_eq!(sqnr[0], "identical");
+        assert_eq!(sqnr[1], "non-finite");
+        assert!(sqnr[2].as_f64().unwrap() > 20.0, "{}", sqnr[2]);
+        let summary = report.summary();
+        let line = |stage: &str| summary.lines().find(|l| l.contains(stage)).unwrap().to_string();
+        assert!(line("passes_vs_eager").contains("identical"), "{summary}");
+        assert!(line("qnn_vs_fakequant").contains("non-finite"), "{summary}");
     }
 }

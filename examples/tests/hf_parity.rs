@@ -48,7 +48,13 @@ fn check(dir: &str, reference_file: &str) {
         assert_eq!(ids, r.greedy_ids[r.input_ids.len()..], "{dir}/{reference_file} chunk {chunk}: last-row-only ids");
         let logits = out.prompt_logits.unwrap();
         assert_eq!(logits.len(), r.logits.len(), "{dir}: logits size");
-        let max_diff = logits.iter().zip(&r.logits).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let max_diff = logits.iter().zip(&r.logits).map(|(a, b)| (a - b).abs()).fold(0.0f32, |m: f32, d| {
+            if m.is_nan() || d.is_nan() {
+                f32::NAN
+            } else {
+                m.max(d)
+            }
+        });
         eprintln!("{dir}/{reference_file} chunk {chunk}: max diff {max_diff:e}");
         assert!(max_diff <= TOLERANCE, "{dir}/{reference_file} chunk {chunk}: max |logits - HF| = {max_diff}");
         assert_eq!(out.ids, r.greedy_ids[r.input_ids.len()..], "{dir}/{reference_file} chunk {chunk}: greedy ids");

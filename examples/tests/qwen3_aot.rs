@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use aot::AotReport;
+use backend_cpu::quant::Sqnr;
 use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, TensorBytes};
 use clap::{CommandFactory, Parser};
 use compiler::aot_config::AotConfig;
@@ -85,8 +86,14 @@ fn context_metadata(binary: &[u8]) -> Vec<(String, Vec<String>)> {
     info.graphs.iter().map(|g| (g.name.clone(), g.inputs.iter().chain(&g.outputs).map(io).collect())).collect()
 }
 
+/// A ledger row's SQNR in dB: `"identical"` is +∞; `"non-finite"` (a NaN or infinity in the
+/// logits), `null` or anything else fails the test.
 fn db(row: &serde_json::Value) -> f64 {
-    row["sqnr_db"].as_f64().unwrap_or(f64::INFINITY)
+    match Sqnr::from_json(&row["sqnr_db"]) {
+        Some(Sqnr::Db(db)) => db,
+        Some(Sqnr::Identical) => f64::INFINITY,
+        Some(Sqnr::NonFinite) | None => panic!("ledger row without a finite SQNR: {row}"),
+    }
 }
 
 /// Op types and their counts, from the graph's QNN Netron JSON (independent of the report's
@@ -421,7 +428,7 @@ fn help_documents_every_argument_and_the_report() {
     }
     // The defaults as documented.
     let args = AotArgs::try_parse_from(["qwen3_aot"]).unwrap();
-    let opts = args.options();
+    let opts = args.options().unwrap();
     assert_eq!((opts.chunks, opts.context_len), (vec![32, 1], 1024));
     assert!(opts.out.ends_with("qwen3_aot"));
 }
@@ -441,6 +448,8 @@ fn calibration_text_goes_through_the_model_directorys_tokenizer() {
         model.to_str().unwrap(),
         "--calib-text",
         text.to_str().unwrap(),
+        "--recipe",
+        "rtn",
         "--chunk",
         "4",
         "--context-len",
@@ -617,4 +626,52 @@ fn kill_9_during_qwen3_aot_leaves_out_untouched() {
 #[test]
 fn kill_9_during_quantize_leaves_out_untouched() {
     killed_run_leaves_out_untouched("quantize");
+}
+
+/// `--recipe`: a float `--model` gets its family's best recipe by default (the tiny Qwen3 has no
+/// tokenizer, so no prefix token), `--recipe mllm` is pymllm's calibration, an individual flag
+/// replaces one setting, and combinations that cannot hold are refused naming the setting.
+#[test]
+fn recipes_by_name_default_to_the_familys_best_and_refuse_conflicts() {
+    let dir = temp("recipes");
+    let model = float_copy(&dir, None);
+    let small = ["--chunk", "4", "--context-len", "16", "--context-binary", "off"];
+    let quantized_report = |out: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(out.join("quantized/report.json")).unwrap()).unwrap()
+    };
+    let recipe_of = |json: &serde_json::Value| {
+        ["calibration_mode", "weight_method", "act_range", "rotation"].map(|k| json[k].as_str().unwrap().to_string())
+    };
+    let calibrate = |out: &Path, extra: &[&str]| {
+        let m = ["--model", model.to_str().unwrap(), "--calib-ids", &calib_ids(), "--out", out.to_str().unwrap()];
+        run(&[&m[..], &small[..], extra].concat()).unwrap();
+        quantized_report(out)
+    };
+
+    let default = calibrate(&dir.join("default"), &[]);
+    assert_eq!(recipe_of(&default), ["deployed", "gptq", "minmax", "hadamard"]);
+    assert!(default["sink_prefix"].is_null(), "no <|endoftext|> in a model without a tokenizer");
+    let mllm = calibrate(&dir.join("mllm"), &["--recipe", "mllm"]);
+    assert_eq!(recipe_of(&mllm), ["mllm-compatible", "rtn", "minmax", "none"]);
+    let refined = calibrate(&dir.join("refined"), &["--recipe", "recommended", "--rotation", "none"]);
+    assert_eq!(recipe_of(&refined), ["deployed", "gptq", "minmax", "none"]);
+
+    // The embedded run keeps pymllm's rounding as deployed.
+    let embedded = dir.join("embedded");
+    run(&[&["--out", embedded.to_str().unwrap()][..], &small[..]].concat()).unwrap();
+    assert_eq!(recipe_of(&quantized_report(&embedded)), ["deployed", "rtn", "minmax", "none"]);
+
+    let out = dir.join("refused");
+    let out = out.to_str().unwrap();
+    let m = ["--model", model.to_str().unwrap(), "--calib-ids", &calib_ids(), "--out", out];
+    let err = error(&[&m[..], &["--recipe", "mllm", "--weight-method", "gptq"][..]].concat());
+    assert!(err.contains("--recipe mllm") && err.contains("weight method is rtn, not gptq"), "{err}");
+    let err = error(&[&m[..], &["--recipe", "mllm", "--rotation", "hadamard"][..]].concat());
+    assert!(err.contains("rotation is none, not hadamard"), "{err}");
+    let err = error(&[&m[..], &["--recipe", "best"][..]].concat());
+    assert!(err.contains("best") && err.contains("recommended"), "{err}");
+    let pymllm = fixtures().join("pymllm-qwen3-dev-f32");
+    let err = error(&["--quantized", pymllm.to_str().unwrap(), "--recipe", "rtn", "--out", out]);
+    assert!(err.contains("--recipe") && err.contains("quantized already"), "{err}");
+    assert!(!Path::new(out).exists(), "no output from refused runs");
 }

@@ -46,7 +46,10 @@ fn run_float(dir: &Path, prompt: &[u32], new_tokens: usize, context: usize) -> (
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, |m: f32, d| if m.is_nan() || d.is_nan() { f32::NAN } else { m.max(d) })
 }
 
 /// The tiny fixtures (Qwen3 tied, Llama, Llama 3 RoPE, Qwen2 with q/k/v biases, bf16 weights):

@@ -51,7 +51,8 @@ impl QdqHook for RecordingHook {
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Comparison {
     pub name: String,
-    /// `10 log10(sum ref^2 / sum (test - ref)^2)`; infinite when identical.
+    /// `10 log10(sum ref^2 / sum (test - ref)^2)`; `+inf` when identical, NaN when either tensor
+    /// holds a NaN or an infinity (see [`Comparison::sqnr`]).
     pub sqnr_db: f64,
     pub max_abs_error: f32,
     /// Fraction of rows (positions) whose argmax agrees.
@@ -78,7 +79,13 @@ impl Comparison {
             noise += d * d;
             max_abs = max_abs.max((t - r).abs());
         }
-        let sqnr_db = if noise == 0.0 { f64::INFINITY } else { 10.0 * (signal / noise).log10() };
+        let sqnr_db = if !(signal.is_finite() && noise.is_finite()) {
+            f64::NAN
+        } else if noise == 0.0 {
+            f64::INFINITY
+        } else {
+            10.0 * (signal / noise).log10()
+        };
         let rows = reference.len() / row_len;
         let agree = reference
             .chunks_exact(row_len)
@@ -86,6 +93,81 @@ impl Comparison {
             .filter(|(r, t)| argmax(r) == argmax(t))
             .count();
         Ok(Comparison { name, sqnr_db, max_abs_error: max_abs, top1_agreement: agree as f64 / rows as f64, rows })
+    }
+
+    /// The SQNR as what it means: a figure, identical tensors, or a non-finite comparison.
+    pub fn sqnr(&self) -> Sqnr {
+        Sqnr::of(self.sqnr_db)
+    }
+}
+
+/// What an SQNR figure says. "Identical" (no noise at all) and "non-finite" (a NaN or infinity in
+/// either tensor, or a figure that is not a number) are distinct values: the first passes any dB
+/// floor, the second fails every one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Sqnr {
+    /// A finite figure in dB.
+    Db(f64),
+    /// The test equals the reference exactly (infinite SQNR).
+    Identical,
+    /// Not a figure: a NaN or infinity was in the data (or the figure is NaN or -inf).
+    NonFinite,
+}
+
+impl Sqnr {
+    /// `report.json`'s and the ledger's word for [`Sqnr::Identical`].
+    pub const IDENTICAL: &'static str = "identical";
+    /// `report.json`'s and the ledger's word for [`Sqnr::NonFinite`].
+    pub const NON_FINITE: &'static str = "non-finite";
+
+    /// Classifies a figure in dB: `+inf` is identical, NaN and `-inf` are non-finite.
+    pub fn of(db: f64) -> Sqnr {
+        if db.is_finite() {
+            Sqnr::Db(db)
+        } else if db == f64::INFINITY {
+            Sqnr::Identical
+        } else {
+            Sqnr::NonFinite
+        }
+    }
+
+    /// Reads the JSON form [`Sqnr::to_json`] writes; `None` for anything else.
+    pub fn from_json(v: &serde_json::Value) -> Option<Sqnr> {
+        match v {
+            serde_json::Value::Number(n) => n.as_f64().filter(|x| x.is_finite()).map(Sqnr::Db),
+            serde_json::Value::String(s) if s == Self::IDENTICAL => Some(Sqnr::Identical),
+            serde_json::Value::String(s) if s == Self::NON_FINITE => Some(Sqnr::NonFinite),
+            _ => None,
+        }
+    }
+
+    /// The JSON form: the number of dB, `"identical"` or `"non-finite"`.
+    pub fn to_json(self) -> serde_json::Value {
+        match self {
+            Sqnr::Db(db) => serde_json::json!(db),
+            Sqnr::Identical => serde_json::json!(Self::IDENTICAL),
+            Sqnr::NonFinite => serde_json::json!(Self::NON_FINITE),
+        }
+    }
+
+    /// Whether the figure reaches `floor_db`: identical always does, non-finite never.
+    pub fn at_least(self, floor_db: f64) -> bool {
+        match self {
+            Sqnr::Db(db) => db >= floor_db,
+            Sqnr::Identical => true,
+            Sqnr::NonFinite => false,
+        }
+    }
+}
+
+/// Two decimals of dB, or the word (padding and width apply, for tables).
+impl std::fmt::Display for Sqnr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Sqnr::Db(db) => f.pad(&format!("{db:.2}")),
+            Sqnr::Identical => f.pad(Self::IDENTICAL),
+            Sqnr::NonFinite => f.pad(Self::NON_FINITE),
+        }
     }
 }
 
@@ -129,9 +211,9 @@ impl AccuracyReport {
         for r in &self.rows {
             let _ = writeln!(
                 s,
-                "{:<width$}  {:>9.2}  {:>12.4e}  {:>5.1}%",
+                "{:<width$}  {:>9}  {:>12.4e}  {:>5.1}%",
                 r.name,
-                r.sqnr_db,
+                r.sqnr(),
                 r.max_abs_error,
                 r.top1_agreement * 100.0
             );
@@ -140,13 +222,11 @@ impl AccuracyReport {
     }
 
     pub fn to_json(&self) -> serde_json::Value {
-        // Infinite SQNR (identical tensors) is not JSON; write it as null.
+        // A non-finite f64 is not JSON: each SQNR is written as [`Sqnr::to_json`] says.
         let mut v = serde_json::to_value(self).expect("report serializes");
         if let Some(rows) = v.get_mut("rows").and_then(|r| r.as_array_mut()) {
             for (row, r) in rows.iter_mut().zip(&self.rows) {
-                if !r.sqnr_db.is_finite() {
-                    row["sqnr_db"] = serde_json::Value::Null;
-                }
+                row["sqnr_db"] = r.sqnr().to_json();
             }
         }
         v
@@ -173,6 +253,36 @@ mod tests {
         let report = AccuracyReport { description: "d".into(), sequences: 1, tokens: 2, rows: vec![c] };
         assert!(report.table().contains("x"));
         assert!(report.to_json()["rows"][0]["sqnr_db"].as_f64().unwrap() > 27.0);
+    }
+
+    #[test]
+    fn identical_and_non_finite_are_distinct_values() {
+        let r = [1.0, 2.0, 3.0, 4.0];
+        let same = Comparison::new("same", &r, &r, 4).unwrap();
+        assert_eq!(same.sqnr(), Sqnr::Identical);
+        let mut nan = r;
+        nan[2] = f32::NAN;
+        let mut inf = r;
+        inf[1] = f32::INFINITY;
+        // A NaN or infinity on either side, even where both sides hold the same one.
+        for (name, reference, test) in [("nan", r, nan), ("inf", r, inf), ("ref-nan", nan, r), ("both-inf", inf, inf)] {
+            let c = Comparison::new(name, &reference, &test, 4).unwrap();
+            assert_eq!(c.sqnr(), Sqnr::NonFinite, "{name}: {}", c.sqnr_db);
+            assert!(!c.sqnr().at_least(f64::MIN), "{name} passed a floor");
+        }
+        assert!(Sqnr::Identical.at_least(1e9) && Sqnr::Db(35.0).at_least(35.0) && !Sqnr::Db(34.9).at_least(35.0));
+        assert_eq!(Sqnr::of(f64::NEG_INFINITY), Sqnr::NonFinite);
+        let rows = vec![same, Comparison::new("nan", &r, &nan, 4).unwrap()];
+        let report = AccuracyReport { description: "d".into(), sequences: 1, tokens: 1, rows };
+        let json = report.to_json();
+        assert_eq!(json["rows"][0]["sqnr_db"], "identical");
+        assert_eq!(json["rows"][1]["sqnr_db"], "non-finite");
+        for (row, want) in json["rows"].as_array().unwrap().iter().zip([Sqnr::Identical, Sqnr::NonFinite]) {
+            assert_eq!(Sqnr::from_json(&row["sqnr_db"]), Some(want));
+        }
+        assert_eq!(Sqnr::from_json(&serde_json::Value::Null), None, "null is neither");
+        let table = report.table();
+        assert!(table.contains("identical") && table.contains("non-finite"), "{table}");
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub mod rtn;
 pub mod sink;
 pub mod subset;
 
-pub use accuracy::{AccuracyReport, Comparison, ComparisonError, RecordingHook};
+pub use accuracy::{AccuracyReport, Comparison, ComparisonError, RecordingHook, Sqnr};
 pub use calibrate::{Calibration, CalibrationMode, CalibrationWeights, ObserverHook};
 pub use error::QuantizationError;
 pub use eval::{score_logits, QualityRow, TextEval};

@@ -198,8 +198,13 @@ impl AotModel {
         let db = sqnr_db(&qnn[0].to_real().unwrap(), cpu[0].as_f32().unwrap());
         for (i, (q, c)) in qnn[1..].iter().zip(&cpu[1..]).enumerate() {
             let backend_qnn::Encoding::ScaleOffset(so) = q.encoding else { panic!("KV output {i} encoding") };
-            let worst =
-                q.to_real().unwrap().iter().zip(c.as_f32().unwrap()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let worst = q
+                .to_real()
+                .unwrap()
+                .iter()
+                .zip(c.as_f32().unwrap())
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, |m: f32, d| if m.is_nan() || d.is_nan() { f32::NAN } else { m.max(d) });
             assert!(worst <= so.scale * 1.001, "{}: KV output {i} is {worst} off (step {})", g.name, so.scale);
         }
         db
