@@ -653,8 +653,23 @@ fn recipes_by_name_default_to_the_familys_best_and_refuse_conflicts() {
     assert!(default["sink_prefix"].is_null(), "no <|endoftext|> in a model without a tokenizer");
     let mllm = calibrate(&dir.join("mllm"), &["--recipe", "mllm"]);
     assert_eq!(recipe_of(&mllm), ["mllm-compatible", "rtn", "minmax", "none"]);
-    let refined = calibrate(&dir.join("refined"), &["--recipe", "recommended", "--rotation", "none"]);
+    // Asked for by name, `recommended` keeps its `<|endoftext|>` prefix, which a model without a
+    // tokenizer cannot spell: refused naming the token; a prefix given by id refines it.
+    let err = error(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--calib-ids",
+        &calib_ids(),
+        "--out",
+        dir.join("no-token").to_str().unwrap(),
+        "--recipe",
+        "recommended",
+    ]);
+    assert!(err.contains("<|endoftext|>") && err.contains("tokenizer.json"), "{err}");
+    let refined =
+        calibrate(&dir.join("refined"), &["--recipe", "recommended", "--rotation", "none", "--sink-prefix", "id:1"]);
     assert_eq!(recipe_of(&refined), ["deployed", "gptq", "minmax", "none"]);
+    assert_eq!(refined["sink_prefix"]["ids"], serde_json::json!([1]));
 
     // The embedded run keeps pymllm's rounding as deployed.
     let embedded = dir.join("embedded");
