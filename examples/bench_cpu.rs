@@ -1,41 +1,76 @@
 //! CPU speed bench: Qwen3-0.6B's shapes (vocab 151936, hidden 1024, 28 layers, 16 heads, 8 KV heads,
 //! head_dim 128, intermediate 3072, tied embeddings) with random bf16 weights, run through the real
-//! path (`load_float` → `CpuChunkModel` → `Generator` running `models::qwen3::Qwen3ForCausalLM`).
+//! path (`load_model_with` → `CpuChunkModel` → `Generator` running `models::qwen3::Qwen3ForCausalLM`),
+//! as bf16, as its W4A16KV8 export with int4 weights in memory, and as that export with its weights
+//! decoded to f32; optionally against llama.cpp's `llama-bench` on a GGUF of the same model.
 //!
 //! ```text
-//! cargo run --release --example bench_cpu [-- --threads 1,2 --runs 3]
+//! cargo run --release --example bench_cpu [-- --threads 1,2 --runs 3 --variants bf16,int4,f32]
+//! cargo run --release --example bench_cpu -- --threads 2 --variants int4 --quantized DIR \
+//!     --llama-bench PATH/llama-bench --gguf FILE.gguf --rounds 3
 //! ```
 //!
 //! The synthetic checkpoint (~1.2 GB, `aot::synthetic::QWEN3_0_6B`) is written into
-//! `target/bench-qwen3-0.6b/` and reused when present. Each
-//! thread count then runs in a fresh child process (this executable re-run with
-//! `MLLM_BENCH_CPU_CHILD` set), so load time and peak RSS (`VmHWM`) belong to one configuration.
-//! A child loads the model, then generates `--new` tokens after a `--prompt`-token random prompt
-//! (greedy, no EOS), `--runs` times. Prefill tok/s is prompt tokens / prefill time (chunks of
-//! `--chunk`); decode tok/s is decode steps / decode time (the first new token comes from the
-//! prefill logits, so `new - 1` steps), both as the runtime's `GenerationTimings` report them.
-//! With `MLLM_CPU_PROFILE=1` each child also prints its time per op kind.
+//! `target/bench-qwen3-0.6b/`, and its W4A16KV8 export (`aot::quantize`: RTN weights, activation
+//! ranges from one random 64-token sequence; the values do not matter for speed) into
+//! `target/bench-qwen3-0.6b-w4a16/`; both are reused when present. `--model` / `--quantized` name
+//! other checkpoints (a float one and a quantized one, e.g. SmolLM2-135M-Instruct and its
+//! `quantize` export).
+//!
+//! Each variant and thread count runs in a fresh child process (this executable re-run with
+//! `MLLM_BENCH_CPU_CHILD` set), so load time and peak RSS (`VmHWM`) belong to one configuration:
+//! - `bf16`: the float checkpoint, bf16 weights packed as bf16;
+//! - `int4`: the quantized checkpoint in fake-quant mode, LPBQ weights kept 4-bit (W4A16 kernels),
+//!   the uint16 embedding kept as its codes;
+//! - `f32`: the same checkpoint with those weights decoded to f32 at load.
+//!
+//! Before the models of a thread count, a child of its own measures the memory read bandwidth on
+//! that many threads (best of 7 passes over a 1 GiB buffer, far larger than the caches). A model
+//! child loads the model, then generates `--new` tokens after a
+//! `--prompt`-token random prompt (greedy, no EOS), `--runs` times. Prefill tok/s is prompt tokens
+//! / prefill time (chunks of `--chunk`); decode tok/s is decode steps / decode time (the first new
+//! token comes from the prefill logits, so `new - 1` steps). The roofline is bandwidth / the bytes
+//! of weight matrices a decode step reads (KV cache and activations are not counted), and each
+//! decode figure is also printed as a fraction of it.
+//!
+//! With `--llama-bench`, every round runs each of our variants and then `llama-bench` on `--gguf`
+//! (`-p PROMPT -n NEW -t THREADS`, one repetition), alternating, and the summary prints medians and
+//! our / llama.cpp ratios. With `MLLM_CPU_PROFILE=1` each child also prints its time per op kind.
 
-use anyhow::{bail, Context, Result};
-use aot::load_float;
+use anyhow::{bail, ensure, Context, Result};
 use aot::synthetic::{write_qwen3, QWEN3_0_6B};
+use aot::{load_model_with, RunMode};
 use backend_cpu::rng::SplitMix64;
+use backend_cpu::QuantizedWeights;
 use clap::Parser;
 use mllm_dsl::memory::{peak_rss_bytes, rss_bytes};
 use runtime::{GenerationConfig, Generator, Sampling};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-/// Set in a child process to the thread count it measures.
+/// Set in a child process to `VARIANT:THREADS` (or `membw:THREADS`).
 const CHILD_ENV: &str = "MLLM_BENCH_CPU_CHILD";
+/// The child that measures the read bandwidth.
+const BANDWIDTH_CHILD: &str = "membw";
+/// The bandwidth (GB/s) a model child divides by, measured by the parent's `membw` child.
+const BANDWIDTH_ENV: &str = "MLLM_BENCH_CPU_READ_GB_S";
 
 #[derive(Parser, Debug, Clone)]
-#[command(about = "Prefill/decode speed, load time and peak RSS of Qwen3-0.6B shapes on the CPU")]
+#[command(about = "Prefill/decode speed, roofline, load time and peak RSS of Qwen3-0.6B shapes on the CPU")]
 struct Args {
-    /// Checkpoint directory (written when it holds no config.json yet).
+    /// Float checkpoint directory (the synthetic one is written when it holds no config.json yet).
     #[arg(long)]
-    dir: Option<PathBuf>,
+    model: Option<PathBuf>,
+    /// Quantized checkpoint directory (written from --model's checkpoint by `aot::quantize` when it
+    /// holds no config.json yet).
+    #[arg(long)]
+    quantized: Option<PathBuf>,
+    /// Variants to measure: bf16 (the float checkpoint), int4 and f32 (the quantized one, weights
+    /// kept 4-bit or decoded to f32).
+    #[arg(long, value_delimiter = ',', default_value = "bf16,int4,f32")]
+    variants: Vec<String>,
     /// Thread counts to measure, each in its own process.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     threads: Vec<usize>,
@@ -54,49 +89,263 @@ struct Args {
     /// Generations per process (after loading once); every run is printed.
     #[arg(long, default_value_t = 1)]
     runs: usize,
-    /// Rewrite the checkpoint even if present.
+    /// Rounds: every variant (and llama.cpp) once per round, alternating.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Rewrite the synthetic checkpoints even if present.
     #[arg(long)]
     regenerate: bool,
+    /// llama.cpp's `llama-bench` executable, run on --gguf between our runs.
+    #[arg(long, requires = "gguf")]
+    llama_bench: Option<PathBuf>,
+    /// The GGUF llama.cpp runs (the same model as --model / --quantized).
+    #[arg(long, requires = "llama_bench")]
+    gguf: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    Bf16,
+    Int4,
+    F32,
+}
+
+impl Variant {
+    fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "bf16" => Variant::Bf16,
+            "int4" => Variant::Int4,
+            "f32" => Variant::F32,
+            other => bail!("--variants: `{other}` is not one of bf16, int4, f32"),
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Bf16 => "bf16",
+            Variant::Int4 => "int4",
+            Variant::F32 => "f32",
+        }
+    }
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let dir = args.dir.clone().unwrap_or_else(|| aot::default_out_dir("bench-qwen3-0.6b"));
-    if let Ok(threads) = std::env::var(CHILD_ENV) {
-        let threads: usize = threads.parse().with_context(|| format!("{CHILD_ENV}={threads} is not a number"))?;
-        return child(&args, &dir, threads);
+    let synthetic = args.model.is_none();
+    let model = args.model.clone().unwrap_or_else(|| aot::default_out_dir("bench-qwen3-0.6b"));
+    let quantized = args.quantized.clone().unwrap_or_else(|| aot::default_out_dir("bench-qwen3-0.6b-w4a16"));
+    let variants = args.variants.iter().map(|v| Variant::parse(v)).collect::<Result<Vec<_>>>()?;
+    if let Ok(child_spec) = std::env::var(CHILD_ENV) {
+        let (variant, threads) = child_spec.split_once(':').context("child spec is VARIANT:THREADS")?;
+        let threads: usize = threads.parse().with_context(|| format!("{CHILD_ENV}={child_spec}: bad thread count"))?;
+        if variant == BANDWIDTH_CHILD {
+            println!("read_gb_s={:.2}", read_bandwidth(threads, 7) / 1e9);
+            return Ok(());
+        }
+        let variant = Variant::parse(variant)?;
+        let dir = if variant == Variant::Bf16 { &model } else { &quantized };
+        return child(&args, dir, variant, threads);
     }
-    if args.regenerate || !dir.join("config.json").is_file() {
+    let needs_float = variants.contains(&Variant::Bf16) || !quantized.join("config.json").is_file();
+    if synthetic && needs_float && (args.regenerate || !model.join("config.json").is_file()) {
         let start = Instant::now();
-        write_qwen3(&dir, &QWEN3_0_6B, QWEN3_0_6B.layers)?;
-        println!("wrote {} in {:.1} s", dir.display(), start.elapsed().as_secs_f64());
+        write_qwen3(&model, &QWEN3_0_6B, QWEN3_0_6B.layers)?;
+        println!("wrote {} in {:.1} s", model.display(), start.elapsed().as_secs_f64());
+    }
+    let wants_quantized = variants.iter().any(|v| *v != Variant::Bf16);
+    if wants_quantized && (!quantized.join("config.json").is_file() || (synthetic && args.regenerate)) {
+        let start = Instant::now();
+        quantize(&model, &quantized, args.context)?;
+        println!("quantized into {} in {:.1} s", quantized.display(), start.elapsed().as_secs_f64());
     }
     println!(
-        "Qwen3-0.6B shapes, random bf16 weights; prompt {} (chunk {}), {} new tokens, context {}",
-        args.prompt, args.chunk, args.new, args.context
+        "float {} / quantized {}; prompt {} (chunk {}), {} new tokens, context {}",
+        model.display(),
+        quantized.display(),
+        args.prompt,
+        args.chunk,
+        args.new,
+        args.context
     );
+    println!("(figures from a shared machine: other jobs may run at the same time; compare rounds)");
     let exe = std::env::current_exe().context("locating this executable")?;
-    for &threads in &args.threads {
-        let out = Command::new(&exe)
-            .args(std::env::args_os().skip(1))
-            .env(CHILD_ENV, threads.to_string())
-            .output()
-            .with_context(|| format!("running {}", exe.display()))?;
-        print!("{}", String::from_utf8_lossy(&out.stdout));
-        if !out.status.success() {
-            bail!("the {threads}-thread run failed: {}", String::from_utf8_lossy(&out.stderr));
+    // (name, threads) -> (prefill, decode) per run.
+    let mut results: BTreeMap<(String, usize), Vec<(f64, f64)>> = BTreeMap::new();
+    for round in 1..=args.rounds {
+        for &threads in &args.threads {
+            // In its own process, so its buffer does not count in a model's peak RSS.
+            let out = Command::new(&exe)
+                .args(std::env::args_os().skip(1))
+                .env(CHILD_ENV, format!("{BANDWIDTH_CHILD}:{threads}"))
+                .output()
+                .with_context(|| format!("running {}", exe.display()))?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let bandwidth = text.lines().find_map(|l| field(l, "read_gb_s")).with_context(|| {
+                format!("the bandwidth run printed no read_gb_s: {text}{}", String::from_utf8_lossy(&out.stderr))
+            })?;
+            println!("round={round} threads={threads} read_gb_s={bandwidth:.2} (best of 7 passes over 1 GiB)");
+            for &variant in &variants {
+                let out = Command::new(&exe)
+                    .args(std::env::args_os().skip(1))
+                    .env(CHILD_ENV, format!("{}:{threads}", variant.name()))
+                    .env(BANDWIDTH_ENV, bandwidth.to_string())
+                    .output()
+                    .with_context(|| format!("running {}", exe.display()))?;
+                let text = String::from_utf8_lossy(&out.stdout);
+                print!("round={round} {text}");
+                if !out.status.success() {
+                    bail!(
+                        "the {} {threads}-thread run failed: {}",
+                        variant.name(),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                for line in text.lines() {
+                    if let (Some(p), Some(d)) = (field(line, "prefill_tok_s"), field(line, "decode_tok_s")) {
+                        results.entry((variant.name().into(), threads)).or_default().push((p, d));
+                    }
+                }
+            }
+            if let (Some(bench), Some(gguf)) = (&args.llama_bench, &args.gguf) {
+                let (p, d) = llama_bench(bench, gguf, &args, threads)?;
+                println!("round={round} variant=llama.cpp threads={threads} prefill_tok_s={p:.2} decode_tok_s={d:.2}");
+                results.entry(("llama.cpp".into(), threads)).or_default().push((p, d));
+            }
         }
     }
+    summarize(&results, &args.threads);
     Ok(())
 }
 
+/// `key=value` of a printed line, as a number.
+fn field(line: &str, key: &str) -> Option<f64> {
+    line.split_whitespace().find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.trim_end_matches('%').parse().ok())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Medians per variant and thread count, and the ratios the issue's targets name.
+fn summarize(results: &BTreeMap<(String, usize), Vec<(f64, f64)>>, threads: &[usize]) {
+    println!("summary (medians over runs and rounds):");
+    for &t in threads {
+        let get = |name: &str| {
+            results
+                .get(&(name.to_string(), t))
+                .map(|runs| (median(runs.iter().map(|r| r.0).collect()), median(runs.iter().map(|r| r.1).collect())))
+        };
+        for name in ["bf16", "int4", "f32", "llama.cpp"] {
+            if let Some((p, d)) = get(name) {
+                println!("  threads={t} {name:>9}: prefill {p:8.2} tok/s, decode {d:7.2} tok/s");
+            }
+        }
+        if let (Some(i), Some(f)) = (get("int4"), get("f32")) {
+            println!("  threads={t} int4 / f32-decoded weights: prefill {:.2}x, decode {:.2}x", i.0 / f.0, i.1 / f.1);
+        }
+        if let (Some(i), Some(l)) = (get("int4"), get("llama.cpp")) {
+            println!("  threads={t} int4 / llama.cpp: prefill {:.2}x, decode {:.2}x", i.0 / l.0, i.1 / l.1);
+        }
+        if let (Some(b), Some(l)) = (get("bf16"), get("llama.cpp")) {
+            println!("  threads={t} bf16 / llama.cpp: prefill {:.2}x, decode {:.2}x", b.0 / l.0, b.1 / l.1);
+        }
+    }
+}
+
+/// The W4A16KV8 export of `model` (RTN weights; activation ranges from one random sequence).
+fn quantize(model: &Path, out: &Path, context: usize) -> Result<()> {
+    let hf = models::hf::HfConfig::from_dir(model)?;
+    let mut rng = SplitMix64::new(11);
+    let ids: Vec<i64> = (0..64).map(|_| (rng.next() % hf.vocab_size as u64) as i64).collect();
+    aot::quantize(&aot::QuantizeOptions {
+        model: model.to_path_buf(),
+        aot_config: None,
+        calibration: vec![ids],
+        evaluation: None,
+        mode: backend_cpu::quant::CalibrationMode::Deployed,
+        out: out.to_path_buf(),
+        max_positions: context.max(1024),
+        progress: aot::progress::silent(),
+        weight_method: backend_cpu::quant::WeightMethod::Rtn,
+        act_ranges: Default::default(),
+        rotation: backend_cpu::quant::Rotation::None,
+        sink_prefix: None,
+    })?;
+    Ok(())
+}
+
+/// llama.cpp's prefill and decode tok/s on `gguf` (one `llama-bench` repetition).
+fn llama_bench(bench: &Path, gguf: &Path, args: &Args, threads: usize) -> Result<(f64, f64)> {
+    let out = Command::new(bench)
+        .args(["-m", &gguf.to_string_lossy(), "-p", &args.prompt.to_string(), "-n", &args.new.to_string()])
+        .args(["-t", &threads.to_string(), "-r", "1", "-o", "json"])
+        .output()
+        .with_context(|| format!("running {}", bench.display()))?;
+    ensure!(out.status.success(), "{} failed: {}", bench.display(), String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("{} printed no JSON: {}", bench.display(), String::from_utf8_lossy(&out.stdout)))?;
+    let rows = json.as_array().context("llama-bench JSON is not an array")?;
+    let rate = |prompt: bool| -> Result<f64> {
+        rows.iter()
+            .find(|r| (r["n_prompt"].as_u64().unwrap_or(0) > 0) == prompt)
+            .and_then(|r| r["avg_ts"].as_f64())
+            .with_context(|| {
+                format!("llama-bench JSON has no {} row with avg_ts", if prompt { "prompt" } else { "generation" })
+            })
+    };
+    Ok((rate(true)?, rate(false)?))
+}
+
+/// Best-of-`passes` read bandwidth in bytes/s over `threads` threads (each sums its own part of
+/// a 1 GiB buffer, far larger than any cache).
+fn read_bandwidth(threads: usize, passes: usize) -> f64 {
+    let words = (1usize << 30) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let part = words.div_ceil(threads);
+    let mut best = 0.0f64;
+    for _ in 0..passes {
+        let start = Instant::now();
+        let sum: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = buf
+                .chunks(part)
+                .map(|c| s.spawn(move || mllm_dsl::simd::widest(|| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0)).fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(sum);
+        best = best.max((words * 8) as f64 / start.elapsed().as_secs_f64());
+    }
+    best
+}
+
 /// One configuration, measured in this process.
-fn child(args: &Args, dir: &Path, threads: usize) -> Result<()> {
+fn child(args: &Args, dir: &Path, variant: Variant, threads: usize) -> Result<()> {
     backend_cpu::kernels::set_num_threads(threads)?;
+    let bandwidth: f64 = std::env::var(BANDWIDTH_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("{BANDWIDTH_ENV} (GB/s) is not set"))?;
+    let bandwidth = bandwidth * 1e9;
     let start = Instant::now();
-    let loaded = load_float(dir, args.context)?;
+    let weights = if variant == Variant::F32 { QuantizedWeights::F32 } else { QuantizedWeights::Packed };
+    let loaded = load_model_with(dir, args.context, RunMode::Auto, weights)?;
+    ensure!(
+        loaded.fake_quant == (variant != Variant::Bf16),
+        "{}: variant {} needs a {} checkpoint",
+        dir.display(),
+        variant.name(),
+        if variant == Variant::Bf16 { "float" } else { "quantized" }
+    );
     let load_s = start.elapsed().as_secs_f64();
     let rss_loaded = rss_bytes()?;
+    let matrix_bytes = loaded.matrix_bytes;
+    let vocab = loaded.config.vocab_size;
     let config = GenerationConfig {
         max_new_tokens: args.new,
         prefill_chunk: args.chunk,
@@ -105,18 +354,25 @@ fn child(args: &Args, dir: &Path, threads: usize) -> Result<()> {
         collect_prompt_logits: false,
     };
     let mut rng = SplitMix64::new(7);
-    let prompt: Vec<u32> = (0..args.prompt).map(|_| (rng.next() % QWEN3_0_6B.vocab as u64) as u32).collect();
+    let prompt: Vec<u32> = (0..args.prompt).map(|_| (rng.next() % vocab as u64) as u32).collect();
     let mut generator = Generator::new(loaded.model)?;
+    let roofline = bandwidth / matrix_bytes.max(1) as f64;
+    let mb = |b: f64| b / (1 << 20) as f64;
     for run in 1..=args.runs {
         let out = generator.generate(&prompt, &config)?;
         let t = &out.timings;
+        let decode = t.decode_tokens_per_sec();
         println!(
-            "threads={threads} run={run} prefill_tok_s={:.2} decode_tok_s={:.2} load_s={load_s:.2} \
+            "variant={} threads={threads} run={run} prefill_tok_s={:.2} decode_tok_s={decode:.2} read_gb_s={:.1} \
+             weights_mb={:.0} roofline_tok_s={roofline:.2} of_roofline={:.0}% load_s={load_s:.2} \
              rss_after_load_mb={:.0} peak_rss_mb={:.0}",
+            variant.name(),
             t.prefill_tokens_per_sec(),
-            t.decode_tokens_per_sec(),
-            rss_loaded as f64 / (1 << 20) as f64,
-            peak_rss_bytes()? as f64 / (1 << 20) as f64,
+            bandwidth / 1e9,
+            mb(matrix_bytes as f64),
+            100.0 * decode / roofline,
+            mb(rss_loaded as f64),
+            mb(peak_rss_bytes()? as f64),
         );
     }
     if backend_cpu::executor::profile::enabled() {

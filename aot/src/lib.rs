@@ -54,7 +54,7 @@ pub use error::{AotError, Context, Result};
 pub use generation::GenerateRequest;
 pub use htp::ContextBinary;
 pub use ledger::LedgerEntry;
-pub use load::{load_float, load_model, CpuModel, RunMode};
+pub use load::{load_float, load_model, load_model_with, CpuModel, RunMode};
 pub use real_model::smollm2_dir;
 pub use recipe::{Chosen, Recipe, RecipeName, Refinements};
 pub use report::{AotReport, GraphReport, Timings};

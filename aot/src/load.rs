@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::error::{bail, ensure, Context, Result};
 use backend_cpu::quant::{is_quantized_checkpoint, FakeQuantHook, QdqParams};
-use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, QdqHook};
+use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, QdqHook, QuantizedWeights};
 use checkpoint::SafetensorsCheckpoint;
 use compiler::quant::points::qdq_points;
 use mllm_dsl::module::ParamSource;
@@ -24,6 +24,8 @@ pub struct CpuModel {
     pub unused: Vec<String>,
     /// QDQ points quantize (a quantized checkpoint run in fake-quant mode).
     pub fake_quant: bool,
+    /// Bytes of the linear weight matrices a decode step reads ([`CheckpointStore::matrix_bytes`]).
+    pub matrix_bytes: usize,
 }
 
 /// How to run a checkpoint directory.
@@ -88,13 +90,26 @@ pub fn load_float(dir: &Path, context_len: usize) -> Result<CpuModel> {
     let backend = CpuBackend::float();
     let (model, store) = open_model(dir, &config, context_len, &backend)?;
     let unused = store.unused_keys();
-    Ok(CpuModel { config, model: CpuChunkModel::new(model, backend, context_len), unused, fake_quant: false })
+    let matrix_bytes = store.matrix_bytes();
+    Ok(CpuModel {
+        config,
+        model: CpuChunkModel::new(model, backend, context_len),
+        unused,
+        fake_quant: false,
+        matrix_bytes,
+    })
 }
 
 /// Loads `dir` for eager CPU execution, in fake-quant mode when it holds a quantized checkpoint
 /// (unless `mode` is [`RunMode::Float`]). A quantized checkpoint's RoPE tables fix how many
 /// positions the model covers; `context_len` must not exceed them.
 pub fn load_model(dir: &Path, context_len: usize, mode: RunMode) -> Result<CpuModel> {
+    load_model_with(dir, context_len, mode, QuantizedWeights::Packed)
+}
+
+/// [`load_model`] holding a quantized checkpoint's weights as `weights` says (LPBQ int4 and uint16
+/// embeddings as stored, the default, or decoded to f32: the same values either way).
+pub fn load_model_with(dir: &Path, context_len: usize, mode: RunMode, weights: QuantizedWeights) -> Result<CpuModel> {
     let ckpt = SafetensorsCheckpoint::open(dir)?;
     if !is_quantized_checkpoint(&ckpt) {
         return load_float(dir, context_len);
@@ -118,7 +133,8 @@ pub fn load_model(dir: &Path, context_len: usize, mode: RunMode) -> Result<CpuMo
             (CpuBackend::float(), points.iter().flat_map(|p| [p.scale_key(), p.zero_point_key()]).collect())
         }
     };
-    let (model, store) = open_model(dir, &config, max_positions, &backend)?;
+    let store = CheckpointStore::for_config(dir, backend.clone(), &config)?.with_quantized(weights);
+    let model = build_model(&config, max_positions, &ParamSource::Store(&store), dir)?;
     for key in used.iter().filter(|k| store.checkpoint().contains(k)) {
         store.checkpoint().mark_used(key)?;
     }
@@ -128,5 +144,6 @@ pub fn load_model(dir: &Path, context_len: usize, mode: RunMode) -> Result<CpuMo
         model: CpuChunkModel::new(model, backend, context_len),
         unused,
         fake_quant: mode == RunMode::Auto,
+        matrix_bytes: store.matrix_bytes(),
     })
 }

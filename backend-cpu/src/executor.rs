@@ -7,6 +7,7 @@ use crate::kernels::{self, BinaryOp, ReduceKind as KReduce, UnaryOp};
 use crate::kernels::{BatchRepeat, JoinAxis, RhsParts};
 use crate::lazy::LazyJoin;
 use crate::packed_weight::{packed_of, WeightView};
+use crate::u16_table::u16_table_of;
 use mllm_dsl::op::{OpKind, ReduceKind};
 use mllm_dsl::{Backend, BackendError, BackendRef, F32Buffer, QdqAttr, Storage, Tensor, TensorType};
 use std::borrow::Cow;
@@ -100,7 +101,7 @@ pub fn real_values(t: &Tensor) -> Option<Cow<'_, [f32]>> {
         Storage::Native(_) => match (packed_of(t), lazy_of(t)) {
             (Some(w), _) => Some(Cow::Owned(w.to_f32())),
             (_, Some(l)) => l.materialize().ok().map(Cow::Owned),
-            _ => None,
+            _ => u16_table_of(t).map(|table| Cow::Owned(table.to_f32())),
         },
         Storage::I64(_) => None,
     }
@@ -303,9 +304,17 @@ impl CpuBackend {
                 let w = packed_of(inputs[1]).ok_or(CpuOpError::Missing("packed weight"))?;
                 w.matrix.gather_columns(i64_of(x, "ids")?).map_err(e)?
             }
+            OpKind::Embedding if u16_table_of(inputs[1]).is_some() => {
+                let w = u16_table_of(inputs[1]).ok_or(CpuOpError::Missing("uint16 table"))?;
+                w.gather_rows(i64_of(x, "ids")?).map_err(e)?
+            }
             OpKind::Embedding => {
                 let w = inputs[1];
                 kernels::index_select(&f32_of(w, "weight")?, w.shape(), 0, i64_of(x, "ids")?, shape).map_err(e)?.0
+            }
+            OpKind::Gather { dim: 0 } if shape.len() == 2 && u16_table_of(x).is_some() => {
+                let w = u16_table_of(x).ok_or(CpuOpError::Missing("uint16 table"))?;
+                w.gather_rows(i64_of(inputs[1], "indices")?).map_err(e)?
             }
             OpKind::Gather { dim } => {
                 let idx = inputs[1];

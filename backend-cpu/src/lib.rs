@@ -10,9 +10,10 @@ pub mod packed_weight;
 pub mod quant;
 pub mod rng;
 pub mod store;
+pub mod u16_table;
 
 pub use chunk_model::CpuChunkModel;
 pub use executor::{CpuBackend, CpuOpError, QdqHook, QdqHookError};
 pub use interp::{Interpreter, Mode as InterpMode};
 pub use packed_weight::{PackedWeight, WeightView};
-pub use store::CheckpointStore;
+pub use store::{CheckpointStore, QuantizedWeights};

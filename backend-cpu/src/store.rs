@@ -4,8 +4,9 @@
 //! Layers ask for parameters in the layout the model file uses; the store converts:
 //! - HF linear weights `[out, in]` → the 1×1 conv's HWIO `[1, 1, in, out]`;
 //! - a tied `lm_head.weight` (absent from HF checkpoints) → `model.embed_tokens.weight`;
-//! - pymllm LPBQ weights (int8 nibbles `[1, 1, in, out]` + `scale1` + `scale2`) → their deployed f32
-//!   values `signext4(q) * scale1 * scale2`;
+//! - pymllm LPBQ weights (int8 nibbles `[1, 1, in, out]` + `scale1` + `scale2`) → int4 codes packed
+//!   two per byte for the W4A16 kernels, whose values are the deployed `signext4(q) * scale1 * scale2`
+//!   ([`QuantizedWeights::Packed`], the default), or those values decoded to f32 ([`QuantizedWeights::F32`]);
 //! - pymllm uint16 norm / embedding weights and RoPE tables → `(q - zero_point) * scale`.
 //!
 //! Float (f32 / bf16 / f16) linear, conv and embedding weights stored as HF rows `[out, in]` /
@@ -13,24 +14,41 @@
 //! (exact, half the memory traffic), f16 widened to f32 (exact). A tied LM head and the embedding
 //! share one packed matrix.
 
-use crate::kernels::PackedMatrix;
+use crate::kernels::{Int4Packer, PackedMatrix};
 use crate::packed_weight::{PackedWeight, WeightView};
+use crate::u16_table::U16Table;
 use checkpoint::{CheckpointError, SafetensorsCheckpoint, StDtype};
-use compiler::quant::lpbq::{LpbqExport, LpbqShape};
+use compiler::quant::lpbq::{LpbqExport, LpbqShape, SCALE1_STEPS};
 use half::bf16;
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
 use mllm_dsl::{BackendRef, Error, Result, Tensor};
 use models::hf::HfConfig;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+
+/// How a [`CheckpointStore`] holds the quantized weights of a quantized checkpoint. Both give the
+/// same weight values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QuantizedWeights {
+    /// LPBQ linears as 4-bit codes packed two per byte with their block scales (multiplied by the
+    /// W4A16 kernels); uint16 embedding tables as their codes ([`U16Table`]).
+    #[default]
+    Packed,
+    /// Both decoded to f32 at load (8× the bytes of the int4 codes, 2× those of the uint16 codes).
+    F32,
+}
 
 pub struct CheckpointStore {
     ckpt: SafetensorsCheckpoint,
+    quantized: QuantizedWeights,
     backend: BackendRef,
     tie_word_embeddings: bool,
     /// Packed matrices by checkpoint key, so two parameters reading one tensor share it.
     packed: Mutex<HashMap<String, Arc<PackedMatrix>>>,
+    /// Bytes of LPBQ weights decoded to f32 ([`QuantizedWeights::F32`]).
+    decoded_bytes: AtomicUsize,
 }
 
 /// The key a tied `lm_head.weight` falls back to.
@@ -39,7 +57,20 @@ const EMBED_KEY: &str = "model.embed_tokens.weight";
 impl CheckpointStore {
     pub fn open(dir: impl AsRef<Path>, backend: BackendRef, tie_word_embeddings: bool) -> Result<Self> {
         let ckpt = SafetensorsCheckpoint::open(dir).map_err(|e| Error::msg(e.to_string()))?;
-        Ok(CheckpointStore { ckpt, backend, tie_word_embeddings, packed: Mutex::new(HashMap::new()) })
+        Ok(CheckpointStore {
+            ckpt,
+            quantized: QuantizedWeights::default(),
+            backend,
+            tie_word_embeddings,
+            packed: Mutex::new(HashMap::new()),
+            decoded_bytes: AtomicUsize::new(0),
+        })
+    }
+
+    /// The store holding quantized weights as `quantized` says.
+    pub fn with_quantized(mut self, quantized: QuantizedWeights) -> Self {
+        self.quantized = quantized;
+        self
     }
 
     /// [`CheckpointStore::open`] for the checkpoint `config` describes, after checking the two
@@ -53,6 +84,14 @@ impl CheckpointStore {
 
     pub fn checkpoint(&self) -> &SafetensorsCheckpoint {
         &self.ckpt
+    }
+
+    /// Bytes of the weight matrices loaded so far for linear kernels: packed matrices (bf16, f32,
+    /// int4 with its scales; a tied embedding counted once, as the LM head) and LPBQ weights
+    /// decoded to f32. A decode step reads each of them once.
+    pub fn matrix_bytes(&self) -> usize {
+        let packed = self.packed.lock().unwrap_or_else(PoisonError::into_inner);
+        packed.values().map(|m| m.bytes()).sum::<usize>() + self.decoded_bytes.load(Ordering::Relaxed)
     }
 
     /// Checkpoint tensors no layer asked for (worth a warning: a wrong model file or config).
@@ -112,6 +151,16 @@ impl CheckpointStore {
     fn load_packed(&self, req: &ParamRequest<'_>) -> Result<Option<PackedWeight>> {
         let key = self.source_key(req);
         let (dtype, shape) = self.ckpt.info(key).map_err(|e| self.err(req, e))?;
+        if dtype == StDtype::I8 && req.role == ParamRole::Conv2dWeight && self.quantized == QuantizedWeights::Packed {
+            if shape != req.shape {
+                let shape = shape.to_vec();
+                return Err(self.mismatch(req, key, &shape, format!("{:?} (LPBQ HWIO)", req.shape)));
+            }
+            let matrix = Arc::new(self.pack_lpbq(req, key, req.shape[2], req.shape[3])?);
+            let mut cache = self.packed.lock().unwrap_or_else(PoisonError::into_inner);
+            cache.insert(key.to_string(), matrix.clone());
+            return Ok(Some(PackedWeight { matrix, view: WeightView::KN }));
+        }
         if !matches!(dtype, StDtype::F32 | StDtype::BF16 | StDtype::F16) {
             return Ok(None);
         }
@@ -149,6 +198,25 @@ impl CheckpointStore {
             }
         };
         Ok(Some(PackedWeight { matrix, view }))
+    }
+
+    /// A uint16 embedding table `[N, K]` kept as its codes ([`QuantizedWeights::Packed`]); `None`
+    /// for anything else.
+    fn load_u16_table(&self, req: &ParamRequest<'_>) -> Result<Option<U16Table>> {
+        let key = self.source_key(req);
+        let (dtype, shape) = self.ckpt.info(key).map_err(|e| self.err(req, e))?;
+        let (ParamRole::EmbeddingWeight, StDtype::U16, QuantizedWeights::Packed, &[n, k]) =
+            (req.role, dtype, self.quantized, req.shape)
+        else {
+            return Ok(None);
+        };
+        if shape != [n, k] {
+            let shape = shape.to_vec();
+            return Err(self.mismatch(req, key, &shape, format!("{:?}", req.shape)));
+        }
+        let (scale, zp) = self.scale_zp(req, key.trim_end_matches(".weight"))?;
+        let codes = self.ckpt.read_u16(key).map_err(|e| self.err(req, e))?;
+        U16Table::new(codes, n, k, scale, zp).map(Some).map_err(|e| self.weight_error(req, e.to_string()))
     }
 
     fn load_data(&self, req: &ParamRequest<'_>) -> Result<Vec<f32>> {
@@ -213,17 +281,18 @@ impl CheckpointStore {
         }
     }
 
-    /// Deployed LPBQ values (`signext4(q) * scale1 * scale2`, decoded by `compiler::quant::lpbq`) in HWIO.
-    fn decode_lpbq(&self, req: &ParamRequest<'_>, key: &str, cin: usize, cout: usize) -> Result<Vec<f32>> {
+    /// An LPBQ weight's `scale1` (checked to be whole blocks per channel), `scale2` and shape.
+    fn lpbq_scales(
+        &self,
+        req: &ParamRequest<'_>,
+        key: &str,
+        cin: usize,
+        cout: usize,
+    ) -> Result<(Vec<u8>, Vec<f32>, LpbqShape)> {
         let prefix = key.trim_end_matches(".weight");
-        let q = self.ckpt.read_i8(key).map_err(|e| self.err(req, e))?;
         let s1 = self.ckpt.read_u8(&format!("{prefix}.scale1")).map_err(|e| self.err(req, e))?;
         let s2 = self.f32(req, &format!("{prefix}.scale2"))?;
-        let bad = |m: String| Error::Weight {
-            key: req.key.to_string(),
-            module_path: req.module_path.to_string(),
-            message: m,
-        };
+        let bad = |m: String| self.weight_error(req, m);
         // scale1 holds one value per block of every output channel: that fixes the block size.
         let blocks = s1.len().checked_div(cout).unwrap_or(0);
         if blocks == 0 || !s1.len().is_multiple_of(cout) || !cin.is_multiple_of(blocks) {
@@ -233,7 +302,48 @@ impl CheckpointStore {
             )));
         }
         let shape = LpbqShape::new(cout, cin, cin / blocks).map_err(|e| bad(e.to_string()))?;
-        LpbqExport { shape, weight_hwio: q, scale1: s1, scale2: s2 }.decode_hwio().map_err(|e| bad(e.to_string()))
+        Ok((s1, s2, shape))
+    }
+
+    fn weight_error(&self, req: &ParamRequest<'_>, message: String) -> Error {
+        Error::Weight { key: req.key.to_string(), module_path: req.module_path.to_string(), message }
+    }
+
+    /// Deployed LPBQ values (`signext4(q) * scale1 * scale2`, decoded by `compiler::quant::lpbq`) in HWIO.
+    fn decode_lpbq(&self, req: &ParamRequest<'_>, key: &str, cin: usize, cout: usize) -> Result<Vec<f32>> {
+        let (scale1, scale2, shape) = self.lpbq_scales(req, key, cin, cout)?;
+        let q = self.ckpt.read_i8(key).map_err(|e| self.err(req, e))?;
+        let w = LpbqExport { shape, weight_hwio: q, scale1, scale2 }
+            .decode_hwio()
+            .map_err(|e| self.weight_error(req, e.to_string()))?;
+        self.decoded_bytes.fetch_add(w.len() * 4, Ordering::Relaxed);
+        Ok(w)
+    }
+
+    /// An LPBQ weight as int4 panels, its codes streamed from the checkpoint (no f32 or int8 copy
+    /// of the whole tensor). The scales are checked as the f32 decoder checks them.
+    fn pack_lpbq(&self, req: &ParamRequest<'_>, key: &str, cin: usize, cout: usize) -> Result<PackedMatrix> {
+        let (scale1, scale2, shape) = self.lpbq_scales(req, key, cin, cout)?;
+        let bad = |m: String| self.weight_error(req, format!("LPBQ weight `{key}`: {m}"));
+        if let Some(i) = scale1.iter().position(|&v| v > SCALE1_STEPS) {
+            return Err(bad(format!("scale1[{i}] is {}, above {SCALE1_STEPS}", scale1[i])));
+        }
+        if let Some(i) = scale2.iter().position(|&v| !(v.is_finite() && v > 0.0)) {
+            return Err(bad(format!("scale2[{i}] is {}, not a positive finite scale", scale2[i])));
+        }
+        let mut packer = Int4Packer::new(cin, cout, shape.block_size()).map_err(|e| bad(e.to_string()))?;
+        let mut failed = None;
+        self.ckpt
+            .visit_bytes(key, |chunk| {
+                if failed.is_none() {
+                    failed = packer.push(chunk).err();
+                }
+            })
+            .map_err(|e| self.err(req, e))?;
+        if let Some(e) = failed {
+            return Err(bad(e.to_string()));
+        }
+        packer.finish(&scale1, &scale2).map_err(|e| bad(e.to_string()))
     }
 }
 
@@ -250,6 +360,9 @@ impl WeightStore for CheckpointStore {
     fn load(&self, req: &ParamRequest<'_>) -> Result<Tensor> {
         if let Some(packed) = self.load_packed(req)? {
             return packed.into_tensor(req.shape.to_vec(), self.backend.clone());
+        }
+        if let Some(table) = self.load_u16_table(req)? {
+            return table.into_tensor(req.shape.to_vec(), self.backend.clone());
         }
         let data = self.load_data(req)?;
         Tensor::from_f32(data, req.shape.to_vec(), self.backend.clone())

@@ -19,6 +19,7 @@ mod matmul;
 mod matmul_parts;
 mod movement;
 mod packed;
+mod packed_int4;
 mod packed_tile;
 mod permute;
 mod reduce;
@@ -36,6 +37,7 @@ pub use matmul::{linear_kn, linear_nk, linear_with, matmul, LinearStrategy, Weig
 pub use matmul_parts::{matmul_parts, BatchRepeat, JoinAxis, RhsParts};
 pub use movement::{concat, repeat_interleave, slice};
 pub use packed::{available_isas, linear_packed, linear_packed_with, PackedElems, PackedMatrix, PANEL};
+pub use packed_int4::{Int4Packer, Int4Panels};
 pub use packed_tile::Isa;
 pub use permute::{permute, transpose, transpose_2d};
 pub use reduce::{reduce, ReduceKind};

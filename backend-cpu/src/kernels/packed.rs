@@ -14,9 +14,16 @@
 //!
 //! A tied embedding (the table `[V, H]` that is also the LM head `[H, V]`) is one packed matrix:
 //! its rows are the matrix's columns ([`PackedMatrix::gather_columns`]).
+//!
+//! LPBQ int4 weights stay 4-bit ([`Int4Panels`], built by [`super::Int4Packer`]): a panel row is 16
+//! bytes, byte `j` holding column `j` in its low nibble and column `16 + j` in its high nibble;
+//! each panel carries its `u8` block scales (`scale1`, one per block of `K` rows and column) and
+//! the matrix its per-column `scale2`. The kernels widen the nibbles and apply `scale1` inside the
+//! inner loop and `scale2` once per output ([`super::packed_int4`]).
 
 use rayon::prelude::*;
 
+use super::packed_int4::Int4Panels;
 use super::packed_tile::{self, Isa, MAX_ROWS};
 use super::threads::{current, SendPtr};
 use super::KernelError;
@@ -38,6 +45,8 @@ pub enum PackedElems {
     Bf16(Vec<u16>),
     /// f32 values, columns in natural order.
     F32(Vec<f32>),
+    /// LPBQ int4 codes with their block and channel scales.
+    Int4(Int4Panels),
 }
 
 /// A `[K, N]` weight matrix in panels of [`PANEL`] columns (see the module docs).
@@ -53,6 +62,7 @@ impl std::fmt::Debug for PackedMatrix {
         let dtype = match self.elems {
             PackedElems::Bf16(_) => "bf16",
             PackedElems::F32(_) => "f32",
+            PackedElems::Int4(_) => "int4",
         };
         write!(f, "PackedMatrix({dtype}, K={}, N={})", self.k, self.n)
     }
@@ -89,6 +99,11 @@ impl PackedMatrix {
         Ok(PackedMatrix { k, n, elems })
     }
 
+    /// A matrix of LPBQ int4 codes (see [`super::Int4Packer`]).
+    pub(crate) fn from_int4(k: usize, n: usize, panels: Int4Panels) -> Self {
+        PackedMatrix { k, n, elems: PackedElems::Int4(panels) }
+    }
+
     /// Rows of `x` this matrix multiplies (`K`, in features).
     pub fn k(&self) -> usize {
         self.k
@@ -108,6 +123,7 @@ impl PackedMatrix {
         match &self.elems {
             PackedElems::Bf16(v) => v.len() * 2,
             PackedElems::F32(v) => v.len() * 4,
+            PackedElems::Int4(p) => p.bytes(),
         }
     }
 
@@ -122,6 +138,7 @@ impl PackedMatrix {
         match &self.elems {
             PackedElems::Bf16(v) => bf16_to_f32(v[base + bf16_slot(c % PANEL)]),
             PackedElems::F32(v) => v[base + c % PANEL],
+            PackedElems::Int4(p) => p.get(self.k, kk, c),
         }
     }
 
@@ -277,6 +294,7 @@ pub fn available_isas() -> Vec<Isa> {
 pub(crate) enum PanelRef<'a> {
     Bf16(&'a [u16]),
     F32(&'a [f32]),
+    Int4(super::packed_int4::Int4Panel<'a>),
 }
 
 impl<'a> PanelRef<'a> {
@@ -285,6 +303,7 @@ impl<'a> PanelRef<'a> {
         match &w.elems {
             PackedElems::Bf16(v) => PanelRef::Bf16(&v[p * len..(p + 1) * len]),
             PackedElems::F32(v) => PanelRef::F32(&v[p * len..(p + 1) * len]),
+            PackedElems::Int4(v) => PanelRef::Int4(v.panel(w.k, p)),
         }
     }
 }

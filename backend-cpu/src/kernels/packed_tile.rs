@@ -43,7 +43,7 @@ impl Isa {
     }
 
     /// Tile height of this version.
-    fn rows(self) -> usize {
+    pub(crate) fn rows(self) -> usize {
         match self {
             Isa::Avx512 => MAX_ROWS,
             Isa::Avx2 => 2,
@@ -83,6 +83,7 @@ pub(crate) unsafe fn panel_product(
     let (b, bf16) = match panel {
         PanelRef::Bf16(v) => (v.as_ptr() as *const u8, true),
         PanelRef::F32(v) => (v.as_ptr() as *const u8, false),
+        PanelRef::Int4(p) => return super::packed_int4::panel_product(isa, a, rows, k, p, c, ldc, cols, init),
     };
     let mut r = 0;
     while r < rows {
@@ -113,7 +114,7 @@ pub(crate) unsafe fn panel_product(
 /// # Safety
 /// `dst` has `cols <= PANEL` writable elements.
 #[inline(always)]
-unsafe fn store_row(row: &[f32; PANEL], dst: *mut f32, cols: usize) {
+pub(crate) unsafe fn store_row(row: &[f32; PANEL], dst: *mut f32, cols: usize) {
     std::ptr::copy_nonoverlapping(row.as_ptr(), dst, cols);
 }
 

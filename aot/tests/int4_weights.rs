@@ -1,0 +1,84 @@
+//! Quantized checkpoints run with their LPBQ weights kept 4-bit (W4A16 kernels) and their uint16
+//! embedding kept as codes give the logits of the same checkpoint with those weights decoded to
+//! f32 (the weights are the same numbers; only the f32 summation order differs): pymllm's export
+//! of the tiny Qwen3 (fixtures/pymllm-qwen3-dev-f32) and this project's own export of its float
+//! source. The int4 model holds about an eighth of the decoded model's matrix bytes.
+
+use std::path::{Path, PathBuf};
+
+use aot::{load_model_with, RunMode};
+use backend_cpu::QuantizedWeights;
+use runtime::{GenerationConfig, Generator, Sampling};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)
+}
+
+/// Prompt logits `[prompt, vocab]`, the greedy continuation and the matrix bytes of `dir` loaded
+/// with `weights`.
+fn run(dir: &Path, weights: QuantizedWeights, prompt: &[u32]) -> (Vec<f32>, Vec<u32>, usize) {
+    let loaded = load_model_with(dir, 64, RunMode::Auto, weights).unwrap();
+    assert!(loaded.fake_quant, "{}: not loaded as a quantized checkpoint", dir.display());
+    let bytes = loaded.matrix_bytes;
+    let mut generator = Generator::new(loaded.model).unwrap();
+    let config = GenerationConfig {
+        max_new_tokens: 8,
+        prefill_chunk: 5,
+        sampling: Sampling::Greedy,
+        eos_ids: Vec::new(),
+        collect_prompt_logits: true,
+    };
+    let out = generator.generate(prompt, &config).unwrap();
+    (out.prompt_logits.unwrap(), out.ids, bytes)
+}
+
+fn check_same_logits(dir: &Path) {
+    let vocab = models::hf::HfConfig::from_dir(dir).unwrap().vocab_size;
+    let prompt: Vec<u32> = (0..13).map(|i| ((i * 37 + 5) % vocab) as u32).collect();
+    let (int4, int4_ids, int4_bytes) = run(dir, QuantizedWeights::Packed, &prompt);
+    let (f32s, f32_ids, f32_bytes) = run(dir, QuantizedWeights::F32, &prompt);
+    assert_eq!(int4.len(), prompt.len() * vocab);
+    for (r, (a, b)) in int4.chunks(vocab).zip(f32s.chunks(vocab)).enumerate() {
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(scale > 0.0 && scale.is_finite(), "{}: row {r} of the f32 logits: max |x| = {scale}", dir.display());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(x.is_finite(), "{}: row {r} logit {i} is {x}", dir.display());
+            assert!((x - y).abs() <= 1e-4 * scale, "{}: row {r} logit {i}: int4 {x}, f32 {y}", dir.display());
+        }
+    }
+    assert_eq!(int4_ids, f32_ids, "{}: greedy continuations", dir.display());
+    // int4 codes + u8 block scales (bs 16) + f32 channel scales in 32-column panels vs 4 bytes
+    // per weight: 5.4x on this tiny model (16,640 vs 90,112 bytes), whose 16- to 128-column
+    // matrices make the per-column scales and the panel padding of the 16-column k/v projections
+    // weigh; about 7x on real shapes. Weights held as bf16 would be 2x, decoded to f32 1x.
+    assert!(int4_bytes * 5 < f32_bytes, "{}: int4 holds {int4_bytes} matrix bytes, f32 {f32_bytes}", dir.display());
+}
+
+#[test]
+fn pymllm_export_gives_the_same_logits_with_int4_weights() {
+    check_same_logits(&fixture("pymllm-qwen3-dev-f32"));
+}
+
+#[test]
+fn own_export_gives_the_same_logits_with_int4_weights() {
+    let out = std::env::temp_dir().join(format!("mllm-int4-weights-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let ids = aot::load_id_sequences(&fixture("pymllm-qwen3-dev-f32/calib_ids.safetensors"), "calib_ids", 128).unwrap();
+    aot::quantize(&aot::QuantizeOptions {
+        model: fixture("qwen3-dev-f32"),
+        aot_config: None,
+        calibration: ids,
+        evaluation: None,
+        mode: backend_cpu::quant::CalibrationMode::Deployed,
+        out: out.clone(),
+        max_positions: 64,
+        progress: aot::progress::silent(),
+        weight_method: backend_cpu::quant::WeightMethod::Rtn,
+        act_ranges: Default::default(),
+        rotation: backend_cpu::quant::Rotation::None,
+        sink_prefix: None,
+    })
+    .unwrap();
+    check_same_logits(&out);
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -1,0 +1,163 @@
+//! The W4A16 int4 kernels against the f32 path: LPBQ codes and scales made by the project's
+//! quantizer (`compiler::quant::lpbq`), decoded to f32 by its decoder, multiplied in f64; the
+//! int4 product on every instruction-set version this CPU has, for row counts around the tile
+//! heights, column counts around the panel width, odd block sizes, bias and 1 or 2 threads.
+//! Unpacking returns the decoder's values bit for bit; bad codes and scales are rejected.
+
+mod common;
+
+use backend_cpu::kernels::{self, Int4Packer, KernelError, PackedMatrix, PANEL};
+use common::Lcg;
+use compiler::quant::lpbq::{lpbq_block_quantize, LpbqShape};
+
+/// An LPBQ export of a random `[n, k]` weight: its HWIO nibbles (as bytes), scale1, scale2, and
+/// the decoded f32 weight `[k, n]` (HWIO).
+struct Lpbq {
+    nibbles: Vec<u8>,
+    scale1: Vec<u8>,
+    scale2: Vec<f32>,
+    decoded_kn: Vec<f32>,
+}
+
+fn lpbq(rng: &mut Lcg, n: usize, k: usize, block: usize) -> Lpbq {
+    let shape = LpbqShape::new(n, k, block).unwrap();
+    // Rows of varying magnitude, so scale1 takes many values.
+    let w: Vec<f32> = (0..n * k).map(|i| rng.next_f32(0.02 + (i % 7) as f32 * 0.01)).collect();
+    let export = lpbq_block_quantize(&w, shape).unwrap().to_export();
+    let decoded_kn = export.decode_hwio().unwrap();
+    Lpbq {
+        nibbles: export.weight_hwio.iter().map(|&v| v as u8).collect(),
+        scale1: export.scale1,
+        scale2: export.scale2,
+        decoded_kn,
+    }
+}
+
+fn pack(q: &Lpbq, k: usize, n: usize, block: usize, piece: usize) -> PackedMatrix {
+    let mut packer = Int4Packer::new(k, n, block).unwrap();
+    for chunk in q.nibbles.chunks(piece.max(1)) {
+        packer.push(chunk).unwrap();
+    }
+    packer.finish(&q.scale1, &q.scale2).unwrap()
+}
+
+/// `x[M, K] @ w[K, N] + bias` in f64, and `Σ |x w|` per output (the scale of rounding errors).
+fn naive(x: &[f32], m: usize, k: usize, w_kn: &[f32], n: usize, bias: Option<&[f32]>) -> (Vec<f64>, Vec<f64>) {
+    let (mut out, mut mag) = (vec![0.0; m * n], vec![0.0; m * n]);
+    for i in 0..m {
+        for j in 0..n {
+            for p in 0..k {
+                let t = x[i * k + p] as f64 * w_kn[p * n + j] as f64;
+                out[i * n + j] += t;
+                mag[i * n + j] += t.abs();
+            }
+            out[i * n + j] += bias.map_or(0.0, |b| b[j] as f64);
+            mag[i * n + j] += bias.map_or(0.0, |b| b[j].abs() as f64);
+        }
+    }
+    (out, mag)
+}
+
+fn assert_close(got: &[f32], want: &(Vec<f64>, Vec<f64>), k: usize, what: &str) {
+    assert_eq!(got.len(), want.0.len(), "{what}: length");
+    for (i, (&g, (&w, &mag))) in got.iter().zip(want.0.iter().zip(&want.1)).enumerate() {
+        assert!(g.is_finite(), "{what}: element {i} is {g}");
+        // f32 sums of k terms, in another order than the decoded-weight product, plus the scaling.
+        let tol = (k as f64 + 4.0) * f32::EPSILON as f64 * mag + 1e-30;
+        assert!((g as f64 - w).abs() <= tol, "{what}: element {i}: got {g}, want {w} (tol {tol:e})");
+    }
+}
+
+#[test]
+fn int4_products_match_the_decoded_f32_weights_on_every_isa() {
+    let mut rng = Lcg(21);
+    // (m, k, n, block): tails around the tile heights (1..=4 use per-block sums, taller tiles the
+    // scaled codes), partial panels, blocks of 1, odd and large sizes.
+    let shapes = [
+        (1, 16, 1, 16),
+        (1, 32, 31, 16),
+        (2, 21, 33, 7),
+        (3, 6, 5, 2),
+        (4, 48, 64, 16),
+        (5, 64, 67, 32),
+        (12, 9, 32, 1),
+        (13, 80, 96, 16),
+        (25, 45, 40, 15),
+        (30, 128, 129, 64),
+    ];
+    for &(m, k, n, block) in &shapes {
+        let q = lpbq(&mut rng, n, k, block);
+        let x = rng.vec(m * k, 1.0);
+        let bias = rng.vec(n, 0.5);
+        for piece in [1, 7, n * k] {
+            let w = pack(&q, k, n, block, piece);
+            assert_eq!((w.k(), w.n()), (k, n));
+            assert_eq!(w.to_kn_f32(), q.decoded_kn, "m{m} k{k} n{n} bs{block}: unpacked values");
+            for b in [None, Some(bias.as_slice())] {
+                let want = naive(&x, m, k, &q.decoded_kn, n, b);
+                for threads in [1, 2] {
+                    kernels::set_num_threads(threads).unwrap();
+                    for isa in kernels::available_isas() {
+                        let got = kernels::linear_packed_with(isa, &x, m, &w, b).unwrap();
+                        let what = format!("{isa:?} m{m} k{k} n{n} bs{block} bias {} threads {threads}", b.is_some());
+                        assert_close(&got, &want, k, &what);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn large_int4_products_split_over_threads_match() {
+    // Above the parallel threshold, several row blocks and a partial last panel.
+    let mut rng = Lcg(8);
+    let (m, k, n, block) = (131, 256, 9 * PANEL + 5, 16);
+    let q = lpbq(&mut rng, n, k, block);
+    let w = pack(&q, k, n, block, 4096);
+    let x = rng.vec(m * k, 1.0);
+    let want = naive(&x, m, k, &q.decoded_kn, n, None);
+    for threads in [1, 2] {
+        kernels::set_num_threads(threads).unwrap();
+        assert_close(&kernels::linear_packed(&x, m, &w, None).unwrap(), &want, k, &format!("threads {threads}"));
+    }
+}
+
+#[test]
+fn every_code_and_scale_value_decodes_like_the_lpbq_decoder() {
+    // All 16 nibbles in every column position, scale1 over 0..=16.
+    let (k, n, block) = (16, 40, 4);
+    let nibbles: Vec<u8> = (0..k * n).map(|i| ((i * 7 + i / n) % 16) as u8).collect();
+    let scale1: Vec<u8> = (0..n * (k / block)).map(|i| (i % 17) as u8).collect();
+    let scale2: Vec<f32> = (0..n).map(|c| 0.001 * (c + 1) as f32).collect();
+    let export = compiler::quant::lpbq::LpbqExport {
+        shape: LpbqShape::new(n, k, block).unwrap(),
+        weight_hwio: nibbles.iter().map(|&v| v as i8).collect(),
+        scale1: scale1.clone(),
+        scale2: scale2.clone(),
+    };
+    let mut packer = Int4Packer::new(k, n, block).unwrap();
+    packer.push(&nibbles).unwrap();
+    let w = packer.finish(&scale1, &scale2).unwrap();
+    assert_eq!(w.to_kn_f32(), export.decode_hwio().unwrap());
+}
+
+#[test]
+fn bad_codes_and_shapes_are_rejected() {
+    assert!(matches!(Int4Packer::new(10, 4, 3), Err(KernelError::InvalidArgument { .. })));
+    assert!(matches!(Int4Packer::new(0, 4, 1), Err(KernelError::InvalidArgument { .. })));
+    let mut p = Int4Packer::new(4, 2, 2).unwrap();
+    let err = p.push(&[1, 2, 16]).unwrap_err().to_string();
+    assert!(err.contains("element 2") && err.contains("16"), "{err}");
+    let mut p = Int4Packer::new(4, 2, 2).unwrap();
+    assert!(p.push(&[0; 9]).is_err());
+    let mut p = Int4Packer::new(4, 2, 2).unwrap();
+    p.push(&[0; 7]).unwrap();
+    assert!(matches!(p.finish(&[1; 4], &[1.0; 2]), Err(KernelError::InvalidArgument { .. })));
+    let mut p = Int4Packer::new(4, 2, 2).unwrap();
+    p.push(&[0; 8]).unwrap();
+    assert!(matches!(p.finish(&[1; 3], &[1.0; 2]), Err(KernelError::DataLength { operand: "scale1", .. })));
+    let mut p = Int4Packer::new(4, 2, 2).unwrap();
+    p.push(&[0; 8]).unwrap();
+    assert!(matches!(p.finish(&[1; 4], &[1.0; 3]), Err(KernelError::DataLength { operand: "scale2", .. })));
+}
