@@ -105,7 +105,7 @@ impl Probe {
         let mut ids = text.ids[text_past..text_past + rows].to_vec();
         ids.resize(chunk, 0);
         let positions = (past..past + chunk).map(|p| p as i64).collect();
-        let mut mask = AttentionMask::new(context).context("probe mask")?;
+        let mut mask = AttentionMask::with_sliding_window(context, cfg.sliding_window).context("probe mask")?;
         mask.init(chunk, past).context("probe mask")?;
 
         let (kvh, d, l) = (cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers);
@@ -195,7 +195,7 @@ impl Probe {
         let mut inputs = vec![
             Tensor::from_i64(self.ids.clone(), vec![1, chunk], DType::I32, backend.clone())?,
             Tensor::from_i64(self.positions.clone(), vec![chunk], DType::I32, backend.clone())?,
-            t(mask, vec![1, 1, chunk, self.context], DType::F32)?,
+            t(mask, vec![1, self.mask_codes.len() / (chunk * self.context), chunk, self.context], DType::F32)?,
         ];
         let layers = self.kv_codes.len() / 2;
         for (i, (codes, &scale)) in self.kv_codes.iter().zip(&self.kv_scales).enumerate() {

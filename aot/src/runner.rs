@@ -221,6 +221,8 @@ fn with_prefix<A: backend_qnn::sdk::QnnExecApi>(
     dir: &Path,
     notes: &mut Vec<String>,
 ) -> Result<Generator<QnnChunkModel<A>>> {
+    let window = HfConfig::from_dir(dir)?.attention.sliding_window;
+    let model = model.with_sliding_window(window).context("the model's sliding window")?;
     let prefix = match shipped_prefix(dir, notes)? {
         Some(p) => Some(model.kv_prefix(p.len(), &p.keys, &p.values).context("the attention-sink prefix")?),
         None => None,

@@ -61,6 +61,7 @@ impl ChunkModel for CpuChunkModel {
             head_dim: s.head_dim,
             vocab_size: s.vocab_size,
             context_len: self.context_len,
+            sliding_window: s.sliding_window,
         }
     }
 
@@ -78,14 +79,16 @@ impl ChunkModel for CpuChunkModel {
         let pos: Vec<i64> = inputs.positions().iter().map(|&p| p as i64).collect();
         let ids = Tensor::from_i64(ids, vec![1, ar], DType::I32, self.backend.clone())?;
         let pos = Tensor::from_i64(pos, vec![ar], DType::I32, self.backend.clone())?;
-        // Mask [1, 1, ar, n_past + ar]: the valid past columns, then the chunk's own columns.
+        // Mask [1, P, ar, n_past + ar]: the valid past columns, then the chunk's own columns, for
+        // each plane (full causal, and the sliding window's when the model has one).
         let m = inputs.mask();
-        let mut mask = Vec::with_capacity(ar * (n_past + ar));
-        for row in 0..ar {
+        let planes = m.planes();
+        let mut mask = Vec::with_capacity(planes * ar * (n_past + ar));
+        for (plane, row) in (0..planes).flat_map(|p| (0..ar).map(move |r| (p, r))) {
             let cols = (0..n_past).chain(stride..stride + ar);
-            mask.extend(cols.map(|c| if m.attends(row, c) { 0.0 } else { MASKED }));
+            mask.extend(cols.map(|c| if m.attends_in(plane, row, c) { 0.0 } else { MASKED }));
         }
-        let mask = self.tensor(mask, vec![1, 1, ar, n_past + ar], DType::F32)?;
+        let mask = self.tensor(mask, vec![1, planes, ar, n_past + ar], DType::F32)?;
         let (mut keys, mut values) = (Vec::new(), Vec::new());
         for l in 0..shape.num_layers {
             let (pk, pv) = (inputs.past_key(l), inputs.past_value(l));

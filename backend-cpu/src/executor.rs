@@ -297,8 +297,12 @@ impl CpuBackend {
             OpKind::Sigmoid => kernels::unary(UnaryOp::Sigmoid, &f32_of(x, "input")?),
             OpKind::Silu => kernels::unary(UnaryOp::Silu, &f32_of(x, "input")?),
             OpKind::Softmax { dim } => kernels::softmax(&f32_of(x, "input")?, shape, *dim as isize).map_err(e)?,
-            OpKind::RmsNorm { eps } => {
-                kernels::rms_norm(&f32_of(x, "input")?, shape, &f32_of(inputs[1], "weight")?, *eps).map_err(e)?
+            OpKind::RmsNorm { eps, unit_offset } => {
+                let w = f32_of(inputs[1], "weight")?;
+                // Gemma's `1 + w`, added in f32 as transformers does.
+                let w: Cow<'_, [f32]> =
+                    if *unit_offset { w.iter().map(|v| 1.0 + v).collect::<Vec<f32>>().into() } else { w };
+                kernels::rms_norm(&f32_of(x, "input")?, shape, &w, *eps).map_err(e)?
             }
             OpKind::Embedding if packed_of(inputs[1]).is_some_and(|w| w.view == WeightView::NK) => {
                 let w = packed_of(inputs[1]).ok_or(CpuOpError::Missing("packed weight"))?;

@@ -186,6 +186,25 @@ impl<A: QnnExecApi> QnnChunkModel<A> {
         Ok(QnnChunkModel { api, context: Some(context), layout, graphs: retrieved })
     }
 
+    /// Sets the window of the model's sliding-window layers (from its config): the runtime then
+    /// fills the mask's second plane with it. The graphs' mask must have two planes exactly when
+    /// there is a window.
+    pub fn with_sliding_window(mut self, window: Option<usize>) -> Result<Self, QnnModelError> {
+        let g = &self.graphs[0].io;
+        let planes = g.inputs[2].dims.get(1).copied().unwrap_or(1) as usize;
+        if planes != 1 + usize::from(window.is_some()) {
+            return Err(QnnModelError::Contract {
+                graph: g.name.clone(),
+                detail: format!(
+                    "the mask has {planes} plane(s) but the model's sliding window is {window:?} (1 plane without \
+                     a window, 2 with one)"
+                ),
+            });
+        }
+        self.layout.sliding_window = window;
+        Ok(self)
+    }
+
     /// The chunk lengths this context has graphs for.
     pub fn chunk_lens(&self) -> Vec<usize> {
         self.graphs.iter().map(|g| g.ar).collect()
@@ -357,6 +376,8 @@ fn layout_of(g: &GraphIo) -> Result<ModelLayout, QnnModelError> {
         head_dim: key.dims[2] as usize,
         vocab_size: logits.dims.last().copied().unwrap_or(0) as usize,
         context_len: mask.dims[3] as usize,
+        // Set by `with_sliding_window`: the window is the model's, not in the graphs.
+        sliding_window: None,
     })
 }
 
@@ -375,10 +396,12 @@ fn check_graph(g: &GraphIo, l: &ModelLayout, ar: usize) -> Result<(), QnnModelEr
         });
     }
     let (a, past) = (ar as u32, (ctx - ar) as u32);
+    // One mask plane, or two (full, sliding window) for a model with sliding-window layers.
+    let planes = if g.inputs[2].dims.get(1) == Some(&2) { 2 } else { 1 };
     let mut expected: Vec<(String, Vec<u32>, &[DataType])> = vec![
         ("input_ids".into(), vec![1, a], &[DataType::Int32]),
         ("position_ids".into(), vec![a], &[DataType::Int32]),
-        ("attention_mask".into(), vec![1, 1, a, ctx as u32], &[DataType::UFixedPoint16]),
+        ("attention_mask".into(), vec![1, planes, a, ctx as u32], &[DataType::UFixedPoint16]),
     ];
     let kv = |prefix: &str, k: bool, cols: u32| -> Vec<(String, Vec<u32>, &'static [DataType])> {
         (0..layers)

@@ -51,6 +51,7 @@ fn greedy_generation_from_the_context_binary_matches_the_cpu_fake_quant_run() {
         head_dim: cfg.head_dim,
         vocab_size: cfg.vocab_size,
         context_len: CONTEXT,
+        sliding_window: None,
     };
     assert_eq!(qnn.layout(), expected_layout);
 

@@ -120,3 +120,28 @@ fn llama3_inv_freq_matches_hf() {
     let changed = ours.iter().zip(&default).filter(|(a, b)| (*a / *b - 1.0).abs() > 1e-3).count();
     assert_eq!(changed, 7, "llama3 scaling should change 7 of 8 frequencies");
 }
+
+#[test]
+fn gemma3_sliding_window_local_rope_softcap() {
+    // Layers 0, 1, 3 slide (window 8, RoPE base 1e4), layer 2 is global (1e6); (1 + w) norms,
+    // GELU-tanh, embeddings x sqrt(32), final logit softcapping 3.0; 40-token prompt.
+    check("gemma3-dev-f32", "reference.safetensors");
+}
+
+#[test]
+fn mistral_sliding_window() {
+    // Every layer slides with window 8 over a 40-token prompt.
+    check("mistral-dev-f32", "reference.safetensors");
+}
+
+#[test]
+fn phi3_fused_projections_sliding_window() {
+    // qkv_proj and gate_up_proj fused; window 12.
+    check("phi3-dev-f32", "reference.safetensors");
+}
+
+#[test]
+fn qwen2_sliding_window_above_max_window_layers() {
+    // use_sliding_window with max_window_layers 1: layer 0 full, layer 1 slides (window 8).
+    check("qwen2-sw-dev-f32", "reference.safetensors");
+}

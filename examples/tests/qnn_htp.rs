@@ -116,3 +116,29 @@ fn llama3_generates_the_same_tokens_on_qualcomms_htp_emulation() {
 fn qwen2_generates_the_same_tokens_on_qualcomms_htp_emulation() {
     check_calibrated("qwen2-dev-f32");
 }
+
+/// Every layer slides (window 8): the 22 positions of the prompt and its tokens outgrow the window,
+/// so the graphs' second mask plane decides the tokens.
+#[test]
+fn mistral_sliding_window_generates_the_same_tokens_on_qualcomms_htp_emulation() {
+    check_calibrated("mistral-dev-f32");
+}
+
+/// Fused qkv_proj / gate_up_proj, window 12.
+#[test]
+fn phi3_generates_the_same_tokens_on_qualcomms_htp_emulation() {
+    check_calibrated("phi3-dev-f32");
+}
+
+/// Layer 0 full, layer 1 sliding (window 8): one graph reads both mask planes.
+#[test]
+fn qwen2_sliding_window_generates_the_same_tokens_on_qualcomms_htp_emulation() {
+    check_calibrated("qwen2-sw-dev-f32");
+}
+
+/// Gemma 3: (1 + w) norms (gamma + 1 requantized at lowering), four norms per layer, GELU-tanh,
+/// sliding layers with their own RoPE tables, softcapped logits.
+#[test]
+fn gemma3_generates_the_same_tokens_on_qualcomms_htp_emulation() {
+    check_calibrated("gemma3-dev-f32");
+}

@@ -17,10 +17,20 @@ pub struct DecoderShape {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub vocab_size: usize,
+    /// The window of the sliding-window layers, if any: the graphs' mask input then has two
+    /// planes, `[1, 2, S, T]` (full causal, sliding window), see `runtime::AttentionMask`.
+    pub sliding_window: Option<usize>,
+}
+
+impl DecoderShape {
+    /// Planes of the mask input: 1, or 2 with sliding-window layers.
+    pub fn mask_planes(&self) -> usize {
+        1 + usize::from(self.sliding_window.is_some())
+    }
 }
 
 /// A decoder model file with mllm's positional graph I/O contract:
-/// `(ids [1, S], positions [S], mask [1, 1, S, T], past K per layer [1, Hkv, D, P],
+/// `(ids [1, S], positions [S], mask [1, P, S, T] (P = `DecoderShape::mask_planes`), past K per layer [1, Hkv, D, P],
 /// past V per layer [1, Hkv, P, D])` → `(logits [1, 1, S, V], new K [1, Hkv, D, S], new V [1, Hkv, S, D])`
 /// with `T = P + S`. Compiled graphs fix `P = ctx - S`; eager execution may pass any `P`.
 pub trait CausalLm: Send + Sync {

@@ -131,19 +131,27 @@ impl Module for Linear {
 pub struct RmsNorm {
     pub dim: usize,
     pub eps: f32,
+    /// Scale by `1 + w` instead of `w` (Gemma).
+    pub unit_offset: bool,
     bound: Bound,
 }
 
 impl RmsNorm {
     pub fn new(dim: usize, eps: f32) -> Self {
-        RmsNorm { dim, eps, bound: Bound::default() }
+        RmsNorm { dim, eps, unit_offset: false, bound: Bound::default() }
+    }
+
+    /// The norm scaling by `1 + w` (Gemma's RMSNorm): the checkpoint's weight is used as stored.
+    pub fn with_unit_offset(mut self, unit_offset: bool) -> Self {
+        self.unit_offset = unit_offset;
+        self
     }
 
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let site = CallSite::here();
         let (path, params) = self.bound.get("RmsNorm")?;
-        apply(OpKind::RmsNorm { eps: self.eps }, &[x, &params[0]], Some(path), site)
+        apply(OpKind::RmsNorm { eps: self.eps, unit_offset: self.unit_offset }, &[x, &params[0]], Some(path), site)
     }
 }
 

@@ -57,9 +57,11 @@ pub enum OpKind {
     Softmax {
         dim: usize,
     },
-    /// Inputs: x [..., D], weight [D].
+    /// Inputs: x [..., D], weight [D]. `y = x / sqrt(mean(x^2) + eps) * w`, or `* (1 + w)` with
+    /// `unit_offset` (Gemma's norms, whose checkpoints store `w` centred on 0).
     RmsNorm {
         eps: f32,
+        unit_offset: bool,
     },
     /// Inputs: ids (int), weight [V, H]. Output [..ids, H].
     Embedding,
@@ -142,7 +144,13 @@ impl OpKind {
                 put("dim", Attr::Int(*dim as i64));
                 put("times", Attr::Int(*times as i64));
             }
-            OpKind::RmsNorm { eps } => put("eps", Attr::Float(*eps)),
+            OpKind::RmsNorm { eps, unit_offset } => {
+                put("eps", Attr::Float(*eps));
+                // Printed only when set, so the IR of the other models reads as before.
+                if *unit_offset {
+                    put("unit_offset", Attr::Bool(true));
+                }
+            }
             OpKind::Reduce { dim, keepdim, .. } => {
                 put("dim", Attr::Int(*dim as i64));
                 put("keepdim", Attr::Bool(*keepdim));
@@ -200,10 +208,18 @@ impl OpKind {
             "Repeat" => {
                 OpKind::Repeat { dim: usize_of(take("dim")?, "dim")?, times: usize_of(take("times")?, "times")? }
             }
-            "RMSNorm" => match take("eps")? {
-                Attr::Float(e) => OpKind::RmsNorm { eps: e },
-                other => return Err(wrong("eps", "a float", other)),
-            },
+            "RMSNorm" => {
+                let eps = match take("eps")? {
+                    Attr::Float(e) => e,
+                    other => return Err(wrong("eps", "a float", other)),
+                };
+                let unit_offset = match attrs.remove("unit_offset") {
+                    None => false,
+                    Some(Attr::Bool(b)) => b,
+                    Some(other) => return Err(wrong("unit_offset", "a bool", other)),
+                };
+                OpKind::RmsNorm { eps, unit_offset }
+            }
             "ReduceMin" | "ReduceMax" | "ReduceMean" => {
                 let kind = match name {
                     "ReduceMin" => ReduceKind::Min,

@@ -216,7 +216,7 @@ fn every_op() -> Vec<OpKind> {
         OpKind::Sigmoid,
         OpKind::Silu,
         OpKind::Softmax { dim: 3 },
-        OpKind::RmsNorm { eps: 1e-6 },
+        OpKind::RmsNorm { eps: 1e-6, unit_offset: false },
         OpKind::Embedding,
         OpKind::Gather { dim: 1 },
         OpKind::Conv2d,
@@ -305,7 +305,7 @@ fn hand_built() -> Program {
             Node::Call(CallGraph { symbol: "model.layers.0.mlp".into(), inputs: vec![x], outputs: vec![called] }),
             Node::Linalg(LinalgOp {
                 device: Device::Cpu,
-                kind: OpKind::RmsNorm { eps: 1e-5 },
+                kind: OpKind::RmsNorm { eps: 1e-5, unit_offset: false },
                 name: Some("model.norm".into()),
                 attrs: Attrs::new(),
                 inputs: vec![called, norm_w],

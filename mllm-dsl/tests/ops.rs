@@ -295,7 +295,7 @@ fn rms_norm() {
     let p = run(&[u16(&[1, 4, 8])], |b, t| b.norm.forward(&t[0])).unwrap();
     let (ty, op) = produced(&p);
     assert_eq!((ty.shape, ty.dtype), (vec![1, 4, 8], DType::U16Asym));
-    assert_eq!(op.kind, OpKind::RmsNorm { eps: 1e-6 });
+    assert_eq!(op.kind, OpKind::RmsNorm { eps: 1e-6, unit_offset: false });
     assert_eq!(op.name.as_deref(), Some("model.layers.0.mlp.norm"));
 
     assert_op_err(fails!([f32(&[1, 4, 6])], |b, t| b.norm.forward(&t[0])), "RMSNorm", &["[8]", "[1, 4, 6]"]);

@@ -15,12 +15,14 @@
 
 use crate::config::TransformerConfig;
 use crate::decoder::AttentionInputs;
+use crate::hf::HiddenAct;
 use mllm_dsl::prelude::*;
 // The mask's compile-time parameters, also those of the `0.0` it is compared with (mllm's
 // `addCausalMaskParams`): uint16 with zero point 65535, so 65535 (attend) dequantizes to 0.0.
 use mllm_dsl::causal_lm::{MASK_SCALE, MASK_ZERO_POINT};
 
-/// The SwiGLU MLP `down(silu(gate(x)) * up(x))`, identical in mllm's Qwen3, Qwen2 and Llama.
+/// The gated MLP `down(act(gate(x)) * up(x))`: SwiGLU in mllm's Qwen3, Qwen2 and Llama (and
+/// Mistral), GELU-tanh in Gemma (`TransformerConfig::hidden_act`).
 #[module]
 pub struct Mlp {
     gate_proj: Conv2d,
@@ -28,6 +30,8 @@ pub struct Mlp {
     down_proj: Conv2d,
     hidden: usize,
     inter: usize,
+    #[module(skip)]
+    act: HiddenAct,
 }
 
 impl Mlp {
@@ -39,6 +43,7 @@ impl Mlp {
             down_proj: Conv2d::new(i, h),
             hidden: h,
             inter: i,
+            act: cfg.hidden_act,
         }
     }
 }
@@ -53,13 +58,72 @@ impl Mlp {
         // 2. up / gate: [1, 1, S, H] -> [1, S, I]
         let up = qdq!(self.up_proj.forward(&x)?, "up_proj_output_qdq")?.view(&[1, -1, i])?;
         let gate = qdq!(self.gate_proj.forward(&x)?, "gate_proj_output_qdq")?.view(&[1, -1, i])?;
-        // 3. SiLU as gate * sigmoid(gate), so the sigmoid gets its fixed 1/65536 QDQ
-        let sig = qdq!(fixed gate.sigmoid()?, "sigmoid_output_qdq", scale = 1.0 / 65536.0, zp = 0)?;
-        let act = qdq!(gate.mul(&sig)?, "act_output_qdq")?;
+        // 3. the activation: SiLU or GELU-tanh, each as gate * sigmoid(..)
+        let act = gate_activation(&gate, self.act)?;
         // 4. down: [1, S, I] -> [1, 1, S, I] -> [1, S, H]
         let o = qdq!(act.mul(&up)?, "down_proj_input_qdq")?.view(&[1, 1, -1, i])?;
         self.down_proj.forward(&o)?.view(&[1, -1, h])
     }
+}
+
+/// The gated MLP with one fused `gate_up_proj` (Phi-3): `[gate | up] = gate_up(x)`, then as [`Mlp`].
+#[module]
+pub struct FusedMlp {
+    gate_up_proj: Conv2d,
+    down_proj: Conv2d,
+    hidden: usize,
+    inter: usize,
+    #[module(skip)]
+    act: HiddenAct,
+}
+
+impl FusedMlp {
+    pub fn new(cfg: &TransformerConfig) -> Self {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        FusedMlp {
+            gate_up_proj: Conv2d::new(h, 2 * i),
+            down_proj: Conv2d::new(i, h),
+            hidden: h,
+            inter: i,
+            act: cfg.hidden_act,
+        }
+    }
+}
+
+#[module]
+impl FusedMlp {
+    /// `[1, S, H] -> [1, S, H]`
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (h, i) = (self.hidden as i64, self.inter);
+        // 1. NHWC for the 1x1 conv, gate_up: [1, 1, S, H] -> [1, 1, S, 2I]
+        let x = qdq!(x, "gate_up_proj_input_qdq")?.view(&[1, 1, -1, h])?;
+        let gate_up = qdq!(self.gate_up_proj.forward(&x)?, "gate_up_proj_output_qdq")?;
+        // 2. the two halves: gate = [.., :I], up = [.., I:], each [1, S, I]
+        let gate = gate_up.slice(-1, 0, i)?.view(&[1, -1, i as i64])?;
+        let up = gate_up.slice(-1, i, 2 * i)?.view(&[1, -1, i as i64])?;
+        // 3. the activation, then down: [1, S, I] -> [1, 1, S, I] -> [1, S, H]
+        let act = gate_activation(&gate, self.act)?;
+        let o = qdq!(act.mul(&up)?, "down_proj_input_qdq")?.view(&[1, 1, -1, i as i64])?;
+        self.down_proj.forward(&o)?.view(&[1, -1, h])
+    }
+}
+
+/// `act(gate)` in the caller's scope, every step with its QDQ point. SiLU is `gate * sigmoid(gate)`;
+/// GELU-tanh `0.5 g (1 + tanh(c (g + 0.044715 g^3)))` with `c = sqrt(2/pi)` is written as
+/// `g * sigmoid(2c (g + 0.044715 g^3))` (since `(1 + tanh z) / 2 = sigmoid(2z)`), so both need only
+/// the sigmoid and its fixed 1/65536 QDQ.
+pub fn gate_activation(gate: &Tensor, act: HiddenAct) -> Result<Tensor> {
+    let z = match act {
+        HiddenAct::Silu => gate.clone(),
+        HiddenAct::GeluTanh => {
+            let two_c = 2.0 * (2.0 / std::f32::consts::PI).sqrt();
+            let cube = qdq!(qdq!(gate.mul(gate)?, "gelu_square_output_qdq")?.mul(gate)?, "gelu_cube_output_qdq")?;
+            let inner = gate.add(&qdq!(cube.mul(&qdq!(const 0.044715, "gelu_coeff_qdq")?)?, "gelu_cubic_term_qdq")?)?;
+            qdq!(qdq!(inner, "gelu_inner_output_qdq")?.mul(&qdq!(const two_c, "gelu_scale_qdq")?)?, "gelu_z_qdq")?
+        }
+    };
+    let sig = qdq!(fixed z.sigmoid()?, "sigmoid_output_qdq", scale = 1.0 / 65536.0, zp = 0)?;
+    qdq!(gate.mul(&sig)?, "act_output_qdq")
 }
 
 /// A projection's output `[1, 1, S, n * D]` → heads `[1, n, S, D]`.
@@ -89,16 +153,27 @@ fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor, names: [&str; 4]) -> Result<Te
 }
 
 /// The new K `[1, Hkv, S, D]` and V into the uint8 cache layout: K `[1, Hkv, D, S]`, V `[1, Hkv, S, D]`.
+/// V is first quantized at its own int16 point (`v_cast_to_int16_qdq`, the V projection's output).
 pub fn cache_kv(k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    cache_kv_of_int16(k, &qdq!(v, "v_cast_to_int16_qdq")?)
+}
+
+/// [`cache_kv`] for a V that is already int16: a slice of a fused projection's quantized output
+/// (Phi-3's `qkv_proj`), whose encoding a slice keeps, so V has no int16 point of its own.
+pub fn cache_kv_of_int16(k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
     let k = qdq!(kv k.to(DType::F32)?.to(DType::U8Sym)?, "k_cast_to_int8_qdq")?.transpose(2, 3)?;
-    let v = qdq!(v, "v_cast_to_int16_qdq")?;
     let v = qdq!(kv v.to(DType::F32)?.to(DType::U8Sym)?, "v_cast_to_int8_qdq")?;
     Ok((k, v))
 }
 
 /// Attention of q `[1, H, S, D]` over past ++ new K/V (as [`cache_kv`] lays them out), masked by
-/// `mask [1, 1, S, ctx]`, → `[1, 1, S, H * D]`, NHWC for o_proj.
+/// `mask [1, 1, S, ctx]`, → `[1, 1, S, H * D]`, NHWC for o_proj. Scores are scaled by `1/sqrt(D)`.
 pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, inputs: &AttentionInputs<'_>) -> Result<Tensor> {
+    attend_scaled(q, k, v, inputs, 1.0 / (q.dim(-1)? as f32).sqrt())
+}
+
+/// [`attend`] with the scores scaled by `scale` (Gemma 3: `query_pre_attn_scalar^-0.5`).
+pub fn attend_scaled(q: &Tensor, k: &Tensor, v: &Tensor, inputs: &AttentionInputs<'_>, scale: f32) -> Result<Tensor> {
     let AttentionInputs { mask, past_key, past_value, .. } = *inputs;
     let (heads, head_dim) = (q.dim(1)?, q.dim(-1)?);
     // 1. past ++ new, repeated for GQA (repeat-interleave: query head j reads KV head j / groups)
@@ -107,7 +182,7 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, inputs: &AttentionInputs<'_>) 
     let vh = Tensor::cat(&[past_value, v], 2)?.repeat_interleave(groups, 1)?; // [1, H, T, D]
                                                                               // 2. scores [1, H, S, T], scaled by 1/sqrt(D)
     let attn = qdq!(q.matmul(&kh)?, "qk_matmul_output_qdq")?;
-    let scale = qdq!(const 1.0 / (head_dim as f32).sqrt(), "scaling_qdq")?;
+    let scale = qdq!(const scale, "scaling_qdq")?;
     let attn = qdq!(attn.mul(&scale)?, "mul_0_output_qdq")?;
     // 3. masked softmax: masked scores become rowmin - 20
     let attn_min = qdq!(attn.reduce_min(-1, true)?, "reduce_min_output_qdq")?;

@@ -1,7 +1,7 @@
 //! The architecture numbers a decoder-only model file needs, independent of where they came from
 //! (an HF `config.json`, mllm's config, or a synthetic config for benches and snapshots).
 
-use crate::hf::{default_inv_freq, HfConfig};
+use crate::hf::{default_inv_freq, HfConfig, HiddenAct};
 
 /// Shapes and constants of a Qwen3 / Qwen2 / Llama style decoder.
 #[derive(Clone, Debug, PartialEq)]
@@ -21,6 +21,22 @@ pub struct TransformerConfig {
     pub tie_word_embeddings: bool,
     /// q/k/v projections carry biases (Qwen2; read by `LlamaAttention`).
     pub qkv_bias: bool,
+    /// The MLP's gate activation (SiLU, or Gemma's GELU-tanh).
+    pub hidden_act: HiddenAct,
+    /// The window of the sliding-window layers (`None`: every layer attends to the whole context).
+    pub sliding_window: Option<usize>,
+    /// Per layer: whether it attends through the window (mask plane 1 instead of 0).
+    pub sliding_layers: Vec<bool>,
+    /// The sliding layers' own RoPE frequencies when they differ from `rope_inv_freq` (Gemma 3).
+    pub sliding_rope_inv_freq: Option<Vec<f32>>,
+    /// Attention scores are scaled by this (`head_dim^-0.5`, Gemma 3: `query_pre_attn_scalar^-0.5`).
+    pub attn_scale: f32,
+    /// Logits become `cap * tanh(logits / cap)` (Gemma's `final_logit_softcapping`).
+    pub final_logit_softcapping: Option<f32>,
+    /// Norms scale by `1 + w` (Gemma; set by the model file, not by the config).
+    pub norm_unit_offset: bool,
+    /// Embeddings are multiplied by this (Gemma: `sqrt(hidden_size)`; set by the model file).
+    pub embed_scale: Option<f32>,
 }
 
 impl TransformerConfig {
@@ -39,7 +55,23 @@ impl TransformerConfig {
             max_positions,
             tie_word_embeddings: hf.tie_word_embeddings,
             qkv_bias: hf.qkv_bias(),
+            hidden_act: hf.hidden_act,
+            sliding_window: hf.attention.sliding_window,
+            sliding_layers: (0..hf.num_hidden_layers).map(|i| hf.attention.is_sliding(i)).collect(),
+            sliding_rope_inv_freq: hf.attention.sliding_rope_theta.map(|t| default_inv_freq(t, hf.head_dim)),
+            attn_scale: match hf.query_pre_attn_scalar {
+                Some(s) => s.powf(-0.5) as f32,
+                None => 1.0 / (hf.head_dim as f32).sqrt(),
+            },
+            final_logit_softcapping: hf.final_logit_softcapping.map(|c| c as f32),
+            norm_unit_offset: false,
+            embed_scale: None,
         }
+    }
+
+    /// A norm of width `dim` as this model's norms are (`1 + w` when `norm_unit_offset`).
+    pub fn rms_norm(&self, dim: usize) -> mllm_dsl::nn::RmsNorm {
+        mllm_dsl::nn::RmsNorm::new(dim, self.rms_norm_eps).with_unit_offset(self.norm_unit_offset)
     }
 
     pub fn decoder_shape(&self) -> mllm_dsl::DecoderShape {
@@ -48,6 +80,7 @@ impl TransformerConfig {
             num_kv_heads: self.num_key_value_heads,
             head_dim: self.head_dim,
             vocab_size: self.vocab_size,
+            sliding_window: self.sliding_window,
         }
     }
 
@@ -85,6 +118,14 @@ impl TransformerConfig {
             max_positions: 16,
             tie_word_embeddings: true,
             qkv_bias,
+            hidden_act: HiddenAct::Silu,
+            sliding_window: None,
+            sliding_layers: vec![false; 2],
+            sliding_rope_inv_freq: None,
+            attn_scale: 0.25,
+            final_logit_softcapping: None,
+            norm_unit_offset: false,
+            embed_scale: None,
         }
     }
 
@@ -103,6 +144,14 @@ impl TransformerConfig {
             max_positions: 1024,
             tie_word_embeddings: true,
             qkv_bias: false,
+            hidden_act: HiddenAct::Silu,
+            sliding_window: None,
+            sliding_layers: vec![false; 28],
+            sliding_rope_inv_freq: None,
+            attn_scale: 1.0 / (128f32).sqrt(),
+            final_logit_softcapping: None,
+            norm_unit_offset: false,
+            embed_scale: None,
         }
     }
 }

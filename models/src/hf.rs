@@ -53,7 +53,7 @@ pub enum ConfigError {
     WrongType { path: PathBuf, field: String, expected: &'static str, found: String },
     #[error("{path}: field `{field}` is invalid: {reason}")]
     InvalidValue { path: PathBuf, field: String, reason: String },
-    #[error("{path}: field `{field}` has unsupported rope type '{rope_type}' (supported: default, llama3)")]
+    #[error("{path}: field `{field}` has unsupported rope type '{rope_type}' (supported: default, linear, llama3)")]
     UnsupportedRope { path: PathBuf, field: String, rope_type: String },
     #[error("unsupported model_type '{model_type}' (supported: {})", ModelType::supported())]
     UnsupportedModelType { model_type: String },
@@ -137,6 +137,8 @@ pub enum RopeScaling {
     /// Llama 3.1 smooth interpolation between scaled (low frequency) and unscaled (high frequency)
     /// bands.
     Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: usize },
+    /// Position interpolation: every default frequency divided by `factor` (Gemma 3's global layers).
+    Linear { factor: f64 },
 }
 
 /// Parsed, validated configuration of a Hugging Face decoder-only checkpoint.
@@ -170,6 +172,14 @@ pub struct HfConfig {
     pub dtype: Option<CheckpointDtype>,
     /// mllm's LPBQ block size along the input features of quantized linears.
     pub linear_block_size: Option<usize>,
+    /// The MLP's activation (`hidden_act`, or Gemma's `hidden_activation`).
+    pub hidden_act: HiddenAct,
+    /// Which layers attend through a sliding window and how wide it is (see [`AttentionLayout`]).
+    pub attention: AttentionLayout,
+    /// Gemma 3: the attention scale is `query_pre_attn_scalar^-0.5` instead of `head_dim^-0.5`.
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Gemma 2/3: logits become `cap * tanh(logits / cap)`.
+    pub final_logit_softcapping: Option<f64>,
 }
 
 impl HfConfig {
@@ -244,13 +254,23 @@ impl HfConfig {
         let rms_norm_eps = fields.req_f64("rms_norm_eps")?;
         fields.check_positive_f32("rms_norm_eps", rms_norm_eps)?;
         let max_position_embeddings = fields.req_bounded("max_position_embeddings", limits::POSITIONS)?;
-        check_unsupported_features(&fields, num_hidden_layers)?;
+        check_unsupported_features(&fields)?;
         let partial_rotary = fields.opt_f64("partial_rotary_factor")?;
         if partial_rotary.is_some_and(|f| f != 1.0) {
             return Err(fields.invalid("partial_rotary_factor", "only full rotary embeddings (1.0) are supported"));
         }
 
         let (rope_theta, rope_scaling) = parse_rope(&fields)?;
+        let hidden_act = layers::hidden_act(&fields)?;
+        let attention = layers::attention_layout(&fields, num_hidden_layers)?;
+        let query_pre_attn_scalar = fields.opt_f64("query_pre_attn_scalar")?;
+        if let Some(q) = query_pre_attn_scalar {
+            fields.check_positive_f32("query_pre_attn_scalar", q)?;
+        }
+        let final_logit_softcapping = fields.opt_f64("final_logit_softcapping")?;
+        if let Some(cap) = final_logit_softcapping {
+            fields.check_positive_f32("final_logit_softcapping", cap)?;
+        }
 
         let dtype = match fields.opt_str("dtype")? {
             Some(name) => Some(("dtype", name)),
@@ -290,6 +310,10 @@ impl HfConfig {
             rope_scaling,
             dtype,
             linear_block_size,
+            hidden_act,
+            attention,
+            query_pre_attn_scalar,
+            final_logit_softcapping,
         })
     }
 
@@ -334,6 +358,7 @@ impl HfConfig {
         let default = default_inv_freq(self.rope_theta, self.head_dim);
         match self.rope_scaling {
             RopeScaling::Default => default,
+            RopeScaling::Linear { factor } => default.iter().map(|f| f / factor as f32).collect(),
             RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
                 llama3_inv_freq(&default, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
             }
@@ -402,15 +427,32 @@ fn parse_rope(fields: &Fields<'_>) -> Result<(f64, RopeScaling), ConfigError> {
         return Ok((top_theta.unwrap_or(DEFAULT_ROPE_THETA), RopeScaling::Default));
     };
     let nested = fields.nested(scaling_field, scaling);
+    if scaling.get("rope_type").is_none()
+        && scaling.get("type").is_none()
+        && !scaling.is_empty()
+        && scaling.values().all(Value::is_object)
+    {
+        // transformers 5.x hybrid models (Gemma 3) key rope_parameters by layer type: the full
+        // attention layers' are the model's ([`HfConfig::sliding_rope_theta`] reads the others).
+        let full = nested.opt_object("full_attention")?.ok_or_else(|| nested.missing("full_attention"))?;
+        return rope_from(fields, &nested.nested("full_attention", full), top_theta);
+    }
+    rope_from(fields, &nested, top_theta)
+}
 
+/// The RoPE base and scheme of one `rope_parameters` / `rope_scaling` object.
+fn rope_from(
+    fields: &Fields<'_>,
+    nested: &Fields<'_>,
+    top_theta: Option<f64>,
+) -> Result<(f64, RopeScaling), ConfigError> {
     let rope_type = match nested.opt_str("rope_type")? {
         Some(t) => Some(("rope_type", t)),
         None => nested.opt_str("type")?.map(|t| ("type", t)),
     };
-    if rope_type.is_none() && !scaling.is_empty() && scaling.values().all(Value::is_object) {
-        // transformers 5.x hybrid models key rope_parameters by layer type.
-        return Err(nested
-            .invalid_self("per-layer-type RoPE parameters are not supported (expected one rope_type for all layers)"));
+    let partial = nested.opt_f64("partial_rotary_factor")?;
+    if partial.is_some_and(|f| f != 1.0) {
+        return Err(nested.invalid("partial_rotary_factor", "only full rotary embeddings (1.0) are supported"));
     }
     let theta = nested.opt_f64("rope_theta")?.or(top_theta).unwrap_or(DEFAULT_ROPE_THETA);
     let theta_field =
@@ -425,6 +467,11 @@ fn parse_rope(fields: &Fields<'_>) -> Result<(f64, RopeScaling), ConfigError> {
 
     let scheme = match rope_type {
         None | Some((_, "default")) => RopeScaling::Default,
+        Some((_, "linear")) => {
+            let factor = nested.req_f64("factor")?;
+            nested.check_positive_f32("factor", factor)?;
+            RopeScaling::Linear { factor }
+        }
         Some((_, "llama3")) => {
             let factor = nested.req_f64("factor")?;
             let low_freq_factor = nested.req_f64("low_freq_factor")?;
@@ -471,35 +518,9 @@ pub mod limits {
 }
 
 /// Config features the model files do not implement: an error, never silently ignored.
-fn check_unsupported_features(fields: &Fields<'_>, num_hidden_layers: usize) -> Result<(), ConfigError> {
-    if let Some(act) = fields.opt_str("hidden_act")? {
-        if act != "silu" {
-            return Err(fields.invalid("hidden_act", format!("'{act}' is not supported (the model files use silu)")));
-        }
-    }
+fn check_unsupported_features(fields: &Fields<'_>) -> Result<(), ConfigError> {
     if fields.opt_bool("mlp_bias")? == Some(true) {
         return Err(fields.invalid("mlp_bias", "true is not supported: the model files have no bias on the MLP"));
-    }
-    if fields.opt_bool("use_sliding_window")? == Some(true) {
-        return Err(fields.invalid("use_sliding_window", "true is not supported: only full attention is implemented"));
-    }
-    match fields.get("layer_types") {
-        None => {}
-        Some(Value::Array(types)) => {
-            if types.len() != num_hidden_layers {
-                return Err(fields.invalid(
-                    "layer_types",
-                    format!("lists {} layers but num_hidden_layers is {num_hidden_layers}", types.len()),
-                ));
-            }
-            if let Some((i, t)) = types.iter().enumerate().find(|(_, t)| t.as_str() != Some("full_attention")) {
-                return Err(fields.invalid(
-                    &format!("layer_types[{i}]"),
-                    format!("{} is not supported: only \"full_attention\" layers are implemented", describe(t)),
-                ));
-            }
-        }
-        Some(other) => return Err(fields.wrong_type("layer_types", "a list of layer types", other)),
     }
     Ok(())
 }
@@ -584,10 +605,6 @@ impl<'a> Fields<'a> {
 
     fn invalid(&self, key: &str, reason: impl Into<String>) -> ConfigError {
         ConfigError::InvalidValue { path: self.path.to_path_buf(), field: self.name(key), reason: reason.into() }
-    }
-
-    fn invalid_self(&self, reason: impl Into<String>) -> ConfigError {
-        ConfigError::InvalidValue { path: self.path.to_path_buf(), field: self.prefix.clone(), reason: reason.into() }
     }
 
     fn opt_usize(&self, key: &str) -> Result<Option<usize>, ConfigError> {
@@ -712,6 +729,9 @@ impl<'a> Fields<'a> {
         }
     }
 }
+
+mod layers;
+pub use layers::{AttentionLayout, HiddenAct};
 
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,6 @@
 //! The graph I/O contract shared by the decoder models (mllm's MarkTensorIOPass), positional:
-//! inputs `ids i32 [1, S]`, `positions i32 [S]`, `mask [1, 1, S, ctx]`, `past_key_0..L-1
+//! inputs `ids i32 [1, S]`, `positions i32 [S]`, `mask [1, P, S, ctx]` (P = 2 planes, full and
+//! sliding window, for a model with sliding-window layers, else 1), `past_key_0..L-1
 //! [1, Hkv, D, ctx-S]`, `past_value_0..L-1 [1, Hkv, ctx-S, D]`; outputs `logits [1, 1, S, V]`,
 //! `present_key_l [1, Hkv, D, S]`, `present_value_l [1, Hkv, S, D]`.
 
@@ -18,10 +19,12 @@ pub fn trace_inputs(cfg: &TransformerConfig, chunk: usize, context: usize, forma
     let mut inputs = vec![
         TraceInput::new("input_ids", [1, chunk], DType::I32),
         TraceInput::new("position_ids", [chunk], DType::I32),
-        TraceInput::new("causal_mask", [1, 1, chunk, context], mask_dtype).with_qdq(QdqAttr {
-            kind: QdqKind::Global { scale: MASK_SCALE, zero_point: MASK_ZERO_POINT },
-            key: "causal_mask".into(),
-        }),
+        TraceInput::new("causal_mask", [1, cfg.decoder_shape().mask_planes(), chunk, context], mask_dtype).with_qdq(
+            QdqAttr {
+                kind: QdqKind::Global { scale: MASK_SCALE, zero_point: MASK_ZERO_POINT },
+                key: "causal_mask".into(),
+            },
+        ),
     ];
     for l in 0..cfg.num_hidden_layers {
         let input = TraceInput::new(format!("past_key_{l}"), [1, kvh, d, past], DType::U8Sym);

@@ -13,11 +13,23 @@ pub const ROPE_SIN_QDQ: &str = "model.sin_embedding_input_qdq";
 /// The QDQ point whose parameters quantize the cos table.
 pub const ROPE_COS_QDQ: &str = "model.cos_embedding_input_qdq";
 
+/// The sin table of the sliding-window layers of a model whose local layers use another RoPE
+/// base (Gemma 3).
+pub const ROPE_LOCAL_SIN_TABLE: &str = "model.mllm_max_local_sin_embedding";
+/// The cos table of those layers.
+pub const ROPE_LOCAL_COS_TABLE: &str = "model.mllm_max_local_cos_embedding";
+/// The QDQ point whose parameters quantize the local sin table.
+pub const ROPE_LOCAL_SIN_QDQ: &str = "model.local_sin_embedding_input_qdq";
+/// The QDQ point whose parameters quantize the local cos table.
+pub const ROPE_LOCAL_COS_QDQ: &str = "model.local_cos_embedding_input_qdq";
+
 /// The QDQ point that quantizes a RoPE table, by the table's key.
 pub fn rope_table_qdq(table: &str) -> Option<&'static str> {
     match table {
         ROPE_SIN_TABLE => Some(ROPE_SIN_QDQ),
         ROPE_COS_TABLE => Some(ROPE_COS_QDQ),
+        ROPE_LOCAL_SIN_TABLE => Some(ROPE_LOCAL_SIN_QDQ),
+        ROPE_LOCAL_COS_TABLE => Some(ROPE_LOCAL_COS_QDQ),
         _ => None,
     }
 }

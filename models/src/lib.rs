@@ -9,28 +9,55 @@
 pub mod blocks;
 pub mod config;
 pub mod decoder;
+pub mod gemma3;
 pub mod hf;
 pub mod io;
 pub mod keys;
 pub mod llama;
+pub mod mistral;
+pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod rope;
 
 pub use config::TransformerConfig;
 
-use crate::hf::{HfConfig, ModelType};
+use crate::hf::HfConfig;
 use mllm_dsl::{CausalLm, Error, Result};
+
+/// A model family as its file declares it: the `model_type`s it serves and how it builds the
+/// (unbound) model from the config. Adding a family is its file plus one line in [`FAMILIES`].
+pub struct Family {
+    pub model_types: &'static [&'static str],
+    pub build: fn(&TransformerConfig) -> Result<Box<dyn CausalLm>>,
+}
+
+/// Every model file's [`Family`], in the order `model_type`s are looked up.
+pub const FAMILIES: &[&Family] =
+    &[&qwen3::FAMILY, &qwen2::FAMILY, &llama::FAMILY, &mistral::FAMILY, &phi3::FAMILY, &gemma3::FAMILY];
+
+/// The `model_type`s some model file serves.
+pub fn supported_model_types() -> Vec<&'static str> {
+    FAMILIES.iter().flat_map(|f| f.model_types.iter().copied()).collect()
+}
 
 /// Builds the model file for an HF checkpoint's `model_type` (unbound: bind it to weights or
 /// declare symbolic parameters next). RoPE tables cover positions `0..max_positions`.
 pub fn build(hf: &HfConfig, max_positions: usize) -> Result<Box<dyn CausalLm>> {
-    let kind = hf.model_kind().map_err(|e| Error::msg(e.to_string()))?;
-    // Qwen3's and Llama's `attention_bias` also puts a bias on o_proj, and Llama's `mlp_bias` on
-    // the MLP projections; mllm's files (and these) have neither.
+    let kind = hf.model_type.as_str();
+    let Some(family) = FAMILIES.iter().find(|f| f.model_types.contains(&kind)) else {
+        return Err(Error::msg(format!(
+            "{}: unsupported model_type '{kind}' (supported: {})",
+            hf.source.display(),
+            supported_model_types().join(", ")
+        )));
+    };
+    // `attention_bias` also puts a bias on o_proj (and Llama's `mlp_bias` on the MLP); mllm's files
+    // (and these) have neither. Qwen2's q/k/v biases are its architecture, not this option.
     let unsupported = match kind {
-        ModelType::Qwen3 | ModelType::Llama if hf.attention_bias => Some(("attention_bias", "o_proj")),
-        ModelType::Llama if hf.mlp_bias => Some(("mlp_bias", "the MLP projections")),
+        "qwen2" => None,
+        _ if hf.attention_bias => Some(("attention_bias", "o_proj")),
+        _ if hf.mlp_bias => Some(("mlp_bias", "the MLP projections")),
         _ => None,
     };
     if let Some((field, what)) = unsupported {
@@ -39,12 +66,7 @@ pub fn build(hf: &HfConfig, max_positions: usize) -> Result<Box<dyn CausalLm>> {
             hf.source.display()
         )));
     }
-    let cfg = TransformerConfig::from_hf(hf, max_positions);
-    match kind {
-        ModelType::Qwen3 => Ok(Box::new(qwen3::Qwen3ForCausalLM::new(&cfg))),
-        ModelType::Qwen2 => Ok(Box::new(qwen2::Qwen2ForCausalLM::new(&cfg))),
-        ModelType::Llama => Ok(Box::new(llama::LlamaForCausalLM::new(&cfg))),
-    }
+    (family.build)(&TransformerConfig::from_hf(hf, max_positions))
 }
 
 #[cfg(test)]
@@ -80,7 +102,8 @@ mod tests {
         for (model_type, qk_norm, bias) in [("qwen3", true, false), ("qwen2", false, true), ("llama", false, false)] {
             let hf = config(model_type, "");
             let mut model = build(&hf, 32).unwrap();
-            let shape = DecoderShape { num_layers: 3, num_kv_heads: 2, head_dim: 16, vocab_size: 128 };
+            let shape =
+                DecoderShape { num_layers: 3, num_kv_heads: 2, head_dim: 16, vocab_size: 128, sliding_window: None };
             assert_eq!(model.shape(), shape, "{model_type}");
             let ir = traced(model.as_mut(), &TransformerConfig::from_hf(&hf, 32));
             assert_eq!(ir.contains("@model.layers.2.self_attn.q_norm.weight"), qk_norm, "{model_type}");

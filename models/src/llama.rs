@@ -17,6 +17,10 @@ use mllm_dsl::prelude::*;
 pub type LlamaMlp = Mlp;
 pub type LlamaDecoderLayer = DecoderLayer<LlamaAttention>;
 pub type LlamaModel = DecoderModel<LlamaAttention>;
+/// `model_type: "llama"`.
+pub const FAMILY: crate::Family =
+    crate::Family { model_types: &["llama"], build: |cfg| Ok(Box::new(LlamaForCausalLM::new(cfg))) };
+
 pub type LlamaForCausalLM = DecoderForCausalLM<LlamaAttention>;
 
 #[module]

@@ -16,4 +16,8 @@ pub type Qwen2Attention = LlamaAttention;
 pub type Qwen2Mlp = Mlp;
 pub type Qwen2DecoderLayer = DecoderLayer<Qwen2Attention>;
 pub type Qwen2Model = DecoderModel<Qwen2Attention>;
+/// `model_type: "qwen2"`.
+pub const FAMILY: crate::Family =
+    crate::Family { model_types: &["qwen2"], build: |cfg| Ok(Box::new(Qwen2ForCausalLM::new(cfg))) };
+
 pub type Qwen2ForCausalLM = DecoderForCausalLM<Qwen2Attention>;

@@ -15,6 +15,10 @@ use mllm_dsl::prelude::*;
 pub type Qwen3Mlp = Mlp;
 pub type Qwen3DecoderLayer = DecoderLayer<Qwen3Attention>;
 pub type Qwen3Model = DecoderModel<Qwen3Attention>;
+/// `model_type: "qwen3"`.
+pub const FAMILY: crate::Family =
+    crate::Family { model_types: &["qwen3"], build: |cfg| Ok(Box::new(Qwen3ForCausalLM::new(cfg))) };
+
 pub type Qwen3ForCausalLM = DecoderForCausalLM<Qwen3Attention>;
 
 #[module]

@@ -7,7 +7,7 @@ mod common;
 use common::{layer_inputs, snapshot};
 use mllm_dsl::prelude::*;
 use mllm_dsl::{CausalLm, Program};
-use models::decoder::{DecoderAttention, DecoderForCausalLM, DecoderLayer};
+use models::decoder::{DecoderAttention, DecoderBlock, DecoderForCausalLM, DecoderLayer};
 use models::io::trace_inputs;
 use models::llama::LlamaAttention;
 use models::qwen2::Qwen2Attention;

@@ -6,7 +6,7 @@ mod common;
 use common::{layer_inputs, snapshot};
 use mllm_dsl::prelude::*;
 use mllm_dsl::CausalLm;
-use models::decoder::DecoderAttention;
+use models::decoder::{DecoderAttention, DecoderBlock};
 use models::io::trace_inputs;
 use models::qwen3::{Qwen3Attention, Qwen3DecoderLayer, Qwen3ForCausalLM, Qwen3Mlp};
 use models::TransformerConfig;

@@ -9,7 +9,14 @@ use std::time::Instant;
 use runtime::{AttentionMask, KvCache, ModelLayout, RandomSampling, RuntimeError, Sampler, Sampling};
 
 fn main() -> Result<(), RuntimeError> {
-    let layout = ModelLayout { num_layers: 28, num_kv_heads: 8, head_dim: 128, vocab_size: 151_936, context_len: 1024 };
+    let layout = ModelLayout {
+        num_layers: 28,
+        num_kv_heads: 8,
+        head_dim: 128,
+        vocab_size: 151_936,
+        context_len: 1024,
+        sliding_window: None,
+    };
     let ctx = layout.context_len;
 
     // Fill 500 positions through the chunk-32 layout, then time the switch to the decode layout.

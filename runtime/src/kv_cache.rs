@@ -279,7 +279,14 @@ mod tests {
     use super::*;
 
     fn layout(ctx: usize) -> ModelLayout {
-        ModelLayout { num_layers: 2, num_kv_heads: 3, head_dim: 4, vocab_size: 10, context_len: ctx }
+        ModelLayout {
+            num_layers: 2,
+            num_kv_heads: 3,
+            head_dim: 4,
+            vocab_size: 10,
+            context_len: ctx,
+            sliding_window: None,
+        }
     }
 
     /// Distinct value for every (layer, head, dim, position) of K or V.

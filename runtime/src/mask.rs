@@ -9,8 +9,13 @@
 //! The stored form is the graph input: u16 with 65535 = attend, 0 = masked. The graph's mask
 //! encoding is scale 0.001/65535 and zero point 65535, so attend dequantizes to exactly 0.0 and
 //! masked to -0.001; the model computes `where(mask == 0, scores, rowmin(scores) - 20)`, i.e. any
-//! nonzero dequantized value means masked. mllm's sliding-window variant is not reproduced: it is
-//! inert when the window equals the context, which is the only configuration mllm ships.
+//! nonzero dequantized value means masked.
+//!
+//! A model with sliding-window layers (Mistral, Phi-3, Gemma 3, Qwen2 with `use_sliding_window`)
+//! takes a second plane, `[2, ar, ctx]`: plane 0 is the full causal mask above, plane 1 the same
+//! mask restricted to the window, as transformers' `sliding_window_overlay` defines it: the token
+//! at position `q` attends position `k` only if `q - k < window`. Full-attention layers read plane
+//! 0, sliding layers plane 1 ([`AttentionMask::with_sliding_window`]).
 
 use super::error::RuntimeError;
 
@@ -26,11 +31,15 @@ pub fn dequantize_mask_value(q: u16) -> f32 {
     (i32::from(q) - MASK_ZERO_POINT) as f32 * MASK_SCALE
 }
 
-/// Mask `[ar, ctx]` for one chunk graph.
+/// Mask `[planes, ar, ctx]` for one chunk graph (one plane, or two with a sliding window).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttentionMask {
     context_len: usize,
     ar: usize,
+    /// The sliding window of plane 1, if any.
+    window: Option<usize>,
+    /// Position of row 0: chunk row `i` is position `row_base + i`.
+    row_base: usize,
     values: Vec<u16>,
 }
 
@@ -40,7 +49,31 @@ impl AttentionMask {
         if context_len < 2 {
             return Err(RuntimeError::InvalidLayout { field: "context_len", value: context_len, expected: ">= 2" });
         }
-        Ok(Self { context_len, ar: 1, values: vec![MASK_MASKED; context_len] })
+        Ok(Self { context_len, ar: 1, window: None, row_base: 0, values: vec![MASK_MASKED; context_len] })
+    }
+
+    /// A mask with a second plane for sliding-window layers: position `q` attends position `k`
+    /// only if `q - k < window` (and the full mask allows it). `None` is [`new`](Self::new).
+    pub fn with_sliding_window(context_len: usize, window: Option<usize>) -> Result<Self, RuntimeError> {
+        if window == Some(0) {
+            return Err(RuntimeError::InvalidLayout { field: "sliding_window", value: 0, expected: ">= 1" });
+        }
+        let mut mask = Self::new(context_len)?;
+        mask.window = window;
+        if window.is_some() {
+            mask.values.resize(2 * context_len, MASK_MASKED);
+        }
+        Ok(mask)
+    }
+
+    /// Planes: 1, or 2 with a sliding window (the graph input is `[1, planes, ar, ctx]`).
+    pub fn planes(&self) -> usize {
+        1 + usize::from(self.window.is_some())
+    }
+
+    /// The sliding window of plane 1.
+    pub fn sliding_window(&self) -> Option<usize> {
+        self.window
     }
 
     /// Rows (chunk length).
@@ -77,13 +110,30 @@ impl AttentionMask {
             });
         }
         self.ar = ar;
+        self.row_base = n_past;
         self.values.clear();
-        self.values.resize(ar * ctx, MASK_MASKED);
-        for (i, row) in self.values.chunks_exact_mut(ctx).enumerate() {
+        self.values.resize(self.planes() * ar * ctx, MASK_MASKED);
+        for (i, row) in self.values[..ar * ctx].chunks_exact_mut(ctx).enumerate() {
             row[..n_past].fill(MASK_ATTEND);
             row[past_cols..=past_cols + i].fill(MASK_ATTEND);
         }
+        self.refresh_window();
         Ok(())
+    }
+
+    /// Plane 1 from plane 0: what the full mask allows within the window. Past column `c` holds
+    /// position `c`; chunk column `j` position `row_base + j`, as chunk row `j`.
+    fn refresh_window(&mut self) {
+        let Some(window) = self.window else { return };
+        let (ctx, ar, past_cols, base) = (self.context_len, self.ar, self.past_cols(), self.row_base);
+        let (full, sliding) = self.values.split_at_mut(ar * ctx);
+        for (i, (row, out)) in full.chunks_exact(ctx).zip(sliding.chunks_exact_mut(ctx)).enumerate() {
+            let q = base + i;
+            for (c, (&v, o)) in row.iter().zip(out.iter_mut()).enumerate() {
+                let k = if c < past_cols { c } else { base + c - past_cols };
+                *o = if q.saturating_sub(k) < window { v } else { MASK_MASKED };
+            }
+        }
     }
 
     /// Opens past columns `[n_past, n_past + n_update)` in every row, after the chunk's first
@@ -102,9 +152,12 @@ impl AttentionMask {
                 context_len: ctx,
             });
         }
-        for row in self.values.chunks_exact_mut(ctx) {
+        for row in self.values[..self.ar * ctx].chunks_exact_mut(ctx) {
             row[n_past..end].fill(MASK_ATTEND);
         }
+        // The next chunk starts after the stored tokens.
+        self.row_base = end;
+        self.refresh_window();
         Ok(())
     }
 
@@ -113,16 +166,25 @@ impl AttentionMask {
     /// # Panics
     /// If `row >= ar` or `col >= ctx`.
     pub fn attends(&self, row: usize, col: usize) -> bool {
-        assert!(col < self.context_len, "mask column {col} >= context {}", self.context_len);
-        self.values[row * self.context_len + col] == MASK_ATTEND
+        self.attends_in(0, row, col)
     }
 
-    /// The quantized graph input `[ar, ctx]`, borrowed.
+    /// Whether row `row` attends column `col` in plane `plane` (1: the sliding window's).
+    ///
+    /// # Panics
+    /// If `plane >= planes()`, `row >= ar` or `col >= ctx`.
+    pub fn attends_in(&self, plane: usize, row: usize, col: usize) -> bool {
+        assert!(col < self.context_len, "mask column {col} >= context {}", self.context_len);
+        assert!(row < self.ar && plane < self.planes(), "mask plane {plane} row {row}");
+        self.values[(plane * self.ar + row) * self.context_len + col] == MASK_ATTEND
+    }
+
+    /// The quantized graph input `[planes, ar, ctx]`, borrowed.
     pub fn as_u16(&self) -> &[u16] {
         &self.values
     }
 
-    /// The quantized graph input `[ar, ctx]`: 65535 = attend, 0 = masked.
+    /// The quantized graph input `[planes, ar, ctx]`: 65535 = attend, 0 = masked.
     pub fn to_u16(&self) -> Vec<u16> {
         self.values.clone()
     }
@@ -134,7 +196,7 @@ impl AttentionMask {
         out
     }
 
-    /// Writes [`to_f32`](Self::to_f32) into `out` (length `ar * ctx`) without allocating.
+    /// Writes [`to_f32`](Self::to_f32) into `out` (length `planes * ar * ctx`) without allocating.
     ///
     /// # Panics
     /// If `out` has another length.
@@ -197,6 +259,33 @@ mod tests {
         assert!(mask.init(2, 5).is_err());
         assert!(mask.init(0, 0).is_err());
         assert!(mask.init(7, 0).is_err());
+    }
+
+    /// Renders plane 1 (the sliding window's).
+    fn render_window(mask: &AttentionMask) -> Vec<String> {
+        let ctx = mask.context_len();
+        (0..mask.ar()).map(|r| (0..ctx).map(|c| if mask.attends_in(1, r, c) { '1' } else { '0' }).collect()).collect()
+    }
+
+    #[test]
+    fn sliding_window_plane_follows_the_positions() {
+        // Window 3, context 8, chunks of 3: past columns 0..5, chunk columns 5..8.
+        let mut mask = AttentionMask::with_sliding_window(8, Some(3)).unwrap();
+        assert_eq!(mask.planes(), 2);
+        mask.init(3, 0).unwrap();
+        assert_eq!(render(&mask)[..3], ["00000100", "00000110", "00000111"]);
+        assert_eq!(render_window(&mask), ["00000100", "00000110", "00000111"]);
+        // Positions 0..3 stored; rows are positions 3, 4, 5: position q sees q-2..=q.
+        mask.update(0, 3).unwrap();
+        assert_eq!(render_window(&mask), ["01100100", "00100110", "00000111"]);
+        // Decode at position 5 after 5 stored positions: sees 3, 4 (past) and itself.
+        mask.init(1, 5).unwrap();
+        let full: Vec<bool> = (0..8).map(|c| mask.attends(0, c)).collect();
+        assert_eq!(full, [true, true, true, true, true, false, false, true]);
+        assert_eq!(render_window(&mask), ["00011001"]);
+        assert_eq!(mask.as_u16().len(), 2 * 8);
+        assert!(AttentionMask::with_sliding_window(8, Some(0)).is_err());
+        assert_eq!(AttentionMask::with_sliding_window(8, None).unwrap().planes(), 1);
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub struct ModelLayout {
     pub vocab_size: usize,
     /// Context length `ctx`: the mask width and the most positions a sequence may hold.
     pub context_len: usize,
+    /// The window of the model's sliding-window layers, if it has any: the mask then has a
+    /// second plane for them (see [`AttentionMask`]).
+    pub sliding_window: Option<usize>,
 }
 
 impl ModelLayout {

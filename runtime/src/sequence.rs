@@ -36,7 +36,7 @@ impl<T: Copy + Default> Sequence<T> {
     /// An empty sequence for a model of this layout, laid out for chunks of `ar`.
     pub fn new(layout: ModelLayout, ar: usize) -> Result<Self, RuntimeError> {
         let cache = KvCache::new(layout, ar)?;
-        let mut mask = AttentionMask::new(layout.context_len)?;
+        let mut mask = AttentionMask::with_sliding_window(layout.context_len, layout.sliding_window)?;
         mask.init(ar, 0)?;
         Ok(Self {
             layout,
@@ -215,7 +215,14 @@ mod tests {
 
     #[test]
     fn a_refused_prefix_keeps_the_previous_start() {
-        let layout = ModelLayout { num_layers: 2, num_kv_heads: 1, head_dim: 2, vocab_size: 10, context_len: 8 };
+        let layout = ModelLayout {
+            num_layers: 2,
+            num_kv_heads: 1,
+            head_dim: 2,
+            vocab_size: 10,
+            context_len: 8,
+            sliding_window: None,
+        };
         let mut seq = Sequence::<u16>::new(layout, 1).unwrap();
         // Two positions: K [1, 2, 2] and V [1, 2, 2] per layer.
         let prefix = KvPrefix { len: 2, keys: vec![vec![1, 2, 3, 4]; 2], values: vec![vec![5, 6, 7, 8]; 2] };

@@ -298,7 +298,7 @@ impl<T: KvCodec> ChunkModel for ToyTransformer<T> {
 }
 
 fn layout(ctx: usize) -> ModelLayout {
-    ModelLayout { num_layers: 2, num_kv_heads: 2, head_dim: 4, vocab_size: 40, context_len: ctx }
+    ModelLayout { num_layers: 2, num_kv_heads: 2, head_dim: 4, vocab_size: 40, context_len: ctx, sliding_window: None }
 }
 
 fn prompt(len: usize, seed: u64) -> Vec<u32> {

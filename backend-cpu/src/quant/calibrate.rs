@@ -139,7 +139,13 @@ impl ObserverHook {
         let mut slots = HashMap::new();
         let mut concats = Vec::new();
         let mut concat_slices = HashMap::new();
-        for group in concat_groups {
+        // As deployed, concatenations that share a point share one range; pymllm's aliasing
+        // (mllm-compatible) never meets two such groups in the models it exports.
+        let concat_groups = match mode {
+            CalibrationMode::MllmCompatible => concat_groups.to_vec(),
+            CalibrationMode::Deployed => compiler::quant::points::merge_overlapping(concat_groups),
+        };
+        for group in &concat_groups {
             let keys = group.keys();
             // Points with given parameters cannot follow a shared range; such a group is left to
             // the compiler's consistency check, as in mllm.

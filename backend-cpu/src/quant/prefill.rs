@@ -53,14 +53,28 @@ pub fn prefill(
     let p = prefix.map_or(0, SinkPrefix::len);
     let (attend, masked) = (dequantize_mask_value(MASK_ATTEND), dequantize_mask_value(MASK_MASKED));
     let cols = p + s;
-    // Row r (position p + r) attends every prefix column and the sequence up to itself.
-    let mask: Vec<f32> = (0..s * cols).map(|k| if k % cols <= p + k / cols { attend } else { masked }).collect();
+    // Row r (position p + r) attends every prefix column and the sequence up to itself; in the
+    // sliding window's plane (models with sliding-window layers) only columns less than the window
+    // before it.
+    let windows = [None].into_iter().chain(shape.sliding_window.map(Some));
+    let mask: Vec<f32> = windows
+        .flat_map(|w| {
+            (0..s * cols).map(move |k| {
+                let (q, c) = (p + k / cols, k % cols);
+                if c <= q && w.is_none_or(|w| q - c < w) {
+                    attend
+                } else {
+                    masked
+                }
+            })
+        })
+        .collect();
     let f32_tensor = |data: Vec<f32>, dims: Vec<usize>, dtype: DType| {
         Tensor::from_storage(TensorType::new(dims, dtype), Storage::F32(data.into()), backend.clone())
     };
     let ids_t = Tensor::from_i64(ids.to_vec(), vec![1, s], DType::I32, backend.clone())?;
     let pos = Tensor::from_i64((p as i64..(p + s) as i64).collect::<Vec<_>>(), vec![s], DType::I32, backend.clone())?;
-    let mask = f32_tensor(mask, vec![1, 1, s, cols], DType::F32)?;
+    let mask = f32_tensor(mask, vec![1, shape.mask_planes(), s, cols], DType::F32)?;
     let (keys, values) = match prefix {
         Some(prefix) => {
             prefix.check_fits(model)?;

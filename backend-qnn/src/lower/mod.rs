@@ -387,6 +387,39 @@ impl GraphLowering<'_, '_, '_> {
         Ok(name)
     }
 
+    /// Gemma's norm gamma `1 + w` (`RmsNorm { unit_offset }`), as QNN's RmsNorm takes it: the stored
+    /// `w` (uint16) dequantized, plus one, quantized again over `[min(0, lo), max(0, hi)]`.
+    fn unit_offset_gamma(&mut self, v: ValueId) -> Result<String, LowerError> {
+        let name = format!("{}_plus_one", self.value_name(v)?);
+        if let Some(known) = self.names.get(&v).filter(|n| **n == name) {
+            return Ok(known.clone());
+        }
+        let tensor = match self.lowering.statics.get(&name) {
+            Some(t) => t.clone(),
+            None => {
+                let def = self.program.value(v);
+                let symbol = def.symbol.clone().ok_or_else(|| self.value_err(v, "is not a parameter".into()))?;
+                let stored = weights::weight_tensor(
+                    self.program,
+                    v,
+                    &symbol,
+                    &name,
+                    self.lowering.weights,
+                    self.lowering.options.int4_storage,
+                )
+                .map_err(|e| LowerError::Weight {
+                    graph: self.graph.to_string(),
+                    key: e.key,
+                    source: e.problem,
+                })?;
+                let t = weights::plus_one(stored).map_err(|detail| self.value_err(v, detail))?;
+                self.lowering.share_static(self.graph, t)?
+            }
+        };
+        self.add_static(tensor)?;
+        Ok(name)
+    }
+
     /// Adds a (shared) static tensor to this graph once.
     fn add_static(&mut self, t: QnnTensor) -> Result<(), LowerError> {
         if self.statics_in_graph.insert(t.name.clone()) {

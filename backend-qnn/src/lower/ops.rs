@@ -58,6 +58,7 @@ impl GraphLowering<'_, '_, '_> {
         for (i, &v) in op.inputs.iter().enumerate() {
             let name = match (&op.kind, i) {
                 (OpKind::Conv2d, 2) => self.conv_bias(v, &inputs[0], &inputs[1])?,
+                (OpKind::RmsNorm { unit_offset: true, .. }, 1) => self.unit_offset_gamma(v)?,
                 _ => self.operand(v)?,
             };
             inputs.push(name);
@@ -152,7 +153,7 @@ impl GraphLowering<'_, '_, '_> {
                     ("beta".into(), ParamValue::Scalar(Scalar::Float32(1.0))),
                 ],
             ),
-            OpKind::RmsNorm { eps } => {
+            OpKind::RmsNorm { eps, .. } => {
                 let gamma = shape(op.inputs[1]);
                 let Ok(d) = u32::try_from(gamma.iter().product::<usize>()) else {
                     return Err(op_err("gamma is too large".into()));

@@ -260,3 +260,32 @@ pub(super) fn conv_bias_tensor(
     let dims = [codes.len() as u32];
     Ok(QnnTensor::new_static(name, DataType::SFixedPoint32, &dims, encoding, StaticData::from_i32(&codes)))
 }
+
+/// `t + 1` for a static norm gamma: f32 data directly; uint16 data dequantized, plus one and
+/// quantized again with an encoding over `[min(0, lo), max(0, hi)]` of the new values.
+pub(super) fn plus_one(t: QnnTensor) -> Result<QnnTensor, String> {
+    let data = t.data.as_ref().ok_or("has no static data")?;
+    match (t.dtype, &t.encoding) {
+        (DataType::Float32, _) => {
+            let v: Vec<f32> =
+                data.bytes().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) + 1.0).collect();
+            Ok(QnnTensor::new_static(t.name, t.dtype, &t.dims, t.encoding, StaticData::from_f32(&v)))
+        }
+        (DataType::UFixedPoint16, Encoding::ScaleOffset(so)) => {
+            let real: Vec<f32> = data
+                .bytes()
+                .chunks_exact(2)
+                .map(|b| so.dequantize(i64::from(u16::from_le_bytes([b[0], b[1]]))) + 1.0)
+                .collect();
+            let (lo, hi) = real.iter().fold((0f32, 0f32), |(l, h), &x| (l.min(x), h.max(x)));
+            let scale = if hi > lo { (hi - lo) / 65535.0 } else { 1.0 / 65535.0 };
+            let new = ScaleOffset { scale, offset: (lo / scale).round() as i32 };
+            let codes: Vec<u16> = real.iter().map(|&x| new.quantize(x, (0, 65535)) as u16).collect();
+            let encoding = Encoding::ScaleOffset(new);
+            Ok(QnnTensor::new_static(t.name, t.dtype, &t.dims, encoding, StaticData::from_u16(&codes)))
+        }
+        (dtype, encoding) => {
+            Err(format!("a (1 + w) norm gamma of type {dtype} with encoding {encoding:?} is not supported"))
+        }
+    }
+}

@@ -2,12 +2,15 @@
 //! `MergeLLMHeadIntoMainGraphPass`), so one QNN graph produces the logits.
 //!
 //! The op named `lm_head` (or `lm_head_out`) in `@main` is moved just before the model graph's
-//! return; the model graph then returns the head's output where it returned the head's input, and
-//! the call in `@main` defines the logits directly. Parameters (the head's weight) are global
-//! values and need no plumbing. The head must read exactly one activation, which must be an output
-//! of the model call used by nothing else.
+//! return, together with the ops after it that compute the logits from its output (Gemma's final
+//! softcapping, with its constants); the model graph then returns the logits where it returned the
+//! head's input, and the call in `@main` defines them directly. Parameters (the head's weight) are
+//! global values and need no plumbing. The head must read exactly one activation, which must be an
+//! output of the model call used by nothing else; the ops after it may read only global values and
+//! what the head and they define, and exactly one of their values must be an output of `@main`.
 
-use super::graph::{callee, module_of, op_name, region, region_mut, subgraph_slots, top_call};
+use super::graph::{callee, module_of, op_name, region_mut, subgraph_slots, top_call};
+use super::mark_qnn::USING_QNN;
 use super::{Pass, PassError};
 use mllm_dsl::ir::{Node, Program, ValueId};
 
@@ -81,8 +84,66 @@ impl Pass for MergeLlmHead {
                     .into(),
             ));
         }
-        let head = p.main.body.remove(head_at);
-        let replace = |vs: &mut Vec<ValueId>| vs.iter_mut().filter(|v| **v == x).for_each(|v| *v = y);
+        // The head and every op after the call (the logits' epilogue, e.g. softcapping and its
+        // constants) move; parameter registrations stay (they are global).
+        let moves = |n: &Node| matches!(n, Node::Linalg(_) | Node::Constant { .. });
+        let tail: Vec<usize> = (call_at + 1..p.main.body.len()).filter(|&i| moves(&p.main.body[i])).collect();
+        let mut defined: std::collections::HashSet<ValueId> = std::collections::HashSet::new();
+        for &i in &tail {
+            match &p.main.body[i] {
+                Node::Linalg(op) => {
+                    let foreign =
+                        op.inputs.iter().copied().find(|v| {
+                            p.value(*v).symbol.is_none() && !defined.contains(v) && !(i == head_at && *v == x)
+                        });
+                    if let (Some(v), true) = (foreign, i > head_at) {
+                        return Err(PassError::Op {
+                            pass: PASS,
+                            op: op_name(op),
+                            module: "@main".into(),
+                            value: super::graph::describe_value(p, v),
+                            message: "an op after the head reads a value the head and the ops after it do not \
+                                      define, so it cannot move into the model graph"
+                                .into(),
+                        });
+                    }
+                    defined.extend(op.outputs.iter().copied());
+                }
+                Node::Constant { value, .. } => {
+                    defined.insert(*value);
+                }
+                _ => {}
+            }
+        }
+        if let Some(&i) = tail.iter().find(|&&i| i < head_at && matches!(p.main.body[i], Node::Linalg(_))) {
+            let Node::Linalg(op) = &p.main.body[i] else { unreachable!() };
+            return Err(err(op_name(op), "an op runs between the model call and the head".into()));
+        }
+        let results: Vec<ValueId> = p.main.outputs.iter().copied().filter(|v| defined.contains(v)).collect();
+        let [logits] = results[..] else {
+            return Err(err(
+                format!("{} outputs of @main defined after the call", results.len()),
+                "exactly one output of @main (the logits) must come from the head and the ops after it".into(),
+            ));
+        };
+        let mut moved = Vec::with_capacity(tail.len());
+        for &i in tail.iter().rev() {
+            moved.push(p.main.body.remove(i));
+        }
+        moved.reverse();
+        // The epilogue runs where the head runs: on QNN when MarkQnnGraph put the head there.
+        let head_qnn = moved.iter().find_map(|n| match n {
+            Node::Linalg(op) if op.outputs == [y] => op.attrs.get(USING_QNN).cloned(),
+            _ => None,
+        });
+        if let Some(attr) = head_qnn {
+            for n in &mut moved {
+                if let Node::Linalg(op) = n {
+                    op.attrs.entry(USING_QNN.into()).or_insert_with(|| attr.clone());
+                }
+            }
+        }
+        let replace = |vs: &mut Vec<ValueId>| vs.iter_mut().filter(|v| **v == x).for_each(|v| *v = logits);
         // @main: its one call (`top_call`) now defines the logits; the head's input no longer
         // leaves the graph.
         for n in &mut p.main.body {
@@ -97,8 +158,8 @@ impl Pass for MergeLlmHead {
             return Err(PassError::structure(PASS, format!("@{} has no cf.ReturnOp", module_of(p, Some(graph)))));
         };
         replace(vs);
-        r.body.insert(ret, head);
-        debug_assert!(region(p, Some(graph)).outputs.contains(&y));
+        r.body.splice(ret..ret, moved);
+        debug_assert!(y == logits || defined.contains(&y));
         Ok(())
     }
 }

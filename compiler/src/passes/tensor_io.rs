@@ -65,7 +65,9 @@ impl IoContract {
         }
         let rank = |position: &'static str, expected: &'static str| IoContractError::Rank { position, expected };
         let chunk = *inputs[0].shape.get(1).ok_or(rank("input 0 (input_ids)", "[1, S]"))?;
-        let context = *inputs[2].shape.get(3).ok_or(rank("input 2 (attention_mask)", "[1, 1, S, C]"))?;
+        let context = *inputs[2].shape.get(3).ok_or(rank("input 2 (attention_mask)", "[1, P, S, C]"))?;
+        // One mask plane, or two (full causal, sliding window) for models with sliding-window layers.
+        let planes = if inputs[2].shape.get(1) == Some(&2) { 2 } else { 1 };
         let (kv_heads, head_dim) = match inputs.get(3).map(|t| &t.shape[..]) {
             Some(&[1, h, d, _]) => (h, d),
             _ if layers == 0 => (0, 0),
@@ -88,7 +90,7 @@ impl IoContract {
             let (dtype, shape) = match i {
                 0 => (DType::I32, vec![1, chunk]),
                 1 => (DType::I32, vec![chunk]),
-                2 => (DType::U16Asym, vec![1, 1, chunk, context]),
+                2 => (DType::U16Asym, vec![1, planes, chunk, context]),
                 i if i < 3 + layers => (DType::U8Sym, vec![1, kv_heads, head_dim, past]),
                 _ => (DType::U8Sym, vec![1, kv_heads, past, head_dim]),
             };

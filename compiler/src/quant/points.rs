@@ -78,6 +78,30 @@ pub struct ConcatGroup {
     pub members: Vec<ConcatMember>,
 }
 
+/// `groups` with every two that share a QDQ point merged into one (op names joined by `+`), in
+/// order of first appearance: one range must then hold for all their points (Phi-3's q and k
+/// rotate_half concatenations both read the fused qkv projection's point).
+pub fn merge_overlapping(groups: &[ConcatGroup]) -> Vec<ConcatGroup> {
+    let mut merged: Vec<ConcatGroup> = Vec::new();
+    for g in groups {
+        let keys = g.keys();
+        let overlapping: Vec<usize> =
+            (0..merged.len()).filter(|&i| merged[i].keys().iter().any(|k| keys.contains(k))).collect();
+        let Some((&first, rest)) = overlapping.split_first() else {
+            merged.push(g.clone());
+            continue;
+        };
+        for &i in rest.iter().rev() {
+            let other = merged.remove(i);
+            merged[first].op = format!("{}+{}", merged[first].op, other.op);
+            merged[first].members.extend(other.members);
+        }
+        merged[first].op = format!("{}+{}", merged[first].op, g.op);
+        merged[first].members.extend(g.members.iter().cloned());
+    }
+    merged
+}
+
 impl ConcatGroup {
     /// The distinct keys of the members, in member order.
     pub fn keys(&self) -> Vec<&str> {
@@ -95,8 +119,9 @@ impl ConcatGroup {
 ///
 /// An input resolves to a point when its value carries the QDQ, when it is that value after ops
 /// that only move values (View, Transpose, Permute, Unsqueeze, Repeat, Cast), or when it is a
-/// Slice of such a value. Only a slice taken straight from the QDQ value maps back to the point's
-/// layout (`slice`); a slice of a moved value (Llama's and Qwen2's rotate_half slices the
+/// Slice of such a value. Only a single slice taken straight from the QDQ value maps back to the
+/// point's layout (`slice`); slices of slices (Phi-3's rotate_half of a head split off the fused
+/// qkv projection) and a slice of a moved value (Llama's and Qwen2's rotate_half slices the
 /// transposed projection output, Qwen3's the q/k norm output itself) is a member with no slice,
 /// observed over the point's whole tensor, a superset of what enters the concatenation. Inputs
 /// that resolve to nothing are left out of the group.
@@ -107,9 +132,11 @@ pub fn concat_groups(program: &Program) -> Vec<ConcatGroup> {
     let resolve = |start: ValueId| -> Option<ConcatMember> {
         let mut v = start;
         let mut slice = None;
-        let mut sliced = false;
+        let mut slices = 0;
         loop {
             if let Some(q) = program.value(v).qdq.as_ref() {
+                // Two slices compose to one the member does not record: the whole tensor.
+                let slice = if slices == 1 { slice } else { None };
                 return Some(ConcatMember { point: q.clone(), slice });
             }
             let op = producer.get(&v)?;
@@ -120,8 +147,8 @@ pub fn concat_groups(program: &Program) -> Vec<ConcatGroup> {
                 | OpKind::Unsqueeze { .. }
                 | OpKind::Repeat { .. }
                 | OpKind::Cast { .. } => v = op.inputs[0],
-                OpKind::Slice { dim, start, end } if !sliced => {
-                    sliced = true;
+                OpKind::Slice { dim, start, end } => {
+                    slices += 1;
                     if program.value(op.inputs[0]).qdq.as_ref().is_some() {
                         slice = Some(SliceOf { dim: *dim, start: *start, end: *end });
                     }
@@ -229,4 +256,30 @@ pub fn linear_inputs(program: &Program) -> Vec<LinearInput> {
         out.push(LinearInput { op: name, point, moves, in_features });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mllm_dsl::QdqKind;
+
+    fn group(op: &str, keys: &[&str]) -> ConcatGroup {
+        let member =
+            |k: &&str| ConcatMember { point: QdqAttr { kind: QdqKind::Activation, key: k.to_string() }, slice: None };
+        ConcatGroup { op: op.into(), members: keys.iter().map(member).collect() }
+    }
+
+    #[test]
+    fn groups_sharing_a_point_merge_and_others_stay() {
+        let groups = [group("q", &["q_neg", "qkv"]), group("other", &["a", "b"]), group("k", &["k_neg", "qkv"])];
+        let merged = merge_overlapping(&groups);
+        assert_eq!(merged.len(), 2);
+        assert_eq!((merged[0].op.as_str(), merged[0].keys()), ("q+k", vec!["q_neg", "qkv", "k_neg"]));
+        assert_eq!(merged[1], groups[1]);
+        // A later group joining two earlier ones merges all three.
+        let chain = [group("x", &["a", "b"]), group("y", &["c", "d"]), group("z", &["b", "c"])];
+        let merged = merge_overlapping(&chain);
+        assert_eq!(merged.len(), 1);
+        assert_eq!(merged[0].keys(), ["a", "b", "c", "d"]);
+    }
 }

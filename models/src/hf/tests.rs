@@ -374,7 +374,7 @@ fn unsupported_rope_types_name_the_field() {
     let (err, msg) = err_of(&LLAMA_DEV_F32.replace("\"rope_type\": \"default\"", "\"rope_type\": \"yarn\""));
     assert!(matches!(err, ConfigError::UnsupportedRope { ref field, ref rope_type, .. }
             if field == "rope_parameters.rope_type" && rope_type == "yarn"));
-    assert!(msg.contains("'yarn'") && msg.contains("supported: default, llama3"), "{msg}");
+    assert!(msg.contains("'yarn'") && msg.contains("supported: default, linear, llama3"), "{msg}");
 
     let text = QWEN2_STYLE.replace(
         "\"rope_theta\": 1000000.0,",
@@ -394,15 +394,30 @@ fn llama3_missing_and_bad_parameters() {
     assert!(msg.contains("rope_scaling.high_freq_factor") && msg.contains("greater"), "{msg}");
 }
 
+/// Per-layer-type RoPE parameters (transformers 5.x Gemma 3) are read — the full layers' are the
+/// model's (`sliding_window_layouts`) — but a scaling scheme on the sliding layers is refused,
+/// naming the field, and a map without `full_attention` names what is missing.
 #[test]
-fn per_layer_type_rope_parameters_rejected() {
-    let text = QWEN3_DEV_F32.replace(
+fn per_layer_type_rope_parameters_need_plain_sliding_rope() {
+    let per_type = |sliding: &str| {
+        QWEN3_DEV_F32.replace(
+            r#""rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}"#,
+            &format!(
+                r#""rope_parameters": {{"full_attention": {{"rope_theta": 1e6, "rope_type": "default"}},
+            "sliding_attention": {sliding}}}"#
+            ),
+        )
+    };
+    let c = parse(&per_type(r#"{"rope_theta": 1e4, "rope_type": "default"}"#)).unwrap();
+    assert_eq!((c.rope_theta, c.attention.sliding_rope_theta), (1e6, Some(1e4)));
+    let (_, msg) = err_of(&per_type(r#"{"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}"#));
+    assert!(msg.contains("rope_parameters.sliding_attention.rope_type") && msg.contains("'linear'"), "{msg}");
+    let only_sliding = QWEN3_DEV_F32.replace(
         r#""rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}"#,
-        r#""rope_parameters": {"full_attention": {"rope_theta": 1e6, "rope_type": "default"},
-            "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}}"#,
+        r#""rope_parameters": {"sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}}"#,
     );
-    let (_, msg) = err_of(&text);
-    assert!(msg.contains("`rope_parameters`") && msg.contains("per-layer"), "{msg}");
+    let (_, msg) = err_of(&only_sliding);
+    assert!(msg.contains("full_attention"), "{msg}");
 }
 
 #[test]
@@ -543,20 +558,26 @@ fn unsupported_features_are_errors_not_ignored() {
     let (field, _) =
         invalid_field(&edited("\"attention_bias\": false", "\"attention_bias\": false, \"mlp_bias\": true"));
     assert_eq!(field, "mlp_bias");
-    let (field, _) = invalid_field(&edited("\"use_sliding_window\": false", "\"use_sliding_window\": true"));
-    assert_eq!(field, "use_sliding_window");
-
+    // A sliding layer needs a window (this config's is null).
     let (field, msg) = invalid_field(&edited(
         "[\"full_attention\", \"full_attention\"]",
         "[\"full_attention\", \"sliding_attention\"]",
     ));
+    assert_eq!(field, "sliding_window");
+    assert!(msg.contains("no window"), "{msg}");
+    let (field, msg) = invalid_field(&edited(
+        "[\"full_attention\", \"full_attention\"]",
+        "[\"full_attention\", \"chunked_attention\"]",
+    ));
     assert_eq!(field, "layer_types[1]");
-    assert!(msg.contains("sliding_attention"), "{msg}");
+    assert!(msg.contains("chunked_attention"), "{msg}");
+    let (field, _) = invalid_field(&edited("\"sliding_window\": null", "\"sliding_window\": 0"));
+    assert_eq!(field, "sliding_window");
     let (field, msg) = invalid_field(&edited("[\"full_attention\", \"full_attention\"]", "[\"full_attention\"]"));
     assert_eq!(field, "layer_types");
     assert!(msg.contains("1 layers") && msg.contains("num_hidden_layers is 2"), "{msg}");
 
-    for rope_type in ["linear", "dynamic", "yarn", "longrope"] {
+    for rope_type in ["dynamic", "yarn", "longrope"] {
         let (err, msg) = err_of(&edited("\"rope_type\": \"default\"", &format!("\"rope_type\": \"{rope_type}\"")));
         assert!(matches!(err, ConfigError::UnsupportedRope { .. }), "{msg}");
     }
@@ -610,4 +631,55 @@ fn sizes_are_bounded_before_anything_is_allocated() {
         assert_eq!(got, field, "{to}: {msg}");
         assert!(msg.contains("limit"), "{msg}");
     }
+}
+
+/// The three spellings of "which layers slide" (`hf/layers.rs`), the per-layer-type RoPE parameters of
+/// transformers 5.x Gemma 3 configs, and Gemma's activation key.
+#[test]
+fn sliding_window_layouts() {
+    let window = |text: &str| {
+        let c = parse(text).unwrap();
+        (c.attention.sliding_window, c.attention.sliding_layers)
+    };
+    // layer_types, as transformers 5.x writes it (Qwen2 with use_sliding_window, Gemma 3).
+    let text = edited("[\"full_attention\", \"full_attention\"]", "[\"full_attention\", \"sliding_attention\"]");
+    let text = text.replace("\"sliding_window\": null", "\"sliding_window\": 8");
+    assert_eq!(window(&text), (Some(8), vec![false, true]));
+    // Without layer_types: use_sliding_window + max_window_layers (4.x Qwen2) ...
+    let base = QWEN3_DEV_F32.replace("\"layer_types\": [\"full_attention\", \"full_attention\"],", "");
+    let qwen = base
+        .replace("\"sliding_window\": null", "\"sliding_window\": 8")
+        .replace("\"use_sliding_window\": false", "\"use_sliding_window\": true");
+    assert_eq!(
+        window(&qwen.replace("\"max_window_layers\": 28", "\"max_window_layers\": 1")),
+        (Some(8), vec![false, true])
+    );
+    assert_eq!(window(&qwen), (None, vec![false, false]), "max_window_layers 28 >= 2 layers");
+    // ... a window with use_sliding_window false slides nothing (Qwen2.5's configs) ...
+    let off = base.replace("\"sliding_window\": null", "\"sliding_window\": 131072");
+    assert_eq!(window(&off), (None, vec![false, false]));
+    // ... and a window alone slides every layer (Mistral, Phi-3).
+    let mistral = off.replace("\"use_sliding_window\": false,", "").replace("131072", "4");
+    assert_eq!(window(&mistral), (Some(4), vec![true, true]));
+    // Gemma 3 (4.x): every 2nd layer global.
+    let gemma = mistral.replace("\"sliding_window\": 4", "\"sliding_window\": 4, \"sliding_window_pattern\": 2");
+    assert_eq!(window(&gemma), (Some(4), vec![true, false]));
+
+    // rope_parameters keyed by layer type: the full layers' are the model's.
+    let per_type = r#""rope_parameters": {"full_attention": {"rope_theta": 1000000.0, "rope_type": "linear", "factor": 8.0},
+        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}"#;
+    let text = edited("\"rope_parameters\": {\"rope_theta\": 1000000.0, \"rope_type\": \"default\"}", per_type);
+    let c = parse(&text).unwrap();
+    assert_eq!((c.rope_theta, c.rope_scaling), (1e6, RopeScaling::Linear { factor: 8.0 }));
+    assert_eq!(c.attention.sliding_rope_theta, Some(1e4));
+    assert_eq!(c.rope_inv_freq()[0], 1.0 / 8.0);
+    let bad = text.replace(
+        "\"rope_theta\": 10000.0, \"rope_type\": \"default\"",
+        "\"rope_theta\": 10000.0, \"rope_type\": \"yarn\"",
+    );
+    let (field, _) = invalid_field(&bad);
+    assert_eq!(field, "rope_parameters.sliding_attention.rope_type");
+
+    let gelu = edited("\"hidden_act\": \"silu\"", "\"hidden_activation\": \"gelu_pytorch_tanh\"");
+    assert_eq!(parse(&gelu).unwrap().hidden_act, HiddenAct::GeluTanh);
 }
