@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes an HF Qwen3 checkpoint (one model.safetensors; bf16/f16/f32) as an F16 GGUF for llama.cpp,
+"""Writes an HF Qwen3 checkpoint (its *.safetensors files; bf16/f16/f32) as an F16 GGUF for llama.cpp,
 so `llama-quantize` can make its Q4_0 and `llama-bench` can time it next to this project's CPU
 backend (examples/bench_cpu.rs). A synthetic checkpoint has no tokenizer: the GGUF borrows the
 tokenizer of DONOR_GGUF (any GPT-2-style GGUF, e.g. SmolLM2's) and pads its token list to the
@@ -23,15 +23,27 @@ sys.path.insert(0, gguf_py)
 import gguf  # noqa: E402
 
 cfg = json.load(open(os.path.join(hf_dir, "config.json")))
-path = os.path.join(hf_dir, "model.safetensors")
-with open(path, "rb") as f:
-    (header_len,) = struct.unpack("<Q", f.read(8))
-    header = json.loads(f.read(header_len))
-data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
+# Every *.safetensors file of the directory (one model.safetensors, or shards such as the
+# model-layer-NN.safetensors bench_cpu writes): tensor name -> (file, header entry, data).
+tensors = {}
+files = sorted(f for f in os.listdir(hf_dir) if f.endswith(".safetensors"))
+if not files:
+    sys.exit(f"{hf_dir}: no *.safetensors file")
+for file in files:
+    path = os.path.join(hf_dir, file)
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_len))
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
+    for name, info in header.items():
+        if name != "__metadata__":
+            tensors[name] = (path, info, data)
 
 
 def tensor(name):
-    info = header[name]
+    if name not in tensors:
+        sys.exit(f"{hf_dir}: no tensor {name} in {', '.join(files)}")
+    path, info, data = tensors[name]
     start, end = info["data_offsets"]
     raw = data[start:end]
     if info["dtype"] == "BF16":
