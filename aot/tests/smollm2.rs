@@ -100,7 +100,7 @@ const HELD_OUT_TOKENS: usize = 512;
 /// then its quantized checkpoint scored on the first 512 tokens of the held-out text against the
 /// float model after the same prefix (float and RTN pinned to HF transformers' figures):
 /// perplexity ≤ 1.10 × float and top-1 agreement ≥ 85 %, and better than the naive weight-only
-/// RTN baseline in perplexity and KL. docs/quantization.md has the measured figures.
+/// RTN baseline in perplexity and KL.
 ///
 /// (Float parity against HF is pinned by examples/tests/smollm2.rs.)
 #[test]
