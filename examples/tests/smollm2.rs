@@ -1,7 +1,9 @@
 //! SmolLM2-135M-Instruct, converted from its GGUF by the project's own code (`scripts/fetch-smollm2`),
 //! against HF transformers (fixtures/smollm2, see fixtures/PROVENANCE.md): token ids through our
-//! tokenizer.json, the chat template through checkpoint::ChatTemplate, float logits within 2e-4 at
-//! the selected positions, greedy continuations identical.
+//! tokenizer.json, the chat template through checkpoint::ChatTemplate, float logits within 2e-4 of
+//! HF's full rows at the selected positions and, at every position of every case, of HF's per-row
+//! summary (argmax, logsumexp over the vocabulary, the logits of HF's 8 largest ids), greedy
+//! continuations identical.
 //!
 //! The converted directory is `$MLLM_DSL_SMOLLM2_DIR`, else `$MLLM_DSL_CACHE/smollm2-135m-instruct-hf`
 //! (cache default `~/.cache/mllm-dsl`). Without it the test fails, naming the script that makes it.
@@ -90,6 +92,7 @@ fn float_logits_and_greedy_match_hf() {
     assert_eq!(loaded.config.eos_token_ids, [2], "<|im_end|> ends a turn");
     let vocab = loaded.config.vocab_size;
     let mut generator = Generator::new(loaded.model).unwrap();
+    let mut checked = 0;
     for case in CASES {
         let prompt = ids(&r, &format!("{case}.input_ids"));
         let positions: Vec<usize> =
@@ -121,8 +124,58 @@ fn float_logits_and_greedy_match_hf() {
         }
         eprintln!("smollm2 {case}: {} prompt tokens, max |logits - HF| = {max_diff:e}", prompt.len());
         assert!(max_diff <= TOLERANCE, "{case}: max |logits - HF| = {max_diff} > {TOLERANCE}");
+        checked += every_position_matches_hf_summary(&r, case, &logits, vocab);
         assert_eq!(out.ids, greedy, "{case}: greedy ids");
     }
+    let total: usize = CASES.iter().map(|c| ids(&r, &format!("{c}.input_ids")).len()).sum();
+    assert_eq!(checked, total, "every prompt position of every case is compared");
+}
+
+/// HF's ids of its `TOP_K` largest logits per row, largest first (`make_smollm2_refs.py`).
+const TOP_K: usize = 8;
+
+/// At every prompt position of `case`: our argmax is HF's (or HF's two largest logits are within
+/// twice the tolerance of each other and ours is one of HF's top ids), our logsumexp over the
+/// vocabulary and our logits at HF's `TOP_K` ids are within [`TOLERANCE`] of HF's. Returns the
+/// number of positions compared.
+fn every_position_matches_hf_summary(r: &SafetensorsCheckpoint, case: &str, logits: &[f32], vocab: usize) -> usize {
+    let n = ids(r, &format!("{case}.input_ids")).len();
+    let argmax = ids(r, &format!("{case}.argmax"));
+    let lse = r.read_f32(&format!("{case}.logsumexp")).unwrap();
+    let top_ids = ids(r, &format!("{case}.topk_ids"));
+    let top_logits = r.read_f32(&format!("{case}.topk_logits")).unwrap();
+    assert_eq!(logits.len(), n * vocab, "{case}: our prompt logits");
+    assert_eq!((argmax.len(), lse.len()), (n, n), "{case}: HF's per-position summary");
+    assert_eq!((top_ids.len(), top_logits.len()), (n * TOP_K, n * TOP_K), "{case}: HF's top-{TOP_K}");
+    let (mut max_lse, mut max_top, mut ties) = (0.0f64, 0.0f32, 0);
+    for (t, (&hf_argmax, &hf_lse)) in argmax.iter().zip(&lse).enumerate() {
+        let row = &logits[t * vocab..(t + 1) * vocab];
+        let ours = row.iter().enumerate().fold(0, |best, (i, &v)| if v > row[best] { i } else { best });
+        let (hf_ids, hf_logits) = (&top_ids[t * TOP_K..(t + 1) * TOP_K], &top_logits[t * TOP_K..(t + 1) * TOP_K]);
+        if ours as u32 != hf_argmax {
+            let gap = hf_logits[0] - hf_logits[1];
+            assert!(
+                gap <= 2.0 * TOLERANCE && hf_ids.contains(&(ours as u32)),
+                "{case} position {t}: our argmax {ours}, HF's {hf_argmax} (HF's top-2 gap {gap})"
+            );
+            ties += 1;
+        }
+        let max = f64::from(row[ours]);
+        let ours_lse = max + row.iter().map(|&v| (f64::from(v) - max).exp()).sum::<f64>().ln();
+        let d = (ours_lse - f64::from(hf_lse)).abs();
+        assert!(d <= f64::from(TOLERANCE), "{case} position {t}: logsumexp {ours_lse} vs HF's {hf_lse}");
+        max_lse = max_lse.max(d);
+        for (&id, &want) in hf_ids.iter().zip(hf_logits) {
+            let d = (row[id as usize] - want).abs();
+            assert!(d <= TOLERANCE, "{case} position {t}: logit of id {id} is {} vs HF's {want}", row[id as usize]);
+            max_top = max_top.max(d);
+        }
+    }
+    eprintln!(
+        "smollm2 {case}: every position: max |logsumexp - HF| = {max_lse:e}, max |top-{TOP_K} logits - HF| = \
+         {max_top:e}, argmax differs at {ties} of {n} (HF's top-2 within tolerance there)"
+    );
+    n
 }
 
 fn generate_args(dir: &Path, extra: &[&str]) -> generate::GenerateArgs {
