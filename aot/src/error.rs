@@ -83,6 +83,9 @@ pub enum AotError {
         source: tokenizers::Error,
     },
     /// File system errors outside `mllm_dsl::files` (their step says which path).
+    /// An AscendV1 export or decoding refused its input.
+    #[error(transparent)]
+    Ascend(Box<crate::ascend::AscendError>),
     #[error(transparent)]
     Io(Box<std::io::Error>),
     #[error(transparent)]

@@ -15,6 +15,7 @@
 //! It is the one crate that sees the model files and both backends: calibration runs on
 //! backend-cpu, lowering and artifacts come from backend-qnn, and the ledger compares the two.
 
+pub mod ascend;
 pub mod calibrate;
 pub mod chat;
 pub mod compile;

@@ -1,0 +1,203 @@
+//! AscendV1 exports of the tiny Qwen3 fixture against msModelSlim's own: the same keys, dtypes,
+//! shapes, description tags and `model_quant_type`, and the same parameters (weights, scales,
+//! offsets, `deq_scale`, `quant_bias`, `scale_bias`, C8 KV scales) on the same weights and
+//! calibration ids. The references were written by msModelSlim 26.1.0's quantization functions
+//! and AscendV1 saver (fixtures/ascend/make_reference.py, provenance in fixtures/PROVENANCE.md).
+//! Then the refusals: an unknown quant type, a `--float` pattern that matches nothing, a linear
+//! the type cannot store, each a named error that leaves an earlier export as it was.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use aot::ascend::{ascend_quality, decode_dir, export_ascend, AscendError, AscendOptions, QuantType};
+use aot::AotError;
+use backend_cpu::quant::Rotation;
+use checkpoint::{SafetensorsCheckpoint, StDtype};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn options(quant_type: QuantType, kv_c8: bool, out: &Path) -> AscendOptions {
+    let model = root().join("fixtures/qwen3-dev-f32");
+    let calibration =
+        aot::load_id_sequences(&root().join("fixtures/ascend/calib_ids.safetensors"), "calib_ids", 128).unwrap();
+    AscendOptions {
+        model,
+        calibration,
+        quant_type,
+        float_patterns: vec!["lm_head".into()],
+        kv_c8,
+        part_bytes: None,
+        rotation: Rotation::None,
+        out: out.to_path_buf(),
+        max_positions: 64,
+        progress: aot::progress::silent(),
+    }
+}
+
+fn description(dir: &Path) -> serde_json::Map<String, serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join("quant_model_description.json")).unwrap();
+    serde_json::from_str::<serde_json::Value>(&text).unwrap().as_object().unwrap().clone()
+}
+
+/// Values of a tensor as f64, whatever its dtype.
+fn values(ckpt: &SafetensorsCheckpoint, key: &str) -> Vec<f64> {
+    match ckpt.info(key).unwrap().0 {
+        StDtype::I8 => ckpt.read_i8(key).unwrap().into_iter().map(f64::from).collect(),
+        StDtype::I32 => ckpt.read_i32(key).unwrap().into_iter().map(f64::from).collect(),
+        // deq_scale: the f32 bit pattern in an int64; compare the f32 it holds.
+        StDtype::I64 => {
+            ckpt.read_i64(key).unwrap().into_iter().map(|v| f64::from(f32::from_bits(v as i32 as u32))).collect()
+        }
+        _ => ckpt.read_float_param(key).unwrap().into_iter().map(f64::from).collect(),
+    }
+}
+
+fn compare(reference: &Path, ours: &Path) {
+    let (rd, od) = (description(reference), description(ours));
+    let (rk, ok): (BTreeSet<_>, BTreeSet<_>) = (rd.keys().collect(), od.keys().collect());
+    assert_eq!(rk, ok, "description keys of {} vs ours", reference.display());
+    for (k, v) in &rd {
+        assert_eq!(Some(v), od.get(k), "description entry `{k}`");
+    }
+    let r = SafetensorsCheckpoint::open_file(reference.join("quant_model_weights.safetensors")).unwrap();
+    let o = SafetensorsCheckpoint::open_file(ours.join("quant_model_weights.safetensors")).unwrap();
+    let (rkeys, okeys): (BTreeSet<_>, BTreeSet<_>) = (r.keys().into_iter().collect(), o.keys().into_iter().collect());
+    assert_eq!(rkeys, okeys, "tensor keys");
+    for key in rkeys {
+        let (rt, rs) = r.info(key).unwrap();
+        let (ot, os) = o.info(key).unwrap();
+        assert_eq!((rt, rs), (ot, os), "dtype and shape of `{key}`");
+        let (a, b) = (values(&r, key), values(&o, key));
+        let integer = matches!(rt, StDtype::I8 | StDtype::I32);
+        let mut off = 0usize;
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            if integer {
+                // A value on a rounding boundary may round the other way after f32 sums in
+                // another order: allowed as a one-step difference on a rare element.
+                assert!((x - y).abs() <= 1.0, "`{key}`[{i}]: msModelSlim {x}, ours {y}");
+                off += usize::from(x != y);
+            } else {
+                let tol = 2e-5 * x.abs().max(1e-6);
+                assert!((x - y).abs() <= tol, "`{key}`[{i}]: msModelSlim {x}, ours {y}");
+            }
+        }
+        assert!(off * 200 <= a.len().max(200), "`{key}`: {off} of {} integers differ by one", a.len());
+    }
+}
+
+#[test]
+fn exports_match_msmodelslim_per_quant_type() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, qt, c8) in [
+        ("W8A8", QuantType::W8A8, false),
+        ("W8A8_DYNAMIC", QuantType::W8A8Dynamic, false),
+        ("W8A16", QuantType::W8A16, false),
+        ("W4A8_DYNAMIC", QuantType::W4A8Dynamic, false),
+        ("W8A8_C8", QuantType::W8A8, true),
+    ] {
+        let out = tmp.path().join(name);
+        let outcome = export_ascend(&options(qt, c8, &out)).unwrap();
+        assert_eq!(outcome.shards, 1);
+        compare(&root().join("fixtures/ascend/qwen3-dev-f32").join(name), &out);
+    }
+}
+
+#[test]
+fn sharded_export_has_an_index_and_reads_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("w8a8");
+    let mut opts = options(QuantType::W8A8, true, &out);
+    opts.part_bytes = Some(20_000);
+    let outcome = export_ascend(&opts).unwrap();
+    assert!(outcome.shards > 1, "{} shards", outcome.shards);
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("quant_model_weights.safetensors.index.json")).unwrap())
+            .unwrap();
+    let map = index["weight_map"].as_object().unwrap();
+    assert_eq!(map.len(), outcome.tensors);
+    let last = format!("quant_model_weights-{:05}-of-{:05}.safetensors", outcome.shards, outcome.shards);
+    assert!(out.join(&last).is_file(), "{last}");
+    assert!(!out.join("quant_model_weights.safetensors").exists());
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert!(config.get("quantization_config").is_none());
+    assert!(out.join("generation_config.json").is_file());
+    // Decoded with the format's formulas, every linear is close to its float weight.
+    let hf = models::hf::HfConfig::from_dir(&out).unwrap();
+    let decoded = decode_dir(&out, &hf, 64).unwrap();
+    let float = SafetensorsCheckpoint::open(root().join("fixtures/qwen3-dev-f32")).unwrap();
+    for (key, _, w) in &decoded.tensors {
+        if key.ends_with("proj.weight") {
+            let f = float.read_float_param(key).unwrap();
+            let (s, n): (f64, f64) = f
+                .iter()
+                .zip(w)
+                .fold((0.0, 0.0), |(s, n), (&a, &b)| (s + f64::from(a * a), n + f64::from((a - b) * (a - b))));
+            let sqnr = 10.0 * (s / n).log10();
+            assert!(sqnr > 35.0, "`{key}`: decoded int8 weight SQNR {sqnr:.1} dB");
+        }
+    }
+    assert_eq!(decoded.points.len(), 4 * 2 + 2 * 2, "q/k/v, o, gate/up, down inputs and K, V per layer");
+}
+
+#[test]
+fn fake_quant_run_of_the_export_stays_close_to_float() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ids: Vec<i64> = (0..40).map(|i| (i * 7 + 3) % 128).collect();
+    let mut exports = Vec::new();
+    for (name, qt) in [("W8A8", QuantType::W8A8), ("W8A8_DYNAMIC", QuantType::W8A8Dynamic)] {
+        let out = tmp.path().join(name);
+        export_ascend(&options(qt, false, &out)).unwrap();
+        exports.push((name.to_string(), out));
+    }
+    let model = root().join("fixtures/qwen3-dev-f32");
+    let q = ascend_quality(&model, &exports, &ids, 20, tmp.path(), aot::progress::silent()).unwrap();
+    assert_eq!(q.rows.len(), 3);
+    for r in &q.rows[1..] {
+        assert!(r.logits_sqnr_db > 20.0 && r.logits_sqnr_db.is_finite(), "{}: {:.1} dB", r.name, r.logits_sqnr_db);
+        assert!((r.perplexity / q.rows[0].perplexity - 1.0).abs() < 0.05, "{}", q.table());
+    }
+}
+
+fn ascend_error(e: &AotError) -> &AscendError {
+    match e {
+        AotError::Ascend(a) => a,
+        AotError::Step { cause, .. } => ascend_error(cause),
+        other => panic!("expected an AscendV1 error, got {other}"),
+    }
+}
+
+#[test]
+fn bad_input_is_a_named_error_and_leaves_the_earlier_export() {
+    let e = "W3A8".parse::<QuantType>().unwrap_err();
+    assert!(matches!(&e, AscendError::UnknownQuantType { name, .. } if name == "W3A8"), "{e}");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    export_ascend(&options(QuantType::W8A8Dynamic, false, &out)).unwrap();
+    let before = std::fs::read(out.join("quant_model_description.json")).unwrap();
+
+    let mut opts = options(QuantType::W8A8, false, &out);
+    opts.float_patterns = vec!["model.layers.7".into()];
+    let e = export_ascend(&opts).unwrap_err();
+    assert!(
+        matches!(ascend_error(&e), AscendError::PatternMatchesNothing { pattern, .. } if pattern == "model.layers.7"),
+        "{e}"
+    );
+
+    // lm_head quantized as W4A8_DYNAMIC: msModelSlim's scale_bias needs a parallelism its name does not give.
+    let mut opts = options(QuantType::W4A8Dynamic, false, &out);
+    opts.float_patterns.clear();
+    let e = export_ascend(&opts).unwrap_err();
+    assert!(matches!(ascend_error(&e), AscendError::UnknownParallelism { linear } if linear == "lm_head"), "{e}");
+
+    assert_eq!(std::fs::read(out.join("quant_model_description.json")).unwrap(), before, "the earlier export changed");
+    let leftovers: Vec<String> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("staging") || n.contains("scratch"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
