@@ -89,6 +89,13 @@ fn main() -> Result<()> {
         (None, None) => unreachable!("clap requires one calibration source"),
     };
     let calibration = source.load(&args.model, hf.vocab_size, args.max_length, args.num_samples)?;
+    let part_bytes = match args.part_file_size {
+        0 => None,
+        gb => Some(
+            gb.checked_mul(1 << 30)
+                .ok_or_else(|| anyhow::anyhow!("--part-file-size {gb}: {gb} GB does not fit a 64-bit byte count"))?,
+        ),
+    };
     let progress = aot::progress::bars(!args.flags.quiet);
     let outcome = export_ascend(&AscendOptions {
         model: args.model.clone(),
@@ -96,7 +103,7 @@ fn main() -> Result<()> {
         quant_type,
         float_patterns: if args.no_float { Vec::new() } else { args.float_patterns.clone() },
         kv_c8: args.kv_c8,
-        part_bytes: (args.part_file_size > 0).then(|| args.part_file_size << 30),
+        part_bytes,
         rotation: args.rotation,
         out: args.out.clone(),
         max_positions: args.max_positions,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use backend_cpu::quant::{prefill_logits, score_logits};
+use backend_cpu::quant::{prefill_logits, score_logits, Sqnr};
 use backend_cpu::CpuBackend;
 use checkpoint::{write_safetensors_atomic, StDtype};
 use mllm_dsl::files::{read_text_bounded, write_json_atomic, CONFIG_SIZE_LIMIT};
@@ -27,8 +27,9 @@ pub struct AscendQualityRow {
     pub perplexity: f64,
     pub top1_agreement: f64,
     pub mean_kl: f64,
-    /// `10 log10(sum f^2 / sum (f - q)^2)` over every logit of every window; infinite for float.
-    pub logits_sqnr_db: f64,
+    /// `10 log10(sum f^2 / sum (f - q)^2)` over every logit of every window
+    /// ([`Sqnr::Identical`] for the float row itself; a non-finite figure is refused).
+    pub logits_sqnr: Sqnr,
     pub predictions: usize,
 }
 
@@ -49,13 +50,13 @@ impl AscendQuality {
         );
         for r in &self.rows {
             s.push_str(&format!(
-                "{:<width$}  {:>10.3}  {:>8.4}  {:>6.1}%  {:>9.5}  {:>10.2}\n",
+                "{:<width$}  {:>10.3}  {:>8.4}  {:>6.1}%  {:>9.5}  {:>10}\n",
                 r.name,
                 r.perplexity,
                 r.perplexity / float,
                 r.top1_agreement * 100.0,
                 r.mean_kl,
-                r.logits_sqnr_db
+                r.logits_sqnr
             ));
         }
         s
@@ -66,7 +67,7 @@ impl AscendQuality {
             "windows": self.windows,
             "rows": self.rows.iter().map(|r| serde_json::json!({
                 "name": r.name, "perplexity": r.perplexity, "top1_agreement": r.top1_agreement,
-                "mean_kl": r.mean_kl, "logits_sqnr_db": r.logits_sqnr_db, "predictions": r.predictions,
+                "mean_kl": r.mean_kl, "logits_sqnr_db": r.logits_sqnr.to_json(), "predictions": r.predictions,
             })).collect::<Vec<_>>(),
         })
     }
@@ -116,10 +117,16 @@ pub fn ascend_quality(
             }
         }
         let p = n as f64;
-        let sqnr = 10.0 * (signal / noise).log10();
+        let sqnr = if !(signal.is_finite() && noise.is_finite()) {
+            Sqnr::NonFinite
+        } else if noise == 0.0 {
+            Sqnr::Identical
+        } else {
+            Sqnr::of(10.0 * (signal / noise).log10())
+        };
         ensure!(
-            (nll / p).is_finite() && !sqnr.is_nan(),
-            "`{name}`: perplexity {} and SQNR {sqnr} are not finite figures",
+            (nll / p).is_finite() && sqnr != Sqnr::NonFinite,
+            "`{name}`: perplexity {} and logits SQNR {sqnr} over {n} predictions: a non-finite figure",
             (nll / p).exp()
         );
         Ok(AscendQualityRow {
@@ -127,7 +134,7 @@ pub fn ascend_quality(
             perplexity: (nll / p).exp(),
             top1_agreement: agree / p,
             mean_kl: kl / p,
-            logits_sqnr_db: sqnr,
+            logits_sqnr: sqnr,
             predictions: n,
         })
     };

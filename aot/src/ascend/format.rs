@@ -24,7 +24,7 @@
 //!   `y = (q_x · q_w + quant_bias) * deq_scale`.
 //! - W4A8_DYNAMIC's `scale_bias` is `8 * sum_k w_deq[o, k]` for column-parallel linears and the
 //!   same sum over each sixteenth of the input for row-parallel ones (msModelSlim's
-//!   `process_scale` with its fixed `tp_num` 16).
+//!   `process_scale` with its fixed `tp_num` 16; `msmodelslim/format/common/pack.py`).
 
 use checkpoint::StDtype;
 
@@ -169,12 +169,12 @@ pub enum Parallelism {
 }
 
 impl Parallelism {
-    /// msModelSlim's `process_scale` name rule; `None` for a name it does not know.
+    /// msModelSlim's `process_scale` name rule (a substring of the whole module path, column-parallel
+    /// names first); `None` for a name it does not know.
     pub fn of(linear: &str) -> Option<Parallelism> {
-        let leaf = linear.rsplit('.').next().unwrap_or(linear);
-        if ["up_proj", "gate_proj", "q_proj", "k_proj", "v_proj", "w1", "w3"].iter().any(|n| leaf.contains(n)) {
+        if ["up_proj", "gate_proj", "q_proj", "k_proj", "v_proj"].iter().any(|n| linear.contains(n)) {
             Some(Parallelism::Column)
-        } else if ["down_proj", "o_proj", "w2"].iter().any(|n| leaf.contains(n)) {
+        } else if ["down_proj", "o_proj"].iter().any(|n| linear.contains(n)) {
             Some(Parallelism::Row)
         } else {
             None
@@ -380,9 +380,13 @@ pub fn linear_tensors(
             let mut scale_bias = Vec::with_capacity(o * splits);
             for r in 0..o {
                 for s in 0..splits {
-                    let sum: f32 =
-                        q[r * i + s * part..r * i + (s + 1) * part].iter().map(|&v| v as f32 * scale[r]).sum();
-                    scale_bias.push(8.0 * sum);
+                    // The f32 products msModelSlim sums (its dequantized weight), summed in f64: the
+                    // stored value is the exact sum rounded once.
+                    let sum: f64 = q[r * i + s * part..r * i + (s + 1) * part]
+                        .iter()
+                        .map(|&v| f64::from(v as f32 * scale[r]))
+                        .sum();
+                    scale_bias.push((8.0 * sum) as f32);
                 }
             }
             out.push(StoredTensor::new(

@@ -8,7 +8,7 @@
 //!
 //! Every other point (norms, RoPE, softmax...) passes through: on Ascend they run in float.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use backend_cpu::kernels;
@@ -27,14 +27,18 @@ pub struct Observed {
 
 /// Observes the given activation points (per tensor) and KV points (per channel).
 pub struct AscendObserver {
-    activations: Vec<String>,
-    kv: Vec<String>,
+    activations: HashSet<String>,
+    kv: HashSet<String>,
     state: Mutex<Observed>,
 }
 
 impl AscendObserver {
     pub fn new(activations: Vec<String>, kv: Vec<String>) -> Self {
-        AscendObserver { activations, kv, state: Mutex::new(Observed::default()) }
+        AscendObserver {
+            activations: activations.into_iter().collect(),
+            kv: kv.into_iter().collect(),
+            state: Mutex::new(Observed::default()),
+        }
     }
 
     pub fn finish(&self) -> Result<Observed, QdqHookError> {
@@ -71,8 +75,8 @@ fn for_each_kv(shape: &[usize], mut f: impl FnMut(usize, usize)) {
 
 impl QdqHook for AscendObserver {
     fn apply(&self, point: &QdqAttr, x: &[f32], shape: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError> {
-        let is_act = self.activations.iter().any(|k| *k == point.key);
-        let is_kv = self.kv.iter().any(|k| *k == point.key);
+        let is_act = self.activations.contains(&point.key);
+        let is_kv = self.kv.contains(&point.key);
         if !is_act && !is_kv {
             return Ok(None);
         }
