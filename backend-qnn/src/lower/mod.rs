@@ -357,19 +357,7 @@ impl GraphLowering<'_, '_, '_> {
                 }
                 (None, _) => {
                     self.lowering.weight_types.insert(name.clone(), ir_type);
-                    let t = weights::weight_tensor(
-                        self.program,
-                        v,
-                        symbol,
-                        &name,
-                        self.lowering.weights,
-                        self.lowering.options.int4_storage,
-                    )
-                    .map_err(|e| LowerError::Weight {
-                        graph: self.graph.to_string(),
-                        key: e.key,
-                        source: e.problem,
-                    })?;
+                    let t = self.weight_tensor(v, symbol, &name)?;
                     self.lowering.share_static(self.graph, t)?
                 }
             }
@@ -387,6 +375,12 @@ impl GraphLowering<'_, '_, '_> {
         Ok(name)
     }
 
+    /// The parameter `symbol` (value `v`) as the static tensor `name`, from the checkpoint.
+    fn weight_tensor(&self, v: ValueId, symbol: &str, name: &str) -> Result<QnnTensor, LowerError> {
+        weights::weight_tensor(self.program, v, symbol, name, self.lowering.weights, self.lowering.options.int4_storage)
+            .map_err(|e| LowerError::Weight { graph: self.graph.to_string(), key: e.key, source: e.problem })
+    }
+
     /// Gemma's norm gamma `1 + w` (`RmsNorm { unit_offset }`), as QNN's RmsNorm takes it: the stored
     /// `w` (uint16) dequantized, plus one, quantized again over `[min(0, lo), max(0, hi)]`.
     fn unit_offset_gamma(&mut self, v: ValueId) -> Result<String, LowerError> {
@@ -399,19 +393,7 @@ impl GraphLowering<'_, '_, '_> {
             None => {
                 let def = self.program.value(v);
                 let symbol = def.symbol.clone().ok_or_else(|| self.value_err(v, "is not a parameter".into()))?;
-                let stored = weights::weight_tensor(
-                    self.program,
-                    v,
-                    &symbol,
-                    &name,
-                    self.lowering.weights,
-                    self.lowering.options.int4_storage,
-                )
-                .map_err(|e| LowerError::Weight {
-                    graph: self.graph.to_string(),
-                    key: e.key,
-                    source: e.problem,
-                })?;
+                let stored = self.weight_tensor(v, &symbol, &name)?;
                 let t = weights::plus_one(stored).map_err(|detail| self.value_err(v, detail))?;
                 self.lowering.share_static(self.graph, t)?
             }

@@ -13,6 +13,7 @@ use super::graph::{callee, module_of, op_name, region_mut, subgraph_slots, top_c
 use super::mark_qnn::USING_QNN;
 use super::{Pass, PassError};
 use mllm_dsl::ir::{Node, Program, ValueId};
+use std::collections::HashSet;
 
 pub struct MergeLlmHead;
 
@@ -88,15 +89,16 @@ impl Pass for MergeLlmHead {
         // constants) move; parameter registrations stay (they are global).
         let moves = |n: &Node| matches!(n, Node::Linalg(_) | Node::Constant { .. });
         let tail: Vec<usize> = (call_at + 1..p.main.body.len()).filter(|&i| moves(&p.main.body[i])).collect();
-        let mut defined: std::collections::HashSet<ValueId> = std::collections::HashSet::new();
+        let mut defined: HashSet<ValueId> = HashSet::new();
         for &i in &tail {
             match &p.main.body[i] {
+                Node::Linalg(op) if i < head_at => {
+                    return Err(err(op_name(op), "an op runs between the model call and the head".into()));
+                }
                 Node::Linalg(op) => {
-                    let foreign =
-                        op.inputs.iter().copied().find(|v| {
-                            p.value(*v).symbol.is_none() && !defined.contains(v) && !(i == head_at && *v == x)
-                        });
-                    if let (Some(v), true) = (foreign, i > head_at) {
+                    // The head reads only `x` (checked above); the ops after it only what moves.
+                    let foreign = op.inputs.iter().find(|v| p.value(**v).symbol.is_none() && !defined.contains(v));
+                    if let (Some(&v), true) = (foreign, i > head_at) {
                         return Err(PassError::Op {
                             pass: PASS,
                             op: op_name(op),
@@ -114,10 +116,6 @@ impl Pass for MergeLlmHead {
                 }
                 _ => {}
             }
-        }
-        if let Some(&i) = tail.iter().find(|&&i| i < head_at && matches!(p.main.body[i], Node::Linalg(_))) {
-            let Node::Linalg(op) = &p.main.body[i] else { unreachable!() };
-            return Err(err(op_name(op), "an op runs between the model call and the head".into()));
         }
         let results: Vec<ValueId> = p.main.outputs.iter().copied().filter(|v| defined.contains(v)).collect();
         let [logits] = results[..] else {
