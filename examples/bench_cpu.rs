@@ -276,6 +276,7 @@ fn quantize(model: &Path, out: &Path, context: usize) -> Result<()> {
         act_ranges: Default::default(),
         rotation: backend_cpu::quant::Rotation::None,
         sink_prefix: None,
+        weight_budget: None,
     })?;
     Ok(())
 }

@@ -43,6 +43,10 @@ pub struct RecipeFlags {
     /// a token as the tokenizer spells it (e.g. '<|endoftext|>') or id:N; repeatable (replaces the recipe's).
     #[arg(long, value_name = "TOKEN")]
     pub sink_prefix: Vec<String>,
+    /// Mixed 4/8-bit weights: raise the linears most sensitive per byte (measured on the calibration
+    /// text) to per-channel int8 within this fraction over the all-int4 bytes, e.g. 0.10 (+10 %).
+    #[arg(long, value_name = "FRACTION")]
+    pub weight_budget: Option<aot::mixed::WeightBudget>,
 }
 
 impl RecipeFlags {
@@ -53,6 +57,7 @@ impl RecipeFlags {
             act_ranges: self.act_range,
             rotation: self.rotation,
             sink_prefix: (!self.sink_prefix.is_empty()).then(|| self.sink_prefix.clone()),
+            weight_budget: self.weight_budget,
         }
     }
 
@@ -67,7 +72,7 @@ impl RecipeFlags {
         use anyhow::Context as _;
         aot::recipe::choose(self.recipe, model, &self.refinements()).with_context(|| {
             let name = self.recipe.map_or_else(|| "the default recipe".to_string(), |r| format!("--recipe {r}"));
-            format!("{name} with --weight-method / --act-range / --rotation / --sink-prefix")
+            format!("{name} with --weight-method / --act-range / --rotation / --sink-prefix / --weight-budget")
         })
     }
 }

@@ -108,8 +108,13 @@ fn main() -> Result<()> {
             act_ranges: recipe.act_ranges,
             rotation: recipe.rotation,
             sink_prefix,
+            weight_budget: recipe.weight_budget,
         })?;
         outcome.warnings.iter().for_each(|w| eprintln!("warning: {w}"));
+        if let Some(mixed) = &outcome.mixed {
+            eprint!("{}", mixed.table());
+            eprintln!("sensitivities measured in {:.1} s", outcome.sensitivity_seconds);
+        }
         let (calibrated, quantized_s) = (outcome.calibration_seconds, outcome.weight_seconds);
         eprintln!("calibrated in {calibrated:.1} s, quantized in {quantized_s:.1} s into {}", out.display());
         if let Some((point, range)) = aot::calibrate::largest_residual_range(&outcome.calibration) {

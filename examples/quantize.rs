@@ -121,10 +121,15 @@ fn main() -> Result<()> {
         act_ranges: recipe.act_ranges,
         rotation: recipe.rotation,
         sink_prefix: aot::sink_prefix_ids(&recipe.sink_prefix, &args.model, hf.vocab_size)?,
+        weight_budget: recipe.weight_budget,
     };
     let outcome = quantize(&opts)?;
     for w in &outcome.warnings {
         eprintln!("warning: {w}");
+    }
+    if let Some(mixed) = &outcome.mixed {
+        print!("{}", mixed.table());
+        println!("sensitivities measured in {:.1} s", outcome.sensitivity_seconds);
     }
     println!(
         "calibrated {} QDQ points ({} mode) on {} sequences in {:.1} s",

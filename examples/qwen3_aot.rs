@@ -188,6 +188,7 @@ impl AotArgs {
             rotation: recipe.map_or(Rotation::None, |r| r.rotation),
             ledger_ops: self.ledger_ops,
             sink_prefix: recipe.map_or_else(|| self.recipe.sink_prefix.clone(), |r| r.sink_prefix.clone()),
+            weight_budget: recipe.and_then(|r| r.weight_budget),
             target_runtime: self.target_runtime,
         }
     }

@@ -29,6 +29,10 @@ use models::hf::HfConfig;
 
 use crate::config::load_aot_config;
 use crate::load::{build_model, open_model};
+use crate::mixed::{
+    choose_eight_bit, measure_sensitivities, MixedChoice, SensitivityRun, WeightBudget, SENSITIVITY_TOKENS,
+    WEIGHT_BITS_FILE,
+};
 use crate::progress::Progress;
 use crate::sink::{float_prefix, on_kv_grid};
 use crate::trace::trace_model;
@@ -59,6 +63,9 @@ pub struct QuantizeOptions {
     /// mode only): its float K/V are computed once, calibration never sees the sink, and the
     /// checkpoint ships them on its K/V grid.
     pub sink_prefix: Option<Vec<i64>>,
+    /// Mixed 4/8-bit linears: the most sensitive raised to per-channel int8 within this budget
+    /// ([`crate::mixed`]; deployed mode only). None: every linear LPBQ int4.
+    pub weight_budget: Option<WeightBudget>,
 }
 
 /// What `quantize` did.
@@ -87,6 +94,10 @@ pub struct QuantizeOutcome {
     pub rotation: Option<RotationSummary>,
     /// The attention-sink prefix the checkpoint ships, when there is one.
     pub sink_prefix: Option<SinkSummary>,
+    /// The linears raised to 8 bits and why, with `--weight-budget`.
+    pub mixed: Option<MixedChoice>,
+    /// Measuring the linears' sensitivities (0 without a budget).
+    pub sensitivity_seconds: f64,
 }
 
 /// What `--sink-prefix` produced.
@@ -182,6 +193,8 @@ struct Calibrated {
     /// The float model's attention-sink prefix (its own K/V), when there is one.
     float_prefix: Option<SinkPrefix>,
     sink_summary: Option<SinkSummary>,
+    mixed: Option<MixedChoice>,
+    sensitivity_seconds: f64,
 }
 
 /// Steps 1-5 of [`quantize`] from the float checkpoint `model_dir` (config `hf`): `opts.model`
@@ -253,9 +266,38 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
         (None, None)
     };
     let collected = stats.is_some();
-    let linears = LinearQuantizer::new(weight_method, stats)?;
+    let mut linears = LinearQuantizer::new(weight_method, stats)?;
     // With GPTQ this includes factorizing the input Hessians.
     let input_stats_seconds = if collected { start.elapsed().as_secs_f64() } else { 0.0 };
+
+    // 2b. With a weight budget, each linear's sensitivity on the calibration text, and the most
+    //     sensitive per byte raised to 8 bits (crate::mixed).
+    let start = Instant::now();
+    let mixed = match opts.weight_budget {
+        None => None,
+        Some(budget) => {
+            ensure!(
+                opts.mode != CalibrationMode::MllmCompatible,
+                "--weight-budget is not part of pymllm's recipe (every linear LPBQ int4); --mllm-compatible \
+                 reproduces that recipe exactly, so drop --weight-budget with it"
+            );
+            let ids: Vec<i64> = opts.calibration.iter().flatten().copied().take(SENSITIVITY_TOKENS).collect();
+            let run = SensitivityRun {
+                hf,
+                model_dir,
+                aot: &aot,
+                max_positions: opts.max_positions,
+                prefix,
+                ids: &ids,
+                progress: opts.progress.as_ref(),
+            };
+            let candidates = measure_sensitivities(&run, &plan, &linears)?;
+            let choice = choose_eight_bit(&candidates, budget);
+            linears.set_eight_bit(choice.eight_bit_set());
+            Some(choice)
+        }
+    };
+    let sensitivity_seconds = if mixed.is_some() { start.elapsed().as_secs_f64() } else { 0.0 };
 
     // 3. The weights, rounded once and in parallel over the linears (each export is cached in
     //    `linears`, so the calibration model below sees exactly these codes).
@@ -290,6 +332,9 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
     weights.tensors.extend(quantize_rope_tables(&plan, &calibration.params, &calibration.rope_tables)?);
     write_quantized_checkpoint(out, &hf.source, plan.block_size, &weights.tensors, &calibration.params)?;
     copy_tokenizer_files(&opts.model, out)?;
+    if let Some(choice) = &mixed {
+        write_json_atomic(&out.join(WEIGHT_BITS_FILE), &choice.to_json())?;
+    }
     // The prefix on the checkpoint's K/V grid, beside it: what every quantized run attends to.
     let sink_summary = match &float_prefix {
         Some(prefix) => {
@@ -317,6 +362,8 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
         float_run,
         float_prefix,
         sink_summary,
+        mixed,
+        sensitivity_seconds,
     })
 }
 
@@ -383,6 +430,10 @@ fn evaluate_alongside<T>(
         })),
         "calibration_sequences": opts.calibration.len(),
         "linear_block_size": calibrated.block_size,
+        "weight_bits": calibrated.mixed.as_ref().map(|m| serde_json::json!({
+            "budget_fraction": m.budget.fraction(), "eight_bit": m.eight_bit, "file": WEIGHT_BITS_FILE,
+            "sensitivity_seconds": calibrated.sensitivity_seconds,
+        })),
         "qdq_points": calibration.params.len(),
         "accuracy": report.to_json(),
         "warnings": warnings,
@@ -403,6 +454,8 @@ fn evaluate_alongside<T>(
             calibration: calibrated.calibration,
             rotation: None,
             sink_prefix: calibrated.sink_summary,
+            mixed: calibrated.mixed,
+            sensitivity_seconds: calibrated.sensitivity_seconds,
         },
         also,
     ))

@@ -105,6 +105,8 @@ pub struct AotOptions {
     /// The attention-sink prefix's tokens when calibrating (`--sink-prefix`, each a token's text
     /// or `id:N`; [`backend_cpu::quant::SinkPrefix`]); a quantized checkpoint brings its own.
     pub sink_prefix: Vec<String>,
+    /// Mixed 4/8-bit linears within this budget when calibrating (`--weight-budget`; [`crate::mixed`]).
+    pub weight_budget: Option<crate::mixed::WeightBudget>,
     /// The runtime the result must run on (`--target-runtime`): for mllm's, every option that
     /// would leave it unable to run the result is refused before any work ([`crate::deploy`]).
     pub target_runtime: TargetRuntime,
@@ -129,6 +131,7 @@ impl AotOptions {
             rotation: Rotation::None,
             ledger_ops: false,
             sink_prefix: Vec::new(),
+            weight_budget: None,
             target_runtime: TargetRuntime::Any,
         }
     }
@@ -258,6 +261,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 act_ranges: opts.act_ranges,
                 rotation: opts.rotation,
                 sink_prefix,
+                weight_budget: opts.weight_budget,
             };
             // Straight into this run's staging directory, which is swapped in as a whole.
             std::fs::create_dir(&quant_dir).with_context(|| format!("creating {}", quant_dir.display()))?;

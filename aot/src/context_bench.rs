@@ -316,6 +316,7 @@ pub fn prepare_checkpoint(opts: &BenchOptions) -> Result<PathBuf> {
         act_ranges: Default::default(),
         rotation: Rotation::None,
         sink_prefix: None,
+        weight_budget: None,
     })
     .with_context(|| format!("quantizing the synthetic checkpoint {}", float.display()))?;
     Ok(quantized)

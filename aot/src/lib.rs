@@ -30,6 +30,7 @@ pub mod htp;
 pub mod ledger;
 pub mod load;
 pub mod loss_breakdown;
+pub mod mixed;
 mod probe;
 pub mod progress;
 pub mod real_model;

@@ -49,10 +49,19 @@ struct Group {
     members: BTreeSet<String>,
 }
 
-/// The linear op paths of a quantized checkpoint (those with LPBQ `scale1`), grouped.
+/// The linear op paths of a quantized checkpoint (those with LPBQ `scale1`, and the int8 ones of
+/// a mixed checkpoint: an int8 `weight` with a `scale` and no `zero_point`), grouped.
 fn groups(quantized: &SafetensorsCheckpoint) -> Vec<Group> {
-    let ops: Vec<String> =
-        quantized.keys().iter().filter_map(|k| k.strip_suffix(".scale1")).map(str::to_string).collect();
+    let keys = quantized.keys();
+    let int8 = |op: &str| {
+        quantized.info(&format!("{op}.weight")).is_ok_and(|(d, _)| d == checkpoint::StDtype::I8)
+            && !quantized.contains(&format!("{op}.zero_point"))
+    };
+    let ops: Vec<String> = keys
+        .iter()
+        .filter_map(|k| k.strip_suffix(".scale1").or_else(|| k.strip_suffix(".scale").filter(|op| int8(op))))
+        .map(str::to_string)
+        .collect();
     let family = |op: &str| op.rsplit('.').next().unwrap_or(op).to_string();
     let layer = |op: &str| {
         op.strip_prefix("model.layers.").and_then(|r| r.split('.').next()).and_then(|n| n.parse::<usize>().ok())

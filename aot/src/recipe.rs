@@ -18,6 +18,8 @@ use std::path::Path;
 
 use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
 use compiler::quant::act_range::ActRanges;
+
+pub use crate::mixed::WeightBudget;
 use models::hf::{HfConfig, ModelType};
 
 /// A named recipe ([`RecipeName::recipe`] gives its settings).
@@ -55,6 +57,7 @@ impl RecipeName {
             act_ranges: ActRanges::default(),
             rotation: Rotation::None,
             sink_prefix: Vec::new(),
+            weight_budget: None,
         };
         match self {
             RecipeName::Mllm => Recipe { mode: CalibrationMode::MllmCompatible, ..rtn },
@@ -92,6 +95,9 @@ pub struct Recipe {
     pub rotation: Rotation,
     /// The attention-sink prefix, each token as the tokenizer spells it or `id:N` (empty: none).
     pub sink_prefix: Vec<String>,
+    /// Mixed 4/8-bit linears chosen by measured sensitivity within this budget (none: all int4;
+    /// [`crate::mixed`]).
+    pub weight_budget: Option<WeightBudget>,
 }
 
 impl Recipe {
@@ -103,8 +109,9 @@ impl Recipe {
         };
         let prefix = if self.sink_prefix.is_empty() { "no sink prefix".into() } else { self.sink_prefix.join(" ") };
         let prefix = if self.sink_prefix.is_empty() { prefix } else { format!("sink prefix {prefix}") };
+        let mixed = self.weight_budget.map_or_else(String::new, |b| format!(", 8-bit linears within {b}"));
         format!(
-            "{calibration}{} weights, {} ranges, {} rotation, {prefix}",
+            "{calibration}{} weights{mixed}, {} ranges, {} rotation, {prefix}",
             self.weight_method.name(),
             self.act_ranges,
             self.rotation.name()
@@ -119,6 +126,7 @@ pub struct Refinements {
     pub act_ranges: Option<ActRanges>,
     pub rotation: Option<Rotation>,
     pub sink_prefix: Option<Vec<String>>,
+    pub weight_budget: Option<WeightBudget>,
 }
 
 /// The recipe a run uses and why.
@@ -166,6 +174,8 @@ impl Chosen {
 pub enum RecipeError {
     #[error("unknown recipe `{name}` (recipes: mllm, rtn, recommended)")]
     Unknown { name: String },
+    #[error("--weight-budget `{value}`: {reason}")]
+    WeightBudget { value: String, reason: String },
     #[error(
         "recipe `mllm` is pymllm's recipe bit for bit: its {setting} is {mllm}, not {asked}; use recipe `rtn` (pymllm's \
          rounding, calibrated as deployed) to change it"
@@ -217,6 +227,7 @@ pub fn choose(
         differs("rotation", recipe.rotation.name().into(), refine.rotation.map(|r| r.name().into()))?;
         let none = "no sink prefix".to_string();
         differs("sink prefix", none, refine.sink_prefix.as_ref().filter(|p| !p.is_empty()).map(|p| p.join(" ")))?;
+        differs("weight budget", "none (all int4)".into(), refine.weight_budget.map(|b| b.to_string()))?;
         return Ok(Chosen { name, why, recipe, refined, note });
     }
     if let Some(w) = refine.weight_method {
@@ -230,6 +241,10 @@ pub fn choose(
     if let Some(r) = refine.rotation {
         recipe.rotation = r;
         refined.push("rotation");
+    }
+    if let Some(b) = refine.weight_budget {
+        recipe.weight_budget = Some(b);
+        refined.push("weight budget");
     }
     if let Some(p) = &refine.sink_prefix {
         recipe.sink_prefix = p.clone();

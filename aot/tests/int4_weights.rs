@@ -77,6 +77,7 @@ fn own_export_gives_the_same_logits_with_int4_weights() {
         act_ranges: Default::default(),
         rotation: backend_cpu::quant::Rotation::None,
         sink_prefix: None,
+        weight_budget: None,
     })
     .unwrap();
     check_same_logits(&out);

@@ -69,6 +69,7 @@ fn quantize_tiny(
         act_ranges: Default::default(),
         rotation: backend_cpu::quant::Rotation::None,
         sink_prefix,
+        weight_budget: None,
     })
 }
 

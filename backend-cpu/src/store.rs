@@ -7,6 +7,8 @@
 //! - pymllm LPBQ weights (int8 nibbles `[1, 1, in, out]` + `scale1` + `scale2`) → int4 codes packed
 //!   two per byte for the W4A16 kernels, whose values are the deployed `signext4(q) * scale1 * scale2`
 //!   ([`QuantizedWeights::Packed`], the default), or those values decoded to f32 ([`QuantizedWeights::F32`]);
+//! - per-channel int8 linear weights (int8 codes `[1, 1, in, out]` + `scale` `[out]`, no `scale1`;
+//!   the linears a mixed-precision recipe raises) → their values `q * scale`, packed as f32;
 //! - pymllm uint16 norm / embedding weights and RoPE tables → `(q - zero_point) * scale`.
 //!
 //! Float (f32 / bf16 / f16) linear, conv and embedding weights stored as HF rows `[out, in]` /
@@ -18,6 +20,7 @@ use crate::kernels::{Int4Packer, PackedMatrix};
 use crate::packed_weight::{PackedWeight, WeightView};
 use crate::u16_table::U16Table;
 use checkpoint::{CheckpointError, SafetensorsCheckpoint, StDtype};
+use compiler::quant::int8_channel::Int8Channel;
 use compiler::quant::lpbq::{LpbqExport, LpbqShape, SCALE1_STEPS};
 use half::bf16;
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
@@ -156,7 +159,15 @@ impl CheckpointStore {
                 let shape = shape.to_vec();
                 return Err(self.mismatch(req, key, &shape, format!("{:?} (LPBQ HWIO)", req.shape)));
             }
-            let matrix = Arc::new(self.pack_lpbq(req, key, req.shape[2], req.shape[3])?);
+            let (cin, cout) = (req.shape[2], req.shape[3]);
+            let matrix = match self.int8_channel(req, key, cin, cout)? {
+                Some(q) => {
+                    let packed = PackedMatrix::from_rows_f32(cout, cin, &q.decode())
+                        .map_err(|e| self.weight_error(req, format!("packing the int8 weight `{key}`: {e}")))?;
+                    Arc::new(packed)
+                }
+                None => Arc::new(self.pack_lpbq(req, key, cin, cout)?),
+            };
             let mut cache = self.packed.lock().unwrap_or_else(PoisonError::into_inner);
             cache.insert(key.to_string(), matrix.clone());
             return Ok(Some(PackedWeight { matrix, view: WeightView::KN }));
@@ -230,6 +241,11 @@ impl CheckpointStore {
                 if shape != req.shape {
                     return Err(self.mismatch(req, key, &shape, format!("{:?} (LPBQ HWIO)", req.shape)));
                 }
+                if let Some(q) = self.int8_channel(req, key, cin, cout)? {
+                    let w = q.decode_hwio();
+                    self.decoded_bytes.fetch_add(w.len() * 4, Ordering::Relaxed);
+                    return Ok(w);
+                }
                 self.decode_lpbq(req, key, cin, cout)
             }
             (ParamRole::Conv2dWeight, _) => {
@@ -279,6 +295,21 @@ impl CheckpointStore {
                 self.f32(req, key)
             }
         }
+    }
+
+    /// A per-channel int8 linear weight (HWIO codes `key`, scales `<op>.scale` f32 `[Out]`, no
+    /// `<op>.scale1`), checked; `None` when `key` is an LPBQ weight.
+    fn int8_channel(&self, req: &ParamRequest<'_>, key: &str, cin: usize, cout: usize) -> Result<Option<Int8Channel>> {
+        let prefix = key.trim_end_matches(".weight");
+        let scales_key = format!("{prefix}.scale");
+        if self.ckpt.contains(&format!("{prefix}.scale1")) || !self.ckpt.contains(&scales_key) {
+            return Ok(None);
+        }
+        let scales = self.f32(req, &scales_key)?;
+        let codes = self.ckpt.read_i8(key).map_err(|e| self.err(req, e))?;
+        Int8Channel::from_parts(cout, cin, codes, scales)
+            .map(Some)
+            .map_err(|e| self.weight_error(req, format!("int8 weight `{key}` with scales `{scales_key}`: {e}")))
     }
 
     /// An LPBQ weight's `scale1` (checked to be whole blocks per channel), `scale2` and shape.

@@ -40,6 +40,7 @@ fn run(mode: CalibrationMode, out: &Path) -> QuantizeOutcome {
         act_ranges: Default::default(),
         rotation: backend_cpu::quant::Rotation::None,
         sink_prefix: None,
+        weight_budget: None,
     };
     quantize(&opts).unwrap()
 }
@@ -198,6 +199,7 @@ fn quantize_error(model: PathBuf, aot_config: Option<PathBuf>) -> String {
         act_ranges: Default::default(),
         rotation: backend_cpu::quant::Rotation::None,
         sink_prefix: None,
+        weight_budget: None,
     };
     let err = quantize(&opts).err().expect("quantize must refuse this configuration");
     eprintln!("{err:#}");

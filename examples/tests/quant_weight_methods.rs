@@ -44,6 +44,7 @@ fn quantize_fixture(
         act_ranges: ranges,
         rotation,
         sink_prefix: None,
+        weight_budget: None,
     })
 }
 

@@ -551,6 +551,7 @@ fn run_into(which: &str, out: &Path) {
                 act_ranges: Default::default(),
                 rotation: backend_cpu::quant::Rotation::None,
                 sink_prefix: None,
+                weight_budget: None,
             })
             .unwrap();
         }

@@ -317,13 +317,22 @@ pub struct CalibrationWeights<'a> {
     mode: CalibrationMode,
     /// In deployed mode, how the linears are rounded (pymllm's rounding when absent).
     linears: Option<&'a LinearQuantizer>,
+    /// When set, only this linear (op path) is quantized; every other parameter is the store's
+    /// as it is (a float model with one linear rounded, to measure that linear's sensitivity).
+    only: Option<String>,
 }
 
 impl<'a> CalibrationWeights<'a> {
     /// `aot` must already have been checked against the model's linears
     /// ([`AotConfig::check_block_size`]).
     pub fn new(store: &'a CheckpointStore, aot: &'a AotConfig, mode: CalibrationMode) -> Self {
-        CalibrationWeights { store, aot, mode, linears: None }
+        CalibrationWeights { store, aot, mode, linears: None, only: None }
+    }
+
+    /// Quantizes the linear `op` only (see the field); the rest is the store's as stored.
+    pub fn only(mut self, op: &str) -> Self {
+        self.only = Some(op.to_string());
+        self
     }
 
     /// Deployed mode observes the linears as `linears` rounds them (the export must use the same
@@ -349,7 +358,7 @@ impl<'a> CalibrationWeights<'a> {
             _ => return Ok(None),
         };
         let op = req.key.strip_suffix(".weight").unwrap_or(req.key);
-        let Some(export) = linears.cached(op, self.lpbq_shape(req, n_out, n_in)?) else { return Ok(None) };
+        let Some(export) = linears.cached_export(op, self.lpbq_shape(req, n_out, n_in)?) else { return Ok(None) };
         let decoded = if hwio { export.decode_hwio() } else { export.decode() };
         decoded.map(Some).map_err(|e| weight_error(req, e.to_string()))
     }
@@ -360,7 +369,7 @@ impl<'a> CalibrationWeights<'a> {
         let shape = self.lpbq_shape(req, n_out, n_in)?;
         if let (CalibrationMode::Deployed, Some(linears)) = (self.mode, self.linears) {
             let op = req.key.strip_suffix(".weight").unwrap_or(req.key);
-            let export = linears.quantize(op, w, shape).map_err(|e| weight_err(e.to_string()))?;
+            let export = linears.export(op, w, shape).map_err(|e| weight_err(e.to_string()))?;
             let decoded = if hwio { export.decode_hwio() } else { export.decode() };
             return decoded.map_err(|e| weight_err(e.to_string()));
         }
@@ -379,6 +388,11 @@ impl<'a> CalibrationWeights<'a> {
 
 impl WeightStore for CalibrationWeights<'_> {
     fn load(&self, req: &ParamRequest<'_>) -> DslResult<Tensor> {
+        if let Some(op) = &self.only {
+            if req.key.strip_suffix(".weight") != Some(op.as_str()) {
+                return self.store.load(req);
+            }
+        }
         if let Some(decoded) = self.cached_linear(req)? {
             return Tensor::from_f32(decoded, req.shape.to_vec(), self.store.backend());
         }

@@ -8,6 +8,7 @@
 //! | parameter | tensors | how |
 //! |---|---|---|
 //! | LPBQ linear (`I4Lpbq`) | `<op>.weight` i8 `[1,1,In,Out]` nibbles, `<op>.scale1` u8 `[Out*In/bs]`, `<op>.scale2` f32 `[Out]` | [`quantize_lpbq`] |
+//! | a linear raised to 8 bits ([`LinearQuantizer::set_eight_bit`]) | `<op>.weight` i8 `[1,1,In,Out]` codes -127..=127, `<op>.scale` f32 `[Out]` | [`Int8Channel`](compiler::quant::int8_channel::Int8Channel) |
 //! | norm / embedding (`U16Asym`) | `<op>.weight` u16, `<op>.scale` f32 `[1]`, `<op>.zero_point` i32 `[1]` | [`quantize_u16_weight`] |
 //! | RoPE table (`U16Asym` with a RoPE QDQ) | `model.mllm_max_{sin,cos}_embedding` u16 `[1,L,D]` | [`export_u16`] with the table's QDQ parameters |
 //! | anything else (biases) | f32 as stored | copied |
@@ -27,7 +28,7 @@ use compiler::quant::lpbq::LpbqShape;
 use mllm_dsl::files::write_json_atomic;
 use mllm_dsl::ir::{Node, Program};
 
-use super::linear::LinearQuantizer;
+use super::linear::{LinearExport, LinearQuantizer};
 use compiler::quant::uint16::export_u16;
 use compiler::quant::{quantize_u16_weight, QuantParams};
 use mllm_dsl::{DType, QdqKind};
@@ -36,6 +37,9 @@ use rayon::prelude::*;
 use super::error::QuantizationError;
 use super::params::QdqParams;
 use checkpoint::{write_safetensors_atomic, CheckpointError, SafetensorsCheckpoint, StDtype, TensorBytes};
+
+/// The suffix of an int8 linear's per-channel scales (`<op>.scale`, f32 `[Out]`).
+pub const INT8_SCALE_SUFFIX: &str = "scale";
 
 /// One model parameter and how it is exported.
 #[derive(Clone, Debug, PartialEq)]
@@ -314,15 +318,21 @@ fn quantize_param(
             }
             let shape = LpbqShape::new(*out_features, *in_features, *block_size)
                 .map_err(|e| QuantizationError::quant(key.clone(), e))?;
-            let ex = linears.quantize(op, data, shape)?;
-            let n_blocks = ex.scale1.len();
-            out.push(OutTensor::new(
-                key.clone(),
-                vec![1, 1, *in_features, *out_features],
-                TensorData::I8(ex.weight_hwio.clone()),
-            ));
-            out.push(OutTensor::new(format!("{op}.scale1"), vec![n_blocks], TensorData::U8(ex.scale1.clone())));
-            out.push(OutTensor::new(format!("{op}.scale2"), vec![*out_features], TensorData::F32(ex.scale2.clone())));
+            let hwio = vec![1, 1, *in_features, *out_features];
+            match linears.export(op, data, shape)? {
+                LinearExport::Lpbq(ex) => {
+                    let n_blocks = ex.scale1.len();
+                    out.push(OutTensor::new(key.clone(), hwio, TensorData::I8(ex.weight_hwio.clone())));
+                    out.push(OutTensor::new(format!("{op}.scale1"), vec![n_blocks], TensorData::U8(ex.scale1.clone())));
+                    let scale2 = TensorData::F32(ex.scale2.clone());
+                    out.push(OutTensor::new(format!("{op}.scale2"), vec![*out_features], scale2));
+                }
+                LinearExport::Int8(ex) => {
+                    out.push(OutTensor::new(key.clone(), hwio, TensorData::I8(ex.codes_hwio.clone())));
+                    let scales = TensorData::F32(ex.scales.clone());
+                    out.push(OutTensor::new(format!("{op}.{INT8_SCALE_SUFFIX}"), vec![*out_features], scales));
+                }
+            }
         }
         ParamPlan::Uint16 { key, op, shape } => {
             if shape.iter().product::<usize>() != data.len() {

@@ -17,12 +17,14 @@
 //!
 //! Results are cached by key: GPTQ runs once per linear although calibration and export both ask.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
+use compiler::quant::int8_channel::Int8Channel;
 use compiler::quant::lpbq::{quantize_lpbq, LpbqExport, LpbqShape};
 use compiler::quant::lpbq_search::lpbq_mse_search;
 use compiler::quant::seqmse::lpbq_seqmse_search;
+use compiler::quant::QuantError;
 
 use super::error::QuantizationError;
 use rayon::prelude::*;
@@ -88,13 +90,44 @@ impl std::str::FromStr for WeightMethod {
     }
 }
 
-/// Quantizes linear weights with one [`WeightMethod`], caching each linear's result.
+/// A linear weight as exported: LPBQ int4 (the default) or per-channel int8 (the linears a
+/// mixed-precision recipe raises to 8 bits).
+#[derive(Clone, Debug)]
+pub enum LinearExport {
+    Lpbq(Arc<LpbqExport>),
+    Int8(Arc<Int8Channel>),
+}
+
+impl LinearExport {
+    /// The deployed values, row-major `[Out][In]`.
+    pub fn decode(&self) -> Result<Vec<f32>, QuantError> {
+        match self {
+            LinearExport::Lpbq(e) => e.decode(),
+            LinearExport::Int8(e) => Ok(e.decode()),
+        }
+    }
+
+    /// The deployed values in HWIO order `[In][Out]`.
+    pub fn decode_hwio(&self) -> Result<Vec<f32>, QuantError> {
+        match self {
+            LinearExport::Lpbq(e) => e.decode_hwio(),
+            LinearExport::Int8(e) => Ok(e.decode_hwio()),
+        }
+    }
+}
+
+/// Quantizes linear weights with one [`WeightMethod`], caching each linear's result. The linears
+/// named by [`LinearQuantizer::set_eight_bit`] become per-channel int8 (round to nearest: at 8 bits
+/// its error is far below int4's) instead.
 pub struct LinearQuantizer {
     method: WeightMethod,
     stats: Option<Arc<InputStats>>,
     /// GPTQ's factors of each distinct input Hessian, by the statistics' address.
     factors: HashMap<usize, HessianFactors>,
     cache: Mutex<HashMap<String, Arc<LpbqExport>>>,
+    /// Linears (op paths) exported as per-channel int8.
+    eight_bit: BTreeSet<String>,
+    int8_cache: Mutex<HashMap<String, Arc<Int8Channel>>>,
 }
 
 impl LinearQuantizer {
@@ -115,12 +148,73 @@ impl LinearQuantizer {
                 factors.insert(Arc::as_ptr(s) as usize, f);
             }
         }
-        Ok(LinearQuantizer { method, stats, factors, cache: Mutex::new(HashMap::new()) })
+        Ok(LinearQuantizer {
+            method,
+            stats,
+            factors,
+            cache: Mutex::new(HashMap::new()),
+            eight_bit: BTreeSet::new(),
+            int8_cache: Mutex::default(),
+        })
     }
 
     /// pymllm's rounding, no statistics.
     pub fn rtn() -> Self {
-        LinearQuantizer { method: WeightMethod::Rtn, stats: None, factors: HashMap::new(), cache: Mutex::default() }
+        LinearQuantizer {
+            method: WeightMethod::Rtn,
+            stats: None,
+            factors: HashMap::new(),
+            cache: Mutex::default(),
+            eight_bit: BTreeSet::new(),
+            int8_cache: Mutex::default(),
+        }
+    }
+
+    /// From now on the linears `ops` (op paths) are exported as per-channel int8, the rest as LPBQ.
+    pub fn set_eight_bit(&mut self, ops: BTreeSet<String>) {
+        self.eight_bit = ops;
+    }
+
+    /// The linears exported as per-channel int8.
+    pub fn eight_bit(&self) -> &BTreeSet<String> {
+        &self.eight_bit
+    }
+
+    /// The weight bits of the linear `op`: 8 or 4.
+    pub fn bits(&self, op: &str) -> u32 {
+        if self.eight_bit.contains(op) {
+            8
+        } else {
+            4
+        }
+    }
+
+    /// The export of `op` at its bit width ([`LinearQuantizer::bits`]): per-channel int8 or
+    /// [`LinearQuantizer::quantize`]'s LPBQ.
+    pub fn export(&self, op: &str, weight: &[f32], shape: LpbqShape) -> Result<LinearExport, QuantizationError> {
+        if !self.eight_bit.contains(op) {
+            return self.quantize(op, weight, shape).map(LinearExport::Lpbq);
+        }
+        if let Some(hit) = self.cached_export(op, shape) {
+            return Ok(hit);
+        }
+        let q = Int8Channel::quantize(weight, shape.out_features(), shape.in_features())
+            .map_err(|e| QuantizationError::quant(op, e))?;
+        let q = Arc::new(q);
+        if let Ok(mut c) = self.int8_cache.lock() {
+            c.insert(op.to_string(), q.clone());
+        }
+        Ok(LinearExport::Int8(q))
+    }
+
+    /// The export [`LinearQuantizer::export`] already made for `op` at `shape` and its bit width, if any.
+    pub fn cached_export(&self, op: &str, shape: LpbqShape) -> Option<LinearExport> {
+        if !self.eight_bit.contains(op) {
+            return self.cached(op, shape).map(LinearExport::Lpbq);
+        }
+        let hit = self.int8_cache.lock().ok().and_then(|c| c.get(op).cloned())?;
+        (hit.out_features == shape.out_features() && hit.in_features == shape.in_features())
+            .then_some(LinearExport::Int8(hit))
     }
 
     /// The export [`LinearQuantizer::quantize`] already made for `op` at `shape`, if any: a caller

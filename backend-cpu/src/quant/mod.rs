@@ -48,7 +48,7 @@ pub use export::{
 pub use fake_quant::FakeQuantHook;
 pub use hadamard::{orthogonal, Orthogonal, OrthogonalKind};
 pub use input_stats::{InputStats, InputStatsHook, LinearStats, LinearStatsError, StatsDepth};
-pub use linear::{LinearQuantizer, UnknownWeightMethod, WeightMethod};
+pub use linear::{LinearExport, LinearQuantizer, UnknownWeightMethod, WeightMethod};
 pub use params::QdqParams;
 pub use prefill::{prefill, prefill_logits, PresentKv};
 pub use rotation::{rotate_checkpoint, Rotation, RotationSummary, UnknownRotation};

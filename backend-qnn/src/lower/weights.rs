@@ -10,6 +10,9 @@
 //!   `blockScaleBitwidth` = the spec's level-0 bits (4) in 8-bit storage, `blocksScale8` =
 //!   `scale1`; the codes are re-encoded in the graph's [`Int4Storage`] (for the default,
 //!   [`Int4Storage::LowNibble`], the stored bytes unchanged).
+//! - per-channel int8 weights (the linears a mixed-precision checkpoint raises to 8 bits:
+//!   `<op>.weight` int8 HWIO codes -127..=127, `<op>.scale` f32 `[Out]`): `SFIXED_POINT_8` with an
+//!   `AXIS_SCALE_OFFSET` encoding on axis 3 (the output channel), offsets 0.
 //! - float / int32 weights: the stored bytes, no encoding.
 //!
 //! Every stored dtype and shape is checked against the IR value and the spec; a mismatch names
@@ -52,6 +55,8 @@ pub enum WeightProblem {
     NoSpec,
     #[error("Int4LPBQ weight has spec {0}, expected LPBQ")]
     NotLpbq(QuantSpecKind),
+    #[error("int8 weight has spec {0}, expected SymPerChannel(-127, 127, 3, Int8, Float32) (HWIO output channel)")]
+    NotInt8PerChannel(QuantSpecKind),
     #[error("LPBQ spec {0} is not solved (run PTQ)")]
     Unsolved(QuantSpecKind),
     #[error("LPBQ weight dims {0:?}: expected HWIO [1, 1, In, Out]")]
@@ -120,6 +125,9 @@ pub(super) fn weight_tensor(
     let dims = encode::dims(shape).map_err(|d| fail(symbol, d))?;
     if def.ty.dtype == DType::I4Lpbq {
         return lpbq(p, v, symbol, name, &dims, provider, int4);
+    }
+    if let Some(QuantSpecKind::SymPerChannel { .. }) = p.value_spec(v).map(|s| &s.kind) {
+        return int8_per_channel(p, v, symbol, name, &dims, provider);
     }
     let (dtype, encoding) = encode::value_type(p, v).map_err(|d| fail(symbol, d))?;
     let stored_dtype = match dtype {
@@ -196,6 +204,49 @@ fn lpbq(
         block_scales: BlockScales::U8(scale1.into()),
     });
     Ok(QnnTensor::new_static(name, int4.signed_weight_dtype(), dims, encoding, StaticData::new(data)))
+}
+
+/// A per-channel int8 weight (a linear raised to 8 bits): `SFIXED_POINT_8` codes as stored,
+/// `AXIS_SCALE_OFFSET` on the output channel of HWIO `[1, 1, In, Out]` (axis 3) with offset 0.
+fn int8_per_channel(
+    p: &Program,
+    v: ValueId,
+    symbol: &str,
+    name: &str,
+    dims: &[u32],
+    provider: &dyn QuantParamProvider,
+) -> Result<QnnTensor, WeightError> {
+    let spec = p.value_spec(v).ok_or_else(|| fail(symbol, WeightProblem::NoSpec))?;
+    let QuantSpecKind::SymPerChannel { quant_min, quant_max, ch_axis: 3, quant_to: DType::I8, .. } = spec.kind else {
+        return Err(fail(symbol, WeightProblem::NotInt8PerChannel(spec.kind.clone())));
+    };
+    let Some(SpecParams::PerChannel { from, channels }) = &spec.params else {
+        return Err(fail(symbol, WeightProblem::Unsolved(spec.kind.clone())));
+    };
+    let &[1, 1, inputs, outputs] = dims else {
+        return Err(fail(symbol, WeightProblem::NotHwio(dims.to_vec())));
+    };
+    let cout = outputs as usize;
+    if *channels != cout {
+        let (found, expected) = (*channels, cout);
+        return Err(fail(symbol, WeightProblem::ChannelScales { found, expected }));
+    }
+    let weight_key = SpecParams::lpbq_weight_key(from);
+    let codes = stored(provider, &weight_key, DType::I8, &[1, 1, inputs as usize, cout])?;
+    if let Some(index) = codes.iter().position(|&b| !(quant_min..=quant_max).contains(&i32::from(b as i8))) {
+        let code = codes[index] as i8;
+        return Err(fail(&weight_key, WeightProblem::CodeRange { index, code, min: quant_min, max: quant_max }));
+    }
+    let scales_key = SpecParams::channel_scales_key(from);
+    let scales = provider.read_f32(&scales_key).map_err(|e| fail(&scales_key, e))?;
+    if scales.len() != cout {
+        return Err(fail(&scales_key, WeightProblem::ChannelScales { found: scales.len(), expected: cout }));
+    }
+    let encoding = Encoding::AxisScaleOffset {
+        axis: 3,
+        scale_offsets: scales.iter().map(|&scale| ScaleOffset { scale, offset: 0 }).collect::<Vec<_>>().into(),
+    };
+    Ok(QnnTensor::new_static(name, DataType::SFixedPoint8, dims, encoding, StaticData::new(codes)))
 }
 
 /// pymllm's int4 codes (low nibbles, `-8..=7 & 0x0F`) checked against the spec's range and laid

@@ -72,6 +72,7 @@ impl AotModel {
             act_ranges: Default::default(),
             rotation: backend_cpu::quant::Rotation::None,
             sink_prefix: None,
+            weight_budget: None,
         })
         .unwrap_or_else(|e| panic!("calibrating {name}: {e:#}"));
         let mut model = AotModel::open(out.0.clone());

@@ -3,7 +3,10 @@
 //! 1. Weights. A Conv2D's LPBQ weight refers to `<op>.weight` (int4 codes in int8, 0..=15),
 //!    `<op>.scale1` (u8, 0..=16) and `<op>.scale2` (f32); their dtypes are checked and their codes
 //!    range-checked when the provider holds data, but nothing is copied: the spec keeps the prefix.
-//!    RMSNorm and Embedding weights take `<op>.scale` / `<op>.zero_point`.
+//!    RMSNorm and Embedding weights take `<op>.scale` / `<op>.zero_point`. A linear stored as
+//!    per-channel int8 (`<op>.weight` int8 codes -127..=127 and `<op>.scale` f32 `[Out]`, no
+//!    `scale1`: one a mixed-precision recipe raised to 8 bits) gets the per-channel spec instead
+//!    of LPBQ, and its value becomes `Int8`.
 //! 2. Values. A value with a QDQ point solves its spec with that point's parameters
 //!    ([`qdq_params`]); values sharing the spec are solved with it. Two QDQ points with different
 //!    parameters on one shared spec are an error (mllm silently keeps the first).
@@ -41,6 +44,8 @@ const PASS: &str = "PTQ";
 /// Range of stored LPBQ codes (int4 nibbles) and level-0 block scales, as mllm's PTQ asserts.
 const LPBQ_CODE_RANGE: (i64, i64) = (0, 15);
 const LPBQ_SCALE1_RANGE: (i64, i64) = (0, 16);
+/// Range of stored per-channel int8 codes (symmetric: -128 unused).
+const INT8_CODE_RANGE: (i64, i64) = (-127, 127);
 
 /// Where a value sits on an op, for messages.
 #[derive(Clone, Copy)]
@@ -138,6 +143,25 @@ impl Ptq<'_> {
             return Err(self.op_error(p, r, w, format!("weight symbol `{symbol}` does not end in `.weight`")));
         };
         let params = match p.spec(sid).kind.clone() {
+            QuantSpecKind::Lpbq { .. } if self.is_int8_linear(&prefix).map_err(|e| self.param_error(p, r, w, e))? => {
+                // A linear a mixed-precision recipe raised to 8 bits: per-channel int8 instead.
+                let ir_shape = p.value(w).ty.shape.clone();
+                let weight_key = SpecParams::lpbq_weight_key(&prefix);
+                self.expect_tensor(p, r, w, &weight_key, DType::I8, Some(&ir_shape))?;
+                self.check_range(p, r, w, &weight_key, INT8_CODE_RANGE)?;
+                let channels = match ir_shape[..] {
+                    [1, 1, _, out] => out,
+                    _ => {
+                        let m = format!("an int8 linear weight must be HWIO [1, 1, In, Out], found {ir_shape:?}");
+                        return Err(self.op_error(p, r, w, m));
+                    }
+                };
+                let scales_key = SpecParams::channel_scales_key(&prefix);
+                self.expect_tensor(p, r, w, &scales_key, DType::F32, Some(&[channels]))?;
+                p.spec_mut(sid).kind = QuantSpecKind::int8_per_channel_hwio();
+                p.value_mut(w).ty.dtype = DType::I8;
+                SpecParams::PerChannel { from: prefix, channels }
+            }
             QuantSpecKind::Lpbq { .. } => {
                 let weight_key = SpecParams::lpbq_weight_key(&prefix);
                 let ir_shape = p.value(w).ty.shape.clone();
@@ -164,6 +188,17 @@ impl Ptq<'_> {
         };
         p.spec_mut(sid).params = Some(params);
         Ok(())
+    }
+
+    /// Whether the linear `prefix` is stored as per-channel int8: no LPBQ `scale1`, an f32
+    /// `scale` and int8 codes.
+    fn is_int8_linear(&self, prefix: &str) -> Result<bool, super::ParamError> {
+        if self.params.tensor(&SpecParams::lpbq_scale1_key(prefix))?.is_some() {
+            return Ok(false);
+        }
+        let scales = self.params.tensor(&SpecParams::channel_scales_key(prefix))?;
+        let codes = self.params.tensor(&SpecParams::lpbq_weight_key(prefix))?;
+        Ok(matches!((scales, codes), (Some(s), Some(c)) if s.dtype == DType::F32 && c.dtype == DType::I8))
     }
 
     /// Checks that `key` is stored with `dtype` (and `shape`, if given).

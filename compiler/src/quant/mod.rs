@@ -7,6 +7,7 @@
 //! - [`observer`]: min/max observers that turn calibration data into parameters;
 //! - [`act_range`]: percentile and clipping-error ranges on a bounded [`histogram`];
 //! - [`lpbq`]: int4 linear weights with low-power blockwise (two-level) scales;
+//! - [`int8_channel`]: per-channel int8 linear weights, for the linears a mixed recipe raises;
 //! - [`lpbq_search`]: LPBQ scales chosen by (activation-weighted) error search on the deployed grid;
 //! - [`seqmse`]: LPBQ scales chosen for the least error of the layer's output (SeqMSE);
 //! - [`uint16`]: per-tensor u16 weights of RMSNorm and Embedding;
@@ -18,6 +19,7 @@
 pub mod act_range;
 pub mod fake_quant;
 pub mod histogram;
+pub mod int8_channel;
 pub mod lpbq;
 pub mod lpbq_search;
 pub mod observer;

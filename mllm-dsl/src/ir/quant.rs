@@ -61,6 +61,9 @@ pub enum QuantSpecKind {
         quant_to: DType,
         scale_1_type: DType,
     },
+    /// Per-channel symmetric quantization of a weight along `ch_axis`: `real = scale[c] * q`, zero
+    /// point 0 (the 8-bit linears of a mixed-precision checkpoint: int8 codes -127..=127).
+    SymPerChannel { quant_min: i32, quant_max: i32, ch_axis: usize, quant_to: DType, scale_type: DType },
 }
 
 impl QuantSpecKind {
@@ -105,6 +108,18 @@ impl QuantSpecKind {
         }
     }
 
+    /// Per-channel symmetric int8 of a Conv2D weight in HWIO layout: codes -127..=127, f32
+    /// scales along the output axis 3.
+    pub fn int8_per_channel_hwio() -> QuantSpecKind {
+        QuantSpecKind::SymPerChannel {
+            quant_min: -127,
+            quant_max: 127,
+            ch_axis: 3,
+            quant_to: DType::I8,
+            scale_type: DType::F32,
+        }
+    }
+
     /// mllm's printed kind name.
     pub fn name(&self) -> &'static str {
         match self {
@@ -112,6 +127,7 @@ impl QuantSpecKind {
             QuantSpecKind::SymPerTensor { .. } => "SymPerTensor",
             QuantSpecKind::AsymPerTensor { .. } => "AsymPerTensor",
             QuantSpecKind::Lpbq { .. } => "LPBQ",
+            QuantSpecKind::SymPerChannel { .. } => "SymPerChannel",
         }
     }
 
@@ -168,6 +184,13 @@ impl QuantSpecKind {
                 scale_level_0_bitwidth.to_string(),
                 quant_to.to_string(),
                 scale_1_type.to_string(),
+            ],
+            QuantSpecKind::SymPerChannel { quant_min, quant_max, ch_axis, quant_to, scale_type } => vec![
+                quant_min.to_string(),
+                quant_max.to_string(),
+                ch_axis.to_string(),
+                quant_to.to_string(),
+                scale_type.to_string(),
             ],
         }
     }
@@ -228,6 +251,16 @@ impl QuantSpecKind {
                     scale_1_type: dtype(6)?,
                 }
             }
+            "SymPerChannel" => {
+                want(5)?;
+                QuantSpecKind::SymPerChannel {
+                    quant_min: int(0)?,
+                    quant_max: int(1)?,
+                    ch_axis: count(2)?,
+                    quant_to: dtype(3)?,
+                    scale_type: dtype(4)?,
+                }
+            }
             other => return Err(SpecSyntaxError::UnknownKind(other.to_string())),
         })
     }
@@ -275,6 +308,9 @@ pub enum SpecParams {
     /// `<from>.scale2` float channel scales (`[Out]`). The data is referenced, not copied.
     /// `blocks` (per channel) and `channels` are filled in once the layout has been checked.
     Lpbq { from: String, blocks: Option<usize>, channels: Option<usize> },
+    /// A per-channel int8 weight stored under the prefix `from`: `<from>.weight` int8 codes (HWIO)
+    /// and `<from>.scale` f32 channel scales (`[channels]`). The data is referenced, not copied.
+    PerChannel { from: String, channels: usize },
 }
 
 impl SpecParams {
@@ -291,6 +327,11 @@ impl SpecParams {
     /// Checkpoint key of an LPBQ weight's float channel scales.
     pub fn lpbq_scale2_key(prefix: &str) -> String {
         format!("{prefix}.scale2")
+    }
+
+    /// Checkpoint key of a per-channel int8 weight's float channel scales.
+    pub fn channel_scales_key(prefix: &str) -> String {
+        format!("{prefix}.scale")
     }
 
     /// Printed as an attribute list after the kind.
@@ -310,6 +351,10 @@ impl SpecParams {
                 if let Some(c) = channels {
                     a.insert("channels".into(), Attr::Int(*c as i64));
                 }
+            }
+            SpecParams::PerChannel { from, channels } => {
+                a.insert("from".into(), Attr::Str(from.clone()));
+                a.insert("channel_scales".into(), Attr::Int(*channels as i64));
             }
         }
         a
@@ -331,6 +376,11 @@ impl SpecParams {
                 other => return Err(SpecSyntaxError::ZeroPointNotInt(other)),
             };
             SpecParams::PerTensor { scale, zero_point, from }
+        } else if let Some(channels) = a.remove("channel_scales") {
+            match channels {
+                Attr::Int(n) if n >= 0 => SpecParams::PerChannel { from, channels: n as usize },
+                other => return Err(SpecSyntaxError::NotCount { key: "channel_scales".into(), found: other }),
+            }
         } else {
             let mut count = |k: &str| match a.remove(k) {
                 None => Ok(None),
@@ -400,6 +450,20 @@ quant.specs {
     s2 = SymPerTensor(0, 255, UInt8, Float32)
 }
 "#;
+
+    #[test]
+    fn per_channel_specs_round_trip() {
+        let text = TEXT.replace("Int4LPBQ, CPU>[spec:s1]", "Int8, CPU>[spec:s1]").replace(
+            r#"LPBQ(-7, 7, 16, 3, 4, Int4LPBQ, Float32) [blocks:2, channels:8, from:"lm_head"]"#,
+            r#"SymPerChannel(-127, 127, 3, Int8, Float32) [channel_scales:8, from:"lm_head"]"#,
+        );
+        let p = parse(&text).unwrap();
+        assert_eq!(p.to_string(), text);
+        assert_eq!(p.specs[1].kind, QuantSpecKind::int8_per_channel_hwio());
+        assert_eq!(p.specs[1].params, Some(SpecParams::PerChannel { from: "lm_head".into(), channels: 8 }));
+        let bad = text.replace("channel_scales:8", "channel_scales:-1");
+        assert!(parse(&bad).unwrap_err().to_string().contains("channel_scales"));
+    }
 
     #[test]
     fn spec_tables_round_trip_and_sharing_survives() {
