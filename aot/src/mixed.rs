@@ -3,9 +3,9 @@
 //! Every linear is LPBQ int4 by default. With a budget `b` (a fraction over the all-int4 bytes of
 //! the linears, e.g. `0.10`), each linear's sensitivity is measured on the calibration text: the
 //! mean KL(float ‖ model) of the float model with that linear alone at its deployed int4 weights
-//! (activations float, the recipe's rotation and sink prefix in place). Its 8-bit weight's own
-//! loss is not subtracted: per-channel int8 moves the logits about 1/300 as much (measured on
-//! SmolLM2, docs/quantization.md). Then linears are raised to per-channel int8 greedily, the
+//! (activations float, the recipe's rotation and sink prefix in place). Its loss at 8 bits is
+//! neither measured nor subtracted (per-channel int8 has 127 levels a side where LPBQ has 7 per
+//! block). Then linears are raised to per-channel int8 greedily, the
 //! largest sensitivity per extra byte first, while the extra bytes fit `b` times the all-int4
 //! bytes; a linear that does not fit is skipped and smaller ones are still tried.
 //!
