@@ -277,6 +277,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
             timings.rotate = outcome.rotate_seconds;
             (timings.input_stats, timings.calibrate) = (outcome.input_stats_seconds, outcome.calibration_seconds);
             timings.quantize = outcome.weight_seconds;
+            timings.sensitivity = outcome.sensitivity_seconds;
             timings.evaluate += outcome.evaluate_seconds;
             warnings.extend(outcome.warnings.iter().filter(|w| !warnings.contains(w)).cloned().collect::<Vec<_>>());
             let logits = outcome.report.rows.last().context("the quantization report has no logits row")?;

@@ -25,6 +25,8 @@ pub struct Timings {
     /// (GPTQ's Hessians and their factorization; 0 for round-to-nearest). The same float run
     /// records the logits and layer outputs `evaluate` compares the fake-quant run with.
     pub input_stats: f64,
+    /// Measuring each linear's sensitivity for `--weight-budget` (0 without one).
+    pub sensitivity: f64,
     /// The observers' pass over the calibration sequences.
     pub calibrate: f64,
     /// The weights rounded by the weight method (in parallel over the linears) and the quantized
@@ -90,7 +92,8 @@ impl AotReport {
             "model": self.model,
             "ledger": ledger,
             "timings_s": {
-                "load": round(t.load), "rotate": round(t.rotate), "input_stats": round(t.input_stats), "calibrate": round(t.calibrate),
+                "load": round(t.load), "rotate": round(t.rotate), "input_stats": round(t.input_stats),
+                "sensitivity": round(t.sensitivity), "calibrate": round(t.calibrate),
                 "quantize": round(t.quantize), "evaluate": round(t.evaluate), "trace": round(t.trace),
                 "passes": round(t.passes), "lower": round(t.lower), "validate": round(t.validate),
                 "context_binary": round(t.context_binary), "context_binary_x86": round(t.context_binary_x86),
@@ -137,12 +140,14 @@ impl AotReport {
         let t = &self.timings;
         let _ = writeln!(
             s,
-            "\ntimings (s): load {:.2}, rotate {:.2}, input stats {:.2}, calibrate {:.2}, quantize {:.2}, evaluate {:.2}, \
+            "\ntimings (s): load {:.2}, rotate {:.2}, input stats {:.2}, sensitivity {:.2}, calibrate {:.2}, quantize {:.2}, \
+             evaluate {:.2}, \
              trace {:.2}, passes {:.2}, lower {:.2}, validate {:.2}, context binary {:.2} (x86 {:.2}), total {:.2} \
              (CPU {:.2})",
             t.load,
             t.rotate,
             t.input_stats,
+            t.sensitivity,
             t.calibrate,
             t.quantize,
             t.evaluate,
