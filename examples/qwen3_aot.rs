@@ -11,6 +11,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
+use aot::shard::{ShardCount, DEFAULT_MAX_CONTEXT_BYTES};
 use aot::{
     default_out_dir, run, AotOptions, AotReport, CalibSource, Chosen, ContextBinary, ModelSource, Recipe,
     TargetRuntime, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS,
@@ -22,6 +23,8 @@ use mllm_examples::RecipeFlags;
 use models::hf::HfConfig;
 
 fn main() -> Result<()> {
+    // A shard build child (`--build-shard JOB`, started by --shards) runs its job and exits here.
+    aot::shard_build::child_main_if_requested();
     let args = AotArgs::parse();
     print!("{}", run_aot(&args)?.summary());
     println!("report: {}", args.out_dir().join("report.json").display());
@@ -49,6 +52,8 @@ Files written into --out (default: <cargo target dir>/qwen3_aot):
   qnn/<graph>.cpp, .bin     model.cpp / model.bin for qnn-model-lib-generator
   qnn/<graph>.summary.txt   ops by type, tensors by dtype, static bytes
   qnn/context.bin, .x86.bin by Qualcomm's HTP backend (if found): all graphs weight-shared; unshared for x86 emulation
+  qnn/context_<i>_of_<n>.bin, .x86.bin  the same per shard with --shards n > 1 (graphs model.<i-1>.s<chunk>, built in
+                            child processes); qnn/model.<i>.s<chunk>.* are then the shards' graphs
   report.json               model, accuracy ledger, timings, graphs, deploy, artifacts (paths relative to --out)
 
 report.json's \"deploy\" says, per artifact (qnn/context.bin, qnn/context.x86.bin), which runtime can run it: this
@@ -123,6 +128,24 @@ pub struct AotArgs {
     /// (mllm's QnnAOTRuntime: options it cannot run are refused before any work; docs/deploy.md).
     #[arg(long, value_name = "RUNTIME", default_value = "any")]
     pub target_runtime: TargetRuntime,
+    /// Context binaries: the decoder layers cut into N contiguous shards balanced by static bytes,
+    /// each built in its own child process (qnn/context_<i>_of_<N>.bin; graphs model.<i>.s<chunk>),
+    /// or auto: the smallest N whose binaries fit --max-context-bytes and whose builds fit --max-memory.
+    #[arg(long, value_name = "N|auto", default_value = "auto")]
+    pub shards: ShardCount,
+    /// Shard builds at once (default: what --max-memory allows, at most the cores).
+    #[arg(long, value_name = "J")]
+    pub jobs: Option<usize>,
+    /// Static bytes one context binary may hold (default 2 GiB, Qualcomm Genie's per-binary limit).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_CONTEXT_BYTES)]
+    pub max_context_bytes: u64,
+    /// Memory budget of the shard builds in bytes; Qualcomm's backend holds ~7x a shard's static bytes while
+    /// building it. Default: the available RAM, at most twice the model's static bytes but at least 4 GiB.
+    #[arg(long, value_name = "BYTES")]
+    pub max_memory: Option<u64>,
+    /// The program that builds one shard (`PROGRAM --build-shard JOB`); default this one.
+    #[arg(long, value_name = "PROGRAM", hide = true)]
+    pub shard_exe: Option<PathBuf>,
 }
 
 impl AotArgs {
@@ -189,6 +212,11 @@ impl AotArgs {
             ledger_ops: self.ledger_ops,
             sink_prefix: recipe.map_or_else(|| self.recipe.sink_prefix.clone(), |r| r.sink_prefix.clone()),
             target_runtime: self.target_runtime,
+            shards: self.shards,
+            jobs: self.jobs,
+            max_context_bytes: self.max_context_bytes,
+            max_memory: self.max_memory,
+            shard_exe: self.shard_exe.clone(),
         }
     }
 }

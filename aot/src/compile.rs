@@ -54,6 +54,11 @@ use crate::progress::Progress;
 use crate::report::{AotReport, GraphReport, Timings};
 use crate::run_sizes::{available_memory, RunSizes};
 use crate::sequences::CalibSource;
+use crate::shard::{
+    default_max_memory, plan_shards, AutoLimits, AutoPlan, ModelBytes, ShardCount, BUILD_MEMORY_FACTOR,
+    DEFAULT_MAX_CONTEXT_BYTES,
+};
+use crate::sharded_aot::{build_binaries, chain_label, chain_logits_on_htp, chain_logits_on_interpreter, lower_shards};
 use crate::sink::sink_prefix_ids;
 use crate::trace::{trace_graph, trace_model};
 use models::keys::ROPE_SIN_TABLE;
@@ -108,6 +113,20 @@ pub struct AotOptions {
     /// The runtime the result must run on (`--target-runtime`): for mllm's, every option that
     /// would leave it unable to run the result is refused before any work ([`crate::deploy`]).
     pub target_runtime: TargetRuntime,
+    /// `--shards`: the decoder layers cut into this many context binaries ([`crate::shard`]), or
+    /// auto: the smallest count whose binaries fit `max_context_bytes` and whose builds fit the
+    /// memory budget.
+    pub shards: ShardCount,
+    /// `--jobs`: shard builds at once (default: what the memory budget allows, at most the cores).
+    pub jobs: Option<usize>,
+    /// `--max-context-bytes`: static bytes one binary may hold.
+    pub max_context_bytes: u64,
+    /// `--max-memory`: the memory budget of the shard builds ([`crate::shard::default_max_memory`]
+    /// when `None`).
+    pub max_memory: Option<u64>,
+    /// The program started as `<exe> --build-shard JOB` for each shard's binary (it calls
+    /// [`crate::shard_build::child_main_if_requested`]); this executable when `None`.
+    pub shard_exe: Option<PathBuf>,
 }
 
 impl AotOptions {
@@ -130,6 +149,11 @@ impl AotOptions {
             ledger_ops: false,
             sink_prefix: Vec::new(),
             target_runtime: TargetRuntime::Any,
+            shards: ShardCount::Auto,
+            jobs: None,
+            max_context_bytes: DEFAULT_MAX_CONTEXT_BYTES,
+            max_memory: None,
+            shard_exe: None,
         }
     }
 }
@@ -228,7 +252,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     // build the context binaries and validate the graphs ([`compile_and_validate`]); after a
     // calibration that runs while another thread evaluates the quantized checkpoint against float
     // (both only read it).
-    let graphs_done = match calibration_src {
+    let mut graphs_done = match calibration_src {
         Some(calib) => {
             let float_dir = &model_dir;
             let t = Instant::now();
@@ -315,9 +339,9 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
             compile_and_validate(stage, &quantized, &mut files, &mut timings)?
         }
     };
-    ledger.extend(graphs_done.ledger);
-    let deploy = graphs_done.deploy;
-    let graphs = graphs_done.graphs;
+    ledger.extend(std::mem::take(&mut graphs_done.ledger));
+    let deploy = std::mem::take(&mut graphs_done.deploy);
+    let graphs = std::mem::take(&mut graphs_done.graphs);
     // A NaN or infinity in a stage's logits is named, never read as a figure.
     for e in ledger.iter().filter(|e| e.comparison.sqnr() == Sqnr::NonFinite) {
         let graph = e.graph.as_deref().map_or_else(String::new, |g| format!(" ({g})"));
@@ -347,6 +371,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         deploy,
         artifacts: files.relative()?,
         warnings,
+        shards: graphs_done.shards,
     };
     write_json_atomic(&out.join("report.json"), &report.to_json())?;
     Ok(report)
@@ -380,6 +405,8 @@ struct GraphsDone {
     ledger: Vec<LedgerEntry>,
     /// Where the artifacts run ([`crate::deploy::where_it_runs`]).
     deploy: Vec<ArtifactRuntimes>,
+    /// How the layers were cut into context binaries, and why.
+    shards: Vec<String>,
 }
 
 /// Steps 3.-6. on the quantized checkpoint `model`: trace, pass pipeline and lowering per graph, the artifacts, the context binaries and the
@@ -428,20 +455,66 @@ fn compile_and_validate(
     for path in &compiled.ir_dumps {
         files.record(path);
     }
+    // How many context binaries, and why (--shards, or mllm's split_graph in the AOT config).
+    let sharding = plan_run_shards(job.opts, job.aot.split_graph, &compiled.graphs)?;
+    let mut shard_lines = sharding.reasons.clone();
+    shard_lines.extend(sharding.plan.table().lines().map(str::to_string));
+    let sharded = sharding.plan.count() > 1;
+    if sharded && job.opts.target_runtime == TargetRuntime::Mllm {
+        bail!(
+            "--target-runtime mllm: this model needs {} shards ({}), and mllm's runtime opens one context binary",
+            sharding.plan.count(),
+            sharding.reasons.join("; ")
+        );
+    }
     let t = Instant::now();
     let qnn_dir = job.out.join("qnn");
     std::fs::create_dir_all(&qnn_dir).with_context(|| format!("creating {}", qnn_dir.display()))?;
-    for g in &compiled.graphs {
+    // With shards: every shard's graphs (mllm's layout), written instead of the whole model's.
+    let shard_graphs = match sharded {
+        true => Some(lower_shards(&compiled.graphs, &sharding.plan, &ckpt, LowerOptions::default())?),
+        false => None,
+    };
+    let written_graphs: Vec<&QnnGraph> = match &shard_graphs {
+        Some(s) => s.iter().flatten().collect(),
+        None => compiled.graphs.iter().map(|g| &g.graph).collect(),
+    };
+    for g in &written_graphs {
         let name = &g.name;
-        let paths = write_graph_artifacts(&g.graph, &qnn_dir).with_context(|| format!("writing graph `{name}`"))?;
+        let paths = write_graph_artifacts(g, &qnn_dir).with_context(|| format!("writing graph `{name}`"))?;
         for p in [&paths.netron_json, &paths.model_cpp, &paths.model_bin, &paths.summary] {
             files.record(p);
         }
     }
     timings.lower = compiled.timings.lower + t.elapsed().as_secs_f64();
-    let graphs: Vec<QnnGraph> = compiled.graphs.iter().map(|g| g.graph.clone()).collect();
+    let graphs: Vec<QnnGraph> = written_graphs.into_iter().cloned().collect();
+    // With shards: each shard's binaries built in child processes, the chain run on the x86 ones.
+    let shard_htp = match (sharded, job.qualcomm.clone()) {
+        (true, Some(paths)) => {
+            let t = Instant::now();
+            let exe = match &job.opts.shard_exe {
+                Some(exe) => exe.clone(),
+                None => std::env::current_exe().context("locating this program to build the shards")?,
+            };
+            let built = build_binaries(
+                &exe,
+                model.dir,
+                job.opts.aot_config.as_deref(),
+                &sharding,
+                &job.opts.chunks,
+                job.opts.context_len,
+                &qnn_dir,
+                &job.out.join(".shard-jobs"),
+            )?;
+            built.written.iter().for_each(|p| files.record(p));
+            timings.context_binary = t.elapsed().as_secs_f64();
+            let htp_graphs = lower_shards(&compiled.graphs, &sharding.plan, &ckpt, LowerOptions::qualcomm_htp())?;
+            Some((paths, built.x86, htp_graphs))
+        }
+        _ => None,
+    };
     // The context binaries, built by Qualcomm's backend.
-    let htp = match job.qualcomm {
+    let htp = match job.qualcomm.filter(|_| !sharded) {
         Some(paths) => {
             let programs: Vec<&Program> = compiled.graphs.iter().map(|g| &g.program).collect();
             let htp = QualcommHtp::build(paths, &programs, &ckpt, job.target, &qnn_dir)?;
@@ -478,10 +551,25 @@ fn compile_and_validate(
                 .describe("backend-cpu's interpreter (fake-quant) on the final IR vs the eager fake-quant model"),
             comparison: Comparison::new("logits", probe.text_rows(&eager), cpu_logits, job.hf.vocab_size)?,
         });
-        let qnn = probe.run_qnn(graph)?;
+        let chunk_index = compiled.graphs.iter().position(|g| &g.name == name).unwrap_or(0);
+        let qnn = match &shard_graphs {
+            Some(shards) => {
+                let chain: Vec<&QnnGraph> = shards.iter().map(|s| &s[chunk_index]).collect();
+                let inputs = graph.inputs.iter().cloned().zip(probe.qnn_inputs(graph)?).collect();
+                chain_logits_on_interpreter(&chain, &inputs)?
+            }
+            None => probe.run_qnn(graph)?,
+        };
+        let label = match &shard_graphs {
+            Some(_) => chain_label(&sharding.plan, *chunk),
+            None => name.clone(),
+        };
         let comparison = Comparison::new("logits", cpu_logits, probe.text_rows(&qnn), job.hf.vocab_size)?;
-        let mut detail =
-            probe.describe("backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run");
+        let mut detail = probe.describe(if sharded {
+            "backend-qnn's reference interpreter on the lowered shards, chained, vs the CPU fake-quant run"
+        } else {
+            "backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run"
+        });
         if job.opts.ledger_ops {
             // Where the two part ways, node by node.
             let rows = op_by_op(program, graph, &ckpt, &store, &probe)?;
@@ -504,7 +592,32 @@ fn compile_and_validate(
             }
             let _ = write!(detail, "; every node in ledger_ops/{name}.txt");
         }
-        graph_ledger.push(LedgerEntry { stage: "qnn_vs_fakequant", graph: Some(name.clone()), detail, comparison });
+        graph_ledger.push(LedgerEntry { stage: "qnn_vs_fakequant", graph: Some(label.clone()), detail, comparison });
+        if let Some((paths, binaries, htp_graphs)) = &shard_htp {
+            let chain: Vec<&QnnGraph> = htp_graphs.iter().map(|s| &s[chunk_index]).collect();
+            let inputs = graph.inputs.iter().cloned().zip(probe.qnn_inputs(graph)?).collect();
+            let on_htp = {
+                let _turn = crate::htp::exclusive();
+                chain_logits_on_htp(paths, binaries, &chain, &inputs)?
+            };
+            let on_htp = probe.text_rows(&on_htp);
+            let what = format!(
+                "Qualcomm's x86 HTP emulation running the {} shards qnn/context_<i>_of_{}.x86.bin chained",
+                sharding.plan.count(),
+                sharding.plan.count()
+            );
+            for (stage, reference, versus) in [
+                ("htp_vs_fakequant", cpu_logits, "the CPU fake-quant run of the final IR"),
+                ("htp_vs_interp", probe.text_rows(&qnn), "backend-qnn's reference interpreter on the chained shards"),
+            ] {
+                graph_ledger.push(LedgerEntry {
+                    stage,
+                    graph: Some(label.clone()),
+                    detail: probe.describe(&format!("{what} vs {versus}")),
+                    comparison: Comparison::new("logits", reference, on_htp, job.hf.vocab_size)?,
+                });
+            }
+        }
         if let Some(htp) = &htp {
             let on_htp = htp.run_logits(name, &probe.qnn_inputs(graph)?)?;
             let on_htp = probe.text_rows(&on_htp);
@@ -528,10 +641,10 @@ fn compile_and_validate(
     // on the device binary as Qualcomm's system library reads it back.
     let traits = ArtifactTraits {
         sink_prefix: prefix.as_ref().map_or(0, |p| p.len()),
-        shards: 1,
+        shards: sharding.plan.count(),
         graphs: planned_graphs(job.opts),
         eos_ids: job.hf.eos_token_ids.clone(),
-        context_binary: htp.is_some(),
+        context_binary: htp.is_some() || shard_htp.is_some(),
     };
     let contract = htp.as_ref().map(|htp| {
         let shape = MllmModelShape {
@@ -549,7 +662,7 @@ fn compile_and_validate(
         }
     }
     let deploy = crate::deploy::where_it_runs(&traits, contract.as_deref());
-    Ok(GraphsDone { graphs, ledger: graph_ledger, deploy })
+    Ok(GraphsDone { graphs, ledger: graph_ledger, deploy, shards: shard_lines })
 }
 
 /// The graphs a run builds, as [`crate::deploy`] sees them: `model.0.s<chunk>` at `--context-len`.
@@ -579,7 +692,10 @@ fn plan_for_target(opts: &AotOptions) -> Result<ContextBinary> {
             let plan = PlannedRun {
                 sink_prefix: opts.sink_prefix.len().max(shipped),
                 prefix_from_checkpoint: shipped > 0,
-                shards: 1,
+                shards: match opts.shards {
+                    ShardCount::Fixed(n) => n,
+                    ShardCount::Auto => 1,
+                },
                 graphs: planned_graphs(opts),
                 context_binary_off: opts.context_binary == ContextBinary::Off,
             };
@@ -587,6 +703,26 @@ fn plan_for_target(opts: &AotOptions) -> Result<ContextBinary> {
             Ok(ContextBinary::Required)
         }
     }
+}
+
+/// The shard plan of a run: from the final IR's parameters (shapes and dtypes), `--shards`, the
+/// binary limit and the memory budget.
+fn plan_run_shards(opts: &AotOptions, split_graph: u32, compiled: &[CompiledGraph]) -> Result<AutoPlan> {
+    let program = &compiled.first().context("no graph was compiled")?.program;
+    // split_graph 1 is mllm's default (one binary): only a larger value asks for shards.
+    let shards = match (opts.shards, split_graph as usize) {
+        (ShardCount::Fixed(n), m) if m > 1 && n != m => bail!(
+            "--shards {n} disagrees with the AOT config's split_graph {m} ({}): give one, or the same count",
+            opts.aot_config.as_ref().map_or("built-in".to_string(), |p| p.display().to_string())
+        ),
+        (ShardCount::Auto, m) if m > 1 => ShardCount::Fixed(m),
+        (shards, _) => shards,
+    };
+    let bytes = ModelBytes::from_program(program)?;
+    let max_memory = opts.max_memory.unwrap_or_else(|| default_max_memory(available_memory(), &bytes));
+    let limits = AutoLimits { max_context_bytes: opts.max_context_bytes, max_memory, factor: BUILD_MEMORY_FACTOR };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Ok(plan_shards(&bytes, shards, &limits, cores, opts.jobs)?)
 }
 
 /// Chunk sizes and context length that make sense together.
@@ -740,6 +876,11 @@ pub fn compile(
 /// The QNN graphs of a quantized checkpoint for prefill chunk `chunk` (and decode, chunk 1) at
 /// `context`, lowered together as for one context binary: `model.0.s<chunk>`, `model.0.s1`.
 pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec<QnnGraph>> {
+    Ok(compile_for_context(dir, chunk, context)?.into_iter().map(|g| g.graph).collect())
+}
+
+/// [`lower_for_context`]'s compiled graphs (final IR and lowered graph).
+pub fn compile_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec<CompiledGraph>> {
     let hf = HfConfig::from_dir(dir)?;
     let ckpt = SafetensorsCheckpoint::open(dir)?;
     let Some(max_positions) = rope_positions(&ckpt)? else {
@@ -755,5 +896,5 @@ pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec
         dump_ir: None,
         progress: &crate::progress::Silent,
     };
-    Ok(compile(&hf, &ckpt, &aot, &opts)?.graphs.into_iter().map(|g| g.graph).collect())
+    Ok(compile(&hf, &ckpt, &aot, &opts)?.graphs)
 }

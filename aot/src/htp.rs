@@ -64,7 +64,7 @@ impl std::str::FromStr for ContextBinary {
 /// at once in one process make it fail validations spuriously, so they take turns.
 static ONE_BACKEND_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn exclusive() -> MutexGuard<'static, ()> {
+pub(crate) fn exclusive() -> MutexGuard<'static, ()> {
     ONE_BACKEND_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

@@ -60,6 +60,8 @@ pub struct AotReport {
     /// Files written, relative to the output directory, sorted.
     pub artifacts: Vec<String>,
     pub warnings: Vec<String>,
+    /// How the decoder layers were cut into context binaries, and why (`--shards`).
+    pub shards: Vec<String>,
 }
 
 impl AotReport {
@@ -102,6 +104,7 @@ impl AotReport {
             "deploy": crate::deploy::to_json(&self.deploy),
             "artifacts": self.artifacts,
             "warnings": self.warnings,
+            "shards": self.shards,
         })
     }
 
@@ -155,6 +158,9 @@ impl AotReport {
             t.total,
             t.total_cpu
         );
+        for line in &self.shards {
+            let _ = writeln!(s, "shards: {line}");
+        }
         let _ = writeln!(s, "{} files written", self.artifacts.len());
         for w in &self.warnings {
             let _ = writeln!(s, "warning: {w}");
@@ -190,6 +196,7 @@ mod tests {
             artifacts: vec![],
             warnings: vec![],
             deploy: vec![],
+            shards: vec![],
         };
         let json = report.to_json();
         let sqnr: Vec<_> = json["ledger"].as_array().unwrap().iter().map(|row| row["sqnr_db"].clone()).collect();

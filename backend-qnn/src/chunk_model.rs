@@ -132,6 +132,9 @@ pub enum QnnModelError {
     Mismatch { first: String, second: String, detail: String },
     #[error("no graphs were given")]
     NoGraphs,
+    /// A shard of a sharded model set is missing, extra or does not fit the others.
+    #[error("shard {shard}: {detail}")]
+    Shard { shard: String, detail: String },
     #[error("opening the context binary: {0}")]
     Api(#[from] ApiError),
     #[error("preparing the CPU emulation: {0}")]
@@ -214,34 +217,10 @@ impl<A: QnnExecApi> QnnChunkModel<A> {
     /// u8 codes of the graphs' past K/V inputs: an attention-sink prefix for the runtime's cache.
     pub fn kv_prefix(&self, len: usize, keys: &[Vec<f32>], values: &[Vec<f32>]) -> Result<KvPrefix<u8>, QnnModelError> {
         let layers = self.layout.num_layers;
-        let g = &self.graphs[0];
-        let contract = |detail: String| QnnModelError::Contract { graph: g.io.name.clone(), detail };
-        if keys.len() != layers || values.len() != layers {
-            return Err(contract(format!(
-                "the prefix has K/V of {} and {} layers, the graphs {layers}",
-                keys.len(),
-                values.len()
-            )));
-        }
-        let codes = |input: usize, real: &[f32]| -> Result<Vec<u8>, QnnModelError> {
-            let io = &g.io.inputs[input];
-            let so = io.quant.filter(|_| io.dtype == DataType::UFixedPoint8).ok_or_else(|| {
-                contract(format!("past K/V input `{}` is {} without a scale/offset, not u8", io.name, io.dtype))
-            })?;
-            if real.len() != self.layout.kv_elems(len) {
-                return Err(contract(format!(
-                    "a prefix of {len} positions has {} values for `{}`, expected {}",
-                    real.len(),
-                    io.name,
-                    self.layout.kv_elems(len)
-                )));
-            }
-            Ok(real.iter().map(|&x| so.quantize(x, (0, 255)) as u8).collect())
-        };
-        Ok(KvPrefix {
-            len,
-            keys: keys.iter().enumerate().map(|(l, k)| codes(3 + l, k)).collect::<Result<_, _>>()?,
-            values: values.iter().enumerate().map(|(l, v)| codes(3 + layers + l, v)).collect::<Result<_, _>>()?,
+        let io = &self.graphs[0].io;
+        kv_prefix_codes(&self.layout, len, keys, values, |kind, l| {
+            let at = if kind == "key" { 3 + l } else { 3 + layers + l };
+            (io.name.as_str(), io.inputs.get(at))
         })
     }
 
@@ -455,6 +434,47 @@ fn check_graph(g: &GraphIo, l: &ModelLayout, ar: usize) -> Result<(), QnnModelEr
     Ok(())
 }
 
+/// Real K/V of `len` prefix positions per layer as the u8 codes of the graphs' past K/V inputs;
+/// `past(kind, layer)` names the graph and gives the input (`kind` is "key" or "value").
+pub(crate) fn kv_prefix_codes<'g>(
+    layout: &ModelLayout,
+    len: usize,
+    keys: &[Vec<f32>],
+    values: &[Vec<f32>],
+    past: impl Fn(&str, usize) -> (&'g str, Option<&'g IoTensor>),
+) -> Result<KvPrefix<u8>, QnnModelError> {
+    let layers = layout.num_layers;
+    let graph0 = past("key", 0).0.to_string();
+    if keys.len() != layers || values.len() != layers {
+        return Err(QnnModelError::Contract {
+            graph: graph0,
+            detail: format!("the prefix has K/V of {} and {} layers, the graphs {layers}", keys.len(), values.len()),
+        });
+    }
+    let codes = |kind: &str, l: usize, real: &[f32]| -> Result<Vec<u8>, QnnModelError> {
+        let (graph, io) = past(kind, l);
+        let contract = |detail: String| QnnModelError::Contract { graph: graph.to_string(), detail };
+        let io = io.ok_or_else(|| contract(format!("no past {kind} input for layer {l}")))?;
+        let so = io.quant.filter(|_| io.dtype == DataType::UFixedPoint8).ok_or_else(|| {
+            contract(format!("past K/V input `{}` is {} without a scale/offset, not u8", io.name, io.dtype))
+        })?;
+        if real.len() != layout.kv_elems(len) {
+            return Err(contract(format!(
+                "a prefix of {len} positions has {} values for `{}`, expected {}",
+                real.len(),
+                io.name,
+                layout.kv_elems(len)
+            )));
+        }
+        Ok(real.iter().map(|&x| so.quantize(x, (0, 255)) as u8).collect())
+    };
+    Ok(KvPrefix {
+        len,
+        keys: keys.iter().enumerate().map(|(l, k)| codes("key", l, k)).collect::<Result<_, _>>()?,
+        values: values.iter().enumerate().map(|(l, v)| codes("value", l, v)).collect::<Result<_, _>>()?,
+    })
+}
+
 impl<A: QnnExecApi> ChunkModel for QnnChunkModel<A> {
     type Kv = u8;
 
@@ -513,7 +533,7 @@ impl<A: QnnExecApi> ChunkModel for QnnChunkModel<A> {
 
 /// The runtime's mask (u16 codes in mllm's mask encoding) in the graph input's encoding: the
 /// codes themselves when the encodings agree (the lowering's case), requantized otherwise.
-fn mask_codes(mask: &AttentionMask, graph: ScaleOffset) -> Vec<i64> {
+pub(crate) fn mask_codes(mask: &AttentionMask, graph: ScaleOffset) -> Vec<i64> {
     let ours = ScaleOffset::from_zero_point(MASK_SCALE, MASK_ZERO_POINT);
     if graph == ours {
         return mask.as_u16().iter().map(|&c| i64::from(c)).collect();
