@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use aot::shard::{ShardCount, DEFAULT_MAX_CONTEXT_BYTES};
 use aot::{
-    default_out_dir, run, AotOptions, AotReport, CalibSource, Chosen, ContextBinary, ModelSource, Recipe,
+    default_out_dir, run, AotOptions, AotReport, CalibSource, Chosen, ContextBinary, GraphNaming, ModelSource, Recipe,
     TargetRuntime, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS,
 };
 use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
@@ -42,7 +42,12 @@ With no arguments, compiles an embedded tiny Qwen3 (fixtures/qwen3-dev-f32, rand
 embedded token ids, so the whole flow runs without a download.
 
 Steps: load -> calibrate + quantize (W4A16 LPBQ weights, u16 activations, u8 K/V) -> trace one graph per --chunk
-(mllm's model.0.s<chunk>) -> mllm's QNN AOT pass pipeline -> lower to QNN -> validate -> accuracy ledger.
+and --context-len (mllm's model.0.s<chunk>) -> mllm's QNN AOT pass pipeline -> lower to QNN (every graph sharing one
+set of weights) -> validate -> accuracy ledger, and each graph's modelled cost per call on SM8650 / SM8750.
+
+A family: --chunk 128 --chunk 32 --chunk 1 --context-len 1024 --context-len 4096 builds six graphs in one context
+binary: model.0.s128, model.0.s32, model.0.s1 at 1024 and model.0.s128_cl4096, ... at 4096 (--graph-names genie:
+ar128_cl1024, ...). `generate --qnn-context` then picks the graph per step (docs/graph-families.md).
 
 Files written into --out (default: <cargo target dir>/qwen3_aot):
   embedded/                 the embedded checkpoint and calibration ids (default run only)
@@ -101,12 +106,17 @@ pub struct AotArgs {
     /// With --calib-text: each paragraph as a user turn through the model's own chat template, as pymllm does.
     #[arg(long, requires = "calib_text")]
     pub chat: bool,
-    /// Context length of the graphs: the mask width, K/V cache = context - chunk positions.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_CONTEXT_LEN)]
-    pub context_len: usize,
+    /// Context length of the graphs: the mask width, K/V cache = context - chunk positions; repeat to build every
+    /// chunk at every context length (a graph family). Default: 1024.
+    #[arg(long = "context-len", value_name = "N")]
+    pub context_lens: Vec<usize>,
     /// Chunk size (new tokens per call); repeat to build one graph per size (model.0.s<N>). Default: 32 and 1.
     #[arg(long = "chunk", value_name = "N")]
     pub chunks: Vec<usize>,
+    /// Graph names: mllm (model.0.s<chunk>; model.0.s<chunk>_cl<context> above the smallest context) or genie
+    /// (ar<chunk>_cl<context>).
+    #[arg(long, value_name = "SCHEME", default_value = "mllm")]
+    pub graph_names: GraphNaming,
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_POSITIONS, help = "RoPE table rows when calibrating.")]
     pub max_positions: usize,
     #[arg(long, value_name = "DIR", help = "Output directory. Default: <cargo target dir>/qwen3_aot.")]
@@ -199,8 +209,13 @@ impl AotArgs {
             source,
             aot_config: self.aot_config.clone(),
             calibration,
-            context_len: self.context_len,
+            context_lens: if self.context_lens.is_empty() {
+                vec![DEFAULT_CONTEXT_LEN]
+            } else {
+                self.context_lens.clone()
+            },
             chunks,
+            graph_naming: self.graph_names,
             out: self.out_dir(),
             context_binary: self.context_binary,
             max_positions: self.max_positions,

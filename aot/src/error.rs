@@ -81,6 +81,9 @@ pub enum AotError {
     /// A shard's build in its child process failed or was killed.
     #[error(transparent)]
     ShardBuild(Box<crate::shard_build::ShardBuildError>),
+    /// A graph family that cannot be built or does not match a binary.
+    #[error(transparent)]
+    Family(Box<crate::family::FamilyError>),
     /// A tokenizer that would not load, encode or decode.
     #[error("{what}: {source}")]
     Tokenizer {
@@ -148,6 +151,7 @@ boxed_from! {
     ParseInt <- std::num::ParseIntError,
     Shard <- crate::shard::ShardError,
     ShardBuild <- crate::shard_build::ShardBuildError,
+    Family <- crate::family::FamilyError,
     Io <- std::io::Error,
     Json <- serde_json::Error,
 }

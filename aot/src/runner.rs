@@ -13,10 +13,11 @@ use backend_qnn::sdk::{EmulatedHtp, SdkApi, SdkChunkModel, SdkError};
 use backend_qnn::sharded::{shard_set_files, ShardBinary};
 use backend_qnn::{GraphIo, QnnChunkModel, QnnModelError, ShardedChunkModel};
 use models::hf::HfConfig;
-use runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator};
+use runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator, GraphMenu};
 
 use crate::chat::{Conversation, TextStream};
-use crate::compile::lower_for_context;
+use crate::compile::{lower_family, lower_for_context};
+use crate::family::GraphFamily;
 use crate::load::{load_model, RunMode};
 
 /// Where a [`Runner`] executes: a generator over one of the models.
@@ -120,6 +121,57 @@ impl Runner {
         ensure!(ctx == context, "{} was built for context {ctx}, not --context {context}", binary.display());
         let generator = RunnerGenerator::Sdk(Box::new(with_prefix(model, dir, &mut notes)?));
         Ok(Runner { config, notes, generator })
+    }
+
+    /// The context binary at `binary`, built from the quantized checkpoint `dir` with every graph
+    /// of `family`: on the CPU emulator when `emulate` (the family lowered again from `dir`), else
+    /// on Qualcomm's QNN libraries. The binary must hold exactly the family's graphs (named as the
+    /// family names them); anything else is refused naming the graphs on both sides.
+    pub fn context_binary_family(dir: &Path, binary: &Path, family: &GraphFamily, emulate: bool) -> Result<Runner> {
+        if !emulate {
+            backend_qnn::sdk::check_sdk_libraries().context(
+                "--qnn-context runs the binary on Qualcomm's HTP backend (x86: its emulation); or add --qnn-emulate to \
+                 run it on backend-qnn's interpreter",
+            )?;
+            refuse_shared_binary_on_x86(binary)?;
+        }
+        let config = HfConfig::from_dir(dir)?;
+        let bytes = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
+        let what = || format!("{} as a context binary of {}", binary.display(), dir.display());
+        let mut notes = Vec::new();
+        let source = binary.display().to_string();
+        if emulate {
+            let graphs = lower_family(dir, family)?;
+            let model = QnnChunkModel::emulated(graphs, &bytes).with_context(what)?;
+            let names: Vec<String> = model.graph_shapes().into_iter().map(|(n, _, _)| n).collect();
+            family.check_graph_set(&source, &names)?;
+            let generator = RunnerGenerator::Emulated(Box::new(with_prefix(model, dir, &mut notes)?));
+            return Ok(Runner { config, notes, generator });
+        }
+        let model = match backend_qnn::sdk::open_context_binary_with_sdk(&bytes, None) {
+            Err(SdkError::Model(QnnModelError::MissingEncoding { .. })) => {
+                let graphs = lower_family(dir, family)?;
+                backend_qnn::sdk::open_context_binary_with_sdk(&bytes, Some(&graphs))
+            }
+            other => other,
+        };
+        let model = model.with_context(what)?;
+        let names: Vec<String> = model.graph_shapes().into_iter().map(|(n, _, _)| n).collect();
+        family.check_graph_set(&source, &names)?;
+        let generator = RunnerGenerator::Sdk(Box::new(with_prefix(model, dir, &mut notes)?));
+        Ok(Runner { config, notes, generator })
+    }
+
+    /// From now on every step runs on the graph of `menu` of least modelled cost
+    /// ([`runtime::GraphMenu`]).
+    pub fn select(&mut self, menu: GraphMenu) -> Result<()> {
+        match &mut self.generator {
+            RunnerGenerator::Cpu(g) => g.set_menu(menu),
+            RunnerGenerator::Emulated(g) => g.set_menu(menu),
+            RunnerGenerator::Sdk(g) => g.set_menu(menu),
+            RunnerGenerator::Sharded(g) => g.set_menu(menu),
+        }
+        .context("choosing graphs by their modelled cost")
     }
 
     /// Generates after `prompt` (ids checked against the vocabulary of `self.config`); with a

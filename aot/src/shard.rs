@@ -518,13 +518,13 @@ pub fn plan_shards(
     Ok(auto)
 }
 
-/// The tensor name of the hidden state between two shards.
-pub const HIDDEN_STATES: &str = "hidden_states";
+pub use backend_qnn::{HIDDEN_STATES, HIDDEN_STATES_OUT};
 
 /// The compiled program of the whole model (one flat graph `model.0.s<chunk>`, after mllm's
 /// pass pipeline) cut to shard `shard` of `plan`: a program whose one flat graph
 /// `model.<i>.s<chunk>` holds the shard's ops, with the hidden state as graph input (every shard
-/// but the first) and output (every shard but the last), named [`HIDDEN_STATES`]; K/V inputs and
+/// but the first, named [`HIDDEN_STATES`]) and output (every shard but the last, named
+/// [`HIDDEN_STATES_OUT`]); K/V inputs and
 /// outputs of the shard's layers only; `@init` keeps the shard's parameters only.
 pub fn shard_program(program: &Program, plan: &ShardPlan, shard: usize) -> Result<Program, ShardError> {
     let spec = plan.shards.get(shard).ok_or_else(|| ShardError::Cut {
@@ -673,15 +673,15 @@ pub fn shard_program(program: &Program, plan: &ShardPlan, shard: usize) -> Resul
         )));
     }
     let mut out = program.clone();
-    for &v in crossing_in.iter().chain(&crossing_out) {
+    for &v in &crossing_in {
         let def = out.value_mut(v);
         def.name = Some(HIDDEN_STATES.into());
-    }
-    for &v in &crossing_in {
-        out.value_mut(v).graph_input = true;
+        def.graph_input = true;
     }
     for &v in &crossing_out {
-        out.value_mut(v).graph_output = true;
+        let def = out.value_mut(v);
+        def.name = Some(HIDDEN_STATES_OUT.into());
+        def.graph_output = true;
     }
     inputs.extend(&crossing_in);
     outputs.extend(&crossing_out);

@@ -14,7 +14,7 @@ use compiler::passes::QuantParamProvider;
 
 use crate::compile::CompiledGraph;
 use crate::error::{Context, Result};
-use crate::shard::{shard_program, AutoPlan, ShardPlan, HIDDEN_STATES};
+use crate::shard::{shard_program, AutoPlan, ShardPlan, HIDDEN_STATES, HIDDEN_STATES_OUT};
 use crate::shard_build::{run_jobs, JobsOutcome, ShardJob};
 
 /// The shard graphs of every chunk size, lowered with `options`: `[shard][chunk]`.
@@ -31,7 +31,7 @@ pub fn lower_shards(
         let mut graphs = Vec::with_capacity(compiled.len());
         for c in compiled {
             let program = shard_program(&c.program, plan, spec.index)?;
-            let name = spec.graph_name(c.chunk);
+            let name = spec.graph_name(c.spec.chunk);
             let g = lowering.lower_graph(&program, &name).with_context(|| format!("lowering `{name}`"))?;
             graphs.push(g);
         }
@@ -40,13 +40,16 @@ pub fn lower_shards(
     Ok(out)
 }
 
+/// Runs shard `k`'s graph on its input values, giving its output values.
+pub type RunShard<'a> = dyn FnMut(usize, &QnnGraph, &[TensorValue]) -> Result<Vec<TensorValue>> + 'a;
+
 /// Runs `shards` (one graph per shard, in order) as a chain: each gets the whole model's
 /// `inputs` it names, plus the previous shard's `hidden_states`; returns the last one's outputs by
 /// name, and every shard's.
 pub fn run_chain(
     shards: &[&QnnGraph],
     inputs: &HashMap<String, TensorValue>,
-    run_one: &mut dyn FnMut(usize, &QnnGraph, &[TensorValue]) -> Result<Vec<TensorValue>>,
+    run_one: &mut RunShard<'_>,
 ) -> Result<HashMap<String, TensorValue>> {
     let mut all: HashMap<String, TensorValue> = HashMap::new();
     let mut hidden: Option<TensorValue> = None;
@@ -70,7 +73,7 @@ pub fn run_chain(
         let outputs = run_one(k, g, &values)?;
         crate::error::ensure!(outputs.len() == g.outputs.len(), "graph `{}` gave {} outputs", g.name, outputs.len());
         for (n, v) in g.outputs.iter().zip(outputs) {
-            if n == HIDDEN_STATES {
+            if n == HIDDEN_STATES_OUT {
                 hidden = Some(v);
             } else {
                 all.insert(n.clone(), v);
@@ -84,7 +87,7 @@ pub fn run_chain(
 pub fn chain_logits_on_interpreter(shards: &[&QnnGraph], inputs: &HashMap<String, TensorValue>) -> Result<Vec<f32>> {
     let out = run_chain(shards, inputs, &mut |_, g, values| {
         let interp = Interpreter::new(g).with_context(|| format!("preparing graph `{}`", g.name))?;
-        Ok(interp.run(values).with_context(|| format!("running graph `{}`", g.name))?)
+        interp.run(values).with_context(|| format!("running graph `{}`", g.name))
     })?;
     Ok(out.get("logits").context("the last shard has no logits")?.to_real()?)
 }

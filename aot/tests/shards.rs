@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use aot::shard::{
     default_max_memory, plan_auto, plan_shards, shard_program, AutoLimits, ModelBytes, ShardCount, ShardError,
-    ShardPlan, BUILD_MEMORY_FACTOR, DEFAULT_MAX_CONTEXT_BYTES, HIDDEN_STATES,
+    ShardPlan, BUILD_MEMORY_FACTOR, DEFAULT_MAX_CONTEXT_BYTES, HIDDEN_STATES, HIDDEN_STATES_OUT,
 };
 use aot::synthetic::{QWEN3_1_7B, QWEN3_8B};
 use backend_qnn::interp::{Interpreter, TensorValue};
@@ -141,9 +141,9 @@ fn chained_shards_compute_the_whole_graph_exactly_on_the_reference_interpreter()
     let (aot_cfg, _) = aot::load_aot_config(None, &hf).unwrap();
     let context = 16;
     for chunk in [4, 1] {
+        let family = aot::GraphFamily::new(&[chunk], &[context], aot::GraphNaming::Mllm).unwrap();
         let opts = aot::CompileOptions {
-            context_len: context,
-            chunks: &[chunk],
+            family: &family,
             max_positions: 1024,
             dump_ir: None,
             progress: &aot::progress::Silent,
@@ -169,14 +169,14 @@ fn chained_shards_compute_the_whole_graph_exactly_on_the_reference_interpreter()
         // Each shard's I/O: its layers' K/V, the hidden state across.
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         assert_eq!(shards[0].inputs, s(&["input_ids", "position_ids", "attention_mask", "past_key_0", "past_value_0"]));
-        assert_eq!(shards[0].outputs, s(&["present_key_0", "present_value_0", HIDDEN_STATES]));
+        assert_eq!(shards[0].outputs, s(&["present_key_0", "present_value_0", HIDDEN_STATES_OUT]));
         assert_eq!(
             shards[1].inputs,
             s(&["position_ids", "attention_mask", "past_key_1", "past_value_1", HIDDEN_STATES])
         );
         assert_eq!(shards[1].outputs, s(&["logits", "present_key_1", "present_value_1"]));
         // One encoding on both sides of the boundary.
-        let (out, inp) = (shards[0].tensor(HIDDEN_STATES).unwrap(), shards[1].tensor(HIDDEN_STATES).unwrap());
+        let (out, inp) = (shards[0].tensor(HIDDEN_STATES_OUT).unwrap(), shards[1].tensor(HIDDEN_STATES).unwrap());
         assert_eq!((out.dtype, &out.dims, &out.encoding), (inp.dtype, &inp.dims, &inp.encoding));
         // Every weight in exactly the shard that uses it.
         let statics = |g: &QnnGraph| -> Vec<String> {
@@ -196,7 +196,7 @@ fn chained_shards_compute_the_whole_graph_exactly_on_the_reference_interpreter()
         let expected = run(whole, &inputs);
         let first = run(&shards[0], &inputs);
         let mut second_inputs = inputs.clone();
-        second_inputs.insert(HIDDEN_STATES.into(), first[HIDDEN_STATES].clone());
+        second_inputs.insert(HIDDEN_STATES.into(), first[HIDDEN_STATES_OUT].clone());
         let second = run(&shards[1], &second_inputs);
         for (name, value) in &expected {
             let got = first.get(name).or_else(|| second.get(name)).unwrap_or_else(|| panic!("no shard outputs {name}"));

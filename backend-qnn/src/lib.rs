@@ -20,6 +20,7 @@
 pub mod artifacts;
 pub mod chunk_model;
 pub mod context;
+pub mod cost;
 pub mod dtype;
 pub mod encoding;
 pub mod graph;
@@ -40,5 +41,5 @@ pub use encoding::{Encoding, Int4Storage, ScaleOffset};
 pub use graph::{GraphBuilder, Param, QnnGraph, QnnNode, QnnTensor, Scalar, StaticData, TensorRef};
 pub use lower::{EncodeError, LowerError, LowerOptions, QnnLowering, SelectBroadcast, WeightProblem};
 pub use opdef::OpType;
-pub use sharded::{ShardBinary, ShardedChunkModel};
+pub use sharded::{ShardBinary, ShardedChunkModel, HIDDEN_STATES, HIDDEN_STATES_OUT};
 pub use validate::{validate, ValidationError};

@@ -3,12 +3,12 @@
 //!
 //! Every shard is a context with one graph per chunk length, named `model.<i>.s<ar>` (`i` the
 //! shard's index). Per chunk the shards run in order: shard 0 takes `input_ids`, each later one
-//! the `hidden_states` output of the one before (the same bytes: both sides carry one encoding,
+//! the `hidden_states_out` output of the one before (the same bytes: both sides carry one encoding,
 //! checked when opening), every shard the positions, the mask and the past K/V of its own layers
 //! from the runtime's cache; the last shard's `logits` are the chunk's logits. Graph I/O is
 //! bound by name:
 //! inputs `input_ids` (shard 0) or `hidden_states`, `position_ids`, `attention_mask`,
-//! `past_key_<l>`, `past_value_<l>`; outputs `logits` (last shard) or `hidden_states`,
+//! `past_key_<l>`, `past_value_<l>`; outputs `logits` (last shard) or `hidden_states_out`,
 //! `present_key_<l>`, `present_value_<l>` with `l` the model's layer index.
 //!
 //! Opening refuses a set with a missing, extra or mismatched shard, naming it
@@ -25,8 +25,11 @@ use crate::encoding::ScaleOffset;
 use crate::sdk::exec::{io_element_bytes, read_codes, read_f32, write_codes, QnnExecApi};
 use crate::sdk::{ContextHandle, GraphHandle};
 
-/// The tensor the hidden state crosses shards as.
+/// The graph input the hidden state enters a shard as (every shard but the first).
 pub const HIDDEN_STATES: &str = "hidden_states";
+/// The graph output the hidden state leaves a shard as (every shard but the last); a middle shard
+/// has both, and one graph cannot hold two tensors of one name.
+pub const HIDDEN_STATES_OUT: &str = "hidden_states_out";
 
 /// What a graph input or output is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,7 +51,7 @@ fn role_of(name: &str) -> Option<Role> {
         "input_ids" => Role::Ids,
         "position_ids" => Role::Positions,
         "attention_mask" => Role::Mask,
-        HIDDEN_STATES => Role::Hidden,
+        HIDDEN_STATES | HIDDEN_STATES_OUT => Role::Hidden,
         "logits" => Role::Logits,
         _ => {
             if let Some(l) = layer("past_key_") {
@@ -191,10 +194,10 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
                         if has(&roles_out, Role::Logits) {
                             "outputs logits (it is a last shard)"
                         } else {
-                            "outputs hidden_states"
+                            "outputs hidden_states_out"
                         },
                         index + 1,
-                        if last { "logits (is a shard missing after it?)" } else { "hidden_states" }
+                        if last { "logits (is a shard missing after it?)" } else { "hidden_states_out" }
                     )));
                 }
                 let keys: Vec<usize> =
@@ -234,7 +237,7 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
                     return Err(err(format!("graph `{}`: position_ids does not hold {ar} positions", g.name)));
                 }
                 // The hidden state: equal type, shape and encoding on both sides.
-                if let Some(t) = g.outputs.iter().find(|t| t.name == HIDDEN_STATES) {
+                if let Some(t) = g.outputs.iter().find(|t| t.name == HIDDEN_STATES_OUT) {
                     hidden_here.insert(ar, t.clone());
                 }
                 if let Some(t) = g.inputs.iter().find(|t| t.name == HIDDEN_STATES) {

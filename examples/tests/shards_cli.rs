@@ -101,9 +101,8 @@ fn two_shards_chain_on_the_htp_emulation_and_generate_the_fake_quant_tokens() {
 
     // A set with a missing shard, or an extra one, is refused naming the file.
     let broken = temp("broken");
-    for f in ["context_1_of_2.x86.bin"] {
-        std::fs::copy(qnn_dir.join(f), broken.join(f)).unwrap();
-    }
+    let first_only = "context_1_of_2.x86.bin";
+    std::fs::copy(qnn_dir.join(first_only), broken.join(first_only)).unwrap();
     let err = generated(&[&common[..], &["--qnn-context", broken.to_str().unwrap()]].concat()).unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("context_2_of_2.x86.bin") && msg.contains("missing"), "{msg}");
@@ -137,6 +136,11 @@ fn bad_shard_counts_are_named_errors_and_keep_the_previous_out() {
     assert!(format!("{err:#}").contains("--max-context-bytes 1000"), "{err:#}");
     let err = aot(&[&base[..], &["--out", o, "--max-context-bytes", "1000"]].concat()).unwrap_err();
     assert!(format!("{err:#}").contains("no cut of the layers fits"), "{err:#}");
+    // Shards hold one context length with mllm's names: a wider family is refused before any work.
+    let err = aot(&[&base[..], &["--out", o, "--shards", "2", "--context-len", "32"]].concat()).unwrap_err();
+    assert!(format!("{err:#}").contains("2 shards of a family with context lengths [16, 32]"), "{err:#}");
+    let err = aot(&[&base[..], &["--out", o, "--shards", "2", "--graph-names", "genie"]].concat()).unwrap_err();
+    assert!(format!("{err:#}").contains("Genie names"), "{err:#}");
     assert_eq!(std::fs::read(out.join("report.json")).unwrap(), before, "the previous --out is intact");
 }
 
