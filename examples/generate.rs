@@ -64,12 +64,24 @@ pub struct GenerateArgs {
     /// Tokens to generate at most (fewer on an EOS); prompt + this must fit in --context.
     #[arg(long, default_value_t = 32)]
     pub max_new_tokens: usize,
-    /// Prefill chunk size (the last chunk is zero-padded).
-    #[arg(long, default_value_t = 32)]
-    pub chunk: usize,
-    /// Context length (KV cache capacity, RoPE table rows).
-    #[arg(long, default_value_t = 1024)]
-    pub context: usize,
+    /// Prefill chunk size (the last chunk is zero-padded). Repeat for a graph family: each step then
+    /// runs on the graph of least modelled cost (--select), decode on chunk 1.
+    #[arg(long, default_values_t = [32])]
+    pub chunk: Vec<usize>,
+    /// Context length (KV cache capacity, RoPE table rows). Repeat for a graph family: a sequence
+    /// starts on the smallest and moves to a larger one only when it must.
+    #[arg(long, default_values_t = [1024])]
+    pub context: Vec<usize>,
+    /// Pick each step's graph among --chunk x --context (and 1) by its modelled cost on --target
+    /// (implied by several --chunk or --context values).
+    #[arg(long)]
+    pub select: bool,
+    /// The phone the cost model describes: sm8650 (HTP v75) or sm8750 (HTP v79).
+    #[arg(long, default_value = "sm8650")]
+    pub target: String,
+    /// Print every graph choice and context move (`graph: ...` lines after the ids).
+    #[arg(long)]
+    pub verbose: bool,
     /// Write the prompt positions' logits as safetensors tensor `logits`, f32 [1, prompt_len, vocab]
     /// (written atomically; a file of --model is refused).
     #[arg(long)]
@@ -117,8 +129,11 @@ impl GenerateArgs {
             chat: a.chat,
             system: a.system,
             max_new_tokens: a.max_new_tokens,
-            chunk: a.chunk,
-            context: a.context,
+            chunks: a.chunk,
+            contexts: a.context,
+            select: a.select,
+            target: a.target,
+            verbose: a.verbose,
             logits_out: a.logits_out,
             temperature: a.temperature,
             top_k: a.top_k,

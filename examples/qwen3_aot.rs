@@ -11,8 +11,9 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
+use aot::shard::{ShardCount, DEFAULT_MAX_CONTEXT_BYTES};
 use aot::{
-    default_out_dir, run, AotOptions, AotReport, CalibSource, Chosen, ContextBinary, ModelSource, Recipe,
+    default_out_dir, run, AotOptions, AotReport, CalibSource, Chosen, ContextBinary, GraphNaming, ModelSource, Recipe,
     TargetRuntime, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS,
 };
 use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
@@ -22,6 +23,8 @@ use mllm_examples::RecipeFlags;
 use models::hf::HfConfig;
 
 fn main() -> Result<()> {
+    // A shard build child (`--build-shard JOB`, started by --shards) runs its job and exits here.
+    aot::shard_build::child_main_if_requested();
     let args = AotArgs::parse();
     print!("{}", run_aot(&args)?.summary());
     println!("report: {}", args.out_dir().join("report.json").display());
@@ -39,7 +42,12 @@ With no arguments, compiles an embedded tiny Qwen3 (fixtures/qwen3-dev-f32, rand
 embedded token ids, so the whole flow runs without a download.
 
 Steps: load -> calibrate + quantize (W4A16 LPBQ weights, u16 activations, u8 K/V) -> trace one graph per --chunk
-(mllm's model.0.s<chunk>) -> mllm's QNN AOT pass pipeline -> lower to QNN -> validate -> accuracy ledger.
+and --context-len (mllm's model.0.s<chunk>) -> mllm's QNN AOT pass pipeline -> lower to QNN (every graph sharing one
+set of weights) -> validate -> accuracy ledger, and each graph's modelled cost per call on SM8650 / SM8750.
+
+A family: --chunk 128 --chunk 32 --chunk 1 --context-len 1024 --context-len 4096 builds six graphs in one context
+binary: model.0.s128, model.0.s32, model.0.s1 at 1024 and model.0.s128_cl4096, ... at 4096 (--graph-names genie:
+ar128_cl1024, ...). `generate --qnn-context` then picks the graph per step (docs/graph-families.md).
 
 Files written into --out (default: <cargo target dir>/qwen3_aot):
   embedded/                 the embedded checkpoint and calibration ids (default run only)
@@ -49,6 +57,8 @@ Files written into --out (default: <cargo target dir>/qwen3_aot):
   qnn/<graph>.cpp, .bin     model.cpp / model.bin for qnn-model-lib-generator
   qnn/<graph>.summary.txt   ops by type, tensors by dtype, static bytes
   qnn/context.bin, .x86.bin by Qualcomm's HTP backend (if found): all graphs weight-shared; unshared for x86 emulation
+  qnn/context_<i>_of_<n>.bin, .x86.bin  the same per shard with --shards n > 1 (graphs model.<i-1>.s<chunk>, built in
+                            child processes); qnn/model.<i>.s<chunk>.* are then the shards' graphs
   report.json               model, accuracy ledger, timings, graphs, deploy, artifacts (paths relative to --out)
 
 report.json's \"deploy\" says, per artifact (qnn/context.bin, qnn/context.x86.bin), which runtime can run it: this
@@ -96,12 +106,17 @@ pub struct AotArgs {
     /// With --calib-text: each paragraph as a user turn through the model's own chat template, as pymllm does.
     #[arg(long, requires = "calib_text")]
     pub chat: bool,
-    /// Context length of the graphs: the mask width, K/V cache = context - chunk positions.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_CONTEXT_LEN)]
-    pub context_len: usize,
+    /// Context length of the graphs: the mask width, K/V cache = context - chunk positions; repeat to build every
+    /// chunk at every context length (a graph family). Default: 1024.
+    #[arg(long = "context-len", value_name = "N")]
+    pub context_lens: Vec<usize>,
     /// Chunk size (new tokens per call); repeat to build one graph per size (model.0.s<N>). Default: 32 and 1.
     #[arg(long = "chunk", value_name = "N")]
     pub chunks: Vec<usize>,
+    /// Graph names: mllm (model.0.s<chunk>; model.0.s<chunk>_cl<context> above the smallest context) or genie
+    /// (ar<chunk>_cl<context>).
+    #[arg(long, value_name = "SCHEME", default_value = "mllm")]
+    pub graph_names: GraphNaming,
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_POSITIONS, help = "RoPE table rows when calibrating.")]
     pub max_positions: usize,
     #[arg(long, value_name = "DIR", help = "Output directory. Default: <cargo target dir>/qwen3_aot.")]
@@ -123,6 +138,24 @@ pub struct AotArgs {
     /// (mllm's QnnAOTRuntime: options it cannot run are refused before any work; docs/deploy.md).
     #[arg(long, value_name = "RUNTIME", default_value = "any")]
     pub target_runtime: TargetRuntime,
+    /// Context binaries: the decoder layers cut into N contiguous shards balanced by static bytes,
+    /// each built in its own child process (qnn/context_<i>_of_<N>.bin; graphs model.<i>.s<chunk>),
+    /// or auto: the smallest N whose binaries fit --max-context-bytes and whose builds fit --max-memory.
+    #[arg(long, value_name = "N|auto", default_value = "auto")]
+    pub shards: ShardCount,
+    /// Shard builds at once (default: what --max-memory allows, at most the cores).
+    #[arg(long, value_name = "J")]
+    pub jobs: Option<usize>,
+    /// Static bytes one context binary may hold (default 2 GiB, Qualcomm Genie's per-binary limit).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_CONTEXT_BYTES)]
+    pub max_context_bytes: u64,
+    /// Memory budget of the shard builds in bytes; Qualcomm's backend holds ~7x a shard's static bytes while
+    /// building it. Default: the available RAM, at most twice the model's static bytes but at least 4 GiB.
+    #[arg(long, value_name = "BYTES")]
+    pub max_memory: Option<u64>,
+    /// The program that builds one shard (`PROGRAM --build-shard JOB`); default this one.
+    #[arg(long, value_name = "PROGRAM", hide = true)]
+    pub shard_exe: Option<PathBuf>,
 }
 
 impl AotArgs {
@@ -176,8 +209,13 @@ impl AotArgs {
             source,
             aot_config: self.aot_config.clone(),
             calibration,
-            context_len: self.context_len,
+            context_lens: if self.context_lens.is_empty() {
+                vec![DEFAULT_CONTEXT_LEN]
+            } else {
+                self.context_lens.clone()
+            },
             chunks,
+            graph_naming: self.graph_names,
             out: self.out_dir(),
             context_binary: self.context_binary,
             max_positions: self.max_positions,
@@ -190,6 +228,11 @@ impl AotArgs {
             sink_prefix: recipe.map_or_else(|| self.recipe.sink_prefix.clone(), |r| r.sink_prefix.clone()),
             weight_budget: recipe.and_then(|r| r.weight_budget),
             target_runtime: self.target_runtime,
+            shards: self.shards,
+            jobs: self.jobs,
+            max_context_bytes: self.max_context_bytes,
+            max_memory: self.max_memory,
+            shard_exe: self.shard_exe.clone(),
         }
     }
 }

@@ -31,6 +31,7 @@ use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, Rotation, Sin
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::artifacts::summary::summarize;
 use backend_qnn::artifacts::write_graph_artifacts;
+use backend_qnn::cost::GraphCost;
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
 use checkpoint::SafetensorsCheckpoint;
@@ -46,6 +47,7 @@ use crate::config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAUL
 use crate::deploy::{ArtifactRuntimes, ArtifactTraits, GraphShape, MllmModelShape, PlannedRun, TargetRuntime};
 use crate::divergence::{op_by_op, table as divergence_table};
 use crate::embedded::{EMBEDDED_CALIB_IDS, EMBEDDED_MODEL, EMBEDDED_MODEL_NAME};
+use crate::family::{check_weights_shared, GraphFamily, GraphNaming, GraphSpec};
 use crate::htp::{ContextBinary, QualcommHtp};
 use crate::ledger::{float_vs_reference, quantized_vs_reference_float, reference_logits, LedgerEntry};
 use crate::load::{fake_quant_backend, open_model, rope_positions};
@@ -54,6 +56,11 @@ use crate::progress::Progress;
 use crate::report::{AotReport, GraphReport, Timings};
 use crate::run_sizes::{available_memory, RunSizes};
 use crate::sequences::CalibSource;
+use crate::shard::{
+    default_max_memory, plan_shards, AutoLimits, AutoPlan, ModelBytes, ShardCount, BUILD_MEMORY_FACTOR,
+    DEFAULT_MAX_CONTEXT_BYTES,
+};
+use crate::sharded_aot::{build_binaries, chain_label, chain_logits_on_htp, chain_logits_on_interpreter, lower_shards};
 use crate::sink::sink_prefix_ids;
 use crate::trace::{trace_graph, trace_model};
 use models::keys::ROPE_SIN_TABLE;
@@ -78,10 +85,13 @@ pub struct AotOptions {
     /// Calibration sources, concatenated in order. Required for [`ModelSource::Float`]; the
     /// embedded ids for [`ModelSource::Embedded`] when empty.
     pub calibration: Vec<CalibSource>,
-    /// Positions of the K/V cache plus the current chunk (the mask width).
-    pub context_len: usize,
+    /// Context lengths (positions of the K/V cache plus the current chunk: the mask width); one
+    /// graph per chunk size at each ([`GraphFamily`]).
+    pub context_lens: Vec<usize>,
     /// One graph per chunk size, in this order.
     pub chunks: Vec<usize>,
+    /// How the family's graphs are named ([`crate::family`]).
+    pub graph_naming: GraphNaming,
     pub out: PathBuf,
     /// Build `qnn/context.bin` (and the x86 one the `htp_*` ledger rows run) with Qualcomm's
     /// backend: by default whenever its libraries are found (`scripts/fetch-qnn-sdk`).
@@ -110,6 +120,20 @@ pub struct AotOptions {
     /// The runtime the result must run on (`--target-runtime`): for mllm's, every option that
     /// would leave it unable to run the result is refused before any work ([`crate::deploy`]).
     pub target_runtime: TargetRuntime,
+    /// `--shards`: the decoder layers cut into this many context binaries ([`crate::shard`]), or
+    /// auto: the smallest count whose binaries fit `max_context_bytes` and whose builds fit the
+    /// memory budget.
+    pub shards: ShardCount,
+    /// `--jobs`: shard builds at once (default: what the memory budget allows, at most the cores).
+    pub jobs: Option<usize>,
+    /// `--max-context-bytes`: static bytes one binary may hold.
+    pub max_context_bytes: u64,
+    /// `--max-memory`: the memory budget of the shard builds ([`crate::shard::default_max_memory`]
+    /// when `None`).
+    pub max_memory: Option<u64>,
+    /// The program started as `<exe> --build-shard JOB` for each shard's binary (it calls
+    /// [`crate::shard_build::child_main_if_requested`]); this executable when `None`.
+    pub shard_exe: Option<PathBuf>,
 }
 
 impl AotOptions {
@@ -119,8 +143,9 @@ impl AotOptions {
             source: ModelSource::Embedded,
             aot_config: None,
             calibration: Vec::new(),
-            context_len: DEFAULT_CONTEXT_LEN,
+            context_lens: vec![DEFAULT_CONTEXT_LEN],
             chunks: DEFAULT_CHUNKS.to_vec(),
+            graph_naming: GraphNaming::Mllm,
             out: out.into(),
             context_binary: ContextBinary::Auto,
             max_positions: DEFAULT_MAX_POSITIONS,
@@ -133,6 +158,11 @@ impl AotOptions {
             sink_prefix: Vec::new(),
             weight_budget: None,
             target_runtime: TargetRuntime::Any,
+            shards: ShardCount::Auto,
+            jobs: None,
+            max_context_bytes: DEFAULT_MAX_CONTEXT_BYTES,
+            max_memory: None,
+            shard_exe: None,
         }
     }
 }
@@ -161,8 +191,11 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     let start = Instant::now();
     // Process CPU time where /proc is readable (0 elsewhere: the figure is informative only).
     let cpu_at_start = mllm_dsl::memory::cpu_seconds().unwrap_or(0.0);
-    check_shapes(opts)?;
-    let context_binary = plan_for_target(opts)?;
+    let family = opts.family()?;
+    if let ShardCount::Fixed(n @ 2..) = opts.shards {
+        check_family_shardable(&family, n)?;
+    }
+    let context_binary = plan_for_target(opts, &family)?;
     let mut files = Files::new(out);
     let mut timings = Timings::default();
     let mut warnings = Vec::new();
@@ -215,10 +248,10 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         .with_context(|| format!("reading the model config of {}", model_dir.display()))?;
     // Sizes checked against each other, the config and the memory before any work (a quantized
     // checkpoint's own RoPE tables are checked against --context-len once it is opened).
-    let positions =
-        if matches!(opts.source, ModelSource::Quantized(_)) { opts.context_len } else { opts.max_positions };
-    let largest_chunk = opts.chunks.iter().copied().max().unwrap_or(1);
-    RunSizes { max_positions: positions, context: opts.context_len, chunk: largest_chunk }
+    let largest_context = family.contexts().iter().copied().max().unwrap_or(DEFAULT_CONTEXT_LEN);
+    let positions = if matches!(opts.source, ModelSource::Quantized(_)) { largest_context } else { opts.max_positions };
+    let largest_chunk = family.chunks().iter().copied().max().unwrap_or(1);
+    RunSizes { max_positions: positions, context: largest_context, chunk: largest_chunk }
         .check(&hf, available_memory())?;
     let (aot, aot_warnings) = load_aot_config(opts.aot_config.as_deref(), &hf)?;
     let target = HtpTarget::new(&aot.target_machine);
@@ -226,12 +259,12 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
     timings.load = t.elapsed().as_secs_f64();
 
     let mut ledger = Vec::new();
-    let stage = GraphStage { opts, out, hf: &hf, aot: &aot, target: &target, qualcomm };
+    let stage = GraphStage { opts, family: &family, out, hf: &hf, aot: &aot, target: &target, qualcomm };
     // 2. Calibrate and quantize (or take the quantized checkpoint as it is), then 3.-6. compile,
     // build the context binaries and validate the graphs ([`compile_and_validate`]); after a
     // calibration that runs while another thread evaluates the quantized checkpoint against float
     // (both only read it).
-    let graphs_done = match calibration_src {
+    let mut graphs_done = match calibration_src {
         Some(calib) => {
             let float_dir = &model_dir;
             let t = Instant::now();
@@ -320,9 +353,9 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
             compile_and_validate(stage, &quantized, &mut files, &mut timings)?
         }
     };
-    ledger.extend(graphs_done.ledger);
-    let deploy = graphs_done.deploy;
-    let graphs = graphs_done.graphs;
+    ledger.extend(std::mem::take(&mut graphs_done.ledger));
+    let deploy = std::mem::take(&mut graphs_done.deploy);
+    let graphs = std::mem::take(&mut graphs_done.graphs);
     // A NaN or infinity in a stage's logits is named, never read as a figure.
     for e in ledger.iter().filter(|e| e.comparison.sqnr() == Sqnr::NonFinite) {
         let graph = e.graph.as_deref().map_or_else(String::new, |g| format!(" ({g})"));
@@ -338,9 +371,11 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
                 ops: s.ops_by_type,
                 tensors: g.tensors.len(),
                 static_bytes: g.static_bytes(),
+                cost: GraphCost::of(g),
             }
         })
         .collect();
+    let (shared_static_bytes, unshared_static_bytes) = check_weights_shared(&graphs)?;
     files.record(&out.join("report.json"));
     timings.total = start.elapsed().as_secs_f64();
     timings.total_cpu = mllm_dsl::memory::cpu_seconds().map_or(0.0, |now| now - cpu_at_start);
@@ -350,8 +385,11 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
         timings,
         graphs: graph_reports,
         deploy,
+        shared_static_bytes,
+        unshared_static_bytes,
         artifacts: files.relative()?,
         warnings,
+        shards: graphs_done.shards,
     };
     write_json_atomic(&out.join("report.json"), &report.to_json())?;
     Ok(report)
@@ -360,6 +398,7 @@ fn run_in(opts: &AotOptions, out: &Path) -> Result<AotReport> {
 /// What [`compile_and_validate`] works with: the run's options and what loading found.
 struct GraphStage<'a> {
     opts: &'a AotOptions,
+    family: &'a GraphFamily,
     out: &'a Path,
     hf: &'a HfConfig,
     aot: &'a AotConfig,
@@ -385,6 +424,8 @@ struct GraphsDone {
     ledger: Vec<LedgerEntry>,
     /// Where the artifacts run ([`crate::deploy::where_it_runs`]).
     deploy: Vec<ArtifactRuntimes>,
+    /// How the layers were cut into context binaries, and why.
+    shards: Vec<String>,
 }
 
 /// Steps 3.-6. on the quantized checkpoint `model`: trace, pass pipeline and lowering per graph, the artifacts, the context binaries and the
@@ -396,12 +437,13 @@ fn compile_and_validate(
     timings: &mut Timings,
 ) -> Result<GraphsDone> {
     let mut graph_ledger = Vec::new();
-    ensure!(
-        job.opts.context_len <= model.max_positions,
-        "--context-len {} exceeds the {} positions the checkpoint's RoPE tables cover",
-        job.opts.context_len,
-        model.max_positions
-    );
+    for &context_len in job.family.contexts() {
+        ensure!(
+            context_len <= model.max_positions,
+            "--context-len {context_len} exceeds the {} positions the checkpoint's RoPE tables cover",
+            model.max_positions
+        );
+    }
 
     let t = Instant::now();
     let ckpt = SafetensorsCheckpoint::open(model.dir)
@@ -422,8 +464,7 @@ fn compile_and_validate(
 
     // 3.-4. Trace, run the pass pipeline and lower, one graph per chunk size; write the artifacts.
     let compile_opts = CompileOptions {
-        context_len: job.opts.context_len,
-        chunks: &job.opts.chunks,
+        family: job.family,
         max_positions: model.max_positions,
         dump_ir: Some(&job.out.join("ir")),
         progress: job.opts.progress.as_ref(),
@@ -433,22 +474,72 @@ fn compile_and_validate(
     for path in &compiled.ir_dumps {
         files.record(path);
     }
+    // How many context binaries, and why (--shards, or mllm's split_graph in the AOT config).
+    let sharding = plan_run_shards(job.opts, job.aot.split_graph, &compiled.graphs)?;
+    if sharding.plan.count() > 1 {
+        check_family_shardable(job.family, sharding.plan.count())?;
+    }
+    let mut shard_lines = sharding.reasons.clone();
+    shard_lines.extend(sharding.plan.table().lines().map(str::to_string));
+    let sharded = sharding.plan.count() > 1;
+    if sharded && job.opts.target_runtime == TargetRuntime::Mllm {
+        bail!(
+            "--target-runtime mllm: this model needs {} shards ({}), and mllm's runtime opens one context binary",
+            sharding.plan.count(),
+            sharding.reasons.join("; ")
+        );
+    }
     let t = Instant::now();
     let qnn_dir = job.out.join("qnn");
     std::fs::create_dir_all(&qnn_dir).with_context(|| format!("creating {}", qnn_dir.display()))?;
-    for g in &compiled.graphs {
+    // With shards: every shard's graphs (mllm's layout), written instead of the whole model's.
+    let shard_graphs = match sharded {
+        true => Some(lower_shards(&compiled.graphs, &sharding.plan, &ckpt, LowerOptions::default())?),
+        false => None,
+    };
+    let written_graphs: Vec<&QnnGraph> = match &shard_graphs {
+        Some(s) => s.iter().flatten().collect(),
+        None => compiled.graphs.iter().map(|g| &g.graph).collect(),
+    };
+    for g in &written_graphs {
         let name = &g.name;
-        let paths = write_graph_artifacts(&g.graph, &qnn_dir).with_context(|| format!("writing graph `{name}`"))?;
+        let paths = write_graph_artifacts(g, &qnn_dir).with_context(|| format!("writing graph `{name}`"))?;
         for p in [&paths.netron_json, &paths.model_cpp, &paths.model_bin, &paths.summary] {
             files.record(p);
         }
     }
     timings.lower = compiled.timings.lower + t.elapsed().as_secs_f64();
-    let graphs: Vec<QnnGraph> = compiled.graphs.iter().map(|g| g.graph.clone()).collect();
+    let graphs: Vec<QnnGraph> = written_graphs.into_iter().cloned().collect();
+    // With shards: each shard's binaries built in child processes, the chain run on the x86 ones.
+    let shard_htp = match (sharded, job.qualcomm.clone()) {
+        (true, Some(paths)) => {
+            let t = Instant::now();
+            let exe = match &job.opts.shard_exe {
+                Some(exe) => exe.clone(),
+                None => std::env::current_exe().context("locating this program to build the shards")?,
+            };
+            let built = build_binaries(
+                &exe,
+                model.dir,
+                job.opts.aot_config.as_deref(),
+                &sharding,
+                job.family.chunks(),
+                job.family.contexts()[0],
+                &qnn_dir,
+                &job.out.join(".shard-jobs"),
+            )?;
+            built.written.iter().for_each(|p| files.record(p));
+            timings.context_binary = t.elapsed().as_secs_f64();
+            let htp_graphs = lower_shards(&compiled.graphs, &sharding.plan, &ckpt, LowerOptions::qualcomm_htp())?;
+            Some((paths, built.x86, htp_graphs))
+        }
+        _ => None,
+    };
     // The context binaries, built by Qualcomm's backend.
-    let htp = match job.qualcomm {
+    let htp = match job.qualcomm.filter(|_| !sharded) {
         Some(paths) => {
-            let programs: Vec<&Program> = compiled.graphs.iter().map(|g| &g.program).collect();
+            let programs: Vec<(&str, &Program)> =
+                compiled.graphs.iter().map(|g| (g.name.as_str(), &g.program)).collect();
             let htp = QualcommHtp::build(paths, &programs, &ckpt, job.target, &qnn_dir)?;
             htp.written.iter().for_each(|p| files.record(p));
             [timings.context_binary, timings.context_binary_x86] = htp.seconds;
@@ -460,12 +551,12 @@ fn compile_and_validate(
     // 5. Per-graph ledger stages.
     let t = Instant::now();
     let store = CheckpointStore::for_config(model.dir, CpuBackend::float(), job.hf)?;
-    for CompiledGraph { name, chunk, program, graph } in &compiled.graphs {
+    for CompiledGraph { name, spec, program, graph } in &compiled.graphs {
         let probe = Probe::new(
             job.hf,
             &ckpt,
-            *chunk,
-            job.opts.context_len,
+            spec.chunk,
+            spec.context_len,
             model.probe_text,
             eager_model.as_ref(),
             &eager_backend,
@@ -483,10 +574,25 @@ fn compile_and_validate(
                 .describe("backend-cpu's interpreter (fake-quant) on the final IR vs the eager fake-quant model"),
             comparison: Comparison::new("logits", probe.text_rows(&eager), cpu_logits, job.hf.vocab_size)?,
         });
-        let qnn = probe.run_qnn(graph)?;
+        let chunk_index = compiled.graphs.iter().position(|g| &g.name == name).unwrap_or(0);
+        let qnn = match &shard_graphs {
+            Some(shards) => {
+                let chain: Vec<&QnnGraph> = shards.iter().map(|s| &s[chunk_index]).collect();
+                let inputs = graph.inputs.iter().cloned().zip(probe.qnn_inputs(graph)?).collect();
+                chain_logits_on_interpreter(&chain, &inputs)?
+            }
+            None => probe.run_qnn(graph)?,
+        };
+        let label = match &shard_graphs {
+            Some(_) => chain_label(&sharding.plan, spec.chunk),
+            None => name.clone(),
+        };
         let comparison = Comparison::new("logits", cpu_logits, probe.text_rows(&qnn), job.hf.vocab_size)?;
-        let mut detail =
-            probe.describe("backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run");
+        let mut detail = probe.describe(if sharded {
+            "backend-qnn's reference interpreter on the lowered shards, chained, vs the CPU fake-quant run"
+        } else {
+            "backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run"
+        });
         if job.opts.ledger_ops {
             // Where the two part ways, node by node.
             let rows = op_by_op(program, graph, &ckpt, &store, &probe)?;
@@ -509,7 +615,32 @@ fn compile_and_validate(
             }
             let _ = write!(detail, "; every node in ledger_ops/{name}.txt");
         }
-        graph_ledger.push(LedgerEntry { stage: "qnn_vs_fakequant", graph: Some(name.clone()), detail, comparison });
+        graph_ledger.push(LedgerEntry { stage: "qnn_vs_fakequant", graph: Some(label.clone()), detail, comparison });
+        if let Some((paths, binaries, htp_graphs)) = &shard_htp {
+            let chain: Vec<&QnnGraph> = htp_graphs.iter().map(|s| &s[chunk_index]).collect();
+            let inputs = graph.inputs.iter().cloned().zip(probe.qnn_inputs(graph)?).collect();
+            let on_htp = {
+                let _turn = crate::htp::exclusive();
+                chain_logits_on_htp(paths, binaries, &chain, &inputs)?
+            };
+            let on_htp = probe.text_rows(&on_htp);
+            let what = format!(
+                "Qualcomm's x86 HTP emulation running the {} shards qnn/context_<i>_of_{}.x86.bin chained",
+                sharding.plan.count(),
+                sharding.plan.count()
+            );
+            for (stage, reference, versus) in [
+                ("htp_vs_fakequant", cpu_logits, "the CPU fake-quant run of the final IR"),
+                ("htp_vs_interp", probe.text_rows(&qnn), "backend-qnn's reference interpreter on the chained shards"),
+            ] {
+                graph_ledger.push(LedgerEntry {
+                    stage,
+                    graph: Some(label.clone()),
+                    detail: probe.describe(&format!("{what} vs {versus}")),
+                    comparison: Comparison::new("logits", reference, on_htp, job.hf.vocab_size)?,
+                });
+            }
+        }
         if let Some(htp) = &htp {
             let on_htp = htp.run_logits(name, &probe.qnn_inputs(graph)?)?;
             let on_htp = probe.text_rows(&on_htp);
@@ -533,10 +664,10 @@ fn compile_and_validate(
     // on the device binary as Qualcomm's system library reads it back.
     let traits = ArtifactTraits {
         sink_prefix: prefix.as_ref().map_or(0, |p| p.len()),
-        shards: 1,
-        graphs: planned_graphs(job.opts),
+        shards: sharding.plan.count(),
+        graphs: planned_graphs(job.family),
         eos_ids: job.hf.eos_token_ids.clone(),
-        context_binary: htp.is_some(),
+        context_binary: htp.is_some() || shard_htp.is_some(),
     };
     let contract = htp.as_ref().map(|htp| {
         let shape = MllmModelShape {
@@ -544,7 +675,7 @@ fn compile_and_validate(
             kv_heads: job.hf.num_key_value_heads,
             head_dim: job.hf.head_dim,
             vocab_size: job.hf.vocab_size,
-            context_len: job.opts.context_len,
+            context_len: job.family.contexts()[0],
         };
         crate::deploy::check_mllm_contract(&htp.device_info.graphs, &shape)
     });
@@ -554,24 +685,19 @@ fn compile_and_validate(
         }
     }
     let deploy = crate::deploy::where_it_runs(&traits, contract.as_deref());
-    Ok(GraphsDone { graphs, ledger: graph_ledger, deploy })
+    Ok(GraphsDone { graphs, ledger: graph_ledger, deploy, shards: shard_lines })
 }
 
 /// The graphs a run builds, as [`crate::deploy`] sees them: `model.0.s<chunk>` at `--context-len`.
-fn planned_graphs(opts: &AotOptions) -> Vec<GraphShape> {
-    (opts.chunks.iter())
-        .map(|&chunk| GraphShape { name: graph_name(chunk), chunk, context_len: opts.context_len })
+fn planned_graphs(family: &GraphFamily) -> Vec<GraphShape> {
+    (family.members().into_iter())
+        .map(|spec| GraphShape { name: family.name(spec, 0, 1), chunk: spec.chunk, context_len: spec.context_len })
         .collect()
-}
-
-/// mllm's name of the graph for `chunk` tokens per call.
-fn graph_name(chunk: usize) -> String {
-    format!("model.0.s{chunk}")
 }
 
 /// `--target-runtime`'s checks before any work, and the context-binary setting that follows:
 /// for mllm's runtime the binary is required (a run without Qualcomm's libraries fails now).
-fn plan_for_target(opts: &AotOptions) -> Result<ContextBinary> {
+fn plan_for_target(opts: &AotOptions, family: &GraphFamily) -> Result<ContextBinary> {
     match opts.target_runtime {
         TargetRuntime::Any => Ok(opts.context_binary),
         TargetRuntime::Mllm => {
@@ -584,8 +710,11 @@ fn plan_for_target(opts: &AotOptions) -> Result<ContextBinary> {
             let plan = PlannedRun {
                 sink_prefix: opts.sink_prefix.len().max(shipped),
                 prefix_from_checkpoint: shipped > 0,
-                shards: 1,
-                graphs: planned_graphs(opts),
+                shards: match opts.shards {
+                    ShardCount::Fixed(n) => n,
+                    ShardCount::Auto => 1,
+                },
+                graphs: planned_graphs(family),
                 context_binary_off: opts.context_binary == ContextBinary::Off,
             };
             crate::deploy::refuse_for_mllm(&plan)?;
@@ -594,19 +723,43 @@ fn plan_for_target(opts: &AotOptions) -> Result<ContextBinary> {
     }
 }
 
-/// Chunk sizes and context length that make sense together.
-fn check_shapes(opts: &AotOptions) -> Result<()> {
-    ensure!(!opts.chunks.is_empty(), "no chunk size: pass --chunk N at least once");
-    for (i, &c) in opts.chunks.iter().enumerate() {
-        ensure!(c >= 1, "--chunk must be at least 1");
-        ensure!(
-            c < opts.context_len,
-            "--chunk {c} must be smaller than --context-len {} (the rest of the context is the K/V cache)",
-            opts.context_len
-        );
-        ensure!(!opts.chunks[..i].contains(&c), "--chunk {c} is given twice");
-    }
+/// Sharded binaries hold one context length with mllm's names (`model.<i>.s<chunk>`).
+fn check_family_shardable(family: &GraphFamily, shards: usize) -> Result<()> {
+    ensure!(
+        family.contexts().len() == 1 && family.naming() == GraphNaming::Mllm,
+        "{shards} shards of a family with context lengths {:?} and {:?} names: sharded binaries hold one context \
+         length with mllm's names (model.<i>.s<chunk>); pass one --context-len, or --shards 1",
+        family.contexts(),
+        family.naming()
+    );
     Ok(())
+}
+
+/// The shard plan of a run: from the final IR's parameters (shapes and dtypes), `--shards`, the
+/// binary limit and the memory budget.
+fn plan_run_shards(opts: &AotOptions, split_graph: u32, compiled: &[CompiledGraph]) -> Result<AutoPlan> {
+    let program = &compiled.first().context("no graph was compiled")?.program;
+    // split_graph 1 is mllm's default (one binary): only a larger value asks for shards.
+    let shards = match (opts.shards, split_graph as usize) {
+        (ShardCount::Fixed(n), m) if m > 1 && n != m => bail!(
+            "--shards {n} disagrees with the AOT config's split_graph {m} ({}): give one, or the same count",
+            opts.aot_config.as_ref().map_or("built-in".to_string(), |p| p.display().to_string())
+        ),
+        (ShardCount::Auto, m) if m > 1 => ShardCount::Fixed(m),
+        (shards, _) => shards,
+    };
+    let bytes = ModelBytes::from_program(program)?;
+    let max_memory = opts.max_memory.unwrap_or_else(|| default_max_memory(available_memory(), &bytes));
+    let limits = AutoLimits { max_context_bytes: opts.max_context_bytes, max_memory, factor: BUILD_MEMORY_FACTOR };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Ok(plan_shards(&bytes, shards, &limits, cores, opts.jobs)?)
+}
+
+impl AotOptions {
+    /// The graphs these options ask for: every chunk size at every context length.
+    pub fn family(&self) -> Result<GraphFamily> {
+        Ok(GraphFamily::new(&self.chunks, &self.context_lens, self.graph_naming)?)
+    }
 }
 
 /// Files this run wrote, for the report.
@@ -661,16 +814,16 @@ impl<'a> Files<'a> {
 
 /// One graph compiled: the IR after mllm's passes and the QNN graph lowered from it.
 pub struct CompiledGraph {
-    /// mllm's name, `model.0.s<chunk>`.
+    /// The family's name for it ([`GraphFamily::name`]; mllm's `model.0.s<chunk>` by default).
     pub name: String,
-    pub chunk: usize,
+    pub spec: GraphSpec,
     pub program: Program,
     pub graph: QnnGraph,
 }
 
 /// What [`compile`] made.
 pub struct CompiledModel {
-    /// One per chunk size, in the order asked for.
+    /// One per family member, in [`GraphFamily::members`] order.
     pub graphs: Vec<CompiledGraph>,
     /// The IR dumps written (with [`CompileOptions::dump_ir`]).
     pub ir_dumps: Vec<PathBuf>,
@@ -687,10 +840,8 @@ pub struct CompileTimings {
 
 /// The graphs [`compile`] makes.
 pub struct CompileOptions<'a> {
-    /// Positions of the K/V cache plus the current chunk (the mask width).
-    pub context_len: usize,
-    /// One graph per chunk size, in this order.
-    pub chunks: &'a [usize],
+    /// The graphs to make: one per member.
+    pub family: &'a GraphFamily,
     /// RoPE table rows of the checkpoint.
     pub max_positions: usize,
     /// Dump the IR before the first pass and after every pass into `<dir>/<graph>/`.
@@ -699,9 +850,10 @@ pub struct CompileOptions<'a> {
     pub progress: &'a dyn Progress,
 }
 
-/// A quantized checkpoint into QNN graphs: the model file of `hf` traced once per chunk size,
+/// A quantized checkpoint into QNN graphs: the model file of `hf` traced once per family member,
 /// mllm's QNN AOT pass pipeline run with `ckpt`'s parameters, and every graph lowered by one
-/// [`QnnLowering`] (weights shared by name, as in one context).
+/// [`QnnLowering`] (weights shared by name, as in one context; checked with
+/// [`check_weights_shared`]).
 pub fn compile(
     hf: &HfConfig,
     ckpt: &SafetensorsCheckpoint,
@@ -711,12 +863,14 @@ pub fn compile(
     let mut timings = CompileTimings::default();
     let mut lowering = QnnLowering::new(ckpt, LowerOptions::default());
     let (mut graphs, mut ir_dumps) = (Vec::new(), Vec::new());
-    let pb = opts.progress.start("compiling", opts.chunks.len());
-    for &chunk in opts.chunks {
-        let name = graph_name(chunk);
+    let members = opts.family.members();
+    let pb = opts.progress.start("compiling", members.len());
+    for spec in members {
+        let GraphSpec { chunk, context_len } = spec;
+        let name = opts.family.name(spec, 0, 1);
         pb.set_message(&name);
         let t = Instant::now();
-        let mut program = trace_graph(hf, opts.max_positions, chunk, opts.context_len, ParamFormat::QnnW4A16)?;
+        let mut program = trace_graph(hf, opts.max_positions, chunk, context_len, ParamFormat::QnnW4A16)?;
         timings.trace += t.elapsed().as_secs_f64();
         let t = Instant::now();
         let mut pipeline = Pipeline::qnn_aot(aot, ckpt);
@@ -732,33 +886,54 @@ pub fn compile(
         let mut lowered =
             lowering.lower_program(&program).with_context(|| format!("lowering graph `{name}` to QNN"))?;
         ensure!(lowered.len() == 1, "graph `{name}` lowered to {} QNN graphs, expected 1", lowered.len());
-        let graph = lowered.remove(0);
-        ensure!(graph.name == name, "the pipeline named the graph `{}`, expected `{name}`", graph.name);
+        let mut graph = lowered.remove(0);
+        // The pass pipeline names every graph after its chunk (`model.0.s<chunk>`); the family's
+        // name also tells members of one chunk at different context lengths apart.
+        graph.name = name.clone();
         timings.lower += t.elapsed().as_secs_f64();
-        graphs.push(CompiledGraph { name, chunk, program, graph });
+        graphs.push(CompiledGraph { name, spec, program, graph });
         pb.inc(1);
     }
     pb.finish();
+    let lowered: Vec<QnnGraph> = graphs.iter().map(|g| g.graph.clone()).collect();
+    check_weights_shared(&lowered)?;
     Ok(CompiledModel { graphs, ir_dumps, timings })
 }
 
 /// The QNN graphs of a quantized checkpoint for prefill chunk `chunk` (and decode, chunk 1) at
 /// `context`, lowered together as for one context binary: `model.0.s<chunk>`, `model.0.s1`.
 pub fn lower_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec<QnnGraph>> {
+    let chunks: &[usize] = if chunk == 1 { &[1] } else { &[chunk, 1] };
+    let family = GraphFamily::new(chunks, &[context], GraphNaming::Mllm)?;
+    lower_family(dir, &family)
+}
+
+/// [`lower_for_context`]'s compiled graphs (final IR and lowered graph).
+pub fn compile_for_context(dir: &Path, chunk: usize, context: usize) -> Result<Vec<CompiledGraph>> {
+    let chunks: &[usize] = if chunk == 1 { &[1] } else { &[chunk, 1] };
+    compile_family(dir, &GraphFamily::new(chunks, &[context], GraphNaming::Mllm)?)
+}
+
+/// The QNN graphs of a quantized checkpoint for every member of `family`, lowered together as for
+/// one context binary and named as the family names them.
+pub fn lower_family(dir: &Path, family: &GraphFamily) -> Result<Vec<QnnGraph>> {
+    Ok(compile_family(dir, family)?.into_iter().map(|g| g.graph).collect())
+}
+
+/// [`lower_family`]'s compiled graphs (final IR and lowered graph).
+pub fn compile_family(dir: &Path, family: &GraphFamily) -> Result<Vec<CompiledGraph>> {
     let hf = HfConfig::from_dir(dir)?;
     let ckpt = SafetensorsCheckpoint::open(dir)?;
     let Some(max_positions) = rope_positions(&ckpt)? else {
         bail!("{}: not a quantized checkpoint with RoPE tables (`{ROPE_SIN_TABLE}`)", dir.display())
     };
-    ensure!(context <= max_positions, "--context {context} exceeds the checkpoint's {max_positions} RoPE positions");
+    for &context in family.contexts() {
+        ensure!(
+            context <= max_positions,
+            "--context {context} exceeds the checkpoint's {max_positions} RoPE positions"
+        );
+    }
     let (aot, _) = load_aot_config(None, &hf)?;
-    let chunks: &[usize] = if chunk == 1 { &[1] } else { &[chunk, 1] };
-    let opts = CompileOptions {
-        context_len: context,
-        chunks,
-        max_positions,
-        dump_ir: None,
-        progress: &crate::progress::Silent,
-    };
-    Ok(compile(&hf, &ckpt, &aot, &opts)?.graphs.into_iter().map(|g| g.graph).collect())
+    let opts = CompileOptions { family, max_positions, dump_ir: None, progress: &crate::progress::Silent };
+    Ok(compile(&hf, &ckpt, &aot, &opts)?.graphs)
 }

@@ -20,15 +20,16 @@
 //! cached in the work directory) is not measured: the bench starts from the quantized checkpoint
 //! as `qwen3_aot --quantized` does.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::error::{ensure, Context, Result};
 use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
-use backend_qnn::sdk::{self, GraphDesc, TensorType};
+use backend_qnn::sdk;
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{validate, LowerOptions, QnnGraph, QnnLowering};
-use checkpoint::SafetensorsCheckpoint;
+use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
 use compiler::passes::Pipeline;
 use mllm_dsl::files::write_atomic_bytes;
 use mllm_dsl::memory::{cpu_seconds, peak_rss_bytes, reset_peak_rss, rss_bytes};
@@ -38,12 +39,14 @@ use models::hf::HfConfig;
 use crate::calibrate::{quantize, QuantizeOptions};
 use crate::config::load_aot_config;
 use crate::load::rope_positions;
-use crate::synthetic::{write_qwen3, QWEN3_1_7B};
+use crate::synthetic::{write_qwen3, Qwen3Shape, QWEN3_1_7B};
 use crate::trace::trace_graph;
 
 /// What to compile.
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
+    /// The model's shapes (Qwen3-1.7B by default).
+    pub shape: Qwen3Shape,
     /// Work directory: the synthetic float and quantized checkpoints (kept for the next run) and
     /// the context binary.
     pub dir: PathBuf,
@@ -65,6 +68,7 @@ impl BenchOptions {
     /// Chunks 32 and 1, context 1024, as `qwen3_aot` compiles.
     pub fn new(dir: impl Into<PathBuf>, layers: usize) -> BenchOptions {
         BenchOptions {
+            shape: QWEN3_1_7B,
             dir: dir.into(),
             layers,
             chunks: vec![32, 1],
@@ -249,7 +253,7 @@ pub fn run(opts: &BenchOptions) -> Result<ContextBench> {
     drop(graphs);
     drop(lowering);
     drop(ckpt);
-    let static_weight_bytes = static_bytes(&descs);
+    let static_weight_bytes = crate::shard_build::static_bytes(&descs);
     let binary =
         sdk::build_context_binary_with_sdk_observed(descs, &options, &mut |phase| meter.start(phase.name(), false))
             .context("building the context binary with Qualcomm's backend")?;
@@ -267,20 +271,17 @@ pub fn run(opts: &BenchOptions) -> Result<ContextBench> {
     })
 }
 
-/// Bytes of the distinct STATIC tensors of `graphs` (shared weights counted once).
-fn static_bytes(graphs: &[GraphDesc]) -> u64 {
-    let mut seen = std::collections::HashSet::new();
-    let tensors = graphs.iter().flat_map(GraphDesc::tensors_and_params);
-    tensors
-        .filter(|t| t.tensor_type == TensorType::Static && seen.insert(t.name.as_str()))
-        .filter_map(|t| t.data.as_ref())
-        .map(|d| d.as_bytes().len() as u64)
-        .sum()
+/// Decoder layers the synthetic float checkpoint is calibrated and quantized with; the quantized
+/// checkpoint of more layers repeats their quantized tensors ([`expand_layers`]).
+pub const CALIBRATED_LAYERS: usize = 2;
+
+fn slug(shape: &Qwen3Shape) -> String {
+    shape.name.to_ascii_lowercase()
 }
 
 /// Where the quantized synthetic checkpoint of `opts` lives.
 fn quantized_dir(opts: &BenchOptions) -> PathBuf {
-    opts.dir.join(format!("qwen3-1.7b-{}l-w4a16", opts.layers))
+    opts.dir.join(format!("{}-{}l-w4a16", slug(&opts.shape), opts.layers))
 }
 
 /// Whether [`prepare_checkpoint`] has already made the checkpoint [`run`] compiles.
@@ -289,35 +290,106 @@ pub fn is_prepared(opts: &BenchOptions) -> bool {
 }
 
 /// The quantized checkpoint of the synthetic model with `opts.layers` layers, made on first use:
-/// float checkpoint, then calibration on one short sequence and W4A16 quantization. Callers that
-/// want [`run`]'s memory figures free of this setup run it in another process first.
+/// a float checkpoint of [`CALIBRATED_LAYERS`] layers calibrated on one short sequence and
+/// quantized to W4A16, then its layers repeated up to `opts.layers` ([`expand_layers`]; a
+/// Qwen3-8B-shaped float checkpoint would be 16 GB and its calibration more). Callers that want
+/// [`run`]'s memory figures free of this setup run it in another process first.
 pub fn prepare_checkpoint(opts: &BenchOptions) -> Result<PathBuf> {
-    let float = opts.dir.join(format!("qwen3-1.7b-{}l-bf16", opts.layers));
     let quantized = quantized_dir(opts);
     if is_prepared(opts) {
         return Ok(quantized);
     }
-    if !float.join("config.json").is_file() {
-        write_qwen3(&float, &QWEN3_1_7B, opts.layers)?;
+    let base_layers = opts.layers.min(CALIBRATED_LAYERS);
+    let name = slug(&opts.shape);
+    let float = opts.dir.join(format!("{name}-{base_layers}l-bf16"));
+    let base = opts.dir.join(format!("{name}-{base_layers}l-w4a16"));
+    if !base.join("config.json").is_file() {
+        if !float.join("config.json").is_file() {
+            write_qwen3(&float, &opts.shape, base_layers)?;
+        }
+        let hf = HfConfig::from_dir(&float)?;
+        // Any ids will do for random weights; 16 tokens keep the calibration short.
+        let ids: Vec<i64> = (0..16).map(|i| (i * 7919 + 13) % hf.vocab_size as i64).collect();
+        quantize(&QuantizeOptions {
+            model: float.clone(),
+            aot_config: None,
+            calibration: vec![ids],
+            evaluation: None,
+            mode: CalibrationMode::Deployed,
+            out: base.clone(),
+            max_positions: opts.context,
+            progress: crate::progress::silent(),
+            weight_method: WeightMethod::Rtn,
+            act_ranges: Default::default(),
+            rotation: Rotation::None,
+            sink_prefix: None,
+            weight_budget: None,
+        })
+        .with_context(|| format!("quantizing the synthetic checkpoint {}", float.display()))?;
     }
-    let hf = HfConfig::from_dir(&float)?;
-    // Any ids will do for random weights; 16 tokens keep the calibration short.
-    let ids: Vec<i64> = (0..16).map(|i| (i * 7919 + 13) % hf.vocab_size as i64).collect();
-    quantize(&QuantizeOptions {
-        model: float.clone(),
-        aot_config: None,
-        calibration: vec![ids],
-        evaluation: None,
-        mode: CalibrationMode::Deployed,
-        out: quantized.clone(),
-        max_positions: opts.context,
-        progress: crate::progress::silent(),
-        weight_method: WeightMethod::Rtn,
-        act_ranges: Default::default(),
-        rotation: Rotation::None,
-        sink_prefix: None,
-        weight_budget: None,
-    })
-    .with_context(|| format!("quantizing the synthetic checkpoint {}", float.display()))?;
+    if base_layers < opts.layers {
+        expand_layers(&base, &quantized, opts.layers)?;
+    }
     Ok(quantized)
+}
+
+/// A quantized checkpoint of `layers` layers from one of fewer: layer `l` gets the tensors of
+/// layer `l mod n` of `src` (weights, scales and activation ranges alike), written as one
+/// safetensors file per layer plus one for the rest, with an index; the other files are copied
+/// and `config.json`'s `num_hidden_layers` set.
+pub fn expand_layers(src: &Path, dst: &Path, layers: usize) -> Result<()> {
+    let ckpt = SafetensorsCheckpoint::open(src)?;
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json"))?)?;
+    let base = config["num_hidden_layers"].as_u64().context("config.json has no num_hidden_layers")? as usize;
+    ensure!(base >= 1 && base <= layers, "cannot expand {base} layers to {layers}");
+    std::fs::create_dir_all(dst).with_context(|| format!("creating {}", dst.display()))?;
+    let mut rest: Vec<(String, String)> = Vec::new();
+    let mut by_layer: Vec<Vec<(String, String)>> = vec![Vec::new(); base];
+    for key in ckpt.keys() {
+        let layer = key.strip_prefix("model.layers.").and_then(|r| r.split_once('.'));
+        match layer {
+            Some((l, tail)) => {
+                let l: usize = l.parse()?;
+                ensure!(l < base, "{}: tensor `{key}` of layer {l} beyond num_hidden_layers {base}", src.display());
+                by_layer[l].push((key.to_string(), tail.to_string()));
+            }
+            None => rest.push((key.to_string(), key.to_string())),
+        }
+    }
+    let mut weight_map = serde_json::Map::new();
+    let mut write = |file: String, list: Vec<(String, String)>| -> Result<()> {
+        let mut data = Vec::with_capacity(list.len());
+        for (src_key, dst_key) in &list {
+            let (dtype, shape) = ckpt.info(src_key)?;
+            data.push((dst_key.clone(), dtype, shape.to_vec(), ckpt.read_bytes(src_key)?));
+        }
+        let views: Vec<(&str, StDtype, &[usize], &[u8])> =
+            data.iter().map(|(k, d, s, b)| (k.as_str(), *d, s.as_slice(), b.as_slice())).collect();
+        write_safetensors_atomic(dst.join(&file), &views, &BTreeMap::new())?;
+        for (_, dst_key) in list {
+            weight_map.insert(dst_key, serde_json::json!(file));
+        }
+        Ok(())
+    };
+    write("model-rest.safetensors".into(), rest)?;
+    for l in 0..layers {
+        let list = by_layer[l % base].iter().map(|(k, tail)| (k.clone(), format!("model.layers.{l}.{tail}"))).collect();
+        write(format!("model-layer-{l:02}.safetensors"), list)?;
+    }
+    let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+    write_atomic_bytes(&dst.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index)?.as_bytes())?;
+    for entry in std::fs::read_dir(src)? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if path.is_file()
+            && !name.ends_with(".safetensors")
+            && name != "model.safetensors.index.json"
+            && name != "config.json"
+        {
+            write_atomic_bytes(&dst.join(name), &std::fs::read(&path)?)?;
+        }
+    }
+    config["num_hidden_layers"] = serde_json::json!(layers);
+    write_atomic_bytes(&dst.join("config.json"), serde_json::to_string_pretty(&config)?.as_bytes())?;
+    Ok(())
 }

@@ -238,11 +238,6 @@ pub fn where_it_runs(traits: &ArtifactTraits, contract: Option<&[String]>) -> Ve
     if let Some(violations) = contract.filter(|v| !v.is_empty()) {
         mllm_blocks.push(MllmBlocker::Contract(violations.to_vec()).to_string());
     }
-    let ours_blocked: Vec<String> = if traits.shards > 1 {
-        vec![format!("`generate --qnn-context` opens one context binary; these graphs span {}", traits.shards)]
-    } else {
-        Vec::new()
-    };
     let prefix_note = (traits.sink_prefix > 0).then(|| {
         format!(
             "preloads the {}-position attention-sink prefix saved beside the quantized checkpoint (pass it as --model)",
@@ -265,11 +260,20 @@ pub fn where_it_runs(traits: &ArtifactTraits, contract: Option<&[String]>) -> Ve
             ],
         }];
     }
-    let mut ours_device_notes =
-        vec!["on the phone: `generate --qnn-context context.bin` built for aarch64-linux-android (docs/deploy.md)"
-            .to_string()];
-    let mut ours_x86_notes =
-        vec!["on x86: `generate --qnn-context qnn/context.x86.bin` on Qualcomm's HTP emulation".to_string()];
+    // A shard set is opened as its directory (or its first file); one binary by its path.
+    let (device, x86, device_arg, x86_arg) = match traits.shards {
+        1 => ("qnn/context.bin".to_string(), "qnn/context.x86.bin".to_string(), "context.bin", "qnn/context.x86.bin"),
+        n => (
+            format!("qnn/context_<i>_of_{n}.bin"),
+            format!("qnn/context_<i>_of_{n}.x86.bin"),
+            "<dir of the shards>",
+            "qnn/",
+        ),
+    };
+    let mut ours_device_notes = vec![format!(
+        "on the phone: `generate --qnn-context {device_arg}` built for aarch64-linux-android (docs/deploy.md)"
+    )];
+    let mut ours_x86_notes = vec![format!("on x86: `generate --qnn-context {x86_arg}` on Qualcomm's HTP emulation")];
     ours_device_notes.extend(prefix_note.clone());
     ours_x86_notes.extend(prefix_note);
     let mllm_device_notes = if mllm_blocks.is_empty() { mllm_notes(traits) } else { Vec::new() };
@@ -277,16 +281,16 @@ pub fn where_it_runs(traits: &ArtifactTraits, contract: Option<&[String]>) -> Ve
     mllm_x86.extend(mllm_blocks.iter().cloned());
     vec![
         ArtifactRuntimes {
-            artifact: "qnn/context.bin".into(),
+            artifact: device,
             verdicts: vec![
-                verdict(Runtime::MllmDsl, ours_blocked.clone(), ours_device_notes),
+                verdict(Runtime::MllmDsl, Vec::new(), ours_device_notes),
                 verdict(Runtime::Mllm, mllm_blocks, mllm_device_notes),
             ],
         },
         ArtifactRuntimes {
-            artifact: "qnn/context.x86.bin".into(),
+            artifact: x86,
             verdicts: vec![
-                verdict(Runtime::MllmDsl, ours_blocked, ours_x86_notes),
+                verdict(Runtime::MllmDsl, Vec::new(), ours_x86_notes),
                 verdict(Runtime::Mllm, mllm_x86, Vec::new()),
             ],
         },
@@ -620,7 +624,7 @@ mod tests {
         let mut t = traits(&[32, 1]);
         t.shards = 2;
         assert_eq!(mllm_blockers(&t), [MllmBlocker::Shards { count: 2 }]);
-        assert_eq!(runners(&t), ["qnn/context.bin: neither", "qnn/context.x86.bin: neither"]);
+        assert_eq!(runners(&t), ["qnn/context_<i>_of_2.bin: mllm-dsl", "qnn/context_<i>_of_2.x86.bin: mllm-dsl"]);
         assert_eq!(mllm_blockers(&traits(&[32])), [MllmBlocker::NoDecodeGraph]);
         let mut t = traits(&[32, 1]);
         t.graphs[0].context_len = 2048;

@@ -75,6 +75,15 @@ pub enum AotError {
     /// A quantization recipe name or combination that cannot be used.
     #[error(transparent)]
     Recipe(Box<crate::recipe::RecipeError>),
+    /// Planning or cutting sharded context binaries.
+    #[error(transparent)]
+    Shard(Box<crate::shard::ShardError>),
+    /// A shard's build in its child process failed or was killed.
+    #[error(transparent)]
+    ShardBuild(Box<crate::shard_build::ShardBuildError>),
+    /// A graph family that cannot be built or does not match a binary.
+    #[error(transparent)]
+    Family(Box<crate::family::FamilyError>),
     /// A tokenizer that would not load, encode or decode.
     #[error("{what}: {source}")]
     Tokenizer {
@@ -140,6 +149,9 @@ boxed_from! {
     QnnRun <- backend_qnn::sdk::RunValuesError,
     QnnConvert <- backend_qnn::sdk::ConvertError,
     ParseInt <- std::num::ParseIntError,
+    Shard <- crate::shard::ShardError,
+    ShardBuild <- crate::shard_build::ShardBuildError,
+    Family <- crate::family::FamilyError,
     Io <- std::io::Error,
     Json <- serde_json::Error,
 }

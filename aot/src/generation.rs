@@ -14,8 +14,10 @@ use models::hf::HfConfig;
 use runtime::{GenerationConfig, GenerationOutput, RandomSampling, Sampling};
 
 use crate::chat::{load_chat_template, stop_ids, Conversation};
+use crate::family::{graph_menu, GraphFamily, GraphNaming};
 use crate::load::RunMode;
 use crate::runner::Runner;
+use backend_qnn::cost::HtpPerf;
 
 /// What to generate from and how; the `generate` example's arguments (errors name them as
 /// `--flag`s), documented there.
@@ -27,8 +29,16 @@ pub struct GenerateRequest {
     pub chat: bool,
     pub system: Option<String>,
     pub max_new_tokens: usize,
-    pub chunk: usize,
-    pub context: usize,
+    /// Prefill chunk sizes: one for mllm's fixed pair (with 1 for decode); several make a family.
+    pub chunks: Vec<usize>,
+    /// Context lengths: one, or several for a family.
+    pub contexts: Vec<usize>,
+    /// Pick each step's graph by its modelled cost (implied by several chunks or contexts).
+    pub select: bool,
+    /// The target of the cost model (`sm8650`, `sm8750`).
+    pub target: String,
+    /// Print every call and context move (`graph: ...` lines).
+    pub verbose: bool,
     pub logits_out: Option<PathBuf>,
     pub temperature: f32,
     pub top_k: usize,
@@ -50,9 +60,27 @@ pub fn run(
     output: &mut dyn Write,
     stream: bool,
 ) -> Result<Vec<String>> {
-    if req.chunk == 0 || req.chunk >= req.context {
-        bail!("--chunk {} must be at least 1 and smaller than --context {}", req.chunk, req.context);
-    }
+    let (chunk, context) = match (req.chunks.first(), req.contexts.first()) {
+        (Some(&chunk), Some(&context)) => (chunk, context),
+        _ => bail!("pass --chunk and --context at least once each"),
+    };
+    let selecting = req.select || req.chunks.len() > 1 || req.contexts.len() > 1;
+    let family = if selecting {
+        let mut chunks = req.chunks.clone();
+        if !chunks.contains(&1) {
+            chunks.push(1);
+        }
+        Some(GraphFamily::new(&chunks, &req.contexts, GraphNaming::Mllm)?)
+    } else {
+        if chunk == 0 || chunk >= context {
+            bail!("--chunk {chunk} must be at least 1 and smaller than --context {context}");
+        }
+        None
+    };
+    // The largest context the run may reach.
+    let context = family.as_ref().and_then(|f| f.contexts().last().copied()).unwrap_or(context);
+    let target = HtpPerf::by_name(&req.target)
+        .with_context(|| format!("--target {}: expected sm8650 (v75) or sm8750 (v79)", req.target))?;
     if let Some(path) = &req.logits_out {
         // Every file of the model directory (and the context binary) is an input.
         let listing =
@@ -66,14 +94,35 @@ pub fn run(
         bail!("--temperature {} must be 0 (greedy) or a finite value > 0", req.temperature);
     }
     // Sizes checked against each other, the config and the machine's memory before loading.
-    let sizes = RunSizes { max_positions: req.context, context: req.context, chunk: req.chunk };
+    let largest_chunk = req.chunks.iter().copied().max().unwrap_or(chunk);
+    let sizes = RunSizes { max_positions: context, context, chunk: largest_chunk };
     sizes.check(&HfConfig::from_dir(&req.model)?, available_memory())?;
     backend_cpu::kernels::set_num_threads(req.threads)?;
     let t0 = Instant::now();
-    let mut runner = match &req.qnn_context {
-        Some(binary) => Runner::context_binary(&req.model, binary, req.chunk, req.context, req.qnn_emulate)?,
-        None => Runner::cpu(&req.model, req.context, if req.float { RunMode::Float } else { RunMode::Auto })?,
+    let mut runner = match (&req.qnn_context, &family) {
+        (Some(binary), Some(f)) => Runner::context_binary_family(&req.model, binary, f, req.qnn_emulate)?,
+        (Some(binary), None) => Runner::context_binary(&req.model, binary, chunk, context, req.qnn_emulate)?,
+        (None, _) => Runner::cpu(&req.model, context, if req.float { RunMode::Float } else { RunMode::Auto })?,
     };
+    if let Some(f) = &family {
+        let graphs = match (&req.qnn_context, req.qnn_emulate) {
+            (Some(_), true) => Some(crate::compile::lower_family(&req.model, f)?),
+            _ => None,
+        };
+        let menu = graph_menu(&runner.config, f, graphs.as_deref(), &target)?;
+        if req.verbose {
+            for c in menu.choices() {
+                eprintln!(
+                    "graph chunk {} context {}: modelled {:.3} ms per call on {}",
+                    c.chunk,
+                    c.context_len,
+                    c.cost_s * 1e3,
+                    target.soc
+                );
+            }
+        }
+        runner.select(menu)?;
+    }
     let load_s = t0.elapsed().as_secs_f64();
     runner.notes.iter().for_each(|note| eprintln!("{note}"));
     let tokenizer =
@@ -90,10 +139,9 @@ pub fn run(
         Some(tok) => stop_ids(&runner.config.eos_token_ids, conversation.as_ref().map(Conversation::template), tok),
         None => runner.config.eos_token_ids.clone(),
     };
-    let (max_new_tokens, prefill_chunk, collect_prompt_logits) =
-        (req.max_new_tokens, req.chunk, req.logits_out.is_some());
+    let (max_new_tokens, prefill_chunk, collect_prompt_logits) = (req.max_new_tokens, chunk, req.logits_out.is_some());
     let config = GenerationConfig { max_new_tokens, prefill_chunk, sampling, eos_ids, collect_prompt_logits };
-    let fits = |prompt: &[u32]| fits_in_context(prompt, req);
+    let fits = |prompt: &[u32]| fits_in_context(prompt, req.max_new_tokens, context);
     let lines_of = |prompt: &[u32], out: &GenerationOutput| {
         let ids: Vec<String> = prompt.iter().chain(&out.ids).map(u32::to_string).collect();
         let text = match (&tokenizer, stream) {
@@ -107,6 +155,7 @@ pub fn run(
     if let (Some(conv), Some(tok), None) = (conversation.as_mut(), tokenizer.as_ref(), &req.prompt) {
         for (prompt, out) in runner.chat(conv, tok, &config, (input, output), stream, &fits)? {
             lines.extend(lines_of(&prompt, &out)?.into_iter().flatten());
+            lines.extend(out.steps.iter().filter(|_| req.verbose).map(|step| format!("graph: {step}")));
         }
         return Ok(lines);
     }
@@ -121,6 +170,7 @@ pub fn run(
     fits(&prompt)?;
     let out = runner.generate(&prompt, &config, tokenizer.as_ref().filter(|_| stream), output)?;
     lines.extend(lines_of(&prompt, &out)?.into_iter().flatten());
+    lines.extend(out.steps.iter().filter(|_| req.verbose).map(|step| format!("graph: {step}")));
     if let (Some(path), Some(logits)) = (&req.logits_out, &out.prompt_logits) {
         let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
         let tensor: TensorBytes<'_> = ("logits", StDtype::F32, &[1, prompt.len(), runner.config.vocab_size], &bytes);
@@ -134,10 +184,10 @@ pub fn run(
     Ok(lines)
 }
 
-/// The prompt plus `--max-new-tokens` must fit in `--context`: checked before generating, so a
-/// run never stops short without a word.
-fn fits_in_context(prompt: &[u32], req: &GenerateRequest) -> Result<()> {
-    let (len, new, context) = (prompt.len(), req.max_new_tokens, req.context);
+/// The prompt plus `--max-new-tokens` must fit in `--context` (the largest, for a family):
+/// checked before generating, so a run never stops short without a word.
+fn fits_in_context(prompt: &[u32], new: usize, context: usize) -> Result<()> {
+    let len = prompt.len();
     let wanted = len.saturating_add(new);
     ensure!(
         wanted <= context,

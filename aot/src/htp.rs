@@ -64,7 +64,7 @@ impl std::str::FromStr for ContextBinary {
 /// at once in one process make it fail validations spuriously, so they take turns.
 static ONE_BACKEND_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn exclusive() -> MutexGuard<'static, ()> {
+pub(crate) fn exclusive() -> MutexGuard<'static, ()> {
     ONE_BACKEND_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
@@ -83,19 +83,27 @@ pub(crate) struct QualcommHtp {
 }
 
 impl QualcommHtp {
-    /// Lowers `programs` (the final IR of each graph, in order) for Qualcomm's backend with
+    /// Lowers `programs` (each graph's name and final IR, in order) for Qualcomm's backend with
     /// `params` and builds both binaries for `target` into `qnn_dir`.
     pub(crate) fn build(
         paths: LibraryPaths,
-        programs: &[&Program],
+        programs: &[(&str, &Program)],
         params: &dyn QuantParamProvider,
         target: &HtpTarget,
         qnn_dir: &Path,
     ) -> Result<QualcommHtp> {
         let mut lowering = QnnLowering::new(params, LowerOptions::qualcomm_htp());
         let mut graphs = Vec::with_capacity(programs.len());
-        for program in programs {
-            let lowered = lowering.lower_program(program).context("lowering for Qualcomm's backend")?;
+        for &(name, program) in programs {
+            let mut lowered = lowering
+                .lower_program(program)
+                .with_context(|| format!("lowering graph `{name}` for Qualcomm's backend"))?;
+            crate::error::ensure!(
+                lowered.len() == 1,
+                "graph `{name}` lowered to {} QNN graphs, expected 1",
+                lowered.len()
+            );
+            lowered[0].name = name.to_string();
             graphs.extend(lowered);
         }
         let _turn = exclusive();

@@ -25,6 +25,7 @@ pub mod deploy;
 pub mod divergence;
 pub mod embedded;
 pub mod error;
+pub mod family;
 pub mod generation;
 pub mod htp;
 pub mod ledger;
@@ -39,6 +40,10 @@ pub mod report;
 pub mod run_sizes;
 pub mod runner;
 pub mod sequences;
+pub mod shard;
+pub mod shard_bench;
+pub mod shard_build;
+pub mod sharded_aot;
 pub mod sink;
 pub mod synthetic;
 pub mod text_quality;
@@ -47,12 +52,13 @@ pub mod trace;
 pub use calibrate::{evaluate, quantize, QuantizeOptions, QuantizeOutcome, SinkSummary};
 pub use chat::{load_chat_template, stop_ids, user_turn_prompt, Conversation, TextStream};
 pub use compile::{
-    compile, lower_for_context, run, AotOptions, CompileOptions, CompileTimings, CompiledGraph, CompiledModel,
-    ModelSource,
+    compile, lower_family, lower_for_context, run, AotOptions, CompileOptions, CompileTimings, CompiledGraph,
+    CompiledModel, ModelSource,
 };
 pub use config::{default_out_dir, load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
 pub use deploy::{ArtifactRuntimes, Runtime, TargetRuntime, TargetRuntimeRefusal};
 pub use error::{AotError, Context, Result};
+pub use family::{FamilyError, GraphFamily, GraphNaming, GraphSpec};
 pub use generation::GenerateRequest;
 pub use htp::ContextBinary;
 pub use ledger::LedgerEntry;

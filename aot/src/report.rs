@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::ledger::LedgerEntry;
+use backend_qnn::cost::{cost_json, Calibration, GraphCost, HtpPerf, MLLM_QWEN3_1_7B_SM8650};
 
 /// Size and content of one lowered graph.
 #[derive(Clone, Debug, PartialEq)]
@@ -13,6 +14,8 @@ pub struct GraphReport {
     pub ops: BTreeMap<String, usize>,
     pub tensors: usize,
     pub static_bytes: u64,
+    /// What one call costs on the phone ([`backend_qnn::cost`]).
+    pub cost: GraphCost,
 }
 
 /// Wall time of each step, in seconds.
@@ -59,9 +62,15 @@ pub struct AotReport {
     pub graphs: Vec<GraphReport>,
     /// Which runtime runs each artifact, and why not ([`crate::deploy`]).
     pub deploy: Vec<crate::deploy::ArtifactRuntimes>,
+    /// Static bytes of all graphs with each shared weight counted once (what one weight-sharing
+    /// context holds), and counted in every graph that reads it.
+    pub shared_static_bytes: u64,
+    pub unshared_static_bytes: u64,
     /// Files written, relative to the output directory, sorted.
     pub artifacts: Vec<String>,
     pub warnings: Vec<String>,
+    /// How the decoder layers were cut into context binaries, and why (`--shards`).
+    pub shards: Vec<String>,
 }
 
 impl AotReport {
@@ -88,6 +97,7 @@ impl AotReport {
             .collect();
         let t = &self.timings;
         let round = |x: f64| (x * 1e3).round() / 1e3;
+        let targets = HtpPerf::table();
         serde_json::json!({
             "model": self.model,
             "ledger": ledger,
@@ -101,10 +111,14 @@ impl AotReport {
             },
             "graphs": self.graphs.iter().map(|g| serde_json::json!({
                 "name": g.name, "ops": g.ops, "tensors": g.tensors, "static_bytes": g.static_bytes,
+                "cost": cost_json(&g.cost, &targets),
             })).collect::<Vec<_>>(),
             "deploy": crate::deploy::to_json(&self.deploy),
+            "static_bytes": { "shared": self.shared_static_bytes, "unshared": self.unshared_static_bytes },
+            "cost_model": cost_model_json(&targets),
             "artifacts": self.artifacts,
             "warnings": self.warnings,
+            "shards": self.shards,
         })
     }
 
@@ -137,6 +151,12 @@ impl AotReport {
         }
         s.push_str("\nwhere the artifacts run (this project's runtime `mllm-dsl`, mllm's QnnAOTRuntime `mllm`):\n");
         s.push_str(&crate::deploy::summary_lines(&self.deploy));
+        let _ = writeln!(
+            s,
+            "  static data: {} bytes with shared weights counted once ({} if every graph kept its own)",
+            self.shared_static_bytes, self.unshared_static_bytes
+        );
+        s.push_str(&cost_table(&self.graphs));
         let t = &self.timings;
         let _ = writeln!(
             s,
@@ -160,12 +180,90 @@ impl AotReport {
             t.total,
             t.total_cpu
         );
+        for line in &self.shards {
+            let _ = writeln!(s, "shards: {line}");
+        }
         let _ = writeln!(s, "{} files written", self.artifacts.len());
         for w in &self.warnings {
             let _ = writeln!(s, "warning: {w}");
         }
         s
     }
+}
+
+/// The modelled cost of every graph on every target, one line each, and how the model compares
+/// with mllm's measurement.
+pub fn cost_table(graphs: &[GraphReport]) -> String {
+    let mut s = String::from("\nmodelled cost per call (roofline over the lowered graphs; docs/graph-families.md):\n");
+    let targets = HtpPerf::table();
+    let _ = writeln!(
+        s,
+        "  {:<22} {:>6} {:>7} {:>10} {:>10} {:>9} {:>9}  per target: ms/call, tok/s (bound)",
+        "graph", "chunk", "context", "MACs", "weights B", "KV read B", "KV wr B"
+    );
+    for g in graphs {
+        let c = &g.cost;
+        let _ = write!(
+            s,
+            "  {:<22} {:>6} {:>7} {:>10.3e} {:>10} {:>9} {:>9} ",
+            g.name,
+            c.chunk,
+            c.context_len,
+            c.macs() as f64,
+            c.weight_bytes,
+            c.kv_read_bytes,
+            c.kv_written_bytes
+        );
+        for t in &targets {
+            let call = t.call(c);
+            let what = if c.chunk == 1 { "decode" } else { "prefill" };
+            let _ = write!(
+                s,
+                " {} {:.3} ms, {what} {:.1} tok/s ({});",
+                t.soc,
+                call.total_s() * 1e3,
+                t.tokens_per_s(c),
+                call.bound()
+            );
+        }
+        s.push('\n');
+    }
+    let c = Calibration::mllm_qwen3_1_7b_sm8650();
+    let _ = writeln!(
+        s,
+        "  model vs mllm's Qwen3-1.7B on SM8650 (chunk 32, context 1024): prefill {:.0} vs {:.0} tok/s ({:.2}x), \
+         decode {:.1} vs {:.1} tok/s ({:.2}x)",
+        c.prefill_tok_s.0,
+        MLLM_QWEN3_1_7B_SM8650.0,
+        c.prefill_tok_s.2,
+        c.decode_tok_s.0,
+        MLLM_QWEN3_1_7B_SM8650.1,
+        c.decode_tok_s.2
+    );
+    s
+}
+
+/// The target table and the calibration, for `report.json`.
+fn cost_model_json(targets: &[HtpPerf]) -> serde_json::Value {
+    let c = Calibration::mllm_qwen3_1_7b_sm8650();
+    serde_json::json!({
+        "model": "overhead + max(2 MACs / (peak ops x compute efficiency), DRAM bytes / (peak bandwidth x bandwidth efficiency))",
+        "targets": targets.iter().map(|t| serde_json::json!({
+            "soc": t.soc,
+            "htp_arch": format!("v{}", t.htp_arch),
+            "dram_gb_s": t.dram_bytes_per_s / 1e9,
+            "int8_tops": t.int8_ops_per_s / 1e12,
+            "int16_tops": t.int16_ops_per_s / 1e12,
+            "call_overhead_ms": t.call_overhead_s * 1e3,
+            "bandwidth_efficiency": t.efficiency.bandwidth,
+            "compute_efficiency": t.efficiency.compute,
+            "sources": t.sources,
+        })).collect::<Vec<_>>(),
+        "vs_mllm_qwen3_1_7b_sm8650": {
+            "prefill_tok_s": { "modelled": c.prefill_tok_s.0, "measured": c.prefill_tok_s.1, "ratio": c.prefill_tok_s.2 },
+            "decode_tok_s": { "modelled": c.decode_tok_s.0, "measured": c.decode_tok_s.1, "ratio": c.decode_tok_s.2 },
+        },
+    })
 }
 
 #[cfg(test)]
@@ -195,6 +293,9 @@ mod tests {
             artifacts: vec![],
             warnings: vec![],
             deploy: vec![],
+            shared_static_bytes: 0,
+            unshared_static_bytes: 0,
+            shards: vec![],
         };
         let json = report.to_json();
         let sqnr: Vec<_> = json["ledger"].as_array().unwrap().iter().map(|row| row["sqnr_db"].clone()).collect();

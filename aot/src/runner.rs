@@ -9,13 +9,15 @@ use std::path::Path;
 use crate::error::{bail, ensure, AotError, Context, Result};
 use backend_cpu::quant::SinkPrefix;
 use backend_cpu::CpuChunkModel;
-use backend_qnn::sdk::{EmulatedHtp, SdkChunkModel, SdkError};
-use backend_qnn::{QnnChunkModel, QnnModelError};
+use backend_qnn::sdk::{EmulatedHtp, SdkApi, SdkChunkModel, SdkError};
+use backend_qnn::sharded::{shard_set_files, ShardBinary};
+use backend_qnn::{GraphIo, QnnChunkModel, QnnModelError, ShardedChunkModel};
 use models::hf::HfConfig;
-use runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator};
+use runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator, GraphMenu};
 
 use crate::chat::{Conversation, TextStream};
-use crate::compile::lower_for_context;
+use crate::compile::{lower_family, lower_for_context};
+use crate::family::GraphFamily;
 use crate::load::{load_model, RunMode};
 
 /// Where a [`Runner`] executes: a generator over one of the models.
@@ -24,6 +26,8 @@ enum RunnerGenerator {
     Cpu(Box<Generator<CpuChunkModel>>),
     /// The context binary's graphs on backend-qnn's reference interpreter.
     Emulated(Box<Generator<QnnChunkModel<EmulatedHtp>>>),
+    /// A set of shard binaries chained on the QNN SDK's HTP backend.
+    Sharded(Box<Generator<ShardedChunkModel<SdkApi>>>),
     /// The context binary on the QNN SDK's HTP backend.
     Sdk(Box<Generator<SdkChunkModel>>),
 }
@@ -65,6 +69,14 @@ impl Runner {
     /// `chunk` and 1 at `context`: on the CPU emulator when `emulate` (the graphs lowered again
     /// from `dir`), else on Qualcomm's QNN libraries (`QNN_SDK_ROOT`, else `scripts/fetch-qnn-sdk`'s cache).
     pub fn context_binary(dir: &Path, binary: &Path, chunk: usize, context: usize, emulate: bool) -> Result<Runner> {
+        if is_shard_set(binary) {
+            ensure!(
+                !emulate,
+                "{}: a set of shard binaries runs on Qualcomm's HTP backend; --qnn-emulate takes one context binary",
+                binary.display()
+            );
+            return Runner::shard_set(dir, binary, chunk, context);
+        }
         if !emulate {
             // Before reading anything: without Qualcomm's libraries say how to get them.
             backend_qnn::sdk::check_sdk_libraries().context(
@@ -109,6 +121,57 @@ impl Runner {
         ensure!(ctx == context, "{} was built for context {ctx}, not --context {context}", binary.display());
         let generator = RunnerGenerator::Sdk(Box::new(with_prefix(model, dir, &mut notes)?));
         Ok(Runner { config, notes, generator })
+    }
+
+    /// The context binary at `binary`, built from the quantized checkpoint `dir` with every graph
+    /// of `family`: on the CPU emulator when `emulate` (the family lowered again from `dir`), else
+    /// on Qualcomm's QNN libraries. The binary must hold exactly the family's graphs (named as the
+    /// family names them); anything else is refused naming the graphs on both sides.
+    pub fn context_binary_family(dir: &Path, binary: &Path, family: &GraphFamily, emulate: bool) -> Result<Runner> {
+        if !emulate {
+            backend_qnn::sdk::check_sdk_libraries().context(
+                "--qnn-context runs the binary on Qualcomm's HTP backend (x86: its emulation); or add --qnn-emulate to \
+                 run it on backend-qnn's interpreter",
+            )?;
+            refuse_shared_binary_on_x86(binary)?;
+        }
+        let config = HfConfig::from_dir(dir)?;
+        let bytes = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
+        let what = || format!("{} as a context binary of {}", binary.display(), dir.display());
+        let mut notes = Vec::new();
+        let source = binary.display().to_string();
+        if emulate {
+            let graphs = lower_family(dir, family)?;
+            let model = QnnChunkModel::emulated(graphs, &bytes).with_context(what)?;
+            let names: Vec<String> = model.graph_shapes().into_iter().map(|(n, _, _)| n).collect();
+            family.check_graph_set(&source, &names)?;
+            let generator = RunnerGenerator::Emulated(Box::new(with_prefix(model, dir, &mut notes)?));
+            return Ok(Runner { config, notes, generator });
+        }
+        let model = match backend_qnn::sdk::open_context_binary_with_sdk(&bytes, None) {
+            Err(SdkError::Model(QnnModelError::MissingEncoding { .. })) => {
+                let graphs = lower_family(dir, family)?;
+                backend_qnn::sdk::open_context_binary_with_sdk(&bytes, Some(&graphs))
+            }
+            other => other,
+        };
+        let model = model.with_context(what)?;
+        let names: Vec<String> = model.graph_shapes().into_iter().map(|(n, _, _)| n).collect();
+        family.check_graph_set(&source, &names)?;
+        let generator = RunnerGenerator::Sdk(Box::new(with_prefix(model, dir, &mut notes)?));
+        Ok(Runner { config, notes, generator })
+    }
+
+    /// From now on every step runs on the graph of `menu` of least modelled cost
+    /// ([`runtime::GraphMenu`]).
+    pub fn select(&mut self, menu: GraphMenu) -> Result<()> {
+        match &mut self.generator {
+            RunnerGenerator::Cpu(g) => g.set_menu(menu),
+            RunnerGenerator::Emulated(g) => g.set_menu(menu),
+            RunnerGenerator::Sdk(g) => g.set_menu(menu),
+            RunnerGenerator::Sharded(g) => g.set_menu(menu),
+        }
+        .context("choosing graphs by their modelled cost")
     }
 
     /// Generates after `prompt` (ids checked against the vocabulary of `self.config`); with a
@@ -193,9 +256,143 @@ impl Runner {
             RunnerGenerator::Cpu(g) => g.generate_streaming(prompt, config, on_token),
             RunnerGenerator::Emulated(g) => g.generate_streaming(prompt, config, on_token),
             RunnerGenerator::Sdk(g) => g.generate_streaming(prompt, config, on_token),
+            RunnerGenerator::Sharded(g) => g.generate_streaming(prompt, config, on_token),
         };
         out.context("generation failed")
     }
+}
+
+impl Runner {
+    /// The shard binaries `context_<i>_of_<n>.bin` in `path` (a directory, or one of the files)
+    /// chained on Qualcomm's HTP backend (on x86 its emulation, with the `.x86.bin` set). Every
+    /// binary's metadata is read with libQnnSystem.so before the backend loads any, and the set
+    /// is refused, naming the file, when a shard is missing, extra, or from another build.
+    pub fn shard_set(dir: &Path, path: &Path, chunk: usize, context: usize) -> Result<Runner> {
+        let paths = backend_qnn::sdk::check_sdk_libraries()
+            .context("--qnn-context runs the shard binaries on Qualcomm's HTP backend (x86: its emulation)")?;
+        let x86 = cfg!(target_arch = "x86_64");
+        let files = shard_set_files(path, x86).map_err(|e| match x86 {
+            true => AotError::invalid(format!(
+                "{e} (Qualcomm's x86 HTP emulation runs the unshared context_<i>_of_<n>.x86.bin set qwen3_aot writes                  beside the device binaries)"
+            )),
+            false => e.into(),
+        })?;
+        let config = HfConfig::from_dir(dir)?;
+        let api = SdkApi::load_for_execution(&paths)?;
+        let mut notes = Vec::new();
+        // Every binary's metadata first (libQnnSystem.so), before the backend loads any.
+        let mut read = Vec::with_capacity(files.len());
+        for f in &files {
+            let binary = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+            let info = api.binary_info(&binary).map_err(QnnModelError::from);
+            let info = info.with_context(|| format!("reading the metadata of {}", f.display()))?;
+            read.push((f, binary, info));
+        }
+        let from_metadata: Result<Vec<Vec<GraphIo>>, QnnModelError> =
+            read.iter().map(|(_, _, info)| info.graphs.iter().map(GraphIo::from_info).collect()).collect();
+        let ios = match from_metadata {
+            Ok(ios) => ios,
+            Err(QnnModelError::MissingEncoding { graph, tensor, .. }) => {
+                notes.push(format!(
+                    "the metadata of `{graph}` has no encoding for `{tensor}`; lowering {} again for the I/O encodings",
+                    dir.display()
+                ));
+                let plan = plan_of_set(&read.iter().map(|(_, _, i)| i).collect::<Vec<_>>())?;
+                let compiled = crate::compile::compile_for_context(dir, chunk, context)?;
+                let ckpt = checkpoint::SafetensorsCheckpoint::open(dir)?;
+                let lowered =
+                    crate::sharded_aot::lower_shards(&compiled, &plan, &ckpt, backend_qnn::LowerOptions::default())?;
+                let mut ios = Vec::new();
+                for ((_, _, info), graphs) in read.iter().zip(&lowered) {
+                    let mut io = Vec::new();
+                    for g in &info.graphs {
+                        let l = graphs.iter().find(|l| l.name == g.name).with_context(|| {
+                            format!("graph `{}` of the shard set is not among the lowered shards", g.name)
+                        })?;
+                        io.push(GraphIo::from_graph(l)?);
+                    }
+                    ios.push(io);
+                }
+                ios
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut shards = Vec::with_capacity(files.len());
+        for ((f, binary, _), graphs) in read.into_iter().zip(ios) {
+            shards.push(ShardBinary { origin: f.display().to_string(), binary, graphs });
+        }
+        notes.push(format!(
+            "{} shards chained: {}",
+            files.len(),
+            files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")
+        ));
+        let model = ShardedChunkModel::open(api, shards)?;
+        let chunks = model.chunk_lens();
+        ensure!(
+            chunks.contains(&chunk),
+            "{} has graphs for chunks {chunks:?}, not for --chunk {chunk}",
+            path.display()
+        );
+        let ctx = model.layout().context_len;
+        ensure!(ctx == context, "{} was built for context {ctx}, not --context {context}", path.display());
+        ensure!(
+            model.layout().num_layers == config.num_hidden_layers,
+            "{} holds {} layers, {} has {}",
+            path.display(),
+            model.layout().num_layers,
+            dir.display(),
+            config.num_hidden_layers
+        );
+        let model = model.with_sliding_window(config.attention.sliding_window).context("the model's sliding window")?;
+        let prefix = match shipped_prefix(dir, &mut notes)? {
+            Some(p) => Some(model.kv_prefix(p.len(), &p.keys, &p.values).context("the attention-sink prefix")?),
+            None => None,
+        };
+        let mut generator = Generator::new(model)?;
+        if let Some(prefix) = prefix {
+            generator.set_prefix(prefix)?;
+        }
+        let generator = RunnerGenerator::Sharded(Box::new(generator));
+        Ok(Runner { config, notes, generator })
+    }
+}
+
+/// The shard plan a set of binaries was built with: each shard's layers from its graphs'
+/// `past_key_<l>` inputs.
+fn plan_of_set(infos: &[&backend_qnn::sdk::ffi::BinaryInfo]) -> Result<crate::shard::ShardPlan> {
+    let count = infos.len();
+    let mut shards = Vec::with_capacity(count);
+    for (index, info) in infos.iter().enumerate() {
+        let layers: Vec<usize> = info
+            .graphs
+            .first()
+            .map(|g| g.inputs.iter().filter_map(|t| t.name.strip_prefix("past_key_")?.parse().ok()).collect())
+            .unwrap_or_default();
+        let (Some(&lo), Some(&hi)) = (layers.iter().min(), layers.iter().max()) else {
+            bail!("shard {} of the set has no past_key_<l> inputs", index + 1)
+        };
+        shards.push(crate::shard::ShardSpec {
+            index,
+            count,
+            layers: lo..hi + 1,
+            embedding: index == 0,
+            head: index + 1 == count,
+            static_bytes: 0,
+        });
+    }
+    Ok(crate::shard::ShardPlan { shards })
+}
+
+/// A directory, or a file named `context_<i>_of_<n>[.x86].bin`.
+fn is_shard_set(path: &Path) -> bool {
+    if path.is_dir() {
+        return true;
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let stem = name.strip_suffix(".x86.bin").or_else(|| name.strip_suffix(".bin"));
+    stem.and_then(|s| s.strip_prefix("context_"))
+        .and_then(|s| s.split_once("_of_"))
+        .is_some_and(|(i, n)| i.parse::<usize>().is_ok() && n.parse::<usize>().is_ok())
 }
 
 /// The attention-sink prefix the checkpoint `dir` ships, noted in `notes` when there is one.

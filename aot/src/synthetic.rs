@@ -55,6 +55,42 @@ pub const QWEN3_1_7B: Qwen3Shape = Qwen3Shape {
     head_dim: 128,
 };
 
+/// Qwen3-4B's shapes (its HF `config.json`; written with tied embeddings like the others).
+pub const QWEN3_4B: Qwen3Shape = Qwen3Shape {
+    name: "Qwen3-4B",
+    vocab: 151_936,
+    hidden: 2560,
+    intermediate: 9728,
+    layers: 36,
+    heads: 32,
+    kv_heads: 8,
+    head_dim: 128,
+};
+
+/// Qwen3-8B's shapes (its HF `config.json`; its real lm_head is untied, which the quantized
+/// checkpoint has either way: the lm_head is quantized to int4 apart from the u16 embedding).
+pub const QWEN3_8B: Qwen3Shape = Qwen3Shape {
+    name: "Qwen3-8B",
+    vocab: 151_936,
+    hidden: 4096,
+    intermediate: 12288,
+    layers: 36,
+    heads: 32,
+    kv_heads: 8,
+    head_dim: 128,
+};
+
+/// The shape named `0.6b`, `1.7b`, `4b` or `8b`.
+pub fn shape_by_name(name: &str) -> Option<Qwen3Shape> {
+    match name.to_ascii_lowercase().trim_start_matches("qwen3-") {
+        "0.6b" => Some(QWEN3_0_6B),
+        "1.7b" => Some(QWEN3_1_7B),
+        "4b" => Some(QWEN3_4B),
+        "8b" => Some(QWEN3_8B),
+        _ => None,
+    }
+}
+
 impl Qwen3Shape {
     /// The HF `config.json` of this shape with `layers` decoder layers.
     pub fn config(&self, layers: usize) -> serde_json::Value {

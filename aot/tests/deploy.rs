@@ -326,7 +326,7 @@ fn target_runtime_mllm_refuses_what_mllm_cannot_run_before_any_work() {
         sink_prefix: vec!["id:1".into()],
         context_binary: aot::ContextBinary::Off,
         chunks: vec![4, 1],
-        context_len: 16,
+        context_lens: vec![16],
         ..AotOptions::embedded(&embedded)
     };
     aot::run(&prefix_run).unwrap();

@@ -55,7 +55,7 @@ fn the_budget_raises_the_most_sensitive_linears_to_int8_and_they_lower_to_qnn() 
         source: aot::ModelSource::Float(fixture("qwen3-dev-f32")),
         calibration: vec![aot::CalibSource::Ids(fixture("pymllm-qwen3-dev-f32/calib_ids.safetensors"))],
         chunks: vec![32, 1],
-        context_len: 256,
+        context_lens: vec![256],
         max_positions: 256,
         weight_method: backend_cpu::quant::WeightMethod::Rtn,
         weight_budget: Some(budget),

@@ -69,10 +69,17 @@ impl ChunkModel for CpuChunkModel {
         ar >= 1 && ar < self.context_len
     }
 
+    /// Any chunk at any context up to the one it was built for: the CPU reads only the stored
+    /// positions, whatever the mask's width.
+    fn supports_graph(&self, ar: usize, context_len: usize) -> bool {
+        ar >= 1 && ar < context_len && context_len <= self.context_len
+    }
+
     fn run_chunk(&mut self, inputs: &ChunkInputs<'_, f32>, outputs: &mut ChunkOutputs<f32>) -> Result<(), ModelError> {
         let t0 = profile::start();
         let shape = self.model.shape();
-        let (ar, n_past, ctx) = (inputs.ar(), inputs.n_past(), self.context_len);
+        // The graph's context is the mask's width (a smaller member of a family, or the model's own).
+        let (ar, n_past, ctx) = (inputs.ar(), inputs.n_past(), inputs.mask().context_len());
         let (kvh, d) = (shape.num_kv_heads, shape.head_dim);
         let stride = ctx - ar;
         let ids: Vec<i64> = inputs.ids().iter().map(|&i| i as i64).collect();

@@ -132,6 +132,9 @@ pub enum QnnModelError {
     Mismatch { first: String, second: String, detail: String },
     #[error("no graphs were given")]
     NoGraphs,
+    /// A shard of a sharded model set is missing, extra or does not fit the others.
+    #[error("shard {shard}: {detail}")]
+    Shard { shard: String, detail: String },
     #[error("opening the context binary: {0}")]
     Api(#[from] ApiError),
     #[error("preparing the CPU emulation: {0}")]
@@ -143,6 +146,8 @@ struct Graph {
     io: GraphIo,
     handle: GraphHandle,
     ar: usize,
+    /// The mask width: a family holds graphs of several context lengths.
+    context_len: usize,
     inputs: Vec<Vec<u8>>,
     outputs: Vec<Vec<u8>>,
 }
@@ -167,10 +172,10 @@ impl<A: QnnExecApi> QnnChunkModel<A> {
     /// Loads `binary` through `api` and retrieves the graphs described by `graphs` (one per chunk
     /// length), after checking their I/O against the contract in the module docs.
     pub fn open(mut api: A, binary: &[u8], graphs: Vec<GraphIo>) -> Result<QnnChunkModel<A>, QnnModelError> {
-        let (layout, ars) = check_contract(&graphs)?;
+        let (layout, shapes) = check_contract(&graphs)?;
         let context = api.context_create_from_binary(binary)?;
         let mut retrieved = Vec::with_capacity(graphs.len());
-        for (io, ar) in graphs.into_iter().zip(ars) {
+        for (io, (ar, context_len)) in graphs.into_iter().zip(shapes) {
             let handle = match api.graph_retrieve(context, &io.name) {
                 Ok(h) => h,
                 Err(e) => {
@@ -181,7 +186,7 @@ impl<A: QnnExecApi> QnnChunkModel<A> {
             let buffer = |t: &IoTensor| vec![0u8; t.numel() * io_element_bytes(t.dtype).unwrap_or(0)];
             let inputs = io.inputs.iter().map(buffer).collect();
             let outputs = io.outputs.iter().map(buffer).collect();
-            retrieved.push(Graph { io, handle, ar, inputs, outputs });
+            retrieved.push(Graph { io, handle, ar, context_len, inputs, outputs });
         }
         Ok(QnnChunkModel { api, context: Some(context), layout, graphs: retrieved })
     }
@@ -205,43 +210,24 @@ impl<A: QnnExecApi> QnnChunkModel<A> {
         Ok(self)
     }
 
-    /// The chunk lengths this context has graphs for.
+    /// The chunk lengths this context has graphs for at its smallest context length.
     pub fn chunk_lens(&self) -> Vec<usize> {
-        self.graphs.iter().map(|g| g.ar).collect()
+        self.graphs.iter().filter(|g| g.context_len == self.layout.context_len).map(|g| g.ar).collect()
+    }
+
+    /// Every graph as (name, chunk, context length), in binding order.
+    pub fn graph_shapes(&self) -> Vec<(String, usize, usize)> {
+        self.graphs.iter().map(|g| (g.io.name.clone(), g.ar, g.context_len)).collect()
     }
 
     /// Real K/V of `len` prefix positions per layer (K `[Hkv, D, len]`, V `[Hkv, len, D]`) as the
     /// u8 codes of the graphs' past K/V inputs: an attention-sink prefix for the runtime's cache.
     pub fn kv_prefix(&self, len: usize, keys: &[Vec<f32>], values: &[Vec<f32>]) -> Result<KvPrefix<u8>, QnnModelError> {
         let layers = self.layout.num_layers;
-        let g = &self.graphs[0];
-        let contract = |detail: String| QnnModelError::Contract { graph: g.io.name.clone(), detail };
-        if keys.len() != layers || values.len() != layers {
-            return Err(contract(format!(
-                "the prefix has K/V of {} and {} layers, the graphs {layers}",
-                keys.len(),
-                values.len()
-            )));
-        }
-        let codes = |input: usize, real: &[f32]| -> Result<Vec<u8>, QnnModelError> {
-            let io = &g.io.inputs[input];
-            let so = io.quant.filter(|_| io.dtype == DataType::UFixedPoint8).ok_or_else(|| {
-                contract(format!("past K/V input `{}` is {} without a scale/offset, not u8", io.name, io.dtype))
-            })?;
-            if real.len() != self.layout.kv_elems(len) {
-                return Err(contract(format!(
-                    "a prefix of {len} positions has {} values for `{}`, expected {}",
-                    real.len(),
-                    io.name,
-                    self.layout.kv_elems(len)
-                )));
-            }
-            Ok(real.iter().map(|&x| so.quantize(x, (0, 255)) as u8).collect())
-        };
-        Ok(KvPrefix {
-            len,
-            keys: keys.iter().enumerate().map(|(l, k)| codes(3 + l, k)).collect::<Result<_, _>>()?,
-            values: values.iter().enumerate().map(|(l, v)| codes(3 + layers + l, v)).collect::<Result<_, _>>()?,
+        let io = &self.graphs[0].io;
+        kv_prefix_codes(&self.layout, len, keys, values, |kind, l| {
+            let at = if kind == "key" { 3 + l } else { 3 + layers + l };
+            (io.name.as_str(), io.inputs.get(at))
         })
     }
 
@@ -332,31 +318,34 @@ impl<A: QnnExecApi> Drop for QnnChunkModel<A> {
     }
 }
 
-/// Checks the I/O of every graph and derives the model layout and each graph's chunk length.
-fn check_contract(graphs: &[GraphIo]) -> Result<(ModelLayout, Vec<usize>), QnnModelError> {
+/// Checks the I/O of every graph and derives the model layout (at the smallest context length)
+/// and each graph's chunk and context lengths: a family's graphs may differ in context length
+/// only, and no two may share both.
+fn check_contract(graphs: &[GraphIo]) -> Result<(ModelLayout, Vec<(usize, usize)>), QnnModelError> {
     let first = graphs.first().ok_or(QnnModelError::NoGraphs)?;
-    let layout = layout_of(first)?;
-    let mut ars = Vec::with_capacity(graphs.len());
+    let mut layout = layout_of(first)?;
+    let mut shapes = Vec::with_capacity(graphs.len());
     for g in graphs {
         let other = layout_of(g)?;
-        if other != layout {
+        if (ModelLayout { context_len: layout.context_len, ..other }) != layout {
             return Err(QnnModelError::Mismatch {
                 first: first.name.clone(),
                 second: g.name.clone(),
-                detail: format!("layouts {layout:?} and {other:?}"),
+                detail: format!("layouts {layout:?} and {other:?} (only the context length may differ)"),
             });
         }
         let ar = g.inputs[0].numel();
-        if ars.contains(&ar) {
+        if shapes.contains(&(ar, other.context_len)) {
             return Err(QnnModelError::Contract {
                 graph: g.name.clone(),
-                detail: format!("a second graph for chunk {ar}"),
+                detail: format!("a second graph for chunk {ar} at context {}", other.context_len),
             });
         }
-        check_graph(g, &layout, ar)?;
-        ars.push(ar);
+        check_graph(g, &other, ar)?;
+        shapes.push((ar, other.context_len));
+        layout.context_len = layout.context_len.min(other.context_len);
     }
-    Ok((layout, ars))
+    Ok((layout, shapes))
 }
 
 fn layout_of(g: &GraphIo) -> Result<ModelLayout, QnnModelError> {
@@ -455,6 +444,47 @@ fn check_graph(g: &GraphIo, l: &ModelLayout, ar: usize) -> Result<(), QnnModelEr
     Ok(())
 }
 
+/// Real K/V of `len` prefix positions per layer as the u8 codes of the graphs' past K/V inputs;
+/// `past(kind, layer)` names the graph and gives the input (`kind` is "key" or "value").
+pub(crate) fn kv_prefix_codes<'g>(
+    layout: &ModelLayout,
+    len: usize,
+    keys: &[Vec<f32>],
+    values: &[Vec<f32>],
+    past: impl Fn(&str, usize) -> (&'g str, Option<&'g IoTensor>),
+) -> Result<KvPrefix<u8>, QnnModelError> {
+    let layers = layout.num_layers;
+    let graph0 = past("key", 0).0.to_string();
+    if keys.len() != layers || values.len() != layers {
+        return Err(QnnModelError::Contract {
+            graph: graph0,
+            detail: format!("the prefix has K/V of {} and {} layers, the graphs {layers}", keys.len(), values.len()),
+        });
+    }
+    let codes = |kind: &str, l: usize, real: &[f32]| -> Result<Vec<u8>, QnnModelError> {
+        let (graph, io) = past(kind, l);
+        let contract = |detail: String| QnnModelError::Contract { graph: graph.to_string(), detail };
+        let io = io.ok_or_else(|| contract(format!("no past {kind} input for layer {l}")))?;
+        let so = io.quant.filter(|_| io.dtype == DataType::UFixedPoint8).ok_or_else(|| {
+            contract(format!("past K/V input `{}` is {} without a scale/offset, not u8", io.name, io.dtype))
+        })?;
+        if real.len() != layout.kv_elems(len) {
+            return Err(contract(format!(
+                "a prefix of {len} positions has {} values for `{}`, expected {}",
+                real.len(),
+                io.name,
+                layout.kv_elems(len)
+            )));
+        }
+        Ok(real.iter().map(|&x| so.quantize(x, (0, 255)) as u8).collect())
+    };
+    Ok(KvPrefix {
+        len,
+        keys: keys.iter().enumerate().map(|(l, k)| codes("key", l, k)).collect::<Result<_, _>>()?,
+        values: values.iter().enumerate().map(|(l, v)| codes("value", l, v)).collect::<Result<_, _>>()?,
+    })
+}
+
 impl<A: QnnExecApi> ChunkModel for QnnChunkModel<A> {
     type Kv = u8;
 
@@ -463,17 +493,21 @@ impl<A: QnnExecApi> ChunkModel for QnnChunkModel<A> {
     }
 
     fn supports_chunk_len(&self, ar: usize) -> bool {
-        self.graphs.iter().any(|g| g.ar == ar)
+        self.supports_graph(ar, self.layout.context_len)
+    }
+
+    fn supports_graph(&self, ar: usize, context_len: usize) -> bool {
+        self.graphs.iter().any(|g| g.ar == ar && g.context_len == context_len)
     }
 
     fn run_chunk(&mut self, inputs: &ChunkInputs<'_, u8>, outputs: &mut ChunkOutputs<u8>) -> Result<(), ModelError> {
-        let ar = inputs.ar();
+        let (ar, ctx) = (inputs.ar(), inputs.mask().context_len());
         let layers = self.layout.num_layers;
         let g = self
             .graphs
             .iter_mut()
-            .find(|g| g.ar == ar)
-            .ok_or_else(|| format!("the context has no graph for chunks of {ar} tokens"))?;
+            .find(|g| g.ar == ar && g.context_len == ctx)
+            .ok_or_else(|| format!("the context has no graph for chunks of {ar} tokens at context {ctx}"))?;
         let codes = |v: &[i32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<_>>();
         let put = |io: &IoTensor, buf: &mut [u8], codes: &[i64]| -> Result<(), ModelError> {
             write_codes(io.dtype, codes, buf)
@@ -513,7 +547,7 @@ impl<A: QnnExecApi> ChunkModel for QnnChunkModel<A> {
 
 /// The runtime's mask (u16 codes in mllm's mask encoding) in the graph input's encoding: the
 /// codes themselves when the encodings agree (the lowering's case), requantized otherwise.
-fn mask_codes(mask: &AttentionMask, graph: ScaleOffset) -> Vec<i64> {
+pub(crate) fn mask_codes(mask: &AttentionMask, graph: ScaleOffset) -> Vec<i64> {
     let ours = ScaleOffset::from_zero_point(MASK_SCALE, MASK_ZERO_POINT);
     if graph == ours {
         return mask.as_u16().iter().map(|&c| i64::from(c)).collect();

@@ -13,11 +13,14 @@
 //! - [`context`]: lowered graphs + `target_machine` -> one weight-sharing context binary.
 //! - [`chunk_model`]: [`QnnChunkModel`], a context binary's graphs as the generation runtime's
 //!   `ChunkModel` (prefill/decode through the QNN execute API).
+//! - [`sharded`]: [`ShardedChunkModel`], several context binaries (shards of contiguous layers)
+//!   chained as one `ChunkModel`.
 //! - [`sdk`]: the QNN API driver (recording; Qualcomm's libraries through committed bindings + libloading).
 
 pub mod artifacts;
 pub mod chunk_model;
 pub mod context;
+pub mod cost;
 pub mod dtype;
 pub mod encoding;
 pub mod graph;
@@ -28,6 +31,7 @@ pub mod opdef;
 pub mod params;
 pub mod sdk;
 pub mod shape;
+pub mod sharded;
 pub mod target;
 pub mod validate;
 
@@ -37,4 +41,5 @@ pub use encoding::{Encoding, Int4Storage, ScaleOffset};
 pub use graph::{GraphBuilder, Param, QnnGraph, QnnNode, QnnTensor, Scalar, StaticData, TensorRef};
 pub use lower::{EncodeError, LowerError, LowerOptions, QnnLowering, SelectBroadcast, WeightProblem};
 pub use opdef::OpType;
+pub use sharded::{ShardBinary, ShardedChunkModel, HIDDEN_STATES, HIDDEN_STATES_OUT};
 pub use validate::{validate, ValidationError};

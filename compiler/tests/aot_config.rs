@@ -170,8 +170,8 @@ fn missing_and_malformed_values_name_the_field() {
 
 #[test]
 fn unsupported_settings_are_rejected() {
-    let m = error_of(|v| v["split_graph"] = json!(2));
-    assert_mentions(&m, &["`split_graph`", "expected 1", "found 2"]);
+    let m = error_of(|v| v["split_graph"] = json!(0));
+    assert_mentions(&m, &["`split_graph`", "expected at least 1", "found 0"]);
     let m = error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["method"] = json!("GPTQ"));
     assert_mentions(&m, &[&format!("`{LINEAR}.fallback.method`"), "\"GPTQ\"", "LPBQ"]);
     let m = error_of(|v| v["quant_recipe"]["builtin_llm_pass"]["linear"]["fallback"]["precision"] = json!("w2a16"));

@@ -142,3 +142,89 @@ fn qwen2_sliding_window_generates_the_same_tokens_on_qualcomms_htp_emulation() {
 fn gemma3_generates_the_same_tokens_on_qualcomms_htp_emulation() {
     check_calibrated("gemma3-dev-f32");
 }
+
+/// A graph family (chunks 8, 4, 1 at contexts 32 and 64) built by `qwen3_aot` into one context
+/// binary with Qualcomm's backend; `generate` choosing every step's graph by its modelled cost on
+/// the x86 binary, with a prompt that moves the sequence to the larger context, gives the fixed
+/// pair's greedy ids (chunk 4 + decode at context 64 on the CPU fake-quant model).
+#[test]
+fn a_graph_family_generates_the_fixed_pairs_tokens_on_qualcomms_htp_emulation() {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    assert!(backend_qnn::sdk::LibraryPaths::find().is_ok(), "{}", backend_qnn::sdk::FETCH_HINT);
+    let dir = fixtures().join("pymllm-qwen3-dev-f32");
+    let q = dir.to_str().unwrap();
+    let out = temp("family");
+    let o = out.to_str().unwrap();
+    let argv = [
+        "qwen3_aot",
+        "--quiet",
+        "--quantized",
+        q,
+        "--chunk",
+        "8",
+        "--chunk",
+        "4",
+        "--chunk",
+        "1",
+        "--context-len",
+        "32",
+        "--context-len",
+        "64",
+        "--context-binary",
+        "on",
+        "--out",
+        o,
+    ];
+    let report = qwen3_aot::run_aot(&qwen3_aot::AotArgs::try_parse_from(argv).unwrap()).unwrap();
+    let graphs: Vec<&str> = report.graphs.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(
+        graphs,
+        ["model.0.s8", "model.0.s4", "model.0.s1", "model.0.s8_cl64", "model.0.s4_cl64", "model.0.s1_cl64"]
+    );
+    assert!(report.shared_static_bytes * 5 < report.unshared_static_bytes, "{report:?}");
+    for e in report.ledger.iter().filter(|e| e.stage == "htp_vs_fakequant") {
+        assert!(e.comparison.sqnr_db >= 35.0, "{:?}: {:?}", e.graph, e.comparison);
+    }
+    // 26 prompt ids + 16 new: 42 positions outgrow context 32.
+    let prompt = "5,17,99,3,64,8,21,77,42,9,100,11,60,33,2,90,14,55,71,6,38,120,47,29,81,12";
+    let fixed = generated_ids(&[
+        "--model",
+        q,
+        "--prompt-ids",
+        prompt,
+        "--max-new-tokens",
+        "16",
+        "--chunk",
+        "4",
+        "--context",
+        "64",
+    ]);
+    let binary = out.join("qnn/context.x86.bin");
+    let family = [
+        "--model",
+        q,
+        "--prompt-ids",
+        prompt,
+        "--max-new-tokens",
+        "16",
+        "--chunk",
+        "8",
+        "--chunk",
+        "4",
+        "--context",
+        "32",
+        "--context",
+        "64",
+        "--qnn-context",
+        binary.to_str().unwrap(),
+        "--verbose",
+    ];
+    let argv = ["generate"].iter().chain(&family).copied();
+    let lines = generate::run_generate(&generate::GenerateArgs::try_parse_from(argv).unwrap()).unwrap();
+    let on_htp: Vec<u32> = lines[0].strip_prefix("ids: ").unwrap().split(',').map(|s| s.parse().unwrap()).collect();
+    assert_eq!(fixed.len(), 26 + 16);
+    assert_eq!(on_htp, fixed, "greedy ids of the family on Qualcomm's HTP emulation vs the fixed pair on the CPU");
+    assert!(lines.iter().any(|l| l.starts_with("graph: move: context 32 -> 64")), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.starts_with("graph: prompt") && l.contains("chunk 8")), "{lines:#?}");
+}

@@ -223,6 +223,24 @@ fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_t
     }
     assert_eq!(graphs[0]["static_bytes"], graphs[1]["static_bytes"]);
     assert!(graphs[0]["static_bytes"].as_u64().unwrap() > 10_000);
+    // Each graph's modelled cost per call on both targets, and the cost model with its sources.
+    for g in graphs {
+        let cost = &g["cost"];
+        assert!(cost["macs"].as_u64().unwrap() > 0 && cost["kv_read_bytes"].as_u64().unwrap() > 0, "{cost}");
+        let rate = if cost["chunk"] == 1 { "decode_tok_s" } else { "prefill_tok_s" };
+        for target in ["SM8650 (v75)", "SM8750 (v79)"] {
+            assert!(cost["modelled"][target][rate].as_f64().unwrap() > 0.0, "{target}: {cost}");
+        }
+    }
+    let targets = json["cost_model"]["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 2);
+    assert!(targets.iter().all(|t| t["sources"].as_array().unwrap().len() >= 3), "{targets:?}");
+    let ratio = json["cost_model"]["vs_mllm_qwen3_1_7b_sm8650"]["decode_tok_s"]["ratio"].as_f64().unwrap();
+    assert!((0.5..=2.0).contains(&ratio), "{ratio}");
+    // The weights are held once for both graphs.
+    let (shared, unshared) =
+        (json["static_bytes"]["shared"].as_u64().unwrap(), json["static_bytes"]["unshared"].as_u64().unwrap());
+    assert!(shared < unshared && unshared <= 2 * shared, "{shared} {unshared}");
     let timings = json["timings_s"].as_object().unwrap();
     for key in
         ["load", "rotate", "input_stats", "calibrate", "evaluate", "trace", "passes", "lower", "validate", "total"]
@@ -233,7 +251,7 @@ fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_t
         assert!(timings[key].as_f64().unwrap() > 0.0, "timings_s.{key}: Qualcomm's backend ran");
     }
     let summary = report.summary();
-    for needle in ["qnn_vs_fakequant", "model.0.s32", "Conv2d"] {
+    for needle in ["qnn_vs_fakequant", "model.0.s32", "Conv2d", "modelled cost per call", "SM8650"] {
         assert!(summary.contains(needle), "summary lacks {needle}:\n{summary}");
     }
 
@@ -389,7 +407,7 @@ fn bad_inputs_fail_with_messages_naming_the_file_or_field() {
     assert!(err.contains("--calib-ids"), "{err}");
     // Chunk sizes the context cannot hold.
     let err = error(&[&quantized[..], &["--chunk", "16"][..]].concat());
-    assert!(err.contains("--chunk 16 must be smaller than --context-len 16"), "{err}");
+    assert!(err.contains("--chunk 16 must be smaller than the context length 16"), "{err}");
     // Arguments that exclude each other.
     let err = error(&["--model", "a", "--quantized", "b"]);
     assert!(err.contains("--quantized"), "{err}");
@@ -429,7 +447,7 @@ fn help_documents_every_argument_and_the_report() {
     // The defaults as documented.
     let args = AotArgs::try_parse_from(["qwen3_aot"]).unwrap();
     let opts = args.options().unwrap();
-    assert_eq!((opts.chunks, opts.context_len), (vec![32, 1], 1024));
+    assert_eq!((opts.chunks, opts.context_lens), (vec![32, 1], vec![1024]));
     assert!(opts.out.ends_with("qwen3_aot"));
 }
 

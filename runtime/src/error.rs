@@ -99,6 +99,18 @@ pub enum RuntimeError {
     #[error("logits cannot be sampled: {reason}")]
     BadLogits { reason: String },
 
+    /// A list of graphs to choose from that cannot drive generation.
+    #[error("graph menu: {detail}")]
+    GraphMenu { detail: String },
+
+    /// The model has no graph for this chunk length at this context length.
+    #[error("the model has no graph for chunks of {ar} tokens at context {context_len}")]
+    UnsupportedGraph { ar: usize, context_len: usize },
+
+    /// Moving the sequence to another context length would drop stored positions.
+    #[error("cannot move the sequence to context {context_len}: it holds {len} positions")]
+    ContextTooSmall { context_len: usize, len: usize },
+
     /// The model's own failure while running one chunk.
     #[error("model failed running a chunk of {ar} token(s) at position {n_past}: {source}")]
     ModelRun {

@@ -21,6 +21,7 @@ use super::error::RuntimeError;
 use super::kv_cache::KvPrefix;
 use super::model::ChunkModel;
 use super::sampler::{Sampler, Sampling};
+use super::select::{self, GraphMenu, Step};
 use super::sequence::Sequence;
 
 /// Prefill chunk length of mllm's Qwen3 AOT graphs.
@@ -115,6 +116,9 @@ pub struct GenerationOutput {
     pub stop_reason: StopReason,
     /// Durations and counts.
     pub timings: GenerationTimings,
+    /// Every call and context move, when the generator selects its graphs
+    /// ([`Generator::set_menu`]); empty otherwise.
+    pub steps: Vec<Step>,
 }
 
 /// Result of [`PromptProcessor::prefill`].
@@ -292,6 +296,8 @@ impl TokenGenerator {
 pub struct Generator<M: ChunkModel> {
     model: M,
     seq: Sequence<M::Kv>,
+    /// The graphs to choose from per step; `None`: the configured prefill chunk and decode graph.
+    menu: Option<GraphMenu>,
 }
 
 impl<M: ChunkModel> Generator<M> {
@@ -300,7 +306,26 @@ impl<M: ChunkModel> Generator<M> {
         let layout = model.layout();
         layout.validate()?;
         let seq = Sequence::new(layout, 1)?;
-        Ok(Self { model, seq })
+        Ok(Self { model, seq, menu: None })
+    }
+
+    /// From now on every step runs on the graph of `menu` that minimises the modelled cost of the
+    /// work left ([`super::select`]), starting each sequence at the menu's smallest context;
+    /// `GenerationConfig::prefill_chunk` is then unused. Every graph of the menu must be one the
+    /// model has.
+    pub fn set_menu(&mut self, menu: GraphMenu) -> Result<(), RuntimeError> {
+        if let Some(c) = menu.choices().iter().find(|c| !self.model.supports_graph(c.chunk, c.context_len)) {
+            return Err(RuntimeError::UnsupportedGraph { ar: c.chunk, context_len: c.context_len });
+        }
+        self.seq.reset()?;
+        self.seq.move_to_context(menu.contexts()[0])?;
+        self.menu = Some(menu);
+        Ok(())
+    }
+
+    /// The graphs this generator chooses from, when it selects.
+    pub fn menu(&self) -> Option<&GraphMenu> {
+        self.menu.as_ref()
     }
 
     /// The model.
@@ -340,8 +365,9 @@ impl<M: ChunkModel> Generator<M> {
         if prompt.is_empty() {
             return Err(RuntimeError::EmptyPrompt);
         }
-        if prompt.len() > layout.context_len {
-            return Err(RuntimeError::PromptTooLong { prompt_len: prompt.len(), context_len: layout.context_len });
+        let context_len = self.menu.as_ref().map_or(layout.context_len, GraphMenu::largest_context);
+        if prompt.len() > context_len {
+            return Err(RuntimeError::PromptTooLong { prompt_len: prompt.len(), context_len });
         }
         if let Some(position) = prompt.iter().position(|&id| id as usize >= layout.vocab_size) {
             return Err(RuntimeError::TokenOutOfVocab {
@@ -352,6 +378,9 @@ impl<M: ChunkModel> Generator<M> {
         }
         let mut sampler = Sampler::new(&config.sampling)?;
         self.seq.reset()?;
+        if let Some(menu) = self.menu.clone() {
+            return self.generate_selecting(&menu, prompt, config, sampler, &mut on_token);
+        }
 
         let start = Instant::now();
         let prefill = PromptProcessor::new(config.prefill_chunk).prefill(
@@ -384,6 +413,52 @@ impl<M: ChunkModel> Generator<M> {
             ids: decoded.ids,
             prompt_logits: prefill.prompt_logits,
             stop_reason: decoded.stop_reason,
+            steps: Vec::new(),
+        })
+    }
+
+    /// [`generate_streaming`](Self::generate_streaming) choosing each step's graph from `menu`.
+    fn generate_selecting(
+        &mut self,
+        menu: &GraphMenu,
+        prompt: &[u32],
+        config: &GenerationConfig,
+        mut sampler: Sampler,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<GenerationOutput, RuntimeError> {
+        // Every sequence starts on the smallest context (the previous one may have moved up).
+        self.seq.move_to_context(menu.contexts()[0])?;
+        let mut steps = Vec::new();
+        let start = Instant::now();
+        let select::Prefilled { last: last_logits, all: prompt_logits, calls: chunks } =
+            select::prefill(menu, &mut self.model, &mut self.seq, prompt, config.collect_prompt_logits, &mut steps)?;
+        let prefill_time = start.elapsed();
+        let start = Instant::now();
+        let decoded = select::decode(
+            menu,
+            &mut self.model,
+            &mut self.seq,
+            &last_logits,
+            &mut sampler,
+            &config.eos_ids,
+            config.max_new_tokens,
+            on_token,
+            &mut steps,
+        )?;
+        let decode_time = start.elapsed();
+        Ok(GenerationOutput {
+            timings: GenerationTimings {
+                prefill: prefill_time,
+                prefill_tokens: prompt.len(),
+                prefill_chunks: chunks,
+                decode: decode_time,
+                generated_tokens: decoded.ids.len(),
+                decode_steps: decoded.steps,
+            },
+            ids: decoded.ids,
+            prompt_logits,
+            stop_reason: decoded.stop_reason,
+            steps,
         })
     }
 }

@@ -141,6 +141,38 @@ impl<T: Copy + Default> KvCache<T> {
         Ok(())
     }
 
+    /// The same positions in a new cache for `layout` (another context length of the same model,
+    /// e.g. a larger graph of its family) laid out for chunks of `ar`: every stored K column and V
+    /// row copied into rows of the new stride `layout.context_len - ar`.
+    pub fn moved_to(&self, layout: ModelLayout, ar: usize) -> Result<KvCache<T>, RuntimeError> {
+        let same = ModelLayout { context_len: self.layout.context_len, ..layout };
+        if same != self.layout {
+            return Err(RuntimeError::InvalidLayout {
+                field: "num_layers/num_kv_heads/head_dim/vocab_size",
+                value: layout.num_layers,
+                expected: "the layout of the cache being moved (only the context length may change)",
+            });
+        }
+        let mut moved = KvCache::new(layout, ar)?;
+        let (rows, heads, d, old) = self.dims();
+        let new = moved.past_cols();
+        let len = self.len;
+        if len > new {
+            return Err(RuntimeError::ContextTooSmall { context_len: layout.context_len, len });
+        }
+        for layer in 0..self.layout.num_layers {
+            for r in 0..rows {
+                moved.keys[layer][r * new..r * new + len].copy_from_slice(&self.keys[layer][r * old..r * old + len]);
+            }
+            for h in 0..heads {
+                let (src, dst) = (h * old * d, h * new * d);
+                moved.values[layer][dst..dst + len * d].copy_from_slice(&self.values[layer][src..src + len * d]);
+            }
+        }
+        moved.len = len;
+        Ok(moved)
+    }
+
     /// Copies the first `n_update` positions of a chunk's present K `[Hkv, D, ar]` and V
     /// `[Hkv, ar, D]` into `layer`'s cache at positions `[n_past, n_past + n_update)`.
     ///
@@ -460,6 +492,19 @@ mod tests {
         assert!(matches!(cache.update(0, &k, &v, 4, 0, 5), Err(RuntimeError::UpdateLongerThanChunk { .. })));
         assert!(KvCache::<u16>::new(l, 0).is_err());
         assert!(KvCache::<u16>::new(l, 9).is_err());
+    }
+
+    #[test]
+    fn moving_to_a_larger_context_keeps_every_position() {
+        let mut cache = KvCache::<u16>::new(layout(16), 4).unwrap();
+        fill(&mut cache, 4, 9);
+        let moved = cache.moved_to(layout(40), 1).unwrap();
+        assert_eq!((moved.len(), moved.past_cols()), (9, 39));
+        assert_contents(&moved, 9);
+        // And back into a context whose rows still hold them.
+        let back = moved.moved_to(layout(12), 2).unwrap();
+        assert_contents(&back, 9);
+        assert!(matches!(moved.moved_to(layout(8), 1), Err(RuntimeError::ContextTooSmall { context_len: 8, len: 9 })));
     }
 
     #[test]

@@ -16,6 +16,7 @@ mod kv_cache;
 mod mask;
 mod model;
 mod sampler;
+mod select;
 mod sequence;
 
 pub use error::{ModelError, RuntimeError};
@@ -27,4 +28,5 @@ pub use kv_cache::{KvCache, KvPrefix};
 pub use mask::{dequantize_mask_value, AttentionMask, MASK_ATTEND, MASK_MASKED, MASK_SCALE, MASK_ZERO_POINT};
 pub use model::{ChunkInputs, ChunkModel, ChunkOutputs, ModelLayout};
 pub use sampler::{argmax, RandomSampling, Sampler, Sampling};
+pub use select::{GraphChoice, GraphMenu, PlannedCall, Step};
 pub use sequence::Sequence;

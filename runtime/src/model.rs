@@ -77,8 +77,16 @@ pub trait ChunkModel {
     /// true for 32 and 1 only; a CPU model for every length. Decoding needs `ar == 1`.
     fn supports_chunk_len(&self, ar: usize) -> bool;
 
+    /// Whether the model has a graph for chunks of `ar` attending over `context_len` positions (the
+    /// mask width of the inputs it is given). By default only its layout's context length; a
+    /// model holding a graph family ([`GraphMenu`](super::GraphMenu)) answers for each member.
+    fn supports_graph(&self, ar: usize, context_len: usize) -> bool {
+        context_len == self.layout().context_len && self.supports_chunk_len(ar)
+    }
+
     /// Runs one chunk of `inputs.ar()` positions and fills every buffer of `outputs` (sized for the
     /// same `ar`): logits of all rows, including padding rows, and the present K/V of every layer.
+    /// The context length of the graph to run is the mask's width (`inputs.mask().context_len()`).
     fn run_chunk(
         &mut self,
         inputs: &ChunkInputs<'_, Self::Kv>,
@@ -96,6 +104,10 @@ impl<M: ChunkModel + ?Sized> ChunkModel for Box<M> {
 
     fn supports_chunk_len(&self, ar: usize) -> bool {
         (**self).supports_chunk_len(ar)
+    }
+
+    fn supports_graph(&self, ar: usize, context_len: usize) -> bool {
+        (**self).supports_graph(ar, context_len)
     }
 
     fn run_chunk(

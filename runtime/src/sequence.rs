@@ -94,6 +94,23 @@ impl<T: Copy + Default> Sequence<T> {
         self.mask.init(self.cache.ar(), self.n_past)
     }
 
+    /// Moves the sequence to the graphs of context `context_len` (another member of the model's
+    /// family): the cache re-strided into the new rows (laid out for the decode graph), the mask
+    /// rebuilt at the current position. Fails, changing nothing, when the stored positions do not
+    /// fit the new context.
+    pub fn move_to_context(&mut self, context_len: usize) -> Result<(), RuntimeError> {
+        if context_len == self.layout.context_len {
+            return Ok(());
+        }
+        let layout = ModelLayout { context_len, ..self.layout };
+        layout.validate()?;
+        let cache = self.cache.moved_to(layout, 1)?;
+        let mut mask = AttentionMask::new(context_len)?;
+        mask.init(1, self.n_past)?;
+        (self.cache, self.mask, self.layout) = (cache, mask, layout);
+        Ok(())
+    }
+
     /// Whether `n_tokens` tokens at the current position can run as one chunk of `ar`
     /// (see the placement rule in the module docs).
     pub fn chunk_fits(&self, ar: usize, n_tokens: usize) -> bool {
@@ -122,8 +139,12 @@ impl<T: Copy + Default> Sequence<T> {
         let ctx = self.layout.context_len;
         let n = tokens.len();
         self.layout.check_chunk_len(ar)?;
-        if !model.supports_chunk_len(ar) {
-            return Err(RuntimeError::UnsupportedChunkLen { ar, purpose: "chunk" });
+        if !model.supports_graph(ar, ctx) {
+            return Err(if model.supports_chunk_len(ar) {
+                RuntimeError::UnsupportedGraph { ar, context_len: ctx }
+            } else {
+                RuntimeError::UnsupportedChunkLen { ar, purpose: "chunk" }
+            });
         }
         if n == 0 || n > ar {
             return Err(RuntimeError::ChunkTokenCount { n_tokens: n, ar });

@@ -98,7 +98,14 @@ impl QnnExecApi for EmulatedHtp {
         let mut held = Vec::new();
         for mut graph in listed {
             let index = self.graphs.iter().position(|g| g.name == graph.name).ok_or_else(|| {
-                refuse(F, format!("the binary holds graph `{}`, which this emulator was not given", graph.name))
+                refuse(
+                    F,
+                    format!(
+                        "the binary holds graph `{}`, which this emulator was not given (it was given {:?})",
+                        graph.name,
+                        self.graphs.iter().map(|g| g.name.as_str()).collect::<Vec<_>>()
+                    ),
+                )
             })?;
             graph.inputs.iter_mut().chain(&mut graph.outputs).for_each(|t| t.id = 0);
             if graph != Self::listing(&self.graphs[index]) {
