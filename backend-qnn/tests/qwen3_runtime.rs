@@ -194,7 +194,7 @@ fn binaries_of_other_graphs_and_broken_io_are_refused() {
     // Two graphs for the same chunk length.
     let emulator = EmulatedHtp::new(vec![s4.clone(), s1.clone()]).unwrap();
     let err = QnnChunkModel::open(emulator, &binary, vec![io(&s1), io(&s1)]).unwrap_err().to_string();
-    assert_eq!(err, "graph `model.0.s1`: a second graph for chunk 1");
+    assert_eq!(err, "graph `model.0.s1`: a second graph for chunk 1 at context 16");
     // A graph the context does not hold.
     let mut renamed = io(&s1);
     renamed.name = "model.0.s2".into();
