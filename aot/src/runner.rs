@@ -77,16 +77,7 @@ impl Runner {
             );
             return Runner::shard_set(dir, binary, chunk, context);
         }
-        if !emulate {
-            // Before reading anything: without Qualcomm's libraries say how to get them.
-            backend_qnn::sdk::check_sdk_libraries().context(
-                "--qnn-context runs the binary on Qualcomm's HTP backend (x86: its emulation); or add --qnn-emulate to \
-                 run it on backend-qnn's interpreter",
-            )?;
-            refuse_shared_binary_on_x86(binary)?;
-        }
-        let config = HfConfig::from_dir(dir)?;
-        let bytes = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
+        let (config, bytes) = read_binary(dir, binary, emulate)?;
         let what = || format!("{} as a context binary of {}", binary.display(), dir.display());
         let mut notes = Vec::new();
         if emulate {
@@ -128,15 +119,7 @@ impl Runner {
     /// on Qualcomm's QNN libraries. The binary must hold exactly the family's graphs (named as the
     /// family names them); anything else is refused naming the graphs on both sides.
     pub fn context_binary_family(dir: &Path, binary: &Path, family: &GraphFamily, emulate: bool) -> Result<Runner> {
-        if !emulate {
-            backend_qnn::sdk::check_sdk_libraries().context(
-                "--qnn-context runs the binary on Qualcomm's HTP backend (x86: its emulation); or add --qnn-emulate to \
-                 run it on backend-qnn's interpreter",
-            )?;
-            refuse_shared_binary_on_x86(binary)?;
-        }
-        let config = HfConfig::from_dir(dir)?;
-        let bytes = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
+        let (config, bytes) = read_binary(dir, binary, emulate)?;
         let what = || format!("{} as a context binary of {}", binary.display(), dir.display());
         let mut notes = Vec::new();
         let source = binary.display().to_string();
@@ -393,6 +376,22 @@ fn is_shard_set(path: &Path) -> bool {
     stem.and_then(|s| s.strip_prefix("context_"))
         .and_then(|s| s.split_once("_of_"))
         .is_some_and(|(i, n)| i.parse::<usize>().is_ok() && n.parse::<usize>().is_ok())
+}
+
+/// The model config of `dir` and the bytes of `binary`; for Qualcomm's backend (`!emulate`), first
+/// its libraries (or how to get them) and a binary x86 can run.
+fn read_binary(dir: &Path, binary: &Path, emulate: bool) -> Result<(HfConfig, Vec<u8>)> {
+    if !emulate {
+        // Before reading anything: without Qualcomm's libraries say how to get them.
+        backend_qnn::sdk::check_sdk_libraries().context(
+            "--qnn-context runs the binary on Qualcomm's HTP backend (x86: its emulation); or add --qnn-emulate to run \
+             it on backend-qnn's interpreter",
+        )?;
+        refuse_shared_binary_on_x86(binary)?;
+    }
+    let config = HfConfig::from_dir(dir)?;
+    let bytes = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
+    Ok((config, bytes))
 }
 
 /// The attention-sink prefix the checkpoint `dir` ships, noted in `notes` when there is one.
