@@ -182,9 +182,13 @@ pub fn decode_linear(d: &AscendDir, name: &str, out: usize, inp: usize) -> Resul
             let part = inp / splits;
             for r in 0..out {
                 for s in 0..splits {
-                    let want: f32 = 8.0 * weight[r * inp + s * part..r * inp + (s + 1) * part].iter().sum::<f32>();
-                    let got = stored[r * splits + s];
-                    if (want - got).abs() > 1e-3 * want.abs().max(1e-3) {
+                    let terms = &weight[r * inp + s * part..r * inp + (s + 1) * part];
+                    let want = 8.0 * terms.iter().map(|&w| f64::from(w)).sum::<f64>();
+                    // The terms cancel: the exporter's rounding is relative to their magnitude,
+                    // not to the (possibly near-zero) sum.
+                    let magnitude = 8.0 * terms.iter().map(|&w| f64::from(w).abs()).sum::<f64>();
+                    let got = f64::from(stored[r * splits + s]);
+                    if (want - got).abs() > 1e-5 * magnitude.max(1e-9) {
                         return Err(bad(&d.dir, &sb, format!("row {r} part {s} is {got}, the weight implies {want}")));
                     }
                 }
