@@ -4,7 +4,9 @@
 //! calibration ids. The references were written by msModelSlim 26.1.0's quantization functions
 //! and AscendV1 saver (fixtures/ascend/make_reference.py, provenance in fixtures/PROVENANCE.md).
 //! Then the refusals: an unknown quant type, a `--float` pattern that matches nothing, a linear
-//! the type cannot store, each a named error that leaves an earlier export as it was.
+//! the type cannot store, each a named error that leaves an earlier export as it was. Last, the
+//! same exports against what vLLM Ascend's own code allocates and loads for them
+//! (fixtures/ascend/vllm_ascend_expect.json, from fixtures/ascend/vllm_ascend_expect.py).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -226,4 +228,220 @@ fn bad_input_is_a_named_error_and_leaves_the_earlier_export() {
         .filter(|n| n.contains("staging") || n.contains("scratch"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+// ---- vLLM Ascend ---------------------------------------------------------------------------------
+
+/// The same export against what vLLM Ascend's own code allocates and loads for it,
+/// fixtures/ascend/vllm_ascend_expect.json, written by fixtures/ascend/vllm_ascend_expect.py, which
+/// runs vllm-ascend's `AscendModelSlimConfig` (vllm_ascend/quantization/modelslim_config.py) and
+/// scheme classes (vllm_ascend/quantization/methods/) on msModelSlim's reference exports for every
+/// params dtype: per checkpoint tensor its dtype, shape and how vLLM loads it, the description keys
+/// the config looked up, and what msModelSlim's own export gets wrong under those rules.
+fn vllm_expectations() -> serde_json::Value {
+    let text = std::fs::read_to_string(root().join("fixtures/ascend/vllm_ascend_expect.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// A tensor's values as f64 as stored (an int64 `deq_scale` as the integer it is).
+fn raw_values(ckpt: &SafetensorsCheckpoint, key: &str) -> Vec<f64> {
+    match ckpt.info(key).unwrap().0 {
+        StDtype::I8 => ckpt.read_i8(key).unwrap().into_iter().map(f64::from).collect(),
+        StDtype::I32 => ckpt.read_i32(key).unwrap().into_iter().map(f64::from).collect(),
+        StDtype::I64 => ckpt.read_i64(key).unwrap().into_iter().map(|v| v as f64).collect(),
+        _ => ckpt.read_float_param(key).unwrap().into_iter().map(f64::from).collect(),
+    }
+}
+
+fn strings(v: &serde_json::Value) -> Vec<String> {
+    v.as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect()
+}
+
+fn usizes(v: &serde_json::Value) -> Vec<usize> {
+    v.as_array().unwrap().iter().map(|s| s.as_u64().unwrap() as usize).collect()
+}
+
+/// What vLLM's loader would do wrong with `ckpt` (the rules of vllm_ascend_expect.py's
+/// `mismatches`): a tensor vLLM allocates a parameter for and the reference carries is missing; a
+/// shape differs from the (shard of the) parameter's, which vLLM's linear weight loader asserts; a
+/// dtype `param.data.copy_` cannot carry: an int64 `deq_scale` of f32 bits ("bits") from anything
+/// but int64, a float parameter from an integer tensor, an integer parameter from a float tensor
+/// not holding integers in its range; C8 KV scales ("squeeze_cast": squeezed and cast) not a float
+/// tensor of one or `num_kv_heads * head_dim` values; per-tensor values that fused shards
+/// (q/k/v, gate/up) load into the same parameter and that differ; a tensor of a quantized linear
+/// that has no parameter of its name.
+fn vllm_mismatches(
+    ckpt: &SafetensorsCheckpoint,
+    expect: &serde_json::Map<String, serde_json::Value>,
+    allowed_absent: &BTreeSet<String>,
+) -> Vec<String> {
+    const FLOATS: [StDtype; 3] = [StDtype::F32, StDtype::F16, StDtype::BF16];
+    let keys: BTreeSet<&str> = ckpt.keys().into_iter().collect();
+    let mut out = Vec::new();
+    let sorted: BTreeSet<&String> = expect.keys().collect();
+    for key in sorted {
+        let e = &expect[key];
+        if !keys.contains(key.as_str()) {
+            if !allowed_absent.contains(key) {
+                out.push(format!("{key}: missing"));
+            }
+            continue;
+        }
+        let (dt, shape) = ckpt.info(key).unwrap();
+        let want = e["dtype"].as_str().unwrap();
+        let load = e["load"].as_str().unwrap();
+        if load == "squeeze_cast" {
+            let numel = usizes(&e["numel"]);
+            if !FLOATS.contains(&dt) || !numel.contains(&shape.iter().product()) {
+                out.push(format!("{key}: {dt:?} {shape:?}, wanted a float of {numel:?} values"));
+            }
+            continue;
+        }
+        let want_shape = usizes(&e["shape"]);
+        if shape != want_shape.as_slice() {
+            out.push(format!("{key}: shape {shape:?}, wanted {want_shape:?}"));
+        }
+        let ok = if load == "bits" {
+            format!("{dt:?}") == want
+        } else if ["F32", "F16", "BF16"].contains(&want) {
+            FLOATS.contains(&dt)
+        } else {
+            let (lo, hi) = match want {
+                "I8" => (-128.0, 127.0),
+                "I32" => (-2f64.powi(31), 2f64.powi(31) - 1.0),
+                _ => (-2f64.powi(63), 2f64.powi(63) - 1.0),
+            };
+            format!("{dt:?}") == want
+                || (FLOATS.contains(&dt)
+                    && raw_values(ckpt, key).iter().all(|v| v.fract() == 0.0 && (lo..=hi).contains(v)))
+        };
+        if !ok {
+            out.push(format!("{key}: {dt:?}, wanted {want} ({load})"));
+        }
+        if let Some(shared) = e.get("shared") {
+            for other in strings(shared) {
+                if keys.contains(other.as_str()) && raw_values(ckpt, &other) != raw_values(ckpt, key) {
+                    out.push(format!("{key}: differs from {other}, loaded into the same parameter"));
+                }
+            }
+        }
+    }
+    let quantized: BTreeSet<&str> = expect
+        .iter()
+        .filter(|(_, e)| e["load"] != "squeeze_cast")
+        .map(|(k, _)| k.rsplit_once('.').unwrap().0)
+        .collect();
+    for key in keys {
+        if quantized.contains(key.rsplit_once('.').map_or("", |p| p.0)) && !expect.contains_key(key) {
+            out.push(format!("{key}: no parameter of that name"));
+        }
+    }
+    out
+}
+
+/// The layer index of each layer whose `k_proj.kv_cache_scale` the description names: how
+/// modelslim_config.py's `_add_kvcache_quant_metadata` finds the C8 layers.
+fn c8_layers(description: &serde_json::Map<String, serde_json::Value>) -> Vec<u64> {
+    let ids: BTreeSet<u64> = description
+        .keys()
+        .filter(|k| k.contains("k_proj.kv_cache_scale"))
+        .map(|k| k.strip_prefix("model.layers.").unwrap().split('.').next().unwrap().parse().unwrap())
+        .collect();
+    ids.into_iter().collect()
+}
+
+/// The fixture with its config saying bfloat16 (the weights stay f32): an export for a bf16 model.
+fn bf16_model(dir: &Path) -> PathBuf {
+    let model = dir.join("qwen3-dev-bf16");
+    std::fs::create_dir_all(&model).unwrap();
+    for entry in std::fs::read_dir(root().join("fixtures/qwen3-dev-f32")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), model.join(entry.file_name())).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
+    config["dtype"] = "bfloat16".into();
+    std::fs::write(model.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    model
+}
+
+#[test]
+fn exports_load_as_vllm_ascend_expects() {
+    let expectations = vllm_expectations();
+    let tmp = tempfile::tempdir().unwrap();
+    let bf16 = bf16_model(tmp.path());
+    for (name, qt, c8) in [
+        ("W8A8", QuantType::W8A8, false),
+        ("W8A8_DYNAMIC", QuantType::W8A8Dynamic, false),
+        ("W8A16", QuantType::W8A16, false),
+        ("W4A8_DYNAMIC", QuantType::W4A8Dynamic, false),
+        ("W8A8_C8", QuantType::W8A8, true),
+    ] {
+        let ours = tmp.path().join(name);
+        export_ascend(&options(qt, c8, &ours)).unwrap();
+        let ours_bf16 = tmp.path().join(format!("{name}-bf16"));
+        export_ascend(&AscendOptions { model: bf16.clone(), ..options(qt, c8, &ours_bf16) }).unwrap();
+        let reference = root().join("fixtures/ascend/qwen3-dev-f32").join(name);
+        let desc = description(&ours);
+        let open = |dir: &Path| SafetensorsCheckpoint::open_file(dir.join("quant_model_weights.safetensors")).unwrap();
+        let (o, ob, r) = (open(&ours), open(&ours_bf16), open(&reference));
+        for (source, s) in expectations["sources"].as_object().unwrap() {
+            let q = &s["quant_types"][name];
+            let registered = strings(&s["registered_schemes"]);
+            // Every description key vllm-ascend's config looked up reads the same in ours (absent
+            // where it was absent), and so resolves every layer to the same scheme (or error).
+            for (key, value) in q["description_consulted"].as_object().unwrap() {
+                let got = desc.get(key).cloned().unwrap_or(serde_json::Value::Null);
+                assert_eq!(&got, value, "{source} {name}: description `{key}`");
+            }
+            let c8: Vec<u64> = q["c8_layers"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+            assert_eq!(c8_layers(&desc), c8, "{source} {name}: C8 layers");
+            let mut errors = 0;
+            for layers in q["layers"].as_object().unwrap().values() {
+                for (prefix, layer) in layers.as_object().unwrap() {
+                    errors += usize::from(layer.get("error").is_some());
+                    for key in layer.get("float_keys").map(strings).unwrap_or_default() {
+                        assert_eq!(desc[&key], "FLOAT", "{source} {name}: `{key}` keeps `{prefix}` float");
+                    }
+                }
+            }
+            // The tags of the quantized linears are schemes vllm-ascend registers for linears,
+            // except W4A8_DYNAMIC: vllm-ascend main registers it for MoE only
+            // (vllm_ascend/quantization/methods/w4a8.py at 182b75ea),
+            // and the release that still has the linear scheme divides by the description's
+            // `group_size`, 0 for per-channel weights (msModelSlim's own export says the same).
+            let tags: BTreeSet<&str> = q["description_consulted"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .filter(|(k, v)| k.ends_with("proj.weight") && *v != "FLOAT")
+                .map(|(_, v)| v.as_str().unwrap())
+                .collect();
+            for tag in &tags {
+                let known = registered.contains(&format!("{tag}/linear"));
+                assert_eq!(known && errors == 0, *tag != "W4A8_DYNAMIC", "{source} {name}: `{tag}`, {errors} errors");
+            }
+            for (dtype, p) in q["params_dtypes"].as_object().unwrap() {
+                let expect = p["expect"].as_object().unwrap();
+                let absent: BTreeSet<String> = strings(&p["absent_from_msmodelslim_export"]).into_iter().collect();
+                let recorded = strings(&p["msmodelslim_export_mismatches"]);
+                let theirs = vllm_mismatches(&r, expect, &absent);
+                assert_eq!(
+                    theirs, recorded,
+                    "{source} {name} {dtype}: msModelSlim's export, checked here and by the script"
+                );
+                let mine = vllm_mismatches(&o, expect, &absent);
+                assert_eq!(mine, theirs, "{source} {name} {dtype}: ours loads as msModelSlim's own export does");
+                // An f32 or f16 model's export is for float16 params (deq_scale as int64 bits), a
+                // bf16 model's for bfloat16 (deq_scale f32): there, nothing is off.
+                if dtype == "float16" {
+                    assert!(mine.is_empty(), "{source} {name} float16: {mine:#?}");
+                }
+                if dtype == "bfloat16" {
+                    let mine = vllm_mismatches(&ob, expect, &absent);
+                    assert!(mine.is_empty(), "{source} {name} bfloat16, bf16 model: {mine:#?}");
+                }
+            }
+        }
+    }
 }
