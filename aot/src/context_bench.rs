@@ -333,15 +333,26 @@ pub fn prepare_checkpoint(opts: &BenchOptions) -> Result<PathBuf> {
     Ok(quantized)
 }
 
-/// A quantized checkpoint of `layers` layers from one of fewer: layer `l` gets the tensors of
-/// layer `l mod n` of `src` (weights, scales and activation ranges alike), written as one
-/// safetensors file per layer plus one for the rest, with an index; the other files are copied
-/// and `config.json`'s `num_hidden_layers` set.
+/// Tensors of at least this many bytes are turned in each repeated layer ([`expand_layers`]).
+const DISTINCT_COPY_BYTES: usize = 1 << 16;
+
+/// A quantized checkpoint of `layers` layers from one of `n` fewer: layer `l < n` keeps its own
+/// tensors and every later one gets those of layer `1 + (l - 1) mod (n - 1)` of `src` (weights,
+/// scales and activation ranges alike), written as one safetensors file per layer plus one for
+/// the rest, with an index; the other files are copied and `config.json`'s `num_hidden_layers`
+/// set. Layer 0 is never repeated: its input is the embedding's output, so it has no
+/// `input_layernorm_input_qdq` of its own, which every later layer needs. In each repeated layer
+/// the elements of every tensor of [`DISTINCT_COPY_BYTES`] or more are rotated by an amount of
+/// its own (same values, other places), so that no two layers hold identical weights.
 pub fn expand_layers(src: &Path, dst: &Path, layers: usize) -> Result<()> {
     let ckpt = SafetensorsCheckpoint::open(src)?;
     let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json"))?)?;
     let base = config["num_hidden_layers"].as_u64().context("config.json has no num_hidden_layers")? as usize;
-    ensure!(base >= 1 && base <= layers, "cannot expand {base} layers to {layers}");
+    ensure!(
+        base <= layers && (base >= 2 || layers == base),
+        "{}: cannot expand {base} layers to {layers} (the repeated layers come from layers 1..{base})",
+        src.display()
+    );
     std::fs::create_dir_all(dst).with_context(|| format!("creating {}", dst.display()))?;
     let mut rest: Vec<(String, String)> = Vec::new();
     let mut by_layer: Vec<Vec<(String, String)>> = vec![Vec::new(); base];
@@ -357,11 +368,19 @@ pub fn expand_layers(src: &Path, dst: &Path, layers: usize) -> Result<()> {
         }
     }
     let mut weight_map = serde_json::Map::new();
-    let mut write = |file: String, list: Vec<(String, String)>| -> Result<()> {
+    // `copy` > 0 turns the elements of every large tensor (the weights) by a different amount:
+    // a backend that stores identical constant data once must not see the repeated layers as one.
+    let mut write = |file: String, list: Vec<(String, String)>, copy: usize| -> Result<()> {
         let mut data = Vec::with_capacity(list.len());
         for (src_key, dst_key) in &list {
             let (dtype, shape) = ckpt.info(src_key)?;
-            data.push((dst_key.clone(), dtype, shape.to_vec(), ckpt.read_bytes(src_key)?));
+            let mut bytes = ckpt.read_bytes(src_key)?;
+            let elements: usize = shape.iter().product();
+            if copy > 0 && bytes.len() >= DISTINCT_COPY_BYTES && elements > 1 {
+                let width = bytes.len() / elements;
+                bytes.rotate_left((copy * 7919 % elements) * width);
+            }
+            data.push((dst_key.clone(), dtype, shape.to_vec(), bytes));
         }
         let views: Vec<(&str, StDtype, &[usize], &[u8])> =
             data.iter().map(|(k, d, s, b)| (k.as_str(), *d, s.as_slice(), b.as_slice())).collect();
@@ -371,10 +390,11 @@ pub fn expand_layers(src: &Path, dst: &Path, layers: usize) -> Result<()> {
         }
         Ok(())
     };
-    write("model-rest.safetensors".into(), rest)?;
+    write("model-rest.safetensors".into(), rest, 0)?;
     for l in 0..layers {
-        let list = by_layer[l % base].iter().map(|(k, tail)| (k.clone(), format!("model.layers.{l}.{tail}"))).collect();
-        write(format!("model-layer-{l:02}.safetensors"), list)?;
+        let from = if l < base { l } else { 1 + (l - 1) % (base - 1) };
+        let list = by_layer[from].iter().map(|(k, tail)| (k.clone(), format!("model.layers.{l}.{tail}"))).collect();
+        write(format!("model-layer-{l:02}.safetensors"), list, if l < base { 0 } else { l })?;
     }
     let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
     write_atomic_bytes(&dst.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index)?.as_bytes())?;
@@ -392,4 +412,74 @@ pub fn expand_layers(src: &Path, dst: &Path, layers: usize) -> Result<()> {
     config["num_hidden_layers"] = serde_json::json!(layers);
     write_atomic_bytes(&dst.join("config.json"), serde_json::to_string_pretty(&config)?.as_bytes())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BIG: usize = DISTINCT_COPY_BYTES / 4;
+
+    /// The keys of a 2-layer checkpoint as the calibration writes them: layer 0's input QDQ point
+    /// belongs to the embedding, layer 1 has its own.
+    fn two_layer_checkpoint(dir: &Path) {
+        let keys = [
+            ("model.embed_tokens.weight", 1.0f32),
+            ("model.layers.0.mlp.down_proj.weight", 2.0),
+            ("model.layers.1.mlp.down_proj.weight", 3.0),
+            ("model.layers.1.input_layernorm_input_qdq.fake_quant.scale", 4.0),
+        ];
+        let bytes: Vec<[u8; 4]> = keys.iter().map(|(_, v)| v.to_le_bytes()).collect();
+        let mut views: Vec<(&str, StDtype, &[usize], &[u8])> =
+            keys.iter().zip(&bytes).map(|((k, _), b)| (*k, StDtype::F32, &[1usize][..], &b[..])).collect();
+        // A weight large enough to be turned in the repeated layers.
+        let big: Vec<u8> = (0..BIG as u32).flat_map(|v| (v as f32).to_le_bytes()).collect();
+        views.push(("model.layers.1.mlp.up_proj.weight", StDtype::F32, &[BIG], &big));
+        std::fs::create_dir_all(dir).unwrap();
+        write_safetensors_atomic(dir.join("model.safetensors"), &views, &BTreeMap::new()).unwrap();
+        std::fs::write(dir.join("config.json"), r#"{"num_hidden_layers": 2}"#).unwrap();
+    }
+
+    #[test]
+    fn expanded_layers_repeat_a_layer_that_has_its_own_input_point() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (src, dst) = (tmp.path().join("2l"), tmp.path().join("5l"));
+        two_layer_checkpoint(&src);
+        expand_layers(&src, &dst, 5).unwrap();
+        let ckpt = SafetensorsCheckpoint::open(&dst).unwrap();
+        for l in 1..5 {
+            let qdq = format!("model.layers.{l}.input_layernorm_input_qdq.fake_quant.scale");
+            assert_eq!(ckpt.read_float_param(&qdq).unwrap(), [4.0], "{qdq}");
+            let down = format!("model.layers.{l}.mlp.down_proj.weight");
+            assert_eq!(ckpt.read_float_param(&down).unwrap(), [3.0], "{down}");
+        }
+        assert_eq!(ckpt.read_float_param("model.layers.0.mlp.down_proj.weight").unwrap(), [2.0]);
+        // The large weight: the same values in every layer, in other places in each repeated one.
+        let ups: Vec<Vec<f32>> =
+            (1..5).map(|l| ckpt.read_float_param(&format!("model.layers.{l}.mlp.up_proj.weight")).unwrap()).collect();
+        assert_eq!(ups[0], (0..BIG).map(|v| v as f32).collect::<Vec<_>>());
+        for (i, a) in ups.iter().enumerate() {
+            let mut sorted = a.clone();
+            sorted.sort_by(f32::total_cmp);
+            assert_eq!(sorted, ups[0], "layer {}", i + 1);
+            assert!(ups[i + 1..].iter().all(|b| a != b), "layer {} repeats another", i + 1);
+        }
+        assert!(!ckpt.contains("model.layers.0.input_layernorm_input_qdq.fake_quant.scale"));
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dst.join("config.json")).unwrap()).unwrap();
+        assert_eq!(config["num_hidden_layers"], 5);
+    }
+
+    #[test]
+    fn one_layer_cannot_be_expanded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("1l");
+        std::fs::create_dir_all(&src).unwrap();
+        let b = 1f32.to_le_bytes();
+        let views: Vec<(&str, StDtype, &[usize], &[u8])> = vec![("model.layers.0.w", StDtype::F32, &[1], &b)];
+        write_safetensors_atomic(src.join("model.safetensors"), &views, &BTreeMap::new()).unwrap();
+        std::fs::write(src.join("config.json"), r#"{"num_hidden_layers": 1}"#).unwrap();
+        let err = format!("{:#}", expand_layers(&src, &tmp.path().join("3l"), 3).unwrap_err());
+        assert!(err.contains("cannot expand 1 layers to 3"), "{err}");
+    }
 }
