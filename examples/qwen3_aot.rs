@@ -54,7 +54,8 @@ Files written into --out (default: <cargo target dir>/qwen3_aot):
   quantized/                the quantized checkpoint in pymllm's format (model.safetensors, config.json, report.json)
   ir/<graph>/NN-<stage>.mir the IR before the first pass (00-trace) and after every pass (01..09)
   qnn/<graph>.json          the QNN graph in QNN Netron's net.json schema
-  qnn/<graph>.cpp, .bin     model.cpp / model.bin for qnn-model-lib-generator
+  qnn/<graph>.cpp           model.cpp for qnn-model-lib-generator
+  qnn/weights.bin           its model.bin: every graph's static buffers, once (weights_<i>_of_<n>.bin per shard)
   qnn/<graph>.summary.txt   ops by type, tensors by dtype, static bytes
   qnn/context.bin, .x86.bin by Qualcomm's HTP backend (if found): all graphs weight-shared; unshared for x86 emulation
   qnn/context_<i>_of_<n>.bin, .x86.bin  the same per shard with --shards n > 1 (graphs model.<i-1>.s<chunk>, built in

@@ -30,7 +30,7 @@ use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::{is_quantized_checkpoint, CalibrationMode, Rotation, SinkPrefix, Sqnr, WeightMethod};
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
 use backend_qnn::artifacts::summary::summarize;
-use backend_qnn::artifacts::write_graph_artifacts;
+use backend_qnn::artifacts::write_shared_artifacts;
 use backend_qnn::cost::GraphCost;
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{LowerOptions, QnnGraph, QnnLowering};
@@ -501,12 +501,24 @@ fn compile_and_validate(
         Some(s) => s.iter().flatten().collect(),
         None => compiled.graphs.iter().map(|g| &g.graph).collect(),
     };
-    for g in &written_graphs {
-        let name = &g.name;
-        let paths = write_graph_artifacts(g, &qnn_dir).with_context(|| format!("writing graph `{name}`"))?;
-        for p in [&paths.netron_json, &paths.model_cpp, &paths.model_bin, &paths.summary] {
-            files.record(p);
+    // The graphs of one context binary read the same weights: one model.bin per binary holds them.
+    let groups: Vec<(String, Vec<&QnnGraph>)> = match &shard_graphs {
+        Some(s) if s.len() > 1 => s
+            .iter()
+            .enumerate()
+            .map(|(i, gs)| (format!("weights_{}_of_{}", i + 1, s.len()), gs.iter().collect()))
+            .collect(),
+        _ => vec![("weights".to_string(), written_graphs.clone())],
+    };
+    for (bin_stem, group) in &groups {
+        let written = write_shared_artifacts(group, &qnn_dir, bin_stem)
+            .with_context(|| format!("writing the artifacts of {}", qnn_dir.join(bin_stem).display()))?;
+        for paths in &written.graphs {
+            for p in [&paths.netron_json, &paths.model_cpp, &paths.summary] {
+                files.record(p);
+            }
         }
+        files.record(&written.model_bin);
     }
     timings.lower = compiled.timings.lower + t.elapsed().as_secs_f64();
     let graphs: Vec<QnnGraph> = written_graphs.into_iter().cloned().collect();

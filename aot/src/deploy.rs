@@ -253,7 +253,7 @@ pub fn where_it_runs(traits: &ArtifactTraits, contract: Option<&[String]>) -> Ve
     if !traits.context_binary {
         let none = vec![MllmBlocker::NoContextBinary.to_string()];
         return vec![ArtifactRuntimes {
-            artifact: "qnn/<graph>.cpp, qnn/<graph>.bin".into(),
+            artifact: "qnn/<graph>.cpp, qnn/weights.bin".into(),
             verdicts: vec![
                 verdict(Runtime::MllmDsl, none.clone(), Vec::new()),
                 verdict(Runtime::Mllm, none, Vec::new()),
@@ -640,7 +640,7 @@ mod tests {
         assert!(!deploy[0].verdicts[1].runs);
         let mut t = traits(&[32, 1]);
         t.context_binary = false;
-        assert_eq!(runners(&t), ["qnn/<graph>.cpp, qnn/<graph>.bin: neither"]);
+        assert_eq!(runners(&t), ["qnn/<graph>.cpp, qnn/weights.bin: neither"]);
     }
 
     #[test]

@@ -6,8 +6,10 @@ use std::collections::BTreeSet;
 
 use backend_qnn::artifacts::symbols::fnv1a;
 use backend_qnn::artifacts::tar::data_offsets;
-use backend_qnn::artifacts::{model_cpp, netron, summary, write_graph_artifacts, ArtifactError};
-use backend_qnn::{QnnGraph, TensorType};
+use backend_qnn::artifacts::{
+    model_cpp, netron, summary, write_graph_artifacts, write_shared_artifacts, ArtifactError,
+};
+use backend_qnn::{QnnGraph, StaticData, TensorType};
 
 const GRAPH: &str = "tiny_attention";
 
@@ -175,4 +177,46 @@ fn invalid_graphs_and_names_are_rejected() {
         matches!(&err, ArtifactError::File(mllm_dsl::files::FileError::Io { path, .. }) if path.starts_with(&missing)),
         "{err}"
     );
+}
+
+/// The graphs of one context binary (a family, a shard's chunk sizes) share one model.bin that
+/// holds every static buffer once; graphs whose buffers of one name differ cannot share it.
+#[test]
+fn graphs_of_one_context_share_one_model_bin() {
+    let (a, b) = (common::tiny_attention("model.0.s4"), common::tiny_attention("model.0.s1"));
+    let base = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("shared-model-bin");
+    let _ = std::fs::remove_dir_all(&base);
+    let (dir, fresh) = (base.join("ok"), base.join("refused"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&fresh).unwrap();
+    let shared = write_shared_artifacts(&[&a, &b], &dir, "weights").unwrap();
+    assert_eq!(shared.model_bin, dir.join("weights.bin"));
+    let own = model_cpp::render(&a, "model.0.s4").unwrap().bin_entries;
+    let statics: u64 = own.iter().map(|e| e.data.len() as u64).sum();
+    assert_eq!(shared.buffer_bytes, statics, "each buffer once, not once per graph");
+    let listing = std::process::Command::new("tar").arg("-tf").arg(&shared.model_bin).output().unwrap();
+    assert!(listing.status.success());
+    let members: BTreeSet<String> = String::from_utf8(listing.stdout).unwrap().lines().map(String::from).collect();
+    assert_eq!(members, own.iter().map(|e| e.name.clone()).collect::<BTreeSet<_>>());
+    for (g, paths) in [&a, &b].iter().zip(&shared.graphs) {
+        assert_eq!(paths.model_bin, shared.model_bin);
+        let cpp = std::fs::read_to_string(&paths.model_cpp).unwrap();
+        assert!(cpp.contains(&format!("-c {}.cpp -b weights.bin", g.name)), "{}", &cpp[..400]);
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&paths.netron_json).unwrap()).unwrap();
+        assert_eq!(json["model.bin"], "weights.bin");
+    }
+    assert!(!dir.join("model.0.s4.bin").exists());
+
+    // One buffer changed in the second graph: refused naming both graphs and the buffer, and
+    // nothing is written.
+    let mut c = b.clone();
+    let t = c.tensors.iter_mut().find(|t| t.tensor_type == TensorType::Static).unwrap();
+    let mut bytes = t.data.as_ref().unwrap().bytes().to_vec();
+    bytes[0] ^= 1;
+    t.data = Some(StaticData::new(bytes));
+    let err = write_shared_artifacts(&[&a, &c], &fresh, "weights").unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, ArtifactError::SharedBuffer { .. }), "{text}");
+    assert!(text.contains("model.0.s4") && text.contains("model.0.s1") && text.contains(".raw"), "{text}");
+    assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0);
 }

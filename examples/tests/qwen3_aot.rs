@@ -141,13 +141,15 @@ fn the_default_run_writes_every_artifact_with_a_sane_ledger_and_the_same_bytes_t
         // Built by Qualcomm's backend (the libraries are required here: scripts/fetch-qnn-sdk).
         "qnn/context.bin",
         "qnn/context.x86.bin",
+        // The graphs' static buffers, once for both (their model.bin).
+        "qnn/weights.bin",
     ]
     .into_iter()
     .map(String::from)
     .collect::<Vec<_>>();
     for graph in ["model.0.s32", "model.0.s1"] {
         expected.extend(STAGES.iter().map(|s| format!("ir/{graph}/{s}.mir")));
-        expected.extend(["json", "cpp", "bin", "summary.txt"].iter().map(|e| format!("qnn/{graph}.{e}")));
+        expected.extend(["json", "cpp", "summary.txt"].iter().map(|e| format!("qnn/{graph}.{e}")));
     }
     expected.sort();
     assert_eq!(written.keys().cloned().collect::<Vec<_>>(), expected);
@@ -319,7 +321,10 @@ fn pymllms_quantized_export_compiles_without_calibration() {
     let written = files(&out);
     assert!(!written.keys().any(|k| k.starts_with("quantized/") || k.starts_with("embedded/")));
     assert!(written.contains_key("ir/model.0.s4/09-tensor_renaming.mir"));
-    assert!(written.contains_key("qnn/model.0.s1.bin"));
+    assert!(written.contains_key("qnn/model.0.s1.cpp"));
+    // The two graphs read the same weights: one model.bin holds them, not one per graph.
+    assert!(written.contains_key("qnn/weights.bin"));
+    assert!(!written.keys().any(|k| k.starts_with("qnn/model.") && k.ends_with(".bin")), "{:?}", written.keys());
 }
 
 /// qwen3-dev-f32 (config.json and weights) copied into `dir/model`, without `drop_tensor`.
@@ -497,7 +502,7 @@ fn outputs_are_transactional_and_inputs_are_never_outputs() {
     }
     run(&join(&base, &["--chunk", "4", "--chunk", "1"])).unwrap();
     let before = files(&out);
-    assert!(before.contains_key("qnn/model.0.s4.bin"));
+    assert!(before.contains_key("qnn/model.0.s4.cpp"));
 
     // A config that disagrees with the model fails before any work, naming the field; the
     // previous output is byte-identical and no staging directory is left behind.
@@ -526,7 +531,7 @@ fn outputs_are_transactional_and_inputs_are_never_outputs() {
     run(&join(&base, &["--chunk", "2"])).unwrap();
     let after = files(&out);
     assert!(after.keys().all(|k| !k.contains("model.0.s4")), "{:?}", after.keys());
-    assert!(after.contains_key("qnn/model.0.s2.bin"));
+    assert!(after.contains_key("qnn/model.0.s2.cpp"));
 
     // The input checkpoint cannot be the output (nor contain it).
     let err = error(&["--quantized", ckpt.to_str().unwrap(), "--context-len", "16", "--out", ckpt.to_str().unwrap()]);

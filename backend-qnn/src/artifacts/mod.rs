@@ -39,6 +39,11 @@ pub enum ArtifactError {
     File(#[from] mllm_dsl::files::FileError),
     #[error("model.bin entry `{entry}`: {detail}")]
     Tar { entry: String, detail: String },
+    #[error(
+        "graphs `{first}` and `{graph}` share a context binary but their static buffer `{entry}` differs; \
+         one {bin} cannot hold both"
+    )]
+    SharedBuffer { entry: String, first: String, graph: String, bin: String },
 }
 
 /// Where [`write_graph_artifacts`] put each file.
@@ -66,6 +71,71 @@ pub fn write_graph_artifacts(graph: &QnnGraph, dir: &Path) -> Result<ArtifactPat
     write_atomic(&paths.model_bin, |mut w| tar::write(&mut w, &lib.bin_entries))?;
     write_atomic(&paths.summary, |w| w.write_all(summary::summarize(graph).render().as_bytes()))?;
     Ok(paths)
+}
+
+/// Where [`write_shared_artifacts`] put each file, and how many bytes the shared `model.bin` holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedArtifacts {
+    /// Per graph, in order: its net.json, model.cpp and summary; `model_bin` is the shared file.
+    pub graphs: Vec<ArtifactPaths>,
+    pub model_bin: PathBuf,
+    /// Bytes of the static buffers in `model_bin` (each once).
+    pub buffer_bytes: u64,
+}
+
+/// Validate the graphs of one context binary and write each one's `<graph>.json`,
+/// `<graph>.cpp` and `<graph>.summary.txt` into `dir`, plus one `<bin_stem>.bin` holding every
+/// static buffer once: the graphs of a family or a shard read the same weights, so a buffer of
+/// the same symbol must have the same bytes in every graph (else [`ArtifactError::SharedBuffer`]).
+pub fn write_shared_artifacts(
+    graphs: &[&QnnGraph],
+    dir: &Path,
+    bin_stem: &str,
+) -> Result<SharedArtifacts, ArtifactError> {
+    let bin_stem = file_stem(bin_stem)?;
+    let model_bin = dir.join(format!("{bin_stem}.bin"));
+    let bin_file = format!("{bin_stem}.bin");
+    let mut buffers: std::collections::BTreeMap<String, (tar::BinEntry, &str)> = Default::default();
+    let mut rendered = Vec::with_capacity(graphs.len());
+    for graph in graphs {
+        validate(graph)?;
+        let stem = file_stem(&graph.name)?;
+        let lib = model_cpp::render_with_bin(graph, stem, bin_stem)?;
+        for entry in lib.bin_entries {
+            match buffers.get(&entry.name) {
+                Some((have, first)) if have.data != entry.data => {
+                    return Err(ArtifactError::SharedBuffer {
+                        entry: entry.name,
+                        first: first.to_string(),
+                        graph: graph.name.clone(),
+                        bin: model_bin.display().to_string(),
+                    })
+                }
+                Some(_) => {}
+                None => {
+                    buffers.insert(entry.name.clone(), (entry, graph.name.as_str()));
+                }
+            }
+        }
+        rendered.push((graph, stem, lib.cpp));
+    }
+    let mut paths = Vec::with_capacity(rendered.len());
+    for (graph, stem, cpp) in rendered {
+        let p = ArtifactPaths {
+            netron_json: dir.join(format!("{stem}.json")),
+            model_cpp: dir.join(format!("{stem}.cpp")),
+            model_bin: model_bin.clone(),
+            summary: dir.join(format!("{stem}.summary.txt")),
+        };
+        write_atomic(&p.netron_json, |w| w.write_all(netron::render_with_bin(graph, &bin_file).as_bytes()))?;
+        write_atomic(&p.model_cpp, |w| w.write_all(cpp.as_bytes()))?;
+        write_atomic(&p.summary, |w| w.write_all(summary::summarize(graph).render().as_bytes()))?;
+        paths.push(p);
+    }
+    let entries: Vec<tar::BinEntry> = buffers.into_values().map(|(e, _)| e).collect();
+    let buffer_bytes = entries.iter().map(|e| e.data.len() as u64).sum();
+    write_atomic(&model_bin, |mut w| tar::write(&mut w, &entries))?;
+    Ok(SharedArtifacts { graphs: paths, model_bin, buffer_bytes })
 }
 
 fn file_stem(name: &str) -> Result<&str, ArtifactError> {

@@ -31,6 +31,12 @@ use super::summary;
 
 /// Render the net.json document of a (validated) graph.
 pub fn render(graph: &QnnGraph) -> String {
+    render_with_bin(graph, &format!("{}.bin", graph.name))
+}
+
+/// [`render`] for a graph whose static buffers live in `bin_file`, shared with the other graphs
+/// of its context binary.
+pub fn render_with_bin(graph: &QnnGraph, bin_file: &str) -> String {
     let index = graph.tensor_index();
     let mut op_types: Vec<&str> = graph.nodes.iter().map(|n| n.op_type.as_str()).collect();
     op_types.sort_unstable();
@@ -72,7 +78,7 @@ pub fn render(graph: &QnnGraph) -> String {
     let s = summary::summarize(graph);
     Json::obj([
         ("model.cpp", Json::str(format!("{}.cpp", graph.name))),
-        ("model.bin", Json::str(format!("{}.bin", graph.name))),
+        ("model.bin", Json::str(bin_file)),
         ("converter_command", Json::str("mllm-dsl backend-qnn")),
         ("copyright_str", Json::str("")),
         ("op_types", Json::Arr(op_types.into_iter().map(Json::str).collect())),
