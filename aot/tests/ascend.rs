@@ -115,16 +115,20 @@ fn compare(reference: &Path, ours: &Path) {
     }
 }
 
+/// msModelSlim's reference exports of the fixture (`fixtures/ascend/qwen3-dev-f32/<name>`): the
+/// quant type and whether the KV cache is C8.
+const REFERENCE_EXPORTS: [(&str, QuantType, bool); 5] = [
+    ("W8A8", QuantType::W8A8, false),
+    ("W8A8_DYNAMIC", QuantType::W8A8Dynamic, false),
+    ("W8A16", QuantType::W8A16, false),
+    ("W4A8_DYNAMIC", QuantType::W4A8Dynamic, false),
+    ("W8A8_C8", QuantType::W8A8, true),
+];
+
 #[test]
 fn exports_match_msmodelslim_per_quant_type() {
     let tmp = tempfile::tempdir().unwrap();
-    for (name, qt, c8) in [
-        ("W8A8", QuantType::W8A8, false),
-        ("W8A8_DYNAMIC", QuantType::W8A8Dynamic, false),
-        ("W8A16", QuantType::W8A16, false),
-        ("W4A8_DYNAMIC", QuantType::W4A8Dynamic, false),
-        ("W8A8_C8", QuantType::W8A8, true),
-    ] {
+    for (name, qt, c8) in REFERENCE_EXPORTS {
         let out = tmp.path().join(name);
         let outcome = export_ascend(&options(qt, c8, &out)).unwrap();
         assert_eq!(outcome.shards, 1);
@@ -370,13 +374,7 @@ fn exports_load_as_vllm_ascend_expects() {
     let expectations = vllm_expectations();
     let tmp = tempfile::tempdir().unwrap();
     let bf16 = bf16_model(tmp.path());
-    for (name, qt, c8) in [
-        ("W8A8", QuantType::W8A8, false),
-        ("W8A8_DYNAMIC", QuantType::W8A8Dynamic, false),
-        ("W8A16", QuantType::W8A16, false),
-        ("W4A8_DYNAMIC", QuantType::W4A8Dynamic, false),
-        ("W8A8_C8", QuantType::W8A8, true),
-    ] {
+    for (name, qt, c8) in REFERENCE_EXPORTS {
         let ours = tmp.path().join(name);
         export_ascend(&options(qt, c8, &ours)).unwrap();
         let ours_bf16 = tmp.path().join(format!("{name}-bf16"));

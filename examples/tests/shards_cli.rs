@@ -47,9 +47,14 @@ fn aot(args: &[&str]) -> anyhow::Result<aot::AotReport> {
     qwen3_aot::run_aot(&qwen3_aot::AotArgs::try_parse_from(argv)?)
 }
 
-fn generated(args: &[&str]) -> anyhow::Result<Vec<u32>> {
+/// `generate`'s output lines (`ids: ...` first; with `--verbose`, a `graph: ...` line per step).
+fn generate_lines(args: &[&str]) -> anyhow::Result<Vec<String>> {
     let argv = ["generate"].iter().chain(args).copied();
-    let lines = generate::run_generate(&generate::GenerateArgs::try_parse_from(argv)?)?;
+    generate::run_generate(&generate::GenerateArgs::try_parse_from(argv)?)
+}
+
+fn generated(args: &[&str]) -> anyhow::Result<Vec<u32>> {
+    let lines = generate_lines(args)?;
     Ok(lines[0].strip_prefix("ids: ").unwrap().split(',').map(|s| s.parse().unwrap()).collect())
 }
 
@@ -304,10 +309,7 @@ fn smollm2_family_selection_generates_the_fixed_pairs_tokens() {
     let prompt = ["--model", q, "--prompt", LONG_PROMPT, "--max-new-tokens", "12"];
     let fixed = ["--chunk", "32", "--context", "256"];
     let selecting = ["--chunk", "32", "--chunk", "1", "--context", "64", "--context", "256", "--verbose"];
-    let run = |args: &[&str]| -> Vec<String> {
-        let argv = ["generate"].iter().chain(args).copied();
-        generate::run_generate(&generate::GenerateArgs::try_parse_from(argv).unwrap()).unwrap()
-    };
+    let run = |args: &[&str]| generate_lines(args).unwrap();
     let ids = |lines: &[String]| lines[0].strip_prefix("ids: ").unwrap().to_string();
     let moves = |lines: &[String]| lines.iter().filter(|l| l.starts_with("graph: move: context 64 -> 256")).count();
     let family_binary = out.join("qnn/context.x86.bin");

@@ -55,22 +55,12 @@ pub struct ArtifactPaths {
     pub summary: PathBuf,
 }
 
-/// Validate `graph` and write its four artifacts into `dir` (which must exist).
+/// Validate `graph` and write its four artifacts into `dir` (which must exist): the
+/// [`write_shared_artifacts`] of a context binary holding this one graph, its model.bin
+/// `<graph>.bin`.
 pub fn write_graph_artifacts(graph: &QnnGraph, dir: &Path) -> Result<ArtifactPaths, ArtifactError> {
-    validate(graph)?;
-    let stem = file_stem(&graph.name)?;
-    let paths = ArtifactPaths {
-        netron_json: dir.join(format!("{stem}.json")),
-        model_cpp: dir.join(format!("{stem}.cpp")),
-        model_bin: dir.join(format!("{stem}.bin")),
-        summary: dir.join(format!("{stem}.summary.txt")),
-    };
-    let lib = model_cpp::render(graph, stem)?;
-    write_atomic(&paths.netron_json, |w| w.write_all(netron::render(graph).as_bytes()))?;
-    write_atomic(&paths.model_cpp, |w| w.write_all(lib.cpp.as_bytes()))?;
-    write_atomic(&paths.model_bin, |mut w| tar::write(&mut w, &lib.bin_entries))?;
-    write_atomic(&paths.summary, |w| w.write_all(summary::summarize(graph).render().as_bytes()))?;
-    Ok(paths)
+    let mut written = write_shared_artifacts(&[graph], dir, &graph.name)?;
+    Ok(written.graphs.remove(0))
 }
 
 /// Where [`write_shared_artifacts`] put each file, and how many bytes the shared `model.bin` holds.
@@ -95,25 +85,29 @@ pub fn write_shared_artifacts(
     let bin_stem = file_stem(bin_stem)?;
     let model_bin = dir.join(format!("{bin_stem}.bin"));
     let bin_file = format!("{bin_stem}.bin");
-    let mut buffers: std::collections::BTreeMap<String, (tar::BinEntry, &str)> = Default::default();
+    // Members in the order the graphs first use them (one graph: its binding order), each with
+    // the graph that first did.
+    let mut buffers: Vec<(tar::BinEntry, &str)> = Vec::new();
+    let mut member: std::collections::HashMap<String, usize> = Default::default();
     let mut rendered = Vec::with_capacity(graphs.len());
     for graph in graphs {
         validate(graph)?;
         let stem = file_stem(&graph.name)?;
         let lib = model_cpp::render_with_bin(graph, stem, bin_stem)?;
         for entry in lib.bin_entries {
-            match buffers.get(&entry.name) {
-                Some((have, first)) if have.data != entry.data => {
+            match member.get(&entry.name) {
+                Some(&i) if buffers[i].0.data != entry.data => {
                     return Err(ArtifactError::SharedBuffer {
                         entry: entry.name,
-                        first: first.to_string(),
+                        first: buffers[i].1.to_string(),
                         graph: graph.name.clone(),
                         bin: model_bin.display().to_string(),
                     })
                 }
                 Some(_) => {}
                 None => {
-                    buffers.insert(entry.name.clone(), (entry, graph.name.as_str()));
+                    member.insert(entry.name.clone(), buffers.len());
+                    buffers.push((entry, graph.name.as_str()));
                 }
             }
         }
@@ -132,7 +126,7 @@ pub fn write_shared_artifacts(
         write_atomic(&p.summary, |w| w.write_all(summary::summarize(graph).render().as_bytes()))?;
         paths.push(p);
     }
-    let entries: Vec<tar::BinEntry> = buffers.into_values().map(|(e, _)| e).collect();
+    let entries: Vec<tar::BinEntry> = buffers.into_iter().map(|(e, _)| e).collect();
     let buffer_bytes = entries.iter().map(|e| e.data.len() as u64).sum();
     write_atomic(&model_bin, |mut w| tar::write(&mut w, &entries))?;
     Ok(SharedArtifacts { graphs: paths, model_bin, buffer_bytes })
