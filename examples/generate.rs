@@ -109,7 +109,10 @@ pub struct GenerateArgs {
     /// graphs for --chunk and 1 at --context) instead of the CPU model. Runs on Qualcomm's HTP
     /// backend (libQnnHtp.so of QNN_SDK_ROOT, else of `scripts/fetch-qnn-sdk`'s cache; on x86 its
     /// HTP emulation, which loads qwen3_aot's qnn/context.x86.bin, not the weight-shared
-    /// context.bin); --model supplies the tokenizer and config. See --qnn-emulate.
+    /// context.bin); --model supplies the tokenizer and config. A shard set
+    /// (`context_<i>_of_<n>[.x86].bin`) is given as its directory or first file; its token
+    /// embedding is gathered on the CPU from `embedding.safetensors` in the same directory.
+    /// See --qnn-emulate.
     #[arg(long, conflicts_with = "float")]
     pub qnn_context: Option<PathBuf>,
     /// Run --qnn-context on the CPU instead: backend-qnn's reference interpreter executes the

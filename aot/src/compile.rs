@@ -44,6 +44,7 @@ use models::hf::HfConfig;
 
 use crate::calibrate::{quantize_alongside, QuantizeOptions};
 use crate::config::{load_aot_config, DEFAULT_CHUNKS, DEFAULT_CONTEXT_LEN, DEFAULT_MAX_POSITIONS};
+use crate::cpu_embedding::{write_table, EmbeddingTable, EMBEDDING_FILE};
 use crate::deploy::{ArtifactRuntimes, ArtifactTraits, GraphShape, MllmModelShape, PlannedRun, TargetRuntime};
 use crate::divergence::{op_by_op, table as divergence_table};
 use crate::embedded::{EMBEDDED_CALIB_IDS, EMBEDDED_MODEL, EMBEDDED_MODEL_NAME};
@@ -60,7 +61,9 @@ use crate::shard::{
     default_max_memory, plan_shards, AutoLimits, AutoPlan, ModelBytes, ShardCount, BUILD_MEMORY_FACTOR,
     DEFAULT_MAX_CONTEXT_BYTES,
 };
-use crate::sharded_aot::{build_binaries, chain_label, chain_logits_on_htp, chain_logits_on_interpreter, lower_shards};
+use crate::sharded_aot::{
+    build_binaries, chain_inputs, chain_label, chain_logits_on_htp, chain_logits_on_interpreter, lower_shards,
+};
 use crate::sink::sink_prefix_ids;
 use crate::trace::{trace_graph, trace_model};
 use models::keys::ROPE_SIN_TABLE;
@@ -501,6 +504,16 @@ fn compile_and_validate(
         Some(s) => s.iter().flatten().collect(),
         None => compiled.graphs.iter().map(|g| &g.graph).collect(),
     };
+    // With shards: the token embedding is gathered on the CPU, from its own file.
+    let embedding = match &shard_graphs {
+        Some(_) => {
+            let path = qnn_dir.join(EMBEDDING_FILE);
+            write_table(&ckpt, &path)?;
+            files.record(&path);
+            Some(EmbeddingTable::open(&path)?)
+        }
+        None => None,
+    };
     // The graphs of one context binary read the same weights: one model.bin per binary holds them.
     let groups: Vec<(String, Vec<&QnnGraph>)> = match &shard_graphs {
         Some(s) if s.len() > 1 => s
@@ -590,7 +603,7 @@ fn compile_and_validate(
         let qnn = match &shard_graphs {
             Some(shards) => {
                 let chain: Vec<&QnnGraph> = shards.iter().map(|s| &s[chunk_index]).collect();
-                let inputs = graph.inputs.iter().cloned().zip(probe.qnn_inputs(graph)?).collect();
+                let inputs = chain_inputs(graph, probe.qnn_inputs(graph)?, chain[0], embedding.as_ref())?;
                 chain_logits_on_interpreter(&chain, &inputs)?
             }
             None => probe.run_qnn(graph)?,
@@ -630,7 +643,7 @@ fn compile_and_validate(
         graph_ledger.push(LedgerEntry { stage: "qnn_vs_fakequant", graph: Some(label.clone()), detail, comparison });
         if let Some((paths, binaries, htp_graphs)) = &shard_htp {
             let chain: Vec<&QnnGraph> = htp_graphs.iter().map(|s| &s[chunk_index]).collect();
-            let inputs = graph.inputs.iter().cloned().zip(probe.qnn_inputs(graph)?).collect();
+            let inputs = chain_inputs(graph, probe.qnn_inputs(graph)?, chain[0], embedding.as_ref())?;
             let on_htp = {
                 let _turn = crate::htp::exclusive();
                 chain_logits_on_htp(paths, binaries, &chain, &inputs)?

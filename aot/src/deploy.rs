@@ -274,6 +274,14 @@ pub fn where_it_runs(traits: &ArtifactTraits, contract: Option<&[String]>) -> Ve
         "on the phone: `generate --qnn-context {device_arg}` built for aarch64-linux-android (docs/deploy.md)"
     )];
     let mut ours_x86_notes = vec![format!("on x86: `generate --qnn-context {x86_arg}` on Qualcomm's HTP emulation")];
+    if traits.shards > 1 {
+        let table = format!(
+            "with qnn/{} beside the shards: the token embedding, gathered on the CPU",
+            crate::cpu_embedding::EMBEDDING_FILE
+        );
+        ours_device_notes.push(table.clone());
+        ours_x86_notes.push(table);
+    }
     ours_device_notes.extend(prefix_note.clone());
     ours_x86_notes.extend(prefix_note);
     let mllm_device_notes = if mllm_blocks.is_empty() { mllm_notes(traits) } else { Vec::new() };
@@ -625,6 +633,8 @@ mod tests {
         t.shards = 2;
         assert_eq!(mllm_blockers(&t), [MllmBlocker::Shards { count: 2 }]);
         assert_eq!(runners(&t), ["qnn/context_<i>_of_2.bin: mllm-dsl", "qnn/context_<i>_of_2.x86.bin: mllm-dsl"]);
+        let notes = &where_it_runs(&t, None)[0].verdicts[0].notes;
+        assert!(notes.iter().any(|n| n.contains("qnn/embedding.safetensors")), "{notes:?}");
         assert_eq!(mllm_blockers(&traits(&[32])), [MllmBlocker::NoDecodeGraph]);
         let mut t = traits(&[32, 1]);
         t.graphs[0].context_len = 2048;

@@ -21,6 +21,7 @@ pub mod chat;
 pub mod compile;
 pub mod config;
 pub mod context_bench;
+pub mod cpu_embedding;
 pub mod deploy;
 pub mod divergence;
 pub mod embedded;

@@ -300,6 +300,23 @@ impl Runner {
             }
             Err(e) => return Err(e.into()),
         };
+        // A set whose first shard takes hidden_states gathers the token embedding on the CPU.
+        let set_dir = files[0].parent().unwrap_or(dir);
+        let table_path = set_dir.join(crate::cpu_embedding::EMBEDDING_FILE);
+        let takes_rows = ios[0].iter().any(|g| g.inputs.iter().any(|t| t.name == backend_qnn::HIDDEN_STATES));
+        let embedding: Option<Box<dyn backend_qnn::TokenEmbedding>> = match (takes_rows, table_path.exists()) {
+            (true, true) => {
+                notes.push(format!("token embedding gathered on the CPU from {}", table_path.display()));
+                Some(Box::new(crate::cpu_embedding::EmbeddingTable::open(&table_path)?))
+            }
+            (true, false) => bail!(
+                "{} is missing: the first shard {} takes hidden_states, the token embedding's rows gathered on the CPU \
+                 from that table (qwen3_aot writes it beside the shards)",
+                table_path.display(),
+                files[0].display()
+            ),
+            (false, _) => None,
+        };
         let mut shards = Vec::with_capacity(files.len());
         for ((f, binary, _), graphs) in read.into_iter().zip(ios) {
             shards.push(ShardBinary { origin: f.display().to_string(), binary, graphs });
@@ -309,7 +326,7 @@ impl Runner {
             files.len(),
             files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")
         ));
-        let model = ShardedChunkModel::open(api, shards)?;
+        let model = ShardedChunkModel::open(api, shards, embedding)?;
         let chunks = model.chunk_lens();
         ensure!(
             chunks.contains(&chunk),
@@ -358,7 +375,7 @@ fn plan_of_set(infos: &[&backend_qnn::sdk::ffi::BinaryInfo]) -> Result<crate::sh
             index,
             count,
             layers: lo..hi + 1,
-            embedding: index == 0,
+            embedding: crate::shard::embedding_in_graph(index, count),
             head: index + 1 == count,
             static_bytes: 0,
         });

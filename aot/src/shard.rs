@@ -6,9 +6,16 @@
 //! - every shard: its layers `a..b` (with their past/present K/V), and its own copy of the
 //!   graph-input-only preamble (the two RoPE table gathers by `position_ids`: 2 × max positions ×
 //!   head_dim u16, 0.5 MB at 1024 positions);
-//! - shard 0 also the token embedding gather (`input_ids` in; for a 151,936-token vocabulary
-//!   and hidden 2048 a 622 MB u16 table): the graph takes ids as the single-shard graph does;
 //! - the last shard also the final norm and the lm_head (`logits` out).
+//!
+//! The token embedding gather runs on the CPU, outside every shard: shard 0 takes the gathered
+//! rows as `hidden_states` (u16 codes with the table's encoding; the runtime reads them from
+//! `qnn/embedding.safetensors`, [`crate::cpu_embedding`]). A context build holds ~7× its static
+//! bytes in Qualcomm's backend, and for a 151,936-token vocabulary at hidden 2048 the u16 table
+//! alone is 622 MB: in a shard it would set a floor of ~4.5 GB on one build, more than twice
+//! Qwen3-1.7B's weights. Qualcomm's Genie runtime reads token embeddings from a lookup table on
+//! the CPU the same way (its dialog config's `embedding` / `lut-path`). A single shard keeps
+//! mllm's graph, which takes `input_ids` and gathers in the graph.
 //!
 //! Between shard `k` and `k + 1` the hidden state crosses as the graph output / input
 //! `hidden_states` `[1, S, H]`: the same IR value on both sides (layer `b - 1`'s residual sum,
@@ -18,8 +25,8 @@
 //! `context_<i+1>_of_<n>.bin` ([`ShardSpec::binary_name`]; `context.bin` for one shard).
 //!
 //! The layers are balanced by static bytes: the plan minimises the largest shard's static
-//! bytes (exactly, by dynamic programming over the cut points), counting the embedding in shard
-//! 0 and the final norm + lm_head in the last. `--shards auto` ([`plan_auto`]) picks the smallest
+//! bytes (exactly, by dynamic programming over the cut points), counting the final norm +
+//! lm_head in the last shard (and the embedding when there is one shard). `--shards auto` ([`plan_auto`]) picks the smallest
 //! `N` whose largest shard fits the binary limit and whose build fits the memory budget.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -32,7 +39,7 @@ use mllm_dsl::DType;
 /// Where a parameter or an op of the model belongs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Part {
-    /// `model.embed_tokens`: shard 0.
+    /// `model.embed_tokens`: the single shard's graph, or the CPU when there are several.
     Embedding,
     /// `model.layers.<l>`.
     Layer(usize),
@@ -165,11 +172,11 @@ impl ModelBytes {
         self.embedding + self.layers.iter().sum::<u64>() + self.head + self.shared
     }
 
-    /// Static bytes of a shard holding `layers`, the embedding when it is the first shard and the
+    /// Static bytes of a shard holding `layers`, the embedding when it holds the gather and the
     /// head when it is the last.
-    fn shard_bytes(&self, layers: Range<usize>, first: bool, last: bool) -> u64 {
+    fn shard_bytes(&self, layers: Range<usize>, embedding: bool, last: bool) -> u64 {
         let mut b = self.shared + self.layers[layers].iter().sum::<u64>();
-        if first {
+        if embedding {
             b += self.embedding;
         }
         if last {
@@ -186,7 +193,7 @@ pub struct ShardSpec {
     pub index: usize,
     pub count: usize,
     pub layers: Range<usize>,
-    /// The token embedding (shard 0).
+    /// The token embedding gather: only a single shard holds it ([`embedding_in_graph`]).
     pub embedding: bool,
     /// The final norm and lm_head (the last shard).
     pub head: bool,
@@ -227,6 +234,12 @@ impl ShardSpec {
     }
 }
 
+/// Whether shard `index` of `count` gathers the token embedding in its graph: only a single
+/// shard does (mllm's graph); a set of shards gathers on the CPU (see the module docs).
+pub fn embedding_in_graph(index: usize, count: usize) -> bool {
+    index == 0 && count == 1
+}
+
 /// The decoder layers cut into contiguous shards.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardPlan {
@@ -254,7 +267,8 @@ impl ShardPlan {
         // best[k][j]: the smallest possible largest shard when the first k shards hold layers 0..j,
         // ties broken by the smaller sum of squared shard sizes (the more even split);
         // cut[k][j]: where shard k-1 starts in that solution.
-        let cost = |k: usize, range: Range<usize>| bytes.shard_bytes(range.clone(), k == 0, k + 1 == n);
+        let cost =
+            |k: usize, range: Range<usize>| bytes.shard_bytes(range.clone(), embedding_in_graph(k, n), k + 1 == n);
         const NONE: (u64, u128) = (u64::MAX, u128::MAX);
         let mut best = vec![vec![NONE; layers + 1]; n + 1];
         let mut cut = vec![vec![0usize; layers + 1]; n + 1];
@@ -293,7 +307,7 @@ impl ShardPlan {
                     count: n,
                     static_bytes: cost(k, range.clone()),
                     layers: range,
-                    embedding: k == 0,
+                    embedding: embedding_in_graph(k, n),
                     head: k + 1 == n,
                 }
             })
@@ -374,12 +388,11 @@ pub const DEFAULT_MAX_CONTEXT_BYTES: u64 = 2 << 30;
 /// The default memory budget: the available RAM, and at most twice the model's static bytes
 /// (so a compile holds at most 2× the weights it compiles, parent and children together) but at
 /// least [`MEMORY_FLOOR`] (a small model builds in one piece) and at least what the build of the
-/// smallest possible first or last shard needs (the embedding or the norm + lm_head with one
-/// layer: for Qwen3-1.7B's 151,936-token vocabulary 7 × 673 MB, just above 2 × 2344 MB).
+/// smallest possible shard needs (one layer, or the last layer with the norm + lm_head).
 pub fn default_max_memory(available: u64, bytes: &ModelBytes) -> u64 {
-    let first = bytes.shared + bytes.embedding + bytes.layers.first().copied().unwrap_or(0);
+    let layer = bytes.shared + bytes.layers.iter().copied().max().unwrap_or(0);
     let last = bytes.shared + bytes.head + bytes.layers.last().copied().unwrap_or(0);
-    let smallest_possible = build_memory(first.max(last), BUILD_MEMORY_FACTOR);
+    let smallest_possible = build_memory(layer.max(last), BUILD_MEMORY_FACTOR);
     available.min((2 * bytes.total()).max(MEMORY_FLOOR).max(smallest_possible))
 }
 
@@ -549,9 +562,12 @@ pub fn shard_program(program: &Program, plan: &ShardPlan, shard: usize) -> Resul
         .rsplit_once(".s")
         .and_then(|(_, s)| s.parse().ok())
         .ok_or_else(|| err("its name has no chunk size `.s<S>`".into()))?;
+    // The CPU's ops (the embedding gather of a set of shards) are in no shard.
+    const ON_CPU: usize = usize::MAX;
     let owner = |part: Part| -> Option<usize> {
         match part {
-            Part::Embedding => Some(0),
+            Part::Embedding if embedding_in_graph(0, plan.count()) => Some(0),
+            Part::Embedding => Some(ON_CPU),
             Part::Head => Some(plan.count() - 1),
             Part::Layer(l) => plan.shard_of_layer(l).map(|s| s.index),
             Part::Shared => None,
@@ -811,28 +827,32 @@ mod tests {
 
     #[test]
     fn balanced_plans_minimise_the_largest_shard() {
-        // 6 equal layers, a heavy embedding: shard 0 gets fewer layers.
-        let b = bytes(&[10; 6], 25, 5);
+        // 7 equal layers, a heavy lm_head: the last shard gets fewer layers; the embedding (25)
+        // is gathered on the CPU, in no shard.
+        let b = bytes(&[10; 7], 25, 25);
         let plan = ShardPlan::balanced(&b, 3).unwrap();
         let ranges: Vec<_> = plan.shards.iter().map(|s| s.layers.clone()).collect();
-        assert_eq!(ranges, vec![0..1, 1..4, 4..6]);
-        // shard 0: 1 + 25 + 10 = 36; shard 1: 1 + 30 = 31; shard 2: 1 + 20 + 5 = 26.
-        assert_eq!(plan.shards.iter().map(|s| s.static_bytes).collect::<Vec<_>>(), vec![36, 31, 26]);
+        assert_eq!(ranges, vec![0..3, 3..6, 6..7]);
+        // shard 0: 1 + 30 = 31; shard 1: 1 + 30 = 31; shard 2: 1 + 10 + 25 = 36.
+        assert_eq!(plan.shards.iter().map(|s| s.static_bytes).collect::<Vec<_>>(), vec![31, 31, 36]);
+        assert!(plan.shards.iter().all(|s| !s.embedding));
+        assert!(!plan.table().contains("embedding"), "{}", plan.table());
         assert_eq!(plan.shards[0].binary_name(), "context_1_of_3.bin");
         assert_eq!(plan.shards[2].x86_binary_name(), "context_3_of_3.x86.bin");
         assert_eq!(plan.shards[1].graph_name(32), "model.1.s32");
         let one = ShardPlan::balanced(&b, 1).unwrap();
+        assert!(one.shards[0].embedding, "a single shard is mllm's graph, gather included");
         assert_eq!(one.shards[0].binary_name(), "context.bin");
         assert_eq!(one.shards[0].static_bytes, b.total());
         assert_eq!(ShardPlan::balanced(&b, 0), Err(ShardError::Zero));
-        assert_eq!(ShardPlan::balanced(&b, 7), Err(ShardError::MoreShardsThanLayers { shards: 7, layers: 6 }));
+        assert_eq!(ShardPlan::balanced(&b, 8), Err(ShardError::MoreShardsThanLayers { shards: 8, layers: 7 }));
     }
 
     #[test]
     fn auto_picks_the_smallest_count_within_both_limits() {
         let b = bytes(&[100; 8], 100, 50);
-        // Binary limit 500: 2 shards (largest 1 + 100 + 400 = 501 > 500), 3 shards fit.
-        let limits = AutoLimits { max_context_bytes: 500, max_memory: u64::MAX, factor: 7.0 };
+        // Binary limit 400: 2 shards (at best 1 + 400 and 1 + 400 + 50 = 451) do not fit, 3 do.
+        let limits = AutoLimits { max_context_bytes: 400, max_memory: u64::MAX, factor: 7.0 };
         let auto = plan_auto(&b, &limits, 4).unwrap();
         assert_eq!(auto.plan.count(), 3, "{:?}", auto.reasons);
         assert_eq!(auto.jobs, 3);
@@ -843,10 +863,10 @@ mod tests {
         assert_eq!(auto.jobs, 1);
         assert!(auto.reasons.len() == auto.plan.count());
         // No layer fits: a named error.
-        let limits = AutoLimits { max_context_bytes: 150, max_memory: u64::MAX, factor: 7.0 };
+        let limits = AutoLimits { max_context_bytes: 100, max_memory: u64::MAX, factor: 7.0 };
         let e = plan_auto(&b, &limits, 1).unwrap_err();
         assert!(matches!(e, ShardError::ShardTooLarge { shard: 1, .. }), "{e}");
-        assert!(e.to_string().contains("--max-context-bytes 150"), "{e}");
+        assert!(e.to_string().contains("--max-context-bytes 100"), "{e}");
         let limits = AutoLimits { max_context_bytes: u64::MAX, max_memory: 10, factor: 7.0 };
         assert!(matches!(plan_auto(&b, &limits, 1), Err(ShardError::MemoryTooSmall { .. })));
     }

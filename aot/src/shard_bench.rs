@@ -210,6 +210,11 @@ pub fn run_sharded(opts: &ShardBenchOptions, exe: &Path, log: &mut dyn FnMut(&st
             out: dir.join(if opts.bench.weight_sharing { s.binary_name() } else { s.x86_binary_name() }),
         })
         .collect();
+    // As qwen3_aot does: a set of shards gathers the token embedding on the CPU, from its table.
+    if auto.plan.count() > 1 {
+        let ckpt = checkpoint::SafetensorsCheckpoint::open(&checkpoint)?;
+        crate::cpu_embedding::write_table(&ckpt, &dir.join(crate::cpu_embedding::EMBEDDING_FILE))?;
+    }
     let outcome = run_jobs(exe, jobs, auto.jobs, &dir.join("jobs"), &mut |o| {
         log(&format!(
             "built {} ({:.0} MB, {:.0} s, child peak {:.0} MB)",

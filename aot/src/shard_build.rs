@@ -102,7 +102,7 @@ impl ShardJob {
                 index,
                 count,
                 layers: usize_of(a, "layers")?..usize_of(b, "layers")?,
-                embedding: index == 0,
+                embedding: crate::shard::embedding_in_graph(index, count),
                 head: index + 1 == count,
                 static_bytes: s.get("static_bytes").and_then(Value::as_u64).unwrap_or(0),
             });

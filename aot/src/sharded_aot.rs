@@ -13,6 +13,7 @@ use checkpoint::SafetensorsCheckpoint;
 use compiler::passes::QuantParamProvider;
 
 use crate::compile::CompiledGraph;
+use crate::cpu_embedding::EmbeddingTable;
 use crate::error::{Context, Result};
 use crate::shard::{shard_program, AutoPlan, ShardPlan, HIDDEN_STATES, HIDDEN_STATES_OUT};
 use crate::shard_build::{run_jobs, JobsOutcome, ShardJob};
@@ -40,11 +41,29 @@ pub fn lower_shards(
     Ok(out)
 }
 
+/// The inputs of a chain from the whole model's graph `whole` and its input `values`: with the
+/// CPU embedding `table`, also shard 1's `hidden_states` gathered for the `input_ids`.
+pub fn chain_inputs(
+    whole: &QnnGraph,
+    values: Vec<TensorValue>,
+    first_shard: &QnnGraph,
+    table: Option<&EmbeddingTable>,
+) -> Result<HashMap<String, TensorValue>> {
+    let mut inputs: HashMap<String, TensorValue> = whole.inputs.iter().cloned().zip(values).collect();
+    if let Some(table) = table.filter(|_| first_shard.inputs.iter().any(|n| n == HIDDEN_STATES)) {
+        let ids = inputs.get("input_ids").with_context(|| format!("graph `{}` takes no input_ids", whole.name))?;
+        let hidden = table.hidden_value(first_shard, ids)?;
+        inputs.insert(HIDDEN_STATES.to_string(), hidden);
+    }
+    Ok(inputs)
+}
+
 /// Runs shard `k`'s graph on its input values, giving its output values.
 pub type RunShard<'a> = dyn FnMut(usize, &QnnGraph, &[TensorValue]) -> Result<Vec<TensorValue>> + 'a;
 
 /// Runs `shards` (one graph per shard, in order) as a chain: each gets the whole model's
-/// `inputs` it names, plus the previous shard's `hidden_states`; returns the last one's outputs by
+/// `inputs` it names, plus the previous shard's `hidden_states` (the first shard's from
+/// `inputs`: the CPU embedding's rows, [`chain_inputs`]); returns the last one's outputs by
 /// name, and every shard's.
 pub fn run_chain(
     shards: &[&QnnGraph],
@@ -59,9 +78,12 @@ pub fn run_chain(
             .iter()
             .map(|n| {
                 if n == HIDDEN_STATES {
-                    hidden
-                        .clone()
-                        .with_context(|| format!("graph `{}` takes hidden_states, no shard gave them", g.name))
+                    hidden.clone().or_else(|| inputs.get(n).filter(|_| k == 0).cloned()).with_context(|| {
+                        format!(
+                            "graph `{}` takes hidden_states, neither a shard nor the embedding table gave them",
+                            g.name
+                        )
+                    })
                 } else {
                     inputs
                         .get(n)

@@ -41,5 +41,5 @@ pub use encoding::{Encoding, Int4Storage, ScaleOffset};
 pub use graph::{GraphBuilder, Param, QnnGraph, QnnNode, QnnTensor, Scalar, StaticData, TensorRef};
 pub use lower::{EncodeError, LowerError, LowerOptions, QnnLowering, SelectBroadcast, WeightProblem};
 pub use opdef::OpType;
-pub use sharded::{ShardBinary, ShardedChunkModel, HIDDEN_STATES, HIDDEN_STATES_OUT};
+pub use sharded::{ShardBinary, ShardedChunkModel, TokenEmbedding, HIDDEN_STATES, HIDDEN_STATES_OUT};
 pub use validate::{validate, ValidationError};

@@ -2,7 +2,8 @@
 //! decoder layers) as one [`ChunkModel`] for the generation runtime.
 //!
 //! Every shard is a context with one graph per chunk length, named `model.<i>.s<ar>` (`i` the
-//! shard's index). Per chunk the shards run in order: shard 0 takes `input_ids`, each later one
+//! shard's index). Per chunk the shards run in order: shard 0 takes `input_ids`, or the token
+//! embedding's rows gathered on the CPU ([`TokenEmbedding`]) as `hidden_states`; each later one
 //! the `hidden_states_out` output of the one before (the same bytes: both sides carry one encoding,
 //! checked when opening), every shard the positions, the mask and the past K/V of its own layers
 //! from the runtime's cache; the last shard's `logits` are the chunk's logits. Graph I/O is
@@ -30,6 +31,20 @@ pub const HIDDEN_STATES: &str = "hidden_states";
 /// The graph output the hidden state leaves a shard as (every shard but the last); a middle shard
 /// has both, and one graph cannot hold two tensors of one name.
 pub const HIDDEN_STATES_OUT: &str = "hidden_states_out";
+
+/// The token embedding of a set whose first shard takes `hidden_states`: a u16 lookup table
+/// gathered on the CPU.
+pub trait TokenEmbedding {
+    /// Where the table came from (for messages).
+    fn origin(&self) -> &str;
+    /// Rows (the vocabulary) and row length (the hidden size).
+    fn dims(&self) -> (usize, usize);
+    /// The encoding of its u16 codes.
+    fn encoding(&self) -> ScaleOffset;
+    /// The u16 codes (little-endian) of rows `ids`, one after another, into `out`
+    /// (`ids.len() * hidden * 2` bytes); an id outside the table is an error.
+    fn gather(&self, ids: &[i32], out: &mut [u8]) -> Result<(), String>;
+}
 
 /// What a graph input or output is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +115,7 @@ pub struct ShardedChunkModel<A: QnnExecApi> {
     api: A,
     layout: ModelLayout,
     shards: Vec<Shard>,
+    embedding: Option<Box<dyn TokenEmbedding>>,
 }
 
 impl<A: QnnExecApi> std::fmt::Debug for ShardedChunkModel<A> {
@@ -128,8 +144,13 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
     /// Checks the set (shard `i` of the list holds graphs `model.<i>.s<ar>`, the same chunk
     /// lengths in every shard, contiguous layers from 0, the hidden state's type and encoding
     /// equal on both sides of each boundary, K/V and mask I/O as [`crate::QnnChunkModel`]
-    /// expects), then loads every binary through `api`.
-    pub fn open(mut api: A, shards: Vec<ShardBinary>) -> Result<ShardedChunkModel<A>, QnnModelError> {
+    /// expects; `embedding` given exactly when shard 0 takes `hidden_states`, with its row
+    /// length and encoding), then loads every binary through `api`.
+    pub fn open(
+        mut api: A,
+        shards: Vec<ShardBinary>,
+        embedding: Option<Box<dyn TokenEmbedding>>,
+    ) -> Result<ShardedChunkModel<A>, QnnModelError> {
         let count = shards.len();
         if count == 0 {
             return Err(QnnModelError::NoGraphs);
@@ -178,13 +199,23 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
                     })
                     .collect::<Result<_, _>>()?;
                 let has = |roles: &[Role], r: Role| roles.contains(&r);
-                if first != has(&roles_in, Role::Ids) || first == has(&roles_in, Role::Hidden) {
+                // Shard 0 takes ids, or the CPU's embedding rows; every later one hidden states.
+                let takes_rows = first && embedding.is_some();
+                if (first && !takes_rows) != has(&roles_in, Role::Ids)
+                    || (!first || takes_rows) != has(&roles_in, Role::Hidden)
+                {
                     return Err(err(format!(
                         "graph `{}` {}; as shard {} of {count} it must take {}",
                         g.name,
                         if has(&roles_in, Role::Ids) { "takes input_ids" } else { "takes hidden_states" },
                         index + 1,
-                        if first { "input_ids" } else { "hidden_states" }
+                        match (first, &embedding) {
+                            (true, None) =>
+                                "input_ids (or hidden_states with the CPU embedding table, which is missing)"
+                                    .to_string(),
+                            (true, Some(e)) => format!("hidden_states gathered from {}", e.origin()),
+                            (false, _) => "hidden_states".to_string(),
+                        }
                     )));
                 }
                 if last != has(&roles_out, Role::Logits) || last == has(&roles_out, Role::Hidden) {
@@ -240,7 +271,25 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
                 if let Some(t) = g.outputs.iter().find(|t| t.name == HIDDEN_STATES_OUT) {
                     hidden_here.insert(ar, t.clone());
                 }
-                if let Some(t) = g.inputs.iter().find(|t| t.name == HIDDEN_STATES) {
+                if let (Some(t), true, Some(e)) = (g.inputs.iter().find(|t| t.name == HIDDEN_STATES), first, &embedding)
+                {
+                    let (_, hidden) = e.dims();
+                    if t.dtype != DataType::UFixedPoint16
+                        || t.dims.last().map(|&d| d as usize) != Some(hidden)
+                        || numel(t) != ar * hidden
+                        || t.quant != Some(e.encoding())
+                    {
+                        return Err(err(format!(
+                            "graph `{}` takes hidden_states {} {:?} {:?}, but the embedding table {} holds u16 rows of                              {hidden} with {:?}: a table of another build?",
+                            g.name,
+                            t.dtype,
+                            t.dims,
+                            t.quant,
+                            e.origin(),
+                            e.encoding()
+                        )));
+                    }
+                } else if let Some(t) = g.inputs.iter().find(|t| t.name == HIDDEN_STATES) {
                     let Some((prev_origin, prev)) = hidden_out.get(&ar) else {
                         return Err(err(format!(
                             "graph `{}` takes hidden_states but no shard before it outputs them",
@@ -323,6 +372,15 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
         }
         let mut layout = layout.expect("checked: shards exist");
         layout.num_layers = next_layer;
+        if let Some(e) = &embedding {
+            let (vocab, _) = e.dims();
+            if vocab != layout.vocab_size {
+                return Err(shard_err(
+                    e.origin(),
+                    format!("holds {vocab} token rows, but the last shard's logits cover {}", layout.vocab_size),
+                ));
+            }
+        }
         // Load.
         let mut loaded: Vec<Shard> = Vec::with_capacity(count);
         let result = (|| {
@@ -355,7 +413,7 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
             }
             return Err(e);
         }
-        Ok(ShardedChunkModel { api, layout, shards: loaded })
+        Ok(ShardedChunkModel { api, layout, shards: loaded, embedding })
     }
 
     /// Sets the window of the model's sliding-window layers (from its config), as
@@ -434,6 +492,10 @@ impl<A: QnnExecApi> ChunkModel for ShardedChunkModel<A> {
     fn run_chunk(&mut self, inputs: &ChunkInputs<'_, u8>, outputs: &mut ChunkOutputs<u8>) -> Result<(), ModelError> {
         let ar = inputs.ar();
         let mut hidden: Vec<u8> = Vec::new();
+        if let Some(e) = &self.embedding {
+            hidden = vec![0u8; ar * e.dims().1 * 2];
+            e.gather(inputs.ids(), &mut hidden).map_err(|d| format!("{}: {d}", e.origin()))?;
+        }
         let codes = |v: &[i32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<_>>();
         let ids = codes(inputs.ids());
         let positions = codes(inputs.positions());

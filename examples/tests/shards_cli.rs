@@ -88,6 +88,8 @@ fn two_shards_chain_on_the_htp_emulation_and_generate_the_fake_quant_tokens() {
         assert!(out.join("qnn").join(f).is_file(), "{f}");
     }
     assert!(!out.join("qnn/context.bin").exists());
+    // The token embedding is gathered on the CPU from its own table.
+    assert!(out.join("qnn/embedding.safetensors").is_file());
     assert!(report.shards.iter().any(|l| l.contains("--shards 2")), "{:?}", report.shards);
     let names: Vec<_> = report.graphs.iter().map(|g| g.name.as_str()).collect();
     assert_eq!(names, ["model.0.s32", "model.0.s1", "model.1.s32", "model.1.s1"]);
@@ -112,6 +114,13 @@ fn two_shards_chain_on_the_htp_emulation_and_generate_the_fake_quant_tokens() {
     let msg = format!("{err:#}");
     assert!(msg.contains("context_2_of_2.x86.bin") && msg.contains("missing"), "{msg}");
     std::fs::copy(qnn_dir.join("context_2_of_2.x86.bin"), broken.join("context_2_of_2.x86.bin")).unwrap();
+    // Without the embedding table: refused, naming it.
+    let err = generated(&[&common[..], &["--qnn-context", broken.to_str().unwrap()]].concat()).unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("embedding.safetensors") && msg.contains("missing"), "{msg}");
+    std::fs::copy(qnn_dir.join("embedding.safetensors"), broken.join("embedding.safetensors")).unwrap();
+    let fixed = generated(&[&common[..], &["--qnn-context", broken.to_str().unwrap()]].concat()).unwrap();
+    assert_eq!(fixed, cpu);
     std::fs::copy(qnn_dir.join("context_2_of_2.x86.bin"), broken.join("context_3_of_3.x86.bin")).unwrap();
     let err = generated(&[&common[..], &["--qnn-context", broken.to_str().unwrap()]].concat()).unwrap_err();
     assert!(format!("{err:#}").contains("different splits"), "{err:#}");
