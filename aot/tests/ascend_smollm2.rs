@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use aot::ascend::{ascend_quality, export_ascend, AscendOptions, QuantType};
 use aot::text_quality::load_text_ids;
-use backend_cpu::quant::Rotation;
+use backend_cpu::quant::{Rotation, WeightMethod};
 use models::hf::HfConfig;
 
 fn fixture(rel: &str) -> PathBuf {
@@ -37,6 +37,8 @@ fn the_w8a8_recipe_stays_within_three_percent_of_float_on_held_out_texts() {
                 kv_c8: false,
                 part_bytes: None,
                 rotation: Rotation::Hadamard,
+                group_size: 0,
+                weight_method: WeightMethod::Rtn,
                 out: out.clone(),
                 max_positions: 1024,
                 progress: aot::progress::silent(),
