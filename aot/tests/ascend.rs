@@ -482,7 +482,7 @@ fn per_group_w4a8_has_vllm_ascends_tensors_and_decodes_as_it_dequantizes() {
                 ("weight_scale", StDtype::F32, vec![o, 1]),
                 ("weight_offset", StDtype::F32, vec![o, 1]),
                 ("weight_scale_second", StDtype::F32, vec![o, i / 16]),
-                ("weight_offset_second", StDtype::I64, vec![o, i / 16]),
+                ("weight_offset_second", StDtype::F32, vec![o, i / 16]),
                 ("scale_bias", StDtype::F32, vec![o, if row { 16 } else { 1 }]),
             ];
             for (suffix, dtype, shape) in want {
@@ -554,4 +554,62 @@ fn per_group_options_that_cannot_apply_are_named_errors() {
     let e = export_ascend(&opts).unwrap_err();
     assert!(matches!(ascend_error(&e), AscendError::Argument(m) if m.contains("--weight-method gptq")), "{e}");
     assert!(!out.exists(), "a refused export wrote {}", out.display());
+}
+
+/// Per-group W4A8_DYNAMIC against what vLLM Ascend's code allocates for it: the entry
+/// `W4A8_DYNAMIC_G16` of vllm_ascend_expect.json, computed by vllm_ascend_expect.py from this
+/// exporter's description of the fixture with `--group-size 16`
+/// (fixtures/ascend/qwen3-dev-f32-w4a8-g16/, no msModelSlim export exists to compare with). A
+/// source that registers a dense W4A8_DYNAMIC scheme (v0.25.1rc1) takes every layer and loads every
+/// tensor of ours with nothing off, for every params dtype; one that does not (main) refuses them.
+#[test]
+fn per_group_w4a8_loads_as_vllm_ascend_expects() {
+    let expectations = vllm_expectations();
+    let tmp = tempfile::tempdir().unwrap();
+    let bf16 = bf16_model(tmp.path());
+    let export = |model: &Path, out: &Path| {
+        let mut opts = options(QuantType::W4A8Dynamic, false, out);
+        opts.model = model.to_path_buf();
+        opts.group_size = 16;
+        opts.weight_method = backend_cpu::quant::WeightMethod::Gptq;
+        export_ascend(&opts).unwrap();
+        SafetensorsCheckpoint::open_file(out.join("quant_model_weights.safetensors")).unwrap()
+    };
+    let (ours, ours_bf16) = (tmp.path().join("f32"), tmp.path().join("bf16"));
+    let (o, ob) = (export(&root().join("fixtures/qwen3-dev-f32"), &ours), export(&bf16, &ours_bf16));
+    let desc = description(&ours);
+    assert_eq!(
+        desc,
+        description(&root().join("fixtures/ascend/qwen3-dev-f32-w4a8-g16")),
+        "the description vllm_ascend_expect.py read is this exporter's"
+    );
+    let mut supported = 0;
+    for (source, s) in expectations["sources"].as_object().unwrap() {
+        let q = &s["quant_types"]["W4A8_DYNAMIC_G16"];
+        for (key, value) in q["description_consulted"].as_object().unwrap() {
+            let got = desc.get(key).cloned().unwrap_or(serde_json::Value::Null);
+            assert_eq!(&got, value, "{source}: description `{key}`");
+        }
+        let registered = strings(&s["registered_schemes"]).contains(&"W4A8_DYNAMIC/linear".to_string());
+        let mut errors = 0;
+        for layers in q["layers"].as_object().unwrap().values() {
+            for layer in layers.as_object().unwrap().values() {
+                errors += usize::from(layer.get("error").is_some());
+            }
+        }
+        assert_eq!(errors == 0, registered, "{source}: {errors} layers refused");
+        if !registered {
+            continue;
+        }
+        supported += 1;
+        for (dtype, p) in q["params_dtypes"].as_object().unwrap() {
+            let expect = p["expect"].as_object().unwrap();
+            assert!(expect.keys().any(|k| k.ends_with("weight_scale_second")), "{source} {dtype}");
+            for (name, ckpt) in [("f32 model", &o), ("bf16 model", &ob)] {
+                let off = vllm_mismatches(ckpt, expect, &BTreeSet::new());
+                assert!(off.is_empty(), "{source} {dtype}, {name}: {off:#?}");
+            }
+        }
+    }
+    assert!(supported > 0, "no source of vllm_ascend_expect.json registers a dense W4A8_DYNAMIC scheme");
 }

@@ -12,7 +12,7 @@
 //! | W8A8 | `weight` (i8 `[O, I]`), `quant_bias` (i32 `[O]`), `input_scale`, `input_offset` (f32 `[1]`), `deq_scale` (`[O]`: f32 for a bf16 model, else the f32 bits as i64), `bias` (FLOAT, f32) |
 //! | W8A8_DYNAMIC | `weight` (i8 `[O, I]`), `weight_scale`, `weight_offset` (zeros) (f32 `[O, 1]`), `bias` (FLOAT, f32) |
 //! | W4A8_DYNAMIC | `weight` (i8 `[O/2, I]`, two int4 per byte along O), `weight_scale`, `weight_offset` (zeros) (f32 `[O, 1]`), `scale_bias` (f32 `[O, 1]` column-parallel, `[O, 16]` row-parallel), `bias` (FLOAT, f32) |
-//! | W4A8_DYNAMIC per group (`group_size` G > 0) | the same, plus `weight_scale_second` (f32 `[O, I/G]`) and `weight_offset_second` (zeros, i64 `[O, I/G]`) |
+//! | W4A8_DYNAMIC per group (`group_size` G > 0) | the same, plus `weight_scale_second` and `weight_offset_second` (zeros) (f32 `[O, I/G]`) |
 //!
 //! Integer parameters, as msModelSlim computes them (f32, `round` = round half to even):
 //! - symmetric per output channel, `b` bits: `scale = max(max(|min(w,0)|, max(w,0)) / (2^(b-1) - 1), eps)`,
@@ -508,13 +508,7 @@ pub fn linear_tensors(
             if let Some(g) = grouped {
                 let groups = i / g.group_size;
                 out.push(StoredTensor::f32(key("weight_scale_second"), tag, vec![o, groups], &g.weight_scale_second));
-                out.push(StoredTensor::new(
-                    key("weight_offset_second"),
-                    tag,
-                    StDtype::I64,
-                    vec![o, groups],
-                    vec![0u8; o * groups * 8],
-                ));
+                out.push(StoredTensor::f32(key("weight_offset_second"), tag, vec![o, groups], &vec![0.0; o * groups]));
             }
             out.push(StoredTensor::f32(key("scale_bias"), tag, vec![o, splits], &scale_bias(&w_deq, o, i, splits)));
             float_bias(&mut out);
@@ -576,7 +570,7 @@ mod tests {
         assert_eq!((find("weight_scale").dtype, find("weight_scale").shape.clone()), (StDtype::F32, vec![o, 1]));
         assert_eq!(find("weight_scale_second").shape, vec![o, i / gs]);
         let off = find("weight_offset_second");
-        assert_eq!((off.dtype, off.shape.clone()), (StDtype::I64, vec![o, i / gs]));
+        assert_eq!((off.dtype, off.shape.clone()), (StDtype::F32, vec![o, i / gs]));
         assert!(off.bytes.iter().all(|&b| b == 0));
         // Row-parallel: 16 sums of 2 inputs each, of the per-group dequantized weight.
         let sb = find("scale_bias");
