@@ -1,6 +1,7 @@
 //! Reading an AscendV1 directory back with the format's formulas: every linear's weight decoded
-//! (`(q - weight_offset) * weight_scale`; W8A8's from `deq_scale / input_scale`, its bias from
-//! `quant_bias`), checked against its description tag, dtype and shape, and the activation
+//! (`(q - weight_offset) * weight_scale`; per-group W4A8_DYNAMIC's `q * (weight_scale *
+//! weight_scale_second)` as vLLM Ascend dequantizes it; W8A8's from `deq_scale / input_scale`, its
+//! bias from `quant_bias`), checked against its description tag, dtype and shape, and the activation
 //! quantization of each linear's input ([`PointQuant`]) for a fake-quant run.
 //!
 //! W8A8 decodes exactly: with `x' = (q_x - input_offset) * input_scale`,
@@ -259,7 +260,7 @@ fn per_group(d: &AscendDir, name: &str, q: &[i8], out: usize, inp: usize) -> Res
     let key = |s: &str| format!("{name}.{s}");
     let tag = QuantType::W4A8Dynamic.tag();
     let g = group_size(d)?;
-    if g == 0 || inp % g != 0 {
+    if g == 0 || !inp.is_multiple_of(g) {
         return Err(bad(
             &d.dir,
             &key("weight_scale_second"),

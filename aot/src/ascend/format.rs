@@ -329,7 +329,7 @@ impl GroupedInt4 {
 
 /// Checks that `group_size` tiles linear `name`'s input (`out x inp`), naming all three otherwise.
 pub fn check_group_size(name: &str, out: usize, inp: usize, group_size: usize) -> Result<(), AscendError> {
-    if group_size == 0 || inp % group_size != 0 {
+    if group_size == 0 || !inp.is_multiple_of(group_size) {
         return Err(AscendError::CannotPack {
             linear: name.to_string(),
             quant_type: QuantType::W4A8Dynamic.tag().to_string(),
