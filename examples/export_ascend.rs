@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run --release --example export_ascend -- --model HF_DIR (--calib-ids FILE | --calib-text FILE) \
 //!     --quant-type W8A8 [--float PATTERN]... [--kv-c8] [--rotation hadamard] [--part-file-size GB] --out DIR \
+//!     [--group-size G [--weight-method rtn|mse|gptq]] \
 //!     [--eval-text FILE [--eval-tokens N]]
 //! ```
 //!
@@ -56,6 +57,15 @@ struct Args {
     /// Rotation folded into the float weights first: none or hadamard.
     #[arg(long, value_name = "ROTATION", default_value = "none")]
     rotation: backend_cpu::quant::Rotation,
+    /// W4A8_DYNAMIC: int4 weights per group of this many inputs (the description's group_size, which
+    /// vLLM Ascend's dense W4A8_DYNAMIC scheme needs); 0 keeps msModelSlim's per-channel weights.
+    #[arg(long, value_name = "G", default_value_t = 0)]
+    group_size: usize,
+    /// With --group-size: how the int4 weights are chosen: rtn (max-abs step per group), mse or gptq
+    /// (two-level scales searched with the calibration inputs' statistics; gptq rounds with error
+    /// feedback), seqmse, seqmse-gptq.
+    #[arg(long, value_name = "METHOD", default_value = "rtn")]
+    weight_method: backend_cpu::quant::WeightMethod,
     /// Weight shard size in GB (msModelSlim's part_file_size); 0 writes one file without index.
     #[arg(long, value_name = "GB", default_value_t = 4)]
     part_file_size: u64,
@@ -105,6 +115,8 @@ fn main() -> Result<()> {
         kv_c8: args.kv_c8,
         part_bytes,
         rotation: args.rotation,
+        group_size: args.group_size,
+        weight_method: args.weight_method,
         out: args.out.clone(),
         max_positions: args.max_positions,
         progress: progress.clone(),

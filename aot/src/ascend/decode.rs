@@ -1,6 +1,7 @@
 //! Reading an AscendV1 directory back with the format's formulas: every linear's weight decoded
-//! (`(q - weight_offset) * weight_scale`; W8A8's from `deq_scale / input_scale`, its bias from
-//! `quant_bias`), checked against its description tag, dtype and shape, and the activation
+//! (`(q - weight_offset) * weight_scale`; per-group W4A8_DYNAMIC's `q * (weight_scale *
+//! weight_scale_second)` as vLLM Ascend dequantizes it; W8A8's from `deq_scale / input_scale`, its
+//! bias from `quant_bias`), checked against its description tag, dtype and shape, and the activation
 //! quantization of each linear's input ([`PointQuant`]) for a fake-quant run.
 //!
 //! W8A8 decodes exactly: with `x' = (q_x - input_offset) * input_scale`,
@@ -17,7 +18,7 @@ use mllm_dsl::ParamFormat;
 use models::hf::HfConfig;
 
 use super::error::AscendError;
-use super::format::{unpack_int4_rows, Activation, QuantType, C8, SCALE_BIAS_SPLITS};
+use super::format::{unpack_int4_rows, Activation, GroupedInt4, QuantType, C8, SCALE_BIAS_SPLITS};
 use super::graph::{kv_points, traced_linears};
 use super::hooks::PointQuant;
 use super::{DESCRIPTION_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
@@ -172,7 +173,18 @@ pub fn decode_linear(d: &AscendDir, name: &str, out: usize, inp: usize) -> Resul
         QuantType::W4A8Dynamic => {
             d.expect(&wkey, tag, &[StDtype::I8], &[out / 2, inp])?;
             let q = unpack_int4_rows(&d.i8s(&wkey)?, out, inp);
-            let weight = per_channel(d, &q)?;
+            let weight = if d.file_of.contains_key(&key("weight_scale_second")) {
+                per_group(d, name, &q, out, inp)?
+            } else if group_size(d)? > 0 {
+                // vLLM Ascend's scheme allocates the per-group scales whenever group_size > 0.
+                return Err(bad(
+                    &d.dir,
+                    &key("weight_scale_second"),
+                    format!("missing: the description's group_size is {}", group_size(d)?),
+                ));
+            } else {
+                per_channel(d, &q)?
+            };
             // scale_bias is the kernel's helper: check it is what the weight implies.
             let sb = key("scale_bias");
             let (_, shape) = d.info(&sb)?;
@@ -228,6 +240,68 @@ pub fn decode_linear(d: &AscendDir, name: &str, out: usize, inp: usize) -> Resul
     Ok(decoded)
 }
 
+/// The description's `group_size` (0 when absent).
+fn group_size(d: &AscendDir) -> Result<usize> {
+    match d.description.get("group_size") {
+        None => Ok(0),
+        Some(v) => v
+            .as_u64()
+            .map(|g| g as usize)
+            .ok_or_else(|| bad(&d.dir, "group_size", format!("{v} is no non-negative integer"))),
+    }
+}
+
+/// A per-group W4A8_DYNAMIC weight as vLLM Ascend's dense scheme dequantizes it
+/// (`vllm_ascend/quantization/methods/w4a8.py`, `AscendW4A8DynamicLinearMethod.process_scale_second`
+/// and `apply`, release v0.26.0rc): `antiquant_scale[o, g] = weight_scale[o] *
+/// weight_scale_second[o, g]` with `g = k / group_size` (the description's), `w = q *
+/// antiquant_scale`. That scheme ignores both offsets (symmetric), so they must be 0.
+fn per_group(d: &AscendDir, name: &str, q: &[i8], out: usize, inp: usize) -> Result<Vec<f32>> {
+    let key = |s: &str| format!("{name}.{s}");
+    let tag = QuantType::W4A8Dynamic.tag();
+    let g = group_size(d)?;
+    if g == 0 || !inp.is_multiple_of(g) {
+        return Err(bad(
+            &d.dir,
+            &key("weight_scale_second"),
+            format!("a per-group weight, but the description's group_size {g} does not divide the {inp} inputs"),
+        ));
+    }
+    let groups = inp / g;
+    d.expect(&key("weight_scale"), tag, &[StDtype::F32], &[out, 1])?;
+    d.expect(&key("weight_offset"), tag, &[StDtype::F32], &[out, 1])?;
+    d.expect(&key("weight_scale_second"), tag, &[StDtype::F32, StDtype::F16, StDtype::BF16], &[out, groups])?;
+    let off2 = d.expect(
+        &key("weight_offset_second"),
+        tag,
+        &[StDtype::I64, StDtype::F32, StDtype::F16, StDtype::BF16],
+        &[out, groups],
+    )?;
+    if d.f32s(&key("weight_offset"))?.iter().any(|&v| v != 0.0) {
+        return Err(bad(&d.dir, &key("weight_offset"), "per-group W4A8_DYNAMIC is symmetric: offsets must be 0"));
+    }
+    let nonzero = match off2 {
+        StDtype::I64 => {
+            d.file(&key("weight_offset_second"))?.read_i64(&key("weight_offset_second"))?.iter().any(|&v| v != 0)
+        }
+        _ => d.f32s(&key("weight_offset_second"))?.iter().any(|&v| v != 0.0),
+    };
+    if nonzero {
+        return Err(bad(
+            &d.dir,
+            &key("weight_offset_second"),
+            "per-group W4A8_DYNAMIC is symmetric: offsets must be 0",
+        ));
+    }
+    let grouped = GroupedInt4 {
+        group_size: g,
+        codes: q.to_vec(),
+        weight_scale: d.f32s(&key("weight_scale"))?,
+        weight_scale_second: d.f32s(&key("weight_scale_second"))?,
+    };
+    Ok(grouped.dequantize(inp))
+}
+
 /// An AscendV1 directory decoded for a fake-quant CPU run.
 pub struct Decoded {
     /// Float tensors of an HF checkpoint: every FLOAT tensor and each linear's decoded weight/bias.
@@ -256,6 +330,8 @@ pub fn decode_dir(dir: &Path, hf: &HfConfig, max_positions: usize) -> Result<Dec
             "weight_scale",
             "weight_offset",
             "scale_bias",
+            "weight_scale_second",
+            "weight_offset_second",
             "quant_bias",
             "input_scale",
             "input_offset",

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use backend_cpu::quant::{prefill_logits, rotate_checkpoint, Rotation};
+use backend_cpu::quant::{
+    prefill_logits, rotate_checkpoint, InputStatsHook, LinearExport, LinearQuantizer, Rotation, WeightMethod,
+};
 use backend_cpu::CpuBackend;
 use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
 use mllm_dsl::files::{read_text_bounded, write_atomic_bytes, write_json_atomic, StagingDir, CONFIG_SIZE_LIMIT};
@@ -15,8 +17,8 @@ use models::hf::{CheckpointDtype, HfConfig};
 
 use super::error::AscendError;
 use super::format::{
-    linear_tensors, model_quant_type, symmetric_int8_scale, Activation, FloatDtype, FloatLinear, QuantType,
-    StoredTensor, C8, VERSION,
+    check_group_size, linear_tensors, model_quant_type, quantize_groups_symmetric, symmetric_int8_scale, Activation,
+    FloatDtype, FloatLinear, GroupedInt4, QuantType, StoredTensor, C8, VERSION,
 };
 use super::graph::{kv_points, pattern_matches, traced_linears, KvPoint, TracedLinear};
 use super::hooks::AscendObserver;
@@ -44,6 +46,14 @@ pub struct AscendOptions {
     pub part_bytes: Option<u64>,
     /// A rotation folded into the float weights before anything is observed.
     pub rotation: Rotation,
+    /// W4A8_DYNAMIC only: int4 weights per group of this many inputs (the description's
+    /// `group_size`); 0 keeps msModelSlim's per-channel weights.
+    pub group_size: usize,
+    /// How per-group int4 weights are chosen: `Rtn` rounds to nearest with each group's max-abs
+    /// step (msModelSlim's MinMax per group); `Mse` / `Gptq` (and the SeqMSE variants) search the
+    /// two-level scales on the grid `weight_scale_second` in 1..=16 and round with the calibration
+    /// inputs' statistics (backend-cpu's LPBQ search and GPTQ, the QNN path's).
+    pub weight_method: WeightMethod,
     /// Output directory, replaced whole on success.
     pub out: PathBuf,
     /// RoPE rows of the model built for calibration.
@@ -148,6 +158,32 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
         opts.model.display()
     );
 
+    // 1b. Per-group W4A8_DYNAMIC: the group size must tile every such linear's input.
+    let grouped = opts.group_size > 0;
+    if grouped && opts.quant_type != QuantType::W4A8Dynamic {
+        return Err(AscendError::Argument(format!(
+            "--group-size {}: per-group weights are W4A8_DYNAMIC's; --quant-type is {}",
+            opts.group_size,
+            opts.quant_type.tag()
+        ))
+        .into());
+    }
+    if !grouped && opts.weight_method != WeightMethod::Rtn {
+        return Err(AscendError::Argument(format!(
+            "--weight-method {}: only per-group W4A8_DYNAMIC weights (--group-size G) are chosen by a weight \
+             method; per-channel weights are msModelSlim's round-to-nearest",
+            opts.weight_method.name()
+        ))
+        .into());
+    }
+    if grouped {
+        for (l, t) in linears.iter().zip(&types) {
+            if *t == QuantType::W4A8Dynamic {
+                check_group_size(&l.name, l.out_features, l.in_features, opts.group_size)?;
+            }
+        }
+    }
+
     // 2. Calibration: the float model observes the static inputs and the KV points.
     let mut static_points = Vec::new();
     for (l, t) in linears.iter().zip(&types) {
@@ -184,6 +220,76 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
         hook.finish().map_err(|e| AotError::invalid(format!("calibration: {e}")))?
     };
 
+    // 2b. Per-group weights chosen with input statistics: the float model's inputs of the
+    //     W4A8_DYNAMIC linears.
+    let quantizer = if grouped && opts.weight_method != WeightMethod::Rtn {
+        let stats = match opts.weight_method.input_stats() {
+            None => None,
+            Some(depth) => {
+                let mut inputs = Vec::new();
+                for (l, t) in linears.iter().zip(&types) {
+                    if *t == QuantType::W4A8Dynamic {
+                        inputs.push(l.input.clone().ok_or_else(|| AscendError::CannotPack {
+                            linear: l.name.clone(),
+                            quant_type: t.tag().into(),
+                            out_features: l.out_features,
+                            in_features: l.in_features,
+                            problem: format!(
+                                "its input comes from no QDQ point of the model file, so the `{}` weight method \
+                                 has no statistics of it",
+                                opts.weight_method.name()
+                            ),
+                        })?);
+                    }
+                }
+                ensure!(!opts.calibration.is_empty(), "no calibration sequences (--weight-method needs them)");
+                let hook = Arc::new(InputStatsHook::new(&inputs, depth));
+                let backend = CpuBackend::with_qdq(hook.clone());
+                let (model, _store) = open_model(&src_dir, &src_hf, opts.max_positions, &backend)?;
+                let pb = opts.progress.start("input statistics", opts.calibration.len());
+                for (i, seq) in opts.calibration.iter().enumerate() {
+                    ensure!(
+                        seq.len() <= opts.max_positions,
+                        "calibration sequence {i} has {} tokens; the RoPE tables cover {}",
+                        seq.len(),
+                        opts.max_positions
+                    );
+                    prefill_logits(model.as_ref(), &backend, None, seq)
+                        .with_context(|| format!("calibration sequence {i}"))?;
+                    pb.inc(1);
+                }
+                pb.finish();
+                Some(Arc::new(hook.finish()?))
+            }
+        };
+        Some(LinearQuantizer::new(opts.weight_method, stats)?)
+    } else {
+        None
+    };
+    let grouped_weights = |l: &TracedLinear, weight: &[f32]| -> Result<GroupedInt4> {
+        let (o, i, g) = (l.out_features, l.in_features, opts.group_size);
+        let Some(q) = &quantizer else { return Ok(quantize_groups_symmetric(weight, o, i, g)) };
+        let shape = compiler::quant::lpbq::LpbqShape::new(o, i, g)
+            .map_err(|e| AotError::invalid(format!("linear `{}`: {e}", l.name)))?;
+        let LinearExport::Lpbq(e) = q.export(&l.name, weight, shape)? else {
+            return Err(AotError::invalid(format!("linear `{}`: the weight method made no int4 weight", l.name)));
+        };
+        // LPBQ's `[1, 1, In, Out]` low nibbles → `[O, I]` codes; scale1 (1..=16) per group,
+        // scale2 per channel: w = q * scale1 * scale2.
+        let mut codes = vec![0i8; o * i];
+        for k in 0..i {
+            for r in 0..o {
+                codes[r * i + k] = compiler::quant::lpbq::sign_extend_nibble(e.weight_hwio[k * o + r]);
+            }
+        }
+        Ok(GroupedInt4 {
+            group_size: g,
+            codes,
+            weight_scale: e.scale2.clone(),
+            weight_scale_second: e.scale1.iter().map(|&v| f32::from(v)).collect(),
+        })
+    };
+
     // 3. The tensors: every float tensor of the checkpoint, linears replaced by their type's.
     let dtype = float_dtype(hf);
     let ckpt = SafetensorsCheckpoint::open(&src_dir)?;
@@ -212,7 +318,8 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
             weight: &weight,
             bias: bias.as_deref(),
         };
-        tensors.extend(linear_tensors(&lin, types[i], range, dtype)?);
+        let g = if grouped && types[i] == QuantType::W4A8Dynamic { Some(grouped_weights(l, &weight)?) } else { None };
+        tensors.extend(linear_tensors(&lin, types[i], range, g.as_ref(), dtype)?);
         Ok(())
     };
     let mut keys: Vec<&str> = ckpt.keys();
@@ -279,7 +386,7 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
     description.insert("version".into(), VERSION.into());
     description.insert("model_quant_type".into(), mqt.clone().into());
     description.insert("metadata".into(), serde_json::json!({}));
-    description.insert("group_size".into(), 0.into());
+    description.insert("group_size".into(), opts.group_size.into());
     description.insert("optional".into(), serde_json::json!({}));
     write_json_atomic(&out.join(DESCRIPTION_FILE), &serde_json::Value::Object(description))?;
     copy_config_files(&opts.model, &src_dir, out)?;

@@ -12,6 +12,7 @@
 //! | W8A8 | `weight` (i8 `[O, I]`), `quant_bias` (i32 `[O]`), `input_scale`, `input_offset` (f32 `[1]`), `deq_scale` (`[O]`: f32 for a bf16 model, else the f32 bits as i64), `bias` (FLOAT, f32) |
 //! | W8A8_DYNAMIC | `weight` (i8 `[O, I]`), `weight_scale`, `weight_offset` (zeros) (f32 `[O, 1]`), `bias` (FLOAT, f32) |
 //! | W4A8_DYNAMIC | `weight` (i8 `[O/2, I]`, two int4 per byte along O), `weight_scale`, `weight_offset` (zeros) (f32 `[O, 1]`), `scale_bias` (f32 `[O, 1]` column-parallel, `[O, 16]` row-parallel), `bias` (FLOAT, f32) |
+//! | W4A8_DYNAMIC per group (`group_size` G > 0) | the same, plus `weight_scale_second` and `weight_offset_second` (zeros) (f32 `[O, I/G]`) |
 //!
 //! Integer parameters, as msModelSlim computes them (f32, `round` = round half to even):
 //! - symmetric per output channel, `b` bits: `scale = max(max(|min(w,0)|, max(w,0)) / (2^(b-1) - 1), eps)`,
@@ -25,6 +26,13 @@
 //! - W4A8_DYNAMIC's `scale_bias` is `8 * sum_k w_deq[o, k]` for column-parallel linears and the
 //!   same sum over each sixteenth of the input for row-parallel ones (msModelSlim's
 //!   `process_scale` with its fixed `tp_num` 16; `msmodelslim/format/common/pack.py`).
+//! - W4A8_DYNAMIC per group (msModelSlim's staged layout, written by its
+//!   `pytorch/llm_ptq/llm_ptq_tools/save/complex_quantifier.py`; the layout vLLM Ascend's dense
+//!   W4A8_DYNAMIC scheme allocates, `vllm_ascend/quantization/methods/w4a8.py`
+//!   `AscendW4A8DynamicLinearMethod` up to release v0.26.0rc): `w_deq[o, k] = q[o, k] *
+//!   (weight_scale[o] * weight_scale_second[o, k / G])`, vLLM Ascend's `antiquant_scale`
+//!   (`process_scale_second`; the offsets are ignored there, symmetric, so they must be 0), and
+//!   `scale_bias` is the sums above of that `w_deq`. The description's `group_size` is G.
 
 use checkpoint::StDtype;
 
@@ -290,12 +298,98 @@ pub struct FloatLinear<'a> {
     pub bias: Option<&'a [f32]>,
 }
 
+/// A W4A8_DYNAMIC linear's int4 weight quantized per group of `group_size` inputs, as the
+/// export's weight method chose it (codes and both scale levels): `w_deq[o, k] = codes[o, k] *
+/// (weight_scale[o] * weight_scale_second[o, k / group_size])`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupedInt4 {
+    pub group_size: usize,
+    /// `[O, I]` codes in -8..=7.
+    pub codes: Vec<i8>,
+    /// `[O]` per-channel scales.
+    pub weight_scale: Vec<f32>,
+    /// `[O, I / group_size]` per-group scales.
+    pub weight_scale_second: Vec<f32>,
+}
+
+impl GroupedInt4 {
+    /// The dequantized weight `[O, I]` (vLLM Ascend's `antiquant_scale` times the code).
+    pub fn dequantize(&self, inp: usize) -> Vec<f32> {
+        let groups = inp / self.group_size.max(1);
+        self.codes
+            .iter()
+            .enumerate()
+            .map(|(n, &q)| {
+                let (o, k) = (n / inp, n % inp);
+                q as f32 * (self.weight_scale[o] * self.weight_scale_second[o * groups + k / self.group_size])
+            })
+            .collect()
+    }
+}
+
+/// Checks that `group_size` tiles linear `name`'s input (`out x inp`), naming all three otherwise.
+pub fn check_group_size(name: &str, out: usize, inp: usize, group_size: usize) -> Result<(), AscendError> {
+    if group_size == 0 || !inp.is_multiple_of(group_size) {
+        return Err(AscendError::CannotPack {
+            linear: name.to_string(),
+            quant_type: QuantType::W4A8Dynamic.tag().to_string(),
+            out_features: out,
+            in_features: inp,
+            problem: format!("a group size of {group_size} does not divide its {inp} inputs"),
+        });
+    }
+    Ok(())
+}
+
+/// Round-to-nearest per-group int4 (msModelSlim's MinMax per group): each group's step is
+/// `max|w_g| / 7`, stored as `weight_scale[o] = max_g step` and `weight_scale_second = step /
+/// weight_scale[o]`; codes `clamp(round(w / step), -8, 7)` with the step the decoder computes.
+pub fn quantize_groups_symmetric(w: &[f32], out: usize, inp: usize, group_size: usize) -> GroupedInt4 {
+    let groups = inp / group_size;
+    let mut codes = Vec::with_capacity(w.len());
+    let mut weight_scale = Vec::with_capacity(out);
+    let mut second = Vec::with_capacity(out * groups);
+    for row in w.chunks_exact(inp) {
+        let steps: Vec<f32> = row
+            .chunks_exact(group_size)
+            .map(|g| (g.iter().fold(0f32, |m, &v| m.max(v.abs())) / 7.0).max(EPS))
+            .collect();
+        let s1 = steps.iter().fold(EPS, |m, &v| m.max(v));
+        weight_scale.push(s1);
+        for (g, &step) in row.chunks_exact(group_size).zip(&steps) {
+            let s2 = step / s1;
+            second.push(s2);
+            let deployed = s1 * s2;
+            codes.extend(g.iter().map(|&v| (v / deployed).round_ties_even().clamp(-8.0, 7.0) as i8));
+        }
+    }
+    GroupedInt4 { group_size, codes, weight_scale, weight_scale_second: second }
+}
+
+/// `scale_bias` of a W4A8_DYNAMIC linear named `name` with dequantized weight `w_deq` `[O, I]`:
+/// `[O, splits]` sums (module docs). The f32 terms are summed in f64, so the stored value is the
+/// exact sum rounded once.
+fn scale_bias(w_deq: &[f32], out: usize, inp: usize, splits: usize) -> Vec<f32> {
+    let part = inp / splits;
+    let mut sb = Vec::with_capacity(out * splits);
+    for r in 0..out {
+        for s in 0..splits {
+            let sum: f64 = w_deq[r * inp + s * part..r * inp + (s + 1) * part].iter().map(|&v| f64::from(v)).sum();
+            sb.push((8.0 * sum) as f32);
+        }
+    }
+    sb
+}
+
 /// The AscendV1 tensors of one linear of type `qt`. `input_range` is the calibrated (min, max) of
 /// its input (W8A8 needs it); `dtype` is the model's float dtype.
+/// `grouped`, for W4A8_DYNAMIC only, replaces its per-channel round-to-nearest weight by per-group
+/// codes and scales ([`GroupedInt4`]).
 pub fn linear_tensors(
     lin: &FloatLinear<'_>,
     qt: QuantType,
     input_range: Option<(f32, f32)>,
+    grouped: Option<&GroupedInt4>,
     dtype: FloatDtype,
 ) -> Result<Vec<StoredTensor>, AscendError> {
     let (o, i, name) = (lin.out_features, lin.in_features, lin.name);
@@ -311,6 +405,24 @@ pub fn linear_tensors(
     }
     if let Some(b) = lin.bias.filter(|b| b.len() != o) {
         return Err(cannot(format!("its bias holds {} values", b.len())));
+    }
+    if let Some(g) = grouped {
+        if qt != QuantType::W4A8Dynamic {
+            return Err(cannot("per-group int4 weights are W4A8_DYNAMIC's only".into()));
+        }
+        check_group_size(name, o, i, g.group_size)?;
+        let groups = i / g.group_size;
+        if g.codes.len() != o * i || g.weight_scale.len() != o || g.weight_scale_second.len() != o * groups {
+            return Err(cannot(format!(
+                "its per-group weight holds {} codes, {} weight_scale and {} weight_scale_second values",
+                g.codes.len(),
+                g.weight_scale.len(),
+                g.weight_scale_second.len()
+            )));
+        }
+        if let Some(q) = g.codes.iter().find(|q| !(-8..=7).contains(*q)) {
+            return Err(cannot(format!("code {q} is no int4")));
+        }
     }
     let key = |suffix: &str| format!("{name}.{suffix}");
     let tag = qt.tag();
@@ -374,21 +486,16 @@ pub fn linear_tensors(
                     "a row-parallel scale_bias splits the {i} inputs into {SCALE_BIAS_SPLITS} equal parts"
                 )));
             }
-            let (q, scale) = quantize_rows_symmetric(lin.weight, i, 4);
             let splits = if parallel == Parallelism::Row { SCALE_BIAS_SPLITS } else { 1 };
-            let part = i / splits;
-            let mut scale_bias = Vec::with_capacity(o * splits);
-            for r in 0..o {
-                for s in 0..splits {
-                    // The f32 products msModelSlim sums (its dequantized weight), summed in f64: the
-                    // stored value is the exact sum rounded once.
-                    let sum: f64 = q[r * i + s * part..r * i + (s + 1) * part]
-                        .iter()
-                        .map(|&v| f64::from(v as f32 * scale[r]))
-                        .sum();
-                    scale_bias.push((8.0 * sum) as f32);
+            let (q, scale, w_deq) = match grouped {
+                Some(g) => (g.codes.clone(), g.weight_scale.clone(), g.dequantize(i)),
+                None => {
+                    let (q, scale) = quantize_rows_symmetric(lin.weight, i, 4);
+                    // The f32 products msModelSlim sums (its dequantized weight).
+                    let w_deq = q.iter().enumerate().map(|(n, &v)| v as f32 * scale[n / i]).collect();
+                    (q, scale, w_deq)
                 }
-            }
+            };
             out.push(StoredTensor::new(
                 key("weight"),
                 tag,
@@ -398,7 +505,12 @@ pub fn linear_tensors(
             ));
             out.push(StoredTensor::f32(key("weight_scale"), tag, vec![o, 1], &scale));
             out.push(StoredTensor::f32(key("weight_offset"), tag, vec![o, 1], &vec![0.0; o]));
-            out.push(StoredTensor::f32(key("scale_bias"), tag, vec![o, splits], &scale_bias));
+            if let Some(g) = grouped {
+                let groups = i / g.group_size;
+                out.push(StoredTensor::f32(key("weight_scale_second"), tag, vec![o, groups], &g.weight_scale_second));
+                out.push(StoredTensor::f32(key("weight_offset_second"), tag, vec![o, groups], &vec![0.0; o * groups]));
+            }
+            out.push(StoredTensor::f32(key("scale_bias"), tag, vec![o, splits], &scale_bias(&w_deq, o, i, splits)));
             float_bias(&mut out);
         }
     }
@@ -429,19 +541,79 @@ mod tests {
     }
 
     #[test]
+    fn per_group_int4_rounds_each_group_on_its_own_step() {
+        // One row, two groups of 4: a large group and a small one keep their own steps.
+        let w = vec![7.0f32, -3.5, 1.2, 0.0, 0.875, -0.4375, 0.15, 0.0];
+        let g = quantize_groups_symmetric(&w, 1, 8, 4);
+        assert_eq!(g.weight_scale, vec![1.0]);
+        assert_eq!(g.weight_scale_second, vec![1.0, 0.125]);
+        assert_eq!(g.codes, vec![7, -4, 1, 0, 7, -4, 1, 0]); // -3.5 ties to even
+        assert_eq!(g.dequantize(8), vec![7.0, -4.0, 1.0, 0.0, 0.875, -0.5, 0.125, 0.0]);
+    }
+
+    #[test]
+    fn per_group_w4a8_writes_the_second_scales_and_sums_the_grouped_weight() {
+        let (o, i, gs) = (4usize, 32usize, 16usize);
+        let w: Vec<f32> =
+            (0..o * i).map(|n| ((n * 37 % 23) as f32 - 11.0) / (1.0 + (n % i / gs) as f32 * 9.0)).collect();
+        let g = quantize_groups_symmetric(&w, o, i, gs);
+        let lin = FloatLinear {
+            name: "m.layers.0.self_attn.o_proj",
+            out_features: o,
+            in_features: i,
+            weight: &w,
+            bias: None,
+        };
+        let t = linear_tensors(&lin, QuantType::W4A8Dynamic, None, Some(&g), FloatDtype::Bf16).unwrap();
+        let find = |k: &str| t.iter().find(|x| x.key == format!("m.layers.0.self_attn.o_proj.{k}")).unwrap();
+        assert_eq!((find("weight").dtype, find("weight").shape.clone()), (StDtype::I8, vec![o / 2, i]));
+        assert_eq!((find("weight_scale").dtype, find("weight_scale").shape.clone()), (StDtype::F32, vec![o, 1]));
+        assert_eq!(find("weight_scale_second").shape, vec![o, i / gs]);
+        let off = find("weight_offset_second");
+        assert_eq!((off.dtype, off.shape.clone()), (StDtype::F32, vec![o, i / gs]));
+        assert!(off.bytes.iter().all(|&b| b == 0));
+        // Row-parallel: 16 sums of 2 inputs each, of the per-group dequantized weight.
+        let sb = find("scale_bias");
+        assert_eq!(sb.shape, vec![o, SCALE_BIAS_SPLITS]);
+        let deq = g.dequantize(i);
+        let got = f32::from_le_bytes(sb.bytes[4..8].try_into().unwrap());
+        assert_eq!(got, (8.0 * (f64::from(deq[2]) + f64::from(deq[3]))) as f32);
+        let packed: Vec<i8> = find("weight").bytes.iter().map(|&b| b as i8).collect();
+        assert_eq!(unpack_int4_rows(&packed, o, i), g.codes);
+    }
+
+    #[test]
+    fn a_group_size_that_does_not_divide_the_input_names_the_linear_and_the_sizes() {
+        let e = check_group_size("model.layers.3.mlp.down_proj", 576, 1536, 100).unwrap_err();
+        let m = e.to_string();
+        for part in ["model.layers.3.mlp.down_proj", "100", "1536", "576 x 1536"] {
+            assert!(m.contains(part), "{m}");
+        }
+        assert!(check_group_size("x.up_proj", 8, 64, 0).is_err());
+        let w = vec![0.5f32; 2 * 8];
+        let g = quantize_groups_symmetric(&w, 2, 8, 4);
+        let lin = FloatLinear { name: "m.q_proj", out_features: 2, in_features: 8, weight: &w, bias: None };
+        let e = linear_tensors(&lin, QuantType::W8A8Dynamic, None, Some(&g), FloatDtype::F32).unwrap_err();
+        assert!(matches!(e, AscendError::CannotPack { .. }), "{e}");
+        let bad = GroupedInt4 { group_size: 3, ..g };
+        let e = linear_tensors(&lin, QuantType::W4A8Dynamic, None, Some(&bad), FloatDtype::F32).unwrap_err();
+        assert!(e.to_string().contains("group size of 3"), "{e}");
+    }
+
+    #[test]
     fn unknown_tags_and_unpackable_dims_are_named_errors() {
         let e = QuantType::parse("W3A8", "--quant-type").unwrap_err();
         assert!(e.to_string().contains("W3A8") && e.to_string().contains("--quant-type"), "{e}");
         let w = vec![0.5f32; 3 * 4];
         let lin =
             FloatLinear { name: "m.layers.0.mlp.up_proj", out_features: 3, in_features: 4, weight: &w, bias: None };
-        let e = linear_tensors(&lin, QuantType::W4A8Dynamic, None, FloatDtype::F32).unwrap_err();
+        let e = linear_tensors(&lin, QuantType::W4A8Dynamic, None, None, FloatDtype::F32).unwrap_err();
         assert!(matches!(e, AscendError::CannotPack { .. }), "{e}");
         let lin = FloatLinear { name: "m.lm_head", out_features: 2, in_features: 6, weight: &w, bias: None };
-        let e = linear_tensors(&lin, QuantType::W4A8Dynamic, None, FloatDtype::F32).unwrap_err();
+        let e = linear_tensors(&lin, QuantType::W4A8Dynamic, None, None, FloatDtype::F32).unwrap_err();
         assert!(matches!(e, AscendError::UnknownParallelism { .. }), "{e}");
         let lin = FloatLinear { name: "m.o_proj", out_features: 2, in_features: 6, weight: &w, bias: None };
-        let e = linear_tensors(&lin, QuantType::W4A8Dynamic, None, FloatDtype::F32).unwrap_err();
+        let e = linear_tensors(&lin, QuantType::W4A8Dynamic, None, None, FloatDtype::F32).unwrap_err();
         assert!(e.to_string().contains("16 equal parts"), "{e}");
     }
 }
