@@ -203,20 +203,7 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
     } else {
         ensure!(!opts.calibration.is_empty(), "no calibration sequences (W8A8 and C8 need calibrated ranges)");
         let hook = Arc::new(AscendObserver::new(static_points, kv.iter().map(|k| k.point.key.clone()).collect()));
-        let backend = CpuBackend::with_qdq(hook.clone());
-        let (model, _store) = open_model(&src_dir, &src_hf, opts.max_positions, &backend)?;
-        let pb = opts.progress.start("calibrating", opts.calibration.len());
-        for (i, seq) in opts.calibration.iter().enumerate() {
-            ensure!(
-                seq.len() <= opts.max_positions,
-                "calibration sequence {i} has {} tokens; the RoPE tables cover {}",
-                seq.len(),
-                opts.max_positions
-            );
-            prefill_logits(model.as_ref(), &backend, None, seq).with_context(|| format!("calibration sequence {i}"))?;
-            pb.inc(1);
-        }
-        pb.finish();
+        run_calibration(opts, &src_dir, &src_hf, hook.clone(), "calibrating")?;
         hook.finish().map_err(|e| AotError::invalid(format!("calibration: {e}")))?
     };
 
@@ -244,21 +231,7 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
                 }
                 ensure!(!opts.calibration.is_empty(), "no calibration sequences (--weight-method needs them)");
                 let hook = Arc::new(InputStatsHook::new(&inputs, depth));
-                let backend = CpuBackend::with_qdq(hook.clone());
-                let (model, _store) = open_model(&src_dir, &src_hf, opts.max_positions, &backend)?;
-                let pb = opts.progress.start("input statistics", opts.calibration.len());
-                for (i, seq) in opts.calibration.iter().enumerate() {
-                    ensure!(
-                        seq.len() <= opts.max_positions,
-                        "calibration sequence {i} has {} tokens; the RoPE tables cover {}",
-                        seq.len(),
-                        opts.max_positions
-                    );
-                    prefill_logits(model.as_ref(), &backend, None, seq)
-                        .with_context(|| format!("calibration sequence {i}"))?;
-                    pb.inc(1);
-                }
-                pb.finish();
+                run_calibration(opts, &src_dir, &src_hf, hook.clone(), "input statistics")?;
                 Some(Arc::new(hook.finish()?))
             }
         };
@@ -403,6 +376,32 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
 }
 
 /// A linear's `[out, in]` weight from the checkpoint (a tied lm_head reads the embedding).
+/// Runs the float model (`dir`, `hf`) over every calibration sequence with `hook` on its QDQ
+/// points, showing `label` as progress.
+fn run_calibration(
+    opts: &AscendOptions,
+    dir: &Path,
+    hf: &HfConfig,
+    hook: Arc<dyn backend_cpu::QdqHook>,
+    label: &str,
+) -> Result<()> {
+    let backend = CpuBackend::with_qdq(hook);
+    let (model, _store) = open_model(dir, hf, opts.max_positions, &backend)?;
+    let pb = opts.progress.start(label, opts.calibration.len());
+    for (i, seq) in opts.calibration.iter().enumerate() {
+        ensure!(
+            seq.len() <= opts.max_positions,
+            "calibration sequence {i} has {} tokens; the RoPE tables cover {}",
+            seq.len(),
+            opts.max_positions
+        );
+        prefill_logits(model.as_ref(), &backend, None, seq).with_context(|| format!("calibration sequence {i}"))?;
+        pb.inc(1);
+    }
+    pb.finish();
+    Ok(())
+}
+
 fn read_linear_weight(ckpt: &SafetensorsCheckpoint, key: &str, hf: &HfConfig, l: &TracedLinear) -> Result<Vec<f32>> {
     let key = if !ckpt.contains(key) && hf.tie_word_embeddings && key == "lm_head.weight" {
         "model.embed_tokens.weight"
