@@ -375,9 +375,9 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
     })
 }
 
-/// A linear's `[out, in]` weight from the checkpoint (a tied lm_head reads the embedding).
 /// Runs the float model (`dir`, `hf`) over every calibration sequence with `hook` on its QDQ
-/// points, showing `label` as progress.
+/// points, showing `label` as progress. Every sequence's length is checked before the model is
+/// opened, so a sequence too long for the RoPE tables fails before any work.
 fn run_calibration(
     opts: &AscendOptions,
     dir: &Path,
@@ -385,9 +385,6 @@ fn run_calibration(
     hook: Arc<dyn backend_cpu::QdqHook>,
     label: &str,
 ) -> Result<()> {
-    let backend = CpuBackend::with_qdq(hook);
-    let (model, _store) = open_model(dir, hf, opts.max_positions, &backend)?;
-    let pb = opts.progress.start(label, opts.calibration.len());
     for (i, seq) in opts.calibration.iter().enumerate() {
         ensure!(
             seq.len() <= opts.max_positions,
@@ -395,6 +392,11 @@ fn run_calibration(
             seq.len(),
             opts.max_positions
         );
+    }
+    let backend = CpuBackend::with_qdq(hook);
+    let (model, _store) = open_model(dir, hf, opts.max_positions, &backend)?;
+    let pb = opts.progress.start(label, opts.calibration.len());
+    for (i, seq) in opts.calibration.iter().enumerate() {
         prefill_logits(model.as_ref(), &backend, None, seq).with_context(|| format!("calibration sequence {i}"))?;
         pb.inc(1);
     }
@@ -402,6 +404,7 @@ fn run_calibration(
     Ok(())
 }
 
+/// A linear's `[out, in]` weight from the checkpoint (a tied lm_head reads the embedding).
 fn read_linear_weight(ckpt: &SafetensorsCheckpoint, key: &str, hf: &HfConfig, l: &TracedLinear) -> Result<Vec<f32>> {
     let key = if !ckpt.contains(key) && hf.tie_word_embeddings && key == "lm_head.weight" {
         "model.embed_tokens.weight"
