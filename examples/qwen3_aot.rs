@@ -89,8 +89,8 @@ except report.json's \"timings_s\" (wall times) and qnn/context*.bin (Qualcomm's
     after_help = AFTER_HELP
 )]
 pub struct AotArgs {
-    /// HF float checkpoint directory (config.json + safetensors) to calibrate; its model_type picks the model file.
-    #[arg(long, value_name = "HF_DIR", conflicts_with = "quantized")]
+    /// HF float checkpoint directory (config.json + safetensors) or a GGUF file (converted once into the cache) to calibrate; its model_type picks the model file.
+    #[arg(long, value_name = "HF_DIR|GGUF", conflicts_with = "quantized")]
     pub model: Option<PathBuf>,
     /// Quantized checkpoint directory (pymllm's export or this project's `quantize`): no calibration.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["calib_ids", "calib_text"])]
@@ -246,5 +246,9 @@ pub fn run_aot(args: &AotArgs) -> Result<AotReport> {
     if let Some(chosen) = &recipe {
         eprintln!("{}", chosen.line());
     }
-    Ok(run(&args.options_with(recipe.as_ref().map(|c| &c.recipe)))?)
+    let mut options = args.options_with(recipe.as_ref().map(|c| &c.recipe));
+    if let ModelSource::Float(dir) = &mut options.source {
+        *dir = aot::resolve_model(dir)?;
+    }
+    Ok(run(&options)?)
 }

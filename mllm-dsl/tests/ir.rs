@@ -351,6 +351,25 @@ fn every_attr_and_node_kind_round_trips() {
     assert_eq!(kinds, every_op().iter().collect::<Vec<_>>());
 }
 
+/// Every way a value gets its name, in one file: a main input (`%0`), a parameter (its symbol), an
+/// op's outputs (its name, `#1` for the second), a constant and an unnamed op's output (numbered in
+/// their subgraph, `%.#0`), a repeated op name (`~2`); relative names (`%.v` in `@m`) and specs
+/// named after their first value (`$0`, `$m.w.weight`). It reads back and prints identically, and a
+/// relative name means the same as its full spelling.
+#[test]
+fn named_values_read_back_and_print_identically() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ir/named.mir");
+    let text = std::fs::read_to_string(path).unwrap();
+    let p = parse(&text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.to_string(), text);
+    let full = text.replace("(%.v, %.#0) -> (%.Mul.0:", "(%m.v, %m.#0) -> (%m.Mul.0:");
+    assert_ne!(full, text);
+    assert_eq!(parse(&full).unwrap(), p);
+    // A relative name outside any subgraph is the name itself, which is not defined there.
+    let (_, _, message) = parse_error("@main () -> (%.x) {\n    cf.ReturnOp (%.x) -> ()\n}\n");
+    assert_eq!(message, "value %.x is used but never defined");
+}
+
 /// A traced program round-trips too (the snapshot tests of the models rely on it).
 #[test]
 fn traced_programs_round_trip() {

@@ -438,7 +438,21 @@ mod tests {
     use crate::dtype::TensorType;
     use crate::ir::{parse, Program, ValueDef};
 
-    const TEXT: &str = r#"@main (%0:tensor<[1, 4], UInt16PerTensorAsy, CPU>[spec:s0]) -> (%1) {
+    const TEXT: &str = r#"@main (%0:tensor<[1, 4], UInt16PerTensorAsy, CPU>[spec:$0]) -> (%v) {
+    linalg.CPU.ViewOp <name="v"> [shape:[4]] (%0) -> (%v:tensor<[4], UInt16PerTensorAsy, CPU>[spec:$0])
+    linalg.CPU.ViewOp <name="w"> [shape:[1, 4]] (%v) -> (%w:tensor<[1, 4], Int4LPBQ, CPU>[spec:$w])
+    linalg.CPU.ViewOp <name="x"> [shape:[4]] (%w) -> (%x:tensor<[4], UInt8PerTensorSym, CPU>[spec:$x])
+    cf.ReturnOp (%v) -> ()
+}
+quant.specs {
+    $0 = AsymPerTensor(0, 65535, UInt16, Float32, Int32) [from:"x_qdq", scale:0.5, zero_point:3]
+    $w = LPBQ(-7, 7, 16, 3, 4, Int4LPBQ, Float32) [blocks:2, channels:8, from:"lm_head"]
+    $x = SymPerTensor(0, 255, UInt8, Float32)
+}
+"#;
+
+    /// [`TEXT`] as printers that numbered values and specs wrote it; it still reads back.
+    const NUMBERED_TEXT: &str = r#"@main (%0:tensor<[1, 4], UInt16PerTensorAsy, CPU>[spec:s0]) -> (%1) {
     linalg.CPU.ViewOp <name="v"> [shape:[4]] (%0) -> (%1:tensor<[4], UInt16PerTensorAsy, CPU>[spec:s0])
     linalg.CPU.ViewOp <name="w"> [shape:[1, 4]] (%1) -> (%2:tensor<[1, 4], Int4LPBQ, CPU>[spec:s1])
     linalg.CPU.ViewOp <name="x"> [shape:[4]] (%2) -> (%3:tensor<[4], UInt8PerTensorSym, CPU>[spec:s2])
@@ -469,6 +483,7 @@ quant.specs {
     fn spec_tables_round_trip_and_sharing_survives() {
         let p = parse(TEXT).unwrap();
         assert_eq!(p.to_string(), TEXT);
+        assert_eq!(parse(NUMBERED_TEXT).unwrap(), p);
         assert_eq!(p.value(p.main.inputs[0]).spec, p.value(p.main.outputs[0]).spec);
         assert_eq!(p.specs.len(), 3);
         assert_eq!(p.specs[0].per_tensor(), Some((0.5, 3)));
@@ -483,10 +498,12 @@ quant.specs {
     #[test]
     fn spec_table_errors_are_located() {
         let err = |t: &str| parse(t).unwrap_err().to_string();
-        let missing = TEXT.replace("    s2 = SymPerTensor(0, 255, UInt8, Float32)\n", "");
+        let missing = TEXT.replace("    $x = SymPerTensor(0, 255, UInt8, Float32)\n", "");
+        assert!(err(&missing).contains("spec $x is used but not in the quant.specs table"), "{}", err(&missing));
+        let twice = TEXT.replace("    $x = Sym", "    $w = Raw(Int32)\n    $x = Sym");
+        assert!(err(&twice).contains("spec $w defined twice"), "{}", err(&twice));
+        let missing = NUMBERED_TEXT.replace("    s2 = SymPerTensor(0, 255, UInt8, Float32)\n", "");
         assert!(err(&missing).contains("spec s2 is used but not in the quant.specs table"), "{}", err(&missing));
-        let twice = TEXT.replace("    s2 = Sym", "    s1 = Raw(Int32)\n    s2 = Sym");
-        assert!(err(&twice).contains("spec s1 defined twice"), "{}", err(&twice));
         let kind = TEXT.replace("SymPerTensor(0, 255", "SymPerBlock(0, 255");
         assert!(err(&kind).contains("unknown quant spec kind 'SymPerBlock'"), "{}", err(&kind));
         let fields = TEXT.replace("SymPerTensor(0, 255, UInt8, Float32)", "SymPerTensor(0, 255, UInt8)");
