@@ -454,3 +454,38 @@ fn wrapped_programs_keep_every_line_within_max_line() {
     );
     assert_eq!(parse(&text).unwrap(), b.p.canonicalize());
 }
+
+#[test]
+fn an_item_longer_than_max_line_puts_its_symbol_and_attributes_on_lines_of_their_own() {
+    // A parameter registered in `@init`: its name is its symbol, and its spec is named after it.
+    let mut b = Builder::default();
+    let symbol = format!("model.layers.27.{}.weight", "s".repeat(60));
+    let w = b.value_with(TensorType::new(vec![1, 1024, 8], DType::U16Asym), Some(&symbol), |def| {
+        def.qdq = Some(QdqAttr { kind: QdqKind::Rope, key: "model.sin_embedding_input_qdq".into() })
+    });
+    let spec = b.p.add_spec(mllm_dsl::ir::QuantSpec::new(mllm_dsl::ir::QuantSpecKind::u16_asym()));
+    b.p.set_value_spec(w, spec);
+    let init = SubGraph {
+        symbol: "init".into(),
+        device: None,
+        attrs: Attrs::new(),
+        region: Region {
+            inputs: vec![],
+            outputs: vec![],
+            body: vec![Node::Register { device: Device::Cpu, value: w }, Node::Return(vec![])],
+        },
+    };
+    b.p.main = Region { inputs: vec![], outputs: vec![], body: vec![Node::SubGraph(init), Node::Return(vec![])] };
+    let text = b.p.to_string();
+    let longest = text.lines().map(str::len).max().unwrap();
+    assert!(longest <= MAX_LINE, "a line has {longest} chars:\n{text}");
+    let want = format!(
+        "            tensor.CPU.register () -> (\n\
+         \x20               %{symbol}:tensor<[1, 1024, 8], UInt16PerTensorAsy, CPU>\n\
+         \x20                   [@{symbol}]\n\
+         \x20                   [qdq:rope(\"model.sin_embedding_input_qdq\"), spec:${symbol}]\n\
+         \x20           )\n"
+    );
+    assert!(text.contains(&want), "{text}");
+    assert_eq!(parse(&text).unwrap(), b.p.canonicalize());
+}

@@ -16,7 +16,9 @@
 //! - A value prints with its type and attributes where it is defined (region inputs, op outputs,
 //!   registers, constants, call results) and as a bare `%name` where it is used.
 //! - Attributes are sorted; floats print in Rust's shortest round-trip form.
-//! - A line that would exceed [`MAX_LINE`] characters puts one list item per line.
+//! - A line that would exceed [`MAX_LINE`] characters puts one list item per line, and an item that
+//!   alone would exceed it (a value with a long name, symbol and spec) puts its `[@symbol]` and
+//!   `[attributes]` on lines of their own, indented once more.
 //! - Unlike mllm, `@main` lists the trace inputs as its region inputs, so the text is closed SSA
 //!   and parses back ([`super::parse`]).
 //! - Quantization specs are named `$<name>` after the first value (in print order) that refers to
@@ -220,6 +222,9 @@ pub fn print(p: &Program) -> String {
     out
 }
 
+/// One item of a signature's lists, as the parts it may be wrapped between (see [`Printer::typed`]).
+type Item = Vec<String>;
+
 struct Printer<'a> {
     p: &'a Program,
     names: HashMap<ValueId, String>,
@@ -231,17 +236,20 @@ impl Printer<'_> {
         format!("%{}", spelled(&self.names[&v], scope))
     }
 
-    fn typed(&self, v: ValueId, scope: &str) -> String {
+    /// A value where it is defined, as its parts: `%name:tensor<...>`, then `[@symbol]` and
+    /// `[attrs]` when it has them. One item of a signature: the parts joined, or one per line
+    /// when the item alone would exceed [`MAX_LINE`].
+    fn typed(&self, v: ValueId, scope: &str) -> Item {
         let def = self.p.value(v);
-        let mut s = format!(
+        let mut parts = vec![format!(
             "{}:tensor<{}, {}, {}>",
             self.bare(v, scope),
             fmt_shape(&def.ty.shape),
             def.ty.dtype,
             def.ty.device
-        );
+        )];
         if let Some(sym) = &def.symbol {
-            write!(s, "[@{sym}]").unwrap();
+            parts.push(format!("[@{sym}]"));
         }
         let attrs = def.attrs();
         if !attrs.is_empty() {
@@ -252,34 +260,45 @@ impl Printer<'_> {
                     v => format!("{k}:{v}"),
                 })
                 .collect();
-            write!(s, "[{}]", items.join(", ")).unwrap();
+            parts.push(format!("[{}]", items.join(", ")));
         }
-        s
+        parts
     }
 
-    fn bares(&self, vs: &[ValueId], scope: &str) -> Vec<String> {
-        vs.iter().map(|&v| self.bare(v, scope)).collect()
+    fn bares(&self, vs: &[ValueId], scope: &str) -> Vec<Item> {
+        vs.iter().map(|&v| vec![self.bare(v, scope)]).collect()
     }
 
-    fn typeds(&self, vs: &[ValueId], scope: &str) -> Vec<String> {
+    fn typeds(&self, vs: &[ValueId], scope: &str) -> Vec<Item> {
         vs.iter().map(|&v| self.typed(v, scope)).collect()
     }
 
-    /// `head(ins) -> (outs)tail`, wrapped one item per line when too long.
-    fn signature(&self, indent: usize, head: &str, ins: &[String], outs: &[String], tail: &str, out: &mut String) {
+    /// `head(ins) -> (outs)tail`, wrapped one item per line when too long, and an item's parts one
+    /// per line (the later ones indented once more) when the item alone is too long.
+    fn signature(&self, indent: usize, head: &str, ins: &[Item], outs: &[Item], tail: &str, out: &mut String) {
         let pad = INDENT.repeat(indent);
-        let one = format!("{pad}{head}({}) -> ({}){tail}", ins.join(", "), outs.join(", "));
+        let joined = |items: &[Item]| items.iter().map(|i| i.concat()).collect::<Vec<_>>().join(", ");
+        let one = format!("{pad}{head}({}) -> ({}){tail}", joined(ins), joined(outs));
         if one.len() <= MAX_LINE {
             out.push_str(&one);
             out.push('\n');
             return;
         }
         let inner = INDENT.repeat(indent + 1);
-        let list = |items: &[String]| -> String {
+        let item = |parts: &Item| -> String {
+            let line = format!("{inner}{}", parts.concat());
+            if line.len() <= MAX_LINE {
+                return line;
+            }
+            let mut lines = vec![format!("{inner}{}", parts[0])];
+            lines.extend(parts[1..].iter().map(|p| format!("{inner}{INDENT}{p}")));
+            lines.join("\n")
+        };
+        let list = |items: &[Item]| -> String {
             if items.is_empty() {
                 return String::new();
             }
-            let body: Vec<String> = items.iter().map(|i| format!("{inner}{i}")).collect();
+            let body: Vec<String> = items.iter().map(item).collect();
             format!("\n{}\n{pad}", body.join(",\n"))
         };
         writeln!(out, "{pad}{head}({}) -> ({}){tail}", list(ins), list(outs)).unwrap();
