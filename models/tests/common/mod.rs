@@ -2,6 +2,30 @@
 
 use mllm_dsl::ir::{parse, MAX_LINE};
 use mllm_dsl::Program;
+use models::TransformerConfig;
+
+/// The most lines a whole-model snapshot may have, so that it stays reviewable.
+#[allow(dead_code)] // qwen3_passes snapshots the differences between programs instead
+pub const MAX_MODEL_LINES: usize = 600;
+
+/// `cfg` cut to its first layer. Every layer prints the same apart from its index (values are named
+/// per scope), so the whole-model snapshots trace one; the scope snapshots and the 2-layer lowering
+/// tests cover the rest.
+#[allow(dead_code)] // qwen3_passes traces the fixture's 2 layers
+pub fn one_layer(mut cfg: TransformerConfig) -> TransformerConfig {
+    cfg.num_hidden_layers = 1;
+    cfg.sliding_layers.truncate(1);
+    cfg
+}
+
+/// Snapshots a whole model's printed IR (see [`snapshot`]) after asserting it has at most
+/// [`MAX_MODEL_LINES`] lines.
+#[allow(dead_code)] // qwen3_passes snapshots the differences between programs instead
+pub fn snapshot_model(name: &str, program: &Program) {
+    let lines = program.to_string().lines().count();
+    assert!(lines <= MAX_MODEL_LINES, "{name}: {lines} lines, more than {MAX_MODEL_LINES} to review");
+    snapshot(name, program);
+}
 
 /// `program`'s printed IR, after checking that the text is deterministic, readable and lossless:
 /// every line within [`MAX_LINE`] and the text parses back to the same program and prints
@@ -9,7 +33,7 @@ use mllm_dsl::Program;
 pub fn checked_text(name: &str, program: &Program) -> String {
     let text = program.to_string();
     for (i, line) in text.lines().enumerate() {
-        assert!(line.len() <= MAX_LINE, "{name}: line {} has {} chars", i + 1, line.len());
+        assert!(line.len() <= MAX_LINE, "{name}: line {} has {} chars: {line}", i + 1, line.len());
     }
     let reparsed = parse(&text).unwrap_or_else(|e| panic!("{name} does not parse back: {e}"));
     assert_eq!(reparsed, program.canonicalize(), "{name}: parse(print(p)) != p");
