@@ -80,7 +80,7 @@ impl fmt::Display for Attr {
 }
 
 /// The type and metadata of one SSA value. Each fact has its own typed field; the printer shows
-/// them as one attribute list sorted by key (`[constant:-20.0, qdq:const("..."), spec:s3]`), the
+/// them as one attribute list sorted by key (`[constant:-20.0, qdq:const("..."), spec:$model.norm]`), the
 /// keys being [`ValueDef::ATTR_KEYS`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValueDef {

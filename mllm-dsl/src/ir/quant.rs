@@ -3,17 +3,19 @@
 //!
 //! mllm attaches spec *objects* to values and shares them by pointer: a view's output gets the very
 //! spec of its input, so solving one solves both. Here a spec lives once in [`Program::specs`] and
-//! values refer to it by [`SpecId`] (value attribute `spec:s3`), which makes the sharing explicit in
-//! the printed IR. The printer numbers specs in order of first reference and prints the table after
-//! `@main`:
+//! values refer to it by [`SpecId`] (value attribute `spec:$model.norm`), which makes the sharing
+//! explicit in the printed IR. The printer names a spec after the first value (in print order) that
+//! refers to it and prints the table after `@main`:
 //!
 //! ```text
 //! quant.specs {
-//!     s0 = Raw(Int32)
-//!     s1 = AsymPerTensor(0, 65535, UInt16, Float32, Int32) [from:"model.norm_input_qdq", scale:1.2e-4, zero_point:31000]
-//!     s2 = LPBQ(-7, 7, 16, 3, 4, Int4LPBQ, Float32) [blocks:2, channels:128, from:"lm_head"]
+//!     $0 = Raw(Int32)
+//!     $model.layers.1.Add.1 = AsymPerTensor(0, 65535, UInt16, Float32, Int32) [from:"model.norm_input_qdq", scale:1.2e-4, zero_point:31000]
+//!     $lm_head.weight = LPBQ(-7, 7, 16, 3, 4, Int4LPBQ, Float32) [blocks:2, channels:128, from:"lm_head"]
 //! }
 //! ```
+//!
+//! Tables from printers that numbered specs (`s0 = ...`, `spec:s0`) still parse.
 //!
 //! A spec is *solved* when its parameters are known ([`SpecParams`]); `Raw` needs none. Per-tensor
 //! parameters are small and stored inline; LPBQ parameters are references (checkpoint keys) to the
@@ -467,10 +469,11 @@ quant.specs {
 
     #[test]
     fn per_channel_specs_round_trip() {
-        let text = TEXT.replace("Int4LPBQ, CPU>[spec:s1]", "Int8, CPU>[spec:s1]").replace(
+        let text = TEXT.replace("Int4LPBQ, CPU>[spec:$w]", "Int8, CPU>[spec:$w]").replace(
             r#"LPBQ(-7, 7, 16, 3, 4, Int4LPBQ, Float32) [blocks:2, channels:8, from:"lm_head"]"#,
             r#"SymPerChannel(-127, 127, 3, Int8, Float32) [channel_scales:8, from:"lm_head"]"#,
         );
+        assert!(text.contains("Int8, CPU>[spec:$w]") && text.contains("SymPerChannel("), "{text}");
         let p = parse(&text).unwrap();
         assert_eq!(p.to_string(), text);
         assert_eq!(p.specs[1].kind, QuantSpecKind::int8_per_channel_hwio());
