@@ -82,7 +82,7 @@ The output is built in a fresh .<out>.staging-* directory next to --out and repl
 succeeded: a failed or interrupted run leaves the previous --out as it was. --out may not be or contain an input. Two runs with the same inputs write byte-identical files
 except report.json's \"timings_s\" (wall times) and qnn/context*.bin (Qualcomm's serializer is not byte-deterministic).";
 
-#[derive(Parser, Debug)]
+#[derive(Parser, Debug, Clone)]
 #[command(
     name = "qwen3_aot",
     about = "Compile an LLM checkpoint for Qualcomm QNN (HTP) ahead of time, with a per-stage accuracy ledger",
@@ -242,13 +242,14 @@ impl AotArgs {
 /// flow (see [`aot::run`]).
 pub fn run_aot(args: &AotArgs) -> Result<AotReport> {
     backend_cpu::kernels::set_num_threads(args.threads)?;
+    // `--model` as a checkpoint directory (a GGUF file converted) before the recipe reads its config.
+    let mut args = args.clone();
+    if let Some(model) = &mut args.model {
+        *model = aot::resolve_model(model)?;
+    }
     let recipe = args.recipe()?;
     if let Some(chosen) = &recipe {
         eprintln!("{}", chosen.line());
     }
-    let mut options = args.options_with(recipe.as_ref().map(|c| &c.recipe));
-    if let ModelSource::Float(dir) = &mut options.source {
-        *dir = aot::resolve_model(dir)?;
-    }
-    Ok(run(&options)?)
+    Ok(run(&args.options_with(recipe.as_ref().map(|c| &c.recipe)))?)
 }

@@ -178,8 +178,12 @@ mod tests {
         std::fs::write(dir.join("marker"), b"").unwrap();
         assert_eq!(converted_gguf(&gguf, &root).unwrap(), dir);
         assert!(dir.join("marker").is_file());
-        // Nothing else was left in the cache (no staging directory).
-        assert_eq!(std::fs::read_dir(&root).unwrap().count(), 1);
+        // Nothing else was left in the cache: no staging directory, only the staging lock.
+        let name = dir.file_name().unwrap().to_str().unwrap();
+        let mut names: Vec<String> =
+            std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        assert_eq!(names, [format!(".{name}.lock"), name.to_string()]);
         // A different file (a copy has another path) gets its own directory.
         let copy = root.join("llama-tiny.gguf");
         std::fs::copy(&gguf, &copy).unwrap();

@@ -40,6 +40,22 @@ fn generate(args: &[&str]) -> anyhow::Result<Vec<String>> {
     generate::run_generate(&generate::GenerateArgs::try_parse_from(argv)?)
 }
 
+/// The cache's conversions, without the staging locks (`.<dir>.lock`) beside them; nothing else
+/// may be there (no staging directory left behind).
+fn conversions() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for entry in std::fs::read_dir(cache().join("gguf")).unwrap() {
+        let (path, name) = (entry.as_ref().unwrap().path(), entry.unwrap().file_name().into_string().unwrap());
+        if name.starts_with('.') {
+            assert!(name.ends_with(".lock"), "{}", path.display());
+        } else {
+            dirs.push(path);
+        }
+    }
+    dirs.sort();
+    dirs
+}
+
 fn ids_line(lines: &[String]) -> Vec<u32> {
     lines[0].strip_prefix("ids: ").unwrap().split(',').map(|s| s.parse().unwrap()).collect()
 }
@@ -54,16 +70,17 @@ fn generate_runs_a_gguf_file_like_the_hf_checkpoint_it_was_made_from() {
     let lines = generate(&[&args[..], &["--context", "64"]].concat()).unwrap();
     assert_eq!(ids_line(&lines), greedy);
 
-    // Converted once: one directory in the cache, found again by the second run.
-    let converted: Vec<PathBuf> = std::fs::read_dir(cache().join("gguf")).unwrap().map(|e| e.unwrap().path()).collect();
+    // Converted once: one directory in the cache (beside it only the lock of its staging
+    // directory, `.<dir>.lock`), found again by the second run.
+    let converted = conversions();
     assert_eq!(converted.len(), 1, "{converted:?}");
     let dir = &converted[0];
     assert!(dir.file_name().unwrap().to_str().unwrap().starts_with("llama-tiny-"), "{}", dir.display());
     let stamp = std::fs::metadata(dir.join("model.safetensors")).unwrap().modified().unwrap();
-    let lines = generate(&[&args[..], &["--context", "32"]].concat()).unwrap();
+    let lines = generate(&[&args[..], &["--context", "48"]].concat()).unwrap();
     assert_eq!(ids_line(&lines), greedy);
     assert_eq!(std::fs::metadata(dir.join("model.safetensors")).unwrap().modified().unwrap(), stamp);
-    assert_eq!(std::fs::read_dir(cache().join("gguf")).unwrap().count(), 1);
+    assert_eq!(conversions(), converted);
 }
 
 #[test]
