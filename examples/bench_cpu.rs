@@ -60,8 +60,9 @@ const BANDWIDTH_ENV: &str = "MLLM_BENCH_CPU_READ_GB_S";
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Prefill/decode speed, roofline, load time and peak RSS of Qwen3-0.6B shapes on the CPU")]
 struct Args {
-    /// Float checkpoint directory (the synthetic one is written when it holds no config.json yet).
-    #[arg(long)]
+    /// Float checkpoint directory or a GGUF file (converted once into the cache); without it, the
+    /// synthetic checkpoint (written when it holds no config.json yet).
+    #[arg(long, value_name = "HF_DIR|GGUF")]
     model: Option<PathBuf>,
     /// Quantized checkpoint directory (written from --model's checkpoint by `aot::quantize` when it
     /// holds no config.json yet).
@@ -132,7 +133,10 @@ impl Variant {
 fn main() -> Result<()> {
     let args = Args::parse();
     let synthetic = args.model.is_none();
-    let model = args.model.clone().unwrap_or_else(|| aot::default_out_dir("bench-qwen3-0.6b"));
+    let model = match &args.model {
+        Some(model) => aot::resolve_model(model)?,
+        None => aot::default_out_dir("bench-qwen3-0.6b"),
+    };
     let quantized = args.quantized.clone().unwrap_or_else(|| aot::default_out_dir("bench-qwen3-0.6b-w4a16"));
     let variants = args.variants.iter().map(|v| Variant::parse(v)).collect::<Result<Vec<_>>>()?;
     if let Ok(child_spec) = std::env::var(CHILD_ENV) {

@@ -26,8 +26,8 @@ use models::hf::HfConfig;
 #[derive(Parser, Debug)]
 #[command(about = "Calibrate an HF checkpoint and export it as AscendV1 (msModelSlim's format for Ascend NPUs)")]
 struct Args {
-    /// HF float checkpoint directory.
-    #[arg(long, value_name = "HF_DIR")]
+    /// HF float checkpoint directory or a GGUF file (converted once into the cache).
+    #[arg(long, value_name = "HF_DIR|GGUF")]
     model: PathBuf,
     /// Calibration token ids: safetensors with `calib_ids`, int64 [N, L].
     #[arg(long, value_name = "FILE", conflicts_with = "calib_text", required_unless_present = "calib_text")]
@@ -89,7 +89,8 @@ struct Args {
 }
 
 fn main() -> Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.model = aot::resolve_model(&args.model)?;
     backend_cpu::kernels::set_num_threads(args.flags.threads)?;
     let quant_type: QuantType = args.quant_type.parse()?;
     let hf = HfConfig::from_dir(&args.model)?;

@@ -43,8 +43,8 @@ fn main() -> Result<()> {
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Generate tokens on the CPU with a model file from an HF checkpoint directory")]
 pub struct GenerateArgs {
-    /// HF model directory: config.json + model.safetensors (or shards with an index).
-    #[arg(long)]
+    /// HF model directory: config.json + model.safetensors (or shards with an index) or a GGUF file (converted once into the cache).
+    #[arg(long, value_name = "HF_DIR|GGUF")]
     pub model: PathBuf,
     /// Prompt as comma-separated token ids, e.g. 5,17,42.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt", "chat"], required_unless_present_any = ["prompt", "chat"])]
@@ -164,5 +164,7 @@ pub fn run_generate_io(
     output: &mut dyn Write,
     stream: bool,
 ) -> Result<Vec<String>> {
-    Ok(aot::generation::run(&args.request(), input, output, stream)?)
+    let mut request = args.request();
+    request.model = aot::resolve_model(&request.model)?;
+    Ok(aot::generation::run(&request, input, output, stream)?)
 }

@@ -20,8 +20,8 @@ use mllm_examples::ScoreFlags;
 #[derive(Parser, Debug)]
 #[command(about = "Weight-only loss of a quantized checkpoint per linear family and per layer")]
 struct Args {
-    /// HF float checkpoint directory the quantized one was made from (unrotated).
-    #[arg(long, value_name = "HF_DIR")]
+    /// HF float checkpoint directory the quantized one was made from (unrotated) or a GGUF file (converted once into the cache).
+    #[arg(long, value_name = "HF_DIR|GGUF")]
     model: PathBuf,
     /// The quantized checkpoint (pymllm's format: `quantize`'s, `perplexity`'s or `qwen3_aot`'s output).
     #[arg(long, value_name = "DIR")]
@@ -43,7 +43,8 @@ struct Args {
 }
 
 fn main() -> Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.model = aot::resolve_model(&args.model)?;
     backend_cpu::kernels::set_num_threads(args.flags.threads)?;
     let ids = load_text_ids(&args.text, &args.model.join("tokenizer.json"), args.tokens)?;
     let rows = weight_loss_breakdown(&BreakdownOptions {

@@ -23,8 +23,8 @@ use models::hf::HfConfig;
 #[derive(Parser, Debug)]
 #[command(about = "Perplexity, mean KL and top-1 agreement of quantized models against float on a text file")]
 struct Args {
-    /// HF float checkpoint directory (config.json, safetensors, tokenizer.json).
-    #[arg(long, value_name = "HF_DIR")]
+    /// HF float checkpoint directory (config.json, safetensors, tokenizer.json) or a GGUF file (converted once into the cache).
+    #[arg(long, value_name = "HF_DIR|GGUF")]
     model: PathBuf,
     /// Evaluation text (plain UTF-8), tokenized with the model's tokenizer.json. Never the calibration text.
     #[arg(long, value_name = "FILE")]
@@ -68,7 +68,8 @@ struct Args {
 }
 
 fn main() -> Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.model = aot::resolve_model(&args.model)?;
     backend_cpu::kernels::set_num_threads(args.flags.threads)?;
     let hf = HfConfig::from_dir(&args.model)?;
     let mut quantized: Vec<(String, PathBuf)> =

@@ -27,7 +27,7 @@ use models::hf::HfConfig;
 #[derive(Parser, Debug)]
 #[command(about = "Calibrate and quantize an HF checkpoint into pymllm's W4A16KV8 checkpoint format")]
 struct Args {
-    /// HF float checkpoint directory (config.json + safetensors).
+    /// HF float checkpoint directory (config.json + safetensors) or a GGUF file (converted once into the cache).
     #[arg(long)]
     model: PathBuf,
     /// mllm QNN AOT config JSON (quant recipe, LPBQ block size); default: the built-in 1.7B one.
@@ -75,7 +75,8 @@ struct Args {
 }
 
 fn main() -> Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.model = aot::resolve_model(&args.model)?;
     backend_cpu::kernels::set_num_threads(args.threads)?;
     let hf = HfConfig::from_dir(&args.model)?;
     let source = match (&args.calib_ids, &args.calib_text) {

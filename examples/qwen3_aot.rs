@@ -82,15 +82,15 @@ The output is built in a fresh .<out>.staging-* directory next to --out and repl
 succeeded: a failed or interrupted run leaves the previous --out as it was. --out may not be or contain an input. Two runs with the same inputs write byte-identical files
 except report.json's \"timings_s\" (wall times) and qnn/context*.bin (Qualcomm's serializer is not byte-deterministic).";
 
-#[derive(Parser, Debug)]
+#[derive(Parser, Debug, Clone)]
 #[command(
     name = "qwen3_aot",
     about = "Compile an LLM checkpoint for Qualcomm QNN (HTP) ahead of time, with a per-stage accuracy ledger",
     after_help = AFTER_HELP
 )]
 pub struct AotArgs {
-    /// HF float checkpoint directory (config.json + safetensors) to calibrate; its model_type picks the model file.
-    #[arg(long, value_name = "HF_DIR", conflicts_with = "quantized")]
+    /// HF float checkpoint directory (config.json + safetensors) or a GGUF file (converted once into the cache) to calibrate; its model_type picks the model file.
+    #[arg(long, value_name = "HF_DIR|GGUF", conflicts_with = "quantized")]
     pub model: Option<PathBuf>,
     /// Quantized checkpoint directory (pymllm's export or this project's `quantize`): no calibration.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["calib_ids", "calib_text"])]
@@ -242,6 +242,11 @@ impl AotArgs {
 /// flow (see [`aot::run`]).
 pub fn run_aot(args: &AotArgs) -> Result<AotReport> {
     backend_cpu::kernels::set_num_threads(args.threads)?;
+    // `--model` as a checkpoint directory (a GGUF file converted) before the recipe reads its config.
+    let mut args = args.clone();
+    if let Some(model) = &mut args.model {
+        *model = aot::resolve_model(model)?;
+    }
     let recipe = args.recipe()?;
     if let Some(chosen) = &recipe {
         eprintln!("{}", chosen.line());

@@ -99,6 +99,9 @@ pub enum AotError {
     Io(Box<std::io::Error>),
     #[error(transparent)]
     Json(Box<serde_json::Error>),
+    /// A model argument that names no model (see [`crate::model_path`]).
+    #[error(transparent)]
+    ModelPath(Box<crate::model_path::ModelPathError>),
     /// The pipeline's own checks: arguments against each other, data against the model.
     #[error("{0}")]
     Invalid(String),
@@ -154,6 +157,7 @@ boxed_from! {
     Family <- crate::family::FamilyError,
     Io <- std::io::Error,
     Json <- serde_json::Error,
+    ModelPath <- crate::model_path::ModelPathError,
 }
 
 /// The `aot` crate's results.

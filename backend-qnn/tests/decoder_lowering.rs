@@ -65,55 +65,13 @@ fn check(fixture: &str) -> (AotModel, QnnGraph, QnnGraph) {
     (model, sn, s1)
 }
 
-/// The chunk-1 graph's structure: summary, then one line per node (output dtype and dims,
-/// encoding kind, op, inputs). Scales are left out: they come from calibration.
-fn structure(g: &QnnGraph) -> String {
-    let mut out = backend_qnn::artifacts::summary::summarize(g).render();
-    out.push_str("\nnodes:\n");
-    for n in &g.nodes {
-        let o = g.tensor(&n.outputs[0]).unwrap();
-        let ins: Vec<String> = n
-            .inputs
-            .iter()
-            .map(|i| {
-                let t = g.tensor(i).unwrap();
-                if t.tensor_type == TensorType::Static {
-                    format!("{i}: {} {:?} {}", t.dtype, t.dims, encoding_kind(&t.encoding))
-                } else {
-                    i.clone()
-                }
-            })
-            .collect();
-        out.push_str(&format!(
-            "{} [{} {:?} {}] = {}({})\n",
-            o.name,
-            o.dtype,
-            o.dims,
-            encoding_kind(&o.encoding),
-            n.op_type.as_str(),
-            ins.join(", ")
-        ));
-    }
-    out
-}
-
-fn encoding_kind(e: &Encoding) -> String {
-    match e {
-        Encoding::Undefined => "-".into(),
-        Encoding::ScaleOffset(so) if so.offset == -128 => "sym8".into(),
-        Encoding::ScaleOffset(_) => "scale_offset".into(),
-        Encoding::AxisScaleOffset { axis, .. } => format!("axis_scale_offset(axis {axis})"),
-        Encoding::BlockwiseExpansion(bw) => format!("lpbq(axis {}, {} blocks)", bw.axis, bw.num_blocks_per_axis),
-    }
-}
-
 fn snapshot(name: &str, g: &QnnGraph) {
     insta::with_settings!({
         snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"),
         prepend_module_to_snapshot => false,
         omit_expression => true,
     }, {
-        insta::assert_snapshot!(name, structure(g));
+        insta::assert_snapshot!(name, backend_qnn::artifacts::summary::structure(g));
     });
 }
 

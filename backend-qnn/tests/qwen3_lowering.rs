@@ -8,8 +8,8 @@
 //! - The lowered graphs, run by the QNN-semantics reference interpreter, give the logits of the
 //!   CPU fake-quant run of the same IR within SQNR >= 35 dB, and the KV outputs within one step.
 //! - The GQA repeat is repeat-interleave: with mllm's Tile order the same check fails.
-//! - Artifacts (net.json, model.cpp/.bin, summary) are deterministic; the chunk-1 net.json is
-//!   snapshotted (`snapshots/qwen3__model__qnn_json_s1.snap`).
+//! - Artifacts (net.json, model.cpp/.bin, summary) are deterministic; the chunk-1 graph's
+//!   structure (summary and one line per node) is snapshotted (`snapshots/qwen3__model__qnn_s1.snap`).
 
 mod qwen3_common;
 
@@ -257,7 +257,7 @@ fn errors_name_the_graph_and_what_cannot_be_lowered() {
 }
 
 #[test]
-fn artifacts_are_deterministic_and_the_s1_json_is_snapshotted() {
+fn artifacts_are_deterministic_and_the_s1_structure_is_snapshotted() {
     let (s4, s1) = lowered_pair();
     let dir = TempDir::new("artifacts");
     for g in [&s4, &s1] {
@@ -277,13 +277,15 @@ fn artifacts_are_deterministic_and_the_s1_json_is_snapshotted() {
         let summary = String::from_utf8(first[3].clone()).unwrap();
         assert!(summary.contains("Conv2d") && summary.contains("SFIXED_POINT_4"), "{summary}");
     }
-    let json = backend_qnn::artifacts::netron::render(&s1);
+    // The chunk-1 graph's structure (the netron JSON above is checked for determinism; its
+    // node-by-node content is reviewed in this smaller form, as for the other model families).
+    let structure = backend_qnn::artifacts::summary::structure(&s1);
     insta::with_settings!({
         snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"),
         prepend_module_to_snapshot => false,
         omit_expression => true,
     }, {
-        insta::assert_snapshot!("qwen3__model__qnn_json_s1", json);
+        insta::assert_snapshot!("qwen3__model__qnn_s1", structure);
     });
 }
 

@@ -18,7 +18,7 @@ fn ir_target(bytes: &[u8]) {
 
 #[test]
 fn fuzz_ir_text() {
-    let seeds: Vec<Vec<u8>> = ["qwen3__mlp__trace.snap", "qwen3__attention__trace.snap", "qwen3__model__ptq.snap"]
+    let mut seeds: Vec<Vec<u8>> = ["qwen3__mlp__trace.snap", "qwen3__attention__trace.snap"]
         .iter()
         .map(|f| {
             let text = std::fs::read_to_string(repo().join("snapshots").join(f)).unwrap();
@@ -26,6 +26,8 @@ fn fuzz_ir_text() {
             text.splitn(3, "---\n").nth(2).unwrap().as_bytes().to_vec()
         })
         .collect();
+    // Every kind of value name and a spec table.
+    seeds.push(std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ir/named.mir")).unwrap());
     for seed in &seeds {
         mllm_dsl::ir::parse(std::str::from_utf8(seed).unwrap()).expect("seeds are valid IR");
     }

@@ -351,6 +351,25 @@ fn every_attr_and_node_kind_round_trips() {
     assert_eq!(kinds, every_op().iter().collect::<Vec<_>>());
 }
 
+/// Every way a value gets its name, in one file: a main input (`%0`), a parameter (its symbol), an
+/// op's outputs (its name, `#1` for the second), a constant and an unnamed op's output (numbered in
+/// their subgraph, `%.#0`), a repeated op name (`~2`); relative names (`%.v` in `@m`) and specs
+/// named after their first value (`$0`, `$m.w.weight`). It reads back and prints identically, and a
+/// relative name means the same as its full spelling.
+#[test]
+fn named_values_read_back_and_print_identically() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ir/named.mir");
+    let text = std::fs::read_to_string(path).unwrap();
+    let p = parse(&text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.to_string(), text);
+    let full = text.replace("(%.v, %.#0) -> (%.Mul.0:", "(%m.v, %m.#0) -> (%m.Mul.0:");
+    assert_ne!(full, text);
+    assert_eq!(parse(&full).unwrap(), p);
+    // A relative name outside any subgraph is the name itself, which is not defined there.
+    let (_, _, message) = parse_error("@main () -> (%.x) {\n    cf.ReturnOp (%.x) -> ()\n}\n");
+    assert_eq!(message, "value %.x is used but never defined");
+}
+
 /// A traced program round-trips too (the snapshot tests of the models rely on it).
 #[test]
 fn traced_programs_round_trip() {
@@ -433,5 +452,40 @@ fn wrapped_programs_keep_every_line_within_max_line() {
     assert!(
         text.contains("\n            linalg.CPU.ConcatOp <name=\"model.layers.27.self_attn.Concat.0\"> [dim:3] (\n")
     );
+    assert_eq!(parse(&text).unwrap(), b.p.canonicalize());
+}
+
+#[test]
+fn an_item_longer_than_max_line_puts_its_symbol_and_attributes_on_lines_of_their_own() {
+    // A parameter registered in `@init`: its name is its symbol, and its spec is named after it.
+    let mut b = Builder::default();
+    let symbol = format!("model.layers.27.{}.weight", "s".repeat(60));
+    let w = b.value_with(TensorType::new(vec![1, 1024, 8], DType::U16Asym), Some(&symbol), |def| {
+        def.qdq = Some(QdqAttr { kind: QdqKind::Rope, key: "model.sin_embedding_input_qdq".into() })
+    });
+    let spec = b.p.add_spec(mllm_dsl::ir::QuantSpec::new(mllm_dsl::ir::QuantSpecKind::u16_asym()));
+    b.p.set_value_spec(w, spec);
+    let init = SubGraph {
+        symbol: "init".into(),
+        device: None,
+        attrs: Attrs::new(),
+        region: Region {
+            inputs: vec![],
+            outputs: vec![],
+            body: vec![Node::Register { device: Device::Cpu, value: w }, Node::Return(vec![])],
+        },
+    };
+    b.p.main = Region { inputs: vec![], outputs: vec![], body: vec![Node::SubGraph(init), Node::Return(vec![])] };
+    let text = b.p.to_string();
+    let longest = text.lines().map(str::len).max().unwrap();
+    assert!(longest <= MAX_LINE, "a line has {longest} chars:\n{text}");
+    let want = format!(
+        "            tensor.CPU.register () -> (\n\
+         \x20               %{symbol}:tensor<[1, 1024, 8], UInt16PerTensorAsy, CPU>\n\
+         \x20                   [@{symbol}]\n\
+         \x20                   [qdq:rope(\"model.sin_embedding_input_qdq\"), spec:${symbol}]\n\
+         \x20           )\n"
+    );
+    assert!(text.contains(&want), "{text}");
     assert_eq!(parse(&text).unwrap(), b.p.canonicalize());
 }

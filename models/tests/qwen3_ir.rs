@@ -1,9 +1,11 @@
-//! IR snapshots of the tiny Qwen3 (hidden 64, 2 layers, chunk 4, context 16) in the QNN form, per
-//! scope. Review changes with `cargo insta review`; every snapshot must also parse back.
+//! IR snapshots of the tiny Qwen3 (hidden 64, chunk 4, context 16) in the QNN form: the whole model
+//! cut to one layer (at most [`common::MAX_MODEL_LINES`] lines), the MLP and the attention. A
+//! decoder layer alone is traced and round-tripped but not snapshotted (the model snapshot holds
+//! one). Review changes with `cargo insta review`; every program must also parse back.
 
 mod common;
 
-use common::{layer_inputs, snapshot};
+use common::{checked_text, layer_inputs, one_layer, snapshot, snapshot_model};
 use mllm_dsl::prelude::*;
 use mllm_dsl::CausalLm;
 use models::decoder::{DecoderAttention, DecoderBlock};
@@ -21,13 +23,57 @@ fn act(shape: &[usize]) -> TraceInput {
 
 #[test]
 fn whole_model() {
-    let cfg = TransformerConfig::tiny_qwen3();
+    let cfg = one_layer(TransformerConfig::tiny_qwen3());
     let mut model = Qwen3ForCausalLM::new(&cfg);
     model.declare(ParamFormat::QnnW4A16).unwrap();
     let inputs = trace_inputs(&cfg, CHUNK, CONTEXT, ParamFormat::QnnW4A16);
     let program = trace(&inputs, |t| model.forward_graph(t)).unwrap();
-    assert!(program.to_string().lines().count() <= 600);
-    snapshot("qwen3__model__trace", &program);
+    snapshot_model("qwen3__model__trace", &program);
+}
+
+/// Values are named after what defines them, not numbered through the whole program, so one op
+/// inserted into layer 0's MLP changes its own line and its consumer's, not every line after it.
+#[test]
+fn an_inserted_op_changes_only_the_lines_that_mention_it() {
+    use mllm_dsl::ir::{LinalgOp, Node, ValueDef};
+    use mllm_dsl::op::OpKind;
+    let cfg = TransformerConfig::tiny_qwen3();
+    let mut model = Qwen3ForCausalLM::new(&cfg);
+    model.declare(ParamFormat::QnnW4A16).unwrap();
+    let inputs = trace_inputs(&cfg, CHUNK, CONTEXT, ParamFormat::QnnW4A16);
+    let before = trace(&inputs, |t| model.forward_graph(t)).unwrap();
+    // A Neg after `up_proj`, read by what read `up_proj`'s output.
+    let mut after = before.clone();
+    let g = after.graph_id("model.layers.0.mlp").unwrap();
+    let body = &after.graph(g).region.body;
+    let at = body
+        .iter()
+        .position(|n| matches!(n, Node::Linalg(op) if op.name.as_deref() == Some("model.layers.0.mlp.up_proj")))
+        .unwrap();
+    let Node::Linalg(up) = &body[at] else { unreachable!() };
+    let (up_out, device) = (up.outputs[0], up.device);
+    let neg = after.add_value(ValueDef::new(after.value(up_out).ty.clone()));
+    let body = &mut after.graph_mut(g).region.body;
+    for node in body.iter_mut().skip(at + 1) {
+        if let Node::Linalg(op) = node {
+            op.inputs.iter_mut().filter(|v| **v == up_out).for_each(|v| *v = neg);
+        }
+    }
+    let op = LinalgOp {
+        device,
+        kind: OpKind::Neg,
+        name: Some("model.layers.0.mlp.Neg.0".into()),
+        attrs: Default::default(),
+        inputs: vec![up_out],
+        outputs: vec![neg],
+    };
+    body.insert(at + 1, Node::Linalg(op));
+    let diff = common::line_diff(&checked_text("before", &before), &checked_text("after", &after));
+    let removed: Vec<&str> = diff.lines().filter(|l| l.starts_with('-')).collect();
+    let added: Vec<&str> = diff.lines().filter(|l| l.starts_with('+')).collect();
+    assert_eq!((removed.len(), added.len()), (1, 2), "{diff}");
+    assert!(added.iter().any(|l| l.contains("NegOp <name=\"model.layers.0.mlp.Neg.0\"> (%.up_proj) -> (%.Neg.0:")));
+    assert!(added.iter().any(|l| l.contains("(%.Neg.0)")), "{diff}");
 }
 
 #[test]
@@ -70,7 +116,7 @@ fn decoder_scope() {
     let mut layer = Qwen3DecoderLayer::new(&cfg, 1);
     layer.bind("model.layers.1", &QNN).unwrap();
     let program = trace(&attention_inputs(&cfg), |t| layer.forward(&t[0], &layer_inputs(t))).unwrap();
-    snapshot("qwen3__decoder__trace", &program);
+    checked_text("qwen3 decoder", &program);
 }
 
 /// The real Qwen3-1.7B config traces without weights for both chunk sizes, and the op census equals

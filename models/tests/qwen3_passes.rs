@@ -2,8 +2,9 @@
 //! (`fixtures/pymllm-qwen3-dev-f32`: hidden 32, 2 layers, head_dim 8, vocab 128, LPBQ block 16),
 //! traced at chunk 4 / context 16 in the QNN form.
 //!
-//! - After every pass, the IR is snapshotted (`snapshots/qwen3__model__<stage>.snap`, review with
-//!   `cargo insta review`), prints within the line limit and parses back.
+//! - After every pass, the IR prints within the line limit and parses back; what each pass changed
+//!   is snapshotted as a line diff from the stage before (`snapshots/qwen3__model__passes.snap`,
+//!   review with `cargo insta review`).
 //! - After every pass, backend-cpu's interpreter runs the program on fixed inputs and must give the
 //!   eager model's outputs: bit for bit in float, within one quantization step of each output in
 //!   fake-quant (QDQ parameters from the checkpoint).
@@ -15,7 +16,7 @@ mod common;
 
 use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter, QdqHook, QdqHookError};
 use checkpoint::SafetensorsCheckpoint;
-use common::snapshot;
+use common::{checked_text, line_diff, snapshot_text};
 use compiler::aot_config::AotConfig;
 use compiler::passes::{qdq_params, ParamError, Pipeline, QuantParamProvider, StoredTensor};
 use compiler::quant::fake_quant::FakeQuantizer;
@@ -195,15 +196,24 @@ fn every_pass_is_snapshotted_and_preserves_the_models_outputs() {
     let (cfg, mut p) = (aot_config(), traced(CHUNK));
     check("trace", &p);
     let mut stages = Vec::new();
+    // One snapshot: what each pass changed in the printed program, as line diffs from the
+    // previous stage (the traced program is `qwen3__model__trace`'s, with the fixture's widths).
+    let mut previous = checked_text("trace", &p);
+    let mut passes = format!("trace: {} lines\n", previous.lines().count());
     Pipeline::qnn_aot(&cfg, &ckpt)
         .run_observed(&mut p, |pass, prog| {
-            snapshot(&format!("qwen3__model__{}", pass.stage()), prog);
+            let text = checked_text(pass.stage(), prog);
+            let diff = line_diff(&previous, &text);
+            let changed = diff.lines().filter(|l| !l.starts_with("@@")).count();
+            passes.push_str(&format!("\n== {} ({changed} lines changed) ==\n{diff}", pass.stage()));
+            previous = text;
             check(pass.stage(), prog);
             stages.push(pass.stage());
             Ok(())
         })
         .unwrap();
     assert_eq!(stages.len(), 9);
+    snapshot_text("qwen3__model__passes", &passes);
 }
 
 #[test]

@@ -1,10 +1,11 @@
 //! A plain-text summary of a graph: ops by type, tensors by role and dtype, static bytes and
-//! multiply-accumulates, for reviewing what a lowering produced.
+//! multiply-accumulates, and its node-by-node [`structure`], for reviewing what a lowering produced.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 
-use crate::dtype::TensorType;
+use crate::dtype::{DataType, TensorType};
+use crate::encoding::Encoding;
 use crate::graph::{Param, QnnGraph, QnnNode, QnnTensor};
 use crate::opdef::OpType;
 
@@ -142,5 +143,86 @@ impl GraphSummary {
             let _ = writeln!(s, "  {dtype:<20} {bytes:>12}");
         }
         s
+    }
+}
+
+/// A graph's structure for review: [`GraphSummary::render`], then one line per node in order —
+/// its outputs (dtype, dims, encoding kind), op type, inputs (static ones with dtype, dims and
+/// encoding kind) and params (small integer tensors by value). Scales and weights are left out:
+/// they come from calibration and are checked by numbers, not by reading.
+pub fn structure(graph: &QnnGraph) -> String {
+    let mut out = summarize(graph).render();
+    out.push_str("\nnodes:\n");
+    let index = graph.tensor_index();
+    let tensor = |name: &str| index.get(name).map(|&i| &graph.tensors[i]);
+    for n in &graph.nodes {
+        let outs: Vec<String> = n
+            .outputs
+            .iter()
+            .map(|o| match tensor(o) {
+                Some(t) => format!("{o} [{} {:?} {}]", t.dtype, t.dims, encoding_kind(&t.encoding)),
+                None => o.clone(),
+            })
+            .collect();
+        let ins: Vec<String> = n
+            .inputs
+            .iter()
+            .map(|i| match tensor(i) {
+                Some(t) if t.tensor_type == TensorType::Static => {
+                    format!("{i}: {} {:?} {}", t.dtype, t.dims, encoding_kind(&t.encoding))
+                }
+                _ => i.clone(),
+            })
+            .collect();
+        let params: Vec<String> = n.params.iter().map(|(name, p)| format!("{name}={}", param_text(p))).collect();
+        let params = if params.is_empty() { String::new() } else { format!(" {{{}}}", params.join(", ")) };
+        let _ = writeln!(out, "{} = {}({}){params}", outs.join(", "), n.op_type.as_str(), ins.join(", "));
+    }
+    out
+}
+
+/// An encoding's kind and layout, without its scales.
+pub fn encoding_kind(e: &Encoding) -> String {
+    match e {
+        Encoding::Undefined => "-".into(),
+        Encoding::ScaleOffset(so) if so.offset == -128 => "sym8".into(),
+        Encoding::ScaleOffset(_) => "scale_offset".into(),
+        Encoding::AxisScaleOffset { axis, .. } => format!("axis_scale_offset(axis {axis})"),
+        Encoding::BlockwiseExpansion(bw) => format!("lpbq(axis {}, {} blocks)", bw.axis, bw.num_blocks_per_axis),
+    }
+}
+
+/// A param as written in [`structure`]: a scalar's value; a static tensor's values when it is a
+/// small integer tensor (shapes, permutations, paddings), else its dtype and dims.
+fn param_text(p: &Param) -> String {
+    match p {
+        Param::Scalar(s) => match (s.as_i64(), s.as_f64()) {
+            (Some(i), _) => i.to_string(),
+            (None, Some(f)) => format!("{f:?}"),
+            (None, None) => format!("{s:?}"),
+        },
+        Param::Tensor(t) => {
+            let ints = |width: usize, signed: bool| -> Option<Vec<i64>> {
+                let d = t.data.as_ref()?.bytes();
+                (d.len() % width == 0 && d.len() / width <= 16).then(|| {
+                    d.chunks(width)
+                        .map(|c| match (width, signed) {
+                            (4, true) => i32::from_le_bytes(c.try_into().unwrap()).into(),
+                            (4, false) => u32::from_le_bytes(c.try_into().unwrap()).into(),
+                            _ => 0,
+                        })
+                        .collect()
+                })
+            };
+            let values = match t.dtype {
+                DataType::Int32 => ints(4, true),
+                DataType::UInt32 => ints(4, false),
+                _ => None,
+            };
+            match values {
+                Some(v) => format!("{v:?}"),
+                None => format!("<{} {:?}>", t.dtype, t.dims),
+            }
+        }
     }
 }

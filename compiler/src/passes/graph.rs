@@ -5,7 +5,7 @@
 //! handle of its subgraph (or `@main`) and its index in that region.
 
 use super::PassError;
-use mllm_dsl::ir::{numbering, CallGraph, GraphId, LinalgOp, Node, Program, Region, ValueId};
+use mllm_dsl::ir::{value_names, CallGraph, GraphId, LinalgOp, Node, Program, Region, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// A node's address: `graph` is the subgraph holding it (`None` for `@main` itself), `node` its
@@ -163,11 +163,12 @@ pub(crate) fn walk_ops(p: &Program, walk: &[Visit]) -> Vec<NodeRef> {
         .collect()
 }
 
-/// A value for error messages: its printed number, what defines it, its type and QDQ point, e.g.
-/// `%45 (output 0 of model.layers.0.input_layernorm, [1, 4, 32] UInt16PerTensorAsy, qdq act("..."))`.
+/// A value for error messages: its printed name, what defines it, its type and QDQ point, e.g.
+/// `%model.layers.0.input_layernorm (output 0 of model.layers.0.input_layernorm, [1, 4, 32]
+/// UInt16PerTensorAsy, qdq act("..."))`.
 pub(crate) fn describe_value(p: &Program, v: ValueId) -> String {
-    let numbering = numbering(p);
-    let number = numbering.iter().position(|x| *x == v).map_or_else(|| "%?".to_string(), |n| format!("%{n}"));
+    let names = value_names(p);
+    let number = names.iter().find(|(x, _)| *x == v).map_or_else(|| "%?".to_string(), |(_, n)| format!("%{n}"));
     let def = p.value(v);
     let mut parts = Vec::new();
     if let Some(origin) = origin(p, v) {

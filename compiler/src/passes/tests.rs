@@ -269,7 +269,8 @@ fn trace_prints_no_spec_table_and_recipe_adds_one() {
     assert!(!p.to_string().contains("quant.specs"));
     after(4, &mut p);
     let text = p.to_string();
-    assert!(text.contains("quant.specs {") && text.contains("spec:s0"), "{text}");
+    // A spec is named after the first value that refers to it: `@main`'s first input here.
+    assert!(text.contains("quant.specs {") && text.contains("[spec:$0]") && text.contains("\n    $0 = "), "{text}");
 }
 
 #[test]

@@ -6,10 +6,11 @@
 //! once (a region input, an op output, a register or a constant) and referenced by id.
 //!
 //! Values are stored in one arena ([`Program::values`]); ids are indices into it and carry no meaning
-//! beyond that — the printer renumbers them in print order.
+//! beyond that — the printer names values after the op or parameter that defines them (see
+//! [`print()`]), and [`Program::canonicalize`] orders the arena in print order.
 //!
 //! Quantization specs (what the passes attach, see [`quant`]) live in a second arena,
-//! [`Program::specs`]; values name theirs with the attribute `spec:s<n>`, and values naming the same
+//! [`Program::specs`]; values name theirs with the attribute `spec:$<name>`, and values naming the same
 //! spec share it, as mllm shares spec objects by pointer.
 
 mod parse;
@@ -17,7 +18,7 @@ mod print;
 pub mod quant;
 
 pub use parse::parse;
-pub use print::numbering;
+pub use print::{numbering, value_names};
 pub use print::{print, MAX_LINE};
 pub use quant::{QuantSpec, QuantSpecKind, SpecId, SpecParams, SpecSyntaxError};
 
@@ -79,7 +80,7 @@ impl fmt::Display for Attr {
 }
 
 /// The type and metadata of one SSA value. Each fact has its own typed field; the printer shows
-/// them as one attribute list sorted by key (`[constant:-20.0, qdq:const("..."), spec:s3]`), the
+/// them as one attribute list sorted by key (`[constant:-20.0, qdq:const("..."), spec:$model.norm]`), the
 /// keys being [`ValueDef::ATTR_KEYS`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValueDef {

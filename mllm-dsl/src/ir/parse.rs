@@ -1,4 +1,8 @@
 //! The parser: printed IR back into a [`Program`]. `parse(&print(p))` equals `p.canonicalize()`.
+//!
+//! Value names (`%name`) and spec names (`$name`) are opaque labels: any name defined once reads
+//! back, including the numbers older printers wrote (`%12`, `s3`). A name starting with a dot is
+//! relative to the enclosing `graph.SubGraphOp @S` (`%.up_proj` is `%S.up_proj`).
 
 use super::{
     Attr, Attrs, CallGraph, LinalgOp, Node, Program, QuantSpec, QuantSpecKind, Region, SpecId, SpecParams, SubGraph,
@@ -18,6 +22,7 @@ pub fn parse(text: &str) -> Result<Program> {
         pos: 0,
         prog: Program::default(),
         ids: HashMap::new(),
+        scope: String::new(),
         defined: Vec::new(),
         first_mention: Vec::new(),
         spec_ids: HashMap::new(),
@@ -44,7 +49,7 @@ pub fn parse(text: &str) -> Result<Program> {
         return Err(Error::Parse {
             line,
             column,
-            message: format!("spec s{n} is used but not in the quant.specs table"),
+            message: format!("spec {n} is used but not in the quant.specs table"),
         });
     }
     // Report the undefined value mentioned first (not whichever the hash map yields first).
@@ -61,7 +66,10 @@ pub fn parse(text: &str) -> Result<Program> {
 #[derive(Clone, Debug, PartialEq)]
 enum Tok {
     Sym(String),
-    Val(u32),
+    /// `%name`, as written (possibly relative).
+    Val(String),
+    /// `$name`, a spec, as written (possibly relative).
+    SpecRef(String),
     Ident(String),
     Num(String),
     Str(String),
@@ -111,21 +119,21 @@ fn lex(text: &str) -> Result<Vec<Spanned>> {
             col += 2;
             continue;
         }
-        if c == '@' || c == '%' {
+        let is_name = |c: char| is_ident(c) || matches!(c, '-' | '#' | '~');
+        if c == '@' || c == '%' || (c == '$' && chars.get(i + 1).is_some_and(|&c| is_ident(c))) {
             i += 1;
-            while i < chars.len() && (is_ident(chars[i]) || chars[i] == '-') {
+            while i < chars.len() && (is_ident(chars[i]) || chars[i] == '-' || (c != '@' && is_name(chars[i]))) {
                 i += 1;
             }
             let body: String = chars[start + 1..i].iter().collect();
             if c == '@' {
                 push(&mut out, Tok::Sym(body));
+            } else if body.is_empty() {
+                return Err(Error::Parse { line: l0, column: c0, message: "a '%' without a value name".into() });
+            } else if c == '%' {
+                push(&mut out, Tok::Val(body));
             } else {
-                let n = body.parse().map_err(|_| Error::Parse {
-                    line: l0,
-                    column: c0,
-                    message: format!("bad value id '%{body}'"),
-                })?;
-                push(&mut out, Tok::Val(n));
+                push(&mut out, Tok::SpecRef(body));
             }
         } else if c == '"' {
             let mut s = String::new();
@@ -197,13 +205,16 @@ struct Parser {
     toks: Vec<Spanned>,
     pos: usize,
     prog: Program,
-    /// Printed number → value id.
-    ids: HashMap<u32, ValueId>,
+    /// Full value name → value id.
+    ids: HashMap<String, ValueId>,
+    /// The symbol of the enclosing subgraph (`""` outside any), against which relative names resolve.
+    scope: String,
     defined: Vec<bool>,
     /// `(line, column)` where each value was first mentioned, to locate undefined values.
     first_mention: Vec<(usize, usize)>,
-    /// Printed spec number → spec id, whether its table entry was seen, and where it was first used.
-    spec_ids: HashMap<u32, SpecId>,
+    /// Spec as written in full (`$name`, or `s<n>` of older printers) → spec id, whether its table
+    /// entry was seen, and where it was first used.
+    spec_ids: HashMap<String, SpecId>,
     spec_defined: Vec<bool>,
     spec_first_mention: Vec<(usize, usize)>,
 }
@@ -315,7 +326,8 @@ impl Parser {
         }
     }
 
-    fn id_for(&mut self, n: u32) -> ValueId {
+    fn id_for(&mut self, written: &str) -> ValueId {
+        let n = super::print::resolved(written, &self.scope);
         if let Some(&id) = self.ids.get(&n) {
             return id;
         }
@@ -327,8 +339,8 @@ impl Parser {
         id
     }
 
-    /// The spec a printed number stands for, created on first mention (defined by the table).
-    fn spec_for(&mut self, n: u32, at: (usize, usize)) -> SpecId {
+    /// The spec a printed name stands for, created on first mention (defined by the table).
+    fn spec_for(&mut self, n: String, at: (usize, usize)) -> SpecId {
         if let Some(&id) = self.spec_ids.get(&n) {
             return id;
         }
@@ -345,8 +357,10 @@ impl Parser {
         while !self.eat('}') {
             let at = self.toks.get(self.pos).map_or((0, 0), |t| (t.line, t.col));
             let n = match self.next()? {
-                Tok::Ident(s) => spec_number(&s).ok_or_else(|| self.err_prev(format!("expected s<n>, found '{s}'")))?,
-                other => return Err(self.err_prev(format!("expected a spec id s<n>, found {other:?}"))),
+                Tok::Ident(s) if spec_number(&s).is_some() => s,
+                Tok::SpecRef(s) => format!("${}", super::print::resolved(&s, "")),
+                Tok::Ident(s) => return Err(self.err_prev(format!("expected $name or s<n>, found '{s}'"))),
+                other => return Err(self.err_prev(format!("expected a spec name $name, found {other:?}"))),
             };
             self.expect('=')?;
             let kind_name = self.ident()?;
@@ -369,9 +383,9 @@ impl Parser {
             } else {
                 None
             };
-            let id = self.spec_for(n, at);
+            let id = self.spec_for(n.clone(), at);
             if std::mem::replace(&mut self.spec_defined[id.index()], true) {
-                return Err(Error::Parse { line: at.0, column: at.1, message: format!("spec s{n} defined twice") });
+                return Err(Error::Parse { line: at.0, column: at.1, message: format!("spec {n} defined twice") });
             }
             *self.prog.spec_mut(id) = QuantSpec { kind, params };
         }
@@ -380,7 +394,7 @@ impl Parser {
 
     fn bare(&mut self) -> Result<ValueId> {
         match self.next()? {
-            Tok::Val(n) => Ok(self.id_for(n)),
+            Tok::Val(n) => Ok(self.id_for(&n)),
             other => {
                 self.pos -= 1;
                 Err(self.err(format!("expected a %value, found {other:?}")))
@@ -492,7 +506,7 @@ impl Parser {
                 "inf" | "NaN" => Ok(Attr::Float(s.parse().unwrap())),
                 spec if spec_number(spec).is_some() => {
                     let at = self.toks.get(self.pos - 1).map_or((0, 0), |t| (t.line, t.col));
-                    Ok(Attr::Spec(self.spec_for(spec_number(spec).unwrap(), at)))
+                    Ok(Attr::Spec(self.spec_for(spec.to_string(), at)))
                 }
                 "act" | "kv" | "fixed" | "const" | "rope" | "global" if self.peek() == Some(&Tok::Punct('(')) => {
                     self.expect('(')?;
@@ -528,6 +542,11 @@ impl Parser {
                     Err(_) => Err(self.err(format!("unknown attribute value '{other}'"))),
                 },
             },
+            Tok::SpecRef(s) => {
+                let at = self.toks.get(self.pos - 1).map_or((0, 0), |t| (t.line, t.col));
+                let name = format!("${}", super::print::resolved(&s, &self.scope));
+                Ok(Attr::Spec(self.spec_for(name, at)))
+            }
             other => Err(self.err(format!("expected an attribute value, found {other:?}"))),
         }
     }
@@ -563,7 +582,9 @@ impl Parser {
                 };
                 let attrs = if self.peek() == Some(&Tok::Punct('[')) { self.attrs()? } else { Attrs::new() };
                 self.expect('{')?;
+                let outer = std::mem::replace(&mut self.scope, symbol.clone());
                 let region = self.region()?;
+                self.scope = outer;
                 self.expect('}')?;
                 Ok(Node::SubGraph(SubGraph { symbol, device, attrs, region }))
             }

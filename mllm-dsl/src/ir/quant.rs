@@ -3,17 +3,19 @@
 //!
 //! mllm attaches spec *objects* to values and shares them by pointer: a view's output gets the very
 //! spec of its input, so solving one solves both. Here a spec lives once in [`Program::specs`] and
-//! values refer to it by [`SpecId`] (value attribute `spec:s3`), which makes the sharing explicit in
-//! the printed IR. The printer numbers specs in order of first reference and prints the table after
-//! `@main`:
+//! values refer to it by [`SpecId`] (value attribute `spec:$model.norm`), which makes the sharing
+//! explicit in the printed IR. The printer names a spec after the first value (in print order) that
+//! refers to it and prints the table after `@main`:
 //!
 //! ```text
 //! quant.specs {
-//!     s0 = Raw(Int32)
-//!     s1 = AsymPerTensor(0, 65535, UInt16, Float32, Int32) [from:"model.norm_input_qdq", scale:1.2e-4, zero_point:31000]
-//!     s2 = LPBQ(-7, 7, 16, 3, 4, Int4LPBQ, Float32) [blocks:2, channels:128, from:"lm_head"]
+//!     $0 = Raw(Int32)
+//!     $model.layers.1.Add.1 = AsymPerTensor(0, 65535, UInt16, Float32, Int32) [from:"model.norm_input_qdq", scale:1.2e-4, zero_point:31000]
+//!     $lm_head.weight = LPBQ(-7, 7, 16, 3, 4, Int4LPBQ, Float32) [blocks:2, channels:128, from:"lm_head"]
 //! }
 //! ```
+//!
+//! Tables from printers that numbered specs (`s0 = ...`, `spec:s0`) still parse.
 //!
 //! A spec is *solved* when its parameters are known ([`SpecParams`]); `Raw` needs none. Per-tensor
 //! parameters are small and stored inline; LPBQ parameters are references (checkpoint keys) to the
@@ -438,7 +440,21 @@ mod tests {
     use crate::dtype::TensorType;
     use crate::ir::{parse, Program, ValueDef};
 
-    const TEXT: &str = r#"@main (%0:tensor<[1, 4], UInt16PerTensorAsy, CPU>[spec:s0]) -> (%1) {
+    const TEXT: &str = r#"@main (%0:tensor<[1, 4], UInt16PerTensorAsy, CPU>[spec:$0]) -> (%v) {
+    linalg.CPU.ViewOp <name="v"> [shape:[4]] (%0) -> (%v:tensor<[4], UInt16PerTensorAsy, CPU>[spec:$0])
+    linalg.CPU.ViewOp <name="w"> [shape:[1, 4]] (%v) -> (%w:tensor<[1, 4], Int4LPBQ, CPU>[spec:$w])
+    linalg.CPU.ViewOp <name="x"> [shape:[4]] (%w) -> (%x:tensor<[4], UInt8PerTensorSym, CPU>[spec:$x])
+    cf.ReturnOp (%v) -> ()
+}
+quant.specs {
+    $0 = AsymPerTensor(0, 65535, UInt16, Float32, Int32) [from:"x_qdq", scale:0.5, zero_point:3]
+    $w = LPBQ(-7, 7, 16, 3, 4, Int4LPBQ, Float32) [blocks:2, channels:8, from:"lm_head"]
+    $x = SymPerTensor(0, 255, UInt8, Float32)
+}
+"#;
+
+    /// [`TEXT`] as printers that numbered values and specs wrote it; it still reads back.
+    const NUMBERED_TEXT: &str = r#"@main (%0:tensor<[1, 4], UInt16PerTensorAsy, CPU>[spec:s0]) -> (%1) {
     linalg.CPU.ViewOp <name="v"> [shape:[4]] (%0) -> (%1:tensor<[4], UInt16PerTensorAsy, CPU>[spec:s0])
     linalg.CPU.ViewOp <name="w"> [shape:[1, 4]] (%1) -> (%2:tensor<[1, 4], Int4LPBQ, CPU>[spec:s1])
     linalg.CPU.ViewOp <name="x"> [shape:[4]] (%2) -> (%3:tensor<[4], UInt8PerTensorSym, CPU>[spec:s2])
@@ -453,10 +469,11 @@ quant.specs {
 
     #[test]
     fn per_channel_specs_round_trip() {
-        let text = TEXT.replace("Int4LPBQ, CPU>[spec:s1]", "Int8, CPU>[spec:s1]").replace(
+        let text = TEXT.replace("Int4LPBQ, CPU>[spec:$w]", "Int8, CPU>[spec:$w]").replace(
             r#"LPBQ(-7, 7, 16, 3, 4, Int4LPBQ, Float32) [blocks:2, channels:8, from:"lm_head"]"#,
             r#"SymPerChannel(-127, 127, 3, Int8, Float32) [channel_scales:8, from:"lm_head"]"#,
         );
+        assert!(text.contains("Int8, CPU>[spec:$w]") && text.contains("SymPerChannel("), "{text}");
         let p = parse(&text).unwrap();
         assert_eq!(p.to_string(), text);
         assert_eq!(p.specs[1].kind, QuantSpecKind::int8_per_channel_hwio());
@@ -469,6 +486,7 @@ quant.specs {
     fn spec_tables_round_trip_and_sharing_survives() {
         let p = parse(TEXT).unwrap();
         assert_eq!(p.to_string(), TEXT);
+        assert_eq!(parse(NUMBERED_TEXT).unwrap(), p);
         assert_eq!(p.value(p.main.inputs[0]).spec, p.value(p.main.outputs[0]).spec);
         assert_eq!(p.specs.len(), 3);
         assert_eq!(p.specs[0].per_tensor(), Some((0.5, 3)));
@@ -483,10 +501,12 @@ quant.specs {
     #[test]
     fn spec_table_errors_are_located() {
         let err = |t: &str| parse(t).unwrap_err().to_string();
-        let missing = TEXT.replace("    s2 = SymPerTensor(0, 255, UInt8, Float32)\n", "");
+        let missing = TEXT.replace("    $x = SymPerTensor(0, 255, UInt8, Float32)\n", "");
+        assert!(err(&missing).contains("spec $x is used but not in the quant.specs table"), "{}", err(&missing));
+        let twice = TEXT.replace("    $x = Sym", "    $w = Raw(Int32)\n    $x = Sym");
+        assert!(err(&twice).contains("spec $w defined twice"), "{}", err(&twice));
+        let missing = NUMBERED_TEXT.replace("    s2 = SymPerTensor(0, 255, UInt8, Float32)\n", "");
         assert!(err(&missing).contains("spec s2 is used but not in the quant.specs table"), "{}", err(&missing));
-        let twice = TEXT.replace("    s2 = Sym", "    s1 = Raw(Int32)\n    s2 = Sym");
-        assert!(err(&twice).contains("spec s1 defined twice"), "{}", err(&twice));
         let kind = TEXT.replace("SymPerTensor(0, 255", "SymPerBlock(0, 255");
         assert!(err(&kind).contains("unknown quant spec kind 'SymPerBlock'"), "{}", err(&kind));
         let fields = TEXT.replace("SymPerTensor(0, 255, UInt8, Float32)", "SymPerTensor(0, 255, UInt8)");
