@@ -17,12 +17,15 @@ pub struct CpuChunkModel {
     model: Box<dyn CausalLm>,
     backend: BackendRef,
     context_len: usize,
+    /// Per layer, the buffers the valid past keys and values were copied into, refilled by the
+    /// next chunk: fresh ones (tens of MB per decode step) cost more in page faults than the copy.
+    past: Vec<[F32Buffer; 2]>,
 }
 
 impl CpuChunkModel {
     /// `model` must be bound to weights on `backend`'s store.
     pub fn new(model: Box<dyn CausalLm>, backend: BackendRef, context_len: usize) -> Self {
-        CpuChunkModel { model, backend, context_len }
+        CpuChunkModel { model, backend, context_len, past: Vec::new() }
     }
 
     fn tensor(&self, data: Vec<f32>, shape: Vec<usize>, dtype: DType) -> mllm_dsl::Result<Tensor> {
@@ -34,11 +37,21 @@ impl CpuChunkModel {
     }
 }
 
-/// A new buffer of `len` floats written by `fill`.
-fn filled(len: usize, fill: impl FnOnce(&mut [f32])) -> F32Buffer {
-    let mut data = vec![0.0; len];
-    fill(&mut data);
-    data.into()
+/// `slot` emptied and refilled by `fill` (appending), in place when no tensor still shares it;
+/// returns a handle on it.
+fn refill(slot: &mut F32Buffer, fill: impl FnOnce(&mut Vec<f32>)) -> F32Buffer {
+    match slot.vec_mut() {
+        Some(v) => {
+            v.clear();
+            fill(v);
+        }
+        None => {
+            let mut v = Vec::new();
+            fill(&mut v);
+            *slot = v.into();
+        }
+    }
+    slot.clone()
 }
 
 /// A model output the chunk model cannot hand back to the runtime.
@@ -97,23 +110,28 @@ impl ChunkModel for CpuChunkModel {
         }
         let mask = self.tensor(mask, vec![1, planes, ar, n_past + ar], DType::F32)?;
         let (mut keys, mut values) = (Vec::new(), Vec::new());
-        for l in 0..shape.num_layers {
+        let mut past = std::mem::take(&mut self.past);
+        past.resize_with(shape.num_layers, Default::default);
+        for (l, [k, v]) in past.iter_mut().enumerate() {
             let (pk, pv) = (inputs.past_key(l), inputs.past_value(l));
             // K rows (kv head, dim) hold one column per position: the first n_past of each row.
-            let k = filled(kvh * d * n_past, |dst| {
-                for (row, src) in dst.chunks_exact_mut(n_past.max(1)).zip(pk.chunks(stride)) {
-                    row.copy_from_slice(&src[..n_past]);
+            let k = refill(k, |dst| {
+                dst.reserve(kvh * d * n_past);
+                for src in pk.chunks(stride).take(kvh * d) {
+                    dst.extend_from_slice(&src[..n_past]);
                 }
             });
             // V heads hold one row per position: the first n_past rows of each head.
-            let v = filled(kvh * n_past * d, |dst| {
-                for (head, src) in dst.chunks_exact_mut((n_past * d).max(1)).zip(pv.chunks(stride * d)) {
-                    head.copy_from_slice(&src[..n_past * d]);
+            let v = refill(v, |dst| {
+                dst.reserve(kvh * n_past * d);
+                for src in pv.chunks(stride * d).take(kvh) {
+                    dst.extend_from_slice(&src[..n_past * d]);
                 }
             });
             keys.push(self.tensor_arc(k, vec![1, kvh, d, n_past], DType::U8Sym)?);
             values.push(self.tensor_arc(v, vec![1, kvh, n_past, d], DType::U8Sym)?);
         }
+        self.past = past;
         let t1 = profile::lap(t0, "chunk: inputs");
         let rows = inputs.logit_rows();
         let model = &self.model;

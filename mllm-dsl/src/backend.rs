@@ -31,6 +31,11 @@ impl F32Buffer {
     pub fn get_mut(&mut self) -> Option<&mut [f32]> {
         Arc::get_mut(&mut self.0).map(Vec::as_mut_slice)
     }
+
+    /// The vector itself while no other tensor shares it, so its allocation can be refilled.
+    pub fn vec_mut(&mut self) -> Option<&mut Vec<f32>> {
+        Arc::get_mut(&mut self.0)
+    }
 }
 
 impl std::ops::Deref for F32Buffer {
