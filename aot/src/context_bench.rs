@@ -227,7 +227,7 @@ pub fn run(opts: &BenchOptions) -> Result<ContextBench> {
     let mut meter = Meter { steps: Vec::new(), open: None, peaks_reset: true };
     let mut graphs: Vec<QnnGraph> = Vec::new();
     for &chunk in &opts.chunks {
-        let name = format!("model.0.s{chunk}");
+        let name = compiler::passes::graph_name(chunk);
         meter.start("trace", true);
         let mut program = trace_graph(&hf, max_positions, chunk, opts.context, ParamFormat::QnnW4A16)?;
         meter.start("passes", true);
@@ -357,10 +357,8 @@ pub fn expand_layers(src: &Path, dst: &Path, layers: usize) -> Result<()> {
     let mut rest: Vec<(String, String)> = Vec::new();
     let mut by_layer: Vec<Vec<(String, String)>> = vec![Vec::new(); base];
     for key in ckpt.keys() {
-        let layer = key.strip_prefix("model.layers.").and_then(|r| r.split_once('.'));
-        match layer {
+        match models::keys::split_layer_key(key) {
             Some((l, tail)) => {
-                let l: usize = l.parse()?;
                 ensure!(l < base, "{}: tensor `{key}` of layer {l} beyond num_hidden_layers {base}", src.display());
                 by_layer[l].push((key.to_string(), tail.to_string()));
             }
@@ -393,7 +391,7 @@ pub fn expand_layers(src: &Path, dst: &Path, layers: usize) -> Result<()> {
     write("model-rest.safetensors".into(), rest, 0)?;
     for l in 0..layers {
         let from = if l < base { l } else { 1 + (l - 1) % (base - 1) };
-        let list = by_layer[from].iter().map(|(k, tail)| (k.clone(), format!("model.layers.{l}.{tail}"))).collect();
+        let list = by_layer[from].iter().map(|(k, tail)| (k.clone(), models::keys::layer_key(l, tail))).collect();
         write(format!("model-layer-{l:02}.safetensors"), list, if l < base { 0 } else { l })?;
     }
     let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });

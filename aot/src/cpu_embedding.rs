@@ -22,11 +22,13 @@ use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
 
 use crate::error::{bail, ensure, Context, Result};
 use crate::shard::HIDDEN_STATES;
+use models::keys;
 
 /// The table's file name in `qnn/`.
 pub const EMBEDDING_FILE: &str = "embedding.safetensors";
 
-const WEIGHT: &str = "model.embed_tokens.weight";
+// The table file keeps the checkpoint's key for the codes and adds its encoding beside it.
+const WEIGHT: &str = keys::EMBED_TOKENS;
 const SCALE: &str = "model.embed_tokens.scale";
 const OFFSET: &str = "model.embed_tokens.offset";
 
@@ -42,8 +44,9 @@ pub fn write_table(ckpt: &SafetensorsCheckpoint, path: &Path) -> Result<()> {
          hidden]",
         ckpt.root().display()
     );
-    let scale: Vec<f32> = ckpt.read_typed("model.embed_tokens.scale").with_context(what)?;
-    let zero_point: Vec<i32> = ckpt.read_typed("model.embed_tokens.zero_point").with_context(what)?;
+    let scale: Vec<f32> = ckpt.read_typed(&format!("{}.scale", keys::EMBED_TOKENS_MODULE)).with_context(what)?;
+    let zero_point: Vec<i32> =
+        ckpt.read_typed(&format!("{}.zero_point", keys::EMBED_TOKENS_MODULE)).with_context(what)?;
     let ([scale], [zero_point]) = (&scale[..], &zero_point[..]) else {
         bail!("{}: the embedding's scale and zero_point must hold one value each (per-tensor)", what())
     };

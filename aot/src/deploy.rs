@@ -103,7 +103,10 @@ pub const MLLM_AOT_RUN_CONTEXT: usize = 1024;
 
 /// The chunk of a graph name mllm's runtime can open: `model.0.s<ar>` (`PromptProcessor.cpp:18`).
 pub fn mllm_graph_chunk(name: &str) -> Option<usize> {
-    name.strip_prefix("model.0.s")?.parse().ok().filter(|&ar| ar >= 1)
+    match compiler::passes::parse_graph_name(name)? {
+        (0, ar) if ar >= 1 => Some(ar),
+        _ => None,
+    }
 }
 
 /// Why mllm's runtime cannot run an artifact.
@@ -595,6 +598,15 @@ pub fn to_json(deploy: &[ArtifactRuntimes]) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mllm_graph_names_are_the_pass_pipelines() {
+        assert_eq!(MLLM_DECODE_GRAPH, compiler::passes::graph_name(1));
+        assert_eq!(mllm_graph_chunk(&compiler::passes::graph_name(128)), Some(128));
+        for other in ["model.1.s32", "model.0.s0", "model.0.s+3", "model.0.s32_cl4096", "ar32_cl1024"] {
+            assert_eq!(mllm_graph_chunk(other), None, "{other}");
+        }
+    }
 
     fn graphs(chunks: &[usize], ctx: usize) -> Vec<GraphShape> {
         chunks.iter().map(|&c| GraphShape { name: format!("model.0.s{c}"), chunk: c, context_len: ctx }).collect()

@@ -20,6 +20,7 @@
 use std::collections::BTreeSet;
 
 use backend_qnn::cost::{DecoderShapes, GraphCost, HtpPerf};
+use compiler::passes::shard_graph_name;
 use runtime::{GraphChoice, GraphMenu};
 
 /// One member of a family: a graph for `chunk` new tokens per call attending over `context_len`
@@ -147,8 +148,8 @@ impl GraphFamily {
     /// The name of `spec` in shard `shard` of `shards` (1 for an unsplit model).
     pub fn name(&self, spec: GraphSpec, shard: usize, shards: usize) -> String {
         match self.naming {
-            GraphNaming::Mllm if spec.context_len == self.contexts[0] => format!("model.{shard}.s{}", spec.chunk),
-            GraphNaming::Mllm => format!("model.{shard}.s{}_cl{}", spec.chunk, spec.context_len),
+            GraphNaming::Mllm if spec.context_len == self.contexts[0] => shard_graph_name(shard, spec.chunk),
+            GraphNaming::Mllm => format!("{}_cl{}", shard_graph_name(shard, spec.chunk), spec.context_len),
             GraphNaming::Genie if shards > 1 => {
                 format!("ar{}_cl{}_{}_of_{shards}", spec.chunk, spec.context_len, shard + 1)
             }

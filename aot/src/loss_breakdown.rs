@@ -63,12 +63,12 @@ fn groups(quantized: &SafetensorsCheckpoint) -> Vec<Group> {
         .map(str::to_string)
         .collect();
     let family = |op: &str| op.rsplit('.').next().unwrap_or(op).to_string();
-    let layer = |op: &str| {
-        op.strip_prefix("model.layers.").and_then(|r| r.split('.').next()).and_then(|n| n.parse::<usize>().ok())
-    };
+    let layer = |op: &str| models::keys::split_layer_key(op).map(|(l, _)| l);
     let mut out = vec![Group { name: "all linears".into(), members: ops.iter().cloned().collect() }];
     let families: BTreeSet<String> = ops.iter().map(|o| family(o)).collect();
-    for f in families.iter().filter(|f| f.as_str() != "lm_head").chain(families.get("lm_head")) {
+    // The LM head's group comes last.
+    let head = models::keys::LM_HEAD_MODULE;
+    for f in families.iter().filter(|f| f.as_str() != head).chain(families.get(head)) {
         out.push(Group { name: f.clone(), members: ops.iter().filter(|o| family(o) == *f).cloned().collect() });
     }
     let layers: BTreeSet<usize> = ops.iter().filter_map(|o| layer(o)).collect();

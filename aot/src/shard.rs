@@ -35,6 +35,7 @@ use std::ops::Range;
 
 use mllm_dsl::ir::{Node, Program, Region, SubGraph, ValueId};
 use mllm_dsl::DType;
+use models::keys;
 
 /// Where a parameter or an op of the model belongs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -51,16 +52,13 @@ pub enum Part {
 
 /// The part of the model an op name or a parameter symbol belongs to.
 pub fn part_of(name: &str) -> Part {
-    if let Some(rest) = name.strip_prefix("model.layers.") {
-        let index = rest.split('.').next().unwrap_or("");
-        if let Ok(l) = index.parse() {
-            return Part::Layer(l);
-        }
+    if let Some((l, _)) = keys::split_layer_key(name) {
+        return Part::Layer(l);
     }
     let under = |prefix: &str| name == prefix || name.starts_with(&format!("{prefix}."));
-    if under("model.embed_tokens") {
+    if under(keys::EMBED_TOKENS_MODULE) {
         Part::Embedding
-    } else if under("model.norm") || under("lm_head") {
+    } else if under(keys::FINAL_NORM_MODULE) || under(keys::LM_HEAD_MODULE) {
         Part::Head
     } else {
         Part::Shared
@@ -204,7 +202,7 @@ pub struct ShardSpec {
 impl ShardSpec {
     /// `model.<index>.s<chunk>`.
     pub fn graph_name(&self, chunk: usize) -> String {
-        format!("model.{}.s{chunk}", self.index)
+        compiler::passes::shard_graph_name(self.index, chunk)
     }
 
     /// The weight-shared device binary: `context_<index+1>_of_<count>.bin`, or `context.bin`

@@ -15,6 +15,7 @@ use std::path::Path;
 use crate::error::{ensure, Context, Result};
 use checkpoint::{write_safetensors_atomic, StDtype};
 use mllm_dsl::files::write_atomic_bytes;
+use models::keys;
 
 /// The shapes of one Qwen3 size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,9 +122,9 @@ impl Qwen3Shape {
     fn tensor_list(&self, layers: usize) -> Vec<(String, Vec<usize>)> {
         let (h, i, v, d) = (self.hidden, self.intermediate, self.vocab, self.head_dim);
         let (q, kv) = (self.heads * d, self.kv_heads * d);
-        let mut t = vec![("model.embed_tokens.weight".to_string(), vec![v, h]), ("model.norm.weight".into(), vec![h])];
+        let mut t = vec![(keys::EMBED_TOKENS.to_string(), vec![v, h]), (keys::FINAL_NORM.into(), vec![h])];
         for l in 0..layers {
-            let p = |s: &str| format!("model.layers.{l}.{s}");
+            let p = |s: &str| keys::layer_key(l, s);
             t.extend([
                 (p("input_layernorm.weight"), vec![h]),
                 (p("post_attention_layernorm.weight"), vec![h]),

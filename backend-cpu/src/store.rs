@@ -54,9 +54,6 @@ pub struct CheckpointStore {
     decoded_bytes: AtomicUsize,
 }
 
-/// The key a tied `lm_head.weight` falls back to.
-const EMBED_KEY: &str = "model.embed_tokens.weight";
-
 impl CheckpointStore {
     pub fn open(dir: impl AsRef<Path>, backend: BackendRef, tie_word_embeddings: bool) -> Result<Self> {
         let ckpt = SafetensorsCheckpoint::open(dir).map_err(|e| Error::msg(e.to_string()))?;
@@ -142,11 +139,7 @@ impl CheckpointStore {
 
     /// The checkpoint key that holds `req`'s data (a tied LM head reads the embedding).
     fn source_key<'a>(&self, req: &ParamRequest<'a>) -> &'a str {
-        if req.key == "lm_head.weight" && self.tie_word_embeddings && !self.ckpt.contains(req.key) {
-            EMBED_KEY
-        } else {
-            req.key
-        }
+        models::keys::data_key(req.key, self.tie_word_embeddings, |k| self.ckpt.contains(k))
     }
 
     /// `req` as a packed weight when it is a float matrix stored as HF rows `[N, K]` that a conv

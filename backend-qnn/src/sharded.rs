@@ -133,13 +133,6 @@ fn shard_err(shard: &str, detail: impl Into<String>) -> QnnModelError {
     QnnModelError::Shard { shard: shard.to_string(), detail: detail.into() }
 }
 
-/// `(shard index, chunk)` of `model.<i>.s<ar>`.
-fn parse_name(name: &str) -> Option<(usize, usize)> {
-    let rest = name.strip_prefix("model.")?;
-    let (i, s) = rest.split_once(".s")?;
-    Some((i.parse().ok()?, s.parse().ok()?))
-}
-
 impl<A: QnnExecApi> ShardedChunkModel<A> {
     /// Checks the set (shard `i` of the list holds graphs `model.<i>.s<ar>`, the same chunk
     /// lengths in every shard, contiguous layers from 0, the hidden state's type and encoding
@@ -173,7 +166,7 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
             let mut ars = Vec::new();
             let mut hidden_here: BTreeMap<usize, IoTensor> = BTreeMap::new();
             for g in &s.graphs {
-                let Some((i, ar)) = parse_name(&g.name) else {
+                let Some((i, ar)) = compiler::passes::parse_graph_name(&g.name) else {
                     return Err(err(format!("graph `{}` is not named model.<shard>.s<chunk>", g.name)));
                 };
                 if i != index {
@@ -393,7 +386,7 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
                     let handle =
                         api.graph_retrieve(context, &io.name).map_err(|e| shard_err(&s.origin, e.to_string()))?;
                     let buffer = |t: &IoTensor| vec![0u8; numel(t) * io_element_bytes(t.dtype).unwrap_or(0)];
-                    let ar = parse_name(&io.name).map_or(0, |(_, ar)| ar);
+                    let ar = compiler::passes::parse_graph_name(&io.name).map_or(0, |(_, ar)| ar);
                     shard.graphs.push(Graph {
                         roles_in: io.inputs.iter().filter_map(|t| role_of(&t.name)).collect(),
                         roles_out: io.outputs.iter().filter_map(|t| role_of(&t.name)).collect(),

@@ -178,7 +178,7 @@ fn write_decoded(export: &Path, out: &Path, tensors: &[(String, Vec<usize>, Vec<
     let mut config: serde_json::Value = serde_json::from_str(&read_text_bounded(&cpath, CONFIG_SIZE_LIMIT)?)
         .with_context(|| format!("parsing {}", cpath.display()))?;
     if let Some(o) = config.as_object_mut() {
-        if tensors.iter().any(|(k, _, _)| k == "lm_head.weight") {
+        if tensors.iter().any(|(k, _, _)| k == models::keys::LM_HEAD) {
             o.insert("tie_word_embeddings".into(), false.into());
         }
         o.insert("torch_dtype".into(), "float32".into());

@@ -406,11 +406,7 @@ fn run_calibration(
 
 /// A linear's `[out, in]` weight from the checkpoint (a tied lm_head reads the embedding).
 fn read_linear_weight(ckpt: &SafetensorsCheckpoint, key: &str, hf: &HfConfig, l: &TracedLinear) -> Result<Vec<f32>> {
-    let key = if !ckpt.contains(key) && hf.tie_word_embeddings && key == "lm_head.weight" {
-        "model.embed_tokens.weight"
-    } else {
-        key
-    };
+    let key = models::keys::data_key(key, hf.tie_word_embeddings, |k| ckpt.contains(k));
     let (_, shape) = ckpt.info(key)?;
     ensure!(
         shape == [l.out_features, l.in_features],

@@ -220,11 +220,7 @@ pub struct QuantizedWeights {
 
 /// Where a parameter's float data comes from: itself, or the embedding for a tied lm_head.
 fn source_key<'a>(ckpt: &SafetensorsCheckpoint, key: &'a str, tie_word_embeddings: bool) -> &'a str {
-    if key == "lm_head.weight" && tie_word_embeddings && !ckpt.contains(key) {
-        "model.embed_tokens.weight"
-    } else {
-        key
-    }
+    models::keys::data_key(key, tie_word_embeddings, |k| ckpt.contains(k))
 }
 
 /// Quantizes every LPBQ, uint16 and float parameter of `plan` from the float checkpoint `source`

@@ -143,27 +143,12 @@ pub fn rotate_checkpoint(src: &Path, hf: &HfConfig, out: &Path) -> Result<Rotati
     Ok(RotationSummary { hidden: r1.n, head_dim: r2.n, residual: r1.kind, head: r2.kind, untied })
 }
 
-const EMBED: &str = "model.embed_tokens.weight";
-const LM_HEAD: &str = "lm_head.weight";
-const FINAL_NORM: &str = "model.norm.weight";
-
-/// Per decoder layer: which norm feeds which linears.
-const NORM_READERS: [(&str, &[&str]); 2] = [
-    ("input_layernorm", &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
-    ("post_attention_layernorm", &["mlp.gate_proj", "mlp.up_proj"]),
-];
-/// Per decoder layer: linears writing the residual stream.
-const RESIDUAL_WRITERS: [&str; 2] = ["self_attn.o_proj", "mlp.down_proj"];
-/// Per decoder layer: tensors the rotations leave as they are (Qwen3's per-head q/k norms act
-/// after the projections, in head space, which R1 does not touch and R2 leaves to V/O).
-const UNROTATED: [&str; 6] = [
-    "self_attn.q_norm.weight",
-    "self_attn.k_norm.weight",
-    "self_attn.q_proj.bias",
-    "self_attn.k_proj.bias",
-    "mlp.gate_proj.bias",
-    "mlp.up_proj.bias",
-];
+use models::keys::{
+    layer_key, split_layer_key, EMBED_TOKENS as EMBED, FINAL_NORM, LAYER_NORM_READERS as NORM_READERS,
+    LAYER_OFF_RESIDUAL as UNROTATED, LAYER_O_PROJ, LAYER_RESIDUAL_WRITERS as RESIDUAL_WRITERS, LAYER_V_PROJ, LM_HEAD,
+};
+// The rotations leave `UNROTATED` as they are: Qwen3's per-head q/k norms act after the projections,
+// in head space, which R1 does not touch and R2 leaves to V/O.
 
 /// Every tensor of the checkpoint as `(shape, f32 values)`, by key.
 struct Tensors(BTreeMap<String, (Vec<usize>, Vec<f32>)>);
@@ -175,9 +160,8 @@ impl Tensors {
             if [EMBED, LM_HEAD, FINAL_NORM].contains(&key) || key.ends_with("rotary_emb.inv_freq") {
                 return true;
             }
-            let Some(rest) = key.strip_prefix("model.layers.") else { return false };
-            let Some((layer, name)) = rest.split_once('.') else { return false };
-            let in_range = layer.parse::<usize>().is_ok_and(|l| l < hf.num_hidden_layers);
+            let Some((layer, name)) = split_layer_key(key) else { return false };
+            let in_range = layer < hf.num_hidden_layers;
             let linears = NORM_READERS.iter().flat_map(|(_, l)| l.iter()).chain(RESIDUAL_WRITERS.iter());
             in_range
                 && (NORM_READERS.iter().any(|(norm, _)| name == format!("{norm}.weight"))
@@ -230,8 +214,8 @@ fn fold_norms(t: &mut Tensors, hf: &HfConfig) -> Result<(), QuantizationError> {
     let mut folds: Vec<(String, Vec<String>)> = vec![(FINAL_NORM.into(), vec![LM_HEAD.into()])];
     for i in 0..hf.num_hidden_layers {
         for (norm, readers) in NORM_READERS {
-            let readers = readers.iter().map(|r| format!("model.layers.{i}.{r}.weight")).collect();
-            folds.push((format!("model.layers.{i}.{norm}.weight"), readers));
+            let readers = readers.iter().map(|r| layer_key(i, &format!("{r}.weight"))).collect();
+            folds.push((layer_key(i, &format!("{norm}.weight")), readers));
         }
     }
     for (norm, readers) in folds {
@@ -253,8 +237,8 @@ fn rotate_residual(t: &mut Tensors, hf: &HfConfig, q: &Orthogonal) -> Result<(),
     let mut readers = vec![EMBED.to_string(), LM_HEAD.to_string()];
     let mut writers = Vec::new();
     for i in 0..hf.num_hidden_layers {
-        readers.extend(NORM_READERS.iter().flat_map(|(_, l)| l.iter()).map(|l| format!("model.layers.{i}.{l}")));
-        writers.extend(RESIDUAL_WRITERS.iter().map(|l| format!("model.layers.{i}.{l}")));
+        readers.extend(NORM_READERS.iter().flat_map(|(_, l)| l.iter()).map(|l| layer_key(i, l)));
+        writers.extend(RESIDUAL_WRITERS.iter().map(|l| layer_key(i, l)));
     }
     for key in readers {
         let key = if key.ends_with(".weight") { key } else { format!("{key}.weight") };
@@ -282,19 +266,19 @@ fn rotate_heads(t: &mut Tensors, hf: &HfConfig, r: &Orthogonal) -> Result<(), Qu
     let (h, d) = (hf.hidden_size, hf.head_dim);
     let rt = transposed(r, d)?;
     for i in 0..hf.num_hidden_layers {
-        let v = format!("model.layers.{i}.self_attn.v_proj.weight");
+        let v = layer_key(i, &format!("{LAYER_V_PROJ}.weight"));
         let w = t.matrix(&v, hf.num_key_value_heads * d, h)?;
         for head in w.chunks_exact_mut(d * h) {
             let rotated = product(&v, &rt, d, d, head, h)?;
             head.copy_from_slice(&rotated);
         }
-        let v_bias = format!("model.layers.{i}.self_attn.v_proj.bias");
+        let v_bias = layer_key(i, &format!("{LAYER_V_PROJ}.bias"));
         if t.0.contains_key(&v_bias) {
             let b = t.matrix(&v_bias, hf.num_key_value_heads * d, 1)?;
             // Hᵀ·b per head, as the rows bᵀ·H.
             *b = product(&v_bias, b, hf.num_key_value_heads, d, &r.data, d)?;
         }
-        let o = format!("model.layers.{i}.self_attn.o_proj.weight");
+        let o = layer_key(i, &format!("{LAYER_O_PROJ}.weight"));
         let w = t.matrix(&o, h, hf.num_attention_heads * d)?;
         // Each row of W_o is the heads' column blocks side by side: rows of d values.
         *w = product(&o, w, h * hf.num_attention_heads, d, &r.data, d)?;

@@ -232,9 +232,7 @@ impl<'w> QnnLowering<'w> {
 
 /// mllm's lowering accepts graphs named `^model(\.\d+\.s\d+)?$`; flat ones carry `use_qnn`.
 fn is_flat_qnn_graph(g: &SubGraph) -> bool {
-    let flat_name = g.symbol.strip_prefix("model.").and_then(|rest| rest.split_once(".s")).is_some_and(|(i, s)| {
-        !i.is_empty() && !s.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) && s.bytes().all(|b| b.is_ascii_digit())
-    });
+    let flat_name = compiler::passes::parse_graph_name(&g.symbol).is_some();
     flat_name && g.attrs.get("use_qnn") == Some(&Attr::Bool(true))
 }
 

@@ -46,7 +46,7 @@ pub use params::{qdq_params, ParamError, QuantParamProvider, StoredTensor};
 pub use pipeline::{check_config, PassTiming, Pipeline, PipelineReport};
 pub use ptq::Ptq;
 pub use quant_recipe::LlmQuantRecipe;
-pub use split_graph::SplitLlmGraph;
+pub use split_graph::{graph_name, parse_graph_name, shard_graph_name, SplitLlmGraph};
 pub use synthetic::SyntheticParams;
 pub use tensor_io::{IoContract, IoContractError, MarkTensorIo};
 pub use tensor_renaming::TensorRenaming;

@@ -31,7 +31,20 @@ pub const CONTEXT_NAME: &str = "context.0";
 
 /// `model.0.s<S>`: mllm's graph name for chunk length `S`.
 pub fn graph_name(chunk: usize) -> String {
-    format!("model.0.s{chunk}")
+    shard_graph_name(0, chunk)
+}
+
+/// `model.<i>.s<S>`: the graph name for chunk length `S` in shard `i` of a model split into
+/// several context binaries (shard 0 of a one-binary model is [`graph_name`]).
+pub fn shard_graph_name(shard: usize, chunk: usize) -> String {
+    format!("model.{shard}.s{chunk}")
+}
+
+/// `(shard, chunk)` of a name `model.<i>.s<S>` (decimal digits only); `None` for any other name.
+pub fn parse_graph_name(name: &str) -> Option<(usize, usize)> {
+    let (shard, chunk) = name.strip_prefix("model.")?.split_once(".s")?;
+    let number = |s: &str| if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) { s.parse().ok() } else { None };
+    Some((number(shard)?, number(chunk)?))
 }
 
 impl Pass for SplitLlmGraph<'_> {

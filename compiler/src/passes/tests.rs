@@ -683,3 +683,13 @@ fn tensor_names_are_unique_safe_and_shared_across_chunk_sizes() {
     assert!(prefill.contains_key("past_value_1") && prefill.contains_key("logits"));
     assert_eq!(prefill.len(), decode.len());
 }
+
+#[test]
+fn graph_names_round_trip_and_refuse_other_names() {
+    use super::{graph_name, parse_graph_name, shard_graph_name};
+    assert_eq!(graph_name(32), "model.0.s32");
+    assert_eq!(parse_graph_name(&shard_graph_name(2, 128)), Some((2, 128)));
+    for other in ["model", "model.0.s", "model..s32", "model.+1.s32", "model.0.s32_cl4096", "ar32_cl1024"] {
+        assert_eq!(parse_graph_name(other), None, "{other}");
+    }
+}
