@@ -355,7 +355,7 @@ pub fn static_bytes(graphs: &[GraphDesc]) -> u64 {
     tensors
         .filter(|t| t.tensor_type == TensorType::Static && seen.insert(t.name.as_str()))
         .filter_map(|t| t.data.as_ref())
-        .map(|d| d.as_bytes().len() as u64)
+        .map(|d| d.len() as u64)
         .sum()
 }
 

@@ -187,7 +187,7 @@ fn invalid_graphs_fail_before_any_call() {
 
     let mut graphs = common::toy_model();
     let w = graphs[1].tensors.iter_mut().find(|t| t.name == "model.proj.weight").unwrap();
-    w.data = Some(StaticData::from(vec![1u8; w.num_elements() as usize]));
+    w.data = Some(StaticData::new(vec![1u8; w.num_elements() as usize]));
     let (result, api) = record(&graphs);
     let msg = result.unwrap_err().to_string();
     assert!(

@@ -6,13 +6,11 @@
 //! ones documented for `QnnTypes.h`, so a
 //! description can be rendered or passed to C without a lookup table elsewhere.
 
-use std::fmt;
-use std::sync::Arc;
-
 use thiserror::Error;
 
 pub use crate::dtype::{DataType, TensorType};
 pub use crate::encoding::ScaleOffset;
+pub use crate::graph::StaticData;
 
 /// `Qnn_BlockwiseExpansion_t` with 8-bit block-scale storage (LPBQ weights).
 ///
@@ -52,49 +50,6 @@ impl Encoding {
             Encoding::AxisScaleOffset { .. } => 1,
             Encoding::BlockwiseExpansion(_) => 5,
         }
-    }
-}
-
-/// Shared, immutable bytes of a static tensor.
-///
-/// QNN reads client buffers until the context is finalized and serialized, so the SDK layer
-/// keeps a clone of this handle alive for the context's lifetime; cloning never copies bytes.
-/// Anything that derefs to bytes can back it (a `Vec<u8>`, a memory map, ...).
-#[derive(Clone)]
-pub struct StaticData(Arc<dyn AsRef<[u8]> + Send + Sync>);
-
-impl StaticData {
-    /// Wraps an owner of bytes without copying them.
-    pub fn from_owner(owner: impl AsRef<[u8]> + Send + Sync + 'static) -> StaticData {
-        StaticData(Arc::new(owner))
-    }
-
-    /// The bytes, in QNN's dense row-major layout.
-    pub fn as_bytes(&self) -> &[u8] {
-        (*self.0).as_ref()
-    }
-
-    /// Whether two handles share one buffer (cheap identity check before comparing bytes).
-    pub fn ptr_eq(&self, other: &StaticData) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl From<Vec<u8>> for StaticData {
-    fn from(bytes: Vec<u8>) -> StaticData {
-        StaticData::from_owner(bytes)
-    }
-}
-
-impl fmt::Debug for StaticData {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "StaticData({} bytes)", self.as_bytes().len())
-    }
-}
-
-impl PartialEq for StaticData {
-    fn eq(&self, other: &StaticData) -> bool {
-        self.ptr_eq(other) || self.as_bytes() == other.as_bytes()
     }
 }
 
@@ -156,7 +111,7 @@ impl TensorDesc {
 
     fn check_data_len(&self, data: &StaticData) -> Result<(), TensorProblem> {
         let numel = self.num_elements();
-        let got = data.as_bytes().len() as u64;
+        let got = data.len() as u64;
         let bits = u64::from(self.dtype.bit_width());
         let dtype = self.dtype;
         if bits == 0 {
@@ -396,7 +351,7 @@ mod tests {
             dtype,
             dims: dims.to_vec(),
             encoding,
-            data: data.map(StaticData::from),
+            data: data.map(StaticData::new),
         }
     }
 

@@ -2,18 +2,13 @@
 //!
 //! The two models stay separate on purpose (the SDK layer is testable on its own, see
 //! [`desc`](super::desc)), but share their data types, tensor types and scale/offset pairs;
-//! this module maps the rest field by field. Static bytes are never copied: each `Arc` buffer of
-//! the graphs becomes one [`StaticData`] handle, the same handle for every graph that uses the
-//! buffer (so the driver's weight sharing sees one buffer per shared weight).
-
-use std::collections::HashMap;
-use std::sync::Arc;
+//! this module maps the rest field by field. Static data is the same
+//! [`StaticData`](crate::graph::StaticData) type on both sides, so its handles are cloned, never
+//! copied: graphs sharing a weight buffer still share it.
 
 use thiserror::Error;
 
-use super::desc::{
-    BlockwiseExpansion, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar, StaticData, TensorDesc,
-};
+use super::desc::{BlockwiseExpansion, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar, TensorDesc};
 use crate::encoding::{BlockScales, Encoding as GraphEncoding};
 use crate::graph::{Param, QnnGraph, QnnTensor, Scalar as GraphScalar};
 
@@ -28,38 +23,18 @@ pub struct ConvertError {
 
 /// Converts `graphs` (in order) into SDK graph descriptions.
 pub fn graph_descs(graphs: &[QnnGraph]) -> Result<Vec<GraphDesc>, ConvertError> {
-    let mut buffers = Buffers::default();
-    graphs.iter().map(|g| graph_desc(g, &mut buffers)).collect()
+    graphs.iter().map(graph_desc).collect()
 }
 
-/// One SDK handle per distinct static buffer, keyed by the buffer's address.
-#[derive(Default)]
-struct Buffers(HashMap<usize, (Arc<[u8]>, StaticData)>);
-
-impl Buffers {
-    fn handle(&mut self, bytes: Arc<[u8]>) -> StaticData {
-        let key = bytes.as_ptr() as usize;
-        match self.0.get(&key) {
-            // The stored `Arc` keeps the address from being reused while the map lives.
-            Some((known, data)) if Arc::ptr_eq(known, &bytes) => data.clone(),
-            _ => {
-                let data = StaticData::from_owner(Arc::clone(&bytes));
-                self.0.insert(key, (bytes, data.clone()));
-                data
-            }
-        }
-    }
-}
-
-fn graph_desc(g: &QnnGraph, buffers: &mut Buffers) -> Result<GraphDesc, ConvertError> {
-    let tensors = g.tensors.iter().map(|t| tensor(g, t, buffers)).collect::<Result<Vec<_>, _>>()?;
+fn graph_desc(g: &QnnGraph) -> Result<GraphDesc, ConvertError> {
+    let tensors = g.tensors.iter().map(|t| tensor(g, t)).collect::<Result<Vec<_>, _>>()?;
     let mut nodes = Vec::with_capacity(g.nodes.len());
     for n in &g.nodes {
         let mut params = Vec::with_capacity(n.params.len());
         for (name, p) in &n.params {
             let value = match p {
                 Param::Scalar(s) => ParamValue::Scalar(scalar(*s)),
-                Param::Tensor(t) => ParamValue::Tensor(tensor(g, t, buffers)?),
+                Param::Tensor(t) => ParamValue::Tensor(tensor(g, t)?),
             };
             params.push(ParamDesc { name: name.clone(), value });
         }
@@ -75,7 +50,7 @@ fn graph_desc(g: &QnnGraph, buffers: &mut Buffers) -> Result<GraphDesc, ConvertE
     Ok(GraphDesc { name: g.name.clone(), tensors, inputs: g.inputs.clone(), outputs: g.outputs.clone(), nodes })
 }
 
-fn tensor(g: &QnnGraph, t: &QnnTensor, buffers: &mut Buffers) -> Result<TensorDesc, ConvertError> {
+fn tensor(g: &QnnGraph, t: &QnnTensor) -> Result<TensorDesc, ConvertError> {
     let encoding = match &t.encoding {
         GraphEncoding::Undefined => Encoding::Undefined,
         GraphEncoding::ScaleOffset(so) => Encoding::ScaleOffset(*so),
@@ -105,7 +80,7 @@ fn tensor(g: &QnnGraph, t: &QnnTensor, buffers: &mut Buffers) -> Result<TensorDe
         dtype: t.dtype,
         dims: t.dims.clone(),
         encoding,
-        data: t.data.as_ref().map(|d| buffers.handle(d.shared())),
+        data: t.data.clone(),
     })
 }
 
@@ -130,10 +105,10 @@ mod tests {
     use super::*;
     use crate::dtype::{DataType, TensorType};
     use crate::encoding::{BlockwiseExpansion as GraphBw, ScaleOffset};
-    use crate::graph::{GraphBuilder, StaticData as GraphData};
+    use crate::graph::{GraphBuilder, StaticData};
     use crate::opdef::OpType;
 
-    fn graph(name: &str, weight: &GraphData, block_scales: BlockScales) -> QnnGraph {
+    fn graph(name: &str, weight: &StaticData, block_scales: BlockScales) -> QnnGraph {
         let mut b = GraphBuilder::new(name);
         let x = b.input("x", DataType::UFixedPoint16, &[1, 1, 2, 4], GraphEncoding::from_zero_point(0.01, 3));
         let enc = GraphEncoding::BlockwiseExpansion(GraphBw {
@@ -159,7 +134,7 @@ mod tests {
 
     #[test]
     fn fields_map_one_to_one_and_buffers_are_shared() {
-        let weight = GraphData::new(vec![1u8; 8]);
+        let weight = StaticData::new(vec![1u8; 8]);
         let scales = BlockScales::U8(vec![1, 2, 3, 4].into());
         let descs = graph_descs(&[graph("a", &weight, scales.clone()), graph("b", &weight, scales)]).unwrap();
         let (a, b) = (&descs[0], &descs[1]);
@@ -172,13 +147,16 @@ mod tests {
         let Encoding::BlockwiseExpansion(bw) = &w.encoding else { panic!() };
         assert_eq!((bw.axis, bw.num_blocks_per_axis, bw.block_scales.clone()), (3, 2, vec![1, 2, 3, 4]));
         let wb = b.tensors.iter().find(|t| t.name == "w").unwrap();
-        assert!(w.data.as_ref().unwrap().ptr_eq(wb.data.as_ref().unwrap()), "one SDK handle per weight buffer");
+        assert!(
+            w.data.as_ref().unwrap().shares_buffer_with(wb.data.as_ref().unwrap()),
+            "one SDK handle per weight buffer"
+        );
         let conv = &a.nodes[0];
         assert_eq!((conv.op_type.as_str(), conv.package.as_str()), ("Conv2d", "qti.aisw"));
         assert_eq!(conv.params[2], ParamDesc { name: "group".into(), value: ParamValue::Scalar(Scalar::U32(1)) });
         let ParamValue::Tensor(stride) = &conv.params[0].value else { panic!() };
         assert_eq!(
-            (stride.name.as_str(), stride.data.as_ref().unwrap().as_bytes()),
+            (stride.name.as_str(), stride.data.as_ref().unwrap().bytes()),
             ("conv.stride", &[1, 0, 0, 0, 1, 0, 0, 0][..])
         );
         crate::sdk::check_graphs(&descs).unwrap();
@@ -186,7 +164,7 @@ mod tests {
 
     #[test]
     fn sixteen_bit_block_scales_are_refused_by_name() {
-        let g = graph("a", &GraphData::new(vec![1u8; 8]), BlockScales::U16(vec![1, 2, 3, 4].into()));
+        let g = graph("a", &StaticData::new(vec![1u8; 8]), BlockScales::U16(vec![1, 2, 3, 4].into()));
         let err = graph_descs(&[g]).unwrap_err();
         assert_eq!((err.graph.as_str(), err.tensor.as_str()), ("a", "w"));
         assert!(err.to_string().contains("blocksScale16"), "{err}");

@@ -116,7 +116,7 @@ fn dims(dims: &[u32]) -> String {
 pub fn tensor(t: &TensorDesc) -> String {
     let data = match &t.data {
         None => "none".to_string(),
-        Some(d) => format!("{}B fnv={:016x}", d.as_bytes().len(), fnv1a64(d.as_bytes())),
+        Some(d) => format!("{}B fnv={:016x}", d.len(), fnv1a64(d.bytes())),
     };
     format!(
         "{{name=\"{}\", type={}, dtype={}, dims={}, quant={}, data={}}}",

@@ -34,7 +34,7 @@ fn u32_param(node: &str, param: &str, dims: &[u32], values: &[u32]) -> ParamDesc
             dtype: DataType::UInt32,
             dims: dims.to_vec(),
             encoding: Encoding::Undefined,
-            data: Some(StaticData::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())),
+            data: Some(StaticData::new(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())),
         }),
     }
 }
@@ -52,7 +52,7 @@ pub fn shared_weights() -> Vec<TensorDesc> {
             dtype: DataType::UFixedPoint16,
             dims: vec![HIDDEN],
             encoding: Encoding::ScaleOffset(ScaleOffset { scale: 1.0 / 65535.0, offset: 0 }),
-            data: Some(StaticData::from(gamma)),
+            data: Some(StaticData::new(gamma)),
         },
         TensorDesc {
             name: "model.norm_runtime_bias".into(),
@@ -60,7 +60,7 @@ pub fn shared_weights() -> Vec<TensorDesc> {
             dtype: DataType::UFixedPoint16,
             dims: vec![HIDDEN],
             encoding: Encoding::ScaleOffset(ScaleOffset { scale: 0.002, offset: 0 }),
-            data: Some(StaticData::from(vec![0u8; 2 * HIDDEN as usize])),
+            data: Some(StaticData::new(vec![0u8; 2 * HIDDEN as usize])),
         },
         TensorDesc {
             name: "model.proj.weight".into(),
@@ -76,7 +76,7 @@ pub fn shared_weights() -> Vec<TensorDesc> {
                 block_scale_bitwidth: 4,
                 block_scales: (0..channels * blocks).map(|i| (i % 16 + 1) as u8).collect(),
             }),
-            data: Some(StaticData::from(weight)),
+            data: Some(StaticData::new(weight)),
         },
     ]
 }
@@ -156,11 +156,11 @@ pub fn poisoned_copies(graphs: &[GraphDesc], live: &'static AtomicUsize) -> Vec<
     let mut graphs = graphs.to_vec();
     for t in graphs.iter_mut().flat_map(GraphDesc::tensors_and_params_mut) {
         let Some(data) = &t.data else { continue };
-        let copy = match copies.iter().find(|(original, _)| original.ptr_eq(data)) {
+        let copy = match copies.iter().find(|(original, _)| original.shares_buffer_with(data)) {
             Some((_, copy)) => copy.clone(),
             None => {
                 live.fetch_add(1, Ordering::SeqCst);
-                let copy = StaticData::from_owner(PoisonOnDrop { bytes: data.as_bytes().to_vec(), live });
+                let copy = StaticData::new(PoisonOnDrop { bytes: data.bytes().to_vec(), live });
                 copies.push((data.clone(), copy.clone()));
                 copy
             }

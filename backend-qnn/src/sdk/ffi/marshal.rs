@@ -133,7 +133,7 @@ pub(crate) fn tensor(arena: &mut Arena, desc: &TensorDesc, id: u32) -> Result<b:
     v2.memType = MEM_TYPE_RAW as _;
     let mut buffer: b::Qnn_ClientBuffer_t = zeroed();
     if let Some(data) = &desc.data {
-        let bytes = data.as_bytes();
+        let bytes = data.bytes();
         // QNN only reads static client buffers, and only during the call: tensor creation
         // copies the data (QnnTensor.h), so the bytes stay the caller's and the arena keeps
         // no handle on them (the driver may free them before finalize).
