@@ -9,49 +9,8 @@
 use thiserror::Error;
 
 pub use crate::dtype::{DataType, TensorType};
-pub use crate::encoding::ScaleOffset;
-pub use crate::graph::StaticData;
-
-/// `Qnn_BlockwiseExpansion_t` with 8-bit block-scale storage (LPBQ weights).
-///
-/// Per output channel `c` along `axis` there is one float scale/offset; per block `b` of that
-/// channel one small integer multiplier `block_scales[c * num_blocks_per_axis + b]`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BlockwiseExpansion {
-    pub axis: u32,
-    /// One entry per element of `dims[axis]`.
-    pub scale_offsets: Vec<ScaleOffset>,
-    pub num_blocks_per_axis: u32,
-    /// Precision of the block multipliers, e.g. 4 for int4 LPBQ.
-    pub block_scale_bitwidth: u32,
-    /// `dims[axis] * num_blocks_per_axis` multipliers (`blocksScale8`).
-    pub block_scales: Vec<u8>,
-}
-
-/// `Qnn_QuantizeParams_t` encodings used by the lowering.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Encoding {
-    /// Float, integer and bool tensors (`QNN_DEFINITION_UNDEFINED`).
-    Undefined,
-    /// Per-tensor `SCALE_OFFSET` (0).
-    ScaleOffset(ScaleOffset),
-    /// Per-channel `AXIS_SCALE_OFFSET` (1): one entry per element of `dims[axis]`.
-    AxisScaleOffset { axis: u32, scale_offsets: Vec<ScaleOffset> },
-    /// `BLOCKWISE_EXPANSION` (5).
-    BlockwiseExpansion(BlockwiseExpansion),
-}
-
-impl Encoding {
-    /// The `Qnn_QuantizationEncoding_t` value (`0x7FFFFFFF` for undefined).
-    pub fn code(&self) -> u32 {
-        match self {
-            Encoding::Undefined => 0x7FFF_FFFF,
-            Encoding::ScaleOffset(_) => 0,
-            Encoding::AxisScaleOffset { .. } => 1,
-            Encoding::BlockwiseExpansion(_) => 5,
-        }
-    }
-}
+pub use crate::encoding::{BlockScales, BlockwiseExpansion, Encoding, ScaleOffset};
+pub use crate::graph::{Scalar, StaticData};
 
 /// One QNN tensor as passed to `tensorCreateGraphTensor`.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,8 +38,8 @@ impl TensorDesc {
         let scales = match &self.encoding {
             Encoding::Undefined => return Ok(()),
             Encoding::ScaleOffset(so) => std::slice::from_ref(so),
-            Encoding::AxisScaleOffset { scale_offsets, .. } => scale_offsets,
-            Encoding::BlockwiseExpansion(bw) => &bw.scale_offsets,
+            Encoding::AxisScaleOffset { scale_offsets, .. } => &scale_offsets[..],
+            Encoding::BlockwiseExpansion(bw) => &bw.scale_offsets[..],
         };
         match scales.iter().find(|so| !(so.scale.is_finite() && so.scale > 0.0)) {
             Some(so) => Err(self.error(TensorProblem::BadScale { scale: so.scale })),
@@ -152,6 +111,9 @@ impl TensorDesc {
                 if bw.num_blocks_per_axis == 0 {
                     return Err(TensorProblem::ZeroBlocks);
                 }
+                if let BlockScales::U16(_) = bw.block_scales {
+                    return Err(TensorProblem::SixteenBitBlockScales);
+                }
                 if !(1..=8).contains(&bw.block_scale_bitwidth) {
                     return Err(TensorProblem::BlockScaleBitwidth { bits: bw.block_scale_bitwidth });
                 }
@@ -219,6 +181,8 @@ pub enum TensorProblem {
     BlockScaleCount { got: u64, axis: u32, channels: u64, blocks: u32 },
     #[error("blockwiseExpansion numBlocksPerAxis is 0")]
     ZeroBlocks,
+    #[error("16-bit block scales (blocksScale16) are not supported by the SDK layer")]
+    SixteenBitBlockScales,
     #[error("blockwiseExpansion blockScaleBitwidth {bits} does not fit 8-bit block-scale storage")]
     BlockScaleBitwidth { bits: u32 },
     #[error("scale {scale} must be finite and > 0")]
@@ -239,41 +203,6 @@ fn expected_bytes(expected: &[u64]) -> String {
 pub struct TensorError {
     pub tensor: String,
     pub problem: TensorProblem,
-}
-
-/// `Qnn_Scalar_t`: a typed scalar op parameter.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Scalar {
-    Bool(bool),
-    U8(u8),
-    I8(i8),
-    U16(u16),
-    I16(i16),
-    U32(u32),
-    I32(i32),
-    U64(u64),
-    I64(i64),
-    F32(f32),
-    F64(f64),
-}
-
-impl Scalar {
-    /// The `dataType` QNN sees for this scalar.
-    pub fn dtype(self) -> DataType {
-        match self {
-            Scalar::Bool(_) => DataType::Bool8,
-            Scalar::U8(_) => DataType::UInt8,
-            Scalar::I8(_) => DataType::Int8,
-            Scalar::U16(_) => DataType::UInt16,
-            Scalar::I16(_) => DataType::Int16,
-            Scalar::U32(_) => DataType::UInt32,
-            Scalar::I32(_) => DataType::Int32,
-            Scalar::U64(_) => DataType::UInt64,
-            Scalar::I64(_) => DataType::Int64,
-            Scalar::F32(_) => DataType::Float32,
-            Scalar::F64(_) => DataType::Float64,
-        }
-    }
 }
 
 /// The value of a named op parameter: a scalar, or a STATIC tensor created for this node.
@@ -367,10 +296,10 @@ mod tests {
     fn tensor_type_and_encoding_codes() {
         assert_eq!(TensorType::AppWrite.raw(), 0);
         assert_eq!(TensorType::Static.raw(), 4);
-        assert_eq!(Encoding::Undefined.code(), 0x7FFF_FFFF);
-        assert_eq!(Encoding::ScaleOffset(ScaleOffset { scale: 1.0, offset: 0 }).code(), 0);
-        let axis = Encoding::AxisScaleOffset { axis: 0, scale_offsets: vec![] };
-        assert_eq!(axis.code(), 1);
+        assert_eq!(Encoding::Undefined.raw(), 0x7FFF_FFFF);
+        assert_eq!(Encoding::ScaleOffset(ScaleOffset { scale: 1.0, offset: 0 }).raw(), 0);
+        let axis = Encoding::AxisScaleOffset { axis: 0, scale_offsets: vec![].into() };
+        assert_eq!(axis.raw(), 1);
     }
 
     #[test]
@@ -424,10 +353,10 @@ mod tests {
         let bw = |scales: usize, blocks: usize| {
             Encoding::BlockwiseExpansion(BlockwiseExpansion {
                 axis: 3,
-                scale_offsets: per_channel[..scales].to_vec(),
+                scale_offsets: per_channel[..scales].into(),
                 num_blocks_per_axis: 2,
                 block_scale_bitwidth: 4,
-                block_scales: vec![3; blocks],
+                block_scales: BlockScales::U8(vec![3; blocks].into()),
             })
         };
         // HWIO [1,1,In=32,Out=8], block 16 along In: 2 blocks per output channel.
@@ -447,5 +376,10 @@ mod tests {
         );
         let err = tensor(DataType::SFixedPoint8, &[1, 32, 8], bw(8, 16), Some(vec![0; 256])).check().unwrap_err();
         assert!(err.problem.to_string().contains("axis 3 is out of range for rank 3"), "{err}");
+        let Encoding::BlockwiseExpansion(mut wide) = bw(8, 16) else { unreachable!() };
+        wide.block_scales = BlockScales::U16(vec![3; 16].into());
+        let wide =
+            tensor(DataType::SFixedPoint8, &[1, 1, 32, 8], Encoding::BlockwiseExpansion(wide), Some(vec![0; 256]));
+        assert_eq!(wide.check_layout().unwrap_err().problem, TensorProblem::SixteenBitBlockScales);
     }
 }

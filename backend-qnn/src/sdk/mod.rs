@@ -96,8 +96,8 @@ pub use config::{
     HtpPlatformInfo, LogLevel, OptionsError, Precision,
 };
 pub use desc::{
-    BlockwiseExpansion, DataType, Encoding, GraphDesc, NameError, OpDesc, ParamDesc, ParamValue, Scalar, ScaleOffset,
-    StaticData, TensorDesc, TensorError, TensorProblem, TensorType, QTI_AISW,
+    BlockScales, BlockwiseExpansion, DataType, Encoding, GraphDesc, NameError, OpDesc, ParamDesc, ParamValue, Scalar,
+    ScaleOffset, StaticData, TensorDesc, TensorError, TensorProblem, TensorType, QTI_AISW,
 };
 pub use driver::{
     build_context_binary, build_context_binary_owned, check_graphs, BuildError, GraphProblem, NodeProblem,

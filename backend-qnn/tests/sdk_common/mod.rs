@@ -6,8 +6,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use backend_qnn::sdk::{
-    BlockwiseExpansion, DataType, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar, ScaleOffset, StaticData,
-    TensorDesc, TensorType, QTI_AISW,
+    BlockScales, BlockwiseExpansion, DataType, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar, ScaleOffset,
+    StaticData, TensorDesc, TensorType, QTI_AISW,
 };
 
 pub const HIDDEN: u32 = 64;
@@ -74,7 +74,7 @@ pub fn shared_weights() -> Vec<TensorDesc> {
                     .collect(),
                 num_blocks_per_axis: HIDDEN / BLOCK,
                 block_scale_bitwidth: 4,
-                block_scales: (0..channels * blocks).map(|i| (i % 16 + 1) as u8).collect(),
+                block_scales: BlockScales::U8((0..channels * blocks).map(|i| (i % 16 + 1) as u8).collect()),
             }),
             data: Some(StaticData::new(weight)),
         },
@@ -94,7 +94,7 @@ pub fn toy_graph(seq: u32, weights: &[TensorDesc]) -> GraphDesc {
         package: QTI_AISW.into(),
         op_type: "RmsNorm".into(),
         params: vec![
-            ParamDesc { name: "epsilon".into(), value: ParamValue::Scalar(Scalar::F32(1e-6)) },
+            ParamDesc { name: "epsilon".into(), value: ParamValue::Scalar(Scalar::Float32(1e-6)) },
             u32_param("model.norm", "axes", &[1], &[3]),
         ],
         inputs: vec!["x".into(), "model.norm.weight".into(), "model.norm_runtime_bias".into()],
@@ -108,7 +108,7 @@ pub fn toy_graph(seq: u32, weights: &[TensorDesc]) -> GraphDesc {
             u32_param("model.proj", "stride", &[2], &[1, 1]),
             u32_param("model.proj", "pad_amount", &[2, 2], &[0, 0, 0, 0]),
             u32_param("model.proj", "dilation", &[2], &[1, 1]),
-            ParamDesc { name: "group".into(), value: ParamValue::Scalar(Scalar::U32(1)) },
+            ParamDesc { name: "group".into(), value: ParamValue::Scalar(Scalar::UInt32(1)) },
         ],
         inputs: vec!["h".into(), "model.proj.weight".into()],
         outputs: vec!["y".into()],

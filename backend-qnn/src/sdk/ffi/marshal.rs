@@ -16,7 +16,7 @@ use std::ptr;
 use super::bindings as b;
 use crate::sdk::api::{BoundParamValue, BoundTensor, MarshalError, OpConfig};
 use crate::sdk::config::{ContextConfig, DeviceConfig, GraphConfig};
-use crate::sdk::desc::{Encoding, Scalar, ScaleOffset, TensorDesc};
+use crate::sdk::desc::{BlockScales, Encoding, Scalar, ScaleOffset, TensorDesc};
 
 // Enumerator values (`QnnTypes.h`, the HTP headers); `as _` adapts them to each enum's C type.
 const TENSOR_VERSION_2: u32 = 2;
@@ -26,7 +26,6 @@ const MEM_TYPE_RAW: u32 = 0;
 const SPARSE_LAYOUT_UNDEFINED: u32 = 0x7FFF_FFFF;
 const DEFINITION_DEFINED: u32 = 1;
 const DEFINITION_UNDEFINED: u32 = 0x7FFF_FFFF;
-const BLOCK_SCALE_STORAGE_8: u32 = 0;
 const PARAM_SCALAR: u32 = 0;
 const PARAM_TENSOR: u32 = 1;
 const CONFIG_CUSTOM: u32 = 0;
@@ -93,7 +92,7 @@ fn scale_offsets(arena: &mut Arena, list: &[ScaleOffset]) -> *mut b::Qnn_ScaleOf
 fn quantize_params(arena: &mut Arena, encoding: &Encoding) -> b::Qnn_QuantizeParams_t {
     let mut q: b::Qnn_QuantizeParams_t = zeroed();
     q.encodingDefinition = DEFINITION_DEFINED as _;
-    q.quantizationEncoding = encoding.code() as _;
+    q.quantizationEncoding = encoding.raw() as _;
     match encoding {
         Encoding::Undefined => q.encodingDefinition = DEFINITION_UNDEFINED as _,
         Encoding::ScaleOffset(so) => q.__bindgen_anon_1.scaleOffsetEncoding = scale_offset(so),
@@ -110,8 +109,11 @@ fn quantize_params(arena: &mut Arena, encoding: &Encoding) -> b::Qnn_QuantizePar
             e.scaleOffsets = scale_offsets(arena, &bw.scale_offsets);
             e.numBlocksPerAxis = bw.num_blocks_per_axis;
             e.blockScaleBitwidth = bw.block_scale_bitwidth;
-            e.blockScaleStorageType = BLOCK_SCALE_STORAGE_8 as _;
-            e.__bindgen_anon_1.blocksScale8 = arena.slice(bw.block_scales.clone());
+            e.blockScaleStorageType = bw.block_scales.storage_type() as _;
+            match &bw.block_scales {
+                BlockScales::U8(s) => e.__bindgen_anon_1.blocksScale8 = arena.slice(s.to_vec()),
+                BlockScales::U16(s) => e.__bindgen_anon_1.blocksScale16 = arena.slice(s.to_vec()),
+            }
             q.__bindgen_anon_1.blockwiseExpansion = arena.hold(e);
         }
     }
@@ -156,17 +158,17 @@ fn scalar(s: Scalar) -> b::Qnn_Scalar_t {
     c.dataType = s.dtype().raw() as _;
     let u = &mut c.__bindgen_anon_1;
     match s {
-        Scalar::Bool(v) => u.bool8Value = u8::from(v),
-        Scalar::U8(v) => u.uint8Value = v,
-        Scalar::I8(v) => u.int8Value = v,
-        Scalar::U16(v) => u.uint16Value = v,
-        Scalar::I16(v) => u.int16Value = v,
-        Scalar::U32(v) => u.uint32Value = v,
-        Scalar::I32(v) => u.int32Value = v,
-        Scalar::U64(v) => u.uint64Value = v,
-        Scalar::I64(v) => u.int64Value = v,
-        Scalar::F32(v) => u.floatValue = v,
-        Scalar::F64(v) => u.doubleValue = v,
+        Scalar::Bool8(v) => u.bool8Value = u8::from(v),
+        Scalar::UInt8(v) => u.uint8Value = v,
+        Scalar::Int8(v) => u.int8Value = v,
+        Scalar::UInt16(v) => u.uint16Value = v,
+        Scalar::Int16(v) => u.int16Value = v,
+        Scalar::UInt32(v) => u.uint32Value = v,
+        Scalar::Int32(v) => u.int32Value = v,
+        Scalar::UInt64(v) => u.uint64Value = v,
+        Scalar::Int64(v) => u.int64Value = v,
+        Scalar::Float32(v) => u.floatValue = v,
+        Scalar::Float64(v) => u.doubleValue = v,
     }
     c
 }
