@@ -290,17 +290,25 @@ impl QnnGraph {
 
     /// Total bytes of static data in graph tensors and tensor params.
     pub fn static_bytes(&self) -> u64 {
-        let graph: u64 = self.tensors.iter().filter_map(|t| t.data.as_ref()).map(|d| d.len() as u64).sum();
-        let params: u64 = self
-            .nodes
-            .iter()
-            .flat_map(|n| n.params.iter())
-            .filter_map(|(_, p)| match p {
-                Param::Tensor(t) => t.data.as_ref().map(|d| d.len() as u64),
-                Param::Scalar(_) => None,
-            })
-            .sum();
-        graph + params
+        self.tensors_and_params().filter_map(|t| t.data.as_ref()).map(|d| d.len() as u64).sum()
+    }
+
+    /// The graph's tensors and its nodes' tensor params: every tensor that may carry static data.
+    pub fn tensors_and_params(&self) -> impl Iterator<Item = &QnnTensor> {
+        let params = self.nodes.iter().flat_map(|n| &n.params).filter_map(|(_, p)| match p {
+            Param::Tensor(t) => Some(t),
+            Param::Scalar(_) => None,
+        });
+        self.tensors.iter().chain(params)
+    }
+
+    /// [`Self::tensors_and_params`], mutable.
+    pub fn tensors_and_params_mut(&mut self) -> impl Iterator<Item = &mut QnnTensor> {
+        let params = self.nodes.iter_mut().flat_map(|n| &mut n.params).filter_map(|(_, p)| match p {
+            Param::Tensor(t) => Some(t),
+            Param::Scalar(_) => None,
+        });
+        self.tensors.iter_mut().chain(params)
     }
 }
 

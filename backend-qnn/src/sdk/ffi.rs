@@ -6,7 +6,7 @@
 //! - [`library`]: locating and opening `libQnnHtp.so` / `libQnnSystem.so` with `libloading`
 //!   and selecting a provider whose core API major version equals the bindings' and whose
 //!   minor version is at least the bindings'.
-//! - `marshal`: descriptors → C structs, with every pointed-to buffer owned by an arena.
+//! - `marshal`: tensors and op configs → C structs, with every pointed-to buffer owned by an arena.
 //! - [`SdkApi`]: the `QnnApi` implementation (building binaries) and, opened with
 //!   [`SdkApi::load_for_execution`], the `QnnExecApi` one (`exec`: loading binaries and executing
 //!   their graphs on client buffers); [`SystemApi`]: context-binary metadata (graph I/O with ids
@@ -43,8 +43,9 @@ pub const BINDINGS_SYSTEM_API_VERSION: (u32, u32) = bindings::SYSTEM_API_VERSION
 #[allow(clippy::unnecessary_cast)]
 mod tests {
     use super::bindings as b;
+    use crate::dtype::{DataType, TensorType};
+    use crate::encoding::Encoding;
     use crate::sdk::config::HtpArch;
-    use crate::sdk::desc::{DataType, Encoding, TensorType};
 
     /// Our numeric codes against the enumerators of the clean-room declarations.
     #[test]

@@ -11,7 +11,9 @@ use std::fmt::Write as _;
 
 use super::api::{BoundParamValue, BoundTensor, OpConfig};
 use super::config::{ContextConfig, DeviceConfig, GraphConfig};
-use super::desc::{BlockScales, DataType, Encoding, Scalar, ScaleOffset, TensorDesc};
+use crate::dtype::DataType;
+use crate::encoding::{BlockScales, Encoding, ScaleOffset};
+use crate::graph::{QnnTensor, Scalar};
 
 /// How many leading entries of a long array are printed before `...`.
 const PREFIX_LEN: usize = 4;
@@ -118,7 +120,7 @@ fn dims(dims: &[u32]) -> String {
 }
 
 /// `{name="x", type=APP_WRITE, dtype=..., dims=[..], quant=..., data=...}`.
-pub fn tensor(t: &TensorDesc) -> String {
+pub fn tensor(t: &QnnTensor) -> String {
     let data = match &t.data {
         None => "none".to_string(),
         Some(d) => format!("{}B fnv={:016x}", d.len(), fnv1a64(d.bytes())),
@@ -153,7 +155,7 @@ pub fn scalar(s: Scalar) -> String {
 }
 
 fn bound(t: &BoundTensor<'_>) -> String {
-    format!("{} \"{}\"", t.id, t.desc.name)
+    format!("{} \"{}\"", t.id, t.tensor.name)
 }
 
 /// `{name=.., package=.., type=.., params=[..], inputs=[..], outputs=[..]}`.

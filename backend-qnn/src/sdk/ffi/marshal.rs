@@ -1,4 +1,4 @@
-//! Building the C structs of the QNN API from descriptors.
+//! Building the C structs of the QNN API from the graph model.
 //!
 //! QNN reads names, dims and quantization arrays through raw pointers, possibly until the
 //! context is serialized. Every buffer a struct built here points into is therefore owned by an
@@ -14,9 +14,11 @@ use std::os::raw::{c_char, c_void};
 use std::ptr;
 
 use super::bindings as b;
+use crate::dtype::{DataType, TensorType};
+use crate::encoding::{BlockScales, Encoding, ScaleOffset};
+use crate::graph::{QnnTensor, Scalar};
 use crate::sdk::api::{BoundParamValue, BoundTensor, MarshalError, OpConfig};
 use crate::sdk::config::{ContextConfig, DeviceConfig, GraphConfig};
-use crate::sdk::desc::{BlockScales, Encoding, Scalar, ScaleOffset, TensorDesc};
 
 // Enumerator values (`QnnTypes.h`, the HTP headers); `as _` adapts them to each enum's C type.
 const TENSOR_VERSION_2: u32 = 2;
@@ -120,28 +122,28 @@ fn quantize_params(arena: &mut Arena, encoding: &Encoding) -> b::Qnn_QuantizePar
     q
 }
 
-/// A `Qnn_Tensor_t` (version 2) for `desc` with the given id (0 before creation).
-/// `desc` must have passed [`TensorDesc::check_layout`]: QNN derives array lengths from `dims`.
-pub(crate) fn tensor(arena: &mut Arena, desc: &TensorDesc, id: u32) -> Result<b::Qnn_Tensor_t, MarshalError> {
+/// A `Qnn_Tensor_t` (version 2) for `tensor` with the given id (0 before creation).
+/// `tensor` must have passed [`QnnTensor::check_layout`]: QNN derives array lengths from `dims`.
+pub(crate) fn tensor(arena: &mut Arena, tensor: &QnnTensor, id: u32) -> Result<b::Qnn_Tensor_t, MarshalError> {
     let mut v2: b::Qnn_TensorV2_t = zeroed();
     v2.id = id;
-    v2.name = arena.c_str("tensor name", &desc.name)?;
-    v2.type_ = desc.tensor_type.raw() as _;
+    v2.name = arena.c_str("tensor name", &tensor.name)?;
+    v2.type_ = tensor.tensor_type.raw() as _;
     v2.dataFormat = DATA_FORMAT_DENSE as _;
-    v2.dataType = desc.dtype.raw() as _;
-    v2.quantizeParams = quantize_params(arena, &desc.encoding);
-    v2.rank = desc.dims.len() as u32;
-    v2.dimensions = arena.slice(desc.dims.clone());
+    v2.dataType = tensor.dtype.raw() as _;
+    v2.quantizeParams = quantize_params(arena, &tensor.encoding);
+    v2.rank = tensor.dims.len() as u32;
+    v2.dimensions = arena.slice(tensor.dims.clone());
     v2.memType = MEM_TYPE_RAW as _;
     let mut buffer: b::Qnn_ClientBuffer_t = zeroed();
-    if let Some(data) = &desc.data {
+    if let Some(data) = &tensor.data {
         let bytes = data.bytes();
         // QNN only reads static client buffers, and only during the call: tensor creation
         // copies the data (QnnTensor.h), so the bytes stay the caller's and the arena keeps
         // no handle on them (the driver may free them before finalize).
         buffer.data = bytes.as_ptr() as *mut c_void;
         buffer.dataSize = u32::try_from(bytes.len())
-            .map_err(|_| MarshalError::DataTooLarge { tensor: desc.name.clone(), bytes: bytes.len() })?;
+            .map_err(|_| MarshalError::DataTooLarge { tensor: tensor.name.clone(), bytes: bytes.len() })?;
     }
     v2.__bindgen_anon_1.clientBuf = buffer;
     v2.isDynamicDimensions = ptr::null_mut();
@@ -174,7 +176,7 @@ fn scalar(s: Scalar) -> b::Qnn_Scalar_t {
 }
 
 fn tensors(arena: &mut Arena, list: &[BoundTensor<'_>]) -> Result<(u32, *mut b::Qnn_Tensor_t), MarshalError> {
-    let built = list.iter().map(|t| tensor(arena, t.desc, t.id.0)).collect::<Result<Vec<_>, _>>()?;
+    let built = list.iter().map(|t| tensor(arena, t.tensor, t.id.0)).collect::<Result<Vec<_>, _>>()?;
     Ok((built.len() as u32, arena.slice(built)))
 }
 
@@ -191,7 +193,7 @@ pub(crate) fn op_config(arena: &mut Arena, op: &OpConfig<'_>) -> Result<b::Qnn_O
             }
             BoundParamValue::Tensor(t) => {
                 c.paramType = PARAM_TENSOR as _;
-                c.__bindgen_anon_1.tensorParam = tensor(arena, t.desc, t.id.0)?;
+                c.__bindgen_anon_1.tensorParam = tensor(arena, t.tensor, t.id.0)?;
             }
         }
         params.push(c);
@@ -347,22 +349,18 @@ pub(crate) fn graph_configs(arena: &mut Arena, configs: &[GraphConfig]) -> *mut 
 pub(crate) fn io_tensor(
     arena: &mut Arena,
     info: &super::system::TensorInfo,
-    dtype: crate::sdk::desc::DataType,
+    dtype: DataType,
     output: bool,
 ) -> Result<b::Qnn_Tensor_t, MarshalError> {
-    let desc = TensorDesc {
+    let io = QnnTensor {
         name: info.name.clone(),
-        tensor_type: if output {
-            crate::sdk::desc::TensorType::AppRead
-        } else {
-            crate::sdk::desc::TensorType::AppWrite
-        },
+        tensor_type: if output { TensorType::AppRead } else { TensorType::AppWrite },
         dtype,
         dims: info.dims.clone(),
         encoding: info.quant.map_or(Encoding::Undefined, Encoding::ScaleOffset),
         data: None,
     };
-    tensor(arena, &desc, info.id)
+    tensor(arena, &io, info.id)
 }
 
 /// Points the client buffer of a tensor built by [`io_tensor`] at `data`.

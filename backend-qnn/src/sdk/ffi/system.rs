@@ -16,8 +16,9 @@ use libloading::os::unix::Library;
 
 use super::bindings as b;
 use super::library::{self, LoadError, ProviderInfo};
+use crate::dtype::DataType;
+use crate::encoding::ScaleOffset;
 use crate::sdk::api::{ApiError, MetadataError};
-use crate::sdk::desc::{DataType, ScaleOffset};
 
 /// One graph input or output as recorded in a context binary.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,35 +1,14 @@
-//! Plain-Rust descriptions of what crosses the QNN API: tensors (with their quantization
-//! encodings and static data), op configs and whole graphs.
-//!
-//! These types are deliberately small and independent of the lowering model so that the SDK
-//! layer can be tested on its own; the graph lowering converts into them. Numeric codes are the
-//! ones documented for `QnnTypes.h`, so a
-//! description can be rendered or passed to C without a lookup table elsewhere.
+//! What the SDK layer checks on a [`QnnTensor`] before it reaches the QNN API: names, dims, the
+//! static-data contract and quantization-encoding array lengths, so that QNN never reads past a
+//! buffer, plus scale values.
 
 use thiserror::Error;
 
-pub use crate::dtype::{DataType, TensorType};
-pub use crate::encoding::{BlockScales, BlockwiseExpansion, Encoding, ScaleOffset};
-pub use crate::graph::{Scalar, StaticData};
+use crate::dtype::{DataType, TensorType};
+use crate::encoding::{BlockScales, Encoding};
+use crate::graph::{QnnTensor, StaticData};
 
-/// One QNN tensor as passed to `tensorCreateGraphTensor`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TensorDesc {
-    pub name: String,
-    pub tensor_type: TensorType,
-    pub dtype: DataType,
-    pub dims: Vec<u32>,
-    pub encoding: Encoding,
-    /// Present exactly for [`TensorType::Static`] tensors.
-    pub data: Option<StaticData>,
-}
-
-impl TensorDesc {
-    /// Number of elements (product of `dims`; 1 for rank 0).
-    pub fn num_elements(&self) -> u64 {
-        self.dims.iter().map(|&d| u64::from(d)).product()
-    }
-
+impl QnnTensor {
     /// Checks everything the C side would otherwise read out of bounds or reject late:
     /// names, dims, the static-data contract, encoding array lengths ([`Self::check_layout`])
     /// and that every scale is finite and > 0.
@@ -69,7 +48,7 @@ impl TensorDesc {
     }
 
     fn check_data_len(&self, data: &StaticData) -> Result<(), TensorProblem> {
-        let numel = self.num_elements();
+        let numel = self.numel();
         let got = data.len() as u64;
         let bits = u64::from(self.dtype.bit_width());
         let dtype = self.dtype;
@@ -152,7 +131,7 @@ pub(crate) fn check_c_name(name: &str) -> Result<(), NameError> {
     }
 }
 
-/// What is wrong with a tensor description.
+/// What is wrong with a tensor.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum TensorProblem {
     #[error(transparent)]
@@ -197,7 +176,7 @@ fn expected_bytes(expected: &[u64]) -> String {
     }
 }
 
-/// A tensor description that failed [`TensorDesc::check`].
+/// A tensor that failed [`QnnTensor::check`].
 #[derive(Debug, Clone, PartialEq, Error)]
 #[error("tensor `{tensor}`: {problem}")]
 pub struct TensorError {
@@ -205,76 +184,16 @@ pub struct TensorError {
     pub problem: TensorProblem,
 }
 
-/// The value of a named op parameter: a scalar, or a STATIC tensor created for this node.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ParamValue {
-    Scalar(Scalar),
-    Tensor(TensorDesc),
-}
-
-/// `Qnn_Param_t` before its tensor (if any) has been created.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParamDesc {
-    pub name: String,
-    pub value: ParamValue,
-}
-
-/// One node of a graph. Inputs and outputs name tensors of the enclosing [`GraphDesc`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct OpDesc {
-    pub name: String,
-    /// Op package, `qti.aisw` for every built-in op.
-    pub package: String,
-    /// Op type as in `QnnOpDef.h`, e.g. `Conv2d`.
-    pub op_type: String,
-    pub params: Vec<ParamDesc>,
-    pub inputs: Vec<String>,
-    pub outputs: Vec<String>,
-}
-
-/// The package of QNN's built-in ops.
-pub const QTI_AISW: &str = "qti.aisw";
-
-/// A whole graph: every tensor it uses (params excluded), its I/O order and its nodes in
-/// dependency order.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GraphDesc {
-    /// Graph name, unique within the context (the runtime retrieves graphs by it).
-    pub name: String,
-    pub tensors: Vec<TensorDesc>,
-    /// APP_WRITE tensors in the order the runtime binds them.
-    pub inputs: Vec<String>,
-    /// APP_READ tensors in the order the runtime binds them.
-    pub outputs: Vec<String>,
-    pub nodes: Vec<OpDesc>,
-}
-
-impl GraphDesc {
-    /// The graph's tensors and its nodes' tensor params: every tensor that may carry static data.
-    pub fn tensors_and_params(&self) -> impl Iterator<Item = &TensorDesc> {
-        let params = self.nodes.iter().flat_map(|n| &n.params).filter_map(|p| match &p.value {
-            ParamValue::Tensor(t) => Some(t),
-            ParamValue::Scalar(_) => None,
-        });
-        self.tensors.iter().chain(params)
-    }
-
-    /// [`Self::tensors_and_params`], mutable.
-    pub fn tensors_and_params_mut(&mut self) -> impl Iterator<Item = &mut TensorDesc> {
-        let params = self.nodes.iter_mut().flat_map(|n| &mut n.params).filter_map(|p| match &mut p.value {
-            ParamValue::Tensor(t) => Some(t),
-            ParamValue::Scalar(_) => None,
-        });
-        self.tensors.iter_mut().chain(params)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::encoding::{BlockwiseExpansion, ScaleOffset};
+    use crate::graph::{GraphBuilder, QnnGraph, Scalar};
+    use crate::opdef::OpType;
+    use crate::sdk::{check_graphs, BuildError};
 
-    fn tensor(dtype: DataType, dims: &[u32], encoding: Encoding, data: Option<Vec<u8>>) -> TensorDesc {
-        TensorDesc {
+    fn tensor(dtype: DataType, dims: &[u32], encoding: Encoding, data: Option<Vec<u8>>) -> QnnTensor {
+        QnnTensor {
             name: "t".into(),
             tensor_type: if data.is_some() { TensorType::Static } else { TensorType::Native },
             dtype,
@@ -381,5 +300,45 @@ mod tests {
         let wide =
             tensor(DataType::SFixedPoint8, &[1, 1, 32, 8], Encoding::BlockwiseExpansion(wide), Some(vec![0; 256]));
         assert_eq!(wide.check_layout().unwrap_err().problem, TensorProblem::SixteenBitBlockScales);
+    }
+
+    /// A lowered LPBQ Conv2d graph named `name` whose weight `w` has `block_scales`.
+    fn lowered_conv(name: &str, block_scales: BlockScales) -> QnnGraph {
+        let mut b = GraphBuilder::new(name);
+        let x = b.input("x", DataType::UFixedPoint16, &[1, 1, 2, 4], Encoding::from_zero_point(0.01, 3));
+        let enc = Encoding::BlockwiseExpansion(BlockwiseExpansion {
+            axis: 3,
+            scale_offsets: vec![ScaleOffset { scale: 0.5, offset: 0 }; 2].into(),
+            num_blocks_per_axis: 2,
+            block_scale_bitwidth: 4,
+            block_scales,
+        });
+        let w = b.static_tensor("w", DataType::SFixedPoint4, &[1, 1, 4, 2], enc, StaticData::new(vec![1u8; 8]));
+        let y = b
+            .node("conv", OpType::Conv2d)
+            .input(&x)
+            .input(&w)
+            .tensor_param_u32("stride", &[2], &[1, 1])
+            .tensor_param_u32("pad_amount", &[2, 2], &[0; 4])
+            .scalar("group", Scalar::UInt32(1))
+            .output("y", DataType::UFixedPoint16, &[1, 1, 2, 2], Encoding::from_zero_point(0.02, 5))
+            .finish_one();
+        b.mark_output(&y);
+        b.finish().unwrap()
+    }
+
+    #[test]
+    fn lowered_graphs_pass_the_sdk_checks() {
+        check_graphs(&[lowered_conv("a", BlockScales::U8(vec![1, 2, 3, 4].into()))]).unwrap();
+    }
+
+    #[test]
+    fn sixteen_bit_block_scales_are_refused_by_name() {
+        let g = lowered_conv("a", BlockScales::U16(vec![1, 2, 3, 4].into()));
+        let err = check_graphs(&[g]).unwrap_err();
+        let BuildError::InvalidTensor { graph, source } = &err else { panic!("not a tensor error: {err}") };
+        assert_eq!((graph.as_str(), source.tensor.as_str()), ("a", "w"));
+        assert_eq!(source.problem, TensorProblem::SixteenBitBlockScales);
+        assert!(err.to_string().contains("blocksScale16"), "{err}");
     }
 }
