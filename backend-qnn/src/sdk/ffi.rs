@@ -87,6 +87,10 @@ mod tests {
         assert_eq!(3, b::QNN_HTP_GRAPH_OPTIMIZATION_TYPE_FINALIZE_OPTIMIZATION_FLAG as u32);
         assert_eq!(4, b::QNN_HTP_GRAPH_CONFIG_OPTION_FOLD_RELU_ACTIVATION_INTO_CONV_OFF as u32);
         assert_eq!(5, b::QNN_QUANTIZATION_ENCODING_BLOCKWISE_EXPANSION as u32);
+        use crate::encoding::{definition, encoding_value};
+        assert_eq!(definition::DEFINED, b::QNN_DEFINITION_DEFINED as u32);
+        assert_eq!(definition::UNDEFINED, b::QNN_DEFINITION_UNDEFINED as u32);
+        assert_eq!(encoding_value::SCALE_OFFSET, b::QNN_QUANTIZATION_ENCODING_SCALE_OFFSET as u32);
         use crate::encoding::block_scale_storage::{STORAGE_16, STORAGE_8};
         assert_eq!(STORAGE_8, b::QNN_BLOCKWISE_EXPANSION_BITWIDTH_SCALE_STORAGE_8 as u32);
         assert_eq!(STORAGE_16, b::QNN_BLOCKWISE_EXPANSION_BITWIDTH_SCALE_STORAGE_16 as u32);

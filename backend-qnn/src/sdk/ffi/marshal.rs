@@ -26,8 +26,6 @@ const OPCONFIG_VERSION_1: u32 = 1;
 const DATA_FORMAT_DENSE: u32 = 0;
 const MEM_TYPE_RAW: u32 = 0;
 const SPARSE_LAYOUT_UNDEFINED: u32 = 0x7FFF_FFFF;
-const DEFINITION_DEFINED: u32 = 1;
-const DEFINITION_UNDEFINED: u32 = 0x7FFF_FFFF;
 const PARAM_SCALAR: u32 = 0;
 const PARAM_TENSOR: u32 = 1;
 const CONFIG_CUSTOM: u32 = 0;
@@ -93,10 +91,10 @@ fn scale_offsets(arena: &mut Arena, list: &[ScaleOffset]) -> *mut b::Qnn_ScaleOf
 
 fn quantize_params(arena: &mut Arena, encoding: &Encoding) -> b::Qnn_QuantizeParams_t {
     let mut q: b::Qnn_QuantizeParams_t = zeroed();
-    q.encodingDefinition = DEFINITION_DEFINED as _;
+    q.encodingDefinition = encoding.definition() as _;
     q.quantizationEncoding = encoding.raw() as _;
     match encoding {
-        Encoding::Undefined => q.encodingDefinition = DEFINITION_UNDEFINED as _,
+        Encoding::Undefined => {}
         Encoding::ScaleOffset(so) => q.__bindgen_anon_1.scaleOffsetEncoding = scale_offset(so),
         Encoding::AxisScaleOffset { axis, scale_offsets: list } => {
             let mut a: b::Qnn_AxisScaleOffset_t = zeroed();
