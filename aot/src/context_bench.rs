@@ -1,6 +1,6 @@
 //! The QNN compile bench: a Qwen3-1.7B-shaped checkpoint (random weights, [`crate::synthetic`])
 //! compiled into a real HTP context binary, with the wall time and peak resident memory of every
-//! step: trace, passes, lower, validate, conversion to QNN descriptors, then the backend's own
+//! step: trace, passes, lower, validate, the HTP options, then the backend's own
 //! phases (adding nodes, finalize, serialize) and writing the binary.
 //!
 //! ```no_run
@@ -11,8 +11,8 @@
 //! ```
 //!
 //! Peak RSS per step is `VmHWM`, reset before each step ([`mllm_dsl::memory`]); the RSS at each
-//! step's end shows what it leaves held. The lowered graphs, the lowering's weight cache and the
-//! checkpoint mapping are dropped before the backend starts, and the descriptions are handed to
+//! step's end shows what it leaves held. The lowering's weight cache and the checkpoint mapping
+//! are dropped before the backend starts, and the lowered graphs are handed to
 //! [`backend_qnn::sdk::build_context_binary_owned`], which frees the static bytes as soon as the
 //! backend has copied them: from the backend's finalize on, the process holds no weights of
 //! ours. `--no-weight-sharing` and `--optimization-level` measure two backend-side levers. The setup
@@ -241,21 +241,19 @@ pub fn run(opts: &BenchOptions) -> Result<ContextBench> {
     for g in &graphs {
         validate(g).with_context(|| format!("validating `{}`", g.name))?;
     }
-    meter.start("convert to QNN structs", true);
+    meter.start("HTP options", true);
     let mut options = target.htp_options(opts.weight_sharing && graphs.len() > 1)?;
     if let Some(level) = opts.optimization_level {
         options.graph.optimization_level = Some(level);
     }
-    let descs = sdk::graph_descs(&graphs)?;
-    // The descriptions become the only owners of the static bytes (the lowering's cache of
-    // shared weights and the lowered graphs let go), so the driver can free them before the
-    // backend finalizes; the checkpoint's mapping goes too.
-    drop(graphs);
+    // The graphs become the only owners of the static bytes (the lowering's cache of shared
+    // weights lets go), so the driver can free them before the backend finalizes; the
+    // checkpoint's mapping goes too.
     drop(lowering);
     drop(ckpt);
-    let static_weight_bytes = crate::shard_build::static_bytes(&descs);
+    let static_weight_bytes = crate::shard_build::static_bytes(&graphs);
     let binary =
-        sdk::build_context_binary_with_sdk_observed(descs, &options, &mut |phase| meter.start(phase.name(), false))
+        sdk::build_context_binary_with_sdk_observed(graphs, &options, &mut |phase| meter.start(phase.name(), false))
             .context("building the context binary with Qualcomm's backend")?;
     meter.start("write binary", true);
     let binary_path = opts.dir.join("context.bin");

@@ -65,8 +65,6 @@ pub enum AotError {
     QnnBuild(Box<backend_qnn::sdk::BuildError>),
     #[error(transparent)]
     QnnRun(Box<backend_qnn::sdk::RunValuesError>),
-    #[error(transparent)]
-    QnnConvert(Box<backend_qnn::sdk::ConvertError>),
     /// `--target-runtime` refusing an option before any work.
     #[error(transparent)]
     TargetRuntime(Box<crate::deploy::TargetRuntimeRefusal>),
@@ -150,7 +148,6 @@ boxed_from! {
     QnnLoad <- backend_qnn::sdk::LoadError,
     QnnBuild <- backend_qnn::sdk::BuildError,
     QnnRun <- backend_qnn::sdk::RunValuesError,
-    QnnConvert <- backend_qnn::sdk::ConvertError,
     ParseInt <- std::num::ParseIntError,
     Shard <- crate::shard::ShardError,
     ShardBuild <- crate::shard_build::ShardBuildError,

@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::error::{Context, Result};
-use backend_qnn::context::{build_context, context_request};
+use backend_qnn::context::{build_context, context_options};
 use backend_qnn::interp::TensorValue;
 use backend_qnn::sdk::{build_context_binary, run_binary_on_values, LibraryPaths, SdkApi};
 use backend_qnn::target::HtpTarget;
@@ -122,9 +122,9 @@ impl QualcommHtp {
 
         let x86_path = qnn_dir.join("context.x86.bin");
         let t = Instant::now();
-        let (descs, mut options) = context_request(&graphs, target)?;
+        let mut options = context_options(&graphs, target)?;
         options.weight_sharing = false;
-        let emulation_binary = build_context_binary(&descs, &options, &mut SdkApi::load(&paths)?)
+        let emulation_binary = build_context_binary(&graphs, &options, &mut SdkApi::load(&paths)?)
             .with_context(|| format!("building {} with Qualcomm's HTP backend", x86_path.display()))?;
         let x86_seconds = t.elapsed().as_secs_f64();
         write_atomic_bytes(&x86_path, &emulation_binary)?;

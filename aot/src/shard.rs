@@ -365,7 +365,7 @@ impl ShardPlan {
 }
 
 /// Qualcomm's HTP backend (QAIRT 2.51) holds up to ~6.8× a context's static bytes while it
-/// serializes a prefill + decode pair (docs/qnn-compile-bench.md); with our own descriptions
+/// serializes a prefill + decode pair (docs/qnn-compile-bench.md); with our own graphs
 /// and output buffer a build process peaks near 7×.
 pub const BUILD_MEMORY_FACTOR: f64 = 7.0;
 

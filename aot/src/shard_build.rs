@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use backend_qnn::sdk::{self, BuildPhase, GraphDesc, TensorType};
+use backend_qnn::sdk::{self, BuildPhase};
 use backend_qnn::target::HtpTarget;
-use backend_qnn::{validate, LowerOptions, QnnGraph, QnnLowering};
+use backend_qnn::{validate, LowerOptions, QnnGraph, QnnLowering, TensorType};
 use checkpoint::SafetensorsCheckpoint;
 use compiler::passes::Pipeline;
 use mllm_dsl::files::write_atomic_bytes;
@@ -315,19 +315,16 @@ pub fn build_in_this_process(job: &ShardJob) -> Result<ShardOutcome> {
         let mut step = |name: &str| meter.start(name, true);
         lower_shard(job, &ckpt, Some(&mut step))?
     };
-    meter.start("convert to QNN structs", true);
+    meter.start("HTP options", true);
     let mut options = target.htp_options(job.weight_sharing && graphs.len() > 1)?;
     if let Some(level) = job.optimization_level {
         options.graph.optimization_level = Some(level);
     }
     let names: Vec<String> = graphs.iter().map(|g| g.name.clone()).collect();
-    let descs = sdk::graph_descs(&graphs)?;
-    // The descriptions become the only owners of the static bytes, freed once the backend has
-    // copied them.
-    drop(graphs);
+    // The graphs are the only owners of the static bytes, freed once the backend has copied them.
     drop(ckpt);
-    let static_bytes = static_bytes(&descs);
-    let binary = sdk::build_context_binary_with_sdk_observed(descs, &options, &mut |phase: BuildPhase| {
+    let static_bytes = static_bytes(&graphs);
+    let binary = sdk::build_context_binary_with_sdk_observed(graphs, &options, &mut |phase: BuildPhase| {
         meter.start(phase.name(), false)
     })
     .with_context(|| format!("building {} with Qualcomm's HTP backend", job.describe()))?;
@@ -349,13 +346,13 @@ pub fn build_in_this_process(job: &ShardJob) -> Result<ShardOutcome> {
 }
 
 /// Bytes of the distinct STATIC tensors of `graphs` (shared weights counted once).
-pub fn static_bytes(graphs: &[GraphDesc]) -> u64 {
+pub fn static_bytes(graphs: &[QnnGraph]) -> u64 {
     let mut seen = std::collections::HashSet::new();
-    let tensors = graphs.iter().flat_map(GraphDesc::tensors_and_params);
+    let tensors = graphs.iter().flat_map(QnnGraph::tensors_and_params);
     tensors
         .filter(|t| t.tensor_type == TensorType::Static && seen.insert(t.name.as_str()))
         .filter_map(|t| t.data.as_ref())
-        .map(|d| d.as_bytes().len() as u64)
+        .map(|d| d.len() as u64)
         .sum()
 }
 

@@ -2,8 +2,7 @@
 //!
 //! The AOT config's `target_machine`, mapped to an [`HtpTarget`] (unknown chipsets and
 //! arch/chipset mismatches are errors of the config parser), gives the driver's [`HtpOptions`]; the graphs are
-//! validated and converted into [`GraphDesc`]s with their static buffers shared; and
-//! [`sdk::build_context_binary`] builds them, in the given order (prefill `model.0.s32` then decode
+//! validated; and [`sdk::build_context_binary`] builds them, in the given order (prefill `model.0.s32` then decode
 //! `model.0.s1`), into one context, with weight sharing whenever there is more than one graph.
 //!
 //! Entry points:
@@ -22,7 +21,7 @@ use thiserror::Error;
 
 use crate::artifacts::ArtifactError;
 use crate::graph::QnnGraph;
-use crate::sdk::{self, BuildError, ConvertError, GraphDesc, HtpOptions, QnnApi, SdkError};
+use crate::sdk::{self, BuildError, HtpOptions, QnnApi, SdkError};
 use crate::target::{HtpTarget, TargetError};
 use crate::validate::{validate, ValidationError};
 
@@ -37,8 +36,6 @@ pub enum ContextError {
     },
     #[error(transparent)]
     Target(#[from] TargetError),
-    #[error(transparent)]
-    Convert(#[from] ConvertError),
     #[error(transparent)]
     Build(#[from] BuildError),
     #[error(transparent)]
@@ -57,20 +54,19 @@ pub struct WrittenContext {
     pub graphs: Vec<String>,
 }
 
-/// What the driver receives for `graphs` on `target`: the graph descriptions in order and the
-/// HTP options (weight sharing on for more than one graph).
-pub fn context_request(graphs: &[QnnGraph], target: &HtpTarget) -> Result<(Vec<GraphDesc>, HtpOptions), ContextError> {
+/// The HTP options the driver receives with `graphs` on `target` (weight sharing on for more
+/// than one graph), after validating every graph.
+pub fn context_options(graphs: &[QnnGraph], target: &HtpTarget) -> Result<HtpOptions, ContextError> {
     for g in graphs {
         validate(g).map_err(|source| ContextError::Invalid { graph: g.name.clone(), source })?;
     }
-    let options = target.htp_options(graphs.len() > 1)?;
-    Ok((sdk::graph_descs(graphs)?, options))
+    Ok(target.htp_options(graphs.len() > 1)?)
 }
 
 /// Builds `graphs` into one context for `target` through `api` and returns the binary.
 pub fn build_context(graphs: &[QnnGraph], target: &HtpTarget, api: &mut dyn QnnApi) -> Result<Vec<u8>, ContextError> {
-    let (descs, options) = context_request(graphs, target)?;
-    Ok(sdk::build_context_binary(&descs, &options, api)?)
+    let options = context_options(graphs, target)?;
+    Ok(sdk::build_context_binary(graphs, &options, api)?)
 }
 
 /// Builds `graphs` into one weight-sharing context for `target` with Qualcomm's QNN libraries
@@ -109,6 +105,6 @@ fn write_binary(graphs: &[QnnGraph], binary: &[u8], out: &Path) -> Result<Writte
 /// [`build_context`] with Qualcomm's QNN libraries ([`sdk::LibraryPaths::find`]); without them
 /// an error saying how to get them, after every check that needs none.
 pub fn build_context_with_sdk(graphs: &[QnnGraph], target: &HtpTarget) -> Result<Vec<u8>, ContextError> {
-    let (descs, options) = context_request(graphs, target)?;
-    Ok(sdk::build_context_binary_with_sdk(&descs, &options)?)
+    let options = context_options(graphs, target)?;
+    Ok(sdk::build_context_binary_with_sdk(graphs, &options)?)
 }

@@ -6,8 +6,8 @@
 //! names. Graph inputs/outputs are ordered because the runtime binds them by position
 //! (mllm/backends/qnn/aot/QnnWrappersAPI.cpp).
 //!
-//! Static data is held as `Arc<[u8]>` so the prefill and decode graphs of one context can point
-//! at the same weight bytes without copies (they share weights by name, mllm/backends/qnn/aot/QnnWrappersAPI.cpp).
+//! Static data is held by reference count ([`StaticData`]) so the prefill and decode graphs of one
+//! context can point at the same weight bytes without copies (they share weights by name, mllm/backends/qnn/aot/QnnWrappersAPI.cpp).
 //!
 //! [`GraphBuilder`] is the construction API a lowering pass uses; `finish` validates.
 
@@ -23,12 +23,17 @@ use crate::validate::{validate, ValidationError};
 pub const QNN_OP_PACKAGE: &str = "qti.aisw";
 
 /// Immutable bytes of a static tensor, shared by reference count.
-#[derive(Clone, PartialEq, Eq)]
-pub struct StaticData(Arc<[u8]>);
+///
+/// Cloning never copies bytes, so graphs that share a weight share one buffer, and the SDK
+/// layer keeps a clone alive while QNN may read it. Anything that derefs to bytes can back it
+/// (a `Vec<u8>`, an `Arc<[u8]>`, a memory map, ...).
+#[derive(Clone)]
+pub struct StaticData(Arc<dyn AsRef<[u8]> + Send + Sync>);
 
 impl StaticData {
-    pub fn new(bytes: impl Into<Arc<[u8]>>) -> StaticData {
-        StaticData(bytes.into())
+    /// Wraps an owner of bytes without copying them.
+    pub fn new(owner: impl AsRef<[u8]> + Send + Sync + 'static) -> StaticData {
+        StaticData(Arc::new(owner))
     }
 
     /// Little-endian f32 values.
@@ -51,24 +56,20 @@ impl StaticData {
         StaticData::new(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>())
     }
 
+    /// The bytes, in QNN's dense row-major layout.
     pub fn bytes(&self) -> &[u8] {
-        &self.0
-    }
-
-    /// Another handle on the same bytes (no copy).
-    pub fn shared(&self) -> Arc<[u8]> {
-        Arc::clone(&self.0)
+        (*self.0).as_ref()
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.bytes().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.bytes().is_empty()
     }
 
-    /// True when both refer to the same allocation (shared weights).
+    /// True when both refer to the same buffer (shared weights).
     pub fn shares_buffer_with(&self, other: &StaticData) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
@@ -76,9 +77,18 @@ impl StaticData {
 
 impl std::fmt::Debug for StaticData {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "StaticData({} bytes)", self.0.len())
+        write!(f, "StaticData({} bytes)", self.len())
     }
 }
+
+/// Equal bytes; a shared buffer is equal without comparing them.
+impl PartialEq for StaticData {
+    fn eq(&self, other: &StaticData) -> bool {
+        self.shares_buffer_with(other) || self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for StaticData {}
 
 /// One tensor of a graph (or of a tensor param).
 #[derive(Clone, Debug, PartialEq)]
@@ -280,17 +290,25 @@ impl QnnGraph {
 
     /// Total bytes of static data in graph tensors and tensor params.
     pub fn static_bytes(&self) -> u64 {
-        let graph: u64 = self.tensors.iter().filter_map(|t| t.data.as_ref()).map(|d| d.len() as u64).sum();
-        let params: u64 = self
-            .nodes
-            .iter()
-            .flat_map(|n| n.params.iter())
-            .filter_map(|(_, p)| match p {
-                Param::Tensor(t) => t.data.as_ref().map(|d| d.len() as u64),
-                Param::Scalar(_) => None,
-            })
-            .sum();
-        graph + params
+        self.tensors_and_params().filter_map(|t| t.data.as_ref()).map(|d| d.len() as u64).sum()
+    }
+
+    /// The graph's tensors and its nodes' tensor params: every tensor that may carry static data.
+    pub fn tensors_and_params(&self) -> impl Iterator<Item = &QnnTensor> {
+        let params = self.nodes.iter().flat_map(|n| &n.params).filter_map(|(_, p)| match p {
+            Param::Tensor(t) => Some(t),
+            Param::Scalar(_) => None,
+        });
+        self.tensors.iter().chain(params)
+    }
+
+    /// [`Self::tensors_and_params`], mutable.
+    pub fn tensors_and_params_mut(&mut self) -> impl Iterator<Item = &mut QnnTensor> {
+        let params = self.nodes.iter_mut().flat_map(|n| &mut n.params).filter_map(|(_, p)| match p {
+            Param::Tensor(t) => Some(t),
+            Param::Scalar(_) => None,
+        });
+        self.tensors.iter_mut().chain(params)
     }
 }
 

@@ -48,7 +48,7 @@ fn model_bin_listing_snapshot() {
         .iter()
         .zip(offsets)
         .map(|(e, off)| {
-            format!("{:<64} offset {:>6} size {:>5} fnv1a {:016x}\n", e.name, off, e.data.len(), fnv1a(&e.data))
+            format!("{:<64} offset {:>6} size {:>5} fnv1a {:016x}\n", e.name, off, e.data.len(), fnv1a(e.data.bytes()))
         })
         .collect();
     snapshot!(format!("qnn__{GRAPH}__model_bin"), listing);
@@ -114,7 +114,7 @@ fn model_bin_holds_every_static_buffer_the_cpp_references() {
         let k = lib
             .bin_entries
             .iter()
-            .position(|e| &*e.data == data && e.name.starts_with(&t.name.replace('.', "_")))
+            .position(|e| e.data.bytes() == data && e.name.starts_with(&t.name.replace('.', "_")))
             .unwrap_or_else(|| panic!("no member for {}", t.name));
         let off = offsets[k] as usize;
         assert_eq!(&bin[off..off + data.len()], data, "{}", t.name);

@@ -6,7 +6,7 @@
 
 mod qwen3_common;
 
-use backend_qnn::context::{build_context, context_request, write_context_binary, ContextError};
+use backend_qnn::context::{build_context, context_options, write_context_binary, ContextError};
 use backend_qnn::sdk::render::{self, FakeGraph, FakeIo};
 use backend_qnn::sdk::RecordingApi;
 use backend_qnn::target::{HtpTarget, TargetError};
@@ -46,7 +46,7 @@ fn both_graphs_go_into_one_weight_sharing_context_in_order() {
         assert_eq!(created, users, "{}", t.name);
     }
     // The fake binary lists both graphs with their I/O in binding order.
-    let (descs, options) = context_request(&graphs, &sm8650()).unwrap();
+    let options = context_options(&graphs, &sm8650()).unwrap();
     assert!(options.weight_sharing);
     let listed = render::parse_fake_context_binary(&binary).expect("a fake context binary");
     assert_eq!(render::fake_context_binary(&listed), binary, "listing round trip");
@@ -58,7 +58,7 @@ fn both_graphs_go_into_one_weight_sharing_context_in_order() {
             g
         })
         .collect();
-    let fake: Vec<FakeGraph> = descs
+    let fake: Vec<FakeGraph> = graphs
         .iter()
         .map(|g| {
             let io = |names: &[String]| {
@@ -67,7 +67,7 @@ fn both_graphs_go_into_one_weight_sharing_context_in_order() {
                     .map(|n| {
                         let t = g.tensors.iter().find(|t| &t.name == n).unwrap();
                         let quant = match &t.encoding {
-                            backend_qnn::sdk::Encoding::ScaleOffset(so) => Some(*so),
+                            backend_qnn::Encoding::ScaleOffset(so) => Some(*so),
                             _ => None,
                         };
                         FakeIo { id: 0, name: t.name.clone(), dtype: t.dtype, dims: t.dims.clone(), quant }

@@ -3,11 +3,10 @@
 #[path = "sdk_common/mod.rs"]
 mod common;
 
-use backend_qnn::sdk::{
-    build_context_binary, render, ApiError, BuildError, HtpOptions, RecordingApi, StaticData, TensorType,
-};
+use backend_qnn::sdk::{build_context_binary, render, ApiError, BuildError, HtpOptions, RecordingApi};
+use backend_qnn::{OpType, QnnGraph, ScaleOffset, StaticData, TensorType};
 
-fn record(graphs: &[backend_qnn::sdk::GraphDesc]) -> (Result<Vec<u8>, BuildError>, RecordingApi) {
+fn record(graphs: &[QnnGraph]) -> (Result<Vec<u8>, BuildError>, RecordingApi) {
     let mut api = RecordingApi::new();
     let result = build_context_binary(graphs, &HtpOptions::sm8650(), &mut api);
     (result, api)
@@ -123,7 +122,7 @@ fn fake_binary_lists_both_graphs() {
     );
     // The listing parses back, scales exactly (`%.8e` round-trips an f32).
     let listed = render::parse_fake_context_binary(text.as_bytes()).unwrap();
-    assert_eq!(listed[1].outputs[0].quant, Some(backend_qnn::sdk::ScaleOffset { scale: 0.004, offset: -32768 }));
+    assert_eq!(listed[1].outputs[0].quant, Some(ScaleOffset { scale: 0.004, offset: -32768 }));
     assert_eq!(render::fake_context_binary(&listed), text.as_bytes());
     assert!(render::parse_fake_context_binary(b"QNN-FAKE-CONTEXT-BINARY 2\nin 1 x UFIXED_POINT_16 1x2\n").is_none());
 }
@@ -138,7 +137,7 @@ fn rejected_node_is_named_and_handles_are_freed() {
         BuildError::NodeRejected {
             graph: "model.0.s32".into(),
             node: "model.proj".into(),
-            op_type: "Conv2d".into(),
+            op_type: OpType::Conv2d,
             source: ApiError::Qnn { function: "backendValidateOpConfig", code: 6001 },
         }
     );
@@ -187,7 +186,7 @@ fn invalid_graphs_fail_before_any_call() {
 
     let mut graphs = common::toy_model();
     let w = graphs[1].tensors.iter_mut().find(|t| t.name == "model.proj.weight").unwrap();
-    w.data = Some(StaticData::from(vec![1u8; w.num_elements() as usize]));
+    w.data = Some(StaticData::new(vec![1u8; w.numel() as usize]));
     let (result, api) = record(&graphs);
     let msg = result.unwrap_err().to_string();
     assert!(
@@ -206,14 +205,14 @@ fn invalid_graphs_fail_before_any_call() {
     assert!(record(&graphs).0.unwrap_err().to_string().contains("graph name is used twice"));
 }
 
-mod owned_descriptions {
+mod owned_graphs {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use backend_qnn::sdk::{
         build_context_binary, build_context_binary_owned, BuildPhase, HtpOptions, PhaseObserver, RecordingApi,
     };
 
-    /// Static buffers of the owned descriptions still alive.
+    /// Static buffers of the owned graphs still alive.
     static LIVE: AtomicUsize = AtomicUsize::new(0);
 
     /// By value, the driver frees each graph's static data once its nodes are added: the

@@ -16,9 +16,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use backend_qnn::sdk::ffi::{self, BinaryInfo, GraphInfo, LibraryPaths, LoadError, SdkApi, SystemApi, TensorInfo};
 use backend_qnn::sdk::{
-    build_context_binary, ApiError, BuildError, DataType, HtpDeviceOptions, HtpOptions, QnnApi, RecordingApi,
-    ScaleOffset,
+    build_context_binary, ApiError, BuildError, HtpDeviceOptions, HtpOptions, QnnApi, RecordingApi,
 };
+use backend_qnn::{DataType, ScaleOffset};
 
 /// The mock keeps global state per loaded library: tests using one run one at a time.
 static MOCK_LOCK: Mutex<()> = Mutex::new(());

@@ -20,7 +20,8 @@ mod common;
 use std::sync::Mutex;
 
 use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi, SystemApi};
-use backend_qnn::sdk::{build_context_binary, BuildError, Encoding, GraphDesc, HtpOptions};
+use backend_qnn::sdk::{build_context_binary, BuildError, HtpOptions};
+use backend_qnn::{Encoding, QnnGraph};
 
 /// Qualcomm's libraries, or a failure saying how to get them.
 fn real_libraries() -> LibraryPaths {
@@ -31,7 +32,7 @@ fn real_libraries() -> LibraryPaths {
 /// tests building at once make it fail validations spuriously (error 0xc26).
 static BACKEND: Mutex<()> = Mutex::new(());
 
-fn build(graphs: &[GraphDesc], options: &HtpOptions) -> Result<Vec<u8>, BuildError> {
+fn build(graphs: &[QnnGraph], options: &HtpOptions) -> Result<Vec<u8>, BuildError> {
     let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut api = SdkApi::load(&real_libraries()).expect("the real libQnnHtp.so loads");
     build_context_binary(graphs, options, &mut api)
@@ -43,20 +44,20 @@ fn real_backend_builds_both_graphs_and_the_system_library_reads_them_back() {
     let binary = build(&graphs, &HtpOptions::sm8650()).unwrap();
     let info = SystemApi::load(&real_libraries().system).unwrap().binary_info(&binary).unwrap();
     assert_eq!(info.graphs.len(), 2);
-    for (read, desc) in info.graphs.iter().zip(&graphs) {
-        assert_eq!(read.name, desc.name);
+    for (read, graph) in info.graphs.iter().zip(&graphs) {
+        assert_eq!(read.name, graph.name);
         let listed = read.inputs.iter().chain(&read.outputs);
-        let declared = desc.inputs.iter().chain(&desc.outputs);
+        let declared = graph.inputs.iter().chain(&graph.outputs);
         for (t, name) in listed.zip(declared) {
-            let d = desc.tensors.iter().find(|d| &d.name == name).unwrap();
-            assert_eq!(t.name, d.name, "{}", desc.name);
+            let d = graph.tensors.iter().find(|d| &d.name == name).unwrap();
+            assert_eq!(t.name, d.name, "{}", graph.name);
             assert_eq!(t.dtype, Some(d.dtype), "{}", t.name);
             assert_eq!(t.dims, d.dims, "{}", t.name);
             let Encoding::ScaleOffset(q) = d.encoding else { panic!("toy I/O is scale/offset") };
             assert_eq!(t.quant, Some(q), "{}", t.name);
         }
-        assert_eq!(read.inputs.len(), desc.inputs.len());
-        assert_eq!(read.outputs.len(), desc.outputs.len());
+        assert_eq!(read.inputs.len(), graph.inputs.len());
+        assert_eq!(read.outputs.len(), graph.outputs.len());
     }
 }
 

@@ -14,12 +14,13 @@ mod sdk_common;
 
 use std::sync::Mutex;
 
-use backend_qnn::context::{build_context, context_request};
+use backend_qnn::context::{build_context, context_options};
 use backend_qnn::encoding::Int4Storage;
 use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi, SystemApi};
-use backend_qnn::sdk::{BuildError, DataType, Encoding};
+use backend_qnn::sdk::BuildError;
 use backend_qnn::target::HtpTarget;
 use backend_qnn::LowerOptions;
+use backend_qnn::{DataType, Encoding, OpType};
 use model_common::{fixture, AotModel};
 
 /// Context length of the traced graphs (the KV cache inputs' length), as `qwen3_aot` uses.
@@ -41,23 +42,22 @@ fn compiles_for_real(model: AotModel) {
         build_context(&graphs, &target, &mut api).unwrap_or_else(|e| panic!("{}: {e}", model.dir.display()))
     };
     let info = SystemApi::load(&paths.system).unwrap().binary_info(&binary).unwrap();
-    let (descs, _) = context_request(&graphs, &target).unwrap();
-    assert_eq!(info.graphs.len(), descs.len());
-    for (read, desc) in info.graphs.iter().zip(&descs) {
-        assert_eq!(read.name, desc.name);
+    assert_eq!(info.graphs.len(), graphs.len());
+    for (read, graph) in info.graphs.iter().zip(&graphs) {
+        assert_eq!(read.name, graph.name);
         let listed: Vec<_> = read.inputs.iter().chain(&read.outputs).collect();
-        let declared: Vec<_> = desc.inputs.iter().chain(&desc.outputs).collect();
-        assert_eq!(listed.len(), declared.len(), "{}", desc.name);
+        let declared: Vec<_> = graph.inputs.iter().chain(&graph.outputs).collect();
+        assert_eq!(listed.len(), declared.len(), "{}", graph.name);
         for (t, name) in listed.into_iter().zip(declared) {
-            let d = desc.tensors.iter().find(|d| &d.name == name).unwrap();
-            assert_eq!(&t.name, name, "{}", desc.name);
-            assert_eq!(t.dtype, Some(d.dtype), "{}: {name}", desc.name);
-            assert_eq!(t.dims, d.dims, "{}: {name}", desc.name);
+            let d = graph.tensors.iter().find(|d| &d.name == name).unwrap();
+            assert_eq!(&t.name, name, "{}", graph.name);
+            assert_eq!(t.dtype, Some(d.dtype), "{}: {name}", graph.name);
+            assert_eq!(t.dims, d.dims, "{}: {name}", graph.name);
             match d.encoding {
-                Encoding::ScaleOffset(q) => assert_eq!(t.quant, Some(q), "{}: {name}", desc.name),
+                Encoding::ScaleOffset(q) => assert_eq!(t.quant, Some(q), "{}: {name}", graph.name),
                 _ => {
                     assert!(matches!(d.dtype, DataType::Int32 | DataType::UInt32 | DataType::Float32));
-                    assert_eq!(t.quant, None, "{}: {name}", desc.name);
+                    assert_eq!(t.quant, None, "{}: {name}", graph.name);
                 }
             }
         }
@@ -109,11 +109,11 @@ fn htp_matches_the_references(model: AotModel) {
     let target = HtpTarget::new(&model.aot_config().target_machine);
     // x86 HTP emulation refuses weight-shared binaries at load ("Shared weights buffer isn't
     // supported on this platform"), so the binary run here is built without weight sharing.
-    let (descs, mut htp_options) = context_request(&graphs, &target).unwrap();
+    let mut htp_options = context_options(&graphs, &target).unwrap();
     htp_options.weight_sharing = false;
     let binary = {
         let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        build_context_binary(&descs, &htp_options, &mut SdkApi::load(&paths).unwrap()).unwrap()
+        build_context_binary(&graphs, &htp_options, &mut SdkApi::load(&paths).unwrap()).unwrap()
     };
     for (g, chunk) in graphs.iter().zip([CHUNK, 1]) {
         let htp = execute_on_htp(&binary, g, &model.qnn_inputs(g, chunk));
@@ -176,17 +176,17 @@ fn a_rejected_node_names_qualcomms_log_line() {
     let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
     let options = LowerOptions::qualcomm_htp();
-    let graphs = model.lowered_at(&[1], CONTEXT, options);
+    let mut graphs = model.lowered_at(&[1], CONTEXT, options);
     let target = HtpTarget::new(&model.aot_config().target_machine);
-    let (mut descs, htp) = context_request(&graphs, &target).unwrap();
+    let htp = context_options(&graphs, &target).unwrap();
     // Past our own validator (already run above): the first Transpose loses its `perm`.
-    let node = descs[0].nodes.iter_mut().find(|n| n.op_type == "Transpose").expect("a Transpose node");
-    node.params.retain(|p| p.name != "perm");
+    let node = graphs[0].nodes.iter_mut().find(|n| n.op_type == OpType::Transpose).expect("a Transpose node");
+    node.params.retain(|(name, _)| name != "perm");
     let name = node.name.clone();
     let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let err = build_context_binary(&descs, &htp, &mut SdkApi::load(&paths).unwrap()).unwrap_err();
+    let err = build_context_binary(&graphs, &htp, &mut SdkApi::load(&paths).unwrap()).unwrap_err();
     let BuildError::NodeRejected { node, op_type, source, .. } = &err else { panic!("not a node rejection: {err}") };
-    assert_eq!((node.as_str(), op_type.as_str()), (name.as_str(), "Transpose"));
+    assert_eq!((node.as_str(), *op_type), (name.as_str(), OpType::Transpose));
     assert_eq!(source.function(), "backendValidateOpConfig");
     assert!(source.qnn_code().is_some(), "{err}");
     let log = source.backend_log();
@@ -207,7 +207,6 @@ fn a_rejected_node_names_qualcomms_log_line() {
 fn a_window_of_the_graph_runs_on_the_htp_emulation() {
     use backend_qnn::interp::Interpreter;
     use backend_qnn::sdk::{run_window_on_values, HtpOptions};
-    use backend_qnn::OpType;
     let paths = LibraryPaths::find().unwrap_or_else(|e| panic!("{e}"));
     let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
     let g = model.lowered_at(&[CHUNK], model_common::CONTEXT, LowerOptions::qualcomm_htp()).remove(0);
@@ -257,11 +256,11 @@ fn static_data_released_before_finalize_leaves_the_binary_unchanged() {
     let model = AotModel::open(fixture("pymllm-qwen3-dev-f32"));
     let graphs = model.lowered_at(&[CHUNK, 1], model_common::CONTEXT, LowerOptions::qualcomm_htp());
     let target = HtpTarget::new(&model.aot_config().target_machine);
-    let (descs, shared) = context_request(&graphs, &target).unwrap();
+    let shared = context_options(&graphs, &target).unwrap();
     let unshared = HtpOptions { weight_sharing: false, ..shared };
     for options in [shared, unshared] {
         let _one_at_a_time = BACKEND.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let live = build_context_binary(&descs, &options, &mut SdkApi::load(&paths).unwrap()).unwrap();
+        let live = build_context_binary(&graphs, &options, &mut SdkApi::load(&paths).unwrap()).unwrap();
         let mut alive_at = Vec::new();
         let mut on_phase = |phase: BuildPhase| {
             if matches!(phase, BuildPhase::Finalize | BuildPhase::Serialize) {
@@ -271,7 +270,7 @@ fn static_data_released_before_finalize_leaves_the_binary_unchanged() {
         let mut sdk = SdkApi::load(&paths).unwrap();
         let mut observed = PhaseObserver::new(&mut sdk, &mut on_phase);
         let released =
-            build_context_binary_owned(poisoned_copies(&descs, &LIVE_POISONED), &options, &mut observed).unwrap();
+            build_context_binary_owned(poisoned_copies(&graphs, &LIVE_POISONED), &options, &mut observed).unwrap();
         drop(sdk);
         drop(_one_at_a_time);
         // The prefill graph finalizes with only the decode graph's buffers alive, the decode

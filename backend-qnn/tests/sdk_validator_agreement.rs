@@ -20,8 +20,8 @@ use std::sync::Mutex;
 use backend_qnn::encoding::{BlockScales, BlockwiseExpansion};
 use backend_qnn::sdk::ffi::{LibraryPaths, SdkApi};
 use backend_qnn::sdk::{
-    graph_descs, ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, GraphDesc,
-    HtpOptions, LogLevel, OpConfig, ParamValue, QnnApi, TensorDesc, TensorId,
+    ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, HtpOptions, LogLevel, OpConfig,
+    QnnApi, TensorId,
 };
 use backend_qnn::{
     validate, DataType, Encoding, LowerOptions, OpType, Param, QnnGraph, QnnNode, QnnTensor, Scalar, ScaleOffset,
@@ -64,39 +64,34 @@ fn single_node(g: &QnnGraph, index: usize) -> QnnGraph {
     }
 }
 
-/// The only node of `desc` as an op config, each tensor bound to the id `id_of` gives it.
-fn bound_op<'d>(desc: &'d GraphDesc, mut id_of: impl FnMut(&'d TensorDesc) -> TensorId) -> OpConfig<'d> {
-    let node = &desc.nodes[0];
+/// The only node of `g` as an op config, each tensor bound to the id `id_of` gives it.
+fn bound_op<'g>(g: &'g QnnGraph, mut id_of: impl FnMut(&'g QnnTensor) -> TensorId) -> OpConfig<'g> {
+    let node = &g.nodes[0];
     let mut bind = |name: &String| {
-        let d = desc.tensors.iter().find(|t| &t.name == name).unwrap();
-        BoundTensor { id: id_of(d), desc: d }
+        let tensor = g.tensors.iter().find(|t| &t.name == name).unwrap();
+        BoundTensor { id: id_of(tensor), tensor }
     };
     let inputs = node.inputs.iter().map(&mut bind).collect();
     let outputs = node.outputs.iter().map(&mut bind).collect();
     let params = node
         .params
         .iter()
-        .map(|p| BoundParam {
-            name: &p.name,
-            value: match &p.value {
-                ParamValue::Scalar(s) => BoundParamValue::Scalar(*s),
-                ParamValue::Tensor(d) => BoundParamValue::Tensor(BoundTensor { id: id_of(d), desc: d }),
+        .map(|(name, p)| BoundParam {
+            name,
+            value: match p {
+                Param::Scalar(s) => BoundParamValue::Scalar(*s),
+                Param::Tensor(tensor) => BoundParamValue::Tensor(BoundTensor { id: id_of(tensor), tensor }),
             },
         })
         .collect();
-    OpConfig { name: &node.name, package: &node.package, op_type: &node.op_type, params, inputs, outputs }
-}
-
-fn one_node_desc(g: &QnnGraph) -> GraphDesc {
-    graph_descs(std::slice::from_ref(g)).unwrap_or_else(|e| panic!("{e}")).remove(0)
+    OpConfig { name: &node.name, package: &node.package, op_type: node.op_type.as_str(), params, inputs, outputs }
 }
 
 /// Qualcomm's verdict on the only node of `g`: `backendValidateOpConfig` on a fresh backend.
 fn qualcomms_verdict(api: &mut SdkApi, g: &QnnGraph) -> Result<(), ApiError> {
-    let desc = one_node_desc(g);
     // Validation does not look tensors up in a graph: ids only have to be distinct.
     let mut next_id = 0;
-    let op = bound_op(&desc, |_| {
+    let op = bound_op(g, |_| {
         next_id += 1;
         TensorId(next_id)
     });
@@ -113,13 +108,12 @@ fn qualcomms_verdict(api: &mut SdkApi, g: &QnnGraph) -> Result<(), ApiError> {
 /// graph configs): every tensor created, the node validated and added, the graph finalized.
 /// Encodings are judged here, not by `backendValidateOpConfig`.
 fn qualcomms_build_verdict(api: &mut SdkApi, g: &QnnGraph) -> Result<(), ApiError> {
-    let desc = one_node_desc(g);
     let target = HtpOptions::sm8650();
     let log = api.log_create(LogLevel::Warn).expect("logCreate");
     let backend = api.backend_create(Some(log)).expect("backendCreate");
     let device = api.device_create(Some(log), &target.device.device_configs()).expect("deviceCreate");
     let context = api.context_create(backend, device, &[]).expect("contextCreate");
-    let verdict = build_one_node(api, backend, context, &desc, &target);
+    let verdict = build_one_node(api, backend, context, g, &target);
     api.context_free(context).expect("contextFree");
     api.device_free(device).expect("deviceFree");
     api.backend_free(backend).expect("backendFree");
@@ -131,19 +125,15 @@ fn build_one_node(
     api: &mut SdkApi,
     backend: BackendHandle,
     context: ContextHandle,
-    desc: &GraphDesc,
+    g: &QnnGraph,
     target: &HtpOptions,
 ) -> Result<(), ApiError> {
-    let graph = api.graph_create(context, &desc.name, &target.graph.graph_configs())?;
-    let params = desc.nodes[0].params.iter().filter_map(|p| match &p.value {
-        ParamValue::Tensor(t) => Some(t),
-        ParamValue::Scalar(_) => None,
-    });
+    let graph = api.graph_create(context, &g.name, &target.graph.graph_configs())?;
     let mut ids = HashMap::new();
-    for t in desc.tensors.iter().chain(params) {
+    for t in g.tensors_and_params() {
         ids.insert(t.name.clone(), api.tensor_create_graph_tensor(graph, t)?);
     }
-    let op = bound_op(desc, |t| ids[&t.name]);
+    let op = bound_op(g, |t| ids[&t.name]);
     api.backend_validate_op_config(backend, &op)?;
     api.graph_add_node(graph, &op)?;
     api.graph_finalize(graph)

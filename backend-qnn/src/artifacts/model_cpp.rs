@@ -27,7 +27,7 @@ use std::fmt::Write;
 
 use crate::dtype::{DataType, TensorType};
 use crate::encoding::{BlockScales, Encoding};
-use crate::graph::{Param, QnnGraph, QnnNode, QnnTensor, Scalar};
+use crate::graph::{Param, QnnGraph, QnnNode, QnnTensor, Scalar, StaticData};
 
 use super::symbols::SymbolTable;
 use super::tar::{BinEntry, MAX_MEMBER_BYTES};
@@ -162,7 +162,7 @@ impl<'g> Emitter<'g> {
         s
     }
 
-    fn push_bin(&mut self, sym: &str, data: std::sync::Arc<[u8]>) -> Result<(), ArtifactError> {
+    fn push_bin(&mut self, sym: &str, data: StaticData) -> Result<(), ArtifactError> {
         if data.len() as u64 > MAX_MEMBER_BYTES {
             return Err(ArtifactError::Tar {
                 entry: sym.to_string(),
@@ -184,7 +184,7 @@ impl<'g> Emitter<'g> {
         let quant = self.quant_expr(t, &sym, &mut f, "  ")?;
         let (data, size) = match &t.data {
             Some(d) => {
-                self.push_bin(&sym, d.shared())?;
+                self.push_bin(&sym, d.clone())?;
                 (format!("BINVARSTART({sym})"), format!("BINLEN({sym})"))
             }
             None => ("nullptr".to_string(), "0".to_string()),
@@ -225,7 +225,7 @@ impl<'g> Emitter<'g> {
             }
             Encoding::BlockwiseExpansion(bw) => {
                 let scales_sym = self.tensor_syms.assign(&format!("{}_block_scales", t.name));
-                self.push_bin(&scales_sym, bw.block_scales.to_le_bytes().into())?;
+                self.push_bin(&scales_sym, StaticData::new(bw.block_scales.to_le_bytes()))?;
                 let _ = writeln!(
                     f,
                     "{indent}static Qnn_ScaleOffset_t scaleOffsets_{sym}[] = {{{}}};",

@@ -15,7 +15,7 @@ pub const MAX_MEMBER_BYTES: u64 = 0o77777777777;
 pub struct BinEntry {
     /// Member name (`<symbol>.raw`), at most 99 bytes.
     pub name: String,
-    pub data: std::sync::Arc<[u8]>,
+    pub data: crate::graph::StaticData,
 }
 
 /// Byte offset of each member's data within the archive written by [`write()`].
@@ -39,7 +39,7 @@ fn padded(len: u64) -> u64 {
 pub fn write(w: &mut impl Write, entries: &[BinEntry]) -> io::Result<()> {
     for e in entries {
         w.write_all(&header(&e.name, e.data.len() as u64)?)?;
-        w.write_all(&e.data)?;
+        w.write_all(e.data.bytes())?;
         let pad = padded(e.data.len() as u64) as usize - e.data.len();
         w.write_all(&[0u8; BLOCK][..pad])?;
     }
@@ -85,6 +85,7 @@ fn header(name: &str, size: u64) -> io::Result<[u8; BLOCK]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graph::StaticData;
 
     /// An independent reader: walks headers, checks magic and checksum, returns members.
     pub(crate) fn read(archive: &[u8]) -> Vec<(String, u64, Vec<u8>)> {
@@ -118,9 +119,9 @@ mod tests {
     #[test]
     fn round_trips_through_an_independent_reader() {
         let entries = vec![
-            BinEntry { name: "a.raw".into(), data: vec![1u8, 2, 3].into() },
-            BinEntry { name: "b_block_scales.raw".into(), data: vec![7u8; 600].into() },
-            BinEntry { name: "empty.raw".into(), data: Vec::new().into() },
+            BinEntry { name: "a.raw".into(), data: StaticData::new(vec![1u8, 2, 3]) },
+            BinEntry { name: "b_block_scales.raw".into(), data: StaticData::new(vec![7u8; 600]) },
+            BinEntry { name: "empty.raw".into(), data: StaticData::new(Vec::<u8>::new()) },
         ];
         let mut bytes = Vec::new();
         write(&mut bytes, &entries).unwrap();
@@ -129,16 +130,17 @@ mod tests {
         let offsets = data_offsets(&entries);
         for ((e, (name, at, data)), off) in entries.iter().zip(&members).zip(&offsets) {
             assert_eq!(&e.name, name);
-            assert_eq!(&*e.data, data.as_slice());
+            assert_eq!(e.data.bytes(), data.as_slice());
             assert_eq!(at, off);
         }
-        assert!(write(&mut Vec::new(), &[BinEntry { name: "x".repeat(100), data: Vec::new().into() }]).is_err());
+        assert!(write(&mut Vec::new(), &[BinEntry { name: "x".repeat(100), data: StaticData::new(Vec::<u8>::new()) }])
+            .is_err());
     }
 
     #[test]
     fn system_tar_accepts_the_archive_when_available() {
         let path = std::env::temp_dir().join(format!("target-tar-test-{}.tar", std::process::id()));
-        let entries = vec![BinEntry { name: "w.raw".into(), data: vec![9u8; 10].into() }];
+        let entries = vec![BinEntry { name: "w.raw".into(), data: StaticData::new(vec![9u8; 10]) }];
         let mut bytes = Vec::new();
         write(&mut bytes, &entries).unwrap();
         std::fs::write(&path, &bytes).unwrap();

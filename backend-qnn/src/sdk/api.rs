@@ -1,7 +1,7 @@
 //! The compile-side QNN C API as a Rust trait.
 //!
-//! Each method is one C entry point of the interface table (named in its doc), taking plain
-//! descriptors instead of C structs. [`crate::sdk::RecordingApi`] implements it by logging,
+//! Each method is one C entry point of the interface table (named in its doc), taking the
+//! graph model's tensors and borrowed op configs instead of C structs. [`crate::sdk::RecordingApi`] implements it by logging,
 //! `SdkApi` by calling a real (or mock) backend library. The driver in
 //! [`crate::sdk::build_context_binary`] is written once against this trait.
 //!
@@ -13,9 +13,10 @@ use std::fmt;
 
 use thiserror::Error;
 
+use super::check::TensorError;
 use super::config::{ContextConfig, DeviceConfig, GraphConfig, LogLevel};
-use super::desc::{Scalar, TensorDesc, TensorError};
 use super::exec::IoBindingError;
+use crate::graph::{QnnTensor, Scalar};
 
 macro_rules! handle {
     ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
@@ -72,7 +73,7 @@ impl fmt::Display for TensorId {
 #[derive(Debug, Clone, Copy)]
 pub struct BoundTensor<'a> {
     pub id: TensorId,
-    pub desc: &'a TensorDesc,
+    pub tensor: &'a QnnTensor,
 }
 
 /// The value of an op parameter inside an op config.
@@ -100,7 +101,7 @@ pub struct OpConfig<'a> {
     pub outputs: Vec<BoundTensor<'a>>,
 }
 
-/// Why a descriptor could not be turned into the C structs of a call.
+/// Why a tensor or op config could not be turned into the C structs of a call.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum MarshalError {
     #[error("{what} {value:?} contains a NUL byte")]
@@ -138,7 +139,7 @@ pub enum ApiError {
     /// A tensor of the call is malformed (checked before any C struct is built).
     #[error("{function}: {}{source}", node.as_ref().map(|n| format!("node `{n}`: ")).unwrap_or_default())]
     Tensor { function: &'static str, node: Option<String>, source: Box<TensorError> },
-    /// A descriptor cannot be expressed in the C structs.
+    /// A tensor or op config cannot be expressed in the C structs.
     #[error("{function}: {source}")]
     Marshal { function: &'static str, source: Box<MarshalError> },
     /// A handle that this API did not issue or that was already freed.
@@ -172,7 +173,7 @@ impl ApiError {
         }
     }
 
-    /// A descriptor that cannot be expressed in C structs, refused by `function`.
+    /// A tensor or op config that cannot be expressed in C structs, refused by `function`.
     pub fn marshal(function: &'static str, source: MarshalError) -> ApiError {
         ApiError::Marshal { function, source: Box::new(source) }
     }
@@ -249,8 +250,8 @@ fn describe_code(handle: u64) -> String {
     format!(" ({name})")
 }
 
-/// The compile-side QNN API (mllm's QnnAOTEnv): everything needed to turn graph
-/// descriptions into a serialized context binary.
+/// The compile-side QNN API (mllm's QnnAOTEnv): everything needed to turn graphs
+/// into a serialized context binary.
 ///
 /// Implementations must not retain references to arguments beyond the call; the FFI copies
 /// what QNN needs into storage owned by the context.
@@ -281,7 +282,7 @@ pub trait QnnApi {
     ) -> Result<GraphHandle, ApiError>;
 
     /// `tensorCreateGraphTensor(graph, &tensor)`; returns the id the backend assigned.
-    fn tensor_create_graph_tensor(&mut self, graph: GraphHandle, tensor: &TensorDesc) -> Result<TensorId, ApiError>;
+    fn tensor_create_graph_tensor(&mut self, graph: GraphHandle, tensor: &QnnTensor) -> Result<TensorId, ApiError>;
 
     /// `backendValidateOpConfig(backend, opConfig)`.
     fn backend_validate_op_config(&mut self, backend: BackendHandle, op: &OpConfig<'_>) -> Result<(), ApiError>;

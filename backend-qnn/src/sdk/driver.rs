@@ -20,7 +20,7 @@
 //! 3. `contextGetBinarySize` → `contextGetBinary`.
 //! 4. `contextFree` → `deviceFree` → `backendFree` → `logFree`, also after a failure.
 //!
-//! Everything that can be checked without a backend (names, tensor descriptions, I/O lists,
+//! Everything that can be checked without a backend (names, tensors, I/O lists,
 //! dependency order, conflicting shared weights) is checked before the first call, so bad
 //! input never leaves a half-built context behind.
 
@@ -33,23 +33,26 @@ use super::api::{
     ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, DeviceHandle, GraphHandle,
     LogHandle, OpConfig, QnnApi, TensorId,
 };
+use super::check::{check_c_name, NameError, TensorError};
 use super::config::{HtpOptions, OptionsError};
-use super::desc::{check_c_name, GraphDesc, NameError, OpDesc, ParamValue, TensorDesc, TensorError, TensorType};
+use crate::dtype::TensorType;
+use crate::graph::{Param, QnnGraph, QnnNode, QnnTensor};
+use crate::opdef::OpType;
 
 /// Why a context binary could not be built.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum BuildError {
     #[error(transparent)]
     Options(#[from] OptionsError),
-    /// A graph description is inconsistent; nothing was sent to QNN.
+    /// A graph is inconsistent; nothing was sent to QNN.
     #[error("graph `{graph}`: {problem}")]
     InvalidGraph { graph: String, problem: Box<GraphProblem> },
-    /// A tensor description is invalid; nothing was sent to QNN.
+    /// A tensor is invalid; nothing was sent to QNN.
     #[error("graph `{graph}`: {source}")]
     InvalidTensor { graph: String, source: TensorError },
     /// `backendValidateOpConfig` refused a node.
     #[error("QNN rejected node `{node}` ({op_type}) of graph `{graph}`: {source}")]
-    NodeRejected { graph: String, node: String, op_type: String, source: ApiError },
+    NodeRejected { graph: String, node: String, op_type: OpType, source: ApiError },
     /// Any other call failed; `step` says what was being done.
     #[error("{step}: {source}")]
     Api { step: String, source: ApiError },
@@ -68,30 +71,30 @@ pub enum BuildError {
 /// on failure; after a failure the first error is returned and cleanup errors are dropped,
 /// since the context is being discarded anyway.
 pub fn build_context_binary(
-    graphs: &[GraphDesc],
+    graphs: &[QnnGraph],
     target: &HtpOptions,
     api: &mut dyn QnnApi,
 ) -> Result<Vec<u8>, BuildError> {
     build(Cow::Borrowed(graphs), target, api)
 }
 
-/// [`build_context_binary`] taking the descriptions by value, so that their STATIC data can go
+/// [`build_context_binary`] taking the graphs by value, so that their STATIC data can go
 /// early: each graph's handles on its static bytes are dropped as soon as its nodes are added,
 /// before its `graphFinalize`. The backend copies static data when a tensor is created
 /// (`QnnTensor_createGraphTensor`: "This data will be copied, and may be safely de-allocated
 /// after this call returns"), so the bytes are freed once no later graph still holds them: a
 /// weight shared by prefill and decode lives until the decode graph has created it. Callers
-/// that keep no other handle on the data (the compile bench, which drops the lowered graphs)
+/// that keep no other handle on the data (the compile bench, which hands over the lowered graphs)
 /// thus hold none of it while the backend finalizes and serializes.
 pub fn build_context_binary_owned(
-    graphs: Vec<GraphDesc>,
+    graphs: Vec<QnnGraph>,
     target: &HtpOptions,
     api: &mut dyn QnnApi,
 ) -> Result<Vec<u8>, BuildError> {
     build(Cow::Owned(graphs), target, api)
 }
 
-fn build(mut graphs: Cow<'_, [GraphDesc]>, target: &HtpOptions, api: &mut dyn QnnApi) -> Result<Vec<u8>, BuildError> {
+fn build(mut graphs: Cow<'_, [QnnGraph]>, target: &HtpOptions, api: &mut dyn QnnApi) -> Result<Vec<u8>, BuildError> {
     target.check()?;
     check_graphs(&graphs)?;
 
@@ -105,7 +108,7 @@ fn build(mut graphs: Cow<'_, [GraphDesc]>, target: &HtpOptions, api: &mut dyn Qn
 
 /// Drops `graph`'s handles on its STATIC data (tensors and tensor params), once the backend has
 /// copied it.
-fn release_static_data(graph: &mut GraphDesc) {
+fn release_static_data(graph: &mut QnnGraph) {
     for t in graph.tensors_and_params_mut() {
         t.data = None;
     }
@@ -128,7 +131,7 @@ fn api_step(step: impl Into<String>) -> impl FnOnce(ApiError) -> BuildError {
 impl Session {
     fn build(
         &mut self,
-        graphs: &mut Cow<'_, [GraphDesc]>,
+        graphs: &mut Cow<'_, [QnnGraph]>,
         target: &HtpOptions,
         api: &mut dyn QnnApi,
     ) -> Result<Vec<u8>, BuildError> {
@@ -200,48 +203,54 @@ struct GraphBuilder<'g, 'a> {
     api: &'a mut dyn QnnApi,
     backend: BackendHandle,
     handle: GraphHandle,
-    graph: &'g GraphDesc,
+    graph: &'g QnnGraph,
     /// Tensors of this graph created so far, by name.
     ids: HashMap<&'g str, TensorId>,
 }
 
 impl<'g> GraphBuilder<'g, '_> {
     fn build(&mut self) -> Result<(), BuildError> {
-        let tensors: HashMap<&str, &TensorDesc> = self.graph.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+        let tensors: HashMap<&str, &QnnTensor> = self.graph.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
         for name in self.graph.inputs.iter().chain(&self.graph.outputs) {
             self.ensure(tensors[name.as_str()])?;
         }
         for node in &self.graph.nodes {
             let mut inputs = Vec::with_capacity(node.inputs.len());
             for name in &node.inputs {
-                let desc = tensors[name.as_str()];
-                inputs.push(BoundTensor { id: self.ensure(desc)?, desc });
+                let tensor = tensors[name.as_str()];
+                inputs.push(BoundTensor { id: self.ensure(tensor)?, tensor });
             }
             let mut outputs = Vec::with_capacity(node.outputs.len());
             for name in &node.outputs {
-                let desc = tensors[name.as_str()];
-                outputs.push(BoundTensor { id: self.ensure(desc)?, desc });
+                let tensor = tensors[name.as_str()];
+                outputs.push(BoundTensor { id: self.ensure(tensor)?, tensor });
             }
             let mut params = Vec::with_capacity(node.params.len());
-            for p in &node.params {
-                let value = match &p.value {
-                    ParamValue::Scalar(s) => BoundParamValue::Scalar(*s),
-                    ParamValue::Tensor(desc) => BoundParamValue::Tensor(BoundTensor { id: self.create(desc)?, desc }),
+            for (name, p) in &node.params {
+                let value = match p {
+                    Param::Scalar(s) => BoundParamValue::Scalar(*s),
+                    Param::Tensor(tensor) => BoundParamValue::Tensor(BoundTensor { id: self.create(tensor)?, tensor }),
                 };
-                params.push(BoundParam { name: &p.name, value });
+                params.push(BoundParam { name, value });
             }
-            let op =
-                OpConfig { name: &node.name, package: &node.package, op_type: &node.op_type, params, inputs, outputs };
+            let op = OpConfig {
+                name: &node.name,
+                package: &node.package,
+                op_type: node.op_type.as_str(),
+                params,
+                inputs,
+                outputs,
+            };
             self.add_node(node, &op)?;
         }
         Ok(())
     }
 
-    fn add_node(&mut self, node: &OpDesc, op: &OpConfig<'_>) -> Result<(), BuildError> {
+    fn add_node(&mut self, node: &QnnNode, op: &OpConfig<'_>) -> Result<(), BuildError> {
         self.api.backend_validate_op_config(self.backend, op).map_err(|source| BuildError::NodeRejected {
             graph: self.graph.name.clone(),
             node: node.name.clone(),
-            op_type: node.op_type.clone(),
+            op_type: node.op_type,
             source,
         })?;
         self.api
@@ -249,24 +258,24 @@ impl<'g> GraphBuilder<'g, '_> {
             .map_err(api_step(format!("adding node `{}` ({}) to graph `{}`", node.name, node.op_type, self.graph.name)))
     }
 
-    /// The id of `desc` in this graph, creating it on first use.
-    fn ensure(&mut self, desc: &'g TensorDesc) -> Result<TensorId, BuildError> {
-        if let Some(&id) = self.ids.get(desc.name.as_str()) {
+    /// The id of `tensor` in this graph, creating it on first use.
+    fn ensure(&mut self, tensor: &'g QnnTensor) -> Result<TensorId, BuildError> {
+        if let Some(&id) = self.ids.get(tensor.name.as_str()) {
             return Ok(id);
         }
-        let id = self.create(desc)?;
-        self.ids.insert(&desc.name, id);
+        let id = self.create(tensor)?;
+        self.ids.insert(&tensor.name, id);
         Ok(id)
     }
 
-    fn create(&mut self, desc: &TensorDesc) -> Result<TensorId, BuildError> {
+    fn create(&mut self, tensor: &QnnTensor) -> Result<TensorId, BuildError> {
         self.api
-            .tensor_create_graph_tensor(self.handle, desc)
-            .map_err(api_step(format!("creating tensor `{}` in graph `{}`", desc.name, self.graph.name)))
+            .tensor_create_graph_tensor(self.handle, tensor)
+            .map_err(api_step(format!("creating tensor `{}` in graph `{}`", tensor.name, self.graph.name)))
     }
 }
 
-/// What is inconsistent in a graph description.
+/// What is inconsistent in a graph.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum GraphProblem {
     #[error("no graphs to build")]
@@ -282,7 +291,7 @@ pub enum GraphProblem {
     #[error("node {0}")]
     NodeName(NameError),
     #[error("node `{node}` ({op_type}): {problem}")]
-    Node { node: String, op_type: String, problem: NodeProblem },
+    Node { node: String, op_type: OpType, problem: NodeProblem },
     #[error("graph output `{0}` is not produced by any node")]
     OutputNotProduced(String),
     #[error("graph {what} `{name}` is not a tensor of the graph")]
@@ -295,13 +304,11 @@ pub enum GraphProblem {
     IoMissing { what: &'static str, kind: TensorType, name: String },
 }
 
-/// What is inconsistent in one node of a graph description.
+/// What is inconsistent in one node of a graph.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum NodeProblem {
     #[error("package {0}")]
     PackageName(NameError),
-    #[error("op type {0}")]
-    OpTypeName(NameError),
     #[error("node name is used twice")]
     NameTwice,
     #[error("input `{0}` is not a tensor of the graph")]
@@ -324,19 +331,19 @@ pub enum NodeProblem {
     ParamReusesName { param: String, tensor: String },
 }
 
-fn invalid(graph: &GraphDesc, problem: GraphProblem) -> BuildError {
+fn invalid(graph: &QnnGraph, problem: GraphProblem) -> BuildError {
     BuildError::InvalidGraph { graph: graph.name.clone(), problem: Box::new(problem) }
 }
 
-/// Checks everything that can be checked before talking to QNN: names, tensor descriptions,
+/// Checks everything that can be checked before talking to QNN: names, tensors,
 /// I/O lists, dependency order and that shared STATIC tensors agree across graphs.
 /// [`build_context_binary`] runs this first.
-pub fn check_graphs(graphs: &[GraphDesc]) -> Result<(), BuildError> {
+pub fn check_graphs(graphs: &[QnnGraph]) -> Result<(), BuildError> {
     if graphs.is_empty() {
         return Err(BuildError::InvalidGraph { graph: String::new(), problem: Box::new(GraphProblem::NoGraphs) });
     }
     let mut names = HashSet::new();
-    let mut statics: HashMap<&str, (&str, &TensorDesc)> = HashMap::new();
+    let mut statics: HashMap<&str, (&str, &QnnTensor)> = HashMap::new();
     for graph in graphs {
         check_c_name(&graph.name).map_err(|p| invalid(graph, GraphProblem::Name(p)))?;
         if !names.insert(graph.name.as_str()) {
@@ -360,8 +367,8 @@ pub fn check_graphs(graphs: &[GraphDesc]) -> Result<(), BuildError> {
     Ok(())
 }
 
-fn check_graph(graph: &GraphDesc) -> Result<(), BuildError> {
-    let mut tensors: HashMap<&str, &TensorDesc> = HashMap::new();
+fn check_graph(graph: &QnnGraph) -> Result<(), BuildError> {
+    let mut tensors: HashMap<&str, &QnnTensor> = HashMap::new();
     for t in &graph.tensors {
         t.check().map_err(|source| BuildError::InvalidTensor { graph: graph.name.clone(), source })?;
         if tensors.insert(&t.name, t).is_some() {
@@ -377,11 +384,10 @@ fn check_graph(graph: &GraphDesc) -> Result<(), BuildError> {
     let mut param_tensors = HashSet::new();
     for node in &graph.nodes {
         let at = |problem: NodeProblem| {
-            invalid(graph, GraphProblem::Node { node: node.name.clone(), op_type: node.op_type.clone(), problem })
+            invalid(graph, GraphProblem::Node { node: node.name.clone(), op_type: node.op_type, problem })
         };
         check_c_name(&node.name).map_err(|p| invalid(graph, GraphProblem::NodeName(p)))?;
         check_c_name(&node.package).map_err(|p| at(NodeProblem::PackageName(p)))?;
-        check_c_name(&node.op_type).map_err(|p| at(NodeProblem::OpTypeName(p)))?;
         if !node_names.insert(node.name.as_str()) {
             return Err(at(NodeProblem::NameTwice));
         }
@@ -402,18 +408,18 @@ fn check_graph(graph: &GraphDesc) -> Result<(), BuildError> {
             }
         }
         let mut param_names = HashSet::new();
-        for p in &node.params {
-            check_c_name(&p.name).map_err(|e| at(NodeProblem::ParamName(e)))?;
-            if !param_names.insert(p.name.as_str()) {
-                return Err(at(NodeProblem::ParamTwice(p.name.clone())));
+        for (name, p) in &node.params {
+            check_c_name(name).map_err(|e| at(NodeProblem::ParamName(e)))?;
+            if !param_names.insert(name.as_str()) {
+                return Err(at(NodeProblem::ParamTwice(name.clone())));
             }
-            if let ParamValue::Tensor(t) = &p.value {
+            if let Param::Tensor(t) = p {
                 t.check().map_err(|source| BuildError::InvalidTensor { graph: graph.name.clone(), source })?;
                 if t.tensor_type != TensorType::Static {
-                    return Err(at(NodeProblem::ParamNotStatic { param: p.name.clone(), tensor_type: t.tensor_type }));
+                    return Err(at(NodeProblem::ParamNotStatic { param: name.clone(), tensor_type: t.tensor_type }));
                 }
                 if tensors.contains_key(t.name.as_str()) || !param_tensors.insert(t.name.as_str()) {
-                    return Err(at(NodeProblem::ParamReusesName { param: p.name.clone(), tensor: t.name.clone() }));
+                    return Err(at(NodeProblem::ParamReusesName { param: name.clone(), tensor: t.name.clone() }));
                 }
             }
         }
@@ -425,8 +431,8 @@ fn check_graph(graph: &GraphDesc) -> Result<(), BuildError> {
 }
 
 fn check_io(
-    graph: &GraphDesc,
-    tensors: &HashMap<&str, &TensorDesc>,
+    graph: &QnnGraph,
+    tensors: &HashMap<&str, &QnnTensor>,
     list: &[String],
     kind: TensorType,
     what: &'static str,

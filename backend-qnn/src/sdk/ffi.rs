@@ -6,7 +6,7 @@
 //! - [`library`]: locating and opening `libQnnHtp.so` / `libQnnSystem.so` with `libloading`
 //!   and selecting a provider whose core API major version equals the bindings' and whose
 //!   minor version is at least the bindings'.
-//! - `marshal`: descriptors → C structs, with every pointed-to buffer owned by an arena.
+//! - `marshal`: tensors and op configs → C structs, with every pointed-to buffer owned by an arena.
 //! - [`SdkApi`]: the `QnnApi` implementation (building binaries) and, opened with
 //!   [`SdkApi::load_for_execution`], the `QnnExecApi` one (`exec`: loading binaries and executing
 //!   their graphs on client buffers); [`SystemApi`]: context-binary metadata (graph I/O with ids
@@ -43,8 +43,9 @@ pub const BINDINGS_SYSTEM_API_VERSION: (u32, u32) = bindings::SYSTEM_API_VERSION
 #[allow(clippy::unnecessary_cast)]
 mod tests {
     use super::bindings as b;
+    use crate::dtype::{DataType, TensorType};
+    use crate::encoding::Encoding;
     use crate::sdk::config::HtpArch;
-    use crate::sdk::desc::{DataType, Encoding, TensorType};
 
     /// Our numeric codes against the enumerators of the clean-room declarations.
     #[test]
@@ -79,13 +80,20 @@ mod tests {
         assert_eq!(TensorType::Native.raw(), b::QNN_TENSOR_TYPE_NATIVE as u32);
         assert_eq!(TensorType::Static.raw(), b::QNN_TENSOR_TYPE_STATIC as u32);
         assert_eq!(TensorType::Null.raw(), b::QNN_TENSOR_TYPE_NULL as u32);
-        assert_eq!(Encoding::Undefined.code(), b::QNN_QUANTIZATION_ENCODING_UNDEFINED as u32);
+        assert_eq!(Encoding::Undefined.raw(), b::QNN_QUANTIZATION_ENCODING_UNDEFINED as u32);
         assert_eq!(HtpArch::V75.raw(), b::QNN_HTP_DEVICE_ARCH_V75 as u32);
         assert_eq!(HtpArch::V79.raw(), b::QNN_HTP_DEVICE_ARCH_V79 as u32);
         assert_eq!(1, b::QNN_HTP_CONTEXT_CONFIG_OPTION_WEIGHT_SHARING_ENABLED as u32);
         assert_eq!(3, b::QNN_HTP_GRAPH_OPTIMIZATION_TYPE_FINALIZE_OPTIMIZATION_FLAG as u32);
         assert_eq!(4, b::QNN_HTP_GRAPH_CONFIG_OPTION_FOLD_RELU_ACTIVATION_INTO_CONV_OFF as u32);
         assert_eq!(5, b::QNN_QUANTIZATION_ENCODING_BLOCKWISE_EXPANSION as u32);
+        use crate::encoding::{definition, encoding_value};
+        assert_eq!(definition::DEFINED, b::QNN_DEFINITION_DEFINED as u32);
+        assert_eq!(definition::UNDEFINED, b::QNN_DEFINITION_UNDEFINED as u32);
+        assert_eq!(encoding_value::SCALE_OFFSET, b::QNN_QUANTIZATION_ENCODING_SCALE_OFFSET as u32);
+        use crate::encoding::block_scale_storage::{STORAGE_16, STORAGE_8};
+        assert_eq!(STORAGE_8, b::QNN_BLOCKWISE_EXPANSION_BITWIDTH_SCALE_STORAGE_8 as u32);
+        assert_eq!(STORAGE_16, b::QNN_BLOCKWISE_EXPANSION_BITWIDTH_SCALE_STORAGE_16 as u32);
     }
 
     /// LP64 sizes from QnnTypes.h (checked by the layout tests against Qualcomm's libraries).

@@ -1,17 +1,16 @@
-//! The SDK-facing half of the QNN backend: turning graph descriptions into an HTP context
-//! binary through Qualcomm's QNN C API.
+//! The SDK-facing half of the QNN backend: turning lowered [`crate::QnnGraph`]s into an HTP
+//! context binary through Qualcomm's QNN C API.
 //!
 //! # Layers
 //!
-//! - [`desc`] and [`config`]: plain descriptors of tensors (dtype, dims, quantization
-//!   encodings incl. LPBQ blockwise expansion, static data), op configs, graphs, and the HTP
-//!   target (SoC, VTCM, signed PD, precision, O-level, weight sharing).
+//! - The graphs are the lowering's own model ([`crate::QnnGraph`], [`crate::QnnTensor`],
+//!   [`crate::Param`]); [`check`] holds what the SDK layer checks on a tensor before QNN sees it,
+//!   [`config`] the HTP target (SoC, VTCM, signed PD, precision, O-level, weight sharing).
 //! - [`QnnApi`]: the compile-side C API as a trait, one method per C entry point.
 //! - [`build_context_binary`]: the call sequence (one weight-sharing context, graphs in order,
 //!   tensors on first use, STATIC weights created in each graph (shared by the weight-sharing context), validate before add, finalize,
 //!   serialize, free) written once against the trait; [`build_context_binary_owned`] also frees
 //!   each graph's static data before its finalize (the backend has copied it by then).
-//! - [`graph_descs`]: lowered [`crate::QnnGraph`]s as [`GraphDesc`]s (static buffers shared, not copied).
 //! - [`QnnExecApi`]: the run-side API (load a binary, retrieve graphs, execute), which
 //!   [`crate::QnnChunkModel`] drives; `SdkApi` implements it through the FFI
 //!   (`SdkApi::load_for_execution`; [`open_context_binary_with_sdk`] opens a binary as a chunk
@@ -44,7 +43,7 @@
 //! - The call sequence: an insta snapshot of the [`RecordingApi`] log for a two-graph toy
 //!   (`snapshots/qnn__sdk__call_sequence.snap`), plus assertions on ordering, weight sharing,
 //!   graph checks and error propagation (`tests/sdk_driver.rs`).
-//! - Static data is freed before each graph's finalize when the driver owns the descriptions
+//! - Static data is freed before each graph's finalize when the driver owns the graphs
 //!   (`tests/sdk_driver.rs` through the recording API; `tests/sdk_real_models.rs` with
 //!   Qualcomm's backend, whose binary built from buffers poisoned on release computes the same
 //!   logits on the HTP emulation).
@@ -76,12 +75,11 @@
 //! are absent. The clean-room headers carry the layouts established against those libraries
 //! (`ffi` unit test `layouts_match_qualcomms_libraries`).
 pub mod api;
+pub mod check;
 pub mod config;
-pub mod desc;
 pub mod driver;
 pub mod emulated;
 pub mod exec;
-pub mod from_graph;
 pub mod phases;
 pub mod recording;
 pub mod render;
@@ -91,25 +89,23 @@ pub use api::{
     ApiError, BackendHandle, BoundParam, BoundParamValue, BoundTensor, ContextHandle, DeviceHandle, GraphHandle,
     LogHandle, MarshalError, MetadataError, OpConfig, QnnApi, TensorId,
 };
+pub use check::{NameError, TensorError, TensorProblem};
 pub use config::{
     ContextConfig, DeviceConfig, GraphConfig, GraphOptions, HtpArch, HtpDeviceOptions, HtpOptimization, HtpOptions,
     HtpPlatformInfo, LogLevel, OptionsError, Precision,
-};
-pub use desc::{
-    BlockwiseExpansion, DataType, Encoding, GraphDesc, NameError, OpDesc, ParamDesc, ParamValue, Scalar, ScaleOffset,
-    StaticData, TensorDesc, TensorError, TensorProblem, TensorType, QTI_AISW,
 };
 pub use driver::{
     build_context_binary, build_context_binary_owned, check_graphs, BuildError, GraphProblem, NodeProblem,
 };
 pub use emulated::EmulatedHtp;
 pub use exec::{IoBindingError, QnnExecApi};
-pub use from_graph::{graph_descs, ConvertError};
 pub use phases::{BuildPhase, PhaseObserver};
 pub use recording::{RecordedCall, RecordingApi};
 pub use run_values::{run_binary_on_values, run_window_on_values, RunValuesError};
 
 use thiserror::Error;
+
+use crate::graph::QnnGraph;
 
 pub mod ffi;
 pub use ffi::{LibraryPaths, LoadError, SdkApi, SystemApi, FETCH_HINT};
@@ -135,7 +131,7 @@ pub fn check_sdk_libraries() -> Result<LibraryPaths, SdkError> {
 
 /// Builds the context binary with the QNN libraries [`LibraryPaths::find`] locates. The graphs
 /// and options are checked first, so invalid input is reported as such whatever the machine has.
-pub fn build_context_binary_with_sdk(graphs: &[GraphDesc], target: &HtpOptions) -> Result<Vec<u8>, SdkError> {
+pub fn build_context_binary_with_sdk(graphs: &[QnnGraph], target: &HtpOptions) -> Result<Vec<u8>, SdkError> {
     let mut api = checked_sdk(graphs, target)?;
     Ok(build_context_binary(graphs, target, &mut api)?)
 }
@@ -144,7 +140,7 @@ pub fn build_context_binary_with_sdk(graphs: &[GraphDesc], target: &HtpOptions) 
 /// their static data is released once the backend has copied it) and calling `on_phase` as the
 /// backend enters each [`BuildPhase`] (benches time and measure the phases this way).
 pub fn build_context_binary_with_sdk_observed(
-    graphs: Vec<GraphDesc>,
+    graphs: Vec<QnnGraph>,
     target: &HtpOptions,
     on_phase: &mut dyn FnMut(BuildPhase),
 ) -> Result<Vec<u8>, SdkError> {
@@ -154,7 +150,7 @@ pub fn build_context_binary_with_sdk_observed(
 
 /// The SDK, loaded after checking `graphs` and `target`: invalid input is reported as such,
 /// whatever libraries this machine has.
-fn checked_sdk(graphs: &[GraphDesc], target: &HtpOptions) -> Result<SdkApi, SdkError> {
+fn checked_sdk(graphs: &[QnnGraph], target: &HtpOptions) -> Result<SdkApi, SdkError> {
     target.check().map_err(BuildError::from)?;
     driver::check_graphs(graphs)?;
     Ok(SdkApi::load(&LibraryPaths::find()?)?)

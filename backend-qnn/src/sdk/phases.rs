@@ -6,7 +6,7 @@ use super::api::{
     ApiError, BackendHandle, ContextHandle, DeviceHandle, GraphHandle, LogHandle, OpConfig, QnnApi, TensorId,
 };
 use super::config::{ContextConfig, DeviceConfig, GraphConfig, LogLevel};
-use super::desc::TensorDesc;
+use crate::graph::QnnTensor;
 
 /// A phase of the compile-side call sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,7 +84,7 @@ impl QnnApi for PhaseObserver<'_> {
     ) -> Result<GraphHandle, ApiError> {
         self.enter(BuildPhase::AddNodes).graph_create(context, name, config)
     }
-    fn tensor_create_graph_tensor(&mut self, graph: GraphHandle, tensor: &TensorDesc) -> Result<TensorId, ApiError> {
+    fn tensor_create_graph_tensor(&mut self, graph: GraphHandle, tensor: &QnnTensor) -> Result<TensorId, ApiError> {
         self.enter(BuildPhase::AddNodes).tensor_create_graph_tensor(graph, tensor)
     }
     fn backend_validate_op_config(&mut self, backend: BackendHandle, op: &OpConfig<'_>) -> Result<(), ApiError> {
@@ -119,35 +119,20 @@ impl QnnApi for PhaseObserver<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sdk::desc::{DataType, Encoding, GraphDesc, OpDesc, TensorType, QTI_AISW};
+    use crate::dtype::DataType;
+    use crate::encoding::Encoding;
+    use crate::graph::GraphBuilder;
+    use crate::opdef::OpType;
     use crate::sdk::{build_context_binary, HtpOptions, RecordingApi};
-
-    fn tensor(name: &str, tensor_type: TensorType) -> TensorDesc {
-        TensorDesc {
-            name: name.into(),
-            tensor_type,
-            dtype: DataType::Float32,
-            dims: vec![1, 4],
-            encoding: Encoding::Undefined,
-            data: None,
-        }
-    }
 
     #[test]
     fn phases_are_reported_in_call_order() {
-        let graph = |name: &str| GraphDesc {
-            name: name.into(),
-            tensors: vec![tensor("x", TensorType::AppWrite), tensor("y", TensorType::AppRead)],
-            inputs: vec!["x".into()],
-            outputs: vec!["y".into()],
-            nodes: vec![OpDesc {
-                name: "relu".into(),
-                package: QTI_AISW.into(),
-                op_type: "Relu".into(),
-                params: vec![],
-                inputs: vec!["x".into()],
-                outputs: vec!["y".into()],
-            }],
+        let graph = |name: &str| {
+            let mut b = GraphBuilder::new(name);
+            let x = b.input("x", DataType::Float32, &[1, 4], Encoding::Undefined);
+            let neg = b.node("neg", OpType::ElementWiseNeg).input(&x);
+            neg.graph_output("y", DataType::Float32, &[1, 4], Encoding::Undefined).finish();
+            b.finish().unwrap()
         };
         let mut recording = RecordingApi::new();
         let mut seen = Vec::new();

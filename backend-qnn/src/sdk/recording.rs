@@ -14,8 +14,10 @@ use super::api::{
     TensorId,
 };
 use super::config::{ContextConfig, DeviceConfig, GraphConfig, LogLevel};
-use super::desc::{Encoding, TensorDesc, TensorType};
 use super::render::{self, FakeGraph, FakeIo};
+use crate::dtype::TensorType;
+use crate::encoding::Encoding;
+use crate::graph::QnnTensor;
 
 /// `QNN_COMMON_ERROR_INVALID_ARGUMENT`.
 pub const ERROR_INVALID_ARGUMENT: u64 = 1004;
@@ -158,7 +160,7 @@ impl RecordingApi {
         for t in all {
             let record = ctx.tensors.get(&t.id).ok_or(())?;
             let usable = record.graph == graph || record.is_static;
-            if !usable || record.name != t.desc.name {
+            if !usable || record.name != t.tensor.name {
                 return Err(());
             }
         }
@@ -254,7 +256,7 @@ impl QnnApi for RecordingApi {
         self.finish("graphCreate", args, outcome)
     }
 
-    fn tensor_create_graph_tensor(&mut self, graph: GraphHandle, tensor: &TensorDesc) -> Outcome<TensorId> {
+    fn tensor_create_graph_tensor(&mut self, graph: GraphHandle, tensor: &QnnTensor) -> Outcome<TensorId> {
         let args = format!("graph={graph}, tensor={}", render::tensor(tensor));
         if let Some(e) = self.injected("tensorCreateGraphTensor", &tensor.name, &args) {
             return Err(e);
@@ -452,10 +454,11 @@ fn show_opt(handle: Option<LogHandle>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sdk::desc::{DataType, Encoding};
+    use crate::dtype::DataType;
+    use crate::encoding::Encoding;
 
-    fn native(name: &str) -> TensorDesc {
-        TensorDesc {
+    fn native(name: &str) -> QnnTensor {
+        QnnTensor {
             name: name.into(),
             tensor_type: TensorType::Native,
             dtype: DataType::Float32,
@@ -485,8 +488,8 @@ mod tests {
             package: "qti.aisw",
             op_type: "Relu",
             params: vec![],
-            inputs: vec![BoundTensor { id: TensorId(1), desc: &a }],
-            outputs: vec![BoundTensor { id: TensorId(9), desc: &ghost }],
+            inputs: vec![BoundTensor { id: TensorId(1), tensor: &a }],
+            outputs: vec![BoundTensor { id: TensorId(9), tensor: &ghost }],
         };
         assert!(api.graph_add_node(g, &op).is_err());
 

@@ -11,7 +11,9 @@ use std::fmt::Write as _;
 
 use super::api::{BoundParamValue, BoundTensor, OpConfig};
 use super::config::{ContextConfig, DeviceConfig, GraphConfig};
-use super::desc::{DataType, Encoding, Scalar, ScaleOffset, TensorDesc};
+use crate::dtype::DataType;
+use crate::encoding::{BlockScales, Encoding, ScaleOffset};
+use crate::graph::{QnnTensor, Scalar};
 
 /// How many leading entries of a long array are printed before `...`.
 const PREFIX_LEN: usize = 4;
@@ -93,15 +95,20 @@ pub fn encoding(enc: &Encoding) -> String {
             write_scale_offsets(&mut out, &bw.scale_offsets);
             let _ = write!(
                 out,
-                ", blocksPerAxis={}, scaleBitwidth={}, storage=8, blockScales(n={}, ",
+                ", blocksPerAxis={}, scaleBitwidth={}, storage={}, blockScales(n={}, ",
                 bw.num_blocks_per_axis,
                 bw.block_scale_bitwidth,
+                match bw.block_scales {
+                    BlockScales::U8(_) => 8,
+                    BlockScales::U16(_) => 16,
+                },
                 bw.block_scales.len()
             );
-            write_list(&mut out, &bw.block_scales, |out, v| {
+            let scales: Vec<u32> = (0..bw.block_scales.len()).map(|i| bw.block_scales.get(i)).collect();
+            write_list(&mut out, &scales, |out, v| {
                 let _ = write!(out, "{v}");
             });
-            let _ = write!(out, ", fnv={:016x}))", fnv1a64(&bw.block_scales));
+            let _ = write!(out, ", fnv={:016x}))", fnv1a64(&bw.block_scales.to_le_bytes()));
         }
     }
     out
@@ -113,10 +120,10 @@ fn dims(dims: &[u32]) -> String {
 }
 
 /// `{name="x", type=APP_WRITE, dtype=..., dims=[..], quant=..., data=...}`.
-pub fn tensor(t: &TensorDesc) -> String {
+pub fn tensor(t: &QnnTensor) -> String {
     let data = match &t.data {
         None => "none".to_string(),
-        Some(d) => format!("{}B fnv={:016x}", d.as_bytes().len(), fnv1a64(d.as_bytes())),
+        Some(d) => format!("{}B fnv={:016x}", d.len(), fnv1a64(d.bytes())),
     };
     format!(
         "{{name=\"{}\", type={}, dtype={}, dims={}, quant={}, data={}}}",
@@ -132,23 +139,23 @@ pub fn tensor(t: &TensorDesc) -> String {
 /// `TYPE value`.
 pub fn scalar(s: Scalar) -> String {
     let value = match s {
-        Scalar::Bool(v) => u8::from(v).to_string(),
-        Scalar::U8(v) => v.to_string(),
-        Scalar::I8(v) => v.to_string(),
-        Scalar::U16(v) => v.to_string(),
-        Scalar::I16(v) => v.to_string(),
-        Scalar::U32(v) => v.to_string(),
-        Scalar::I32(v) => v.to_string(),
-        Scalar::U64(v) => v.to_string(),
-        Scalar::I64(v) => v.to_string(),
-        Scalar::F32(v) => c_exp_f32(v),
-        Scalar::F64(v) => c_exp_f64(v),
+        Scalar::Bool8(v) => u8::from(v).to_string(),
+        Scalar::UInt8(v) => v.to_string(),
+        Scalar::Int8(v) => v.to_string(),
+        Scalar::UInt16(v) => v.to_string(),
+        Scalar::Int16(v) => v.to_string(),
+        Scalar::UInt32(v) => v.to_string(),
+        Scalar::Int32(v) => v.to_string(),
+        Scalar::UInt64(v) => v.to_string(),
+        Scalar::Int64(v) => v.to_string(),
+        Scalar::Float32(v) => c_exp_f32(v),
+        Scalar::Float64(v) => c_exp_f64(v),
     };
     format!("{} {value}", s.dtype().short_name())
 }
 
 fn bound(t: &BoundTensor<'_>) -> String {
-    format!("{} \"{}\"", t.id, t.desc.name)
+    format!("{} \"{}\"", t.id, t.tensor.name)
 }
 
 /// `{name=.., package=.., type=.., params=[..], inputs=[..], outputs=[..]}`.
@@ -350,7 +357,7 @@ mod tests {
     #[test]
     fn long_arrays_are_abbreviated() {
         let so: Vec<ScaleOffset> = (1..=6).map(|i| ScaleOffset { scale: i as f32, offset: -i }).collect();
-        let text = encoding(&Encoding::AxisScaleOffset { axis: 1, scale_offsets: so.clone() });
+        let text = encoding(&Encoding::AxisScaleOffset { axis: 1, scale_offsets: so.clone().into() });
         let digest = fnv1a64(&scale_offsets_bytes(&so));
         assert_eq!(
             text,

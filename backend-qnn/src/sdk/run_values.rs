@@ -11,7 +11,6 @@ use super::api::{ApiError, QnnApi};
 use super::config::HtpOptions;
 use super::driver::build_context_binary;
 use super::exec::{io_element_bytes, read_codes, write_codes, QnnExecApi};
-use super::from_graph::graph_descs;
 use crate::graph::QnnGraph;
 use crate::interp::{InterpError, TensorValue};
 
@@ -66,9 +65,9 @@ pub fn run_window_on_values(
         .collect::<Result<Vec<_>, _>>()?;
     let build_err =
         |detail: String| RunValuesError::Io { graph: graph.name.clone(), tensor: "<window>".into(), detail };
-    let descs = graph_descs(std::slice::from_ref(&window)).map_err(|e| build_err(e.to_string()))?;
     let options = HtpOptions { weight_sharing: false, ..*options };
-    let binary = build_context_binary(&descs, &options, build).map_err(|e| build_err(e.to_string()))?;
+    let binary =
+        build_context_binary(std::slice::from_ref(&window), &options, build).map_err(|e| build_err(e.to_string()))?;
     let mut outputs = run_binary_on_values(exec, &binary, &[(&window, &inputs)])?;
     Ok(outputs.remove(0))
 }

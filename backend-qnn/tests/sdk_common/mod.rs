@@ -5,17 +5,19 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use backend_qnn::sdk::{
-    BlockwiseExpansion, DataType, Encoding, GraphDesc, OpDesc, ParamDesc, ParamValue, Scalar, ScaleOffset, StaticData,
-    TensorDesc, TensorType, QTI_AISW,
+use backend_qnn::encoding::{BlockScales, BlockwiseExpansion};
+use backend_qnn::graph::QNN_OP_PACKAGE;
+use backend_qnn::{
+    DataType, Encoding, Int4Storage, OpType, Param, QnnGraph, QnnNode, QnnTensor, Scalar, ScaleOffset, StaticData,
+    TensorType,
 };
 
 pub const HIDDEN: u32 = 64;
 pub const OUT: u32 = 32;
 pub const BLOCK: u32 = 16;
 
-fn act(name: &str, tensor_type: TensorType, seq: u32, width: u32, scale: f32) -> TensorDesc {
-    TensorDesc {
+fn act(name: &str, tensor_type: TensorType, seq: u32, width: u32, scale: f32) -> QnnTensor {
+    QnnTensor {
         name: name.into(),
         tensor_type,
         dtype: DataType::UFixedPoint16,
@@ -25,44 +27,36 @@ fn act(name: &str, tensor_type: TensorType, seq: u32, width: u32, scale: f32) ->
     }
 }
 
-fn u32_param(node: &str, param: &str, dims: &[u32], values: &[u32]) -> ParamDesc {
-    ParamDesc {
-        name: param.into(),
-        value: ParamValue::Tensor(TensorDesc {
-            name: format!("{node}.{param}"),
-            tensor_type: TensorType::Static,
-            dtype: DataType::UInt32,
-            dims: dims.to_vec(),
-            encoding: Encoding::Undefined,
-            data: Some(StaticData::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())),
-        }),
-    }
+fn u32_param(node: &str, param: &str, dims: &[u32], values: &[u32]) -> (String, Param) {
+    let name = format!("{node}.{param}");
+    let data = StaticData::from_u32(values);
+    (param.into(), Param::Tensor(QnnTensor::new_static(name, DataType::UInt32, dims, Encoding::Undefined, data)))
 }
 
 /// The norm weight, the fake zero bias and the LPBQ projection weight.
-pub fn shared_weights() -> Vec<TensorDesc> {
+pub fn shared_weights() -> Vec<QnnTensor> {
     let gamma: Vec<u8> = (0..HIDDEN).flat_map(|i| (40_000u16 + 7 * i as u16).to_le_bytes()).collect();
     let channels = OUT as usize;
     let blocks = (HIDDEN / BLOCK) as usize;
     let weight: Vec<u8> = (0..(HIDDEN * OUT) as i32).map(|i| ((i * 5 % 15) - 7) as i8 as u8).collect();
     vec![
-        TensorDesc {
+        QnnTensor {
             name: "model.norm.weight".into(),
             tensor_type: TensorType::Static,
             dtype: DataType::UFixedPoint16,
             dims: vec![HIDDEN],
             encoding: Encoding::ScaleOffset(ScaleOffset { scale: 1.0 / 65535.0, offset: 0 }),
-            data: Some(StaticData::from(gamma)),
+            data: Some(StaticData::new(gamma)),
         },
-        TensorDesc {
+        QnnTensor {
             name: "model.norm_runtime_bias".into(),
             tensor_type: TensorType::Static,
             dtype: DataType::UFixedPoint16,
             dims: vec![HIDDEN],
             encoding: Encoding::ScaleOffset(ScaleOffset { scale: 0.002, offset: 0 }),
-            data: Some(StaticData::from(vec![0u8; 2 * HIDDEN as usize])),
+            data: Some(StaticData::new(vec![0u8; 2 * HIDDEN as usize])),
         },
-        TensorDesc {
+        QnnTensor {
             name: "model.proj.weight".into(),
             tensor_type: TensorType::Static,
             dtype: DataType::SFixedPoint8,
@@ -74,56 +68,57 @@ pub fn shared_weights() -> Vec<TensorDesc> {
                     .collect(),
                 num_blocks_per_axis: HIDDEN / BLOCK,
                 block_scale_bitwidth: 4,
-                block_scales: (0..channels * blocks).map(|i| (i % 16 + 1) as u8).collect(),
+                block_scales: BlockScales::U8((0..channels * blocks).map(|i| (i % 16 + 1) as u8).collect()),
             }),
-            data: Some(StaticData::from(weight)),
+            data: Some(StaticData::new(weight)),
         },
     ]
 }
 
 /// `model.0.s{seq}`: x -> RmsNorm -> h -> Conv2d(LPBQ) -> y.
-pub fn toy_graph(seq: u32, weights: &[TensorDesc]) -> GraphDesc {
+pub fn toy_graph(seq: u32, weights: &[QnnTensor]) -> QnnGraph {
     let mut tensors = vec![
         act("x", TensorType::AppWrite, seq, HIDDEN, 0.001),
         act("h", TensorType::Native, seq, HIDDEN, 0.002),
         act("y", TensorType::AppRead, seq, OUT, 0.004),
     ];
     tensors.extend(weights.iter().cloned());
-    let norm = OpDesc {
+    let norm = QnnNode {
         name: "model.norm".into(),
-        package: QTI_AISW.into(),
-        op_type: "RmsNorm".into(),
+        package: QNN_OP_PACKAGE.into(),
+        op_type: OpType::RmsNorm,
         params: vec![
-            ParamDesc { name: "epsilon".into(), value: ParamValue::Scalar(Scalar::F32(1e-6)) },
+            ("epsilon".into(), Param::Scalar(Scalar::Float32(1e-6))),
             u32_param("model.norm", "axes", &[1], &[3]),
         ],
         inputs: vec!["x".into(), "model.norm.weight".into(), "model.norm_runtime_bias".into()],
         outputs: vec!["h".into()],
     };
-    let proj = OpDesc {
+    let proj = QnnNode {
         name: "model.proj".into(),
-        package: QTI_AISW.into(),
-        op_type: "Conv2d".into(),
+        package: QNN_OP_PACKAGE.into(),
+        op_type: OpType::Conv2d,
         params: vec![
             u32_param("model.proj", "stride", &[2], &[1, 1]),
             u32_param("model.proj", "pad_amount", &[2, 2], &[0, 0, 0, 0]),
             u32_param("model.proj", "dilation", &[2], &[1, 1]),
-            ParamDesc { name: "group".into(), value: ParamValue::Scalar(Scalar::U32(1)) },
+            ("group".into(), Param::Scalar(Scalar::UInt32(1))),
         ],
         inputs: vec!["h".into(), "model.proj.weight".into()],
         outputs: vec!["y".into()],
     };
-    GraphDesc {
+    QnnGraph {
         name: format!("model.0.s{seq}"),
         tensors,
         inputs: vec!["x".into()],
         outputs: vec!["y".into()],
         nodes: vec![norm, proj],
+        int4_storage: Int4Storage::default(),
     }
 }
 
 /// Prefill then decode, sharing one set of weights.
-pub fn toy_model() -> Vec<GraphDesc> {
+pub fn toy_model() -> Vec<QnnGraph> {
     let weights = shared_weights();
     vec![toy_graph(32, &weights), toy_graph(1, &weights)]
 }
@@ -151,16 +146,16 @@ impl Drop for PoisonOnDrop {
 
 /// `graphs` with each distinct static buffer copied once into a [`PoisonOnDrop`] counted in
 /// `live` (buffers shared between graphs stay shared), the copies held by nothing else.
-pub fn poisoned_copies(graphs: &[GraphDesc], live: &'static AtomicUsize) -> Vec<GraphDesc> {
+pub fn poisoned_copies(graphs: &[QnnGraph], live: &'static AtomicUsize) -> Vec<QnnGraph> {
     let mut copies: Vec<(StaticData, StaticData)> = Vec::new();
     let mut graphs = graphs.to_vec();
-    for t in graphs.iter_mut().flat_map(GraphDesc::tensors_and_params_mut) {
+    for t in graphs.iter_mut().flat_map(QnnGraph::tensors_and_params_mut) {
         let Some(data) = &t.data else { continue };
-        let copy = match copies.iter().find(|(original, _)| original.ptr_eq(data)) {
+        let copy = match copies.iter().find(|(original, _)| original.shares_buffer_with(data)) {
             Some((_, copy)) => copy.clone(),
             None => {
                 live.fetch_add(1, Ordering::SeqCst);
-                let copy = StaticData::from_owner(PoisonOnDrop { bytes: data.as_bytes().to_vec(), live });
+                let copy = StaticData::new(PoisonOnDrop { bytes: data.bytes().to_vec(), live });
                 copies.push((data.clone(), copy.clone()));
                 copy
             }

@@ -15,8 +15,8 @@ use super::bindings as b;
 use super::marshal::{self, Arena};
 use super::sdk_api::{c_string, call, entry, stale, ContextSlot, GraphSlot, SdkApi};
 use super::system::{GraphInfo, TensorInfo};
+use crate::dtype::DataType;
 use crate::sdk::api::{ApiError, ContextHandle, GraphHandle, QnnApi};
-use crate::sdk::desc::DataType;
 use crate::sdk::exec::{io_element_bytes, IoBindingError, QnnExecApi};
 
 /// The bound I/O of a retrieved graph.

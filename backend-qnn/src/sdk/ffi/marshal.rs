@@ -1,4 +1,4 @@
-//! Building the C structs of the QNN API from descriptors.
+//! Building the C structs of the QNN API from the graph model.
 //!
 //! QNN reads names, dims and quantization arrays through raw pointers, possibly until the
 //! context is serialized. Every buffer a struct built here points into is therefore owned by an
@@ -14,9 +14,11 @@ use std::os::raw::{c_char, c_void};
 use std::ptr;
 
 use super::bindings as b;
+use crate::dtype::{DataType, TensorType};
+use crate::encoding::{BlockScales, Encoding, ScaleOffset};
+use crate::graph::{QnnTensor, Scalar};
 use crate::sdk::api::{BoundParamValue, BoundTensor, MarshalError, OpConfig};
 use crate::sdk::config::{ContextConfig, DeviceConfig, GraphConfig};
-use crate::sdk::desc::{Encoding, Scalar, ScaleOffset, TensorDesc};
 
 // Enumerator values (`QnnTypes.h`, the HTP headers); `as _` adapts them to each enum's C type.
 const TENSOR_VERSION_2: u32 = 2;
@@ -24,9 +26,6 @@ const OPCONFIG_VERSION_1: u32 = 1;
 const DATA_FORMAT_DENSE: u32 = 0;
 const MEM_TYPE_RAW: u32 = 0;
 const SPARSE_LAYOUT_UNDEFINED: u32 = 0x7FFF_FFFF;
-const DEFINITION_DEFINED: u32 = 1;
-const DEFINITION_UNDEFINED: u32 = 0x7FFF_FFFF;
-const BLOCK_SCALE_STORAGE_8: u32 = 0;
 const PARAM_SCALAR: u32 = 0;
 const PARAM_TENSOR: u32 = 1;
 const CONFIG_CUSTOM: u32 = 0;
@@ -92,10 +91,10 @@ fn scale_offsets(arena: &mut Arena, list: &[ScaleOffset]) -> *mut b::Qnn_ScaleOf
 
 fn quantize_params(arena: &mut Arena, encoding: &Encoding) -> b::Qnn_QuantizeParams_t {
     let mut q: b::Qnn_QuantizeParams_t = zeroed();
-    q.encodingDefinition = DEFINITION_DEFINED as _;
-    q.quantizationEncoding = encoding.code() as _;
+    q.encodingDefinition = encoding.definition() as _;
+    q.quantizationEncoding = encoding.raw() as _;
     match encoding {
-        Encoding::Undefined => q.encodingDefinition = DEFINITION_UNDEFINED as _,
+        Encoding::Undefined => {}
         Encoding::ScaleOffset(so) => q.__bindgen_anon_1.scaleOffsetEncoding = scale_offset(so),
         Encoding::AxisScaleOffset { axis, scale_offsets: list } => {
             let mut a: b::Qnn_AxisScaleOffset_t = zeroed();
@@ -110,36 +109,39 @@ fn quantize_params(arena: &mut Arena, encoding: &Encoding) -> b::Qnn_QuantizePar
             e.scaleOffsets = scale_offsets(arena, &bw.scale_offsets);
             e.numBlocksPerAxis = bw.num_blocks_per_axis;
             e.blockScaleBitwidth = bw.block_scale_bitwidth;
-            e.blockScaleStorageType = BLOCK_SCALE_STORAGE_8 as _;
-            e.__bindgen_anon_1.blocksScale8 = arena.slice(bw.block_scales.clone());
+            e.blockScaleStorageType = bw.block_scales.storage_type() as _;
+            match &bw.block_scales {
+                BlockScales::U8(s) => e.__bindgen_anon_1.blocksScale8 = arena.slice(s.to_vec()),
+                BlockScales::U16(s) => e.__bindgen_anon_1.blocksScale16 = arena.slice(s.to_vec()),
+            }
             q.__bindgen_anon_1.blockwiseExpansion = arena.hold(e);
         }
     }
     q
 }
 
-/// A `Qnn_Tensor_t` (version 2) for `desc` with the given id (0 before creation).
-/// `desc` must have passed [`TensorDesc::check_layout`]: QNN derives array lengths from `dims`.
-pub(crate) fn tensor(arena: &mut Arena, desc: &TensorDesc, id: u32) -> Result<b::Qnn_Tensor_t, MarshalError> {
+/// A `Qnn_Tensor_t` (version 2) for `tensor` with the given id (0 before creation).
+/// `tensor` must have passed [`QnnTensor::check_layout`]: QNN derives array lengths from `dims`.
+pub(crate) fn tensor(arena: &mut Arena, tensor: &QnnTensor, id: u32) -> Result<b::Qnn_Tensor_t, MarshalError> {
     let mut v2: b::Qnn_TensorV2_t = zeroed();
     v2.id = id;
-    v2.name = arena.c_str("tensor name", &desc.name)?;
-    v2.type_ = desc.tensor_type.raw() as _;
+    v2.name = arena.c_str("tensor name", &tensor.name)?;
+    v2.type_ = tensor.tensor_type.raw() as _;
     v2.dataFormat = DATA_FORMAT_DENSE as _;
-    v2.dataType = desc.dtype.raw() as _;
-    v2.quantizeParams = quantize_params(arena, &desc.encoding);
-    v2.rank = desc.dims.len() as u32;
-    v2.dimensions = arena.slice(desc.dims.clone());
+    v2.dataType = tensor.dtype.raw() as _;
+    v2.quantizeParams = quantize_params(arena, &tensor.encoding);
+    v2.rank = tensor.dims.len() as u32;
+    v2.dimensions = arena.slice(tensor.dims.clone());
     v2.memType = MEM_TYPE_RAW as _;
     let mut buffer: b::Qnn_ClientBuffer_t = zeroed();
-    if let Some(data) = &desc.data {
-        let bytes = data.as_bytes();
+    if let Some(data) = &tensor.data {
+        let bytes = data.bytes();
         // QNN only reads static client buffers, and only during the call: tensor creation
         // copies the data (QnnTensor.h), so the bytes stay the caller's and the arena keeps
         // no handle on them (the driver may free them before finalize).
         buffer.data = bytes.as_ptr() as *mut c_void;
         buffer.dataSize = u32::try_from(bytes.len())
-            .map_err(|_| MarshalError::DataTooLarge { tensor: desc.name.clone(), bytes: bytes.len() })?;
+            .map_err(|_| MarshalError::DataTooLarge { tensor: tensor.name.clone(), bytes: bytes.len() })?;
     }
     v2.__bindgen_anon_1.clientBuf = buffer;
     v2.isDynamicDimensions = ptr::null_mut();
@@ -156,23 +158,23 @@ fn scalar(s: Scalar) -> b::Qnn_Scalar_t {
     c.dataType = s.dtype().raw() as _;
     let u = &mut c.__bindgen_anon_1;
     match s {
-        Scalar::Bool(v) => u.bool8Value = u8::from(v),
-        Scalar::U8(v) => u.uint8Value = v,
-        Scalar::I8(v) => u.int8Value = v,
-        Scalar::U16(v) => u.uint16Value = v,
-        Scalar::I16(v) => u.int16Value = v,
-        Scalar::U32(v) => u.uint32Value = v,
-        Scalar::I32(v) => u.int32Value = v,
-        Scalar::U64(v) => u.uint64Value = v,
-        Scalar::I64(v) => u.int64Value = v,
-        Scalar::F32(v) => u.floatValue = v,
-        Scalar::F64(v) => u.doubleValue = v,
+        Scalar::Bool8(v) => u.bool8Value = u8::from(v),
+        Scalar::UInt8(v) => u.uint8Value = v,
+        Scalar::Int8(v) => u.int8Value = v,
+        Scalar::UInt16(v) => u.uint16Value = v,
+        Scalar::Int16(v) => u.int16Value = v,
+        Scalar::UInt32(v) => u.uint32Value = v,
+        Scalar::Int32(v) => u.int32Value = v,
+        Scalar::UInt64(v) => u.uint64Value = v,
+        Scalar::Int64(v) => u.int64Value = v,
+        Scalar::Float32(v) => u.floatValue = v,
+        Scalar::Float64(v) => u.doubleValue = v,
     }
     c
 }
 
 fn tensors(arena: &mut Arena, list: &[BoundTensor<'_>]) -> Result<(u32, *mut b::Qnn_Tensor_t), MarshalError> {
-    let built = list.iter().map(|t| tensor(arena, t.desc, t.id.0)).collect::<Result<Vec<_>, _>>()?;
+    let built = list.iter().map(|t| tensor(arena, t.tensor, t.id.0)).collect::<Result<Vec<_>, _>>()?;
     Ok((built.len() as u32, arena.slice(built)))
 }
 
@@ -189,7 +191,7 @@ pub(crate) fn op_config(arena: &mut Arena, op: &OpConfig<'_>) -> Result<b::Qnn_O
             }
             BoundParamValue::Tensor(t) => {
                 c.paramType = PARAM_TENSOR as _;
-                c.__bindgen_anon_1.tensorParam = tensor(arena, t.desc, t.id.0)?;
+                c.__bindgen_anon_1.tensorParam = tensor(arena, t.tensor, t.id.0)?;
             }
         }
         params.push(c);
@@ -345,22 +347,18 @@ pub(crate) fn graph_configs(arena: &mut Arena, configs: &[GraphConfig]) -> *mut 
 pub(crate) fn io_tensor(
     arena: &mut Arena,
     info: &super::system::TensorInfo,
-    dtype: crate::sdk::desc::DataType,
+    dtype: DataType,
     output: bool,
 ) -> Result<b::Qnn_Tensor_t, MarshalError> {
-    let desc = TensorDesc {
+    let io = QnnTensor {
         name: info.name.clone(),
-        tensor_type: if output {
-            crate::sdk::desc::TensorType::AppRead
-        } else {
-            crate::sdk::desc::TensorType::AppWrite
-        },
+        tensor_type: if output { TensorType::AppRead } else { TensorType::AppWrite },
         dtype,
         dims: info.dims.clone(),
         encoding: info.quant.map_or(Encoding::Undefined, Encoding::ScaleOffset),
         data: None,
     };
-    tensor(arena, &desc, info.id)
+    tensor(arena, &io, info.id)
 }
 
 /// Points the client buffer of a tensor built by [`io_tensor`] at `data`.

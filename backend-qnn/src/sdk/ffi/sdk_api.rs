@@ -12,12 +12,12 @@ use super::library::{self, LibraryPaths, LoadError, ProviderInfo};
 use super::log;
 use super::marshal::{self, Arena};
 use super::system::{BinaryInfo, SystemApi};
+use crate::graph::QnnTensor;
 use crate::sdk::api::{
     ApiError, BackendHandle, BoundParamValue, ContextHandle, DeviceHandle, GraphHandle, LogHandle, MarshalError,
     OpConfig, QnnApi, TensorId,
 };
 use crate::sdk::config::{ContextConfig, DeviceConfig, GraphConfig, LogLevel};
-use crate::sdk::desc::TensorDesc;
 
 pub(super) struct ContextSlot {
     pub(super) raw: b::Qnn_ContextHandle_t,
@@ -110,7 +110,7 @@ fn check_op(function: &'static str, op: &OpConfig<'_>) -> Result<(), ApiError> {
         BoundParamValue::Scalar(_) => None,
     });
     for t in op.inputs.iter().chain(&op.outputs).chain(params) {
-        t.desc.check_layout().map_err(|source| ApiError::tensor(function, Some(op.name), source))?;
+        t.tensor.check_layout().map_err(|source| ApiError::tensor(function, Some(op.name), source))?;
     }
     Ok(())
 }
@@ -294,7 +294,7 @@ impl QnnApi for SdkApi {
         Ok(GraphHandle(self.graphs.len() as u32))
     }
 
-    fn tensor_create_graph_tensor(&mut self, graph: GraphHandle, tensor: &TensorDesc) -> Result<TensorId, ApiError> {
+    fn tensor_create_graph_tensor(&mut self, graph: GraphHandle, tensor: &QnnTensor) -> Result<TensorId, ApiError> {
         const F: &str = "tensorCreateGraphTensor";
         let create = entry(F, self.table.tensorCreateGraphTensor)?;
         tensor.check_layout().map_err(|source| ApiError::tensor(F, None, source))?;

@@ -16,8 +16,9 @@ use libloading::os::unix::Library;
 
 use super::bindings as b;
 use super::library::{self, LoadError, ProviderInfo};
+use crate::dtype::DataType;
+use crate::encoding::{definition, encoding_value, ScaleOffset};
 use crate::sdk::api::{ApiError, MetadataError};
-use crate::sdk::desc::{DataType, ScaleOffset};
 
 /// One graph input or output as recorded in a context binary.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,10 +67,6 @@ fn check(function: &'static str, code: b::Qnn_ErrorHandle_t) -> Result<(), ApiEr
         Err(ApiError::Qnn { function, code })
     }
 }
-
-/// `QNN_DEFINITION_DEFINED` and `QNN_QUANTIZATION_ENCODING_SCALE_OFFSET` (`QnnTypes.h`).
-const DEFINITION_DEFINED: u32 = 1;
-const ENCODING_SCALE_OFFSET: u32 = 0;
 
 fn unsupported_version(what: &'static str, version: u32) -> ApiError {
     ApiError::Metadata { source: MetadataError::UnsupportedVersion { what, version } }
@@ -121,12 +118,12 @@ unsafe fn tensors(list: *const b::Qnn_Tensor_t, count: u32) -> Result<Vec<Tensor
             // SAFETY: tensor names are NUL-terminated.
             let name = unsafe { string(name) };
             let quant = match (quant.encodingDefinition as u32, quant.quantizationEncoding as u32) {
-                (DEFINITION_DEFINED, ENCODING_SCALE_OFFSET) => {
+                (definition::DEFINED, encoding_value::SCALE_OFFSET) => {
                     // SAFETY: the encoding selects the active union member.
                     let so = unsafe { quant.__bindgen_anon_1.scaleOffsetEncoding };
                     Some(ScaleOffset { scale: so.scale, offset: so.offset })
                 }
-                (DEFINITION_DEFINED, other) => {
+                (definition::DEFINED, other) => {
                     return Err(ApiError::Metadata {
                         source: MetadataError::NotScaleOffset { tensor: name, encoding: other },
                     })

@@ -1,121 +1,14 @@
-//! Plain-Rust descriptions of what crosses the QNN API: tensors (with their quantization
-//! encodings and static data), op configs and whole graphs.
-//!
-//! These types are deliberately small and independent of the lowering model so that the SDK
-//! layer can be tested on its own; the graph lowering converts into them. Numeric codes are the
-//! ones documented for `QnnTypes.h`, so a
-//! description can be rendered or passed to C without a lookup table elsewhere.
-
-use std::fmt;
-use std::sync::Arc;
+//! What the SDK layer checks on a [`QnnTensor`] before it reaches the QNN API: names, dims, the
+//! static-data contract and quantization-encoding array lengths, so that QNN never reads past a
+//! buffer, plus scale values.
 
 use thiserror::Error;
 
-pub use crate::dtype::{DataType, TensorType};
-pub use crate::encoding::ScaleOffset;
+use crate::dtype::{DataType, TensorType};
+use crate::encoding::{BlockScales, Encoding};
+use crate::graph::{QnnTensor, StaticData};
 
-/// `Qnn_BlockwiseExpansion_t` with 8-bit block-scale storage (LPBQ weights).
-///
-/// Per output channel `c` along `axis` there is one float scale/offset; per block `b` of that
-/// channel one small integer multiplier `block_scales[c * num_blocks_per_axis + b]`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BlockwiseExpansion {
-    pub axis: u32,
-    /// One entry per element of `dims[axis]`.
-    pub scale_offsets: Vec<ScaleOffset>,
-    pub num_blocks_per_axis: u32,
-    /// Precision of the block multipliers, e.g. 4 for int4 LPBQ.
-    pub block_scale_bitwidth: u32,
-    /// `dims[axis] * num_blocks_per_axis` multipliers (`blocksScale8`).
-    pub block_scales: Vec<u8>,
-}
-
-/// `Qnn_QuantizeParams_t` encodings used by the lowering.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Encoding {
-    /// Float, integer and bool tensors (`QNN_DEFINITION_UNDEFINED`).
-    Undefined,
-    /// Per-tensor `SCALE_OFFSET` (0).
-    ScaleOffset(ScaleOffset),
-    /// Per-channel `AXIS_SCALE_OFFSET` (1): one entry per element of `dims[axis]`.
-    AxisScaleOffset { axis: u32, scale_offsets: Vec<ScaleOffset> },
-    /// `BLOCKWISE_EXPANSION` (5).
-    BlockwiseExpansion(BlockwiseExpansion),
-}
-
-impl Encoding {
-    /// The `Qnn_QuantizationEncoding_t` value (`0x7FFFFFFF` for undefined).
-    pub fn code(&self) -> u32 {
-        match self {
-            Encoding::Undefined => 0x7FFF_FFFF,
-            Encoding::ScaleOffset(_) => 0,
-            Encoding::AxisScaleOffset { .. } => 1,
-            Encoding::BlockwiseExpansion(_) => 5,
-        }
-    }
-}
-
-/// Shared, immutable bytes of a static tensor.
-///
-/// QNN reads client buffers until the context is finalized and serialized, so the SDK layer
-/// keeps a clone of this handle alive for the context's lifetime; cloning never copies bytes.
-/// Anything that derefs to bytes can back it (a `Vec<u8>`, a memory map, ...).
-#[derive(Clone)]
-pub struct StaticData(Arc<dyn AsRef<[u8]> + Send + Sync>);
-
-impl StaticData {
-    /// Wraps an owner of bytes without copying them.
-    pub fn from_owner(owner: impl AsRef<[u8]> + Send + Sync + 'static) -> StaticData {
-        StaticData(Arc::new(owner))
-    }
-
-    /// The bytes, in QNN's dense row-major layout.
-    pub fn as_bytes(&self) -> &[u8] {
-        (*self.0).as_ref()
-    }
-
-    /// Whether two handles share one buffer (cheap identity check before comparing bytes).
-    pub fn ptr_eq(&self, other: &StaticData) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl From<Vec<u8>> for StaticData {
-    fn from(bytes: Vec<u8>) -> StaticData {
-        StaticData::from_owner(bytes)
-    }
-}
-
-impl fmt::Debug for StaticData {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "StaticData({} bytes)", self.as_bytes().len())
-    }
-}
-
-impl PartialEq for StaticData {
-    fn eq(&self, other: &StaticData) -> bool {
-        self.ptr_eq(other) || self.as_bytes() == other.as_bytes()
-    }
-}
-
-/// One QNN tensor as passed to `tensorCreateGraphTensor`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TensorDesc {
-    pub name: String,
-    pub tensor_type: TensorType,
-    pub dtype: DataType,
-    pub dims: Vec<u32>,
-    pub encoding: Encoding,
-    /// Present exactly for [`TensorType::Static`] tensors.
-    pub data: Option<StaticData>,
-}
-
-impl TensorDesc {
-    /// Number of elements (product of `dims`; 1 for rank 0).
-    pub fn num_elements(&self) -> u64 {
-        self.dims.iter().map(|&d| u64::from(d)).product()
-    }
-
+impl QnnTensor {
     /// Checks everything the C side would otherwise read out of bounds or reject late:
     /// names, dims, the static-data contract, encoding array lengths ([`Self::check_layout`])
     /// and that every scale is finite and > 0.
@@ -124,8 +17,8 @@ impl TensorDesc {
         let scales = match &self.encoding {
             Encoding::Undefined => return Ok(()),
             Encoding::ScaleOffset(so) => std::slice::from_ref(so),
-            Encoding::AxisScaleOffset { scale_offsets, .. } => scale_offsets,
-            Encoding::BlockwiseExpansion(bw) => &bw.scale_offsets,
+            Encoding::AxisScaleOffset { scale_offsets, .. } => &scale_offsets[..],
+            Encoding::BlockwiseExpansion(bw) => &bw.scale_offsets[..],
         };
         match scales.iter().find(|so| !(so.scale.is_finite() && so.scale > 0.0)) {
             Some(so) => Err(self.error(TensorProblem::BadScale { scale: so.scale })),
@@ -155,8 +48,8 @@ impl TensorDesc {
     }
 
     fn check_data_len(&self, data: &StaticData) -> Result<(), TensorProblem> {
-        let numel = self.num_elements();
-        let got = data.as_bytes().len() as u64;
+        let numel = self.numel();
+        let got = data.len() as u64;
         let bits = u64::from(self.dtype.bit_width());
         let dtype = self.dtype;
         if bits == 0 {
@@ -197,6 +90,9 @@ impl TensorDesc {
                 if bw.num_blocks_per_axis == 0 {
                     return Err(TensorProblem::ZeroBlocks);
                 }
+                if let BlockScales::U16(_) = bw.block_scales {
+                    return Err(TensorProblem::SixteenBitBlockScales);
+                }
                 if !(1..=8).contains(&bw.block_scale_bitwidth) {
                     return Err(TensorProblem::BlockScaleBitwidth { bits: bw.block_scale_bitwidth });
                 }
@@ -235,7 +131,7 @@ pub(crate) fn check_c_name(name: &str) -> Result<(), NameError> {
     }
 }
 
-/// What is wrong with a tensor description.
+/// What is wrong with a tensor.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum TensorProblem {
     #[error(transparent)]
@@ -264,6 +160,8 @@ pub enum TensorProblem {
     BlockScaleCount { got: u64, axis: u32, channels: u64, blocks: u32 },
     #[error("blockwiseExpansion numBlocksPerAxis is 0")]
     ZeroBlocks,
+    #[error("16-bit block scales (blocksScale16) are not supported by the SDK layer")]
+    SixteenBitBlockScales,
     #[error("blockwiseExpansion blockScaleBitwidth {bits} does not fit 8-bit block-scale storage")]
     BlockScaleBitwidth { bits: u32 },
     #[error("scale {scale} must be finite and > 0")]
@@ -278,7 +176,7 @@ fn expected_bytes(expected: &[u64]) -> String {
     }
 }
 
-/// A tensor description that failed [`TensorDesc::check`].
+/// A tensor that failed [`QnnTensor::check`].
 #[derive(Debug, Clone, PartialEq, Error)]
 #[error("tensor `{tensor}`: {problem}")]
 pub struct TensorError {
@@ -286,117 +184,22 @@ pub struct TensorError {
     pub problem: TensorProblem,
 }
 
-/// `Qnn_Scalar_t`: a typed scalar op parameter.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Scalar {
-    Bool(bool),
-    U8(u8),
-    I8(i8),
-    U16(u16),
-    I16(i16),
-    U32(u32),
-    I32(i32),
-    U64(u64),
-    I64(i64),
-    F32(f32),
-    F64(f64),
-}
-
-impl Scalar {
-    /// The `dataType` QNN sees for this scalar.
-    pub fn dtype(self) -> DataType {
-        match self {
-            Scalar::Bool(_) => DataType::Bool8,
-            Scalar::U8(_) => DataType::UInt8,
-            Scalar::I8(_) => DataType::Int8,
-            Scalar::U16(_) => DataType::UInt16,
-            Scalar::I16(_) => DataType::Int16,
-            Scalar::U32(_) => DataType::UInt32,
-            Scalar::I32(_) => DataType::Int32,
-            Scalar::U64(_) => DataType::UInt64,
-            Scalar::I64(_) => DataType::Int64,
-            Scalar::F32(_) => DataType::Float32,
-            Scalar::F64(_) => DataType::Float64,
-        }
-    }
-}
-
-/// The value of a named op parameter: a scalar, or a STATIC tensor created for this node.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ParamValue {
-    Scalar(Scalar),
-    Tensor(TensorDesc),
-}
-
-/// `Qnn_Param_t` before its tensor (if any) has been created.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParamDesc {
-    pub name: String,
-    pub value: ParamValue,
-}
-
-/// One node of a graph. Inputs and outputs name tensors of the enclosing [`GraphDesc`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct OpDesc {
-    pub name: String,
-    /// Op package, `qti.aisw` for every built-in op.
-    pub package: String,
-    /// Op type as in `QnnOpDef.h`, e.g. `Conv2d`.
-    pub op_type: String,
-    pub params: Vec<ParamDesc>,
-    pub inputs: Vec<String>,
-    pub outputs: Vec<String>,
-}
-
-/// The package of QNN's built-in ops.
-pub const QTI_AISW: &str = "qti.aisw";
-
-/// A whole graph: every tensor it uses (params excluded), its I/O order and its nodes in
-/// dependency order.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GraphDesc {
-    /// Graph name, unique within the context (the runtime retrieves graphs by it).
-    pub name: String,
-    pub tensors: Vec<TensorDesc>,
-    /// APP_WRITE tensors in the order the runtime binds them.
-    pub inputs: Vec<String>,
-    /// APP_READ tensors in the order the runtime binds them.
-    pub outputs: Vec<String>,
-    pub nodes: Vec<OpDesc>,
-}
-
-impl GraphDesc {
-    /// The graph's tensors and its nodes' tensor params: every tensor that may carry static data.
-    pub fn tensors_and_params(&self) -> impl Iterator<Item = &TensorDesc> {
-        let params = self.nodes.iter().flat_map(|n| &n.params).filter_map(|p| match &p.value {
-            ParamValue::Tensor(t) => Some(t),
-            ParamValue::Scalar(_) => None,
-        });
-        self.tensors.iter().chain(params)
-    }
-
-    /// [`Self::tensors_and_params`], mutable.
-    pub fn tensors_and_params_mut(&mut self) -> impl Iterator<Item = &mut TensorDesc> {
-        let params = self.nodes.iter_mut().flat_map(|n| &mut n.params).filter_map(|p| match &mut p.value {
-            ParamValue::Tensor(t) => Some(t),
-            ParamValue::Scalar(_) => None,
-        });
-        self.tensors.iter_mut().chain(params)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::encoding::{BlockwiseExpansion, ScaleOffset};
+    use crate::graph::{GraphBuilder, QnnGraph, Scalar};
+    use crate::opdef::OpType;
+    use crate::sdk::{check_graphs, BuildError};
 
-    fn tensor(dtype: DataType, dims: &[u32], encoding: Encoding, data: Option<Vec<u8>>) -> TensorDesc {
-        TensorDesc {
+    fn tensor(dtype: DataType, dims: &[u32], encoding: Encoding, data: Option<Vec<u8>>) -> QnnTensor {
+        QnnTensor {
             name: "t".into(),
             tensor_type: if data.is_some() { TensorType::Static } else { TensorType::Native },
             dtype,
             dims: dims.to_vec(),
             encoding,
-            data: data.map(StaticData::from),
+            data: data.map(StaticData::new),
         }
     }
 
@@ -412,10 +215,10 @@ mod tests {
     fn tensor_type_and_encoding_codes() {
         assert_eq!(TensorType::AppWrite.raw(), 0);
         assert_eq!(TensorType::Static.raw(), 4);
-        assert_eq!(Encoding::Undefined.code(), 0x7FFF_FFFF);
-        assert_eq!(Encoding::ScaleOffset(ScaleOffset { scale: 1.0, offset: 0 }).code(), 0);
-        let axis = Encoding::AxisScaleOffset { axis: 0, scale_offsets: vec![] };
-        assert_eq!(axis.code(), 1);
+        assert_eq!(Encoding::Undefined.raw(), 0x7FFF_FFFF);
+        assert_eq!(Encoding::ScaleOffset(ScaleOffset { scale: 1.0, offset: 0 }).raw(), 0);
+        let axis = Encoding::AxisScaleOffset { axis: 0, scale_offsets: vec![].into() };
+        assert_eq!(axis.raw(), 1);
     }
 
     #[test]
@@ -469,10 +272,10 @@ mod tests {
         let bw = |scales: usize, blocks: usize| {
             Encoding::BlockwiseExpansion(BlockwiseExpansion {
                 axis: 3,
-                scale_offsets: per_channel[..scales].to_vec(),
+                scale_offsets: per_channel[..scales].into(),
                 num_blocks_per_axis: 2,
                 block_scale_bitwidth: 4,
-                block_scales: vec![3; blocks],
+                block_scales: BlockScales::U8(vec![3; blocks].into()),
             })
         };
         // HWIO [1,1,In=32,Out=8], block 16 along In: 2 blocks per output channel.
@@ -492,5 +295,50 @@ mod tests {
         );
         let err = tensor(DataType::SFixedPoint8, &[1, 32, 8], bw(8, 16), Some(vec![0; 256])).check().unwrap_err();
         assert!(err.problem.to_string().contains("axis 3 is out of range for rank 3"), "{err}");
+        let Encoding::BlockwiseExpansion(mut wide) = bw(8, 16) else { unreachable!() };
+        wide.block_scales = BlockScales::U16(vec![3; 16].into());
+        let wide =
+            tensor(DataType::SFixedPoint8, &[1, 1, 32, 8], Encoding::BlockwiseExpansion(wide), Some(vec![0; 256]));
+        assert_eq!(wide.check_layout().unwrap_err().problem, TensorProblem::SixteenBitBlockScales);
+    }
+
+    /// A lowered LPBQ Conv2d graph named `name` whose weight `w` has `block_scales`.
+    fn lowered_conv(name: &str, block_scales: BlockScales) -> QnnGraph {
+        let mut b = GraphBuilder::new(name);
+        let x = b.input("x", DataType::UFixedPoint16, &[1, 1, 2, 4], Encoding::from_zero_point(0.01, 3));
+        let enc = Encoding::BlockwiseExpansion(BlockwiseExpansion {
+            axis: 3,
+            scale_offsets: vec![ScaleOffset { scale: 0.5, offset: 0 }; 2].into(),
+            num_blocks_per_axis: 2,
+            block_scale_bitwidth: 4,
+            block_scales,
+        });
+        let w = b.static_tensor("w", DataType::SFixedPoint4, &[1, 1, 4, 2], enc, StaticData::new(vec![1u8; 8]));
+        let y = b
+            .node("conv", OpType::Conv2d)
+            .input(&x)
+            .input(&w)
+            .tensor_param_u32("stride", &[2], &[1, 1])
+            .tensor_param_u32("pad_amount", &[2, 2], &[0; 4])
+            .scalar("group", Scalar::UInt32(1))
+            .output("y", DataType::UFixedPoint16, &[1, 1, 2, 2], Encoding::from_zero_point(0.02, 5))
+            .finish_one();
+        b.mark_output(&y);
+        b.finish().unwrap()
+    }
+
+    #[test]
+    fn lowered_graphs_pass_the_sdk_checks() {
+        check_graphs(&[lowered_conv("a", BlockScales::U8(vec![1, 2, 3, 4].into()))]).unwrap();
+    }
+
+    #[test]
+    fn sixteen_bit_block_scales_are_refused_by_name() {
+        let g = lowered_conv("a", BlockScales::U16(vec![1, 2, 3, 4].into()));
+        let err = check_graphs(&[g]).unwrap_err();
+        let BuildError::InvalidTensor { graph, source } = &err else { panic!("not a tensor error: {err}") };
+        assert_eq!((graph.as_str(), source.tensor.as_str()), ("a", "w"));
+        assert_eq!(source.problem, TensorProblem::SixteenBitBlockScales);
+        assert!(err.to_string().contains("blocksScale16"), "{err}");
     }
 }
