@@ -219,8 +219,9 @@ impl CheckpointStore {
             return Err(self.mismatch(req, key, &shape, format!("{:?}", req.shape)));
         }
         let (scale, zp) = self.scale_zp(req, key.trim_end_matches(".weight"))?;
-        let codes = self.ckpt.read_u16(key).map_err(|e| self.err(req, e))?;
-        U16Table::new(codes, n, k, scale, zp).map(Some).map_err(|e| self.weight_error(req, e.to_string()))
+        // Served from the checkpoint's memory map: only the rows a lookup gathers become resident.
+        let (_, codes) = self.ckpt.mapped_bytes(key).map_err(|e| self.err(req, e))?;
+        U16Table::from_le_bytes(codes, n, k, scale, zp).map(Some).map_err(|e| self.weight_error(req, e.to_string()))
     }
 
     fn load_data(&self, req: &ParamRequest<'_>) -> Result<Vec<f32>> {

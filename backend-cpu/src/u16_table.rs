@@ -1,8 +1,9 @@
 //! [`U16Table`]: a per-tensor uint16-quantized table (pymllm's embedding export) kept as its codes.
 //!
 //! The value of code `q` is `(q - zero_point) * scale`. An embedding lookup dequantizes only the
-//! rows it gathers, so the table costs 2 bytes per element in memory instead of 4; any other op
-//! sees the f32 values in the table's logical layout.
+//! rows it gathers, so the table costs 2 bytes per element instead of 4, and when it is served
+//! from the checkpoint's memory map ([`U16Table::from_le_bytes`]) only the gathered rows become
+//! resident; any other op sees the f32 values in the table's logical layout.
 
 use crate::kernels::KernelError;
 use mllm_dsl::{BackendRef, DType, NativeData, Result, Storage, Tensor, TensorType};
@@ -10,18 +11,33 @@ use std::any::Any;
 use std::sync::Arc;
 
 /// A row-major `[rows, cols]` table of uint16 codes with one scale and zero point.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone)]
 pub struct U16Table {
-    codes: Vec<u16>,
+    /// Little-endian codes: owned, or a view of a memory-mapped checkpoint.
+    codes: Arc<dyn AsRef<[u8]> + Send + Sync>,
     rows: usize,
     cols: usize,
     scale: f32,
     zero_point: i32,
 }
 
+impl std::fmt::Debug for U16Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (rows, cols, scale, zero_point) = (self.rows, self.cols, self.scale, self.zero_point);
+        write!(f, "U16Table {{ rows: {rows}, cols: {cols}, scale: {scale}, zero_point: {zero_point} }}")
+    }
+}
+
+impl PartialEq for U16Table {
+    fn eq(&self, other: &U16Table) -> bool {
+        (self.rows, self.cols, self.scale, self.zero_point) == (other.rows, other.cols, other.scale, other.zero_point)
+            && self.le_bytes() == other.le_bytes()
+    }
+}
+
 impl NativeData for U16Table {
     fn len(&self) -> usize {
-        self.codes.len()
+        self.rows * self.cols
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -32,8 +48,31 @@ impl NativeData for U16Table {
 impl U16Table {
     /// `codes` must hold `rows * cols` values.
     pub fn new(codes: Vec<u16>, rows: usize, cols: usize, scale: f32, zero_point: i32) -> Result<Self, KernelError> {
-        crate::kernels::shape::check_len_of("u16_table", "codes", codes.len(), &[rows, cols])?;
-        Ok(U16Table { codes, rows, cols, scale, zero_point })
+        let bytes: Vec<u8> = codes.iter().flat_map(|q| q.to_le_bytes()).collect();
+        U16Table::from_le_bytes(bytes, rows, cols, scale, zero_point)
+    }
+
+    /// A table over little-endian codes held by `bytes` (`2 * rows * cols` bytes), without a
+    /// copy: a [`checkpoint::MappedBytes`] keeps the table in the checkpoint's memory map.
+    pub fn from_le_bytes(
+        bytes: impl AsRef<[u8]> + Send + Sync + 'static,
+        rows: usize,
+        cols: usize,
+        scale: f32,
+        zero_point: i32,
+    ) -> Result<Self, KernelError> {
+        // Two bytes per code: the byte count must be that of a `[rows, cols, 2]` array.
+        crate::kernels::shape::check_len_of("u16_table", "code bytes", bytes.as_ref().len(), &[rows, cols, 2])?;
+        Ok(U16Table { codes: Arc::new(bytes), rows, cols, scale, zero_point })
+    }
+
+    fn le_bytes(&self) -> &[u8] {
+        (*self.codes).as_ref()
+    }
+
+    /// Dequantized values of the codes in `bytes` (little-endian pairs).
+    fn values<'a>(&'a self, bytes: &'a [u8]) -> impl Iterator<Item = f32> + 'a {
+        bytes.chunks_exact(2).map(|b| self.value(u16::from_le_bytes([b[0], b[1]])))
     }
 
     #[inline]
@@ -57,19 +96,19 @@ impl U16Table {
                 dim: 0,
                 bound: self.rows,
             })?;
-            out.extend(self.codes[r * self.cols..(r + 1) * self.cols].iter().map(|&q| self.value(q)));
+            out.extend(self.values(&self.le_bytes()[2 * r * self.cols..2 * (r + 1) * self.cols]));
         }
         Ok(out)
     }
 
     /// The whole table as f32, row-major.
     pub fn to_f32(&self) -> Vec<f32> {
-        self.codes.iter().map(|&q| self.value(q)).collect()
+        self.values(self.le_bytes()).collect()
     }
 
     /// Bytes held by the codes.
     pub fn bytes(&self) -> usize {
-        self.codes.len() * 2
+        self.le_bytes().len()
     }
 }
 
@@ -78,5 +117,41 @@ pub fn u16_table_of(t: &Tensor) -> Option<&U16Table> {
     match t.storage()? {
         Storage::Native(data) => data.downcast_ref::<U16Table>(),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_table_served_from_the_checkpoints_map_gathers_its_rows() {
+        let (rows, cols, scale, zero_point) = (5, 3, 0.25f32, 32768);
+        let codes: Vec<u16> = (0..(rows * cols) as u16).map(|i| 32760 + 3 * i).collect();
+        let bytes: Vec<u8> = codes.iter().flat_map(|q| q.to_le_bytes()).collect();
+        let dir = tempfile::tempdir().unwrap();
+        // Another tensor beside the table in the file.
+        let tensors = [("a", StDtype::U8, &[3usize][..], &[1u8, 2, 3][..]), ("t", StDtype::U16, &[rows, cols], &bytes)];
+        write_safetensors_atomic(dir.path().join("model.safetensors"), &tensors, &BTreeMap::new()).unwrap();
+        let ckpt = SafetensorsCheckpoint::open(dir.path()).unwrap();
+        let (dtype, mapped) = ckpt.mapped_bytes("t").unwrap();
+        drop(ckpt); // the handle keeps the mapping
+        assert_eq!(dtype, StDtype::U16);
+        let table = U16Table::from_le_bytes(mapped, rows, cols, scale, zero_point).unwrap();
+        let want = |r: usize| -> Vec<f32> {
+            codes[r * cols..(r + 1) * cols].iter().map(|&q| (f64::from(q) - 32768.0) as f32 * 0.25).collect()
+        };
+        assert_eq!(table.gather_rows(&[4, 0]).unwrap(), [want(4), want(0)].concat());
+        assert_eq!(table.to_f32(), (0..rows).flat_map(want).collect::<Vec<_>>());
+        assert_eq!(table, U16Table::new(codes, rows, cols, scale, zero_point).unwrap());
+        assert!(matches!(table.gather_rows(&[5]), Err(KernelError::IndexOutOfRange { index: 5, .. })));
+    }
+
+    #[test]
+    fn codes_of_the_wrong_length_are_refused() {
+        let err = U16Table::from_le_bytes(vec![0u8; 7], 2, 2, 1.0, 0).unwrap_err();
+        assert!(err.to_string().contains("code bytes has 7 elements but its shape [2, 2, 2] needs 8"), "{err}");
     }
 }

@@ -29,6 +29,7 @@ pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, CHAT_TEMPL
 pub use consistency::check_config;
 pub use convert::LeScalar;
 pub use error::CheckpointError;
+pub use mapped_file::MappedBytes;
 pub use reader::{SafetensorsCheckpoint, SHARD_INDEX, SINGLE_FILE};
 pub use writer::{write_safetensors_atomic, TensorBytes};
 

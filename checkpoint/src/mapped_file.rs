@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use safetensors::tensor::{Metadata, TensorInfo};
@@ -16,7 +17,7 @@ const LEN_PREFIX: usize = 8;
 
 pub(crate) struct MappedFile {
     pub(crate) path: PathBuf,
-    mmap: Mmap,
+    mmap: Arc<Mmap>,
     /// Offset of the data section (after the length prefix and the JSON header).
     data_start: usize,
     pub(crate) metadata: HashMap<String, String>,
@@ -40,7 +41,7 @@ impl MappedFile {
             data_start: LEN_PREFIX + header_len,
             metadata: metadata.metadata().clone().unwrap_or_default(),
             tensors,
-            mmap,
+            mmap: Arc::new(mmap),
         })
     }
 
@@ -52,6 +53,11 @@ impl MappedFile {
 
     pub(crate) fn bytes(&self, start: usize, end: usize) -> &[u8] {
         &self.mmap[start..end]
+    }
+
+    /// An owned handle on `start..end` of the mapping, valid after the checkpoint is dropped.
+    pub(crate) fn share(&self, start: usize, end: usize) -> MappedBytes {
+        MappedBytes { map: Arc::clone(&self.mmap), start, end }
     }
 
     /// Tells the kernel the mapped pages of `start..end` are no longer needed, so they leave
@@ -72,6 +78,30 @@ impl MappedFile {
             // boundary; touching a neighbour tensor's page is harmless for the same reason.)
             let _ = unsafe { self.mmap.unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start) };
         }
+    }
+}
+
+/// One tensor's stored bytes, served from the checkpoint's memory map for as long as the handle
+/// lives ([`SafetensorsCheckpoint::mapped_bytes`](crate::SafetensorsCheckpoint::mapped_bytes)).
+///
+/// Only the pages a reader touches become resident: an embedding table looked up a few rows at a
+/// time costs those rows, not the table.
+#[derive(Clone)]
+pub struct MappedBytes {
+    map: Arc<Mmap>,
+    start: usize,
+    end: usize,
+}
+
+impl AsRef<[u8]> for MappedBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.map[self.start..self.end]
+    }
+}
+
+impl std::fmt::Debug for MappedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MappedBytes({} bytes)", self.end - self.start)
     }
 }
 

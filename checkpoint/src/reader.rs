@@ -6,7 +6,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::convert::{self, LeScalar};
-use super::mapped_file::MappedFile;
+use super::mapped_file::{MappedBytes, MappedFile};
 use super::near::near_matches;
 use super::{CheckpointError, StDtype};
 
@@ -290,6 +290,14 @@ impl SafetensorsCheckpoint {
         file.release(entry.start, entry.end);
         entry.used.store(true, Ordering::Relaxed);
         Ok(entry.dtype)
+    }
+
+    /// The stored bytes of `key` as an owned handle on the mapping (no copy; pages become
+    /// resident as they are read). Returns the stored dtype too.
+    pub fn mapped_bytes(&self, key: &str) -> Result<(StDtype, MappedBytes), CheckpointError> {
+        let entry = self.entry(key)?;
+        entry.used.store(true, Ordering::Relaxed);
+        Ok((entry.dtype, self.files[entry.file].share(entry.start, entry.end)))
     }
 
     /// Hands the stored bytes of `key` to `visit` straight from the mapping, in chunks of whole
