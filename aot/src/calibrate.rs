@@ -130,23 +130,19 @@ const ROTATED_DIR: &str = "rotated-float";
 /// [`quantize`] with the model's config already read (`hf` must be `opts.model`'s), writing
 /// straight into `out` (a fresh directory: the caller's staging area).
 pub(crate) fn quantize_to(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> Result<QuantizeOutcome> {
-    Ok(quantize_alongside(hf, opts, out, |_| Ok(()))?.0)
+    write_and_evaluate(hf, opts, out)?.finish()
 }
 
-/// [`quantize_to`], running `alongside` on this thread while another thread evaluates the
-/// written checkpoint against float (one after the other with `--threads 1`). `alongside` gets
-/// the model file traced for its QDQ points; it may read every file of the checkpoint in `out`
-/// but `report.json`, which is written after both.
+/// [`quantize_to`] up to the accuracy report: the quantized checkpoint written into `out` (every
+/// file but `report.json`), and its evaluation against float started on another thread (run
+/// here first with `--threads 1`). Whoever holds the [`PendingEvaluation`] may read every file
+/// of the checkpoint meanwhile; [`PendingEvaluation::finish`] waits for the report and writes
+/// `report.json`.
 ///
 /// With a rotation, the float checkpoint is rotated first into `out/rotated-float/` and everything
 /// after (statistics, calibration, weights, the accuracy report) runs on that; it is deleted once
 /// the evaluation is done.
-pub(crate) fn quantize_alongside<T>(
-    hf: &HfConfig,
-    opts: &QuantizeOptions,
-    out: &Path,
-    alongside: impl FnOnce(&Program) -> Result<T>,
-) -> Result<(QuantizeOutcome, T)> {
+pub(crate) fn write_and_evaluate(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> Result<PendingEvaluation> {
     ensure!(
         opts.sink_prefix.is_none() || opts.mode != CalibrationMode::MllmCompatible,
         "--sink-prefix is not part of pymllm's recipe (its runtime starts every sequence with an empty K/V cache); \
@@ -154,7 +150,7 @@ pub(crate) fn quantize_alongside<T>(
     );
     if opts.rotation == Rotation::None {
         let calibrated = calibrate_and_write(hf, &opts.model, opts, out)?;
-        return evaluate_alongside(hf, &opts.model, opts, out, calibrated, alongside);
+        return PendingEvaluation::start(hf, &opts.model, opts, out, calibrated, None);
     }
     ensure!(
         opts.mode != CalibrationMode::MllmCompatible,
@@ -169,11 +165,16 @@ pub(crate) fn quantize_alongside<T>(
     let rotated_hf = HfConfig::from_dir(&rotated)?;
     let rotate_seconds = start.elapsed().as_secs_f64();
     let calibrated = calibrate_and_write(&rotated_hf, &rotated, opts, out)?;
-    let (mut outcome, also) = evaluate_alongside(&rotated_hf, &rotated, opts, out, calibrated, alongside)?;
-    std::fs::remove_dir_all(&rotated).with_context(|| format!("removing {}", rotated.display()))?;
-    outcome.rotation = Some(summary);
-    outcome.rotate_seconds = rotate_seconds;
-    Ok((outcome, also))
+    let rotation = Rotated { summary, seconds: rotate_seconds, dir: rotated.clone() };
+    PendingEvaluation::start(&rotated_hf, &rotated, opts, out, calibrated, Some(rotation))
+}
+
+/// The rotated float copy a calibration ran on.
+struct Rotated {
+    summary: RotationSummary,
+    seconds: f64,
+    /// `out/rotated-float/`, deleted once the evaluation is done.
+    dir: PathBuf,
 }
 
 /// What [`calibrate_and_write`] leaves for the accuracy report.
@@ -187,7 +188,7 @@ struct Calibrated {
     calibration_seconds: f64,
     weight_seconds: f64,
     warnings: Vec<String>,
-    traced: Program,
+    traced: Arc<Program>,
     /// The float model on the evaluation sequences, when the input-statistics pass ran it already.
     float_run: Option<RecordedRun>,
     /// The float model's attention-sink prefix (its own K/V), when there is one.
@@ -358,7 +359,7 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
         calibration_seconds,
         weight_seconds,
         warnings,
-        traced: qnn_program,
+        traced: Arc::new(qnn_program),
         float_run,
         float_prefix,
         sink_summary,
@@ -367,80 +368,156 @@ fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, 
     })
 }
 
-/// Step 6 of [`quantize`], the accuracy of what [`calibrate_and_write`] wrote into `out`, on a
-/// second thread while this one runs `alongside` (one after the other when the kernels may use
-/// one thread only); then the quantized checkpoint's `report.json`.
-fn evaluate_alongside<T>(
-    hf: &HfConfig,
-    model_dir: &Path,
-    opts: &QuantizeOptions,
-    out: &Path,
+/// Step 6 of [`quantize`], the accuracy of what [`calibrate_and_write`] wrote, under way: on a
+/// second thread, or done already when the kernels may use one thread only.
+/// [`PendingEvaluation::finish`] takes its report and writes the quantized checkpoint's
+/// `report.json`; dropping it unfinished waits for the thread.
+pub struct PendingEvaluation {
+    state: Option<EvaluationState>,
     calibrated: Calibrated,
-    alongside: impl FnOnce(&Program) -> Result<T>,
-) -> Result<(QuantizeOutcome, T)> {
-    let eval = opts.evaluation.as_ref().unwrap_or(&opts.calibration);
-    let eval_name = if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" };
-    let Calibrated { traced, float_run, float_prefix, .. } = &calibrated;
-    let evaluation =
-        Evaluation { hf, traced, max_positions: opts.max_positions, sequences: eval, progress: opts.progress.as_ref() };
-    let evaluate = || {
+    rotation: Option<Rotated>,
+    out: PathBuf,
+    /// What `report.json` says of the options.
+    model: PathBuf,
+    mode: CalibrationMode,
+    rotation_name: &'static str,
+    calibration_sequences: usize,
+}
+
+type Evaluated = Result<(AccuracyReport, f64)>;
+
+enum EvaluationState {
+    Done(Evaluated),
+    Running(std::thread::JoinHandle<Evaluated>),
+}
+
+/// What the evaluation thread owns: the float side and where the quantized checkpoint is.
+struct EvaluationJob {
+    hf: HfConfig,
+    traced: Arc<Program>,
+    max_positions: usize,
+    sequences: Vec<Vec<i64>>,
+    what: &'static str,
+    progress: Arc<dyn Progress>,
+    float_dir: PathBuf,
+    float_run: Option<RecordedRun>,
+    float_prefix: Option<SinkPrefix>,
+    quant_dir: PathBuf,
+}
+
+impl EvaluationJob {
+    /// The accuracy report and its wall time.
+    fn run(self) -> Evaluated {
         let start = Instant::now();
-        let float = match float_run {
-            Some(run) => run,
-            None => &evaluation.run_recorded(model_dir, None, float_prefix.as_ref(), "eval float")?,
+        let evaluation = Evaluation {
+            hf: &self.hf,
+            traced: &self.traced,
+            max_positions: self.max_positions,
+            sequences: &self.sequences,
+            progress: self.progress.as_ref(),
         };
-        let report = evaluation.against_float(float, out, eval_name)?;
-        Ok::<_, crate::AotError>((report, start.elapsed().as_secs_f64()))
-    };
-    // `--threads 1` means one core: then the two run one after the other.
-    let (evaluated, also) = if backend_cpu::kernels::num_threads() <= 1 {
-        let evaluated = evaluate();
-        (evaluated, alongside(traced))
-    } else {
-        std::thread::scope(|scope| {
-            let evaluating = std::thread::Builder::new()
+        let float = match self.float_run {
+            Some(run) => run,
+            None => evaluation.run_recorded(&self.float_dir, None, self.float_prefix.as_ref(), "eval float")?,
+        };
+        let report = evaluation.against_float(&float, &self.quant_dir, self.what)?;
+        Ok((report, start.elapsed().as_secs_f64()))
+    }
+}
+
+impl PendingEvaluation {
+    /// Starts evaluating what [`calibrate_and_write`] wrote into `out` from the float checkpoint
+    /// `float_dir` (config `hf`).
+    fn start(
+        hf: &HfConfig,
+        float_dir: &Path,
+        opts: &QuantizeOptions,
+        out: &Path,
+        mut calibrated: Calibrated,
+        rotation: Option<Rotated>,
+    ) -> Result<PendingEvaluation> {
+        let job = EvaluationJob {
+            hf: hf.clone(),
+            traced: calibrated.traced.clone(),
+            max_positions: opts.max_positions,
+            sequences: opts.evaluation.as_ref().unwrap_or(&opts.calibration).clone(),
+            what: if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" },
+            progress: opts.progress.clone(),
+            float_dir: float_dir.to_path_buf(),
+            float_run: calibrated.float_run.take(),
+            float_prefix: calibrated.float_prefix.take(),
+            quant_dir: out.to_path_buf(),
+        };
+        // `--threads 1` means one core: then the evaluation runs first, the caller's work after.
+        let state = if backend_cpu::kernels::num_threads() <= 1 {
+            EvaluationState::Done(job.run())
+        } else {
+            let handle = std::thread::Builder::new()
                 .name("evaluate".into())
-                .spawn_scoped(scope, evaluate)
+                .spawn(move || job.run())
                 .context("starting the evaluation thread")?;
-            let also = alongside(traced);
-            let evaluated = evaluating.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            Ok::<_, crate::AotError>((evaluated, also))
-        })?
-    };
-    let (report, evaluate_seconds) = evaluated?;
-    let also = also?;
-    let Calibrated { calibration, weight_method, act_ranges, warnings, .. } = &calibrated;
-    // Relative to the output's directory when the model sits next to it (the AOT run's embedded
-    // model), so the report does not embed a per-run staging path.
-    let model_name = out
-        .parent()
-        .and_then(|p| opts.model.strip_prefix(p).ok())
-        .map_or_else(|| opts.model.display().to_string(), |r| r.display().to_string());
-    let json = serde_json::json!({
-        "model": model_name,
-        "calibration_mode": opts.mode.name(),
-        "weight_method": weight_method.name(),
-        "act_range": act_ranges.to_string(),
-        "rotation": opts.rotation.name(),
-        "sink_prefix": calibrated.sink_summary.as_ref().map(|s| serde_json::json!({
-            "ids": s.ids, "file": backend_cpu::quant::SINK_PREFIX_FILE, "clamped_values": s.clamped, "values": s.values,
-        })),
-        "largest_residual_range": largest_residual_range(calibration).map(|(point, range)| serde_json::json!({
-            "point": point, "range": range, "u16_step": range / 65535.0,
-        })),
-        "calibration_sequences": opts.calibration.len(),
-        "linear_block_size": calibrated.block_size,
-        "weight_bits": calibrated.mixed.as_ref().map(|m| serde_json::json!({
-            "budget_fraction": m.budget.fraction(), "eight_bit": m.eight_bit, "file": WEIGHT_BITS_FILE,
-            "sensitivity_seconds": calibrated.sensitivity_seconds,
-        })),
-        "qdq_points": calibration.params.len(),
-        "accuracy": report.to_json(),
-        "warnings": warnings,
-    });
-    write_json_atomic(&out.join("report.json"), &json)?;
-    Ok((
-        QuantizeOutcome {
+            EvaluationState::Running(handle)
+        };
+        Ok(PendingEvaluation {
+            state: Some(state),
+            calibrated,
+            rotation,
+            out: out.to_path_buf(),
+            model: opts.model.clone(),
+            mode: opts.mode,
+            rotation_name: opts.rotation.name(),
+            calibration_sequences: opts.calibration.len(),
+        })
+    }
+
+    /// The model file traced once in decode shape with W4A16 parameters (its QDQ points).
+    pub fn traced(&self) -> &Arc<Program> {
+        &self.calibrated.traced
+    }
+
+    /// Waits for the accuracy report, writes the quantized checkpoint's `report.json` (and
+    /// deletes the rotated float copy), and says what the quantization did.
+    pub fn finish(mut self) -> Result<QuantizeOutcome> {
+        let (report, evaluate_seconds) = match self.state.take().context("the evaluation was taken already")? {
+            EvaluationState::Done(evaluated) => evaluated,
+            EvaluationState::Running(handle) => handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+        }?;
+        let out = &self.out;
+        let Calibrated { calibration, weight_method, act_ranges, warnings, .. } = &self.calibrated;
+        // Relative to the output's directory when the model sits next to it (the AOT run's embedded
+        // model), so the report does not embed a per-run staging path.
+        let model_name = out
+            .parent()
+            .and_then(|p| self.model.strip_prefix(p).ok())
+            .map_or_else(|| self.model.display().to_string(), |r| r.display().to_string());
+        let json = serde_json::json!({
+            "model": model_name,
+            "calibration_mode": self.mode.name(),
+            "weight_method": weight_method.name(),
+            "act_range": act_ranges.to_string(),
+            "rotation": self.rotation_name,
+            "sink_prefix": self.calibrated.sink_summary.as_ref().map(|s| serde_json::json!({
+                "ids": s.ids, "file": backend_cpu::quant::SINK_PREFIX_FILE, "clamped_values": s.clamped, "values": s.values,
+            })),
+            "largest_residual_range": largest_residual_range(calibration).map(|(point, range)| serde_json::json!({
+                "point": point, "range": range, "u16_step": range / 65535.0,
+            })),
+            "calibration_sequences": self.calibration_sequences,
+            "linear_block_size": self.calibrated.block_size,
+            "weight_bits": self.calibrated.mixed.as_ref().map(|m| serde_json::json!({
+                "budget_fraction": m.budget.fraction(), "eight_bit": m.eight_bit, "file": WEIGHT_BITS_FILE,
+                "sensitivity_seconds": self.calibrated.sensitivity_seconds,
+            })),
+            "qdq_points": calibration.params.len(),
+            "accuracy": report.to_json(),
+            "warnings": warnings,
+        });
+        write_json_atomic(&out.join("report.json"), &json)?;
+        if let Some(rotated) = &self.rotation {
+            std::fs::remove_dir_all(&rotated.dir).with_context(|| format!("removing {}", rotated.dir.display()))?;
+        }
+        let calibrated = &self.calibrated;
+        Ok(QuantizeOutcome {
             report,
             block_size: calibrated.block_size,
             weight_input_bytes: calibrated.weight_input_bytes,
@@ -448,17 +525,26 @@ fn evaluate_alongside<T>(
             calibration_seconds: calibrated.calibration_seconds,
             input_stats_seconds: calibrated.input_stats_seconds,
             evaluate_seconds,
-            rotate_seconds: 0.0,
-            warnings: calibrated.warnings,
-            traced: calibrated.traced,
-            calibration: calibrated.calibration,
-            rotation: None,
-            sink_prefix: calibrated.sink_summary,
-            mixed: calibrated.mixed,
+            rotate_seconds: self.rotation.as_ref().map_or(0.0, |r| r.seconds),
+            warnings: calibrated.warnings.clone(),
+            traced: (*calibrated.traced).clone(),
+            calibration: calibrated.calibration.clone(),
+            rotation: self.rotation.as_ref().map(|r| r.summary.clone()),
+            sink_prefix: calibrated.sink_summary.clone(),
+            mixed: calibrated.mixed.clone(),
             sensitivity_seconds: calibrated.sensitivity_seconds,
-        },
-        also,
-    ))
+        })
+    }
+}
+
+impl Drop for PendingEvaluation {
+    /// An evaluation left unfinished (the caller's work failed) still ends before its checkpoint
+    /// can be removed.
+    fn drop(&mut self) {
+        if let Some(EvaluationState::Running(handle)) = self.state.take() {
+            let _ = handle.join();
+        }
+    }
 }
 
 /// The residual-stream QDQ point with the widest calibrated range (`max - min`), which sets the
