@@ -632,110 +632,111 @@ pub fn validate(
         .stage(Step::Evaluate, || quantized_vs_reference_float(&model.dir, hf, eager_model.as_ref(), &eager_backend))?;
     ledger.extend(reference_float);
 
-    let t = std::time::Instant::now();
-    let store = CheckpointStore::for_config(&model.dir, CpuBackend::float(), hf)?;
-    let sharded = qnn.shard_graphs.is_some();
-    for CompiledGraph { name, spec, program, graph } in &lowered.graphs {
-        let probe = Probe::new(
-            hf,
-            ckpt,
-            spec.chunk,
-            spec.context_len,
-            &model.probe_text,
-            eager_model.as_ref(),
-            &eager_backend,
-            prefix.as_ref(),
-        )?;
-        let eager = probe.run_eager(eager_model.as_ref(), &eager_backend)?;
-        let cpu = Interpreter::new(program, &store, InterpMode::FakeQuant(ckpt))
-            .run(&probe.cpu_inputs(&CpuBackend::float())?)
-            .with_context(|| format!("running graph `{name}` on backend-cpu's IR interpreter"))?;
-        let cpu_logits = probe.text_rows(cpu[0].as_f32().context("the interpreter's logits hold no f32 data")?);
-        ledger.push(LedgerEntry {
-            stage: "passes_vs_eager",
-            graph: Some(name.clone()),
-            detail: probe
-                .describe("backend-cpu's interpreter (fake-quant) on the final IR vs the eager fake-quant model"),
-            comparison: Comparison::new("logits", probe.text_rows(&eager), cpu_logits, hf.vocab_size)?,
-        });
-        let chunk_index = lowered.graphs.iter().position(|g| &g.name == name).unwrap_or(0);
-        let qnn_logits = match &qnn.shard_graphs {
-            Some(shards) => {
-                let chain: Vec<&QnnGraph> = shards.iter().map(|s| &s[chunk_index]).collect();
-                let inputs = chain_inputs(graph, probe.qnn_inputs(graph)?, chain[0], qnn.embedding.as_ref())?;
-                chain_logits_on_interpreter(&chain, &inputs)?
-            }
-            None => probe.run_qnn(graph)?,
-        };
-        let label = match sharded {
-            true => chain_label(&qnn.sharding.plan, spec.chunk),
-            false => name.clone(),
-        };
-        let comparison = Comparison::new("logits", cpu_logits, probe.text_rows(&qnn_logits), hf.vocab_size)?;
-        let mut detail = probe.describe(if sharded {
-            "backend-qnn's reference interpreter on the lowered shards, chained, vs the CPU fake-quant run"
-        } else {
-            "backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run"
-        });
-        if opts.ledger_ops {
-            // Where the two part ways, node by node.
-            let rows = op_by_op(program, graph, ckpt, &store, &probe)?;
-            let dir = out.root().join("ledger_ops");
-            std::fs::create_dir_all(&dir)?;
-            out.write(&dir.join(format!("{name}.txt")), divergence_table(&rows).as_bytes())?;
-            if let Some(first) = rows.iter().find(|r| r.max_steps >= 1.5) {
-                let _ = write!(
-                    detail,
-                    "; first node off by two steps or more: `{}` ({}, {:.1} steps)",
-                    first.node, first.op, first.max_steps
-                );
-            }
-            if let Some(worst) = rows.iter().max_by(|a, b| a.own_steps.total_cmp(&b.own_steps)) {
-                let _ = write!(
-                    detail,
-                    "; largest error of a node alone on the fake-quant inputs: {:.1} steps at `{}`",
-                    worst.own_steps, worst.node
-                );
-            }
-            let _ = write!(detail, "; every node in ledger_ops/{name}.txt");
-        }
-        ledger.push(LedgerEntry { stage: "qnn_vs_fakequant", graph: Some(label.clone()), detail, comparison });
-        let qnn_rows = probe.text_rows(&qnn_logits);
-        let (on_htp, what, graph_label, interp) = match binaries {
-            Some(ContextBinaries::Sharded { paths, x86, graphs }) => {
-                let chain: Vec<&QnnGraph> = graphs.iter().map(|s| &s[chunk_index]).collect();
-                let inputs = chain_inputs(graph, probe.qnn_inputs(graph)?, chain[0], qnn.embedding.as_ref())?;
-                let on_htp = {
-                    let _turn = crate::htp::exclusive();
-                    chain_logits_on_htp(paths, x86, &chain, &inputs)?
-                };
-                let n = qnn.sharding.plan.count();
-                let what = format!(
-                    "Qualcomm's x86 HTP emulation running the {n} shards qnn/context_<i>_of_{n}.x86.bin chained"
-                );
-                (on_htp, what, label, "backend-qnn's reference interpreter on the chained shards")
-            }
-            Some(ContextBinaries::One(htp)) => {
-                let on_htp = htp.run_logits(name, &probe.qnn_inputs(graph)?)?;
-                let what = "Qualcomm's x86 HTP emulation running qnn/context.x86.bin".to_string();
-                (on_htp, what, name.clone(), "backend-qnn's reference interpreter on the lowered graph")
-            }
-            None => continue,
-        };
-        let on_htp = probe.text_rows(&on_htp);
-        for (stage, reference, versus) in [
-            ("htp_vs_fakequant", cpu_logits, "the CPU fake-quant run of the final IR"),
-            ("htp_vs_interp", qnn_rows, interp),
-        ] {
+    clock.stage(Step::Validate, || {
+        let store = CheckpointStore::for_config(&model.dir, CpuBackend::float(), hf)?;
+        let sharded = qnn.shard_graphs.is_some();
+        for CompiledGraph { name, spec, program, graph } in &lowered.graphs {
+            let probe = Probe::new(
+                hf,
+                ckpt,
+                spec.chunk,
+                spec.context_len,
+                &model.probe_text,
+                eager_model.as_ref(),
+                &eager_backend,
+                prefix.as_ref(),
+            )?;
+            let eager = probe.run_eager(eager_model.as_ref(), &eager_backend)?;
+            let cpu = Interpreter::new(program, &store, InterpMode::FakeQuant(ckpt))
+                .run(&probe.cpu_inputs(&CpuBackend::float())?)
+                .with_context(|| format!("running graph `{name}` on backend-cpu's IR interpreter"))?;
+            let cpu_logits = probe.text_rows(cpu[0].as_f32().context("the interpreter's logits hold no f32 data")?);
             ledger.push(LedgerEntry {
-                stage,
-                graph: Some(graph_label.clone()),
-                detail: probe.describe(&format!("{what} vs {versus}")),
-                comparison: Comparison::new("logits", reference, on_htp, hf.vocab_size)?,
+                stage: "passes_vs_eager",
+                graph: Some(name.clone()),
+                detail: probe
+                    .describe("backend-cpu's interpreter (fake-quant) on the final IR vs the eager fake-quant model"),
+                comparison: Comparison::new("logits", probe.text_rows(&eager), cpu_logits, hf.vocab_size)?,
             });
+            let chunk_index = lowered.graphs.iter().position(|g| &g.name == name).unwrap_or(0);
+            let qnn_logits = match &qnn.shard_graphs {
+                Some(shards) => {
+                    let chain: Vec<&QnnGraph> = shards.iter().map(|s| &s[chunk_index]).collect();
+                    let inputs = chain_inputs(graph, probe.qnn_inputs(graph)?, chain[0], qnn.embedding.as_ref())?;
+                    chain_logits_on_interpreter(&chain, &inputs)?
+                }
+                None => probe.run_qnn(graph)?,
+            };
+            let label = match sharded {
+                true => chain_label(&qnn.sharding.plan, spec.chunk),
+                false => name.clone(),
+            };
+            let comparison = Comparison::new("logits", cpu_logits, probe.text_rows(&qnn_logits), hf.vocab_size)?;
+            let mut detail = probe.describe(if sharded {
+                "backend-qnn's reference interpreter on the lowered shards, chained, vs the CPU fake-quant run"
+            } else {
+                "backend-qnn's reference interpreter on the lowered graph vs the CPU fake-quant run"
+            });
+            if opts.ledger_ops {
+                // Where the two part ways, node by node.
+                let rows = op_by_op(program, graph, ckpt, &store, &probe)?;
+                let dir = out.root().join("ledger_ops");
+                std::fs::create_dir_all(&dir)?;
+                out.write(&dir.join(format!("{name}.txt")), divergence_table(&rows).as_bytes())?;
+                if let Some(first) = rows.iter().find(|r| r.max_steps >= 1.5) {
+                    let _ = write!(
+                        detail,
+                        "; first node off by two steps or more: `{}` ({}, {:.1} steps)",
+                        first.node, first.op, first.max_steps
+                    );
+                }
+                if let Some(worst) = rows.iter().max_by(|a, b| a.own_steps.total_cmp(&b.own_steps)) {
+                    let _ = write!(
+                        detail,
+                        "; largest error of a node alone on the fake-quant inputs: {:.1} steps at `{}`",
+                        worst.own_steps, worst.node
+                    );
+                }
+                let _ = write!(detail, "; every node in ledger_ops/{name}.txt");
+            }
+            ledger.push(LedgerEntry { stage: "qnn_vs_fakequant", graph: Some(label.clone()), detail, comparison });
+            let qnn_rows = probe.text_rows(&qnn_logits);
+            let (on_htp, what, graph_label, interp) = match binaries {
+                Some(ContextBinaries::Sharded { paths, x86, graphs }) => {
+                    let chain: Vec<&QnnGraph> = graphs.iter().map(|s| &s[chunk_index]).collect();
+                    let inputs = chain_inputs(graph, probe.qnn_inputs(graph)?, chain[0], qnn.embedding.as_ref())?;
+                    let on_htp = {
+                        let _turn = crate::htp::exclusive();
+                        chain_logits_on_htp(paths, x86, &chain, &inputs)?
+                    };
+                    let n = qnn.sharding.plan.count();
+                    let what = format!(
+                        "Qualcomm's x86 HTP emulation running the {n} shards qnn/context_<i>_of_{n}.x86.bin chained"
+                    );
+                    (on_htp, what, label, "backend-qnn's reference interpreter on the chained shards")
+                }
+                Some(ContextBinaries::One(htp)) => {
+                    let on_htp = htp.run_logits(name, &probe.qnn_inputs(graph)?)?;
+                    let what = "Qualcomm's x86 HTP emulation running qnn/context.x86.bin".to_string();
+                    (on_htp, what, name.clone(), "backend-qnn's reference interpreter on the lowered graph")
+                }
+                None => continue,
+            };
+            let on_htp = probe.text_rows(&on_htp);
+            for (stage, reference, versus) in [
+                ("htp_vs_fakequant", cpu_logits, "the CPU fake-quant run of the final IR"),
+                ("htp_vs_interp", qnn_rows, interp),
+            ] {
+                ledger.push(LedgerEntry {
+                    stage,
+                    graph: Some(graph_label.clone()),
+                    detail: probe.describe(&format!("{what} vs {versus}")),
+                    comparison: Comparison::new("logits", reference, on_htp, hf.vocab_size)?,
+                });
+            }
         }
-    }
-    clock.add(Step::Validate, t.elapsed().as_secs_f64());
+        Ok::<_, AotError>(())
+    })?;
 
     // Where the artifacts run: the compile's properties, and mllm's graph I/O contract checked
     // on the device binary as Qualcomm's system library reads it back.
