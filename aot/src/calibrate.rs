@@ -149,8 +149,9 @@ pub(crate) fn quantize_to(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> 
 pub(crate) fn write_and_evaluate(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> Result<PendingEvaluation> {
     ensure!(
         opts.sink_prefix.is_none() || opts.mode != CalibrationMode::MllmCompatible,
-        "--sink-prefix is not part of pymllm's recipe (its runtime starts every sequence with an empty K/V cache); \
-         --mllm-compatible reproduces that recipe exactly, so drop --sink-prefix with it"
+        "QuantizeOptions::sink_prefix is not part of pymllm's recipe (its runtime starts every sequence with an empty \
+         K/V cache); CalibrationMode::MllmCompatible reproduces that recipe exactly, so drop \
+         QuantizeOptions::sink_prefix with it"
     );
     if opts.rotation == Rotation::None {
         let calibrated = calibrate_and_write(hf, &opts.model, opts, out)?;
@@ -158,8 +159,8 @@ pub(crate) fn write_and_evaluate(hf: &HfConfig, opts: &QuantizeOptions, out: &Pa
     }
     ensure!(
         opts.mode != CalibrationMode::MllmCompatible,
-        "--rotation {} is not part of pymllm's recipe; --mllm-compatible reproduces that recipe exactly, so use \
-         --rotation none with it",
+        "QuantizeOptions::rotation {} is not part of pymllm's recipe; CalibrationMode::MllmCompatible reproduces \
+         that recipe exactly, so use QuantizeOptions::rotation none with it",
         opts.rotation.name()
     );
     let rotated = out.join(ROTATED_DIR);
@@ -337,8 +338,9 @@ impl<'a> Calibrating<'a> {
         let opts = self.opts;
         ensure!(
             opts.mode != CalibrationMode::MllmCompatible,
-            "--weight-budget is not part of pymllm's recipe (every linear LPBQ int4); --mllm-compatible \
-             reproduces that recipe exactly, so drop --weight-budget with it"
+            "QuantizeOptions::weight_budget is not part of pymllm's recipe (every linear LPBQ int4); \
+             CalibrationMode::MllmCompatible reproduces that recipe exactly, so drop QuantizeOptions::weight_budget \
+             with it"
         );
         let ids: Vec<i64> = opts.calibration.iter().flatten().copied().take(SENSITIVITY_TOKENS).collect();
         let run = SensitivityRun {

@@ -171,9 +171,9 @@ pub fn preflight(opts: &AotOptions) -> Result<Plan> {
         ContextBinary::Required => {
             let why = match opts.target_runtime {
                 TargetRuntime::Mllm => {
-                    "--target-runtime mllm needs the context binary, built by Qualcomm's QNN libraries"
+                    "AotOptions::target_runtime mllm needs the context binary, built by Qualcomm's QNN libraries"
                 }
-                TargetRuntime::Any => "--context-binary needs Qualcomm's QNN libraries",
+                TargetRuntime::Any => "AotOptions::context_binary needs Qualcomm's QNN libraries",
             };
             Some(backend_qnn::sdk::check_sdk_libraries().context(why)?)
         }
@@ -226,7 +226,7 @@ pub fn load(opts: &AotOptions, plan: Plan, out: &mut OutputDir) -> Result<Loaded
         }
         ModelSource::Float(dir) => {
             if opts.calibration.is_empty() {
-                bail!("--model {} needs calibration data: pass --calib-ids FILE or --calib-text FILE", dir.display());
+                bail!("ModelSource::Float {} needs calibration data: pass AotOptions::calibration", dir.display());
             }
             (dir.display().to_string(), dir.clone(), Some(opts.calibration.clone()))
         }
@@ -273,8 +273,8 @@ impl Quantized {
         let ckpt = SafetensorsCheckpoint::open(dir)?;
         ensure!(
             is_quantized_checkpoint(&ckpt),
-            "--quantized {} holds a float checkpoint (no `*.fake_quant.scale` / `*.scale1` tensors); \
-             calibrate it with --model",
+            "ModelSource::Quantized {} holds a float checkpoint (no `*.fake_quant.scale` / `*.scale1` tensors); \
+             calibrate it with ModelSource::Float",
             dir.display()
         );
         let Some(rows) = rope_positions(&ckpt)? else {
@@ -306,7 +306,8 @@ pub fn quantize(opts: &AotOptions, loaded: &Loaded, out: &mut OutputDir, clock: 
     let Some(calib) = &loaded.calibration else {
         ensure!(
             opts.sink_prefix.is_empty(),
-            "--sink-prefix is chosen when calibrating; the quantized checkpoint {} ships its own prefix (or none)",
+            "AotOptions::sink_prefix is chosen when calibrating; the quantized checkpoint {} ships its own prefix (or \
+             none)",
             float_dir.display()
         );
         return Quantized::open(float_dir, hf);
@@ -371,7 +372,7 @@ pub fn trace(hf: &HfConfig, max_positions: usize, family: &GraphFamily, progress
     for &context_len in family.contexts() {
         ensure!(
             context_len <= max_positions,
-            "--context-len {context_len} exceeds the {max_positions} positions the checkpoint's RoPE tables cover"
+            "context length {context_len} exceeds the {max_positions} positions the checkpoint's RoPE tables cover"
         );
     }
     let members = family.members();
@@ -488,7 +489,8 @@ pub fn write_qnn(
     let sharded = sharding.plan.count() > 1;
     if sharded && opts.target_runtime == TargetRuntime::Mllm {
         bail!(
-            "--target-runtime mllm: this model needs {} shards ({}), and mllm's runtime opens one context binary",
+            "AotOptions::target_runtime mllm: this model needs {} shards ({}), and mllm's runtime opens one context \
+             binary",
             sharding.plan.count(),
             sharding.reasons.join("; ")
         );
@@ -763,7 +765,10 @@ pub fn validate(
     });
     if opts.target_runtime == TargetRuntime::Mllm {
         if let Some(violations) = contract.as_ref().filter(|v| !v.is_empty()) {
-            bail!("--target-runtime mllm: qnn/context.bin breaks mllm's graph I/O contract: {}", violations.join("; "));
+            bail!(
+                "AotOptions::target_runtime mllm: qnn/context.bin breaks mllm's graph I/O contract: {}",
+                violations.join("; ")
+            );
         }
     }
     let deploy = crate::deploy::where_it_runs(&traits, contract.as_deref());
@@ -901,7 +906,7 @@ fn check_family_shardable(family: &GraphFamily, shards: usize) -> Result<()> {
     ensure!(
         family.contexts().len() == 1 && family.naming() == GraphNaming::Mllm,
         "{shards} shards of a family with context lengths {:?} and {:?} names: sharded binaries hold one context \
-         length with mllm's names (model.<i>.s<chunk>); pass one --context-len, or --shards 1",
+         length with mllm's names (model.<i>.s<chunk>); pass one AotOptions::context_lens, or AotOptions::shards 1",
         family.contexts(),
         family.naming()
     );
@@ -915,7 +920,7 @@ fn plan_run_shards(opts: &AotOptions, split_graph: u32, compiled: &[CompiledGrap
     // split_graph 1 is mllm's default (one binary): only a larger value asks for shards.
     let shards = match (opts.shards, split_graph as usize) {
         (ShardCount::Fixed(n), m) if m > 1 && n != m => bail!(
-            "--shards {n} disagrees with the AOT config's split_graph {m} ({}): give one, or the same count",
+            "AotOptions::shards {n} disagrees with the AOT config's split_graph {m} ({}): give one, or the same count",
             opts.aot_config.as_ref().map_or("built-in".to_string(), |p| p.display().to_string())
         ),
         (ShardCount::Auto, m) if m > 1 => ShardCount::Fixed(m),
