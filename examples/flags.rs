@@ -76,3 +76,36 @@ impl RecipeFlags {
         })
     }
 }
+
+/// The library's names of its options as they appear in its errors, and the flag of each on the
+/// command line: the library names a field (`AotOptions::sink_prefix`) or a value
+/// (`ModelSource::Float`), the mains say `--sink-prefix` or `--model`.
+pub const FLAG_NAMES: &[(&str, &str)] = &[
+    ("AotOptions::calibration", "--calib-ids FILE or --calib-text FILE"),
+    ("AotOptions::context_binary", "--context-binary"),
+    ("AotOptions::context_lens", "--context-len"),
+    ("AotOptions::shards", "--shards"),
+    ("AotOptions::sink_prefix", "--sink-prefix"),
+    ("AotOptions::target_runtime", "--target-runtime"),
+    ("CalibrationMode::MllmCompatible", "--mllm-compatible"),
+    ("ModelSource::Float", "--model"),
+    ("ModelSource::Quantized", "--quantized"),
+    ("QuantizeOptions::rotation", "--rotation"),
+    ("QuantizeOptions::sink_prefix", "--sink-prefix"),
+    ("QuantizeOptions::weight_budget", "--weight-budget"),
+];
+
+/// `err` as the command line says it: every option name of [`FLAG_NAMES`] in its chain replaced by
+/// its flag (the chain's layers kept; `err` itself when it names no option).
+pub fn with_flag_names(err: impl Into<anyhow::Error>) -> anyhow::Error {
+    let err = err.into();
+    let layers: Vec<String> = err.chain().map(|e| e.to_string()).collect();
+    let mapped: Vec<String> =
+        layers.iter().map(|l| FLAG_NAMES.iter().fold(l.clone(), |l, (name, flag)| l.replace(name, flag))).collect();
+    if mapped == layers {
+        return err;
+    }
+    let mut layers = mapped.into_iter().rev();
+    let innermost = anyhow::anyhow!(layers.next().unwrap_or_default());
+    layers.fold(innermost, |e, outer| e.context(outer))
+}

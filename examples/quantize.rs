@@ -124,7 +124,7 @@ fn main() -> Result<()> {
         sink_prefix: aot::sink_prefix_ids(&recipe.sink_prefix, &args.model, hf.vocab_size)?,
         weight_budget: recipe.weight_budget,
     };
-    let outcome = quantize(&opts)?;
+    let outcome = quantize(&opts).map_err(mllm_examples::with_flag_names)?;
     for w in &outcome.warnings {
         eprintln!("warning: {w}");
     }

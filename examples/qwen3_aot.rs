@@ -251,5 +251,5 @@ pub fn run_aot(args: &AotArgs) -> Result<AotReport> {
     if let Some(chosen) = &recipe {
         eprintln!("{}", chosen.line());
     }
-    Ok(run(&args.options_with(recipe.as_ref().map(|c| &c.recipe)))?)
+    run(&args.options_with(recipe.as_ref().map(|c| &c.recipe))).map_err(mllm_examples::with_flag_names)
 }

@@ -11,6 +11,8 @@ use std::time::Instant;
 use crate::error::{ensure, Context, Result};
 use backend_cpu::quant::accuracy::Comparison;
 use backend_cpu::quant::export::quantize_rope_tables;
+use backend_cpu::quant::export::QuantizedWeights as ExportedWeights;
+use backend_cpu::quant::ExportPlan;
 use backend_cpu::quant::{
     is_quantized_checkpoint, plan_export, prefill_logits, quantize_weights_with, write_quantized_checkpoint,
     AccuracyReport, Calibration, CalibrationMode, CalibrationWeights, FakeQuantHook, InputStatsHook, LinearQuantizer,
@@ -19,8 +21,9 @@ use backend_cpu::quant::{
 use backend_cpu::quant::{rotate_checkpoint, Rotation, RotationSummary};
 use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
+use compiler::aot_config::AotConfig;
 use compiler::quant::act_range::ActRanges;
-use compiler::quant::points::{concat_groups, layer_output_points, linear_inputs, qdq_points};
+use compiler::quant::points::{concat_groups, layer_output_points, linear_inputs, qdq_points, ConcatGroup};
 use mllm_dsl::files::{write_atomic_bytes as write_atomic, write_json_atomic};
 use mllm_dsl::module::ParamSource;
 use mllm_dsl::{BackendRef, CausalLm};
@@ -34,6 +37,7 @@ use crate::mixed::{
     WEIGHT_BITS_FILE,
 };
 use crate::progress::Progress;
+use crate::report::{Step, Stopwatch};
 use crate::sink::{float_prefix, on_kv_grid};
 use crate::trace::trace_model;
 
@@ -130,36 +134,33 @@ const ROTATED_DIR: &str = "rotated-float";
 /// [`quantize`] with the model's config already read (`hf` must be `opts.model`'s), writing
 /// straight into `out` (a fresh directory: the caller's staging area).
 pub(crate) fn quantize_to(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> Result<QuantizeOutcome> {
-    Ok(quantize_alongside(hf, opts, out, |_| Ok(()))?.0)
+    write_and_evaluate(hf, opts, out)?.finish()
 }
 
-/// [`quantize_to`], running `alongside` on this thread while another thread evaluates the
-/// written checkpoint against float (one after the other with `--threads 1`). `alongside` gets
-/// the model file traced for its QDQ points; it may read every file of the checkpoint in `out`
-/// but `report.json`, which is written after both.
+/// [`quantize_to`] up to the accuracy report: the quantized checkpoint written into `out` (every
+/// file but `report.json`), and its evaluation against float started on another thread (run
+/// here first with `--threads 1`). Whoever holds the [`PendingEvaluation`] may read every file
+/// of the checkpoint meanwhile; [`PendingEvaluation::finish`] waits for the report and writes
+/// `report.json`.
 ///
 /// With a rotation, the float checkpoint is rotated first into `out/rotated-float/` and everything
 /// after (statistics, calibration, weights, the accuracy report) runs on that; it is deleted once
 /// the evaluation is done.
-pub(crate) fn quantize_alongside<T>(
-    hf: &HfConfig,
-    opts: &QuantizeOptions,
-    out: &Path,
-    alongside: impl FnOnce(&Program) -> Result<T>,
-) -> Result<(QuantizeOutcome, T)> {
+pub(crate) fn write_and_evaluate(hf: &HfConfig, opts: &QuantizeOptions, out: &Path) -> Result<PendingEvaluation> {
     ensure!(
         opts.sink_prefix.is_none() || opts.mode != CalibrationMode::MllmCompatible,
-        "--sink-prefix is not part of pymllm's recipe (its runtime starts every sequence with an empty K/V cache); \
-         --mllm-compatible reproduces that recipe exactly, so drop --sink-prefix with it"
+        "QuantizeOptions::sink_prefix is not part of pymllm's recipe (its runtime starts every sequence with an empty \
+         K/V cache); CalibrationMode::MllmCompatible reproduces that recipe exactly, so drop \
+         QuantizeOptions::sink_prefix with it"
     );
     if opts.rotation == Rotation::None {
         let calibrated = calibrate_and_write(hf, &opts.model, opts, out)?;
-        return evaluate_alongside(hf, &opts.model, opts, out, calibrated, alongside);
+        return PendingEvaluation::start(hf, &opts.model, opts, out, calibrated, None);
     }
     ensure!(
         opts.mode != CalibrationMode::MllmCompatible,
-        "--rotation {} is not part of pymllm's recipe; --mllm-compatible reproduces that recipe exactly, so use \
-         --rotation none with it",
+        "QuantizeOptions::rotation {} is not part of pymllm's recipe; CalibrationMode::MllmCompatible reproduces \
+         that recipe exactly, so use QuantizeOptions::rotation none with it",
         opts.rotation.name()
     );
     let rotated = out.join(ROTATED_DIR);
@@ -169,11 +170,16 @@ pub(crate) fn quantize_alongside<T>(
     let rotated_hf = HfConfig::from_dir(&rotated)?;
     let rotate_seconds = start.elapsed().as_secs_f64();
     let calibrated = calibrate_and_write(&rotated_hf, &rotated, opts, out)?;
-    let (mut outcome, also) = evaluate_alongside(&rotated_hf, &rotated, opts, out, calibrated, alongside)?;
-    std::fs::remove_dir_all(&rotated).with_context(|| format!("removing {}", rotated.display()))?;
-    outcome.rotation = Some(summary);
-    outcome.rotate_seconds = rotate_seconds;
-    Ok((outcome, also))
+    let rotation = Rotated { summary, seconds: rotate_seconds, dir: rotated.clone() };
+    PendingEvaluation::start(&rotated_hf, &rotated, opts, out, calibrated, Some(rotation))
+}
+
+/// The rotated float copy a calibration ran on.
+struct Rotated {
+    summary: RotationSummary,
+    seconds: f64,
+    /// `out/rotated-float/`, deleted once the evaluation is done.
+    dir: PathBuf,
 }
 
 /// What [`calibrate_and_write`] leaves for the accuracy report.
@@ -187,7 +193,7 @@ struct Calibrated {
     calibration_seconds: f64,
     weight_seconds: f64,
     warnings: Vec<String>,
-    traced: Program,
+    traced: Arc<Program>,
     /// The float model on the evaluation sequences, when the input-statistics pass ran it already.
     float_run: Option<RecordedRun>,
     /// The float model's attention-sink prefix (its own K/V), when there is one.
@@ -200,247 +206,360 @@ struct Calibrated {
 /// Steps 1-5 of [`quantize`] from the float checkpoint `model_dir` (config `hf`): `opts.model`
 /// itself or its rotated copy. Writes the quantized checkpoint (all but `report.json`) into `out`.
 fn calibrate_and_write(hf: &HfConfig, model_dir: &Path, opts: &QuantizeOptions, out: &Path) -> Result<Calibrated> {
-    ensure!(!opts.calibration.is_empty(), "no calibration sequences");
-    let prefix_len = opts.sink_prefix.as_ref().map_or(0, Vec::len);
-    for (i, seq) in opts.calibration.iter().enumerate() {
-        ensure!(
-            prefix_len + seq.len() <= opts.max_positions,
-            "calibration sequence {i} has {} tokens (after {prefix_len} prefix tokens); the RoPE tables cover {}",
-            seq.len(),
-            opts.max_positions
-        );
-    }
-    let (aot, warnings) = load_aot_config(opts.aot_config.as_deref(), hf)?;
-    let source = SafetensorsCheckpoint::open(model_dir)?;
-    ensure!(
-        !is_quantized_checkpoint(&source),
-        "{} already holds a quantized checkpoint; calibrate from the float one",
-        model_dir.display()
-    );
-
-    // 1. What the model file quantizes: QDQ points, concatenations, parameters.
-    let qnn_program = trace_model(hf, opts.max_positions, ParamFormat::QnnW4A16)?;
-    let aot_name = match &opts.aot_config {
-        Some(p) => format!("AOT config {}", p.display()),
-        None => "the built-in W4A16KV8 AOT config".to_string(),
-    };
-    let plan = plan_export(&qnn_program, &aot, hf.linear_block_size)
-        .with_context(|| format!("checking {} against {aot_name}", hf.source.display()))?;
-    let points = qdq_points(&qnn_program)?;
-    let groups = concat_groups(&qnn_program);
-
-    // 1b. The attention-sink prefix's K/V, computed once by the float model: every pass below
-    //     starts from them, so no observer ever sees the sink's massive activation.
-    let float_prefix = match &opts.sink_prefix {
-        Some(ids) => Some(float_prefix(model_dir, hf, opts.max_positions, ids)?),
-        None => None,
-    };
-    let prefix = float_prefix.as_ref();
-
-    // 2. The linears' input statistics (float model) when the weight method uses them. When the
-    //    accuracy report evaluates the calibration sequences, this pass also records what it
-    //    needs of the float model (logits, layer outputs): the same model on the same ids.
-    let start = Instant::now();
+    let (run, warnings) = Calibrating::new(hf, model_dir, opts)?;
+    let mut clock = Stopwatch::start();
     let weight_method =
         if opts.mode == CalibrationMode::MllmCompatible { WeightMethod::Rtn } else { opts.weight_method };
-    let (stats, float_run) = if let Some(depth) = weight_method.input_stats() {
-        let hook = Arc::new(InputStatsHook::new(&linear_inputs(&qnn_program), depth));
-        let float_run = if opts.evaluation.is_none() {
-            let on_calibration = Evaluation {
-                hf,
-                traced: &qnn_program,
-                max_positions: opts.max_positions,
-                sequences: &opts.calibration,
-                progress: opts.progress.as_ref(),
-            };
-            Some(on_calibration.run_recorded(model_dir, Some(hook.clone()), prefix, "input stats")?)
-        } else {
-            let backend = CpuBackend::with_qdq(hook.clone());
-            let (model, _store) = open_model(model_dir, hf, opts.max_positions, &backend)?;
-            let label = "input stats";
-            run_sequences(model.as_ref(), &backend, prefix, &opts.calibration, label, opts.progress.as_ref(), |_| {})?;
-            None
-        };
-        (Some(Arc::new(hook.finish()?)), float_run)
-    } else {
-        (None, None)
+    let (mut linears, float_run) = match weight_method.input_stats() {
+        Some(depth) => clock.stage(Step::InputStats, || run.input_stats(weight_method, depth))?,
+        None => (LinearQuantizer::new(weight_method, None)?, None),
     };
-    let collected = stats.is_some();
-    let mut linears = LinearQuantizer::new(weight_method, stats)?;
-    // With GPTQ this includes factorizing the input Hessians.
-    let input_stats_seconds = if collected { start.elapsed().as_secs_f64() } else { 0.0 };
-
-    // 2b. With a weight budget, each linear's sensitivity on the calibration text, and the most
-    //     sensitive per byte raised to 8 bits (crate::mixed).
-    let start = Instant::now();
     let mixed = match opts.weight_budget {
+        Some(budget) => Some(clock.stage(Step::Sensitivity, || run.mixed(budget, &mut linears))?),
         None => None,
-        Some(budget) => {
-            ensure!(
-                opts.mode != CalibrationMode::MllmCompatible,
-                "--weight-budget is not part of pymllm's recipe (every linear LPBQ int4); --mllm-compatible \
-                 reproduces that recipe exactly, so drop --weight-budget with it"
-            );
-            let ids: Vec<i64> = opts.calibration.iter().flatten().copied().take(SENSITIVITY_TOKENS).collect();
-            let run = SensitivityRun {
-                hf,
-                model_dir,
-                aot: &aot,
-                max_positions: opts.max_positions,
-                prefix,
-                ids: &ids,
-                progress: opts.progress.as_ref(),
-            };
-            let candidates = measure_sensitivities(&run, &plan, &linears)?;
-            let choice = choose_eight_bit(&candidates, budget);
-            linears.set_eight_bit(choice.eight_bit_set());
-            Some(choice)
-        }
     };
-    let sensitivity_seconds = if mixed.is_some() { start.elapsed().as_secs_f64() } else { 0.0 };
-
-    // 3. The weights, rounded once and in parallel over the linears (each export is cached in
-    //    `linears`, so the calibration model below sees exactly these codes).
-    let start = Instant::now();
-    let groups_total = plan.params.len();
-    let pb = opts.progress.start("quantizing", groups_total);
-    let mut weights = quantize_weights_with(&plan, &source, hf.tie_word_embeddings, &linears, &|done, total, key| {
-        pb.set_position(done, total);
-        pb.set_message(key);
-    })?;
-    pb.set_message("done");
-    pb.finish();
-    let rounding_seconds = start.elapsed().as_secs_f64();
-
-    // 4. Calibration on the rounded weights.
-    let start = Instant::now();
+    let mut weights = clock.stage(Step::Quantize, || run.round_weights(&linears))?;
     let act_ranges = if opts.mode == CalibrationMode::MllmCompatible { ActRanges::default() } else { opts.act_ranges };
-    let hook = Arc::new(ObserverHook::with_ranges(&points, &groups, opts.mode, act_ranges));
-    let backend = CpuBackend::with_qdq(hook.clone());
-    let calibration = {
-        let store = CheckpointStore::for_config(model_dir, backend.clone(), hf)?;
-        let weights = CalibrationWeights::new(&store, &aot, opts.mode).with_linears(&linears);
-        let model = build_model(hf, opts.max_positions, &ParamSource::Store(&weights), model_dir)?;
-        let label = "calibrating";
-        run_sequences(model.as_ref(), &backend, prefix, &opts.calibration, label, opts.progress.as_ref(), |_| {})?;
-        hook.finish()?
-    };
-    let calibration_seconds = start.elapsed().as_secs_f64();
-
-    // 5. RoPE tables and QDQ parameters; the checkpoint written.
-    let start = Instant::now();
-    weights.tensors.extend(quantize_rope_tables(&plan, &calibration.params, &calibration.rope_tables)?);
-    write_quantized_checkpoint(out, &hf.source, plan.block_size, &weights.tensors, &calibration.params)?;
-    copy_tokenizer_files(&opts.model, out)?;
-    if let Some(choice) = &mixed {
-        write_json_atomic(&out.join(WEIGHT_BITS_FILE), &choice.to_json())?;
-    }
-    // The prefix on the checkpoint's K/V grid, beside it: what every quantized run attends to.
-    let sink_summary = match &float_prefix {
-        Some(prefix) => {
-            let (on_grid, clamped) = on_kv_grid(prefix, &calibration.params)?;
-            on_grid.save(out)?;
-            let values = prefix.keys.iter().chain(&prefix.values).map(Vec::len).sum();
-            Some(SinkSummary { ids: prefix.ids.clone(), clamped, values })
-        }
-        None => None,
-    };
-    // The rounding (step 3) and the writing: the weights' share of the run.
-    let weight_seconds = rounding_seconds + start.elapsed().as_secs_f64();
+    let calibration = clock.stage(Step::Calibrate, || run.calibrate(&linears, act_ranges))?;
+    // The rounding and the writing: the weights' share of the run.
+    let sink_summary = clock.stage(Step::Quantize, || run.write(out, &mut weights, &calibration, mixed.as_ref()))?;
     drop(weights);
+    let t = clock.finish();
     Ok(Calibrated {
         calibration,
         weight_method,
         act_ranges,
-        block_size: plan.block_size,
-        weight_input_bytes: weights_input_bytes(&source, &plan),
-        input_stats_seconds,
-        calibration_seconds,
-        weight_seconds,
+        block_size: run.plan.block_size,
+        weight_input_bytes: weights_input_bytes(&run.source, &run.plan),
+        input_stats_seconds: t.input_stats,
+        calibration_seconds: t.calibrate,
+        weight_seconds: t.quantize,
         warnings,
-        traced: qnn_program,
+        traced: Arc::new(run.traced),
         float_run,
-        float_prefix,
+        float_prefix: run.float_prefix,
         sink_summary,
         mixed,
-        sensitivity_seconds,
+        sensitivity_seconds: t.sensitivity,
     })
 }
 
-/// Step 6 of [`quantize`], the accuracy of what [`calibrate_and_write`] wrote into `out`, on a
-/// second thread while this one runs `alongside` (one after the other when the kernels may use
-/// one thread only); then the quantized checkpoint's `report.json`.
-fn evaluate_alongside<T>(
-    hf: &HfConfig,
-    model_dir: &Path,
-    opts: &QuantizeOptions,
-    out: &Path,
-    calibrated: Calibrated,
-    alongside: impl FnOnce(&Program) -> Result<T>,
-) -> Result<(QuantizeOutcome, T)> {
-    let eval = opts.evaluation.as_ref().unwrap_or(&opts.calibration);
-    let eval_name = if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" };
-    let Calibrated { traced, float_run, float_prefix, .. } = &calibrated;
-    let evaluation =
-        Evaluation { hf, traced, max_positions: opts.max_positions, sequences: eval, progress: opts.progress.as_ref() };
-    let evaluate = || {
-        let start = Instant::now();
-        let float = match float_run {
-            Some(run) => run,
-            None => &evaluation.run_recorded(model_dir, None, float_prefix.as_ref(), "eval float")?,
+/// What the calibration's steps share: the float checkpoint, the AOT config, what the model file
+/// quantizes and the attention-sink prefix's float K/V.
+struct Calibrating<'a> {
+    hf: &'a HfConfig,
+    model_dir: &'a Path,
+    opts: &'a QuantizeOptions,
+    aot: AotConfig,
+    source: SafetensorsCheckpoint,
+    /// The model file traced once in decode shape with W4A16 parameters.
+    traced: Program,
+    plan: ExportPlan,
+    points: Vec<QdqAttr>,
+    groups: Vec<ConcatGroup>,
+    /// The float model's attention-sink prefix (its own K/V), when there is one.
+    float_prefix: Option<SinkPrefix>,
+}
+
+impl<'a> Calibrating<'a> {
+    /// Step 1: the options checked, and what the model file quantizes (QDQ points,
+    /// concatenations, parameters); 1b: the attention-sink prefix's K/V, computed once by the
+    /// float model: every pass below starts from them, so no observer ever sees the sink's massive
+    /// activation. With the AOT config's warnings.
+    fn new(hf: &'a HfConfig, model_dir: &'a Path, opts: &'a QuantizeOptions) -> Result<(Self, Vec<String>)> {
+        ensure!(!opts.calibration.is_empty(), "no calibration sequences");
+        let prefix_len = opts.sink_prefix.as_ref().map_or(0, Vec::len);
+        for (i, seq) in opts.calibration.iter().enumerate() {
+            ensure!(
+                prefix_len + seq.len() <= opts.max_positions,
+                "calibration sequence {i} has {} tokens (after {prefix_len} prefix tokens); the RoPE tables cover {}",
+                seq.len(),
+                opts.max_positions
+            );
+        }
+        let (aot, warnings) = load_aot_config(opts.aot_config.as_deref(), hf)?;
+        let source = SafetensorsCheckpoint::open(model_dir)?;
+        ensure!(
+            !is_quantized_checkpoint(&source),
+            "{} already holds a quantized checkpoint; calibrate from the float one",
+            model_dir.display()
+        );
+        let traced = trace_model(hf, opts.max_positions, ParamFormat::QnnW4A16)?;
+        let aot_name = match &opts.aot_config {
+            Some(p) => format!("AOT config {}", p.display()),
+            None => "the built-in W4A16KV8 AOT config".to_string(),
         };
-        let report = evaluation.against_float(float, out, eval_name)?;
-        Ok::<_, crate::AotError>((report, start.elapsed().as_secs_f64()))
-    };
-    // `--threads 1` means one core: then the two run one after the other.
-    let (evaluated, also) = if backend_cpu::kernels::num_threads() <= 1 {
-        let evaluated = evaluate();
-        (evaluated, alongside(traced))
-    } else {
-        std::thread::scope(|scope| {
-            let evaluating = std::thread::Builder::new()
+        let plan = plan_export(&traced, &aot, hf.linear_block_size)
+            .with_context(|| format!("checking {} against {aot_name}", hf.source.display()))?;
+        let points = qdq_points(&traced)?;
+        let groups = concat_groups(&traced);
+        let float_prefix = match &opts.sink_prefix {
+            Some(ids) => Some(float_prefix(model_dir, hf, opts.max_positions, ids)?),
+            None => None,
+        };
+        let run = Calibrating { hf, model_dir, opts, aot, source, traced, plan, points, groups, float_prefix };
+        Ok((run, warnings))
+    }
+
+    /// Step 2: the linears' input statistics (float model) at `depth` for `weight_method`, and
+    /// its quantizer (with GPTQ this factorizes the input Hessians). When the accuracy report
+    /// evaluates the calibration sequences, this pass also records what it needs of the float
+    /// model (logits, layer outputs): the same model on the same ids.
+    fn input_stats(
+        &self,
+        weight_method: WeightMethod,
+        depth: backend_cpu::quant::StatsDepth,
+    ) -> Result<(LinearQuantizer, Option<RecordedRun>)> {
+        let (hf, opts, prefix) = (self.hf, self.opts, self.float_prefix.as_ref());
+        let hook = Arc::new(InputStatsHook::new(&linear_inputs(&self.traced), depth));
+        let float_run = if opts.evaluation.is_none() {
+            let on_calibration = Evaluation {
+                hf,
+                traced: &self.traced,
+                max_positions: opts.max_positions,
+                sequences: &opts.calibration,
+                progress: opts.progress.as_ref(),
+            };
+            Some(on_calibration.run_recorded(self.model_dir, Some(hook.clone()), prefix, "input stats")?)
+        } else {
+            let backend = CpuBackend::with_qdq(hook.clone());
+            let (model, _store) = open_model(self.model_dir, hf, opts.max_positions, &backend)?;
+            let label = "input stats";
+            run_sequences(model.as_ref(), &backend, prefix, &opts.calibration, label, opts.progress.as_ref(), |_| {})?;
+            None
+        };
+        let linears = LinearQuantizer::new(weight_method, Some(Arc::new(hook.finish()?)))?;
+        Ok((linears, float_run))
+    }
+
+    /// Step 2b: each linear's sensitivity on the calibration text, and the most sensitive per
+    /// byte within `budget` raised to 8 bits in `linears` ([`crate::mixed`]).
+    fn mixed(&self, budget: WeightBudget, linears: &mut LinearQuantizer) -> Result<MixedChoice> {
+        let opts = self.opts;
+        ensure!(
+            opts.mode != CalibrationMode::MllmCompatible,
+            "QuantizeOptions::weight_budget is not part of pymllm's recipe (every linear LPBQ int4); \
+             CalibrationMode::MllmCompatible reproduces that recipe exactly, so drop QuantizeOptions::weight_budget \
+             with it"
+        );
+        let ids: Vec<i64> = opts.calibration.iter().flatten().copied().take(SENSITIVITY_TOKENS).collect();
+        let run = SensitivityRun {
+            hf: self.hf,
+            model_dir: self.model_dir,
+            aot: &self.aot,
+            max_positions: opts.max_positions,
+            prefix: self.float_prefix.as_ref(),
+            ids: &ids,
+            progress: opts.progress.as_ref(),
+        };
+        let candidates = measure_sensitivities(&run, &self.plan, linears)?;
+        let choice = choose_eight_bit(&candidates, budget);
+        linears.set_eight_bit(choice.eight_bit_set());
+        Ok(choice)
+    }
+
+    /// Step 3: the weights, rounded once and in parallel over the linears (each export is cached
+    /// in `linears`, so the calibration model sees exactly these codes).
+    fn round_weights(&self, linears: &LinearQuantizer) -> Result<ExportedWeights> {
+        let pb = self.opts.progress.start("quantizing", self.plan.params.len());
+        let tied = self.hf.tie_word_embeddings;
+        let weights = quantize_weights_with(&self.plan, &self.source, tied, linears, &|done, total, key| {
+            pb.set_position(done, total);
+            pb.set_message(key);
+        })?;
+        pb.set_message("done");
+        pb.finish();
+        Ok(weights)
+    }
+
+    /// Step 4: the observers' pass over the calibration sequences, on the rounded weights.
+    fn calibrate(&self, linears: &LinearQuantizer, act_ranges: ActRanges) -> Result<Calibration> {
+        let (hf, opts) = (self.hf, self.opts);
+        let hook = Arc::new(ObserverHook::with_ranges(&self.points, &self.groups, opts.mode, act_ranges));
+        let backend = CpuBackend::with_qdq(hook.clone());
+        let store = CheckpointStore::for_config(self.model_dir, backend.clone(), hf)?;
+        let weights = CalibrationWeights::new(&store, &self.aot, opts.mode).with_linears(linears);
+        let model = build_model(hf, opts.max_positions, &ParamSource::Store(&weights), self.model_dir)?;
+        let (label, prefix) = ("calibrating", self.float_prefix.as_ref());
+        run_sequences(model.as_ref(), &backend, prefix, &opts.calibration, label, opts.progress.as_ref(), |_| {})?;
+        Ok(hook.finish()?)
+    }
+
+    /// Step 5: the RoPE tables and QDQ parameters added to `weights`, the checkpoint written into
+    /// `out` (with the tokenizer files, the mixed choice and the prefix on the checkpoint's K/V
+    /// grid, what every quantized run attends to).
+    fn write(
+        &self,
+        out: &Path,
+        weights: &mut ExportedWeights,
+        calibration: &Calibration,
+        mixed: Option<&MixedChoice>,
+    ) -> Result<Option<SinkSummary>> {
+        let plan = &self.plan;
+        weights.tensors.extend(quantize_rope_tables(plan, &calibration.params, &calibration.rope_tables)?);
+        write_quantized_checkpoint(out, &self.hf.source, plan.block_size, &weights.tensors, &calibration.params)?;
+        copy_tokenizer_files(&self.opts.model, out)?;
+        if let Some(choice) = mixed {
+            write_json_atomic(&out.join(WEIGHT_BITS_FILE), &choice.to_json())?;
+        }
+        let Some(prefix) = &self.float_prefix else { return Ok(None) };
+        let (on_grid, clamped) = on_kv_grid(prefix, &calibration.params)?;
+        on_grid.save(out)?;
+        let values = prefix.keys.iter().chain(&prefix.values).map(Vec::len).sum();
+        Ok(Some(SinkSummary { ids: prefix.ids.clone(), clamped, values }))
+    }
+}
+
+/// Step 6 of [`quantize`], the accuracy of what [`calibrate_and_write`] wrote, under way: on a
+/// second thread, or done already when the kernels may use one thread only.
+/// [`PendingEvaluation::finish`] takes its report and writes the quantized checkpoint's
+/// `report.json`; dropping it unfinished waits for the thread.
+pub struct PendingEvaluation {
+    state: Option<EvaluationState>,
+    calibrated: Calibrated,
+    rotation: Option<Rotated>,
+    out: PathBuf,
+    /// What `report.json` says of the options.
+    model: PathBuf,
+    mode: CalibrationMode,
+    rotation_name: &'static str,
+    calibration_sequences: usize,
+}
+
+type Evaluated = Result<(AccuracyReport, f64)>;
+
+enum EvaluationState {
+    Done(Evaluated),
+    Running(std::thread::JoinHandle<Evaluated>),
+}
+
+/// What the evaluation thread owns: the float side and where the quantized checkpoint is.
+struct EvaluationJob {
+    hf: HfConfig,
+    traced: Arc<Program>,
+    max_positions: usize,
+    sequences: Vec<Vec<i64>>,
+    what: &'static str,
+    progress: Arc<dyn Progress>,
+    float_dir: PathBuf,
+    float_run: Option<RecordedRun>,
+    float_prefix: Option<SinkPrefix>,
+    quant_dir: PathBuf,
+}
+
+impl EvaluationJob {
+    /// The accuracy report and its wall time.
+    fn run(self) -> Evaluated {
+        let start = Instant::now();
+        let evaluation = Evaluation {
+            hf: &self.hf,
+            traced: &self.traced,
+            max_positions: self.max_positions,
+            sequences: &self.sequences,
+            progress: self.progress.as_ref(),
+        };
+        let float = match self.float_run {
+            Some(run) => run,
+            None => evaluation.run_recorded(&self.float_dir, None, self.float_prefix.as_ref(), "eval float")?,
+        };
+        let report = evaluation.against_float(&float, &self.quant_dir, self.what)?;
+        Ok((report, start.elapsed().as_secs_f64()))
+    }
+}
+
+impl PendingEvaluation {
+    /// Starts evaluating what [`calibrate_and_write`] wrote into `out` from the float checkpoint
+    /// `float_dir` (config `hf`).
+    fn start(
+        hf: &HfConfig,
+        float_dir: &Path,
+        opts: &QuantizeOptions,
+        out: &Path,
+        mut calibrated: Calibrated,
+        rotation: Option<Rotated>,
+    ) -> Result<PendingEvaluation> {
+        let job = EvaluationJob {
+            hf: hf.clone(),
+            traced: calibrated.traced.clone(),
+            max_positions: opts.max_positions,
+            sequences: opts.evaluation.as_ref().unwrap_or(&opts.calibration).clone(),
+            what: if opts.evaluation.is_some() { "evaluation ids" } else { "the calibration sequences" },
+            progress: opts.progress.clone(),
+            float_dir: float_dir.to_path_buf(),
+            float_run: calibrated.float_run.take(),
+            float_prefix: calibrated.float_prefix.take(),
+            quant_dir: out.to_path_buf(),
+        };
+        // `--threads 1` means one core: then the evaluation runs first, the caller's work after.
+        let state = if backend_cpu::kernels::num_threads() <= 1 {
+            EvaluationState::Done(job.run())
+        } else {
+            let handle = std::thread::Builder::new()
                 .name("evaluate".into())
-                .spawn_scoped(scope, evaluate)
+                .spawn(move || job.run())
                 .context("starting the evaluation thread")?;
-            let also = alongside(traced);
-            let evaluated = evaluating.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            Ok::<_, crate::AotError>((evaluated, also))
-        })?
-    };
-    let (report, evaluate_seconds) = evaluated?;
-    let also = also?;
-    let Calibrated { calibration, weight_method, act_ranges, warnings, .. } = &calibrated;
-    // Relative to the output's directory when the model sits next to it (the AOT run's embedded
-    // model), so the report does not embed a per-run staging path.
-    let model_name = out
-        .parent()
-        .and_then(|p| opts.model.strip_prefix(p).ok())
-        .map_or_else(|| opts.model.display().to_string(), |r| r.display().to_string());
-    let json = serde_json::json!({
-        "model": model_name,
-        "calibration_mode": opts.mode.name(),
-        "weight_method": weight_method.name(),
-        "act_range": act_ranges.to_string(),
-        "rotation": opts.rotation.name(),
-        "sink_prefix": calibrated.sink_summary.as_ref().map(|s| serde_json::json!({
-            "ids": s.ids, "file": backend_cpu::quant::SINK_PREFIX_FILE, "clamped_values": s.clamped, "values": s.values,
-        })),
-        "largest_residual_range": largest_residual_range(calibration).map(|(point, range)| serde_json::json!({
-            "point": point, "range": range, "u16_step": range / 65535.0,
-        })),
-        "calibration_sequences": opts.calibration.len(),
-        "linear_block_size": calibrated.block_size,
-        "weight_bits": calibrated.mixed.as_ref().map(|m| serde_json::json!({
-            "budget_fraction": m.budget.fraction(), "eight_bit": m.eight_bit, "file": WEIGHT_BITS_FILE,
-            "sensitivity_seconds": calibrated.sensitivity_seconds,
-        })),
-        "qdq_points": calibration.params.len(),
-        "accuracy": report.to_json(),
-        "warnings": warnings,
-    });
-    write_json_atomic(&out.join("report.json"), &json)?;
-    Ok((
-        QuantizeOutcome {
+            EvaluationState::Running(handle)
+        };
+        Ok(PendingEvaluation {
+            state: Some(state),
+            calibrated,
+            rotation,
+            out: out.to_path_buf(),
+            model: opts.model.clone(),
+            mode: opts.mode,
+            rotation_name: opts.rotation.name(),
+            calibration_sequences: opts.calibration.len(),
+        })
+    }
+
+    /// The model file traced once in decode shape with W4A16 parameters (its QDQ points).
+    pub fn traced(&self) -> &Arc<Program> {
+        &self.calibrated.traced
+    }
+
+    /// Waits for the accuracy report, writes the quantized checkpoint's `report.json` (and
+    /// deletes the rotated float copy), and says what the quantization did.
+    pub fn finish(mut self) -> Result<QuantizeOutcome> {
+        let (report, evaluate_seconds) = match self.state.take().context("the evaluation was taken already")? {
+            EvaluationState::Done(evaluated) => evaluated,
+            EvaluationState::Running(handle) => handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+        }?;
+        let out = &self.out;
+        let Calibrated { calibration, weight_method, act_ranges, warnings, .. } = &self.calibrated;
+        // Relative to the output's directory when the model sits next to it (the AOT run's embedded
+        // model), so the report does not embed a per-run staging path.
+        let model_name = out
+            .parent()
+            .and_then(|p| self.model.strip_prefix(p).ok())
+            .map_or_else(|| self.model.display().to_string(), |r| r.display().to_string());
+        let json = serde_json::json!({
+            "model": model_name,
+            "calibration_mode": self.mode.name(),
+            "weight_method": weight_method.name(),
+            "act_range": act_ranges.to_string(),
+            "rotation": self.rotation_name,
+            "sink_prefix": self.calibrated.sink_summary.as_ref().map(|s| serde_json::json!({
+                "ids": s.ids, "file": backend_cpu::quant::SINK_PREFIX_FILE, "clamped_values": s.clamped, "values": s.values,
+            })),
+            "largest_residual_range": largest_residual_range(calibration).map(|(point, range)| serde_json::json!({
+                "point": point, "range": range, "u16_step": range / 65535.0,
+            })),
+            "calibration_sequences": self.calibration_sequences,
+            "linear_block_size": self.calibrated.block_size,
+            "weight_bits": self.calibrated.mixed.as_ref().map(|m| serde_json::json!({
+                "budget_fraction": m.budget.fraction(), "eight_bit": m.eight_bit, "file": WEIGHT_BITS_FILE,
+                "sensitivity_seconds": self.calibrated.sensitivity_seconds,
+            })),
+            "qdq_points": calibration.params.len(),
+            "accuracy": report.to_json(),
+            "warnings": warnings,
+        });
+        write_json_atomic(&out.join("report.json"), &json)?;
+        if let Some(rotated) = &self.rotation {
+            std::fs::remove_dir_all(&rotated.dir).with_context(|| format!("removing {}", rotated.dir.display()))?;
+        }
+        let calibrated = &self.calibrated;
+        Ok(QuantizeOutcome {
             report,
             block_size: calibrated.block_size,
             weight_input_bytes: calibrated.weight_input_bytes,
@@ -448,17 +567,26 @@ fn evaluate_alongside<T>(
             calibration_seconds: calibrated.calibration_seconds,
             input_stats_seconds: calibrated.input_stats_seconds,
             evaluate_seconds,
-            rotate_seconds: 0.0,
-            warnings: calibrated.warnings,
-            traced: calibrated.traced,
-            calibration: calibrated.calibration,
-            rotation: None,
-            sink_prefix: calibrated.sink_summary,
-            mixed: calibrated.mixed,
+            rotate_seconds: self.rotation.as_ref().map_or(0.0, |r| r.seconds),
+            warnings: calibrated.warnings.clone(),
+            traced: (*calibrated.traced).clone(),
+            calibration: calibrated.calibration.clone(),
+            rotation: self.rotation.as_ref().map(|r| r.summary.clone()),
+            sink_prefix: calibrated.sink_summary.clone(),
+            mixed: calibrated.mixed.clone(),
             sensitivity_seconds: calibrated.sensitivity_seconds,
-        },
-        also,
-    ))
+        })
+    }
+}
+
+impl Drop for PendingEvaluation {
+    /// An evaluation left unfinished (the caller's work failed) still ends before its checkpoint
+    /// can be removed.
+    fn drop(&mut self) {
+        if let Some(EvaluationState::Running(handle)) = self.state.take() {
+            let _ = handle.join();
+        }
+    }
 }
 
 /// The residual-stream QDQ point with the widest calibrated range (`max - min`), which sets the

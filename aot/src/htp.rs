@@ -69,17 +69,17 @@ pub(crate) fn exclusive() -> MutexGuard<'static, ()> {
 }
 
 /// The two binaries built by Qualcomm's backend and what is needed to run the x86 one.
-pub(crate) struct QualcommHtp {
+pub struct QualcommHtp {
     paths: LibraryPaths,
     /// The graphs as built (8-bit int4 containers), in chunk order.
     graphs: Vec<QnnGraph>,
     emulation_binary: Vec<u8>,
     /// `qnn/context.bin` and `qnn/context.x86.bin`.
-    pub(crate) written: [PathBuf; 2],
+    pub written: [PathBuf; 2],
     /// Wall time of Qualcomm's prepare + finalize + serialize, device binary and x86 binary.
-    pub(crate) seconds: [f64; 2],
+    pub seconds: [f64; 2],
     /// The device binary's graphs and I/O as Qualcomm's `libQnnSystem.so` reads them back.
-    pub(crate) device_info: backend_qnn::sdk::ffi::BinaryInfo,
+    pub device_info: backend_qnn::sdk::ffi::BinaryInfo,
 }
 
 impl QualcommHtp {
@@ -140,7 +140,7 @@ impl QualcommHtp {
 
     /// Graph `name` of the x86 binary run once on Qualcomm's HTP emulation with `inputs` (values
     /// of the graph's inputs, as the probe gives them): its first output (the logits) as reals.
-    pub(crate) fn run_logits(&self, name: &str, inputs: &[TensorValue]) -> Result<Vec<f32>> {
+    pub fn run_logits(&self, name: &str, inputs: &[TensorValue]) -> Result<Vec<f32>> {
         let graph = self.graphs.iter().find(|g| g.name == name).with_context(|| format!("no graph `{name}`"))?;
         let _turn = exclusive();
         let mut api = SdkApi::load_for_execution(&self.paths)?;

@@ -1,6 +1,6 @@
 //! The main job as library calls: an HF checkpoint calibrated and quantized on the CPU
 //! ([`quantize`]), a quantized checkpoint compiled into QNN graphs ([`compile`]), the whole flow
-//! with its artifacts and per-stage accuracy ledger ([`run`]), and a checkpoint or context binary
+//! with its artifacts and per-stage accuracy ledger ([`run`], a sequence of typed [`stages`]), and a checkpoint or context binary
 //! loaded to generate from ([`Runner`]).
 //!
 //! # Quick start
@@ -9,6 +9,22 @@
 //! // The embedded tiny Qwen3, calibrated, quantized, lowered, its artifacts written into `out/`.
 //! let report = aot::run(&aot::AotOptions::embedded("out"))?;
 //! print!("{}", report.summary());
+//! # Ok::<(), aot::AotError>(())
+//! ```
+//!
+//! The same flow one stage at a time ([`stages`]), stopping after the lowered graphs:
+//!
+//! ```no_run
+//! use aot::stages;
+//! let opts = aot::AotOptions::embedded("out");
+//! let (mut out, mut clock) = (stages::OutputDir::new("out"), aot::Stopwatch::start());
+//! let loaded = stages::load(&opts, stages::preflight(&opts)?, &mut out)?;
+//! let model = stages::quantize(&opts, &loaded, &mut out, &mut clock)?;
+//! let progress = aot::progress::Silent;
+//! let traced = stages::trace(&model.hf, model.max_positions, &loaded.family, &progress)?;
+//! let passed = stages::passes(traced, &loaded.aot, &model.checkpoint, None, &progress)?;
+//! let lowered = stages::lower(passed, &model.checkpoint, &progress)?;
+//! println!("{} QNN graphs", lowered.graphs.len());
 //! # Ok::<(), aot::AotError>(())
 //! ```
 //!
@@ -47,11 +63,12 @@ pub mod shard_bench;
 pub mod shard_build;
 pub mod sharded_aot;
 pub mod sink;
+pub mod stages;
 pub mod synthetic;
 pub mod text_quality;
 pub mod trace;
 
-pub use calibrate::{evaluate, quantize, QuantizeOptions, QuantizeOutcome, SinkSummary};
+pub use calibrate::{evaluate, quantize, PendingEvaluation, QuantizeOptions, QuantizeOutcome, SinkSummary};
 pub use chat::{load_chat_template, stop_ids, user_turn_prompt, Conversation, TextStream};
 pub use compile::{
     compile, lower_family, lower_for_context, run, AotOptions, CompileOptions, CompileTimings, CompiledGraph,
@@ -68,7 +85,7 @@ pub use load::{load_float, load_model, load_model_with, CpuModel, RunMode};
 pub use model_path::{resolve_model, ModelPathError};
 pub use real_model::smollm2_dir;
 pub use recipe::{Chosen, Recipe, RecipeName, Refinements};
-pub use report::{AotReport, GraphReport, Timings};
+pub use report::{AotReport, GraphReport, Step, Stopwatch, Timings};
 pub use runner::Runner;
 pub use sequences::{encode_prompt, load_id_sequences, load_text_sequences, load_tokenizer, CalibSource};
 pub use sink::sink_prefix_ids;

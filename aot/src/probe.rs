@@ -25,7 +25,7 @@ pub const PROBE_WINDOW: usize = 128;
 
 /// Token ids the probes are cut from, and where they came from (for the ledger's details).
 #[derive(Clone, Debug)]
-pub(crate) struct ProbeText {
+pub struct ProbeText {
     pub ids: Vec<i64>,
     pub source: String,
 }

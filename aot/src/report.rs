@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::time::Instant;
 
 use crate::ledger::LedgerEntry;
 use backend_qnn::cost::{cost_json, Calibration, GraphCost, HtpPerf, MLLM_QWEN3_1_7B_SM8650};
@@ -53,6 +54,153 @@ pub struct Timings {
     pub total_cpu: f64,
 }
 
+/// One timed step of a run: a field of [`Timings`] and its key in `report.json`'s `timings_s`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    Load,
+    Rotate,
+    InputStats,
+    Sensitivity,
+    Calibrate,
+    Quantize,
+    Evaluate,
+    Trace,
+    Passes,
+    Lower,
+    Validate,
+    ContextBinary,
+    ContextBinaryX86,
+}
+
+impl Step {
+    /// Every step, in `report.json`'s order.
+    pub const ALL: [Step; 13] = [
+        Step::Load,
+        Step::Rotate,
+        Step::InputStats,
+        Step::Sensitivity,
+        Step::Calibrate,
+        Step::Quantize,
+        Step::Evaluate,
+        Step::Trace,
+        Step::Passes,
+        Step::Lower,
+        Step::Validate,
+        Step::ContextBinary,
+        Step::ContextBinaryX86,
+    ];
+
+    /// The step's key in `report.json`'s `timings_s`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Step::Load => "load",
+            Step::Rotate => "rotate",
+            Step::InputStats => "input_stats",
+            Step::Sensitivity => "sensitivity",
+            Step::Calibrate => "calibrate",
+            Step::Quantize => "quantize",
+            Step::Evaluate => "evaluate",
+            Step::Trace => "trace",
+            Step::Passes => "passes",
+            Step::Lower => "lower",
+            Step::Validate => "validate",
+            Step::ContextBinary => "context_binary",
+            Step::ContextBinaryX86 => "context_binary_x86",
+        }
+    }
+}
+
+impl Timings {
+    /// The seconds recorded for `step`.
+    pub fn get(&self, step: Step) -> f64 {
+        *self.field(step)
+    }
+
+    fn field(&self, step: Step) -> &f64 {
+        match step {
+            Step::Load => &self.load,
+            Step::Rotate => &self.rotate,
+            Step::InputStats => &self.input_stats,
+            Step::Sensitivity => &self.sensitivity,
+            Step::Calibrate => &self.calibrate,
+            Step::Quantize => &self.quantize,
+            Step::Evaluate => &self.evaluate,
+            Step::Trace => &self.trace,
+            Step::Passes => &self.passes,
+            Step::Lower => &self.lower,
+            Step::Validate => &self.validate,
+            Step::ContextBinary => &self.context_binary,
+            Step::ContextBinaryX86 => &self.context_binary_x86,
+        }
+    }
+
+    fn field_mut(&mut self, step: Step) -> &mut f64 {
+        match step {
+            Step::Load => &mut self.load,
+            Step::Rotate => &mut self.rotate,
+            Step::InputStats => &mut self.input_stats,
+            Step::Sensitivity => &mut self.sensitivity,
+            Step::Calibrate => &mut self.calibrate,
+            Step::Quantize => &mut self.quantize,
+            Step::Evaluate => &mut self.evaluate,
+            Step::Trace => &mut self.trace,
+            Step::Passes => &mut self.passes,
+            Step::Lower => &mut self.lower,
+            Step::Validate => &mut self.validate,
+            Step::ContextBinary => &mut self.context_binary,
+            Step::ContextBinaryX86 => &mut self.context_binary_x86,
+        }
+    }
+}
+
+/// The wall clock of a run: each step's time added into [`Timings`] ([`Stopwatch::stage`]), and
+/// the whole run's wall and CPU time ([`Stopwatch::finish`]).
+pub struct Stopwatch {
+    timings: Timings,
+    start: Instant,
+    /// Process CPU seconds at the start, where /proc is readable (0 elsewhere: informative only).
+    cpu_at_start: f64,
+}
+
+impl Default for Stopwatch {
+    fn default() -> Self {
+        Stopwatch::start()
+    }
+}
+
+impl Stopwatch {
+    pub fn start() -> Stopwatch {
+        let cpu_at_start = mllm_dsl::memory::cpu_seconds().unwrap_or(0.0);
+        Stopwatch { timings: Timings::default(), start: Instant::now(), cpu_at_start }
+    }
+
+    /// Runs `f`, adding its wall time to `step`.
+    pub fn stage<T>(&mut self, step: Step, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let out = f();
+        self.add(step, t.elapsed().as_secs_f64());
+        out
+    }
+
+    /// Adds `seconds` measured elsewhere (inside a step, or on another thread) to `step`.
+    pub fn add(&mut self, step: Step, seconds: f64) {
+        *self.timings.field_mut(step) += seconds;
+    }
+
+    /// The steps so far.
+    pub fn timings(&self) -> &Timings {
+        &self.timings
+    }
+
+    /// The steps' times with the run's `total` and `total_cpu`.
+    pub fn finish(self) -> Timings {
+        let mut timings = self.timings;
+        timings.total = self.start.elapsed().as_secs_f64();
+        timings.total_cpu = mllm_dsl::memory::cpu_seconds().map_or(0.0, |now| now - self.cpu_at_start);
+        timings
+    }
+}
+
 /// What [`run`] did; `report.json` is [`AotReport::to_json`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct AotReport {
@@ -97,18 +245,17 @@ impl AotReport {
             .collect();
         let t = &self.timings;
         let round = |x: f64| (x * 1e3).round() / 1e3;
+        let mut timings = serde_json::Map::new();
+        for step in Step::ALL {
+            timings.insert(step.key().into(), round(t.get(step)).into());
+        }
+        timings.insert("total".into(), round(t.total).into());
+        timings.insert("total_cpu".into(), round(t.total_cpu).into());
         let targets = HtpPerf::table();
         serde_json::json!({
             "model": self.model,
             "ledger": ledger,
-            "timings_s": {
-                "load": round(t.load), "rotate": round(t.rotate), "input_stats": round(t.input_stats),
-                "sensitivity": round(t.sensitivity), "calibrate": round(t.calibrate),
-                "quantize": round(t.quantize), "evaluate": round(t.evaluate), "trace": round(t.trace),
-                "passes": round(t.passes), "lower": round(t.lower), "validate": round(t.validate),
-                "context_binary": round(t.context_binary), "context_binary_x86": round(t.context_binary_x86),
-                "total": round(t.total), "total_cpu": round(t.total_cpu),
-            },
+            "timings_s": timings,
             "graphs": self.graphs.iter().map(|g| serde_json::json!({
                 "name": g.name, "ops": g.ops, "tensors": g.tensors, "static_bytes": g.static_bytes,
                 "cost": cost_json(&g.cost, &targets),

@@ -193,7 +193,7 @@ fn a_budget_needs_the_deployed_calibration() {
     })
     .err()
     .expect("pymllm's recipe has no weight budget");
-    assert!(err.to_string().contains("--weight-budget"), "{err}");
+    assert!(err.to_string().contains("QuantizeOptions::weight_budget"), "{err}");
 }
 
 /// The `addTensor_*` function of a graph's C++ that declares the filter `<op>.weight` (named

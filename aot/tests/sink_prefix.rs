@@ -132,7 +132,7 @@ fn pymllms_recipe_and_malformed_prefix_files_are_refused_by_name() {
         panic!("--mllm-compatible accepted a sink prefix");
     };
     let msg = format!("{err:#}");
-    assert!(msg.contains("--sink-prefix") && msg.contains("--mllm-compatible"), "{msg}");
+    assert!(msg.contains("QuantizeOptions::sink_prefix") && msg.contains("CalibrationMode::MllmCompatible"), "{msg}");
     assert!(!tmp.path().join("q").exists(), "nothing is written");
 
     // A prefix file whose value tensor is missing, and one whose K has the wrong prefix length.

@@ -195,6 +195,9 @@ fn mllm_compatible_mode_refuses_a_rotation() {
     ) else {
         panic!("--mllm-compatible accepted --rotation hadamard")
     };
-    assert!(format!("{err:#}").contains("--rotation hadamard is not part of pymllm's recipe"), "{err:#}");
+    assert!(
+        format!("{err:#}").contains("QuantizeOptions::rotation hadamard is not part of pymllm's recipe"),
+        "{err:#}"
+    );
     assert!(!out.exists(), "nothing written");
 }
