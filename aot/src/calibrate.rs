@@ -92,8 +92,8 @@ pub struct QuantizeOutcome {
     pub rotate_seconds: f64,
     pub warnings: Vec<String>,
     /// The model file traced once in decode shape with W4A16 parameters: what it quantizes (its
-    /// QDQ points), for whoever runs the quantized checkpoint next.
-    pub traced: Program,
+    /// QDQ points), for whoever runs the quantized checkpoint next (shared, not copied).
+    pub traced: Arc<Program>,
     /// What the rotation folded in, when there was one.
     pub rotation: Option<RotationSummary>,
     /// The attention-sink prefix the checkpoint ships, when there is one.
@@ -569,7 +569,7 @@ impl PendingEvaluation {
             evaluate_seconds,
             rotate_seconds: self.rotation.as_ref().map_or(0.0, |r| r.seconds),
             warnings: calibrated.warnings.clone(),
-            traced: (*calibrated.traced).clone(),
+            traced: calibrated.traced.clone(),
             calibration: calibrated.calibration.clone(),
             rotation: self.rotation.as_ref().map(|r| r.summary.clone()),
             sink_prefix: calibrated.sink_summary.clone(),

@@ -22,6 +22,7 @@ use checkpoint::{write_safetensors_atomic, SafetensorsCheckpoint, StDtype};
 
 use crate::error::{bail, ensure, Context, Result};
 use crate::shard::HIDDEN_STATES;
+use mllm_dsl::ir::SpecParams;
 use models::keys;
 
 /// The table's file name in `qnn/`.
@@ -29,8 +30,12 @@ pub const EMBEDDING_FILE: &str = "embedding.safetensors";
 
 // The table file keeps the checkpoint's key for the codes and adds its encoding beside it.
 const WEIGHT: &str = keys::EMBED_TOKENS;
-const SCALE: &str = "model.embed_tokens.scale";
-const OFFSET: &str = "model.embed_tokens.offset";
+fn scale_key() -> String {
+    SpecParams::scale_key(keys::EMBED_TOKENS_MODULE)
+}
+fn offset_key() -> String {
+    format!("{}.offset", keys::EMBED_TOKENS_MODULE)
+}
 
 /// Writes the table to `path` (through a temporary name) from the quantized checkpoint `ckpt`:
 /// the u16 codes of `model.embed_tokens.weight` and the encoding of `.scale` / `.zero_point`.
@@ -44,9 +49,9 @@ pub fn write_table(ckpt: &SafetensorsCheckpoint, path: &Path) -> Result<()> {
          hidden]",
         ckpt.root().display()
     );
-    let scale: Vec<f32> = ckpt.read_typed(&format!("{}.scale", keys::EMBED_TOKENS_MODULE)).with_context(what)?;
+    let scale: Vec<f32> = ckpt.read_typed(&scale_key()).with_context(what)?;
     let zero_point: Vec<i32> =
-        ckpt.read_typed(&format!("{}.zero_point", keys::EMBED_TOKENS_MODULE)).with_context(what)?;
+        ckpt.read_typed(&SpecParams::zero_point_key(keys::EMBED_TOKENS_MODULE)).with_context(what)?;
     let ([scale], [zero_point]) = (&scale[..], &zero_point[..]) else {
         bail!("{}: the embedding's scale and zero_point must hold one value each (per-tensor)", what())
     };
@@ -57,14 +62,15 @@ pub fn write_table(ckpt: &SafetensorsCheckpoint, path: &Path) -> Result<()> {
         "token embedding lookup table: shard 1's hidden_states = weight[input_ids], real = scale * (code + offset)"
             .to_string(),
     )]);
+    let (scale_key, offset_key) = (scale_key(), offset_key());
     let mut written = Ok(());
     ckpt.with_bytes(WEIGHT, |codes| {
         written = write_safetensors_atomic(
             path,
             &[
                 (WEIGHT, StDtype::U16, &shape, codes),
-                (SCALE, StDtype::F32, &[1], &scale),
-                (OFFSET, StDtype::I32, &[1], &offset),
+                (scale_key.as_str(), StDtype::F32, &[1], &scale),
+                (offset_key.as_str(), StDtype::I32, &[1], &offset),
             ],
             &metadata,
         );
@@ -111,12 +117,14 @@ impl EmbeddingTable {
                 ))
             })
         };
-        ensure!(file.info(SCALE)?.0 == StDtype::F32, "{origin}: `{SCALE}` must be f32");
-        ensure!(file.info(OFFSET)?.0 == StDtype::I32, "{origin}: `{OFFSET}` must be i32");
-        let encoding = ScaleOffset { scale: f32::from_le_bytes(one(SCALE)?), offset: i32::from_le_bytes(one(OFFSET)?) };
+        let (scale_key, offset_key) = (scale_key(), offset_key());
+        ensure!(file.info(&scale_key)?.0 == StDtype::F32, "{origin}: `{scale_key}` must be f32");
+        ensure!(file.info(&offset_key)?.0 == StDtype::I32, "{origin}: `{offset_key}` must be i32");
+        let encoding =
+            ScaleOffset { scale: f32::from_le_bytes(one(&scale_key)?), offset: i32::from_le_bytes(one(&offset_key)?) };
         ensure!(
             encoding.scale.is_finite() && encoding.scale > 0.0,
-            "{origin}: `{SCALE}` is {}, expected a positive finite scale",
+            "{origin}: `{scale_key}` is {}, expected a positive finite scale",
             encoding.scale
         );
         Ok(EmbeddingTable { origin, file, vocab, hidden, encoding })

@@ -19,6 +19,7 @@ use std::time::Instant;
 use backend_cpu::quant::{rotate_checkpoint, QuantizedSubset, Rotation, TextEval};
 use backend_cpu::{CheckpointStore, CpuBackend};
 use checkpoint::SafetensorsCheckpoint;
+use mllm_dsl::ir::SpecParams;
 use mllm_dsl::module::ParamSource;
 use models::hf::HfConfig;
 
@@ -54,12 +55,12 @@ struct Group {
 fn groups(quantized: &SafetensorsCheckpoint) -> Vec<Group> {
     let keys = quantized.keys();
     let int8 = |op: &str| {
-        quantized.info(&format!("{op}.weight")).is_ok_and(|(d, _)| d == checkpoint::StDtype::I8)
-            && !quantized.contains(&format!("{op}.zero_point"))
+        quantized.info(&SpecParams::weight_key(op)).is_ok_and(|(d, _)| d == checkpoint::StDtype::I8)
+            && !quantized.contains(&SpecParams::zero_point_key(op))
     };
     let ops: Vec<String> = keys
         .iter()
-        .filter_map(|k| k.strip_suffix(".scale1").or_else(|| k.strip_suffix(".scale").filter(|op| int8(op))))
+        .filter_map(|k| SpecParams::lpbq_prefix_of(k).or_else(|| SpecParams::scale_prefix_of(k).filter(|op| int8(op))))
         .map(str::to_string)
         .collect();
     let family = |op: &str| op.rsplit('.').next().unwrap_or(op).to_string();

@@ -23,6 +23,7 @@ use checkpoint::{CheckpointError, SafetensorsCheckpoint, StDtype};
 use compiler::quant::int8_channel::Int8Channel;
 use compiler::quant::lpbq::{LpbqExport, LpbqShape, SCALE1_STEPS};
 use half::bf16;
+use mllm_dsl::ir::SpecParams;
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};
 use mllm_dsl::{BackendRef, Error, Result, Tensor};
 use models::hf::HfConfig;
@@ -122,8 +123,8 @@ impl CheckpointStore {
 
     /// `(scale, zero_point)` of a per-tensor uint16 tensor stored by pymllm.
     fn scale_zp(&self, req: &ParamRequest<'_>, prefix: &str) -> Result<(f32, i32)> {
-        let scale = self.f32(req, &format!("{prefix}.scale"))?;
-        let zp = self.ckpt.read_i32(&format!("{prefix}.zero_point")).map_err(|e| self.err(req, e))?;
+        let scale = self.f32(req, &SpecParams::scale_key(prefix))?;
+        let zp = self.ckpt.read_i32(&SpecParams::zero_point_key(prefix)).map_err(|e| self.err(req, e))?;
         match (scale.as_slice(), zp.as_slice()) {
             ([s], [z]) if *s > 0.0 && s.is_finite() => Ok((*s, *z)),
             _ => Err(Error::Weight {
@@ -295,8 +296,8 @@ impl CheckpointStore {
     /// `<op>.scale1`), checked; `None` when `key` is an LPBQ weight.
     fn int8_channel(&self, req: &ParamRequest<'_>, key: &str, cin: usize, cout: usize) -> Result<Option<Int8Channel>> {
         let prefix = key.trim_end_matches(".weight");
-        let scales_key = format!("{prefix}.scale");
-        if self.ckpt.contains(&format!("{prefix}.scale1")) || !self.ckpt.contains(&scales_key) {
+        let scales_key = SpecParams::scale_key(prefix);
+        if self.ckpt.contains(&SpecParams::lpbq_scale1_key(prefix)) || !self.ckpt.contains(&scales_key) {
             return Ok(None);
         }
         let scales = self.f32(req, &scales_key)?;
@@ -315,8 +316,8 @@ impl CheckpointStore {
         cout: usize,
     ) -> Result<(Vec<u8>, Vec<f32>, LpbqShape)> {
         let prefix = key.trim_end_matches(".weight");
-        let s1 = self.ckpt.read_u8(&format!("{prefix}.scale1")).map_err(|e| self.err(req, e))?;
-        let s2 = self.f32(req, &format!("{prefix}.scale2"))?;
+        let s1 = self.ckpt.read_u8(&SpecParams::lpbq_scale1_key(prefix)).map_err(|e| self.err(req, e))?;
+        let s2 = self.f32(req, &SpecParams::lpbq_scale2_key(prefix))?;
         let bad = |m: String| self.weight_error(req, m);
         // scale1 holds one value per block of every output channel: that fixes the block size.
         let blocks = s1.len().checked_div(cout).unwrap_or(0);

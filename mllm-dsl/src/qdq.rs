@@ -47,6 +47,9 @@ impl QdqKind {
     }
 }
 
+/// Suffix of a calibrated QDQ point's scale key.
+const FAKE_QUANT_SCALE: &str = ".fake_quant.scale";
+
 /// A resolved QDQ point: its kind and its full checkpoint key prefix.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QdqAttr {
@@ -60,7 +63,7 @@ impl QdqAttr {
     pub fn scale_key(&self) -> String {
         match self.kind {
             QdqKind::Global { .. } => format!("{}.scale", self.key),
-            _ => format!("{}.fake_quant.scale", self.key),
+            _ => format!("{}{FAKE_QUANT_SCALE}", self.key),
         }
     }
 
@@ -70,6 +73,12 @@ impl QdqAttr {
             QdqKind::Global { .. } => format!("{}.zero_point", self.key),
             _ => format!("{}.fake_quant.zero_point", self.key),
         }
+    }
+
+    /// Whether `key` is the checkpoint key of a calibrated QDQ point's scale
+    /// (`<key>.fake_quant.scale`, [`QdqAttr::scale_key`] of a non-global point).
+    pub fn is_calibrated_scale_key(key: &str) -> bool {
+        key.ends_with(FAKE_QUANT_SCALE)
     }
 
     /// Parameters fixed by the model itself (no checkpoint lookup needed).

@@ -26,7 +26,7 @@ use std::time::Instant;
 use compiler::aot_config::AotConfig;
 use compiler::quant::lpbq::LpbqShape;
 use mllm_dsl::files::write_json_atomic;
-use mllm_dsl::ir::{Node, Program};
+use mllm_dsl::ir::{Node, Program, SpecParams};
 
 use super::linear::{LinearExport, LinearQuantizer};
 use compiler::quant::uint16::export_u16;
@@ -37,9 +37,6 @@ use rayon::prelude::*;
 use super::error::QuantizationError;
 use super::params::QdqParams;
 use checkpoint::{write_safetensors_atomic, CheckpointError, SafetensorsCheckpoint, StDtype, TensorBytes};
-
-/// The suffix of an int8 linear's per-channel scales (`<op>.scale`, f32 `[Out]`).
-pub const INT8_SCALE_SUFFIX: &str = "scale";
 
 /// One model parameter and how it is exported.
 #[derive(Clone, Debug, PartialEq)]
@@ -319,14 +316,18 @@ fn quantize_param(
                 LinearExport::Lpbq(ex) => {
                     let n_blocks = ex.scale1.len();
                     out.push(OutTensor::new(key.clone(), hwio, TensorData::I8(ex.weight_hwio.clone())));
-                    out.push(OutTensor::new(format!("{op}.scale1"), vec![n_blocks], TensorData::U8(ex.scale1.clone())));
+                    out.push(OutTensor::new(
+                        SpecParams::lpbq_scale1_key(op),
+                        vec![n_blocks],
+                        TensorData::U8(ex.scale1.clone()),
+                    ));
                     let scale2 = TensorData::F32(ex.scale2.clone());
-                    out.push(OutTensor::new(format!("{op}.scale2"), vec![*out_features], scale2));
+                    out.push(OutTensor::new(SpecParams::lpbq_scale2_key(op), vec![*out_features], scale2));
                 }
                 LinearExport::Int8(ex) => {
                     out.push(OutTensor::new(key.clone(), hwio, TensorData::I8(ex.codes_hwio.clone())));
                     let scales = TensorData::F32(ex.scales.clone());
-                    out.push(OutTensor::new(format!("{op}.{INT8_SCALE_SUFFIX}"), vec![*out_features], scales));
+                    out.push(OutTensor::new(SpecParams::scale_key(op), vec![*out_features], scales));
                 }
             }
         }
@@ -336,8 +337,12 @@ fn quantize_param(
             }
             let w = quantize_u16_weight(data).map_err(|e| QuantizationError::quant(key.clone(), e))?;
             out.push(OutTensor::new(key.clone(), shape.clone(), TensorData::U16(w.codes)));
-            out.push(OutTensor::new(format!("{op}.scale"), vec![1], TensorData::F32(vec![w.params.scale])));
-            out.push(OutTensor::new(format!("{op}.zero_point"), vec![1], TensorData::I32(vec![w.params.zero_point])));
+            out.push(OutTensor::new(SpecParams::scale_key(op), vec![1], TensorData::F32(vec![w.params.scale])));
+            out.push(OutTensor::new(
+                SpecParams::zero_point_key(op),
+                vec![1],
+                TensorData::I32(vec![w.params.zero_point]),
+            ));
         }
         ParamPlan::Float { key, shape } => {
             if shape.iter().product::<usize>() != data.len() {

@@ -59,5 +59,7 @@ pub use subset::QuantizedSubset;
 /// Whether a checkpoint holds quantized weights (pymllm's export or this project's): it has
 /// activation QDQ parameters or LPBQ scales.
 pub fn is_quantized_checkpoint(ckpt: &checkpoint::SafetensorsCheckpoint) -> bool {
-    ckpt.keys().iter().any(|k| k.ends_with(".fake_quant.scale") || k.ends_with(".scale1"))
+    ckpt.keys()
+        .iter()
+        .any(|k| mllm_dsl::QdqAttr::is_calibrated_scale_key(k) || mllm_dsl::ir::SpecParams::lpbq_prefix_of(k).is_some())
 }

@@ -177,7 +177,7 @@ fn lpbq(
         return Err(fail(symbol, WeightProblem::SpecCounts { blocks, channels, dims_blocks: nb, dims_channels: cout }));
     }
     let shape = [1, 1, cin, cout];
-    let weight_key = SpecParams::lpbq_weight_key(from);
+    let weight_key = SpecParams::weight_key(from);
     check_stored(provider, &weight_key, DType::I8, &shape)?;
     let scale1_key = SpecParams::lpbq_scale1_key(from);
     let scale1 = stored(provider, &scale1_key, DType::U8, &[cout * nb])?;
@@ -231,13 +231,13 @@ fn int8_per_channel(
         let (found, expected) = (*channels, cout);
         return Err(fail(symbol, WeightProblem::ChannelScales { found, expected }));
     }
-    let weight_key = SpecParams::lpbq_weight_key(from);
+    let weight_key = SpecParams::weight_key(from);
     let codes = stored(provider, &weight_key, DType::I8, &[1, 1, inputs as usize, cout])?;
     if let Some(index) = codes.iter().position(|&b| !(quant_min..=quant_max).contains(&i32::from(b as i8))) {
         let code = codes[index] as i8;
         return Err(fail(&weight_key, WeightProblem::CodeRange { index, code, min: quant_min, max: quant_max }));
     }
-    let scales_key = SpecParams::channel_scales_key(from);
+    let scales_key = SpecParams::scale_key(from);
     let scales = provider.read_f32(&scales_key).map_err(|e| fail(&scales_key, e))?;
     if scales.len() != cout {
         return Err(fail(&scales_key, WeightProblem::ChannelScales { found: scales.len(), expected: cout }));

@@ -146,7 +146,7 @@ impl Ptq<'_> {
             QuantSpecKind::Lpbq { .. } if self.is_int8_linear(&prefix).map_err(|e| self.param_error(p, r, w, e))? => {
                 // A linear a mixed-precision recipe raised to 8 bits: per-channel int8 instead.
                 let ir_shape = p.value(w).ty.shape.clone();
-                let weight_key = SpecParams::lpbq_weight_key(&prefix);
+                let weight_key = SpecParams::weight_key(&prefix);
                 self.expect_tensor(p, r, w, &weight_key, DType::I8, Some(&ir_shape))?;
                 self.check_range(p, r, w, &weight_key, INT8_CODE_RANGE)?;
                 let channels = match ir_shape[..] {
@@ -156,14 +156,14 @@ impl Ptq<'_> {
                         return Err(self.op_error(p, r, w, m));
                     }
                 };
-                let scales_key = SpecParams::channel_scales_key(&prefix);
+                let scales_key = SpecParams::scale_key(&prefix);
                 self.expect_tensor(p, r, w, &scales_key, DType::F32, Some(&[channels]))?;
                 p.spec_mut(sid).kind = QuantSpecKind::int8_per_channel_hwio();
                 p.value_mut(w).ty.dtype = DType::I8;
                 SpecParams::PerChannel { from: prefix, channels }
             }
             QuantSpecKind::Lpbq { .. } => {
-                let weight_key = SpecParams::lpbq_weight_key(&prefix);
+                let weight_key = SpecParams::weight_key(&prefix);
                 let ir_shape = p.value(w).ty.shape.clone();
                 self.expect_tensor(p, r, w, &weight_key, DType::I8, Some(&ir_shape))?;
                 self.check_range(p, r, w, &weight_key, LPBQ_CODE_RANGE)?;
@@ -177,10 +177,10 @@ impl Ptq<'_> {
                 let ir_shape = p.value(w).ty.shape.clone();
                 self.expect_tensor(p, r, w, &symbol, DType::U16, Some(&ir_shape))?;
                 let err = |e| self.param_error(p, r, w, e);
-                let scale = self.params.scalar_f32(&format!("{prefix}.scale")).map_err(err)?;
-                let zero_point = self.params.scalar_i32(&format!("{prefix}.zero_point")).map_err(err)?;
+                let scale = self.params.scalar_f32(&SpecParams::scale_key(&prefix)).map_err(err)?;
+                let zero_point = self.params.scalar_i32(&SpecParams::zero_point_key(&prefix)).map_err(err)?;
                 QuantParams::new(scale, zero_point, quant_min, quant_max).map_err(|e| {
-                    self.param_error(p, r, w, self.params.error(&format!("{prefix}.scale"), e.to_string()))
+                    self.param_error(p, r, w, self.params.error(&SpecParams::scale_key(&prefix), e.to_string()))
                 })?;
                 SpecParams::PerTensor { scale, zero_point, from: prefix }
             }
@@ -196,8 +196,8 @@ impl Ptq<'_> {
         if self.params.tensor(&SpecParams::lpbq_scale1_key(prefix))?.is_some() {
             return Ok(false);
         }
-        let scales = self.params.tensor(&SpecParams::channel_scales_key(prefix))?;
-        let codes = self.params.tensor(&SpecParams::lpbq_weight_key(prefix))?;
+        let scales = self.params.tensor(&SpecParams::scale_key(prefix))?;
+        let codes = self.params.tensor(&SpecParams::weight_key(prefix))?;
         Ok(matches!((scales, codes), (Some(s), Some(c)) if s.dtype == DType::F32 && c.dtype == DType::I8))
     }
 

@@ -13,7 +13,7 @@ use crate::quant::spec::KV_ZERO_POINT;
 use mllm_dsl::dtype::DType;
 use mllm_dsl::ir::{LinalgOp, Node, Program, Region, SpecParams, ValueId};
 use mllm_dsl::op::OpKind;
-use mllm_dsl::qdq::QdqKind;
+use mllm_dsl::qdq::{QdqAttr, QdqKind};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 #[derive(Clone, Debug, Default)]
@@ -33,7 +33,7 @@ impl SyntheticParams {
             match (def.ty.dtype, sym.strip_suffix(".weight")) {
                 (DType::I4Lpbq, Some(prefix)) if shape.len() == 4 => {
                     let (cin, cout) = (shape[2], shape[3]);
-                    s.describe(&SpecParams::lpbq_weight_key(prefix), DType::I8, shape);
+                    s.describe(&SpecParams::weight_key(prefix), DType::I8, shape);
                     let blocks = cin / block_size.max(1);
                     s.describe(&SpecParams::lpbq_scale1_key(prefix), DType::U8, vec![cout * blocks]);
                     s.describe(&SpecParams::lpbq_scale2_key(prefix), DType::F32, vec![cout]);
@@ -42,7 +42,7 @@ impl SyntheticParams {
                     s.describe(sym, DType::U16, shape);
                     if let Some(prefix) = prefix {
                         let (scale, zp) = params_of(prefix);
-                        s.scalar(&format!("{prefix}.scale"), &format!("{prefix}.zero_point"), scale, zp);
+                        s.scalar(&SpecParams::scale_key(prefix), &SpecParams::zero_point_key(prefix), scale, zp);
                     }
                 }
                 (dtype, _) => s.describe(sym, dtype, shape),
@@ -61,7 +61,8 @@ impl SyntheticParams {
         for (key, kind) in &points {
             let (scale, zp) = params_of(root.get(key.as_str()).copied().unwrap_or(key));
             let zp = if *kind == QdqKind::KvCache { KV_ZERO_POINT } else { zp };
-            s.scalar(&format!("{key}.fake_quant.scale"), &format!("{key}.fake_quant.zero_point"), scale, zp);
+            let point = QdqAttr { kind: kind.clone(), key: key.clone() };
+            s.scalar(&point.scale_key(), &point.zero_point_key(), scale, zp);
         }
         s
     }

@@ -316,8 +316,8 @@ pub enum SpecParams {
 }
 
 impl SpecParams {
-    /// Checkpoint key of an LPBQ weight's codes.
-    pub fn lpbq_weight_key(prefix: &str) -> String {
+    /// Checkpoint key of a quantized weight's codes (LPBQ int4 or per-channel int8).
+    pub fn weight_key(prefix: &str) -> String {
         format!("{prefix}.weight")
     }
 
@@ -331,9 +331,25 @@ impl SpecParams {
         format!("{prefix}.scale2")
     }
 
-    /// Checkpoint key of a per-channel int8 weight's float channel scales.
-    pub fn channel_scales_key(prefix: &str) -> String {
+    /// Checkpoint key of a weight's float scales: a per-channel int8 weight's channel scales, or a
+    /// per-tensor uint16 weight's one scale.
+    pub fn scale_key(prefix: &str) -> String {
         format!("{prefix}.scale")
+    }
+
+    /// Checkpoint key of a per-tensor uint16 weight's zero point.
+    pub fn zero_point_key(prefix: &str) -> String {
+        format!("{prefix}.zero_point")
+    }
+
+    /// The weight prefix of an LPBQ weight's block-scale key ([`SpecParams::lpbq_scale1_key`]).
+    pub fn lpbq_prefix_of(key: &str) -> Option<&str> {
+        key.strip_suffix(".scale1")
+    }
+
+    /// The weight prefix of a scale key ([`SpecParams::scale_key`]).
+    pub fn scale_prefix_of(key: &str) -> Option<&str> {
+        key.strip_suffix(".scale")
     }
 
     /// Printed as an attribute list after the kind.
