@@ -129,7 +129,9 @@ pub enum MllmBlocker {
          mllm's runtime runs one context length for both of its graphs (QnnAOTConfig.hpp:16, KVCacheManager.cpp:17)"
     )]
     ContextLengths { first: String, first_ctx: usize, second: String, second_ctx: usize },
-    #[error("no context binary was built (Qualcomm's libraries were not found, or the run was asked not to build one)")]
+    #[error(
+        "no context binary was built (Qualcomm's libraries were not found, or the run was asked not to build one)"
+    )]
     NoContextBinary,
     #[error(
         "mllm's runtime does not run on x86: its QNN allocator opens libcdsprpc.so (QNNAllocator.cpp:16-18) and \
@@ -683,7 +685,10 @@ mod tests {
         let e = refuse_for_mllm(&plan(3, &[32, 1], false)).unwrap_err();
         assert!(e.to_string().starts_with("AotOptions::target_runtime mllm refuses AotOptions::sink_prefix: "), "{e}");
         let e = refuse_for_mllm(&plan(0, &[32, 8], false)).unwrap_err();
-        assert!(e.to_string().contains("AotOptions::chunks 32 AotOptions::chunks 8 without AotOptions::chunks 1"), "{e}");
+        assert!(
+            e.to_string().contains("AotOptions::chunks 32 AotOptions::chunks 8 without AotOptions::chunks 1"),
+            "{e}"
+        );
         let e = refuse_for_mllm(&plan(0, &[32, 1], true)).unwrap_err();
         assert!(e.to_string().contains("AotOptions::context_binary off"), "{e}");
         let mut p = plan(2, &[32, 1], false);

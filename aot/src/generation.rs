@@ -87,8 +87,8 @@ pub fn run(
         .with_context(|| format!("GenerateRequest::target {}: expected sm8650 (v75) or sm8750 (v79)", req.target))?;
     if let Some(path) = &req.logits_out {
         // Every file of the model directory (and the context binary) is an input.
-        let listing =
-            std::fs::read_dir(&req.model).with_context(|| format!("listing GenerateRequest::model {}", req.model.display()))?;
+        let listing = std::fs::read_dir(&req.model)
+            .with_context(|| format!("listing GenerateRequest::model {}", req.model.display()))?;
         let mut inputs: Vec<PathBuf> = listing.filter_map(|e| e.ok().map(|e| e.path())).collect();
         inputs.extend(req.qnn_context.clone());
         mllm_dsl::files::ensure_not_input(path, &inputs).context("GenerateRequest::logits_out")?;

@@ -122,7 +122,10 @@ mod tests {
         let ok = RunSizes { max_positions: 1024, context: 1024, chunk: 32 };
         ok.check(&c, 1 << 30).unwrap();
         let err = RunSizes { context: 2048, ..ok }.check(&c, 1 << 30).unwrap_err();
-        assert!(err.to_string().contains("RunSizes::context 2048 must be at most RunSizes::max_positions 1024"), "{err}");
+        assert!(
+            err.to_string().contains("RunSizes::context 2048 must be at most RunSizes::max_positions 1024"),
+            "{err}"
+        );
         let err = RunSizes { chunk: 4096, ..ok }.check(&c, 1 << 30).unwrap_err();
         assert!(err.to_string().contains("RunSizes::chunk 4096"), "{err}");
         for huge in [1usize << 62, 1_000_000_000] {

@@ -326,11 +326,7 @@ impl Runner {
         ));
         let model = ShardedChunkModel::open(api, shards, embedding)?;
         let chunks = model.chunk_lens();
-        ensure!(
-            chunks.contains(&chunk),
-            "{} has graphs for chunks {chunks:?}, not for chunk {chunk}",
-            path.display()
-        );
+        ensure!(chunks.contains(&chunk), "{} has graphs for chunks {chunks:?}, not for chunk {chunk}", path.display());
         let ctx = model.layout().context_len;
         ensure!(ctx == context, "{} was built for context {ctx}, not {context}", path.display());
         ensure!(

@@ -23,7 +23,9 @@ pub fn sink_prefix_ids(specs: &[String], model_dir: &Path, vocab_size: usize) ->
     let mut ids = Vec::with_capacity(specs.len());
     for spec in specs {
         let id = match spec.strip_prefix("id:") {
-            Some(n) => n.parse::<i64>().with_context(|| format!("Recipe::sink_prefix {spec}: `{n}` is not a token id"))?,
+            Some(n) => {
+                n.parse::<i64>().with_context(|| format!("Recipe::sink_prefix {spec}: `{n}` is not a token id"))?
+            }
             None => {
                 if tokenizer.is_none() {
                     tokenizer = Some(

@@ -315,7 +315,11 @@ fn target_runtime_mllm_refuses_what_mllm_cannot_run_before_any_work() {
     assert!(e.starts_with("AotOptions::target_runtime mllm refuses AotOptions::sink_prefix: "), "{e}");
     assert!(e.contains("KVCacheManager.cpp"), "{e}");
     let e = refused(AotOptions { chunks: vec![32, 8], ..mllm() });
-    assert!(e.contains("AotOptions::chunks 32 AotOptions::chunks 8 without AotOptions::chunks 1") && e.contains("model.0.s1"), "{e}");
+    assert!(
+        e.contains("AotOptions::chunks 32 AotOptions::chunks 8 without AotOptions::chunks 1")
+            && e.contains("model.0.s1"),
+        "{e}"
+    );
     let e = refused(AotOptions { context_binary: aot::ContextBinary::Off, ..mllm() });
     assert!(e.contains("AotOptions::context_binary off"), "{e}");
     // A quantized checkpoint that ships a prefix: the refusal names --quantized.

@@ -229,7 +229,10 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
                         })?);
                     }
                 }
-                ensure!(!opts.calibration.is_empty(), "no calibration sequences (AscendOptions::weight_method needs them)");
+                ensure!(
+                    !opts.calibration.is_empty(),
+                    "no calibration sequences (AscendOptions::weight_method needs them)"
+                );
                 let hook = Arc::new(InputStatsHook::new(&inputs, depth));
                 run_calibration(opts, &src_dir, &src_hf, hook.clone(), "input statistics")?;
                 Some(Arc::new(hook.finish()?))
