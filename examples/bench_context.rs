@@ -67,7 +67,10 @@ struct Args {
 fn main() -> Result<()> {
     // A shard build child (`--build-shard JOB`) runs its job and exits here.
     aot::shard_build::child_main_if_requested();
-    let args = Args::parse();
+    bench(Args::parse()).map_err(mllm_examples::with_flag_names)
+}
+
+fn bench(args: Args) -> Result<()> {
     let shape =
         shape_by_name(&args.shape).with_context(|| format!("--shape {}: expected 0.6b, 1.7b, 4b or 8b", args.shape))?;
     let layers = args.layers.unwrap_or(shape.layers);

@@ -89,7 +89,10 @@ struct Args {
 }
 
 fn main() -> Result<()> {
-    let mut args = Args::parse();
+    run(Args::parse()).map_err(|e| mllm_examples::with_names(e, mllm_examples::EXPORT_ASCEND_FLAG_NAMES))
+}
+
+fn run(mut args: Args) -> Result<()> {
     args.model = aot::resolve_model(&args.model)?;
     backend_cpu::kernels::set_num_threads(args.flags.threads)?;
     let quant_type: QuantType = args.quant_type.parse()?;

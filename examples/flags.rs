@@ -78,30 +78,75 @@ impl RecipeFlags {
 }
 
 /// The library's names of its options as they appear in its errors, and the flag of each on the
-/// command line: the library names a field (`AotOptions::sink_prefix`) or a value
-/// (`ModelSource::Float`), the mains say `--sink-prefix` or `--model`.
+/// command line of `qwen3_aot`, `quantize` and `perplexity`: the library names a field
+/// (`AotOptions::sink_prefix`) or a value (`ModelSource::Float`), the mains say `--sink-prefix` or
+/// `--model`.
 pub const FLAG_NAMES: &[(&str, &str)] = &[
     ("AotOptions::calibration", "--calib-ids FILE or --calib-text FILE"),
+    ("AotOptions::chunks", "--chunk"),
     ("AotOptions::context_binary", "--context-binary"),
     ("AotOptions::context_lens", "--context-len"),
     ("AotOptions::shards", "--shards"),
     ("AotOptions::sink_prefix", "--sink-prefix"),
     ("AotOptions::target_runtime", "--target-runtime"),
+    ("AutoLimits::max_context_bytes", "--max-context-bytes"),
+    ("AutoLimits::max_memory", "--max-memory"),
     ("CalibrationMode::MllmCompatible", "--mllm-compatible"),
+    ("GraphFamily::chunks", "--chunk"),
+    ("GraphFamily::contexts", "--context-len"),
     ("ModelSource::Float", "--model"),
     ("ModelSource::Quantized", "--quantized"),
     ("QuantizeOptions::rotation", "--rotation"),
     ("QuantizeOptions::sink_prefix", "--sink-prefix"),
     ("QuantizeOptions::weight_budget", "--weight-budget"),
+    ("Recipe::sink_prefix", "--sink-prefix"),
+    ("RunSizes::chunk", "--chunk"),
+    ("RunSizes::context", "--context-len"),
+    ("RunSizes::max_positions", "--max-positions"),
 ];
 
-/// `err` as the command line says it: every option name of [`FLAG_NAMES`] in its chain replaced by
-/// its flag (the chain's layers kept; `err` itself when it names no option).
+/// [`FLAG_NAMES`] for `generate`, whose request is [`aot::GenerateRequest`] and whose run sizes
+/// come from `--chunk` and `--context` alone (the RoPE tables cover the context).
+pub const GENERATE_FLAG_NAMES: &[(&str, &str)] = &[
+    ("GenerateRequest::chunks", "--chunk"),
+    ("GenerateRequest::contexts", "--context"),
+    ("GenerateRequest::logits_out", "--logits-out"),
+    ("GenerateRequest::max_new_tokens", "--max-new-tokens"),
+    ("GenerateRequest::model", "--model"),
+    ("GenerateRequest::qnn_context", "--qnn-context"),
+    ("GenerateRequest::qnn_emulate", "--qnn-emulate"),
+    ("GenerateRequest::target", "--target"),
+    ("GenerateRequest::temperature", "--temperature"),
+    ("GraphFamily::chunks", "--chunk"),
+    ("GraphFamily::contexts", "--context"),
+    ("RunSizes::chunk", "--chunk"),
+    ("RunSizes::context", "--context"),
+    ("RunSizes::max_positions", "RoPE positions"),
+];
+
+/// [`FLAG_NAMES`] for `export_ascend`, whose options are [`aot::ascend::AscendOptions`].
+pub const EXPORT_ASCEND_FLAG_NAMES: &[(&str, &str)] = &[
+    ("AscendOptions::float_patterns", "--float"),
+    ("AscendOptions::group_size", "--group-size"),
+    ("AscendOptions::kv_c8", "--kv-c8"),
+    ("AscendOptions::quant_type", "--quant-type"),
+    ("AscendOptions::weight_method", "--weight-method"),
+];
+
+/// `err` as `qwen3_aot`, `quantize` and `perplexity` say it: [`with_names`] of [`FLAG_NAMES`].
 pub fn with_flag_names(err: impl Into<anyhow::Error>) -> anyhow::Error {
+    with_names(err, FLAG_NAMES)
+}
+
+/// `err` as the command line says it: every option name of `names` in its chain replaced by its
+/// flag, longer names first (the chain's layers kept; `err` itself when it names no option).
+pub fn with_names(err: impl Into<anyhow::Error>, names: &[(&str, &str)]) -> anyhow::Error {
     let err = err.into();
+    let mut names = names.to_vec();
+    names.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
     let layers: Vec<String> = err.chain().map(|e| e.to_string()).collect();
     let mapped: Vec<String> =
-        layers.iter().map(|l| FLAG_NAMES.iter().fold(l.clone(), |l, (name, flag)| l.replace(name, flag))).collect();
+        layers.iter().map(|l| names.iter().fold(l.clone(), |l, (name, flag)| l.replace(name, flag))).collect();
     if mapped == layers {
         return err;
     }

@@ -166,5 +166,13 @@ pub fn run_generate_io(
 ) -> Result<Vec<String>> {
     let mut request = args.request();
     request.model = aot::resolve_model(&request.model)?;
-    Ok(aot::generation::run(&request, input, output, stream)?)
+    let model = request.model.display().to_string();
+    let mut loaded = |runner: &aot::Runner| {
+        if runner.fake_quant {
+            eprintln!("{model}: quantized checkpoint, running in fake-quant mode (--float to disable)");
+        }
+        runner.notes.iter().for_each(|note| eprintln!("{note}"));
+    };
+    aot::generation::run(&request, input, output, stream, &mut loaded)
+        .map_err(|e| mllm_examples::with_names(e, mllm_examples::GENERATE_FLAG_NAMES))
 }

@@ -68,7 +68,10 @@ struct Args {
 }
 
 fn main() -> Result<()> {
-    let mut args = Args::parse();
+    run(Args::parse()).map_err(mllm_examples::with_flag_names)
+}
+
+fn run(mut args: Args) -> Result<()> {
     args.model = aot::resolve_model(&args.model)?;
     backend_cpu::kernels::set_num_threads(args.flags.threads)?;
     let hf = HfConfig::from_dir(&args.model)?;

@@ -121,7 +121,8 @@ fn main() -> Result<()> {
         weight_method: recipe.weight_method,
         act_ranges: recipe.act_ranges,
         rotation: recipe.rotation,
-        sink_prefix: aot::sink_prefix_ids(&recipe.sink_prefix, &args.model, hf.vocab_size)?,
+        sink_prefix: aot::sink_prefix_ids(&recipe.sink_prefix, &args.model, hf.vocab_size)
+            .map_err(mllm_examples::with_flag_names)?,
         weight_budget: recipe.weight_budget,
     };
     let outcome = quantize(&opts).map_err(mllm_examples::with_flag_names)?;

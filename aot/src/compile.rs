@@ -304,7 +304,7 @@ pub fn compile_family(dir: &Path, family: &GraphFamily) -> Result<Vec<CompiledGr
     for &context in family.contexts() {
         ensure!(
             context <= max_positions,
-            "--context {context} exceeds the checkpoint's {max_positions} RoPE positions"
+            "context length {context} exceeds the checkpoint's {max_positions} RoPE positions"
         );
     }
     let (aot, _) = load_aot_config(None, &hf)?;

@@ -51,7 +51,7 @@ pub enum TargetRuntime {
 
 /// A `--target-runtime` value other than `any` or `mllm`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown --target-runtime `{name}`; expected any or mllm")]
+#[error("unknown target runtime `{name}`; expected any or mllm")]
 pub struct UnknownTargetRuntime {
     pub name: String,
 }
@@ -129,7 +129,9 @@ pub enum MllmBlocker {
          mllm's runtime runs one context length for both of its graphs (QnnAOTConfig.hpp:16, KVCacheManager.cpp:17)"
     )]
     ContextLengths { first: String, first_ctx: usize, second: String, second_ctx: usize },
-    #[error("no context binary was built (Qualcomm's libraries were not found, or --context-binary off)")]
+    #[error(
+        "no context binary was built (Qualcomm's libraries were not found, or the run was asked not to build one)"
+    )]
     NoContextBinary,
     #[error(
         "mllm's runtime does not run on x86: its QNN allocator opens libcdsprpc.so (QNNAllocator.cpp:16-18) and \
@@ -204,6 +206,7 @@ fn mllm_notes(traits: &ArtifactTraits) -> Vec<String> {
     let prefill: Vec<usize> =
         traits.graphs.iter().filter_map(|g| mllm_graph_chunk(&g.name)).filter(|&ar| ar > 1).collect();
     let ctx = traits.graphs.iter().find(|g| g.name == MLLM_DECODE_GRAPH).map_or(0, |g| g.context_len);
+    // `--ar_len` is a flag of mllm's own `aot_run` mains, which its users pass.
     let ar = match prefill.as_slice() {
         [] => "--ar_len 1 (no prefill graph but model.0.s1)".to_string(),
         [one] => format!("--ar_len {one}"),
@@ -243,7 +246,8 @@ pub fn where_it_runs(traits: &ArtifactTraits, contract: Option<&[String]>) -> Ve
     }
     let prefix_note = (traits.sink_prefix > 0).then(|| {
         format!(
-            "preloads the {}-position attention-sink prefix saved beside the quantized checkpoint (pass it as --model)",
+            "preloads the {}-position attention-sink prefix saved beside the quantized checkpoint (run it with that \
+             checkpoint as its model)",
             traits.sink_prefix
         )
     });
@@ -269,14 +273,16 @@ pub fn where_it_runs(traits: &ArtifactTraits, contract: Option<&[String]>) -> Ve
         n => (
             format!("qnn/context_<i>_of_{n}.bin"),
             format!("qnn/context_<i>_of_{n}.x86.bin"),
-            "<dir of the shards>",
+            "the directory of the shards",
             "qnn/",
         ),
     };
     let mut ours_device_notes = vec![format!(
-        "on the phone: `generate --qnn-context {device_arg}` built for aarch64-linux-android (docs/deploy.md)"
+        "on the phone: `generate` built for aarch64-linux-android, given {device_arg} as its context binary \
+         (docs/deploy.md)"
     )];
-    let mut ours_x86_notes = vec![format!("on x86: `generate --qnn-context {x86_arg}` on Qualcomm's HTP emulation")];
+    let mut ours_x86_notes =
+        vec![format!("on x86: `generate` given {x86_arg} as its context binary, on Qualcomm's HTP emulation")];
     if traits.shards > 1 {
         let table = format!(
             "with qnn/{} beside the shards: the token embedding, gathered on the CPU",
@@ -310,7 +316,7 @@ pub fn where_it_runs(traits: &ArtifactTraits, contract: Option<&[String]>) -> Ve
 
 /// `qwen3_aot --target-runtime mllm` refusing an option, before any work.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("--target-runtime mllm refuses {option}: {blocker}")]
+#[error("AotOptions::target_runtime mllm refuses {option}: {blocker}")]
 pub struct TargetRuntimeRefusal {
     /// The option (and value) that would leave mllm's runtime unable to run the result.
     pub option: String,
@@ -335,7 +341,7 @@ pub struct PlannedRun {
 pub fn refuse_for_mllm(plan: &PlannedRun) -> Result<(), TargetRuntimeRefusal> {
     if plan.context_binary_off {
         return Err(TargetRuntimeRefusal {
-            option: "--context-binary off".into(),
+            option: "AotOptions::context_binary off".into(),
             blocker: MllmBlocker::NoContextBinary,
         });
     }
@@ -346,17 +352,17 @@ pub fn refuse_for_mllm(plan: &PlannedRun) -> Result<(), TargetRuntimeRefusal> {
         eos_ids: Vec::new(),
         context_binary: true,
     };
-    let chunks = || plan.graphs.iter().map(|g| format!("--chunk {}", g.chunk)).collect::<Vec<_>>().join(" ");
+    let chunks = || plan.graphs.iter().map(|g| format!("AotOptions::chunks {}", g.chunk)).collect::<Vec<_>>().join(" ");
     match mllm_blockers(&traits).into_iter().next() {
         None => Ok(()),
         Some(blocker) => {
             let option = match &blocker {
                 MllmBlocker::SinkPrefix { .. } if plan.prefix_from_checkpoint => {
-                    "--quantized (its checkpoint ships an attention-sink prefix)".to_string()
+                    "ModelSource::Quantized (its checkpoint ships an attention-sink prefix)".to_string()
                 }
-                MllmBlocker::SinkPrefix { .. } => "--sink-prefix".into(),
+                MllmBlocker::SinkPrefix { .. } => "AotOptions::sink_prefix".into(),
                 MllmBlocker::Shards { count } => format!("{count} shards"),
-                MllmBlocker::NoDecodeGraph => format!("{} without --chunk 1", chunks()),
+                MllmBlocker::NoDecodeGraph => format!("{} without AotOptions::chunks 1", chunks()),
                 MllmBlocker::ContextLengths { .. } => "a graph family of several context lengths".into(),
                 _ => "these options".into(),
             };
@@ -677,14 +683,17 @@ mod tests {
         assert!(refuse_for_mllm(&plan(0, &[32, 1], false)).is_ok());
         assert!(refuse_for_mllm(&plan(0, &[1], false)).is_ok());
         let e = refuse_for_mllm(&plan(3, &[32, 1], false)).unwrap_err();
-        assert!(e.to_string().starts_with("--target-runtime mllm refuses --sink-prefix: "), "{e}");
+        assert!(e.to_string().starts_with("AotOptions::target_runtime mllm refuses AotOptions::sink_prefix: "), "{e}");
         let e = refuse_for_mllm(&plan(0, &[32, 8], false)).unwrap_err();
-        assert!(e.to_string().contains("--chunk 32 --chunk 8 without --chunk 1"), "{e}");
+        assert!(
+            e.to_string().contains("AotOptions::chunks 32 AotOptions::chunks 8 without AotOptions::chunks 1"),
+            "{e}"
+        );
         let e = refuse_for_mllm(&plan(0, &[32, 1], true)).unwrap_err();
-        assert!(e.to_string().contains("--context-binary off"), "{e}");
+        assert!(e.to_string().contains("AotOptions::context_binary off"), "{e}");
         let mut p = plan(2, &[32, 1], false);
         p.prefix_from_checkpoint = true;
-        assert!(refuse_for_mllm(&p).unwrap_err().to_string().contains("--quantized"));
+        assert!(refuse_for_mllm(&p).unwrap_err().to_string().contains("ModelSource::Quantized"));
         let mut p = plan(0, &[32, 1], false);
         p.shards = 3;
         assert!(refuse_for_mllm(&p).unwrap_err().to_string().contains("3 shards"));

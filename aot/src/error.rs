@@ -222,9 +222,9 @@ mod tests {
 
     #[test]
     fn context_messages_hold_the_whole_chain_and_keep_the_typed_cause() {
-        let inner: Result<()> = Err(AotError::invalid("`--chunk` 0 must be at least 1"));
+        let inner: Result<()> = Err(AotError::invalid("AotOptions::chunks 0 must be at least 1"));
         let err = inner.context("checking the arguments").context("qwen3_aot").unwrap_err();
-        assert_eq!(err.to_string(), "qwen3_aot: checking the arguments: `--chunk` 0 must be at least 1");
+        assert_eq!(err.to_string(), "qwen3_aot: checking the arguments: AotOptions::chunks 0 must be at least 1");
         let AotError::Step { cause, .. } = &err else { panic!("{err:?}") };
         assert!(matches!(&**cause, AotError::Step { cause, .. } if matches!(**cause, AotError::Invalid(_))));
         let missing: Result<u8> = None.context("no graph `model.0.s1`");

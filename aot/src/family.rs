@@ -41,7 +41,7 @@ pub enum GraphNaming {
 
 /// A `--graph-names` value other than mllm or genie.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown --graph-names `{0}`; expected mllm or genie")]
+#[error("unknown graph naming `{0}`; expected mllm or genie")]
 pub struct UnknownNaming(pub String);
 
 impl std::str::FromStr for GraphNaming {
@@ -58,18 +58,18 @@ impl std::str::FromStr for GraphNaming {
 /// Why a family was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FamilyError {
-    #[error("no chunk size: pass --chunk N at least once")]
+    #[error("no chunk size: GraphFamily::chunks needs at least one")]
     NoChunk,
-    #[error("no context length: pass --context-len N at least once")]
+    #[error("no context length: GraphFamily::contexts needs at least one")]
     NoContext,
-    #[error("--chunk must be at least 1")]
+    #[error("GraphFamily::chunks 0: a chunk must be at least 1")]
     ZeroChunk,
-    #[error("--chunk {0} is given twice")]
+    #[error("GraphFamily::chunks {0} is given twice")]
     DuplicateChunk(usize),
-    #[error("--context-len {0} is given twice")]
+    #[error("GraphFamily::contexts {0} is given twice")]
     DuplicateContext(usize),
     #[error(
-        "--chunk {chunk} must be smaller than the context length {context_len} (--context-len, generate's --context): \
+        "GraphFamily::chunks {chunk} must be smaller than the context length {context_len} (GraphFamily::contexts): \
          the rest of the context is the K/V cache"
     )]
     ChunkNotBelowContext { chunk: usize, context_len: usize },
@@ -301,7 +301,7 @@ mod tests {
         assert_eq!(e, FamilyError::DuplicateChunk(32));
         let e = GraphFamily::new(&[512, 1], &[4096, 512], GraphNaming::Mllm).unwrap_err();
         assert_eq!(e, FamilyError::ChunkNotBelowContext { chunk: 512, context_len: 512 });
-        assert!(e.to_string().contains("--chunk 512 must be smaller than the context length 512"), "{e}");
+        assert!(e.to_string().contains("GraphFamily::chunks 512 must be smaller than the context length 512"), "{e}");
         assert_eq!(
             GraphFamily::new(&[1], &[64, 64], GraphNaming::Mllm).unwrap_err(),
             FamilyError::DuplicateContext(64)

@@ -19,8 +19,8 @@ use crate::load::RunMode;
 use crate::runner::Runner;
 use backend_qnn::cost::HtpPerf;
 
-/// What to generate from and how; the `generate` example's arguments (errors name them as
-/// `--flag`s), documented there.
+/// What to generate from and how; the `generate` example's arguments, documented there (errors
+/// name the fields, `GenerateRequest::chunks`).
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
     pub model: PathBuf,
@@ -53,16 +53,18 @@ pub struct GenerateRequest {
 
 /// Runs `req` and returns the lines the command prints (`ids: …`, `text: …`, timings), reading
 /// chat turns from `input` (--chat without --prompt) and, with `stream`, writing the generated
-/// text to `output` as it is produced (then left out of the lines). Notes go to stderr.
+/// text to `output` as it is produced (then left out of the lines). `loaded` sees the runner once
+/// the model is loaded, before anything is generated (to tell its notes).
 pub fn run(
     req: &GenerateRequest,
     input: &mut dyn BufRead,
     output: &mut dyn Write,
     stream: bool,
+    loaded: &mut dyn FnMut(&Runner),
 ) -> Result<Vec<String>> {
     let (chunk, context) = match (req.chunks.first(), req.contexts.first()) {
         (Some(&chunk), Some(&context)) => (chunk, context),
-        _ => bail!("pass --chunk and --context at least once each"),
+        _ => bail!("GenerateRequest::chunks and GenerateRequest::contexts need at least one value each"),
     };
     let selecting = req.select || req.chunks.len() > 1 || req.contexts.len() > 1;
     let family = if selecting {
@@ -73,25 +75,27 @@ pub fn run(
         Some(GraphFamily::new(&chunks, &req.contexts, GraphNaming::Mllm)?)
     } else {
         if chunk == 0 || chunk >= context {
-            bail!("--chunk {chunk} must be at least 1 and smaller than --context {context}");
+            bail!(
+                "GenerateRequest::chunks {chunk} must be at least 1 and smaller than GenerateRequest::contexts {context}"
+            );
         }
         None
     };
     // The largest context the run may reach.
     let context = family.as_ref().and_then(|f| f.contexts().last().copied()).unwrap_or(context);
     let target = HtpPerf::by_name(&req.target)
-        .with_context(|| format!("--target {}: expected sm8650 (v75) or sm8750 (v79)", req.target))?;
+        .with_context(|| format!("GenerateRequest::target {}: expected sm8650 (v75) or sm8750 (v79)", req.target))?;
     if let Some(path) = &req.logits_out {
         // Every file of the model directory (and the context binary) is an input.
-        let listing =
-            std::fs::read_dir(&req.model).with_context(|| format!("listing --model {}", req.model.display()))?;
+        let listing = std::fs::read_dir(&req.model)
+            .with_context(|| format!("listing GenerateRequest::model {}", req.model.display()))?;
         let mut inputs: Vec<PathBuf> = listing.filter_map(|e| e.ok().map(|e| e.path())).collect();
         inputs.extend(req.qnn_context.clone());
-        mllm_dsl::files::ensure_not_input(path, &inputs).context("--logits-out")?;
+        mllm_dsl::files::ensure_not_input(path, &inputs).context("GenerateRequest::logits_out")?;
     }
     // 0 is greedy; anything else (NaN, negative, inf included) goes to the sampler's checks.
     if req.temperature != 0.0 && !(req.temperature.is_finite() && req.temperature > 0.0) {
-        bail!("--temperature {} must be 0 (greedy) or a finite value > 0", req.temperature);
+        bail!("GenerateRequest::temperature {} must be 0 (greedy) or a finite value > 0", req.temperature);
     }
     // Sizes checked against each other, the config and the machine's memory before loading.
     let largest_chunk = req.chunks.iter().copied().max().unwrap_or(chunk);
@@ -124,7 +128,7 @@ pub fn run(
         runner.select(menu)?;
     }
     let load_s = t0.elapsed().as_secs_f64();
-    runner.notes.iter().for_each(|note| eprintln!("{note}"));
+    loaded(&runner);
     let tokenizer =
         (req.prompt.is_some() || req.chat).then(|| crate::sequences::load_tokenizer(&req.model)).transpose()?;
     let template = req.chat.then(|| load_chat_template(&req.model)).transpose()?;
@@ -191,7 +195,8 @@ fn fits_in_context(prompt: &[u32], new: usize, context: usize) -> Result<()> {
     let wanted = len.saturating_add(new);
     ensure!(
         wanted <= context,
-        "the prompt ({len} tokens) + --max-new-tokens {new} = {wanted} tokens do not fit in --context {context}"
+        "the prompt ({len} tokens) + GenerateRequest::max_new_tokens {new} = {wanted} tokens do not fit in \
+         GenerateRequest::contexts {context}"
     );
     Ok(())
 }

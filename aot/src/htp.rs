@@ -43,7 +43,7 @@ pub enum ContextBinary {
 
 /// A `--context-binary` value other than auto, on or off.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown --context-binary `{name}`; expected auto, on or off")]
+#[error("unknown context binary setting `{name}`; expected auto, on or off")]
 pub struct UnknownContextBinary {
     pub name: String,
 }

@@ -326,7 +326,7 @@ mod tests {
         assert_eq!("0.10".parse::<WeightBudget>().unwrap().fraction(), 0.10);
         for bad in ["-0.1", "1.5", "NaN", "inf", "10%", "ten", ""] {
             let e = bad.parse::<WeightBudget>().unwrap_err().to_string();
-            assert!(e.contains("--weight-budget") && e.contains(&format!("`{bad}`")), "{bad}: {e}");
+            assert!(e.contains("weight budget") && e.contains(&format!("`{bad}`")), "{bad}: {e}");
         }
     }
 }

@@ -174,7 +174,7 @@ impl Chosen {
 pub enum RecipeError {
     #[error("unknown recipe `{name}` (recipes: mllm, rtn, recommended)")]
     Unknown { name: String },
-    #[error("--weight-budget `{value}`: {reason}")]
+    #[error("weight budget `{value}`: {reason}")]
     WeightBudget { value: String, reason: String },
     #[error(
         "recipe `mllm` is pymllm's recipe bit for bit: its {setting} is {mllm}, not {asked}; use recipe `rtn` (pymllm's \

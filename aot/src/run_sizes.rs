@@ -3,7 +3,7 @@
 
 use models::hf::{limits, HfConfig};
 
-/// Why a run's sizes were refused; every variant names the arguments and values.
+/// Why a run's sizes were refused; every variant names the fields and values.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum RunSizeError {
     #[error("{arg} is {value}; expected {expected}")]
@@ -11,7 +11,7 @@ pub enum RunSizeError {
     #[error("{arg} {value} must be at most {other_arg} {other}: {why}")]
     Order { arg: &'static str, value: usize, other_arg: &'static str, other: usize, why: &'static str },
     #[error(
-        "--context {context} with --max-positions {positions} and chunk {chunk} needs about {needed} bytes for the \
+        "RunSizes::context {context} with RunSizes::max_positions {positions} and RunSizes::chunk {chunk} needs about {needed} bytes for the \
          KV cache, RoPE tables, mask and attention scores of {model}, more than the {available} bytes of memory \
          available"
     )]
@@ -40,23 +40,23 @@ impl RunSizes {
             }
             Ok(())
         };
-        range("--context", context)?;
-        range("--max-positions", max_positions)?;
-        range("--chunk", chunk)?;
+        range("RunSizes::context", context)?;
+        range("RunSizes::max_positions", max_positions)?;
+        range("RunSizes::chunk", chunk)?;
         if chunk > context {
             return Err(RunSizeError::Order {
-                arg: "--chunk",
+                arg: "RunSizes::chunk",
                 value: chunk,
-                other_arg: "--context",
+                other_arg: "RunSizes::context",
                 other: context,
                 why: "a chunk's rows must fit in the context",
             });
         }
         if context > max_positions {
             return Err(RunSizeError::Order {
-                arg: "--context",
+                arg: "RunSizes::context",
                 value: context,
-                other_arg: "--max-positions",
+                other_arg: "RunSizes::max_positions",
                 other: max_positions,
                 why: "every position of the context needs a RoPE table row",
             });
@@ -122,16 +122,19 @@ mod tests {
         let ok = RunSizes { max_positions: 1024, context: 1024, chunk: 32 };
         ok.check(&c, 1 << 30).unwrap();
         let err = RunSizes { context: 2048, ..ok }.check(&c, 1 << 30).unwrap_err();
-        assert!(err.to_string().contains("--context 2048 must be at most --max-positions 1024"), "{err}");
+        assert!(
+            err.to_string().contains("RunSizes::context 2048 must be at most RunSizes::max_positions 1024"),
+            "{err}"
+        );
         let err = RunSizes { chunk: 4096, ..ok }.check(&c, 1 << 30).unwrap_err();
-        assert!(err.to_string().contains("--chunk 4096"), "{err}");
+        assert!(err.to_string().contains("RunSizes::chunk 4096"), "{err}");
         for huge in [1usize << 62, 1_000_000_000] {
             let err = RunSizes { max_positions: huge, context: huge, chunk: 32 }.check(&c, u64::MAX).unwrap_err();
             assert!(matches!(err, RunSizeError::OutOfRange { .. }), "{err}");
             assert!(err.to_string().contains(&huge.to_string()), "{err}");
         }
         let err = RunSizes { chunk: 0, ..ok }.check(&c, 1 << 30).unwrap_err();
-        assert!(err.to_string().contains("--chunk is 0"), "{err}");
+        assert!(err.to_string().contains("RunSizes::chunk is 0"), "{err}");
     }
 
     #[test]

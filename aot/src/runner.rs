@@ -36,9 +36,12 @@ enum RunnerGenerator {
 /// its generator, so it can answer several turns.
 pub struct Runner {
     pub config: HfConfig,
-    /// What the user should know about how it was loaded (fake-quant mode, unused tensors, graphs
-    /// lowered again for their I/O encodings).
+    /// What the user should know about how it was loaded (unused tensors, graphs lowered again for
+    /// their I/O encodings).
     pub notes: Vec<String>,
+    /// A quantized checkpoint on the CPU with its QDQ points on (fake-quant mode): a command line
+    /// says so with its way to turn them off.
+    pub fake_quant: bool,
     generator: RunnerGenerator,
 }
 
@@ -47,12 +50,6 @@ impl Runner {
     pub fn cpu(dir: &Path, context: usize, mode: RunMode) -> Result<Runner> {
         let loaded = load_model(dir, context, mode)?;
         let mut notes = Vec::new();
-        if loaded.fake_quant {
-            notes.push(format!(
-                "{}: quantized checkpoint, running in fake-quant mode (--float to disable)",
-                dir.display()
-            ));
-        }
         if !loaded.unused.is_empty() {
             let (n, keys) = (loaded.unused.len(), loaded.unused.join(", "));
             notes.push(format!("warning: {n} checkpoint tensors were not used: {keys}"));
@@ -62,7 +59,7 @@ impl Runner {
             generator.set_prefix(prefix.into_kv_prefix())?;
         }
         let generator = RunnerGenerator::Cpu(Box::new(generator));
-        Ok(Runner { config: loaded.config, notes, generator })
+        Ok(Runner { config: loaded.config, notes, generator, fake_quant: loaded.fake_quant })
     }
 
     /// The context binary at `binary`, built from the quantized checkpoint `dir` with graphs for
@@ -72,7 +69,8 @@ impl Runner {
         if is_shard_set(binary) {
             ensure!(
                 !emulate,
-                "{}: a set of shard binaries runs on Qualcomm's HTP backend; --qnn-emulate takes one context binary",
+                "{}: a set of shard binaries runs on Qualcomm's HTP backend; GenerateRequest::qnn_emulate takes one context \
+                 binary",
                 binary.display()
             );
             return Runner::shard_set(dir, binary, chunk, context);
@@ -84,7 +82,7 @@ impl Runner {
             let graphs = lower_for_context(dir, chunk, context)?;
             let model = QnnChunkModel::emulated(graphs, &bytes).with_context(what)?;
             let generator = RunnerGenerator::Emulated(Box::new(with_prefix(model, dir, &mut notes)?));
-            return Ok(Runner { config, notes, generator });
+            return Ok(Runner { config, notes, generator, fake_quant: false });
         }
         // The graph I/O (and its encodings) comes from the binary's metadata; only when that lacks
         // scale/offsets are the graphs lowered again from `dir` to supply them.
@@ -105,13 +103,13 @@ impl Runner {
         let chunks = model.chunk_lens();
         ensure!(
             chunks.contains(&chunk),
-            "{} has graphs for chunks {chunks:?}, not for --chunk {chunk}",
+            "{} has graphs for chunks {chunks:?}, not for chunk {chunk}",
             binary.display()
         );
         let ctx = model.layout().context_len;
-        ensure!(ctx == context, "{} was built for context {ctx}, not --context {context}", binary.display());
+        ensure!(ctx == context, "{} was built for context {ctx}, not {context}", binary.display());
         let generator = RunnerGenerator::Sdk(Box::new(with_prefix(model, dir, &mut notes)?));
-        Ok(Runner { config, notes, generator })
+        Ok(Runner { config, notes, generator, fake_quant: false })
     }
 
     /// The context binary at `binary`, built from the quantized checkpoint `dir` with every graph
@@ -129,7 +127,7 @@ impl Runner {
             let names: Vec<String> = model.graph_shapes().into_iter().map(|(n, _, _)| n).collect();
             family.check_graph_set(&source, &names)?;
             let generator = RunnerGenerator::Emulated(Box::new(with_prefix(model, dir, &mut notes)?));
-            return Ok(Runner { config, notes, generator });
+            return Ok(Runner { config, notes, generator, fake_quant: false });
         }
         let model = match backend_qnn::sdk::open_context_binary_with_sdk(&bytes, None) {
             Err(SdkError::Model(QnnModelError::MissingEncoding { .. })) => {
@@ -142,7 +140,7 @@ impl Runner {
         let names: Vec<String> = model.graph_shapes().into_iter().map(|(n, _, _)| n).collect();
         family.check_graph_set(&source, &names)?;
         let generator = RunnerGenerator::Sdk(Box::new(with_prefix(model, dir, &mut notes)?));
-        Ok(Runner { config, notes, generator })
+        Ok(Runner { config, notes, generator, fake_quant: false })
     }
 
     /// From now on every step runs on the graph of `menu` of least modelled cost
@@ -252,7 +250,7 @@ impl Runner {
     /// is refused, naming the file, when a shard is missing, extra, or from another build.
     pub fn shard_set(dir: &Path, path: &Path, chunk: usize, context: usize) -> Result<Runner> {
         let paths = backend_qnn::sdk::check_sdk_libraries()
-            .context("--qnn-context runs the shard binaries on Qualcomm's HTP backend (x86: its emulation)")?;
+            .context("shard binaries run on Qualcomm's HTP backend (x86: its emulation)")?;
         let x86 = cfg!(target_arch = "x86_64");
         let files = shard_set_files(path, x86).map_err(|e| match x86 {
             true => AotError::invalid(format!(
@@ -328,13 +326,9 @@ impl Runner {
         ));
         let model = ShardedChunkModel::open(api, shards, embedding)?;
         let chunks = model.chunk_lens();
-        ensure!(
-            chunks.contains(&chunk),
-            "{} has graphs for chunks {chunks:?}, not for --chunk {chunk}",
-            path.display()
-        );
+        ensure!(chunks.contains(&chunk), "{} has graphs for chunks {chunks:?}, not for chunk {chunk}", path.display());
         let ctx = model.layout().context_len;
-        ensure!(ctx == context, "{} was built for context {ctx}, not --context {context}", path.display());
+        ensure!(ctx == context, "{} was built for context {ctx}, not {context}", path.display());
         ensure!(
             model.layout().num_layers == config.num_hidden_layers,
             "{} holds {} layers, {} has {}",
@@ -353,7 +347,7 @@ impl Runner {
             generator.set_prefix(prefix)?;
         }
         let generator = RunnerGenerator::Sharded(Box::new(generator));
-        Ok(Runner { config, notes, generator })
+        Ok(Runner { config, notes, generator, fake_quant: false })
     }
 }
 
@@ -401,8 +395,8 @@ fn read_binary(dir: &Path, binary: &Path, emulate: bool) -> Result<(HfConfig, Ve
     if !emulate {
         // Before reading anything: without Qualcomm's libraries say how to get them.
         backend_qnn::sdk::check_sdk_libraries().context(
-            "--qnn-context runs the binary on Qualcomm's HTP backend (x86: its emulation); or add --qnn-emulate to run \
-             it on backend-qnn's interpreter",
+            "GenerateRequest::qnn_context runs the binary on Qualcomm's HTP backend (x86: its emulation); or add \
+             GenerateRequest::qnn_emulate to run it on backend-qnn's interpreter",
         )?;
         refuse_shared_binary_on_x86(binary)?;
     }

@@ -68,15 +68,15 @@ pub fn part_of(name: &str) -> Part {
 /// Why shards could not be planned or cut.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ShardError {
-    #[error("--shards 0: a model needs at least one shard")]
+    #[error("0 shards: a model needs at least one shard")]
     Zero,
     #[error(
-        "--shards {shards} is more than the model's {layers} decoder layers (every shard holds at least one layer)"
+        "{shards} shards are more than the model's {layers} decoder layers (every shard holds at least one layer)"
     )]
     MoreShardsThanLayers { shards: usize, layers: usize },
     #[error(
         "shard {shard} of {count} (layers {first}..={last}{extra}) holds {bytes} static bytes, more than \
-         --max-context-bytes {limit}; no cut of the layers fits (one layer is {layer_bytes} bytes)"
+         AutoLimits::max_context_bytes {limit}; no cut of the layers fits (one layer is {layer_bytes} bytes)"
     )]
     ShardTooLarge {
         shard: usize,
@@ -90,7 +90,7 @@ pub enum ShardError {
     },
     #[error(
         "the largest shard's build needs ~{need} bytes ({factor}x its {bytes} static bytes in Qualcomm's backend) \
-         even at {shards} shards (one per layer), more than --max-memory {budget}"
+         even at {shards} shards (one per layer), more than AutoLimits::max_memory {budget}"
     )]
     MemoryTooSmall { need: u64, factor: f64, bytes: u64, shards: usize, budget: u64 },
     #[error("the model has no decoder layer parameters (`model.layers.<l>.*`)")]
@@ -424,7 +424,7 @@ pub fn plan_auto(bytes: &ModelBytes, limits: &AutoLimits, max_jobs: usize) -> Re
         let need = build_memory(largest, limits.factor);
         if largest > limits.max_context_bytes {
             reasons.push(format!(
-                "{n} shard(s): largest {:.0} MB static > --max-context-bytes {:.0} MB",
+                "{n} shard(s): largest {:.0} MB static > the per-binary limit {:.0} MB",
                 mb(largest),
                 mb(limits.max_context_bytes)
             ));
@@ -473,9 +473,9 @@ pub enum ShardCount {
 /// A `--shards` value that is neither a positive count nor `auto`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ShardCountError {
-    #[error("--shards 0: a model needs at least one shard (a count >= 1, or auto)")]
+    #[error("0 shards: a model needs at least one shard (a count >= 1, or auto)")]
     Zero,
-    #[error("--shards `{0}`: expected a count >= 1 or auto")]
+    #[error("shard count `{0}`: expected a count >= 1 or auto")]
     Unknown(String),
 }
 
@@ -512,7 +512,7 @@ pub fn plan_shards(
             let fit = (limits.max_memory / need.max(1)) as usize;
             let jobs = fit.clamp(1, max_jobs.max(1)).min(n);
             let reasons = vec![format!(
-                "--shards {n}: largest {:.0} MB static, its build ~{:.0} MB; {jobs} build(s) at once {} the memory \
+                "{n} shard(s), the count asked for: largest {:.0} MB static, its build ~{:.0} MB; {jobs} build(s) at once {} the memory \
                  budget {:.0} MB",
                 plan.largest().static_bytes as f64 / 1e6,
                 need as f64 / 1e6,
@@ -524,7 +524,10 @@ pub fn plan_shards(
     };
     if let Some(j) = jobs {
         auto.jobs = j.max(1);
-        auto.reasons.push(format!("--jobs {}: {} build(s) at once", j, auto.jobs));
+        auto.reasons.push(match j == auto.jobs {
+            true => format!("{j} build(s) at once, as asked for"),
+            false => format!("{} build(s) at once ({j} asked for)", auto.jobs),
+        });
     }
     Ok(auto)
 }
@@ -864,7 +867,7 @@ mod tests {
         let limits = AutoLimits { max_context_bytes: 100, max_memory: u64::MAX, factor: 7.0 };
         let e = plan_auto(&b, &limits, 1).unwrap_err();
         assert!(matches!(e, ShardError::ShardTooLarge { shard: 1, .. }), "{e}");
-        assert!(e.to_string().contains("--max-context-bytes 100"), "{e}");
+        assert!(e.to_string().contains("AutoLimits::max_context_bytes 100"), "{e}");
         let limits = AutoLimits { max_context_bytes: u64::MAX, max_memory: 10, factor: 7.0 };
         assert!(matches!(plan_auto(&b, &limits, 1), Err(ShardError::MemoryTooSmall { .. })));
     }

@@ -87,7 +87,7 @@ impl ShardBench {
             mb(self.bytes.shared)
         );
         out += &format!(
-            "memory budget {:.0} MB (available {:.0} MB); --max-context-bytes {:.0} MB\n",
+            "memory budget {:.0} MB (available {:.0} MB); per-binary limit {:.0} MB\n",
             mb(self.memory_budget),
             mb(self.available),
             mb(self.max_context_bytes)

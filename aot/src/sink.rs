@@ -12,8 +12,9 @@ use models::io::{kv_qdq, KvCache};
 
 use crate::load::open_model;
 
-/// The token ids of `--sink-prefix` values, `None` for no values: each a token of the model's
-/// vocabulary as the tokenizer spells it (`<|endoftext|>`) or `id:N`, checked against `vocab_size`.
+/// The token ids of a recipe's sink prefix ([`crate::Recipe::sink_prefix`], which errors name),
+/// `None` for no values: each a token of the model's vocabulary as the tokenizer spells it
+/// (`<|endoftext|>`) or `id:N`, checked against `vocab_size`.
 pub fn sink_prefix_ids(specs: &[String], model_dir: &Path, vocab_size: usize) -> Result<Option<Vec<i64>>> {
     if specs.is_empty() {
         return Ok(None);
@@ -22,19 +23,21 @@ pub fn sink_prefix_ids(specs: &[String], model_dir: &Path, vocab_size: usize) ->
     let mut ids = Vec::with_capacity(specs.len());
     for spec in specs {
         let id = match spec.strip_prefix("id:") {
-            Some(n) => n.parse::<i64>().with_context(|| format!("--sink-prefix {spec}: `{n}` is not a token id"))?,
+            Some(n) => {
+                n.parse::<i64>().with_context(|| format!("Recipe::sink_prefix {spec}: `{n}` is not a token id"))?
+            }
             None => {
                 if tokenizer.is_none() {
                     tokenizer = Some(
                         crate::sequences::load_tokenizer(model_dir)
-                            .with_context(|| format!("--sink-prefix {spec} names a token by its text"))?,
+                            .with_context(|| format!("Recipe::sink_prefix {spec} names a token by its text"))?,
                     );
                 }
                 let tok = tokenizer.as_ref().expect("loaded above");
                 match tok.token_to_id(spec) {
                     Some(id) => i64::from(id),
                     None => bail!(
-                        "--sink-prefix {spec}: no such token in {}/tokenizer.json (give one token as the tokenizer \
+                        "Recipe::sink_prefix {spec}: no such token in {}/tokenizer.json (give one token as the tokenizer \
                          spells it, e.g. <|endoftext|>, or id:N)",
                         model_dir.display()
                     ),
@@ -43,7 +46,7 @@ pub fn sink_prefix_ids(specs: &[String], model_dir: &Path, vocab_size: usize) ->
         };
         ensure!(
             (0..vocab_size as i64).contains(&id),
-            "--sink-prefix {spec}: token id {id} is outside the vocabulary 0..{vocab_size}"
+            "Recipe::sink_prefix {spec}: token id {id} is outside the vocabulary 0..{vocab_size}"
         );
         ids.push(id);
     }

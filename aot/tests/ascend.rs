@@ -548,11 +548,14 @@ fn per_group_options_that_cannot_apply_are_named_errors() {
     let mut opts = options(QuantType::W8A8Dynamic, false, &out);
     opts.group_size = 16;
     let e = export_ascend(&opts).unwrap_err();
-    assert!(matches!(ascend_error(&e), AscendError::Argument(m) if m.contains("--group-size 16")), "{e}");
+    assert!(matches!(ascend_error(&e), AscendError::Argument(m) if m.contains("AscendOptions::group_size 16")), "{e}");
     let mut opts = options(QuantType::W4A8Dynamic, false, &out);
     opts.weight_method = backend_cpu::quant::WeightMethod::Gptq;
     let e = export_ascend(&opts).unwrap_err();
-    assert!(matches!(ascend_error(&e), AscendError::Argument(m) if m.contains("--weight-method gptq")), "{e}");
+    assert!(
+        matches!(ascend_error(&e), AscendError::Argument(m) if m.contains("AscendOptions::weight_method gptq")),
+        "{e}"
+    );
     assert!(!out.exists(), "a refused export wrote {}", out.display());
 }
 

@@ -312,12 +312,16 @@ fn target_runtime_mllm_refuses_what_mllm_cannot_run_before_any_work() {
     };
     let mllm = || AotOptions { target_runtime: TargetRuntime::Mllm, ..AotOptions::embedded(&out) };
     let e = refused(AotOptions { sink_prefix: vec!["id:1".into()], ..mllm() });
-    assert!(e.starts_with("--target-runtime mllm refuses --sink-prefix: "), "{e}");
+    assert!(e.starts_with("AotOptions::target_runtime mllm refuses AotOptions::sink_prefix: "), "{e}");
     assert!(e.contains("KVCacheManager.cpp"), "{e}");
     let e = refused(AotOptions { chunks: vec![32, 8], ..mllm() });
-    assert!(e.contains("--chunk 32 --chunk 8 without --chunk 1") && e.contains("model.0.s1"), "{e}");
+    assert!(
+        e.contains("AotOptions::chunks 32 AotOptions::chunks 8 without AotOptions::chunks 1")
+            && e.contains("model.0.s1"),
+        "{e}"
+    );
     let e = refused(AotOptions { context_binary: aot::ContextBinary::Off, ..mllm() });
-    assert!(e.contains("--context-binary off"), "{e}");
+    assert!(e.contains("AotOptions::context_binary off"), "{e}");
     // A quantized checkpoint that ships a prefix: the refusal names --quantized.
     let quantized = tmp.path().join("quantized");
     copy_dir(&fixture("pymllm-qwen3-dev-f32"), &quantized);
@@ -337,7 +341,7 @@ fn target_runtime_mllm_refuses_what_mllm_cannot_run_before_any_work() {
         .expect("the quantized checkpoint holds its prefix file");
     std::fs::copy(&prefix_file, quantized.join(prefix_file.file_name().unwrap())).unwrap();
     let e = refused(AotOptions { source: ModelSource::Quantized(quantized), ..mllm() });
-    assert!(e.starts_with("--target-runtime mllm refuses --quantized"), "{e}");
+    assert!(e.starts_with("AotOptions::target_runtime mllm refuses ModelSource::Quantized"), "{e}");
 }
 
 fn fixture(rel: &str) -> PathBuf {

@@ -12,7 +12,7 @@ pub enum AscendError {
     #[error(
         "{linear}: W4A8_DYNAMIC's scale_bias depends on whether the linear is column-parallel (q/k/v/gate/up \
          projections) or row-parallel (o/down projections), which msModelSlim tells by its name; `{linear}` is \
-         neither — keep it FLOAT with --float"
+         neither — keep it FLOAT with AscendOptions::float_patterns"
     )]
     UnknownParallelism { linear: String },
     #[error(

@@ -101,7 +101,7 @@ pub fn assign_types(
     for p in patterns {
         if !linears.iter().any(|l| pattern_matches(p, &l.name)) {
             return Err(AscendError::PatternMatchesNothing {
-                argument: "--float".into(),
+                argument: "AscendOptions::float_patterns".into(),
                 pattern: p.clone(),
                 linears: linears.len(),
                 example: linears.first().map_or(String::new(), |l| l.name.clone()),
@@ -154,7 +154,7 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
     let kv = if opts.kv_c8 { kv_points(&program) } else { Vec::new() };
     ensure!(
         !opts.kv_c8 || !kv.is_empty(),
-        "--kv-c8: the model file of {} has no KV-cache QDQ point",
+        "AscendOptions::kv_c8: the model file of {} has no KV-cache QDQ point",
         opts.model.display()
     );
 
@@ -162,7 +162,7 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
     let grouped = opts.group_size > 0;
     if grouped && opts.quant_type != QuantType::W4A8Dynamic {
         return Err(AscendError::Argument(format!(
-            "--group-size {}: per-group weights are W4A8_DYNAMIC's; --quant-type is {}",
+            "AscendOptions::group_size {}: per-group weights are W4A8_DYNAMIC's; AscendOptions::quant_type is {}",
             opts.group_size,
             opts.quant_type.tag()
         ))
@@ -170,8 +170,8 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
     }
     if !grouped && opts.weight_method != WeightMethod::Rtn {
         return Err(AscendError::Argument(format!(
-            "--weight-method {}: only per-group W4A8_DYNAMIC weights (--group-size G) are chosen by a weight \
-             method; per-channel weights are msModelSlim's round-to-nearest",
+            "AscendOptions::weight_method {}: only per-group W4A8_DYNAMIC weights (AscendOptions::group_size G) are \
+             chosen by a weight method; per-channel weights are msModelSlim's round-to-nearest",
             opts.weight_method.name()
         ))
         .into());
@@ -229,7 +229,10 @@ fn export_into(hf: &HfConfig, opts: &AscendOptions, out: &Path) -> Result<Ascend
                         })?);
                     }
                 }
-                ensure!(!opts.calibration.is_empty(), "no calibration sequences (--weight-method needs them)");
+                ensure!(
+                    !opts.calibration.is_empty(),
+                    "no calibration sequences (AscendOptions::weight_method needs them)"
+                );
                 let hook = Arc::new(InputStatsHook::new(&inputs, depth));
                 run_calibration(opts, &src_dir, &src_hf, hook.clone(), "input statistics")?;
                 Some(Arc::new(hook.finish()?))

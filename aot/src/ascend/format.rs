@@ -115,7 +115,7 @@ impl QuantType {
 impl std::str::FromStr for QuantType {
     type Err = AscendError;
     fn from_str(s: &str) -> Result<Self, AscendError> {
-        QuantType::parse(s, "--quant-type")
+        QuantType::parse(s, "AscendOptions::quant_type")
     }
 }
 
@@ -602,8 +602,8 @@ mod tests {
 
     #[test]
     fn unknown_tags_and_unpackable_dims_are_named_errors() {
-        let e = QuantType::parse("W3A8", "--quant-type").unwrap_err();
-        assert!(e.to_string().contains("W3A8") && e.to_string().contains("--quant-type"), "{e}");
+        let e = "W3A8".parse::<QuantType>().unwrap_err();
+        assert!(e.to_string().contains("W3A8") && e.to_string().contains("AscendOptions::quant_type"), "{e}");
         let w = vec![0.5f32; 3 * 4];
         let lin =
             FloatLinear { name: "m.layers.0.mlp.up_proj", out_features: 3, in_features: 4, weight: &w, bias: None };
