@@ -51,7 +51,7 @@ fn both_graphs_go_into_one_weight_sharing_context_in_order() {
     let listed = render::parse_fake_context_binary(&binary).expect("a fake context binary");
     assert_eq!(render::fake_context_binary(&listed), binary, "listing round trip");
     let without_ids: Vec<FakeGraph> =
-        listed.iter().cloned().map(|g| FakeGraph { io: g.io.without_ids(), nodes: g.nodes }).collect();
+        listed.iter().cloned().map(|g| FakeGraph { io: g.io.without_ids(), ..g }).collect();
     let fake: Vec<FakeGraph> =
         graphs.iter().map(|g| FakeGraph { io: GraphIo::from_graph(g).unwrap(), nodes: g.nodes.len() as u32 }).collect();
     assert_eq!(without_ids, fake);

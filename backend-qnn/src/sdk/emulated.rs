@@ -80,8 +80,8 @@ impl QnnExecApi for EmulatedHtp {
             refuse(F, format!("not a context binary this emulator reads (no `{FAKE_BINARY_MAGIC}` listing)"))
         })?;
         let mut held = Vec::new();
-        for listed in listed {
-            let graph = FakeGraph { io: listed.io.without_ids(), nodes: listed.nodes };
+        for graph in listed {
+            let graph = FakeGraph { io: graph.io.without_ids(), ..graph };
             let index = self.graphs.iter().position(|g| g.name == graph.io.name).ok_or_else(|| {
                 refuse(
                     F,

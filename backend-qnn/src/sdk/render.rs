@@ -353,4 +353,17 @@ mod tests {
         );
         assert_eq!(&scale_offsets_bytes(&so[..1]), &[0, 0, 0x80, 0x3f, 0xff, 0xff, 0xff, 0xff]);
     }
+
+    #[test]
+    fn a_listing_without_ids_round_trips() {
+        let t = |id| IoTensor { id, name: "x".into(), dtype: DataType::Int32, dims: vec![1, 4], quant: None };
+        let graph =
+            FakeGraph { io: GraphIo { name: "g".into(), inputs: vec![t(None)], outputs: vec![t(Some(3))] }, nodes: 1 };
+        let binary = fake_context_binary(std::slice::from_ref(&graph));
+        assert_eq!(
+            binary,
+            format!("{FAKE_BINARY_MAGIC}\ngraph g nodes=1\nin - x INT_32 1x4\nout 3 x INT_32 1x4\n").as_bytes()
+        );
+        assert_eq!(parse_fake_context_binary(&binary), Some(vec![graph]));
+    }
 }

@@ -224,3 +224,25 @@ unsafe fn copy_info(info: &b::QnnSystemContext_BinaryInfo_t) -> Result<BinaryInf
         .collect::<Result<Vec<_>, _>>()?;
     Ok(BinaryInfo { graphs })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unmodelled_data_type_is_refused_by_name_and_value() {
+        // SAFETY: an all-zero tensor struct is valid plain data (null pointers, zero counts).
+        let mut t: b::Qnn_Tensor_t = unsafe { std::mem::zeroed() };
+        t.version = 2 as _;
+        let name = c"x";
+        // SAFETY: version 2 makes `v2` the active member.
+        let v2 = unsafe { &mut t.__bindgen_anon_1.v2 };
+        v2.name = name.as_ptr();
+        v2.dataType = 0x0208 as _;
+        // SAFETY: one tensor whose name outlives the call.
+        let err = unsafe { tensors(&t, 1) }.unwrap_err();
+        let source = MetadataError::UnknownDataType { tensor: "x".into(), raw: 0x0208 };
+        assert_eq!(err, ApiError::Metadata { source });
+        assert!(err.to_string().contains("`x` has data type 0x0208"), "{err}");
+    }
+}
