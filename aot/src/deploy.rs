@@ -16,8 +16,7 @@
 
 use std::fmt::Write as _;
 
-use backend_qnn::sdk::ffi::{GraphInfo, TensorInfo};
-use backend_qnn::{DataType, ScaleOffset};
+use backend_qnn::{DataType, GraphIo, IoTensor, ScaleOffset};
 
 /// A runtime that can run a context binary on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -389,7 +388,7 @@ pub const MLLM_KV_OFFSET: i32 = -128;
 /// mllm's runtime contract for `shape`: every input and output in binding order, its data type,
 /// dimensions (or element count where mllm's buffer only fixes that) and encoding. Returns each
 /// violation as a sentence naming the tensor.
-pub fn check_mllm_graph(graph: &GraphInfo, shape: &MllmModelShape) -> Vec<String> {
+pub fn check_mllm_graph(graph: &GraphIo, shape: &MllmModelShape) -> Vec<String> {
     let mut bad = Vec::new();
     let Some(ar) = mllm_graph_chunk(&graph.name) else {
         return vec![format!("graph `{}` is not named model.0.s<ar> (PromptProcessor.cpp:18)", graph.name)];
@@ -414,17 +413,14 @@ pub fn check_mllm_graph(graph: &GraphInfo, shape: &MllmModelShape) -> Vec<String
         ));
     }
     let mut expect =
-        |list: &[TensorInfo], kind: &str, i: usize, name: &str, dtype: DataType, dims: &[u32], line: &str| {
+        |list: &[IoTensor], kind: &str, i: usize, name: &str, dtype: DataType, dims: &[u32], line: &str| {
             let Some(t) = list.get(i) else { return };
             let mut wrong = Vec::new();
             if t.name != name {
                 wrong.push(format!("named `{}` (mllm names its buffer `{name}`)", t.name));
             }
-            if t.dtype != Some(dtype) {
-                wrong.push(format!(
-                    "{} instead of {dtype}",
-                    t.dtype.map_or("an unmodelled type".into(), |x| x.to_string())
-                ));
+            if t.dtype != dtype {
+                wrong.push(format!("{} instead of {dtype}", t.dtype));
             }
             if t.dims != dims {
                 wrong.push(format!("dims {:?} instead of {dims:?}", t.dims));
@@ -490,7 +486,7 @@ pub fn check_mllm_graph(graph: &GraphInfo, shape: &MllmModelShape) -> Vec<String
         let numel: u64 = logits.dims.iter().map(|&x| u64::from(x)).product();
         let positive = logits.quant.is_some_and(|so| so.scale > 0.0);
         if logits.name != "logits"
-            || logits.dtype != Some(DataType::UFixedPoint16)
+            || logits.dtype != DataType::UFixedPoint16
             || numel != (ar * shape.vocab_size) as u64
             || logits.dims.last() != Some(&(shape.vocab_size as u32))
             || !positive
@@ -499,7 +495,7 @@ pub fn check_mllm_graph(graph: &GraphInfo, shape: &MllmModelShape) -> Vec<String
                 "graph `{g}` output 0 `{}`: {} {:?} {:?}; mllm reads `logits` as {ar} x {} UFIXED_POINT_16 codes with a \
                  positive scale (PromptProcessor.cpp:68, QnnAOTModule.cpp:17-21)",
                 logits.name,
-                logits.dtype.map_or("an unmodelled type".into(), |x| x.to_string()),
+                logits.dtype,
                 logits.dims,
                 logits.quant,
                 shape.vocab_size
@@ -528,9 +524,9 @@ pub fn check_mllm_graph(graph: &GraphInfo, shape: &MllmModelShape) -> Vec<String
 /// prefill graph `model.0.s<ar>` each checked ([`check_mllm_graph`]), and the K/V encodings equal
 /// across graphs, since prefill and decode share one cache buffer per layer
 /// (PromptProcessor.cpp:49, TokenGenerator.cpp:44).
-pub fn check_mllm_contract(graphs: &[GraphInfo], shape: &MllmModelShape) -> Vec<String> {
+pub fn check_mllm_contract(graphs: &[GraphIo], shape: &MllmModelShape) -> Vec<String> {
     let mut bad = Vec::new();
-    let reachable: Vec<&GraphInfo> = graphs.iter().filter(|g| mllm_graph_chunk(&g.name).is_some()).collect();
+    let reachable: Vec<&GraphIo> = graphs.iter().filter(|g| mllm_graph_chunk(&g.name).is_some()).collect();
     let Some(decode) = reachable.iter().find(|g| g.name == MLLM_DECODE_GRAPH) else {
         return vec![MllmBlocker::NoDecodeGraph.to_string()];
     };
@@ -538,7 +534,7 @@ pub fn check_mllm_contract(graphs: &[GraphInfo], shape: &MllmModelShape) -> Vec<
         bad.extend(check_mllm_graph(g, shape));
     }
     for g in reachable.iter().filter(|g| g.name != MLLM_DECODE_GRAPH) {
-        let kv_encoding = |g: &GraphInfo, i: usize| g.inputs.get(3 + i).and_then(|t| t.quant);
+        let kv_encoding = |g: &GraphIo, i: usize| g.inputs.get(3 + i).and_then(|t| t.quant);
         for i in 0..2 * shape.num_layers {
             let (a, b) = (kv_encoding(g, i), kv_encoding(decode, i));
             if a != b {
@@ -699,12 +695,12 @@ mod tests {
         assert!(refuse_for_mllm(&p).unwrap_err().to_string().contains("3 shards"));
     }
 
-    fn tensor(name: &str, dtype: DataType, dims: &[u32], quant: Option<ScaleOffset>) -> TensorInfo {
-        TensorInfo { id: 0, name: name.into(), dtype: Some(dtype), dims: dims.to_vec(), quant }
+    fn tensor(name: &str, dtype: DataType, dims: &[u32], quant: Option<ScaleOffset>) -> IoTensor {
+        IoTensor { id: None, name: name.into(), dtype, dims: dims.to_vec(), quant }
     }
 
     /// The graph mllm's runtime expects, for 2 layers, H 1, D 4, context 8, vocab 5.
-    fn contract_graph(ar: u32) -> GraphInfo {
+    fn contract_graph(ar: u32) -> GraphIo {
         let (ctx, past) = (8u32, 8 - ar);
         let kv = Some(ScaleOffset { scale: 0.05, offset: -128 });
         let mut inputs = vec![
@@ -725,7 +721,7 @@ mod tests {
                 outputs.push(tensor(&format!("present_{kind}_{l}"), DataType::UFixedPoint8, &n, kv));
             }
         }
-        GraphInfo { name: format!("model.0.s{ar}"), inputs, outputs }
+        GraphIo { name: format!("model.0.s{ar}"), inputs, outputs }
     }
 
     const SHAPE: MllmModelShape =
@@ -735,7 +731,7 @@ mod tests {
     fn the_contract_check_passes_the_contract_and_names_each_deviation() {
         let pair = [contract_graph(4), contract_graph(1)];
         assert_eq!(check_mllm_contract(&pair, &SHAPE), Vec::<String>::new());
-        let one = |f: &dyn Fn(&mut GraphInfo)| {
+        let one = |f: &dyn Fn(&mut GraphIo)| {
             let mut g = [contract_graph(4), contract_graph(1)];
             f(&mut g[0]);
             check_mllm_contract(&g, &SHAPE)
@@ -744,7 +740,7 @@ mod tests {
         let v = one(&|g| g.outputs[1].dims = vec![1, 1, 4, 8]);
         assert!(v.len() == 1 && v[0].contains("output 1") && v[0].contains("[1, 1, 4, 4]"), "{v:?}");
         // float logits.
-        let v = one(&|g| g.outputs[0].dtype = Some(DataType::Float32));
+        let v = one(&|g| g.outputs[0].dtype = DataType::Float32);
         assert!(v.len() == 1 && v[0].contains("`logits`"), "{v:?}");
         // V before K: binding by position puts the wrong buffers in.
         let v = one(&|g| g.inputs.swap(3, 5));

@@ -269,10 +269,10 @@ impl Runner {
             let info = info.with_context(|| format!("reading the metadata of {}", f.display()))?;
             read.push((f, binary, info));
         }
-        let from_metadata: Result<Vec<Vec<GraphIo>>, QnnModelError> =
-            read.iter().map(|(_, _, info)| info.graphs.iter().map(GraphIo::from_info).collect()).collect();
-        let ios = match from_metadata {
-            Ok(ios) => ios,
+        let encodings: Result<(), QnnModelError> =
+            read.iter().flat_map(|(_, _, info)| &info.graphs).try_for_each(GraphIo::check_encodings);
+        let ios = match encodings {
+            Ok(()) => read.iter().map(|(_, _, info)| info.graphs.clone()).collect(),
             Err(QnnModelError::MissingEncoding { graph, tensor, .. }) => {
                 notes.push(format!(
                     "the metadata of `{graph}` has no encoding for `{tensor}`; lowering {} again for the I/O encodings",

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 
 use aot::deploy::{check_mllm_contract, MllmModelShape, TargetRuntime};
 use aot::{AotOptions, CalibSource, ModelSource};
-use backend_qnn::sdk::ffi::{BinaryInfo, GraphInfo};
+use backend_qnn::sdk::ffi::BinaryInfo;
 use backend_qnn::sdk::{LibraryPaths, SystemApi, FETCH_HINT};
-use backend_qnn::{DataType, ScaleOffset};
+use backend_qnn::{DataType, GraphIo, ScaleOffset};
 use models::hf::HfConfig;
 
 /// Qualcomm's HTP backend is a process-wide singleton: one test at a time builds with it.
@@ -27,7 +27,7 @@ fn read_back(binary: &Path) -> BinaryInfo {
 }
 
 /// Every point of the contract for one graph, written out against mllm's source lines.
-fn assert_graph(g: &GraphInfo, ar: u32, hf: &HfConfig, ctx: u32) {
+fn assert_graph(g: &GraphIo, ar: u32, hf: &HfConfig, ctx: u32) {
     let (l, h, d, vocab) =
         (hf.num_hidden_layers, hf.num_key_value_heads as u32, hf.head_dim as u32, hf.vocab_size as u32);
     let past = ctx - ar;
@@ -45,13 +45,13 @@ fn assert_graph(g: &GraphInfo, ar: u32, hf: &HfConfig, ctx: u32) {
     expected.extend((0..l).map(|i| format!("present_value_{i}")));
     assert_eq!(outputs, expected, "{name}: outputs in binding order");
     // input_ids [1, ar] and position_ids [ar], INT_32 (PromptProcessor.cpp:28, 33).
-    assert_eq!((g.inputs[0].dtype, g.inputs[0].dims.clone()), (Some(DataType::Int32), vec![1, ar]), "{name}");
-    assert_eq!((g.inputs[1].dtype, g.inputs[1].dims.clone()), (Some(DataType::Int32), vec![ar]), "{name}");
+    assert_eq!((g.inputs[0].dtype, g.inputs[0].dims.clone()), (DataType::Int32, vec![1, ar]), "{name}");
+    assert_eq!((g.inputs[1].dtype, g.inputs[1].dims.clone()), (DataType::Int32, vec![ar]), "{name}");
     // attention_mask [1, 1, ar, ctx] u16 (PromptProcessor.cpp:38), in the encoding mllm's compiler
     // gives it (scale 0.001/65535, zero point 65535: compile_common.hpp:13-14), so the runtime's
     // 65535 (attend) is 0.0 and its 0 (masked) is below (KVCacheManager.cpp:75-76).
     let mask = &g.inputs[2];
-    assert_eq!((mask.dtype, mask.dims.clone()), (Some(DataType::UFixedPoint16), vec![1, 1, ar, ctx]), "{name}");
+    assert_eq!((mask.dtype, mask.dims.clone()), (DataType::UFixedPoint16, vec![1, 1, ar, ctx]), "{name}");
     let so = mask.quant.unwrap();
     assert_eq!(so, ScaleOffset { scale: 0.001 / 65535.0, offset: -65535 }, "{name}: mask encoding");
     assert_eq!(so.dequantize(65535), 0.0);
@@ -59,7 +59,7 @@ fn assert_graph(g: &GraphInfo, ar: u32, hf: &HfConfig, ctx: u32) {
     // logits: ar x vocab u16 codes with a positive scale (PromptProcessor.cpp:68; the greedy
     // argmax on the codes, QnnAOTModule.cpp:17-21).
     let logits = &g.outputs[0];
-    assert_eq!(logits.dtype, Some(DataType::UFixedPoint16), "{name}: logits");
+    assert_eq!(logits.dtype, DataType::UFixedPoint16, "{name}: logits");
     assert_eq!(logits.dims.iter().product::<u32>(), ar * vocab, "{name}: logits {:?}", logits.dims);
     assert_eq!(logits.dims.last(), Some(&vocab));
     assert!(logits.quant.unwrap().scale > 0.0);
@@ -73,8 +73,8 @@ fn assert_graph(g: &GraphInfo, ar: u32, hf: &HfConfig, ctx: u32) {
             // KVCacheManager copies into the cache at n_past (KVCacheManager.cpp:255-321).
             assert_eq!(past_t.dims, past_dims, "{name} {}", past_t.name);
             assert_eq!(present_t.dims, present_dims, "{name} {}", present_t.name);
-            assert_eq!(past_t.dtype, Some(DataType::UFixedPoint8), "{name} {}", past_t.name);
-            assert_eq!(present_t.dtype, Some(DataType::UFixedPoint8), "{name} {}", present_t.name);
+            assert_eq!(past_t.dtype, DataType::UFixedPoint8, "{name} {}", past_t.name);
+            assert_eq!(present_t.dtype, DataType::UFixedPoint8, "{name} {}", present_t.name);
             // u8 codes with zero point 128, copied unchanged: one encoding for both.
             let q = past_t.quant.unwrap();
             assert_eq!(q.offset, -128, "{name} {}", past_t.name);
@@ -113,7 +113,7 @@ type GraphShapes = (String, Vec<(String, Vec<u32>)>);
 
 /// Per graph, the names and dims of its inputs then outputs.
 fn io_shapes(info: &BinaryInfo) -> Vec<GraphShapes> {
-    let tensors = |g: &GraphInfo| g.inputs.iter().chain(&g.outputs).map(|t| (t.name.clone(), t.dims.clone())).collect();
+    let tensors = |g: &GraphIo| g.inputs.iter().chain(&g.outputs).map(|t| (t.name.clone(), t.dims.clone())).collect();
     info.graphs.iter().map(|g| (g.name.clone(), tensors(g))).collect()
 }
 

@@ -23,96 +23,13 @@ use runtime::{
 use thiserror::Error;
 
 use crate::dtype::DataType;
-use crate::encoding::{Encoding, ScaleOffset};
+use crate::encoding::ScaleOffset;
 use crate::graph::QnnGraph;
 use crate::interp::InterpError;
+use crate::io::{GraphIo, IoTensor};
 use crate::sdk::emulated::EmulatedHtp;
 use crate::sdk::exec::{io_element_bytes, read_codes, read_f32, write_codes, QnnExecApi};
 use crate::sdk::{ApiError, ContextHandle, GraphHandle};
-
-/// One graph input or output as the runtime binds it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct IoTensor {
-    pub name: String,
-    pub dtype: DataType,
-    pub dims: Vec<u32>,
-    /// `None` for integer and float tensors.
-    pub quant: Option<ScaleOffset>,
-}
-
-impl IoTensor {
-    fn numel(&self) -> usize {
-        self.dims.iter().map(|&d| d as usize).product()
-    }
-}
-
-/// The I/O of one graph of a context binary, in binding order.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GraphIo {
-    pub name: String,
-    pub inputs: Vec<IoTensor>,
-    pub outputs: Vec<IoTensor>,
-}
-
-impl GraphIo {
-    /// The I/O of a lowered graph (the graph the binary was built from).
-    pub fn from_graph(graph: &QnnGraph) -> Result<GraphIo, QnnModelError> {
-        let io = |names: &[String]| {
-            names
-                .iter()
-                .map(|n| {
-                    let t = graph.tensor(n).ok_or_else(|| QnnModelError::Io {
-                        graph: graph.name.clone(),
-                        tensor: n.clone(),
-                        detail: "is bound as graph I/O but not declared".into(),
-                    })?;
-                    let quant = match &t.encoding {
-                        Encoding::Undefined => None,
-                        Encoding::ScaleOffset(so) => Some(*so),
-                        other => {
-                            return Err(QnnModelError::Io {
-                                graph: graph.name.clone(),
-                                tensor: n.clone(),
-                                detail: format!("graph I/O with a {} encoding is not supported", other.c_name()),
-                            })
-                        }
-                    };
-                    Ok(IoTensor { name: t.name.clone(), dtype: t.dtype, dims: t.dims.clone(), quant })
-                })
-                .collect::<Result<Vec<_>, _>>()
-        };
-        Ok(GraphIo { name: graph.name.clone(), inputs: io(&graph.inputs)?, outputs: io(&graph.outputs)? })
-    }
-}
-
-impl GraphIo {
-    /// The I/O of a graph as a context binary's metadata records it ([`crate::sdk::SystemApi`]).
-    /// Every fixed-point tensor must carry its scale/offset there; when a binary's metadata
-    /// lacks them, take the I/O from the lowered graphs instead ([`GraphIo::from_graph`]).
-    pub fn from_info(graph: &crate::sdk::ffi::GraphInfo) -> Result<GraphIo, QnnModelError> {
-        let io = |list: &[crate::sdk::ffi::TensorInfo]| {
-            list.iter()
-                .map(|t| {
-                    let bad = |detail: String| QnnModelError::Io {
-                        graph: graph.name.clone(),
-                        tensor: t.name.clone(),
-                        detail,
-                    };
-                    let dtype = t.dtype.ok_or_else(|| bad("has a data type this crate does not model".into()))?;
-                    if dtype.is_fixed_point() && t.quant.is_none() {
-                        return Err(QnnModelError::MissingEncoding {
-                            graph: graph.name.clone(),
-                            tensor: t.name.clone(),
-                            dtype,
-                        });
-                    }
-                    Ok(IoTensor { name: t.name.clone(), dtype, dims: t.dims.clone(), quant: t.quant })
-                })
-                .collect::<Result<Vec<_>, _>>()
-        };
-        Ok(GraphIo { name: graph.name.clone(), inputs: io(&graph.inputs)?, outputs: io(&graph.outputs)? })
-    }
-}
 
 /// Why a context binary cannot be run as a chunk model.
 #[derive(Debug, Error)]
@@ -265,16 +182,19 @@ impl QnnChunkModel<crate::sdk::SdkApi> {
     ) -> Result<Self, QnnModelError> {
         let info = api.binary_info(binary)?;
         let mut graphs = Vec::with_capacity(info.graphs.len());
-        for g in &info.graphs {
+        for g in info.graphs {
             let io = match lowered {
-                None => GraphIo::from_info(g)?,
+                None => {
+                    g.check_encodings()?;
+                    g
+                }
                 Some(lowered) => {
                     let graph = lowered.iter().find(|l| l.name == g.name).ok_or_else(|| QnnModelError::Contract {
                         graph: g.name.clone(),
                         detail: "is in the binary but not among the lowered graphs".into(),
                     })?;
                     let io = GraphIo::from_graph(graph)?;
-                    check_against_metadata(&io, g)?;
+                    check_against_metadata(&io, &g)?;
                     io
                 }
             };
@@ -286,7 +206,7 @@ impl QnnChunkModel<crate::sdk::SdkApi> {
 
 /// Lowered-graph I/O against the binary's metadata: same tensors, types and shapes in the same
 /// order, and the same scale/offset wherever the metadata records one.
-fn check_against_metadata(io: &GraphIo, info: &crate::sdk::ffi::GraphInfo) -> Result<(), QnnModelError> {
+fn check_against_metadata(io: &GraphIo, info: &GraphIo) -> Result<(), QnnModelError> {
     let mismatch = |detail: String| QnnModelError::Mismatch {
         first: format!("{} (lowered)", io.name),
         second: format!("{} (binary metadata)", info.name),
@@ -298,9 +218,9 @@ fn check_against_metadata(io: &GraphIo, info: &crate::sdk::ffi::GraphInfo) -> Re
         }
         for (a, b) in ours.iter().zip(theirs) {
             let quant_ok = b.quant.is_none() || b.quant == a.quant;
-            if a.name != b.name || Some(a.dtype) != b.dtype || a.dims != b.dims || !quant_ok {
+            if a.name != b.name || a.dtype != b.dtype || a.dims != b.dims || !quant_ok {
                 return Err(mismatch(format!(
-                    "`{}` {} {:?} {:?} against `{}` {:?} {:?} {:?}",
+                    "`{}` {} {:?} {:?} against `{}` {} {:?} {:?}",
                     a.name, a.dtype, a.dims, a.quant, b.name, b.dtype, b.dims, b.quant
                 )));
             }

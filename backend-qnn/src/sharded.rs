@@ -20,9 +20,10 @@ use std::ops::Range;
 
 use runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
 
-use crate::chunk_model::{GraphIo, IoTensor, QnnModelError};
+use crate::chunk_model::QnnModelError;
 use crate::dtype::DataType;
 use crate::encoding::ScaleOffset;
+use crate::io::{GraphIo, IoTensor};
 use crate::sdk::exec::{io_element_bytes, read_codes, read_f32, write_codes, QnnExecApi};
 use crate::sdk::{ContextHandle, GraphHandle};
 
@@ -123,10 +124,6 @@ impl<A: QnnExecApi> std::fmt::Debug for ShardedChunkModel<A> {
         let shards: Vec<(&str, &Range<usize>)> = self.shards.iter().map(|s| (s.origin.as_str(), &s.layers)).collect();
         f.debug_struct("ShardedChunkModel").field("layout", &self.layout).field("shards", &shards).finish()
     }
-}
-
-fn numel(t: &IoTensor) -> usize {
-    t.dims.iter().map(|&d| d as usize).product()
 }
 
 fn shard_err(shard: &str, detail: impl Into<String>) -> QnnModelError {
@@ -257,7 +254,7 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
                 }
                 ars.push(ar);
                 let pos = g.inputs.iter().position(|t| t.name == "position_ids");
-                if pos.map(|p| numel(&g.inputs[p])) != Some(ar) {
+                if pos.map(|p| g.inputs[p].numel()) != Some(ar) {
                     return Err(err(format!("graph `{}`: position_ids does not hold {ar} positions", g.name)));
                 }
                 // The hidden state: equal type, shape and encoding on both sides.
@@ -269,7 +266,7 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
                     let (_, hidden) = e.dims();
                     if t.dtype != DataType::UFixedPoint16
                         || t.dims.last().map(|&d| d as usize) != Some(hidden)
-                        || numel(t) != ar * hidden
+                        || t.numel() != ar * hidden
                         || t.quant != Some(e.encoding())
                     {
                         return Err(err(format!(
@@ -385,7 +382,7 @@ impl<A: QnnExecApi> ShardedChunkModel<A> {
                 for io in s.graphs {
                     let handle =
                         api.graph_retrieve(context, &io.name).map_err(|e| shard_err(&s.origin, e.to_string()))?;
-                    let buffer = |t: &IoTensor| vec![0u8; numel(t) * io_element_bytes(t.dtype).unwrap_or(0)];
+                    let buffer = |t: &IoTensor| vec![0u8; t.numel() * io_element_bytes(t.dtype).unwrap_or(0)];
                     let ar = compiler::passes::parse_graph_name(&io.name).map_or(0, |(_, ar)| ar);
                     shard.graphs.push(Graph {
                         roles_in: io.inputs.iter().filter_map(|t| role_of(&t.name)).collect(),

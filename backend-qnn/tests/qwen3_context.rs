@@ -7,10 +7,10 @@
 mod qwen3_common;
 
 use backend_qnn::context::{build_context, context_options, write_context_binary, ContextError};
-use backend_qnn::sdk::render::{self, FakeGraph, FakeIo};
+use backend_qnn::sdk::render::{self, FakeGraph};
 use backend_qnn::sdk::RecordingApi;
 use backend_qnn::target::{HtpTarget, TargetError};
-use backend_qnn::TensorType;
+use backend_qnn::{GraphIo, TensorType};
 use compiler::aot_config::AotConfig;
 use qwen3_common::*;
 
@@ -50,41 +50,14 @@ fn both_graphs_go_into_one_weight_sharing_context_in_order() {
     assert!(options.weight_sharing);
     let listed = render::parse_fake_context_binary(&binary).expect("a fake context binary");
     assert_eq!(render::fake_context_binary(&listed), binary, "listing round trip");
-    let without_ids: Vec<FakeGraph> = listed
-        .iter()
-        .cloned()
-        .map(|mut g| {
-            g.inputs.iter_mut().chain(&mut g.outputs).for_each(|t| t.id = 0);
-            g
-        })
-        .collect();
-    let fake: Vec<FakeGraph> = graphs
-        .iter()
-        .map(|g| {
-            let io = |names: &[String]| {
-                names
-                    .iter()
-                    .map(|n| {
-                        let t = g.tensors.iter().find(|t| &t.name == n).unwrap();
-                        let quant = match &t.encoding {
-                            backend_qnn::Encoding::ScaleOffset(so) => Some(*so),
-                            _ => None,
-                        };
-                        FakeIo { id: 0, name: t.name.clone(), dtype: t.dtype, dims: t.dims.clone(), quant }
-                    })
-                    .collect()
-            };
-            FakeGraph {
-                name: g.name.clone(),
-                nodes: g.nodes.len() as u32,
-                inputs: io(&g.inputs),
-                outputs: io(&g.outputs),
-            }
-        })
-        .collect();
+    let without_ids: Vec<FakeGraph> =
+        listed.iter().cloned().map(|g| FakeGraph { io: g.io.without_ids(), ..g }).collect();
+    let fake: Vec<FakeGraph> =
+        graphs.iter().map(|g| FakeGraph { io: GraphIo::from_graph(g).unwrap(), nodes: g.nodes.len() as u32 }).collect();
     assert_eq!(without_ids, fake);
     // I/O ids are the ones the backend assigned, distinct within the context.
-    let mut ids: Vec<u32> = listed.iter().flat_map(|g| g.inputs.iter().chain(&g.outputs).map(|t| t.id)).collect();
+    let mut ids: Vec<u32> =
+        listed.iter().flat_map(|g| g.io.inputs.iter().chain(&g.io.outputs).map(|t| t.id.unwrap())).collect();
     let n = ids.len();
     ids.sort_unstable();
     ids.dedup();

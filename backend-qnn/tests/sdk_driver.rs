@@ -122,7 +122,7 @@ fn fake_binary_lists_both_graphs() {
     );
     // The listing parses back, scales exactly (`%.8e` round-trips an f32).
     let listed = render::parse_fake_context_binary(text.as_bytes()).unwrap();
-    assert_eq!(listed[1].outputs[0].quant, Some(ScaleOffset { scale: 0.004, offset: -32768 }));
+    assert_eq!(listed[1].io.outputs[0].quant, Some(ScaleOffset { scale: 0.004, offset: -32768 }));
     assert_eq!(render::fake_context_binary(&listed), text.as_bytes());
     assert!(render::parse_fake_context_binary(b"QNN-FAKE-CONTEXT-BINARY 2\nin 1 x UFIXED_POINT_16 1x2\n").is_none());
 }

@@ -14,11 +14,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use backend_qnn::sdk::ffi::{self, BinaryInfo, GraphInfo, LibraryPaths, LoadError, SdkApi, SystemApi, TensorInfo};
+use backend_qnn::sdk::ffi::{self, BinaryInfo, LibraryPaths, LoadError, SdkApi, SystemApi};
 use backend_qnn::sdk::{
     build_context_binary, ApiError, BuildError, HtpDeviceOptions, HtpOptions, QnnApi, RecordingApi,
 };
-use backend_qnn::{DataType, ScaleOffset};
+use backend_qnn::{DataType, GraphIo, IoTensor, ScaleOffset};
 
 /// The mock keeps global state per loaded library: tests using one run one at a time.
 static MOCK_LOCK: Mutex<()> = Mutex::new(());
@@ -136,17 +136,17 @@ fn mock_provider_receives_exactly_the_recorded_calls() {
     assert_eq!(system.provider().name, "mock-system");
     // Ids are the ones the backend assigned when the tensors were created (listed in the binary).
     let listed = backend_qnn::sdk::render::parse_fake_context_binary(&binary).unwrap();
-    let io = |id: u32, name: &str, dims: &[u32], scale: f32| TensorInfo {
+    let io = |id, name: &str, dims: &[u32], scale: f32| IoTensor {
         id,
         name: name.into(),
-        dtype: Some(DataType::UFixedPoint16),
+        dtype: DataType::UFixedPoint16,
         dims: dims.to_vec(),
         quant: Some(ScaleOffset { scale, offset: -32768 }),
     };
-    let graph = |i: usize, name: &str, seq| GraphInfo {
+    let graph = |i: usize, name: &str, seq| GraphIo {
         name: name.into(),
-        inputs: vec![io(listed[i].inputs[0].id, "x", &[1, 1, seq, common::HIDDEN], 0.001)],
-        outputs: vec![io(listed[i].outputs[0].id, "y", &[1, 1, seq, common::OUT], 0.004)],
+        inputs: vec![io(listed[i].io.inputs[0].id, "x", &[1, 1, seq, common::HIDDEN], 0.001)],
+        outputs: vec![io(listed[i].io.outputs[0].id, "y", &[1, 1, seq, common::OUT], 0.004)],
     };
     let info = system.binary_info(&binary).unwrap();
     assert_eq!(info, BinaryInfo { graphs: vec![graph(0, "model.0.s32", 32), graph(1, "model.0.s1", 1)] });
@@ -182,7 +182,7 @@ fn lowered_qwen3_context_crosses_the_abi_as_recorded() {
         let inputs: Vec<&str> = g.inputs.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(inputs, lowered.inputs);
         let logits = &g.outputs[0];
-        assert_eq!((logits.name.as_str(), logits.dtype), ("logits", Some(DataType::UFixedPoint16)));
+        assert_eq!((logits.name.as_str(), logits.dtype), ("logits", DataType::UFixedPoint16));
         assert_eq!(logits.dims, lowered.tensor("logits").unwrap().dims);
     }
 }
@@ -301,7 +301,7 @@ fn missing_library_names_the_path() {
 
 use backend_qnn::sdk::render::{fnv1a64, parse_fake_context_binary};
 use backend_qnn::sdk::{ContextHandle, GraphHandle, QnnExecApi};
-use backend_qnn::{GraphIo, QnnChunkModel, QnnModelError};
+use backend_qnn::{QnnChunkModel, QnnModelError};
 use runtime::{ChunkModel, GenerationConfig, Generator};
 
 /// What one `graphExecute` received and returned, as seen above the FFI.
@@ -377,10 +377,11 @@ fn qwen3_pair_runs_prefill_and_decode_through_the_ffi_exec_path() {
     let api = SdkApi::load_for_execution(&paths).unwrap();
 
     // The I/O encodings come from the binary's metadata and equal the lowered graphs' ones.
-    let info = api.binary_info(&binary).unwrap();
-    let io: Vec<GraphIo> = info.graphs.iter().map(|g| GraphIo::from_info(g).unwrap()).collect();
+    let io = api.binary_info(&binary).unwrap().graphs;
+    io.iter().for_each(|g| g.check_encodings().unwrap());
+    let without_ids: Vec<GraphIo> = io.iter().cloned().map(GraphIo::without_ids).collect();
     let from_lowered: Vec<GraphIo> = lowered.iter().map(|g| GraphIo::from_graph(g).unwrap()).collect();
-    assert_eq!(io, from_lowered);
+    assert_eq!(without_ids, from_lowered);
 
     let model = QnnChunkModel::open(Tap { inner: api, calls: vec![] }, &binary, io.clone()).unwrap();
     assert_eq!(model.chunk_lens(), [qwen3_common::CHUNK, 1]);
@@ -455,18 +456,18 @@ fn qwen3_pair_runs_prefill_and_decode_through_the_ffi_exec_path() {
 
     // The mock's log: the exact calls, with digests of the input bytes it received.
     let listed = parse_fake_context_binary(&binary).unwrap();
-    let execute_line = |handle: u32, call: &Executed, g: &backend_qnn::sdk::render::FakeGraph| {
+    let execute_line = |handle: u32, call: &Executed, g: &GraphIo| {
         let inputs: Vec<String> = g
             .inputs
             .iter()
             .zip(&call.inputs)
-            .map(|(t, b)| format!("id={} \"{}\" {}B fnv={:016x}", t.id, t.name, b.len(), fnv1a64(b)))
+            .map(|(t, b)| format!("id={} \"{}\" {}B fnv={:016x}", t.id.unwrap(), t.name, b.len(), fnv1a64(b)))
             .collect();
         let outputs: Vec<String> = g
             .outputs
             .iter()
             .zip(&call.outputs)
-            .map(|(t, b)| format!("id={} \"{}\" {}B", t.id, t.name, b.len()))
+            .map(|(t, b)| format!("id={} \"{}\" {}B", t.id.unwrap(), t.name, b.len()))
             .collect();
         format!(
             "graphExecute(graph=graph{handle}, inputs=[{}], outputs=[{}]) -> ok",
@@ -484,8 +485,8 @@ fn qwen3_pair_runs_prefill_and_decode_through_the_ffi_exec_path() {
         ),
         "graphRetrieve(context=context1, name=\"model.0.s4\") -> graph1".to_string(),
         "graphRetrieve(context=context1, name=\"model.0.s1\") -> graph2".to_string(),
-        execute_line(1, prefill, &listed[0]),
-        execute_line(2, decode, &listed[1]),
+        execute_line(1, prefill, &listed[0].io),
+        execute_line(2, decode, &listed[1].io),
         "contextFree(context=context1) -> ok".to_string(),
         "deviceFree(device=device1) -> ok".to_string(),
         "backendFree(backend=backend1) -> ok".to_string(),
@@ -550,11 +551,11 @@ fn exec_errors_are_named() {
     assert!(err.to_string().contains("graph `model.0.s1` binds"), "{err}");
     let info = api.binary_info(&binary).unwrap();
     let s1 = &info.graphs[1];
-    let sizes = |list: &[TensorInfo]| -> Vec<usize> {
+    let sizes = |list: &[IoTensor]| -> Vec<usize> {
         list.iter()
             .map(|t| {
                 t.dims.iter().map(|&d| d as usize).product::<usize>()
-                    * match t.dtype.unwrap() {
+                    * match t.dtype {
                         DataType::Int32 => 4,
                         DataType::UFixedPoint16 => 2,
                         _ => 1,

@@ -51,7 +51,7 @@ fn real_backend_builds_both_graphs_and_the_system_library_reads_them_back() {
         for (t, name) in listed.zip(declared) {
             let d = graph.tensors.iter().find(|d| &d.name == name).unwrap();
             assert_eq!(t.name, d.name, "{}", graph.name);
-            assert_eq!(t.dtype, Some(d.dtype), "{}", t.name);
+            assert_eq!(t.dtype, d.dtype, "{}", t.name);
             assert_eq!(t.dims, d.dims, "{}", t.name);
             let Encoding::ScaleOffset(q) = d.encoding else { panic!("toy I/O is scale/offset") };
             assert_eq!(t.quant, Some(q), "{}", t.name);

@@ -82,7 +82,7 @@ fn context_metadata(binary: &[u8]) -> Vec<(String, Vec<String>)> {
     let system = backend_qnn::sdk::ffi::SystemApi::load(&paths.system).unwrap();
     let info = system.binary_info(binary).unwrap();
     assert_eq!(info.graphs.len(), 2, "a context binary of both graphs");
-    let io = |t: &backend_qnn::sdk::ffi::TensorInfo| format!("{} {:?} {:?} {:?}", t.name, t.dtype, t.dims, t.quant);
+    let io = |t: &backend_qnn::IoTensor| format!("{} {:?} {:?} {:?}", t.name, t.dtype, t.dims, t.quant);
     info.graphs.iter().map(|g| (g.name.clone(), g.inputs.iter().chain(&g.outputs).map(io).collect())).collect()
 }
 

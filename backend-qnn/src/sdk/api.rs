@@ -119,6 +119,8 @@ pub enum MetadataError {
     UnsupportedVersion { what: &'static str, version: u32 },
     #[error("graph I/O tensor `{tensor}` has quantization encoding {encoding}, not scale/offset")]
     NotScaleOffset { tensor: String, encoding: u32 },
+    #[error("graph I/O tensor `{tensor}` has data type {raw:#06x}, which this crate does not model")]
+    UnknownDataType { tensor: String, raw: u32 },
 }
 
 /// Why one API call failed.

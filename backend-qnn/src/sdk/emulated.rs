@@ -19,11 +19,11 @@ use std::collections::HashMap;
 
 use super::api::{ApiError, ContextHandle, GraphHandle};
 use super::exec::{io_element_bytes, read_codes, read_f32, write_codes, QnnExecApi};
-use super::render::{parse_fake_context_binary, FakeGraph, FakeIo, FAKE_BINARY_MAGIC};
+use super::render::{parse_fake_context_binary, FakeGraph, FAKE_BINARY_MAGIC};
 use crate::dtype::DataType;
-use crate::encoding::Encoding;
 use crate::graph::QnnGraph;
 use crate::interp::{InterpError, Interpreter, TensorValue, Values};
+use crate::io::{GraphIo, IoTensor};
 
 /// Executes lowered graphs on the CPU as the HTP backend would execute the context binary
 /// built from them.
@@ -57,30 +57,14 @@ impl EmulatedHtp {
         h
     }
 
-    /// The binary listing of `graph` as the recording API serializes it, tensor ids left out
-    /// (0): they depend on the build's creation order, not on the graph.
+    /// The binary listing of `graph` as the recording API serializes it, without the ids: they
+    /// depend on the build's creation order, not on the graph.
     fn listing(graph: &QnnGraph) -> FakeGraph {
-        let io = |names: &[String]| {
-            names
-                .iter()
-                .filter_map(|n| graph.tensor(n))
-                .map(|t| FakeIo {
-                    id: 0,
-                    name: t.name.clone(),
-                    dtype: t.dtype,
-                    dims: t.dims.clone(),
-                    quant: match &t.encoding {
-                        Encoding::ScaleOffset(so) => Some(*so),
-                        _ => None,
-                    },
-                })
-                .collect()
-        };
+        let io =
+            |names: &[String]| names.iter().filter_map(|n| graph.tensor(n)).map(|t| IoTensor::of(t, None)).collect();
         FakeGraph {
-            name: graph.name.clone(),
+            io: GraphIo { name: graph.name.clone(), inputs: io(&graph.inputs), outputs: io(&graph.outputs) },
             nodes: graph.nodes.len() as u32,
-            inputs: io(&graph.inputs),
-            outputs: io(&graph.outputs),
         }
     }
 }
@@ -96,22 +80,22 @@ impl QnnExecApi for EmulatedHtp {
             refuse(F, format!("not a context binary this emulator reads (no `{FAKE_BINARY_MAGIC}` listing)"))
         })?;
         let mut held = Vec::new();
-        for mut graph in listed {
-            let index = self.graphs.iter().position(|g| g.name == graph.name).ok_or_else(|| {
+        for graph in listed {
+            let graph = FakeGraph { io: graph.io.without_ids(), ..graph };
+            let index = self.graphs.iter().position(|g| g.name == graph.io.name).ok_or_else(|| {
                 refuse(
                     F,
                     format!(
                         "the binary holds graph `{}`, which this emulator was not given (it was given {:?})",
-                        graph.name,
+                        graph.io.name,
                         self.graphs.iter().map(|g| g.name.as_str()).collect::<Vec<_>>()
                     ),
                 )
             })?;
-            graph.inputs.iter_mut().chain(&mut graph.outputs).for_each(|t| t.id = 0);
             if graph != Self::listing(&self.graphs[index]) {
                 return Err(refuse(
                     F,
-                    format!("the binary's graph `{}` differs from the given graph (node count or I/O)", graph.name),
+                    format!("the binary's graph `{}` differs from the given graph (node count or I/O)", graph.io.name),
                 ));
             }
             held.push(index);

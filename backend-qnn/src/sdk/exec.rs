@@ -27,8 +27,8 @@ pub enum IoBindingError {
     NotInMetadata { context: ContextHandle, graph: String },
     #[error("{graph} was created, not retrieved from a binary")]
     NotRetrieved { graph: GraphHandle },
-    #[error("graph `{graph}`: I/O tensor `{tensor}` has a data type this crate lacks")]
-    UnknownDataType { graph: String, tensor: String },
+    #[error("graph `{graph}`: I/O tensor `{tensor}` has no id from the backend to bind it by")]
+    NoTensorId { graph: String, tensor: String },
     #[error("graph `{graph}`: I/O tensor `{tensor}` is {dtype}, which has no client-buffer layout")]
     NoBufferLayout { graph: String, tensor: String, dtype: DataType },
     #[error("graph `{graph}` binds {inputs} inputs and {outputs} outputs, {given_inputs} and {given_outputs} buffers were given")]

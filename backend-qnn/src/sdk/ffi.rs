@@ -27,7 +27,7 @@ pub use library::{
     LibraryPaths, LoadError, ProviderInfo, FETCHED_SDK_SUBDIR, FETCH_HINT, HOST_LIB_DIR, HTP_BACKEND_ID,
 };
 pub use sdk_api::SdkApi;
-pub use system::{BinaryInfo, GraphInfo, SystemApi, TensorInfo};
+pub use system::{BinaryInfo, SystemApi};
 
 /// The target triple this crate was built for (used by tests to compile C fixtures).
 pub const BUILD_TARGET: &str = env!("BACKEND_QNN_TARGET");

@@ -14,10 +14,10 @@ use super::api::{
     TensorId,
 };
 use super::config::{ContextConfig, DeviceConfig, GraphConfig, LogLevel};
-use super::render::{self, FakeGraph, FakeIo};
+use super::render::{self, FakeGraph};
 use crate::dtype::TensorType;
-use crate::encoding::Encoding;
 use crate::graph::QnnTensor;
+use crate::io::{GraphIo, IoTensor};
 
 /// `QNN_COMMON_ERROR_INVALID_ARGUMENT`.
 pub const ERROR_INVALID_ARGUMENT: u64 = 1004;
@@ -238,14 +238,17 @@ impl QnnApi for RecordingApi {
         }
         let duplicate = self
             .context_state(context)
-            .map(|ctx| ctx.graphs.iter().any(|g| self.graphs[g.0 as usize - 1].fake.name == name));
+            .map(|ctx| ctx.graphs.iter().any(|g| self.graphs[g.0 as usize - 1].fake.io.name == name));
         let outcome = match duplicate {
             Some(false) => {
                 self.graphs.push(GraphState {
                     context,
                     finalized: false,
                     tensor_names: HashSet::new(),
-                    fake: FakeGraph { name: name.to_string(), nodes: 0, inputs: vec![], outputs: vec![] },
+                    fake: FakeGraph {
+                        io: GraphIo { name: name.to_string(), inputs: vec![], outputs: vec![] },
+                        nodes: 0,
+                    },
                 });
                 let handle = GraphHandle(self.graphs.len() as u32);
                 self.contexts[context.0 as usize - 1].graphs.push(handle);
@@ -282,20 +285,10 @@ impl QnnApi for RecordingApi {
                 );
                 let g = &mut self.graphs[graph.0 as usize - 1];
                 g.tensor_names.insert(tensor.name.clone());
-                let quant = match &tensor.encoding {
-                    Encoding::ScaleOffset(so) => Some(*so),
-                    _ => None,
-                };
-                let entry = FakeIo {
-                    id: id.0,
-                    name: tensor.name.clone(),
-                    dtype: tensor.dtype,
-                    dims: tensor.dims.clone(),
-                    quant,
-                };
+                let entry = IoTensor::of(tensor, Some(id.0));
                 match tensor.tensor_type {
-                    TensorType::AppWrite => g.fake.inputs.push(entry),
-                    TensorType::AppRead => g.fake.outputs.push(entry),
+                    TensorType::AppWrite => g.fake.io.inputs.push(entry),
+                    TensorType::AppRead => g.fake.io.outputs.push(entry),
                     _ => {}
                 }
                 Ok((id, id.to_string()))
@@ -338,7 +331,7 @@ impl QnnApi for RecordingApi {
 
     fn graph_finalize(&mut self, graph: GraphHandle) -> Outcome<()> {
         let args = format!("graph={graph}");
-        let subject = self.graph_state(graph).map(|g| g.fake.name.clone()).unwrap_or_default();
+        let subject = self.graph_state(graph).map(|g| g.fake.io.name.clone()).unwrap_or_default();
         if let Some(e) = self.injected("graphFinalize", &subject, &args) {
             return Err(e);
         }

@@ -14,6 +14,7 @@ use super::config::{ContextConfig, DeviceConfig, GraphConfig};
 use crate::dtype::DataType;
 use crate::encoding::{BlockScales, Encoding, ScaleOffset};
 use crate::graph::{QnnTensor, Scalar};
+use crate::io::{GraphIo, IoTensor};
 
 /// How many leading entries of a long array are printed before `...`.
 const PREFIX_LEN: usize = 4;
@@ -229,27 +230,12 @@ pub fn graph_configs(configs: &[GraphConfig]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
-/// One graph input or output as the fake context binary records it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FakeIo {
-    /// The id the backend assigned at `tensorCreateGraphTensor`.
-    pub id: u32,
-    pub name: String,
-    pub dtype: DataType,
-    pub dims: Vec<u32>,
-    /// The scale/offset encoding, if the tensor has one (graph I/O has no other kind).
-    pub quant: Option<ScaleOffset>,
-}
-
-/// A graph as it appears in the fake context binary.
+/// A graph as it appears in the fake context binary: its I/O (APP_WRITE / APP_READ tensors in
+/// creation order) and node count.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FakeGraph {
-    pub name: String,
+    pub io: GraphIo,
     pub nodes: u32,
-    /// Each APP_WRITE tensor in creation order.
-    pub inputs: Vec<FakeIo>,
-    /// Each APP_READ tensor in creation order.
-    pub outputs: Vec<FakeIo>,
 }
 
 /// First line of the fake context binary produced by the recording API and the mock provider.
@@ -258,15 +244,17 @@ pub const FAKE_BINARY_MAGIC: &str = "QNN-FAKE-CONTEXT-BINARY 2";
 /// A deterministic stand-in for a context binary: a text listing of each graph's name, node
 /// count and I/O (id, name, dtype, dims and scale/offset), the parts of a real binary's
 /// metadata the runtime relies on. One line per tensor:
-/// `in|out <id> <name> <DTYPE> <d0>x<d1>.. [<scale %.8e> <offset>]`.
+/// `in|out <id> <name> <DTYPE> <d0>x<d1>.. [<scale %.8e> <offset>]`, with `-` for a tensor
+/// that has no id.
 pub fn fake_context_binary(graphs: &[FakeGraph]) -> Vec<u8> {
     let mut out = format!("{FAKE_BINARY_MAGIC}\n");
     for g in graphs {
-        let _ = writeln!(out, "graph {} nodes={}", g.name, g.nodes);
-        for (kind, list) in [("in", &g.inputs), ("out", &g.outputs)] {
+        let _ = writeln!(out, "graph {} nodes={}", g.io.name, g.nodes);
+        for (kind, list) in [("in", &g.io.inputs), ("out", &g.io.outputs)] {
             for t in list {
                 let d: Vec<String> = t.dims.iter().map(u32::to_string).collect();
-                let _ = write!(out, "{kind} {} {} {} {}", t.id, t.name, t.dtype.short_name(), d.join("x"));
+                let id = t.id.map_or_else(|| "-".to_string(), |id| id.to_string());
+                let _ = write!(out, "{kind} {id} {} {} {}", t.name, t.dtype.short_name(), d.join("x"));
                 if let Some(so) = t.quant {
                     let _ = write!(out, " {} {}", c_exp_f32(so.scale), so.offset);
                 }
@@ -289,10 +277,8 @@ pub fn parse_fake_context_binary(binary: &[u8]) -> Option<Vec<FakeGraph>> {
         let fields: Vec<&str> = line.split(' ').collect();
         match fields.as_slice() {
             ["graph", name, nodes] => graphs.push(FakeGraph {
-                name: name.to_string(),
+                io: GraphIo { name: name.to_string(), inputs: vec![], outputs: vec![] },
                 nodes: nodes.strip_prefix("nodes=")?.parse().ok()?,
-                inputs: vec![],
-                outputs: vec![],
             }),
             [kind @ ("in" | "out"), id, name, dtype, dims, quant @ ..] => {
                 let quant = match quant {
@@ -305,14 +291,14 @@ pub fn parse_fake_context_binary(binary: &[u8]) -> Option<Vec<FakeGraph>> {
                 } else {
                     dims.split('x').map(str::parse).collect::<Result<Vec<u32>, _>>().ok()?
                 };
-                let io = FakeIo {
-                    id: id.parse().ok()?,
+                let io = IoTensor {
+                    id: if *id == "-" { None } else { Some(id.parse().ok()?) },
                     name: name.to_string(),
                     dtype: DataType::from_short_name(dtype)?,
                     dims,
                     quant,
                 };
-                let g = graphs.last_mut()?;
+                let g = &mut graphs.last_mut()?.io;
                 if *kind == "in" { &mut g.inputs } else { &mut g.outputs }.push(io);
             }
             _ => return None,
@@ -366,5 +352,18 @@ mod tests {
             )
         );
         assert_eq!(&scale_offsets_bytes(&so[..1]), &[0, 0, 0x80, 0x3f, 0xff, 0xff, 0xff, 0xff]);
+    }
+
+    #[test]
+    fn a_listing_without_ids_round_trips() {
+        let t = |id| IoTensor { id, name: "x".into(), dtype: DataType::Int32, dims: vec![1, 4], quant: None };
+        let graph =
+            FakeGraph { io: GraphIo { name: "g".into(), inputs: vec![t(None)], outputs: vec![t(Some(3))] }, nodes: 1 };
+        let binary = fake_context_binary(std::slice::from_ref(&graph));
+        assert_eq!(
+            binary,
+            format!("{FAKE_BINARY_MAGIC}\ngraph g nodes=1\nin - x INT_32 1x4\nout 3 x INT_32 1x4\n").as_bytes()
+        );
+        assert_eq!(parse_fake_context_binary(&binary), Some(vec![graph]));
     }
 }

@@ -14,14 +14,13 @@ use std::ptr;
 use super::bindings as b;
 use super::marshal::{self, Arena};
 use super::sdk_api::{c_string, call, entry, stale, ContextSlot, GraphSlot, SdkApi};
-use super::system::{GraphInfo, TensorInfo};
-use crate::dtype::DataType;
+use crate::io::{GraphIo, IoTensor};
 use crate::sdk::api::{ApiError, ContextHandle, GraphHandle, QnnApi};
 use crate::sdk::exec::{io_element_bytes, IoBindingError, QnnExecApi};
 
 /// The bound I/O of a retrieved graph.
 pub(crate) struct ExecIo {
-    info: GraphInfo,
+    info: GraphIo,
     /// Bytes of each input's / output's client buffer.
     input_bytes: Vec<usize>,
     output_bytes: Vec<usize>,
@@ -31,15 +30,14 @@ pub(crate) struct ExecIo {
     _arena: Arena,
 }
 
-/// Bytes of the client buffer of `t`, or why it cannot be bound.
-fn buffer_bytes(graph: &str, t: &TensorInfo) -> Result<(DataType, usize), IoBindingError> {
+/// The id and client-buffer bytes of `t`, or why it cannot be bound.
+fn binding(graph: &str, t: &IoTensor) -> Result<(u32, usize), IoBindingError> {
     let (graph, tensor) = (graph.to_string(), t.name.clone());
-    let Some(dtype) = t.dtype else { return Err(IoBindingError::UnknownDataType { graph, tensor }) };
-    let Some(element) = io_element_bytes(dtype) else {
-        return Err(IoBindingError::NoBufferLayout { graph, tensor, dtype });
+    let Some(id) = t.id else { return Err(IoBindingError::NoTensorId { graph, tensor }) };
+    let Some(element) = io_element_bytes(t.dtype) else {
+        return Err(IoBindingError::NoBufferLayout { graph, tensor, dtype: t.dtype });
     };
-    let numel: usize = t.dims.iter().map(|&d| d as usize).product();
-    Ok((dtype, numel * element))
+    Ok((id, t.numel() * element))
 }
 
 /// Why a retrieved graph's I/O could not be bound.
@@ -49,15 +47,15 @@ enum BindError {
 }
 
 impl ExecIo {
-    fn new(info: GraphInfo) -> Result<ExecIo, BindError> {
+    fn new(info: GraphIo) -> Result<ExecIo, BindError> {
         let mut arena = Arena::default();
-        let mut bind = |list: &[TensorInfo], output: bool| -> Result<(Vec<usize>, Vec<b::Qnn_Tensor_t>), BindError> {
+        let mut bind = |list: &[IoTensor], output: bool| -> Result<(Vec<usize>, Vec<b::Qnn_Tensor_t>), BindError> {
             let mut sizes = Vec::with_capacity(list.len());
             let mut tensors = Vec::with_capacity(list.len());
             for t in list {
-                let (dtype, bytes) = buffer_bytes(&info.name, t).map_err(BindError::Io)?;
+                let (id, bytes) = binding(&info.name, t).map_err(BindError::Io)?;
                 sizes.push(bytes);
-                tensors.push(marshal::io_tensor(&mut arena, t, dtype, output).map_err(BindError::Marshal)?);
+                tensors.push(marshal::io_tensor(&mut arena, t, id, output).map_err(BindError::Marshal)?);
             }
             Ok((sizes, tensors))
         };

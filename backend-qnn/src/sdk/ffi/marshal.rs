@@ -14,7 +14,7 @@ use std::os::raw::{c_char, c_void};
 use std::ptr;
 
 use super::bindings as b;
-use crate::dtype::{DataType, TensorType};
+use crate::dtype::TensorType;
 use crate::encoding::{BlockScales, Encoding, ScaleOffset};
 use crate::graph::{QnnTensor, Scalar};
 use crate::sdk::api::{BoundParamValue, BoundTensor, MarshalError, OpConfig};
@@ -346,19 +346,19 @@ pub(crate) fn graph_configs(arena: &mut Arena, configs: &[GraphConfig]) -> *mut 
 /// records and an empty client buffer, which the caller points at its data before each call.
 pub(crate) fn io_tensor(
     arena: &mut Arena,
-    info: &super::system::TensorInfo,
-    dtype: DataType,
+    info: &crate::io::IoTensor,
+    id: u32,
     output: bool,
 ) -> Result<b::Qnn_Tensor_t, MarshalError> {
     let io = QnnTensor {
         name: info.name.clone(),
         tensor_type: if output { TensorType::AppRead } else { TensorType::AppWrite },
-        dtype,
+        dtype: info.dtype,
         dims: info.dims.clone(),
         encoding: info.quant.map_or(Encoding::Undefined, Encoding::ScaleOffset),
         data: None,
     };
-    tensor(arena, &io, info.id)
+    tensor(arena, &io, id)
 }
 
 /// Points the client buffer of a tensor built by [`io_tensor`] at `data`.

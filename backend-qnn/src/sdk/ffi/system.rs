@@ -18,34 +18,14 @@ use super::bindings as b;
 use super::library::{self, LoadError, ProviderInfo};
 use crate::dtype::DataType;
 use crate::encoding::{definition, encoding_value, ScaleOffset};
+use crate::io::{GraphIo, IoTensor};
 use crate::sdk::api::{ApiError, MetadataError};
-
-/// One graph input or output as recorded in a context binary.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TensorInfo {
-    /// The id `graphExecute` expects in the tensor bound to this input or output.
-    pub id: u32,
-    pub name: String,
-    /// `None` for a data type this crate does not model.
-    pub dtype: Option<DataType>,
-    pub dims: Vec<u32>,
-    /// The scale/offset encoding; `None` when the metadata defines no encoding (float and
-    /// integer tensors). Graph I/O with any other encoding is reported as an error.
-    pub quant: Option<ScaleOffset>,
-}
-
-/// One graph of a context binary, with I/O in binding order.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GraphInfo {
-    pub name: String,
-    pub inputs: Vec<TensorInfo>,
-    pub outputs: Vec<TensorInfo>,
-}
 
 /// What `systemContextGetMetaData` reports about a context binary.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BinaryInfo {
-    pub graphs: Vec<GraphInfo>,
+    /// Each graph with its I/O in binding order, ids included.
+    pub graphs: Vec<GraphIo>,
 }
 
 /// The QNN system library (normally `libQnnSystem.so`).
@@ -87,7 +67,7 @@ unsafe fn string(s: *const std::os::raw::c_char) -> String {
 
 /// # Safety
 /// `list` points to `count` tensors owned by the system context.
-unsafe fn tensors(list: *const b::Qnn_Tensor_t, count: u32) -> Result<Vec<TensorInfo>, ApiError> {
+unsafe fn tensors(list: *const b::Qnn_Tensor_t, count: u32) -> Result<Vec<IoTensor>, ApiError> {
     if list.is_null() || count == 0 {
         return Ok(Vec::new());
     }
@@ -130,7 +110,10 @@ unsafe fn tensors(list: *const b::Qnn_Tensor_t, count: u32) -> Result<Vec<Tensor
                 }
                 _ => None,
             };
-            Ok(TensorInfo { id, name, dtype: DataType::from_raw(dtype as u32), dims, quant })
+            let dtype = DataType::from_raw(dtype as u32).ok_or_else(|| ApiError::Metadata {
+                source: MetadataError::UnknownDataType { tensor: name.clone(), raw: dtype as u32 },
+            })?;
+            Ok(IoTensor { id: Some(id), name, dtype, dims, quant })
         })
         .collect()
 }
@@ -231,7 +214,7 @@ unsafe fn copy_info(info: &b::QnnSystemContext_BinaryInfo_t) -> Result<BinaryInf
                     other => return Err(unsupported_version("graph info", other)),
                 }
             };
-            Ok(GraphInfo {
+            Ok(GraphIo {
                 // SAFETY: pointers from the metadata, valid until the context is freed.
                 name: unsafe { string(name) },
                 inputs: unsafe { tensors(inputs, n_in)? },
@@ -240,4 +223,26 @@ unsafe fn copy_info(info: &b::QnnSystemContext_BinaryInfo_t) -> Result<BinaryInf
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(BinaryInfo { graphs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unmodelled_data_type_is_refused_by_name_and_value() {
+        // SAFETY: an all-zero tensor struct is valid plain data (null pointers, zero counts).
+        let mut t: b::Qnn_Tensor_t = unsafe { std::mem::zeroed() };
+        t.version = 2 as _;
+        let name = c"x";
+        // SAFETY: version 2 makes `v2` the active member.
+        let v2 = unsafe { &mut t.__bindgen_anon_1.v2 };
+        v2.name = name.as_ptr();
+        v2.dataType = 0x0208 as _;
+        // SAFETY: one tensor whose name outlives the call.
+        let err = unsafe { tensors(&t, 1) }.unwrap_err();
+        let source = MetadataError::UnknownDataType { tensor: "x".into(), raw: 0x0208 };
+        assert_eq!(err, ApiError::Metadata { source });
+        assert!(err.to_string().contains("`x` has data type 0x0208"), "{err}");
+    }
 }
