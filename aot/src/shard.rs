@@ -524,9 +524,10 @@ pub fn plan_shards(
     };
     if let Some(j) = jobs {
         auto.jobs = j.max(1);
-        auto.reasons.push(match j == auto.jobs {
-            true => format!("{j} build(s) at once, as asked for"),
-            false => format!("{} build(s) at once ({j} asked for)", auto.jobs),
+        auto.reasons.push(if j == auto.jobs {
+            format!("{j} build(s) at once, as asked for")
+        } else {
+            format!("{} build(s) at once ({j} asked for)", auto.jobs)
         });
     }
     Ok(auto)
