@@ -15,15 +15,15 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 /// Prompt logits `[prompt, vocab]`, the greedy continuation and the matrix bytes of `dir` loaded
-/// with `weights`.
-fn run(dir: &Path, weights: QuantizedWeights, prompt: &[u32]) -> (Vec<f32>, Vec<u32>, usize) {
+/// with `weights`, prefilling in chunks of `chunk`.
+fn run(dir: &Path, weights: QuantizedWeights, prompt: &[u32], chunk: usize) -> (Vec<f32>, Vec<u32>, usize) {
     let loaded = load_model_with(dir, 64, RunMode::Auto, weights).unwrap();
     assert!(loaded.fake_quant, "{}: not loaded as a quantized checkpoint", dir.display());
     let bytes = loaded.matrix_bytes;
     let mut generator = Generator::new(loaded.model).unwrap();
     let config = GenerationConfig {
         max_new_tokens: 8,
-        prefill_chunk: 5,
+        prefill_chunk: chunk,
         sampling: Sampling::Greedy,
         eos_ids: Vec::new(),
         collect_prompt_logits: true,
@@ -35,23 +35,40 @@ fn run(dir: &Path, weights: QuantizedWeights, prompt: &[u32]) -> (Vec<f32>, Vec<
 fn check_same_logits(dir: &Path) {
     let vocab = models::hf::HfConfig::from_dir(dir).unwrap().vocab_size;
     let prompt: Vec<u32> = (0..13).map(|i| ((i * 37 + 5) % vocab) as u32).collect();
-    let (int4, int4_ids, int4_bytes) = run(dir, QuantizedWeights::Packed, &prompt);
-    let (f32s, f32_ids, f32_bytes) = run(dir, QuantizedWeights::F32, &prompt);
+    // Chunks of 5 run the f32 tiles; chunks of 1 (and decode) the integer tile on its QDQ'd rows
+    // where the CPU has AVX-512 VNNI.
+    for chunk in [5, 1] {
+        check_chunk(dir, vocab, &prompt, chunk);
+    }
+}
+
+fn check_chunk(dir: &Path, vocab: usize, prompt: &[u32], chunk: usize) {
+    let (int4, int4_ids, int4_bytes) = run(dir, QuantizedWeights::Packed, prompt, chunk);
+    let (f32s, f32_ids, f32_bytes) = run(dir, QuantizedWeights::F32, prompt, chunk);
     assert_eq!(int4.len(), prompt.len() * vocab);
+    let mut worst = 0f32;
     for (r, (a, b)) in int4.chunks(vocab).zip(f32s.chunks(vocab)).enumerate() {
         let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert!(scale > 0.0 && scale.is_finite(), "{}: row {r} of the f32 logits: max |x| = {scale}", dir.display());
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
             assert!(x.is_finite(), "{}: row {r} logit {i} is {x}", dir.display());
-            assert!((x - y).abs() <= 1e-4 * scale, "{}: row {r} logit {i}: int4 {x}, f32 {y}", dir.display());
+            worst = worst.max((x - y).abs() / scale);
         }
     }
+    eprintln!("{}, chunks of {chunk}: largest |int4 - f32| / max |f32| = {worst:e}", dir.display());
+    // Rows one at a time go through more QDQ points per logit row, and a uint16 activation code
+    // that rounds the other way under another summation order moves the logits by more than the
+    // sums' own rounding: measured up to 1.1e-3 of the row's largest with the f32 tiles, 1.4e-4
+    // with the integer tile (chunks of 5: 6e-5 either way).
+    let tol = if chunk == 1 { 2e-3 } else { 1e-4 };
+    assert!(worst <= tol, "{}, chunks of {chunk}: logits differ by {worst:e} of the row's largest", dir.display());
     assert_eq!(int4_ids, f32_ids, "{}: greedy continuations", dir.display());
-    // int4 codes + u8 block scales (bs 16) + f32 channel scales in 32-column panels vs 4 bytes
-    // per weight: 5.4x on this tiny model (16,640 vs 90,112 bytes), whose 16- to 128-column
-    // matrices make the per-column scales and the panel padding of the 16-column k/v projections
-    // weigh; about 7x on real shapes. Weights held as bf16 would be 2x, decoded to f32 1x.
-    assert!(int4_bytes * 5 < f32_bytes, "{}: int4 holds {int4_bytes} matrix bytes, f32 {f32_bytes}", dir.display());
+    // int4 codes + u8 block scales (bs 16) + f32 channel scales + i32 code sums (for the integer
+    // tile) in 32-column panels vs 4 bytes per weight: 4.6x on this tiny model (19,456 vs 90,112
+    // bytes), whose 64-row, 16- to 128-column matrices make the per-column values and the panel
+    // padding of the 16-column k/v projections weigh; about 7x on real shapes. Weights held as
+    // bf16 would be 2x, decoded to f32 1x.
+    assert!(int4_bytes * 9 < f32_bytes * 2, "{}: int4 holds {int4_bytes} matrix bytes, f32 {f32_bytes}", dir.display());
 }
 
 #[test]

@@ -7,6 +7,7 @@
 use crate::executor::{profile, real_values};
 use crate::kernels::run_in_pool;
 use mllm_dsl::{BackendRef, CausalLm, DType, F32Buffer, Storage, Tensor, TensorType};
+use rayon::prelude::*;
 use runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
 use std::borrow::Cow;
 
@@ -112,22 +113,32 @@ impl ChunkModel for CpuChunkModel {
         let (mut keys, mut values) = (Vec::new(), Vec::new());
         let mut past = std::mem::take(&mut self.past);
         past.resize_with(shape.num_layers, Default::default);
-        for (l, [k, v]) in past.iter_mut().enumerate() {
-            let (pk, pv) = (inputs.past_key(l), inputs.past_value(l));
-            // K rows (kv head, dim) hold one column per position: the first n_past of each row.
-            let k = refill(k, |dst| {
-                dst.reserve(kvh * d * n_past);
-                for src in pk.chunks(stride).take(kvh * d) {
-                    dst.extend_from_slice(&src[..n_past]);
-                }
-            });
-            // V heads hold one row per position: the first n_past rows of each head.
-            let v = refill(v, |dst| {
-                dst.reserve(kvh * n_past * d);
-                for src in pv.chunks(stride * d).take(kvh) {
-                    dst.extend_from_slice(&src[..n_past * d]);
-                }
-            });
+        // The copies are memory-bound (tens of MB a decode step on larger models): layers in
+        // parallel, on the pool's threads.
+        let copied: Vec<[F32Buffer; 2]> = run_in_pool(|| {
+            past.par_iter_mut()
+                .enumerate()
+                .map(|(l, [k, v])| {
+                    let (pk, pv) = (inputs.past_key(l), inputs.past_value(l));
+                    // K rows (kv head, dim) hold one column per position: the first n_past of each.
+                    let k = refill(k, |dst| {
+                        dst.reserve(kvh * d * n_past);
+                        for src in pk.chunks(stride).take(kvh * d) {
+                            dst.extend_from_slice(&src[..n_past]);
+                        }
+                    });
+                    // V heads hold one row per position: the first n_past rows of each head.
+                    let v = refill(v, |dst| {
+                        dst.reserve(kvh * n_past * d);
+                        for src in pv.chunks(stride * d).take(kvh) {
+                            dst.extend_from_slice(&src[..n_past * d]);
+                        }
+                    });
+                    [k, v]
+                })
+                .collect()
+        });
+        for [k, v] in copied {
             keys.push(self.tensor_arc(k, vec![1, kvh, d, n_past], DType::U8Sym)?);
             values.push(self.tensor_arc(v, vec![1, kvh, n_past, d], DType::U8Sym)?);
         }

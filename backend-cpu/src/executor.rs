@@ -6,6 +6,7 @@
 use crate::kernels::{self, BinaryOp, ReduceKind as KReduce, UnaryOp};
 use crate::kernels::{BatchRepeat, JoinAxis, RhsParts};
 use crate::lazy::LazyJoin;
+use crate::on_grid::{grid_of, OnGrid};
 use crate::packed_weight::{packed_of, WeightView};
 use crate::u16_table::u16_table_of;
 use mllm_dsl::op::{OpKind, ReduceKind};
@@ -18,6 +19,12 @@ pub trait QdqHook: Send + Sync {
     /// Returns the new data for `x` at `point` (quantized-dequantized, or observed and passed
     /// through). `Ok(None)` leaves the tensor unchanged.
     fn apply(&self, point: &QdqAttr, x: &[f32], shape: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError>;
+
+    /// The grid [`QdqHook::apply`]'s output at `point` lies on, if it is a 16-bit grid: the
+    /// backend keeps it with the values ([`OnGrid`]) for the integer int4 products.
+    fn grid(&self, _point: &QdqAttr) -> Option<kernels::Grid> {
+        None
+    }
 }
 
 /// Why a [`QdqHook`] could not handle a QDQ point.
@@ -98,6 +105,7 @@ fn f32_of<'a>(t: &'a Tensor, what: &'static str) -> Result<Cow<'a, [f32]>, CpuOp
 pub fn real_values(t: &Tensor) -> Option<Cow<'_, [f32]>> {
     match t.storage()? {
         Storage::F32(v) => Some(Cow::Borrowed(v)),
+        Storage::Native(data) if data.dense_f32().is_some() => data.dense_f32().map(|v| Cow::Borrowed(&v[..])),
         Storage::Native(_) => match (packed_of(t), lazy_of(t)) {
             (Some(w), _) => Some(Cow::Owned(w.to_f32())),
             (_, Some(l)) => l.materialize().ok().map(Cow::Owned),
@@ -119,6 +127,7 @@ fn lazy_of(t: &Tensor) -> Option<&LazyJoin> {
 fn dense_arc(t: &Tensor) -> Option<F32Buffer> {
     match t.storage()? {
         Storage::F32(v) => Some(v.clone()),
+        Storage::Native(data) => data.dense_f32().cloned(),
         _ => None,
     }
 }
@@ -208,12 +217,22 @@ impl CpuBackend {
     /// [`Backend::qdq`] with the hook's or the input's problem.
     fn apply_qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, CpuOpError> {
         let Some(hook) = &self.qdq else { return Ok(x.clone()) };
+        // A tensor already on the point's 16-bit grid passes unchanged (a uint16 table's values
+        // at a QDQ of its own encoding, a QDQ output at the same point again).
+        let grid = hook.grid(point);
+        if grid.is_some() && grid == grid_of(x) {
+            return Ok(x.clone());
+        }
         let data = f32_of(x, "QDQ input")?;
         match hook.apply(point, &data, x.shape())? {
             None => Ok(x.clone()),
             Some(new) => {
                 let backend = x.backend().cloned().ok_or(CpuOpError::Missing("QDQ input has no backend"))?;
-                Ok(Tensor::from_storage(x.ty().clone(), out_f32(new), backend)?)
+                let storage = match grid {
+                    Some(grid) => Storage::Native(Arc::new(OnGrid { values: new.into(), grid })),
+                    None => out_f32(new),
+                };
+                Ok(Tensor::from_storage(x.ty().clone(), storage, backend)?)
             }
         }
     }
@@ -334,8 +353,8 @@ impl CpuBackend {
                     return Err(CpuOpError::Features { features: k, weight, expected: w.matrix.k() });
                 }
                 let bias = inputs.get(2).map(|b| f32_of(b, "bias")).transpose()?;
-                kernels::linear_packed(&f32_of(x, "input")?, x.numel() / k.max(1), &w.matrix, bias.as_deref())
-                    .map_err(e)?
+                let (m, grid) = (x.numel() / k.max(1), grid_of(x));
+                kernels::linear_packed_on_grid(&f32_of(x, "input")?, m, &w.matrix, bias.as_deref(), grid).map_err(e)?
             }
             OpKind::Conv2d => {
                 // NHWC [N, H, W, In] x HWIO [1, 1, In, Out]: a [N*H*W, In] x [In, Out] product.
@@ -391,6 +410,9 @@ fn cast(x: &Tensor, to: mllm_dsl::DType) -> Result<Storage, CpuOpError> {
     let storage = x.storage().ok_or(CpuOpError::Missing("cast of a tensor without data"))?;
     Ok(match (storage, to.is_index()) {
         (Storage::F32(v), true) => Storage::I64(v.iter().map(|&f| f as i64).collect::<Vec<_>>().into()),
+        (Storage::Native(d), true) if d.dense_f32().is_some() => {
+            Storage::I64(d.dense_f32().into_iter().flat_map(|v| v.iter()).map(|&f| f as i64).collect::<Vec<_>>().into())
+        }
         (Storage::I64(v), false) => Storage::F32(v.iter().map(|&i| i as f32).collect::<Vec<_>>().into()),
         (s, _) => s.clone(),
     })
@@ -509,5 +531,52 @@ mod tests {
         let out = TensorType::new(vec![2], mllm_dsl::DType::F32);
         let err = backend.execute(&OpKind::Neg, &[&Tensor::scalar(1.0)], &out).unwrap_err();
         assert!(matches!(err, BackendError::Op(_)), "{err:?}");
+    }
+
+    #[test]
+    fn qdq_outputs_keep_their_grid_and_values_on_it_pass_unchanged() {
+        use crate::quant::{FakeQuantHook, QdqParams};
+        use crate::u16_table::U16Table;
+        use compiler::quant::QuantParams;
+        let (scale, zero_point) = (0.01f32, 30000);
+        let u16_point = QdqAttr { kind: QdqKind::Activation, key: "a_qdq".into() };
+        let u8_point = QdqAttr { kind: QdqKind::Activation, key: "kv_qdq".into() };
+        let mut params = QdqParams::new();
+        params.insert(u16_point.clone(), QuantParams { scale, zero_point, qmin: 0, qmax: 65535 });
+        params.insert(u8_point.clone(), QuantParams { scale, zero_point: 128, qmin: 0, qmax: 255 });
+        let backend = CpuBackend::with_qdq(Arc::new(FakeQuantHook::new(&params)));
+        let grid = kernels::Grid { scale, zero_point };
+
+        // A u16 point's output records its grid and reads as the fake-quantized values.
+        let x = Tensor::from_f32(vec![0.123, -1.0, 7.777], vec![3], backend.clone()).unwrap();
+        let y = backend.qdq(&x, &u16_point).unwrap();
+        assert_eq!(grid_of(&y), Some(grid));
+        let fq = compiler::quant::FakeQuantizer::new(&QuantParams { scale, zero_point, qmin: 0, qmax: 65535 });
+        let want: Vec<f32> = [0.123f32, -1.0, 7.777].iter().map(|&v| fq.fake(v)).collect();
+        assert_ne!(want, [0.123f32, -1.0, 7.777]);
+        assert_eq!(y.as_f32().unwrap(), &want[..]);
+        assert_eq!(real_values(&y).unwrap().as_ref(), &want[..]);
+        // The same point again, and a uint16 table of that encoding, pass as they are.
+        let again = backend.qdq(&y, &u16_point).unwrap();
+        let native = |t: &Tensor| match t.storage() {
+            Some(Storage::Native(d)) => d.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert!(Arc::ptr_eq(&native(&again), &native(&y)), "the same data, not a copy");
+        let table = U16Table::new(vec![0, 30000, 65535, 12], 2, 2, scale, zero_point).unwrap();
+        let t = table.clone().into_tensor(vec![2, 2], backend.clone()).unwrap();
+        let same = backend.qdq(&t, &u16_point).unwrap();
+        assert!(u16_table_of(&same).is_some(), "the table stays codes");
+        // A table of another encoding is fake-quantized like any tensor (65535 clamps).
+        let other = U16Table::new(vec![0, 30000, 65535, 12], 2, 2, scale * 2.0, zero_point).unwrap();
+        let t = other.clone().into_tensor(vec![2, 2], backend.clone()).unwrap();
+        let q = backend.qdq(&t, &u16_point).unwrap();
+        assert!(u16_table_of(&q).is_none());
+        let want: Vec<f32> = other.to_f32().iter().map(|&v| fq.fake(v)).collect();
+        assert_eq!(q.as_f32().unwrap(), &want[..]);
+        // An 8-bit point records no grid (its codes are not the linears' 16-bit ones).
+        let k = backend.qdq(&x, &u8_point).unwrap();
+        assert_eq!(grid_of(&k), None);
+        assert!(matches!(k.storage(), Some(Storage::F32(_))));
     }
 }

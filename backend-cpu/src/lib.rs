@@ -6,6 +6,7 @@ pub mod executor;
 pub mod interp;
 pub mod kernels;
 pub mod lazy;
+pub mod on_grid;
 pub mod packed_weight;
 pub mod quant;
 pub mod rng;

@@ -106,6 +106,11 @@ impl U16Table {
         self.values(self.le_bytes()).collect()
     }
 
+    /// The grid of its values.
+    pub fn grid(&self) -> crate::kernels::Grid {
+        crate::kernels::Grid { scale: self.scale, zero_point: self.zero_point }
+    }
+
     /// Bytes held by the codes.
     pub fn bytes(&self) -> usize {
         self.le_bytes().len()

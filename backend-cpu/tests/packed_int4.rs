@@ -161,3 +161,68 @@ fn bad_codes_and_shapes_are_rejected() {
     p.push(&[0; 8]).unwrap();
     assert!(matches!(p.finish(&[1; 4], &[1.0; 3]), Err(KernelError::DataLength { operand: "scale2", .. })));
 }
+
+/// A row on a u16 grid: `(u - zp) * scale` with codes spread over `lo..=hi`.
+fn grid_row(rng: &mut Lcg, k: usize, grid: kernels::Grid, lo: i32, hi: i32) -> Vec<f32> {
+    (0..k)
+        .map(|_| {
+            let u = lo + ((rng.next_f32(1.0) + 1.0) * 0.5 * (hi - lo) as f32) as i32;
+            (u.clamp(lo, hi) - grid.zero_point) as f32 * grid.scale
+        })
+        .collect()
+}
+
+#[test]
+fn rows_on_a_u16_grid_multiply_in_integers_and_match_the_decoded_weights() {
+    let mut rng = Lcg(5);
+    #[cfg(target_arch = "x86_64")]
+    let available = ["avx512f", "avx512bw", "avx512vnni", "avx512vbmi"].iter().all(|f| match *f {
+        "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
+        "avx512bw" => std::arch::is_x86_feature_detected!("avx512bw"),
+        "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
+        _ => std::arch::is_x86_feature_detected!("avx512vbmi"),
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    let available = false;
+    // (k, n, block, zero point, code range): codes around the zero point, a zero point at 0 with
+    // codes over the whole u16 range (an offset other than the zero point), one near 65535.
+    let cases = [
+        (16, 1, 16, 32768, (30000, 36000)),
+        (64, 33, 16, 32768, (0, 65535)),
+        (128, 96, 32, 0, (0, 65535)),
+        (96, 70, 4, 65000, (100, 65535)),
+        (256, 9 * PANEL + 5, 64, 1234, (0, 40000)),
+    ];
+    for &(k, n, block, zero_point, (lo, hi)) in &cases {
+        let q = lpbq(&mut rng, n, k, block);
+        let w = pack(&q, k, n, block, 4096);
+        let grid = kernels::Grid { scale: 3.1e-4, zero_point };
+        let x = grid_row(&mut rng, k, grid, lo, hi);
+        let bias = rng.vec(n, 0.5);
+        let what = format!("k{k} n{n} bs{block} zp{zero_point} codes {lo}..={hi}");
+        assert_eq!(kernels::runs_on_grid(&x, 1, &w, Some(grid)), available, "{what}: integer path");
+        for b in [None, Some(bias.as_slice())] {
+            let want = naive(&x, 1, k, &q.decoded_kn, n, b);
+            for threads in [1, 2] {
+                kernels::set_num_threads(threads).unwrap();
+                let got = kernels::linear_packed_on_grid(&x, 1, &w, b, Some(grid)).unwrap();
+                assert_close(&got, &want, k, &format!("{what} bias {} threads {threads}", b.is_some()));
+            }
+        }
+        // A value off the grid, two rows, or blocks of an odd size take the f32 tiles.
+        let mut off = x.clone();
+        off[k / 2] = f32::from_bits(off[k / 2].to_bits() ^ 1);
+        assert!(!kernels::runs_on_grid(&off, 1, &w, Some(grid)), "{what}: off the grid");
+        let want = naive(&off, 1, k, &q.decoded_kn, n, None);
+        assert_close(&kernels::linear_packed_on_grid(&off, 1, &w, None, Some(grid)).unwrap(), &want, k, &what);
+        let two = [x.as_slice(), x.as_slice()].concat();
+        assert!(!kernels::runs_on_grid(&two, 2, &w, Some(grid)), "{what}: two rows");
+    }
+    let q = lpbq(&mut rng, 8, 42, 7);
+    let w = pack(&q, 42, 8, 7, 64);
+    let grid = kernels::Grid { scale: 0.01, zero_point: 32768 };
+    assert!(!kernels::runs_on_grid(&grid_row(&mut rng, 42, grid, 32000, 33000), 1, &w, Some(grid)));
+    if !available {
+        eprintln!("note: this CPU lacks AVX-512 VNNI/VBMI: only the f32 fallback was checked");
+    }
+}

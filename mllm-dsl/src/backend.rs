@@ -82,6 +82,12 @@ pub trait NativeData: Any + Send + Sync + fmt::Debug {
 
     /// `self` as [`Any`], for downcasting to the concrete type.
     fn as_any(&self) -> &dyn Any;
+
+    /// The logical f32 values, for data that holds them as they are (with something beside them
+    /// that only its backend reads); `None` when they would have to be computed.
+    fn dense_f32(&self) -> Option<&F32Buffer> {
+        None
+    }
 }
 
 impl dyn NativeData {

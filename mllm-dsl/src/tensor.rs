@@ -128,10 +128,12 @@ impl Tensor {
         Ok(self.shape()[d])
     }
 
-    /// The eager data as f32 (floats, quantized types and bools).
+    /// The eager data as f32 (floats, quantized types and bools), also when a backend's own data
+    /// holds it as is ([`NativeData::dense_f32`](crate::NativeData::dense_f32)).
     pub fn as_f32(&self) -> Option<&[f32]> {
         match self.repr() {
             Repr::Eager { storage: Storage::F32(v), .. } => Some(v),
+            Repr::Eager { storage: Storage::Native(data), .. } => data.dense_f32().map(|v| &v[..]),
             _ => None,
         }
     }

@@ -13,6 +13,7 @@
 
 mod elementwise;
 mod error;
+mod grid_int4;
 mod index_select;
 mod math;
 mod matmul;
@@ -32,11 +33,15 @@ mod unary;
 
 pub use elementwise::{add, binary, div, equal, mul, sub, where_, BinaryOp, BinaryResult};
 pub use error::KernelError;
+pub use grid_int4::Grid;
 pub use index_select::index_select;
 pub use matmul::{linear_kn, linear_nk, linear_with, matmul, LinearStrategy, WeightLayout};
 pub use matmul_parts::{matmul_parts, BatchRepeat, JoinAxis, RhsParts};
 pub use movement::{concat, repeat_interleave, slice};
-pub use packed::{available_isas, linear_packed, linear_packed_with, PackedElems, PackedMatrix, PANEL};
+pub use packed::{
+    available_isas, linear_packed, linear_packed_on_grid, linear_packed_with, runs_on_grid, PackedElems, PackedMatrix,
+    INT4_TILE_ENV, PANEL,
+};
 pub use packed_int4::{Int4Packer, Int4Panels};
 pub use packed_tile::Isa;
 pub use permute::{permute, transpose, transpose_2d};

@@ -33,7 +33,7 @@ const BLOCK_SUM_ROWS: usize = 4;
 /// (measured single-threaded on Qwen3-0.6B's shapes: 1.3-1.4x the throughput of 512 bytes ahead,
 /// and 2 KiB gained less).
 #[cfg(target_arch = "x86_64")]
-const PREFETCH_ROWS: usize = 256;
+pub(crate) const PREFETCH_ROWS: usize = 256;
 
 /// The value of a 4-bit two's-complement code (`0..=15` → `-8..=7`).
 #[inline(always)]
@@ -53,6 +53,8 @@ pub struct Int4Panels {
     scale1: Vec<u8>,
     /// `panels * PANEL`, zero for padding columns.
     scale2: Vec<f32>,
+    /// `panels * PANEL`: `Σ_k q[k, c] * scale1[k / block, c]` (for [`super::grid_int4`]).
+    code_sums: Vec<i32>,
 }
 
 impl Int4Panels {
@@ -63,7 +65,7 @@ impl Int4Panels {
 
     /// Bytes held (codes and both scales).
     pub(crate) fn bytes(&self) -> usize {
-        self.codes.len() + self.scale1.len() + self.scale2.len() * 4
+        self.codes.len() + self.scale1.len() + (self.scale2.len() + self.code_sums.len()) * 4
     }
 
     /// `W[kk, c]` as the decoded LPBQ value `(q * scale1) * scale2` (one rounding, as the f32
@@ -82,6 +84,7 @@ impl Int4Panels {
             codes: &self.codes[p * codes..(p + 1) * codes],
             scale1: &self.scale1[p * scales..(p + 1) * scales],
             scale2: &self.scale2[p * PANEL..(p + 1) * PANEL],
+            code_sums: &self.code_sums[p * PANEL..(p + 1) * PANEL],
             block: self.block,
         }
     }
@@ -93,7 +96,40 @@ pub(crate) struct Int4Panel<'a> {
     codes: &'a [u8],
     scale1: &'a [u8],
     scale2: &'a [f32],
+    code_sums: &'a [i32],
     block: usize,
+}
+
+impl<'a> Int4Panel<'a> {
+    /// Input rows per block.
+    pub(crate) fn block(&self) -> usize {
+        self.block
+    }
+
+    /// The panel's codes, row after row.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn codes(&self) -> &'a [u8] {
+        self.codes
+    }
+
+    /// The 16 bytes of panel row `kk` (the panel's rows follow one another).
+    pub(crate) fn code_row(&self, kk: usize) -> &'a [u8] {
+        &self.codes[kk * INT4_ROW_BYTES..(kk + 1) * INT4_ROW_BYTES]
+    }
+
+    /// The [`PANEL`] `scale1` values of block `b`.
+    pub(crate) fn scale1_of(&self, b: usize) -> &'a [u8] {
+        &self.scale1[b * PANEL..(b + 1) * PANEL]
+    }
+
+    pub(crate) fn scale2(&self) -> &'a [f32] {
+        self.scale2
+    }
+
+    /// `Σ_k q[k, c] * scale1[k / block, c]` per column.
+    pub(crate) fn code_sums(&self) -> &'a [i32] {
+        self.code_sums
+    }
 }
 
 /// Builds a [`PackedMatrix`] of int4 codes from a row-major `[K, N]` tensor of bytes holding one
@@ -176,7 +212,18 @@ impl Int4Packer {
             }
             s2[c] = scale2[c];
         }
-        let panels = Int4Panels { block, blocks, codes: self.codes, scale1: s1, scale2: s2 };
+        let mut code_sums = vec![0i32; panels * PANEL];
+        for (p, sums) in code_sums.chunks_mut(PANEL).enumerate() {
+            for kk in 0..k {
+                let row = &self.codes[(p * k + kk) * INT4_ROW_BYTES..][..INT4_ROW_BYTES];
+                let s = &s1[(p * blocks + kk / block) * PANEL..][..PANEL];
+                for (j, &byte) in row.iter().enumerate() {
+                    sums[j] += sign_extend(byte) * i32::from(s[j]);
+                    sums[INT4_ROW_BYTES + j] += sign_extend(byte >> 4) * i32::from(s[INT4_ROW_BYTES + j]);
+                }
+            }
+        }
+        let panels = Int4Panels { block, blocks, codes: self.codes, scale1: s1, scale2: s2, code_sums };
         Ok(PackedMatrix::from_int4(k, n, panels))
     }
 }

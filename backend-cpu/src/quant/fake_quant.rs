@@ -69,4 +69,9 @@ impl QdqHook for FakeQuantHook {
             .for_each(|(o, i)| mllm_dsl::simd::widest(|| o.iter_mut().zip(i).for_each(|(o, &v)| *o = fq.fake(v))));
         Ok(Some(out))
     }
+
+    fn grid(&self, point: &QdqAttr) -> Option<crate::kernels::Grid> {
+        let p = self.quantizers.get(&point.key)?.1.params();
+        crate::on_grid::u16_grid(p.scale, p.zero_point, p.qmin, p.qmax)
+    }
 }
