@@ -295,7 +295,13 @@ impl<'a> Interpreter<'a> {
         };
         let mut out = data.to_vec();
         FakeQuantizer::new(&params).apply_in_place(&mut out);
-        Tensor::from_storage(t.ty().clone(), Storage::F32(out.into()), self.backend.clone())
+        // Kept with its grid, as the eager backend keeps a QDQ output, so the linears after it
+        // run the same kernels (the same sums) as the eager model.
+        let storage = match crate::on_grid::u16_grid(params.scale, params.zero_point, params.qmin, params.qmax) {
+            Some(grid) => Storage::Native(std::sync::Arc::new(crate::on_grid::OnGrid { values: out.into(), grid })),
+            None => Storage::F32(out.into()),
+        };
+        Tensor::from_storage(t.ty().clone(), storage, self.backend.clone())
             .map_err(|e| InterpError::Program(e.to_string()))
     }
 }
