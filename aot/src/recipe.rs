@@ -183,6 +183,9 @@ pub enum RecipeError {
     NotMllm { setting: &'static str, mllm: String, asked: String },
 }
 
+/// Why a family outside [`ModelType`] gets no rotation or prefix by default.
+const UNCHECKED_FAMILY: &str = "the Hadamard fold and the prefix are built and checked for qwen3, qwen2 and llama only";
+
 /// The default recipe of a model family: the best one it supports (all three families run GPTQ,
 /// the Hadamard rotation and an attention-sink prefix).
 pub fn family_default(family: ModelType) -> RecipeName {
@@ -203,18 +206,29 @@ pub fn choose(
     let (name, why, mut recipe) = match (name, model) {
         (Some(name), _) => (name, ASKED_FOR.to_string(), name.recipe()),
         (None, None) => (RecipeName::Rtn, "the embedded model's".to_string(), RecipeName::Rtn.recipe()),
-        (None, Some((dir, hf))) => {
-            let family = hf.model_kind()?;
-            let name = family_default(family);
-            let mut recipe = name.recipe();
-            // The default's prefix token needs the model's tokenizer to have it; a recipe asked
-            // for by name keeps it (and the run fails naming the token when the tokenizer lacks it).
-            if recipe.sink_prefix == [RECOMMENDED_SINK_TOKEN] && !has_token(dir, RECOMMENDED_SINK_TOKEN) {
-                recipe.sink_prefix.clear();
-                note = Some(format!("no sink prefix: the model's tokenizer has no {RECOMMENDED_SINK_TOKEN} token"));
+        (None, Some((dir, hf))) => match hf.model_kind() {
+            Ok(family) => {
+                let name = family_default(family);
+                let mut recipe = name.recipe();
+                // The default's prefix token needs the model's tokenizer to have it; a recipe asked
+                // for by name keeps it (and the run fails naming the token when the tokenizer lacks it).
+                if recipe.sink_prefix == [RECOMMENDED_SINK_TOKEN] && !has_token(dir, RECOMMENDED_SINK_TOKEN) {
+                    recipe.sink_prefix.clear();
+                    note = Some(format!("no sink prefix: the model's tokenizer has no {RECOMMENDED_SINK_TOKEN} token"));
+                }
+                (name, format!("the default for {} models", family.as_str()), recipe)
             }
-            (name, format!("the default for {} models", family.as_str()), recipe)
-        }
+            // A family with a model file that the rotation fold and the prefix were not checked
+            // on (Gemma 3, Phi-3, Mistral): GPTQ weights only.
+            Err(_) if models::supported_model_types().contains(&hf.model_type.as_str()) => {
+                let mut recipe = RecipeName::Recommended.recipe();
+                recipe.rotation = Rotation::None;
+                recipe.sink_prefix.clear();
+                note = Some(format!("no rotation or sink prefix: {UNCHECKED_FAMILY}"));
+                (RecipeName::Recommended, format!("the default for {} models", hf.model_type), recipe)
+            }
+            Err(e) => return Err(e.into()),
+        },
     };
     let mut refined = Vec::new();
     if name == RecipeName::Mllm {
@@ -324,6 +338,16 @@ mod tests {
         // Asked for by name, the prefix stays (and the run names the missing token).
         let asked = choose(Some(RecipeName::Recommended), Some((&dir, &hf)), &Refinements::default()).unwrap();
         assert_eq!(asked.recipe, RecipeName::Recommended.recipe());
+        // A family with a model file outside the fold (Gemma 3): GPTQ weights, and it says why.
+        let dir3 = fixture("gemma3-dev-f32");
+        let g = choose(None, Some((&dir3, &HfConfig::from_dir(&dir3).unwrap())), &Refinements::default()).unwrap();
+        assert_eq!((g.recipe.weight_method, g.recipe.rotation), (WeightMethod::Gptq, Rotation::None));
+        assert!(g.recipe.sink_prefix.is_empty());
+        let line = g.line();
+        assert!(
+            line.contains("the default for gemma3_text models") && line.contains("no rotation or sink prefix"),
+            "{line}"
+        );
         // Without a model (the embedded run): pymllm's rounding as deployed, as ever.
         let embedded = choose(None, None, &Refinements::default()).unwrap();
         assert_eq!((embedded.name, embedded.recipe), (RecipeName::Rtn, RecipeName::Rtn.recipe()));
