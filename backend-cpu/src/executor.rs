@@ -103,15 +103,17 @@ fn f32_of<'a>(t: &'a Tensor, what: &'static str) -> Result<Cow<'a, [f32]>, CpuOp
 /// this backend's own storages ([`PackedWeight`](crate::PackedWeight), [`LazyJoin`]); `None` for
 /// integer or foreign data.
 pub fn real_values(t: &Tensor) -> Option<Cow<'_, [f32]>> {
-    match t.storage()? {
-        Storage::F32(v) => Some(Cow::Borrowed(v)),
-        Storage::Native(data) if data.dense_f32().is_some() => data.dense_f32().map(|v| Cow::Borrowed(&v[..])),
+    let storage = t.storage()?;
+    if let Some(v) = storage.dense_f32() {
+        return Some(Cow::Borrowed(v));
+    }
+    match storage {
         Storage::Native(_) => match (packed_of(t), lazy_of(t)) {
             (Some(w), _) => Some(Cow::Owned(w.to_f32())),
             (_, Some(l)) => l.materialize().ok().map(Cow::Owned),
             _ => u16_table_of(t).map(|table| Cow::Owned(table.to_f32())),
         },
-        Storage::I64(_) => None,
+        Storage::F32(_) | Storage::I64(_) => None,
     }
 }
 
@@ -125,11 +127,7 @@ fn lazy_of(t: &Tensor) -> Option<&LazyJoin> {
 
 /// Dense f32 data shared, not copied (for lazy joins).
 fn dense_arc(t: &Tensor) -> Option<F32Buffer> {
-    match t.storage()? {
-        Storage::F32(v) => Some(v.clone()),
-        Storage::Native(data) => data.dense_f32().cloned(),
-        _ => None,
-    }
+    t.storage()?.dense_f32().cloned()
 }
 
 fn lazy_storage(lazy: LazyJoin, out: &TensorType) -> Result<Storage, CpuOpError> {
@@ -408,13 +406,10 @@ fn check_len(data: Vec<f32>, out: &TensorType) -> Result<Storage, CpuOpError> {
 /// happens at QDQ points) and convert between real and integer storage.
 fn cast(x: &Tensor, to: mllm_dsl::DType) -> Result<Storage, CpuOpError> {
     let storage = x.storage().ok_or(CpuOpError::Missing("cast of a tensor without data"))?;
-    Ok(match (storage, to.is_index()) {
-        (Storage::F32(v), true) => Storage::I64(v.iter().map(|&f| f as i64).collect::<Vec<_>>().into()),
-        (Storage::Native(d), true) if d.dense_f32().is_some() => {
-            Storage::I64(d.dense_f32().into_iter().flat_map(|v| v.iter()).map(|&f| f as i64).collect::<Vec<_>>().into())
-        }
-        (Storage::I64(v), false) => Storage::F32(v.iter().map(|&i| i as f32).collect::<Vec<_>>().into()),
-        (s, _) => s.clone(),
+    Ok(match (storage, storage.dense_f32(), to.is_index()) {
+        (_, Some(v), true) => Storage::I64(v.iter().map(|&f| f as i64).collect::<Vec<_>>().into()),
+        (Storage::I64(v), _, false) => Storage::F32(v.iter().map(|&i| i as f32).collect::<Vec<_>>().into()),
+        (s, _, _) => s.clone(),
     })
 }
 

@@ -98,6 +98,16 @@ impl dyn NativeData {
 }
 
 impl Storage {
+    /// The f32 values held as they are: f32 storage, or native data that holds them
+    /// ([`NativeData::dense_f32`]); `None` for integers and data whose values must be computed.
+    pub fn dense_f32(&self) -> Option<&F32Buffer> {
+        match self {
+            Storage::F32(v) => Some(v),
+            Storage::Native(data) => data.dense_f32(),
+            Storage::I64(_) => None,
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             Storage::F32(v) => v.len(),

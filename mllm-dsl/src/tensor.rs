@@ -132,8 +132,7 @@ impl Tensor {
     /// holds it as is ([`NativeData::dense_f32`](crate::NativeData::dense_f32)).
     pub fn as_f32(&self) -> Option<&[f32]> {
         match self.repr() {
-            Repr::Eager { storage: Storage::F32(v), .. } => Some(v),
-            Repr::Eager { storage: Storage::Native(data), .. } => data.dense_f32().map(|v| &v[..]),
+            Repr::Eager { storage, .. } => storage.dense_f32().map(|v| &v[..]),
             _ => None,
         }
     }
