@@ -3,11 +3,14 @@
 //! The compiled NPU graphs read the whole static cache (`ctx - ar` past columns) and a `[ar, ctx]`
 //! mask. Eager shapes are free, so each chunk here receives only the `n_past` valid past columns and
 //! the matching mask columns: the same computation without the work on columns the mask excludes.
+//! The past is not copied: each layer's keys and values are [`Strided`] views of the runtime's
+//! cache buffers, whose rows are `ctx - ar` positions wide, and the attention products read them
+//! there (see [`crate::lazy`]).
 
 use crate::executor::{profile, real_values};
-use crate::kernels::run_in_pool;
+use crate::kernels::{run_in_pool, KernelError};
+use crate::lazy::Strided;
 use mllm_dsl::{BackendRef, CausalLm, DType, F32Buffer, Storage, Tensor, TensorType};
-use rayon::prelude::*;
 use runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
 use std::borrow::Cow;
 
@@ -18,15 +21,12 @@ pub struct CpuChunkModel {
     model: Box<dyn CausalLm>,
     backend: BackendRef,
     context_len: usize,
-    /// Per layer, the buffers the valid past keys and values were copied into, refilled by the
-    /// next chunk: fresh ones (tens of MB per decode step) cost more in page faults than the copy.
-    past: Vec<[F32Buffer; 2]>,
 }
 
 impl CpuChunkModel {
     /// `model` must be bound to weights on `backend`'s store.
     pub fn new(model: Box<dyn CausalLm>, backend: BackendRef, context_len: usize) -> Self {
-        CpuChunkModel { model, backend, context_len, past: Vec::new() }
+        CpuChunkModel { model, backend, context_len }
     }
 
     fn tensor(&self, data: Vec<f32>, shape: Vec<usize>, dtype: DType) -> mllm_dsl::Result<Tensor> {
@@ -36,23 +36,12 @@ impl CpuChunkModel {
     fn tensor_arc(&self, data: F32Buffer, shape: Vec<usize>, dtype: DType) -> mllm_dsl::Result<Tensor> {
         Tensor::from_storage(TensorType::new(shape, dtype), Storage::F32(data), self.backend.clone())
     }
-}
 
-/// `slot` emptied and refilled by `fill` (appending), in place when no tensor still shares it;
-/// returns a handle on it.
-fn refill(slot: &mut F32Buffer, fill: impl FnOnce(&mut Vec<f32>)) -> F32Buffer {
-    match slot.vec_mut() {
-        Some(v) => {
-            v.clear();
-            fill(v);
-        }
-        None => {
-            let mut v = Vec::new();
-            fill(&mut v);
-            *slot = v.into();
-        }
+    /// A past K or V tensor read in place from the runtime's cache.
+    fn past_tensor(&self, view: Strided) -> mllm_dsl::Result<Tensor> {
+        let ty = TensorType::new(view.shape.clone(), DType::U8Sym);
+        Tensor::from_storage(ty, Storage::Native(std::sync::Arc::new(view)), self.backend.clone())
     }
-    slot.clone()
 }
 
 /// A model output the chunk model cannot hand back to the runtime.
@@ -62,6 +51,8 @@ pub enum ModelOutputError {
     NotReal { what: &'static str },
     #[error("model output logits has {found} values; expected {ar} or {rows} rows of {vocab}")]
     LogitsLength { found: usize, ar: usize, rows: usize, vocab: usize },
+    #[error("layer {layer}: past {what} of the KV cache: {source}")]
+    PastLayout { layer: usize, what: &'static str, source: KernelError },
 }
 
 impl ChunkModel for CpuChunkModel {
@@ -110,39 +101,18 @@ impl ChunkModel for CpuChunkModel {
             mask.extend(cols.map(|c| if m.attends_in(plane, row, c) { 0.0 } else { MASKED }));
         }
         let mask = self.tensor(mask, vec![1, planes, ar, n_past + ar], DType::F32)?;
+        // Past K `[1, Hkv, D, n_past]`: rows of `stride` positions; past V `[1, Hkv, n_past, D]`:
+        // heads of `stride` rows of D.
         let (mut keys, mut values) = (Vec::new(), Vec::new());
-        let mut past = std::mem::take(&mut self.past);
-        past.resize_with(shape.num_layers, Default::default);
-        // The copies are memory-bound (tens of MB a decode step on larger models): layers in
-        // parallel, on the pool's threads.
-        let copied: Vec<[F32Buffer; 2]> = run_in_pool(|| {
-            past.par_iter_mut()
-                .enumerate()
-                .map(|(l, [k, v])| {
-                    let (pk, pv) = (inputs.past_key(l), inputs.past_value(l));
-                    // K rows (kv head, dim) hold one column per position: the first n_past of each.
-                    let k = refill(k, |dst| {
-                        dst.reserve(kvh * d * n_past);
-                        for src in pk.chunks(stride).take(kvh * d) {
-                            dst.extend_from_slice(&src[..n_past]);
-                        }
-                    });
-                    // V heads hold one row per position: the first n_past rows of each head.
-                    let v = refill(v, |dst| {
-                        dst.reserve(kvh * n_past * d);
-                        for src in pv.chunks(stride * d).take(kvh) {
-                            dst.extend_from_slice(&src[..n_past * d]);
-                        }
-                    });
-                    [k, v]
-                })
-                .collect()
-        });
-        for [k, v] in copied {
-            keys.push(self.tensor_arc(k, vec![1, kvh, d, n_past], DType::U8Sym)?);
-            values.push(self.tensor_arc(v, vec![1, kvh, n_past, d], DType::U8Sym)?);
+        for l in 0..shape.num_layers {
+            let layout = |what, source| ModelOutputError::PastLayout { layer: l, what, source };
+            let k = Strided::new(inputs.key_buffer(l).clone().into(), vec![1, kvh, d, n_past], stride, d * stride)
+                .map_err(|e| layout("keys", e))?;
+            let v = Strided::new(inputs.value_buffer(l).clone().into(), vec![1, kvh, n_past, d], d, stride * d)
+                .map_err(|e| layout("values", e))?;
+            keys.push(self.past_tensor(k)?);
+            values.push(self.past_tensor(v)?);
         }
-        self.past = past;
         let t1 = profile::lap(t0, "chunk: inputs");
         let rows = inputs.logit_rows();
         let model = &self.model;

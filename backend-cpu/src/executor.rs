@@ -4,13 +4,13 @@
 //! calibration observers) without touching the model file.
 
 use crate::kernels::{self, BinaryOp, ReduceKind as KReduce, UnaryOp};
-use crate::kernels::{BatchRepeat, JoinAxis, RhsParts};
-use crate::lazy::LazyJoin;
+use crate::kernels::{BatchRepeat, JoinAxis, RhsPart, RhsParts};
+use crate::lazy::{LazyJoin, Strided};
 use crate::on_grid::{grid_of, OnGrid};
 use crate::packed_weight::{packed_of, WeightView};
 use crate::u16_table::u16_table_of;
 use mllm_dsl::op::{OpKind, ReduceKind};
-use mllm_dsl::{Backend, BackendError, BackendRef, F32Buffer, QdqAttr, Storage, Tensor, TensorType};
+use mllm_dsl::{Backend, BackendError, BackendRef, QdqAttr, Storage, Tensor, TensorType};
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -100,17 +100,18 @@ fn f32_of<'a>(t: &'a Tensor, what: &'static str) -> Result<Cow<'a, [f32]>, CpuOp
 }
 
 /// `t`'s real values in its logical (row-major) layout: borrowed for f32 storage, computed for
-/// this backend's own storages ([`PackedWeight`](crate::PackedWeight), [`LazyJoin`]); `None` for
-/// integer or foreign data.
+/// this backend's own storages ([`PackedWeight`](crate::PackedWeight), [`LazyJoin`], [`Strided`]);
+/// `None` for integer or foreign data.
 pub fn real_values(t: &Tensor) -> Option<Cow<'_, [f32]>> {
     let storage = t.storage()?;
     if let Some(v) = storage.dense_f32() {
         return Some(Cow::Borrowed(v));
     }
     match storage {
-        Storage::Native(_) => match (packed_of(t), lazy_of(t)) {
-            (Some(w), _) => Some(Cow::Owned(w.to_f32())),
-            (_, Some(l)) => l.materialize().ok().map(Cow::Owned),
+        Storage::Native(data) => match (packed_of(t), lazy_of(t), data.downcast_ref::<Strided>()) {
+            (Some(w), _, _) => Some(Cow::Owned(w.to_f32())),
+            (_, Some(l), _) => l.materialize().ok().map(Cow::Owned),
+            (_, _, Some(view)) => Some(view.values()),
             _ => u16_table_of(t).map(|table| Cow::Owned(table.to_f32())),
         },
         Storage::F32(_) | Storage::I64(_) => None,
@@ -125,9 +126,17 @@ fn lazy_of(t: &Tensor) -> Option<&LazyJoin> {
     }
 }
 
-/// Dense f32 data shared, not copied (for lazy joins).
-fn dense_arc(t: &Tensor) -> Option<F32Buffer> {
-    t.storage()?.dense_f32().cloned()
+/// `t`'s f32 values as a part of a lazy join, shared, not copied: dense data, or a strided view
+/// of the same shape (a view op changes the shape and leaves the data: then `None`).
+fn part_of(t: &Tensor) -> Option<Strided> {
+    let storage = t.storage()?;
+    if let Some(data) = storage.dense_f32() {
+        return Strided::dense(data.clone(), t.shape().to_vec()).ok();
+    }
+    match storage {
+        Storage::Native(data) => data.downcast_ref::<Strided>().filter(|v| v.shape == t.shape()).cloned(),
+        _ => None,
+    }
 }
 
 fn lazy_storage(lazy: LazyJoin, out: &TensorType) -> Result<Storage, CpuOpError> {
@@ -155,7 +164,7 @@ fn matmul_lazy(x: &Tensor, y: &LazyJoin) -> Result<Option<Vec<f32>>, CpuOpError>
     if y.times > 1 && y.repeat_dim >= r - 2 {
         return Ok(None);
     }
-    let src_batch = &y.parts[0].1[..r - 2];
+    let src_batch = &y.parts[0].shape[..r - 2];
     let batches = if y.times > 1 {
         let d = y.repeat_dim;
         BatchRepeat {
@@ -171,7 +180,16 @@ fn matmul_lazy(x: &Tensor, y: &LazyJoin) -> Result<Option<Vec<f32>>, CpuOpError>
         JoinAxis::K => r - 2,
         JoinAxis::N => r - 1,
     };
-    let parts = y.parts.iter().map(|(data, shape)| (&data[..], shape[extent_dim])).collect();
+    let parts = y
+        .parts
+        .iter()
+        .map(|p| RhsPart {
+            data: &p.data,
+            extent: p.shape[extent_dim],
+            batch_stride: p.batch_stride,
+            row_stride: p.row_stride,
+        })
+        .collect();
     let rhs = RhsParts { parts, axis, k: ys[r - 2], n: ys[r - 1], batches };
     let a = f32_of(x, "lhs")?;
     Ok(Some(kernels::matmul_parts(&a, xs[r - 2], &rhs)?))
@@ -255,8 +273,8 @@ impl CpuBackend {
             OpKind::Slice { dim, start, end } => {
                 kernels::slice(&f32_of(x, "input")?, shape, *dim as isize, *start as isize, *end as isize).map_err(e)?.0
             }
-            OpKind::Concat { dim } if inputs.len() > 1 && inputs.iter().all(|t| dense_arc(t).is_some()) => {
-                let parts = inputs.iter().filter_map(|t| Some((dense_arc(t)?, t.shape().to_vec()))).collect();
+            OpKind::Concat { dim } if inputs.len() > 1 && inputs.iter().all(|t| part_of(t).is_some()) => {
+                let parts = inputs.iter().filter_map(|t| part_of(t)).collect();
                 return lazy_storage(LazyJoin::concat(parts, *dim).map_err(e)?, out);
             }
             OpKind::Concat { dim } => {
@@ -264,15 +282,9 @@ impl CpuBackend {
                 let parts: Vec<(&[f32], &[usize])> = data.iter().zip(inputs).map(|(d, t)| (&**d, t.shape())).collect();
                 kernels::concat(&parts, *dim as isize).map_err(e)?.0
             }
-            OpKind::Repeat { dim, times } if dense_arc(x).is_some() || lazy_of(x).is_some_and(|l| l.shape == shape) => {
-                let lazy = match (dense_arc(x), lazy_of(x)) {
-                    (Some(data), _) => LazyJoin {
-                        shape: shape.to_vec(),
-                        parts: vec![(data, shape.to_vec())],
-                        cat_dim: 0,
-                        repeat_dim: 0,
-                        times: 1,
-                    },
+            OpKind::Repeat { dim, times } if part_of(x).is_some() || lazy_of(x).is_some_and(|l| l.shape == shape) => {
+                let lazy = match (part_of(x), lazy_of(x)) {
+                    (Some(part), _) => LazyJoin::single(part),
                     (_, Some(l)) => l.clone(),
                     _ => unreachable!("checked by the guard"),
                 };

@@ -1,22 +1,113 @@
-//! [`LazyJoin`]: the result of `cat` and `repeat_interleave` kept as references to its inputs.
+//! [`LazyJoin`]: the result of `cat` and `repeat_interleave` kept as references to its inputs,
+//! and [`Strided`]: a tensor read in place from rows of a wider buffer.
 //!
 //! An attention layer joins the past keys and values with the new ones and repeats them for GQA
 //! (`repeat_interleave(cat(past, new))`) only to multiply them with the queries. Materialized,
 //! that copies the whole KV cache three times per layer and step. Kept lazy, the product reads
 //! the pieces where they lie ([`crate::kernels::matmul_parts`]); any other consumer gets the
-//! materialized data, computed by the same kernels the eager ops use.
+//! materialized data, computed by the same kernels the eager ops use. The past itself is a
+//! [`Strided`] view of the runtime's KV cache, whose rows hold a column per position up to the
+//! cache's capacity: only the first `n_past` of each row are the tensor.
 
 use crate::kernels::{self, KernelError};
 use mllm_dsl::{F32Buffer, NativeData};
 use std::any::Any;
 
-/// `repeat_interleave(cat(parts, cat_dim), times, repeat_dim)` of dense f32 parts.
+/// The f32 values of a tensor of rank ≥ 2 read in place from `data`: element `(b, r, c)` (`b`
+/// indexing the leading dims flattened, `r` and `c` the last two) is
+/// `data[b * batch_stride + r * row_stride + c]`.
+#[derive(Debug, Clone)]
+pub struct Strided {
+    pub data: F32Buffer,
+    pub shape: Vec<usize>,
+    pub row_stride: usize,
+    pub batch_stride: usize,
+}
+
+impl NativeData for Strided {
+    fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Strided {
+    /// A view of `data`, checked to lie inside it with rows that do not overlap.
+    pub fn new(
+        data: F32Buffer,
+        shape: Vec<usize>,
+        row_stride: usize,
+        batch_stride: usize,
+    ) -> Result<Self, KernelError> {
+        let view = Strided { data, shape, row_stride, batch_stride };
+        let (batches, rows, cols) = view.dims()?;
+        let bad = |reason: String| Err(KernelError::InvalidArgument { op: "strided view", reason });
+        if batches * rows * cols == 0 {
+            return Ok(view);
+        }
+        if row_stride < cols || batch_stride < rows * row_stride {
+            return bad(format!(
+                "rows of {cols} at stride {row_stride}, {rows} rows at batch stride {batch_stride} overlap"
+            ));
+        }
+        let last = (batches - 1) * batch_stride + (rows - 1) * row_stride + cols;
+        if last > view.data.len() {
+            return bad(format!(
+                "shape {:?} at strides ({batch_stride}, {row_stride}) needs {last} values, the buffer has {}",
+                view.shape,
+                view.data.len()
+            ));
+        }
+        Ok(view)
+    }
+
+    /// Dense data in row-major order.
+    pub fn dense(data: F32Buffer, shape: Vec<usize>) -> Result<Self, KernelError> {
+        kernels::shape::check_len("strided view", "data", &data, &shape)?;
+        let cols = shape.last().copied().unwrap_or(1);
+        let rows = if shape.len() >= 2 { shape[shape.len() - 2] } else { 1 };
+        Ok(Strided { data, shape, row_stride: cols, batch_stride: rows * cols })
+    }
+
+    /// (batches, rows, cols): the leading dims flattened, then the last two.
+    pub fn dims(&self) -> Result<(usize, usize, usize), KernelError> {
+        match self.shape.as_slice() {
+            [lead @ .., rows, cols] => Ok((lead.iter().product(), *rows, *cols)),
+            _ => Err(KernelError::InvalidArgument {
+                op: "strided view",
+                reason: format!("shape {:?} has fewer than 2 dims", self.shape),
+            }),
+        }
+    }
+
+    /// The values in row-major order: borrowed when the view is the whole buffer, else copied.
+    pub fn values(&self) -> std::borrow::Cow<'_, [f32]> {
+        let Ok((batches, rows, cols)) = self.dims() else { return std::borrow::Cow::Borrowed(&self.data[..]) };
+        let len = batches * rows * cols;
+        if self.row_stride == cols && self.batch_stride == rows * cols {
+            return std::borrow::Cow::Borrowed(&self.data[..len]);
+        }
+        let mut out = Vec::with_capacity(len);
+        for b in 0..batches {
+            for r in 0..rows {
+                let at = b * self.batch_stride + r * self.row_stride;
+                out.extend_from_slice(&self.data[at..at + cols]);
+            }
+        }
+        std::borrow::Cow::Owned(out)
+    }
+}
+
+/// `repeat_interleave(cat(parts, cat_dim), times, repeat_dim)` of f32 parts read in place.
 #[derive(Debug, Clone)]
 pub struct LazyJoin {
     /// Shape of the result.
     pub shape: Vec<usize>,
-    /// Dense parts with their shapes (one part: no concatenation).
-    pub parts: Vec<(F32Buffer, Vec<usize>)>,
+    /// The parts (one part: no concatenation).
+    pub parts: Vec<Strided>,
     pub cat_dim: usize,
     pub repeat_dim: usize,
     /// 1: no repeat.
@@ -35,13 +126,15 @@ impl NativeData for LazyJoin {
 
 impl LazyJoin {
     /// `cat(parts, dim)`, checked like the eager op.
-    pub fn concat(parts: Vec<(F32Buffer, Vec<usize>)>, dim: usize) -> Result<Self, KernelError> {
-        let shapes: Vec<&[usize]> = parts.iter().map(|(_, s)| s.as_slice()).collect();
+    pub fn concat(parts: Vec<Strided>, dim: usize) -> Result<Self, KernelError> {
+        let shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
         let shape = concat_shape(&shapes, dim)?;
-        for (data, shape) in &parts {
-            kernels::shape::check_len("concat", "part", data, shape)?;
-        }
         Ok(LazyJoin { shape, parts, cat_dim: dim, repeat_dim: 0, times: 1 })
+    }
+
+    /// `x` itself, to be repeated.
+    pub fn single(x: Strided) -> Self {
+        LazyJoin { shape: x.shape.clone(), parts: vec![x], cat_dim: 0, repeat_dim: 0, times: 1 }
     }
 
     /// `repeat_interleave(self, times, dim)`; `None` when `self` is already repeated.
@@ -57,9 +150,11 @@ impl LazyJoin {
     /// The data, row-major in [`Self::shape`].
     pub fn materialize(&self) -> Result<Vec<f32>, KernelError> {
         let (joined, shape) = match self.parts.as_slice() {
-            [(data, shape)] => (data.to_vec(), shape.clone()),
+            [part] => (part.values().into_owned(), part.shape.clone()),
             parts => {
-                let views: Vec<(&[f32], &[usize])> = parts.iter().map(|(d, s)| (&d[..], s.as_slice())).collect();
+                let values: Vec<_> = parts.iter().map(Strided::values).collect();
+                let views: Vec<(&[f32], &[usize])> =
+                    values.iter().zip(parts).map(|(v, p)| (&v[..], p.shape.as_slice())).collect();
                 kernels::concat(&views, self.cat_dim as isize)?
             }
         };

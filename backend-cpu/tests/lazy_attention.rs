@@ -5,7 +5,7 @@
 
 mod common;
 
-use backend_cpu::kernels::{self, BatchRepeat, JoinAxis, KernelError, RhsParts};
+use backend_cpu::kernels::{self, BatchRepeat, JoinAxis, KernelError, RhsPart, RhsParts};
 use backend_cpu::CpuBackend;
 use common::Lcg;
 use mllm_dsl::{BackendRef, Tensor};
@@ -73,13 +73,8 @@ fn joined_case(
     let batches = heads * times;
     let a = rng.vec(batches * m * k, 1.0);
     let want = naive_bmm(&a, &b, batches, m, k, n);
-    let rhs = RhsParts {
-        parts: vec![(&past_part[..], past), (&new_part[..], new)],
-        axis,
-        k,
-        n,
-        batches: BatchRepeat { outer: 1, size: heads, times, inner: 1 },
-    };
+    let batches_map = BatchRepeat { outer: 1, size: heads, times, inner: 1 };
+    let rhs = RhsParts::dense(&[(&past_part[..], past), (&new_part[..], new)], axis, k, n, batches_map);
     for threads in [1, 2] {
         kernels::set_num_threads(threads).unwrap();
         let got = kernels::matmul_parts(&a, m, &rhs).unwrap();
@@ -120,23 +115,26 @@ fn batch_repeat_maps_inner_batches() {
     }
     let batches = outer * size * times * inner;
     let a = rng.vec(batches * m * k, 1.0);
-    let rhs = RhsParts {
-        parts: vec![(&src[..], k)],
-        axis: JoinAxis::K,
-        k,
-        n,
-        batches: BatchRepeat { outer, size, times, inner },
-    };
+    let rhs = RhsParts::dense(&[(&src[..], k)], JoinAxis::K, k, n, BatchRepeat { outer, size, times, inner });
     assert_close(&kernels::matmul_parts(&a, m, &rhs).unwrap(), &naive_bmm(&a, &full, batches, m, k, n), "inner repeat");
 }
 
 #[test]
 fn matmul_parts_rejects_inconsistent_parts() {
     let part = [0.0; 2 * 3 * 4];
-    let rhs = RhsParts { parts: vec![(&part[..], 3)], axis: JoinAxis::K, k: 4, n: 4, batches: BatchRepeat::none(2) };
+    let rhs = RhsParts::dense(&[(&part[..], 3)], JoinAxis::K, 4, 4, BatchRepeat::none(2));
     assert!(matches!(kernels::matmul_parts(&[0.0; 16], 2, &rhs), Err(KernelError::InvalidArgument { .. })));
-    let rhs = RhsParts { parts: vec![(&part[..], 3)], axis: JoinAxis::K, k: 3, n: 5, batches: BatchRepeat::none(2) };
+    let rhs = RhsParts::dense(&[(&part[..], 3)], JoinAxis::K, 3, 5, BatchRepeat::none(2));
     assert!(matches!(kernels::matmul_parts(&[0.0; 12], 2, &rhs), Err(KernelError::DataLength { operand: "part", .. })));
+    // A strided part whose last row runs past its buffer: 2 batches of 3 rows of 4 at strides
+    // (13, 4) need 25 values.
+    let strided = RhsPart { data: &part[..], extent: 3, batch_stride: 13, row_stride: 4 };
+    let rhs = RhsParts { parts: vec![strided], axis: JoinAxis::K, k: 3, n: 4, batches: BatchRepeat::none(2) };
+    assert!(matches!(kernels::matmul_parts(&[0.0; 12], 2, &rhs), Err(KernelError::InvalidArgument { .. })));
+    // Rows that overlap (stride below the row length).
+    let overlapping = RhsPart { data: &part[..], extent: 3, batch_stride: 12, row_stride: 3 };
+    let rhs = RhsParts { parts: vec![overlapping], axis: JoinAxis::K, k: 3, n: 4, batches: BatchRepeat::none(2) };
+    assert!(matches!(kernels::matmul_parts(&[0.0; 12], 2, &rhs), Err(KernelError::InvalidArgument { .. })));
 }
 
 fn tensor(rng: &mut Lcg, shape: &[usize], backend: &BackendRef) -> (Tensor, Vec<f32>) {
@@ -210,4 +208,63 @@ fn lazy_cat_with_mismatched_parts_is_an_error() {
     let (a, _) = tensor(&mut rng, &[1, 2, 3], &backend);
     let (b, _) = tensor(&mut rng, &[1, 3, 3], &backend);
     assert!(Tensor::cat(&[&a, &b], 2).is_err());
+}
+
+/// `data` laid out as the runtime's KV cache holds it: each of `batches` blocks of `rows` rows of
+/// `cols` values becomes `rows` rows of `row_stride` with NaN after the valid values (a product that
+/// read past them would turn NaN), blocks `rows * row_stride` apart.
+fn widened(data: &[f32], batches: usize, rows: usize, cols: usize, row_stride: usize, block_rows: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; batches * block_rows * row_stride];
+    for b in 0..batches {
+        for r in 0..rows {
+            let at = (b * block_rows + r) * row_stride;
+            out[at..at + cols].copy_from_slice(&data[(b * rows + r) * cols..(b * rows + r + 1) * cols]);
+        }
+    }
+    out
+}
+
+#[test]
+fn strided_past_is_read_in_place() {
+    use backend_cpu::lazy::Strided;
+    use mllm_dsl::{DType, Storage, TensorType};
+    let backend = CpuBackend::float();
+    let mut rng = Lcg(5);
+    // A cache with room for 9 positions holding 5: K rows of 9 columns, V heads of 9 rows.
+    let (kvh, groups, d, past, room, s) = (2, 3, 8, 5, 9, 2);
+    let h = kvh * groups;
+    let (q, qd) = tensor(&mut rng, &[1, h, s, d], &backend);
+    let pkd = rng.shaped(&[1, kvh, d, past], 1.0);
+    let pvd = rng.shaped(&[1, kvh, past, d], 1.0);
+    let (k, kd) = tensor(&mut rng, &[1, kvh, d, s], &backend);
+    let (v, vd) = tensor(&mut rng, &[1, kvh, s, d], &backend);
+    let view = |data: Vec<f32>, shape: Vec<usize>, row_stride, batch_stride| {
+        let strided = Strided::new(data.into(), shape.clone(), row_stride, batch_stride).unwrap();
+        let ty = TensorType::new(shape, DType::F32);
+        Tensor::from_storage(ty, Storage::Native(std::sync::Arc::new(strided)), backend.clone()).unwrap()
+    };
+    let pk = view(widened(&pkd, kvh * d, 1, past, room, 1), vec![1, kvh, d, past], room, d * room);
+    let pv = view(widened(&pvd, kvh, past, d, d, room), vec![1, kvh, past, d], d, room * d);
+    // The views' own values, and a view op of them, are the dense ones.
+    assert_eq!(backend_cpu::executor::real_values(&pk).unwrap().as_ref(), pkd.as_slice(), "past K values");
+    let flat = pv.view(&[-1]).unwrap();
+    assert_eq!(backend_cpu::executor::real_values(&flat).unwrap().as_ref(), pvd.as_slice(), "view of past V");
+    let t = past + s;
+    let kh_data = naive_repeat_dim1(&naive_cat(&pkd, &[1, kvh, d, past], &kd, 3), &[1, kvh, d, t], groups);
+    let vh_data = naive_repeat_dim1(&naive_cat(&pvd, &[1, kvh, past, d], &vd, 2), &[1, kvh, t, d], groups);
+    for threads in [1, 2] {
+        kernels::set_num_threads(threads).unwrap();
+        let kh = Tensor::cat(&[&pk, &k], -1).unwrap().repeat_interleave(groups, 1).unwrap();
+        let vh = Tensor::cat(&[&pv, &v], 2).unwrap().repeat_interleave(groups, 1).unwrap();
+        let scores = q.matmul(&kh).unwrap();
+        assert_close(scores.as_f32().unwrap(), &naive_bmm(&qd, &kh_data, h, s, d, t), "q @ strided K");
+        let (p, pd) = tensor(&mut rng, &[1, h, s, t], &backend);
+        let y = p.matmul(&vh).unwrap();
+        assert_close(y.as_f32().unwrap(), &naive_bmm(&pd, &vh_data, h, s, t, d), "p @ strided V");
+        // Materialized by any other consumer.
+        assert_eq!(backend_cpu::executor::real_values(&kh).unwrap().as_ref(), kh_data.as_slice(), "joined K");
+    }
+    // A view that does not fit its buffer is refused.
+    let short = Strided::new(vec![0.0; 8 * room].into(), vec![1, kvh, d, past], room, d * room);
+    assert!(matches!(short, Err(KernelError::InvalidArgument { .. })), "{short:?}");
 }

@@ -52,6 +52,14 @@ impl From<Vec<f32>> for F32Buffer {
     }
 }
 
+/// Shares the vector (no copy): a backend reading a buffer it does not own, such as the runtime's
+/// KV cache.
+impl From<Arc<Vec<f32>>> for F32Buffer {
+    fn from(v: Arc<Vec<f32>>) -> Self {
+        F32Buffer(v)
+    }
+}
+
 impl From<&[f32]> for F32Buffer {
     fn from(v: &[f32]) -> Self {
         v.to_vec().into()

@@ -102,7 +102,8 @@ mod tests {
     fn the_peak_covers_a_fresh_allocation() {
         reset_peak_rss().unwrap();
         let before = peak_rss_bytes().unwrap();
-        let touched = vec![7u8; 64 << 20];
+        // black_box: an optimized build may otherwise drop the unused allocation.
+        let touched = std::hint::black_box(vec![7u8; 64 << 20]);
         let after = peak_rss_bytes().unwrap();
         assert!(after >= before + (60 << 20), "peak {before} -> {after} after touching 64 MiB");
         assert!(rss_bytes().unwrap() >= 60 << 20);

@@ -14,6 +14,7 @@
 
 use super::error::RuntimeError;
 use super::model::ModelLayout;
+use std::sync::Arc;
 
 /// K/V every sequence starts from at positions `0..len` (an attention-sink prefix computed ahead
 /// of time), per layer: K `[Hkv, D, len]`, V `[Hkv, len, D]`, in the cache's element type.
@@ -30,8 +31,11 @@ pub struct KvCache<T> {
     layout: ModelLayout,
     ar: usize,
     len: usize,
-    keys: Vec<Vec<T>>,
-    values: Vec<Vec<T>>,
+    /// Per layer; shared (not copied) with a backend that reads the past in place during a chunk
+    /// ([`KvCache::key_buffer`]). Writes go through `Arc::make_mut`, which copies only while a
+    /// backend still holds a buffer (it does not outside `run_chunk`).
+    keys: Vec<Arc<Vec<T>>>,
+    values: Vec<Arc<Vec<T>>>,
 }
 
 impl<T: Copy + Default> KvCache<T> {
@@ -46,7 +50,7 @@ impl<T: Copy + Default> KvCache<T> {
         let buffer = || {
             let mut buf = Vec::with_capacity(capacity);
             buf.resize(capacity, T::default());
-            buf
+            Arc::new(buf)
         };
         Ok(Self {
             layout,
@@ -98,16 +102,32 @@ impl<T: Copy + Default> KvCache<T> {
         &self.values[layer][..self.layout.kv_elems(self.past_cols())]
     }
 
+    /// The whole buffer [`past_key`](Self::past_key) is the start of, to share instead of copy.
+    ///
+    /// # Panics
+    /// If `layer >= num_layers`.
+    pub fn key_buffer(&self, layer: usize) -> &Arc<Vec<T>> {
+        &self.keys[layer]
+    }
+
+    /// The whole buffer [`past_value`](Self::past_value) is the start of.
+    ///
+    /// # Panics
+    /// If `layer >= num_layers`.
+    pub fn value_buffer(&self, layer: usize) -> &Arc<Vec<T>> {
+        &self.values[layer]
+    }
+
     /// Forgets every stored position (restores the all-default invariant).
     pub fn clear(&mut self) {
         let (rows, heads, d, stride) = self.dims();
         for layer in 0..self.layout.num_layers {
             for r in 0..rows {
-                self.keys[layer][r * stride..r * stride + self.len].fill(T::default());
+                Arc::make_mut(&mut self.keys[layer])[r * stride..r * stride + self.len].fill(T::default());
             }
             for h in 0..heads {
                 let start = h * stride * d;
-                self.values[layer][start..start + self.len * d].fill(T::default());
+                Arc::make_mut(&mut self.values[layer])[start..start + self.len * d].fill(T::default());
             }
         }
         self.len = 0;
@@ -134,8 +154,14 @@ impl<T: Copy + Default> KvCache<T> {
         let len = self.len;
         for layer in 0..self.layout.num_layers {
             // K: `rows` rows of `len` valid columns; V: `heads` blocks of `len * d` valid elements.
-            restride(&mut self.keys[layer], rows, old_stride, new_stride, len);
-            restride(&mut self.values[layer], heads, old_stride * d, new_stride * d, len * d);
+            restride(Arc::make_mut(&mut self.keys[layer]).as_mut_slice(), rows, old_stride, new_stride, len);
+            restride(
+                Arc::make_mut(&mut self.values[layer]).as_mut_slice(),
+                heads,
+                old_stride * d,
+                new_stride * d,
+                len * d,
+            );
         }
         self.ar = new_ar;
         Ok(())
@@ -161,12 +187,14 @@ impl<T: Copy + Default> KvCache<T> {
             return Err(RuntimeError::ContextTooSmall { context_len: layout.context_len, len });
         }
         for layer in 0..self.layout.num_layers {
+            let keys = Arc::make_mut(&mut moved.keys[layer]);
             for r in 0..rows {
-                moved.keys[layer][r * new..r * new + len].copy_from_slice(&self.keys[layer][r * old..r * old + len]);
+                keys[r * new..r * new + len].copy_from_slice(&self.keys[layer][r * old..r * old + len]);
             }
+            let values = Arc::make_mut(&mut moved.values[layer]);
             for h in 0..heads {
                 let (src, dst) = (h * old * d, h * new * d);
-                moved.values[layer][dst..dst + len * d].copy_from_slice(&self.values[layer][src..src + len * d]);
+                values[dst..dst + len * d].copy_from_slice(&self.values[layer][src..src + len * d]);
             }
         }
         moved.len = len;
@@ -255,11 +283,12 @@ impl<T: Copy + Default> KvCache<T> {
                 context_len: self.layout.context_len,
             });
         }
-        let key_rows = self.keys[layer].chunks_exact_mut(stride).zip(kv.0.chunks_exact(cols));
+        let key_rows = Arc::make_mut(&mut self.keys[layer]).chunks_exact_mut(stride).zip(kv.0.chunks_exact(cols));
         for (dst, src) in key_rows.take(rows) {
             dst[at..at + n].copy_from_slice(&src[..n]);
         }
-        let value_blocks = self.values[layer].chunks_exact_mut(stride * d).zip(kv.1.chunks_exact(cols * d));
+        let value_blocks =
+            Arc::make_mut(&mut self.values[layer]).chunks_exact_mut(stride * d).zip(kv.1.chunks_exact(cols * d));
         for (dst, src) in value_blocks.take(heads) {
             dst[at * d..(at + n) * d].copy_from_slice(&src[..n * d]);
         }
@@ -514,5 +543,31 @@ mod tests {
         cache.clear();
         assert!(cache.is_empty());
         assert_contents(&cache, 0);
+    }
+
+    #[test]
+    fn a_shared_buffer_is_the_past_and_a_write_leaves_the_holder_its_copy() {
+        let mut cache = KvCache::<u16>::new(layout(16), 1).unwrap();
+        fill(&mut cache, 1, 5);
+        // The shared buffers start with exactly the past the graph reads.
+        let (held_k, held_v) = (cache.key_buffer(1).clone(), cache.value_buffer(1).clone());
+        assert_eq!(&held_k[..cache.past_key(1).len()], cache.past_key(1));
+        assert_eq!(&held_v[..cache.past_value(1).len()], cache.past_value(1));
+        // Written while a holder still shares them: the cache gets the new column, the holder keeps
+        // what it was given.
+        let before = held_k.to_vec();
+        let (k, v) = present(&layout(16), 1, 1, 5);
+        cache.update(1, &k, &v, 1, 5, 1).unwrap();
+        assert_eq!(held_k.to_vec(), before);
+        let stride = cache.past_cols();
+        assert_eq!(cache.past_key(1)[5], val(0, 1, 0, 0, 5));
+        assert_eq!(cache.past_key(1)[stride + 5], val(0, 1, 0, 1, 5));
+        assert_eq!(held_k[5], u16::default());
+        // Released, the buffer is written in place again.
+        drop((held_k, held_v));
+        let at = std::sync::Arc::as_ptr(cache.key_buffer(0));
+        let (k, v) = present(&layout(16), 0, 1, 6);
+        cache.update(0, &k, &v, 1, 6, 1).unwrap();
+        assert_eq!(std::sync::Arc::as_ptr(cache.key_buffer(0)), at);
     }
 }

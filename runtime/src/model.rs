@@ -161,6 +161,19 @@ impl<'a, T: Copy + Default> ChunkInputs<'a, T> {
         self.cache.past_value(layer)
     }
 
+    /// The whole buffer [`past_key`](Self::past_key) is the start of (its row stride is
+    /// `past_key(layer).len() / (Hkv * D)`), shared so a backend can read the past where it lies.
+    /// Hold it only during `run_chunk`: the runtime writes the cache afterwards, and a buffer still
+    /// shared then is copied first.
+    pub fn key_buffer(&self, layer: usize) -> &'a std::sync::Arc<Vec<T>> {
+        self.cache.key_buffer(layer)
+    }
+
+    /// The whole buffer [`past_value`](Self::past_value) is the start of (see [`key_buffer`](Self::key_buffer)).
+    pub fn value_buffer(&self, layer: usize) -> &'a std::sync::Arc<Vec<T>> {
+        self.cache.value_buffer(layer)
+    }
+
     /// Positions already in the cache (`past_key` columns `[0, n_past)` are valid). The static graphs
     /// do not receive this; a CPU backend may use it to skip columns the mask excludes.
     pub fn n_past(&self) -> usize {

@@ -53,16 +53,47 @@ impl BatchRepeat {
     }
 }
 
+/// One part of a right operand: `[source batches, rows, cols]` with its extent along the join
+/// axis (its other dim is the full N or K); element `(b, r, c)` is
+/// `data[b * batch_stride + r * row_stride + c]`.
+#[derive(Debug, Clone, Copy)]
+pub struct RhsPart<'a> {
+    pub data: &'a [f32],
+    pub extent: usize,
+    pub batch_stride: usize,
+    pub row_stride: usize,
+}
+
 /// The right operand of [`matmul_parts`].
 #[derive(Debug, Clone)]
 pub struct RhsParts<'a> {
-    /// Each part is `[source batches, rows, cols]` row-major, with its extent along `axis` (its
-    /// other dim is the full N or K).
-    pub parts: Vec<(&'a [f32], usize)>,
+    pub parts: Vec<RhsPart<'a>>,
     pub axis: JoinAxis,
     pub k: usize,
     pub n: usize,
     pub batches: BatchRepeat,
+}
+
+impl<'a> RhsParts<'a> {
+    /// Parts that are dense row-major `[source batches, rows, cols]`, given as (data, extent).
+    pub fn dense(parts: &[(&'a [f32], usize)], axis: JoinAxis, k: usize, n: usize, batches: BatchRepeat) -> Self {
+        let parts = parts
+            .iter()
+            .map(|&(data, extent)| {
+                let (rows, cols) = part_dims(axis, extent, k, n);
+                RhsPart { data, extent, batch_stride: rows * cols, row_stride: cols }
+            })
+            .collect();
+        RhsParts { parts, axis, k, n, batches }
+    }
+}
+
+/// (rows, cols) of a part with `extent` along `axis` of a `[k, n]` operand.
+fn part_dims(axis: JoinAxis, extent: usize, k: usize, n: usize) -> (usize, usize) {
+    match axis {
+        JoinAxis::K => (extent, n),
+        JoinAxis::N => (k, extent),
+    }
 }
 
 /// `a[B, M, K] @ rhs[B, K, N] -> [B, M, N]` with `B = rhs.batches`' output batches.
@@ -71,7 +102,7 @@ pub fn matmul_parts(a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<Vec<f32>,
     let (k, n) = (rhs.k, rhs.n);
     let batches = rhs.batches.output_batches();
     super::shape::check_len(OP, "a", a, &[batches, m, k])?;
-    let joined: usize = rhs.parts.iter().map(|p| p.1).sum();
+    let joined: usize = rhs.parts.iter().map(|p| p.extent).sum();
     let full = match rhs.axis {
         JoinAxis::K => k,
         JoinAxis::N => n,
@@ -85,12 +116,25 @@ pub fn matmul_parts(a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<Vec<f32>,
             ),
         });
     }
-    for &(data, extent) in &rhs.parts {
-        let (rows, cols) = match rhs.axis {
-            JoinAxis::K => (extent, n),
-            JoinAxis::N => (k, extent),
-        };
-        super::shape::check_len(OP, "part", data, &[rhs.batches.source_batches(), rows, cols])?;
+    let sources = rhs.batches.source_batches();
+    for part in &rhs.parts {
+        let (rows, cols) = part_dims(rhs.axis, part.extent, k, n);
+        if part.row_stride == cols && part.batch_stride == rows * cols {
+            super::shape::check_len(OP, "part", part.data, &[sources, rows, cols])?;
+        } else if sources * rows * cols > 0 {
+            let last = (sources - 1) * part.batch_stride + (rows - 1) * part.row_stride + cols;
+            if part.row_stride < cols || part.batch_stride < rows * part.row_stride || last > part.data.len() {
+                return Err(KernelError::InvalidArgument {
+                    op: OP,
+                    reason: format!(
+                        "a part of {sources} x {rows} x {cols} at strides ({}, {}) does not fit its {} values",
+                        part.batch_stride,
+                        part.row_stride,
+                        part.data.len()
+                    ),
+                });
+            }
+        }
     }
     let mut out = vec![0.0f32; batches * m * n];
     if out.is_empty() {
@@ -98,36 +142,36 @@ pub fn matmul_parts(a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<Vec<f32>,
     }
     let ctx = current();
     let threads = ctx.for_work(batches * m * n * k, MIN_PARALLEL_MACS);
-    // One output matrix; `threads` is how many threads its products may use.
-    let one = |b: usize, dst: &mut [f32], threads: usize| {
+    // Output batches that read the same source matrix and lie next to each other (GQA's query
+    // heads of one KV head: a repeat with nothing inside it) are one product of their stacked
+    // rows, which reads the source once instead of once per batch.
+    let group = if rhs.batches.inner == 1 { rhs.batches.times } else { 1 };
+    let rows = m * group;
+    // One group of output matrices; `threads` is how many threads its products may use.
+    let one = |g: usize, dst: &mut [f32], threads: usize| {
+        let b = g * group;
         let src = rhs.batches.source(b);
         let mut offset = 0;
-        for (i, &(data, extent)) in rhs.parts.iter().enumerate() {
-            let (dims, dst, accumulate, lhs, part) = match rhs.axis {
-                JoinAxis::K => (
-                    Dims { m, n, k: extent },
-                    &mut dst[..],
-                    i > 0,
-                    MatView::rows(a, b * m * k + offset, k),
-                    MatView::row_major(data, src * extent * n, n),
-                ),
-                JoinAxis::N => (
-                    Dims { m, n: extent, k },
-                    &mut dst[offset..],
-                    false,
-                    MatView::row_major(a, b * m * k, k),
-                    MatView::row_major(data, src * k * extent, extent),
-                ),
+        for (i, p) in rhs.parts.iter().enumerate() {
+            let (extent, part) = (p.extent, MatView::rows(p.data, src * p.batch_stride, p.row_stride));
+            let (dims, dst, accumulate, lhs) = match rhs.axis {
+                JoinAxis::K => {
+                    (Dims { m: rows, n, k: extent }, &mut dst[..], i > 0, MatView::rows(a, b * m * k + offset, k))
+                }
+                JoinAxis::N => {
+                    (Dims { m: rows, n: extent, k }, &mut dst[offset..], false, MatView::row_major(a, b * m * k, k))
+                }
             };
             product_into(&ctx, threads, LinearStrategy::Auto, dims, dst, n, accumulate, lhs, part);
             offset += extent;
         }
     };
-    if threads > 1 && batches >= threads {
-        ctx.for_each_chunk_mut(&mut out, m * n, |b, dst| one(b, dst, 1));
+    let groups = batches / group;
+    if threads > 1 && groups >= threads {
+        ctx.for_each_chunk_mut(&mut out, rows * n, |g, dst| one(g, dst, 1));
     } else {
-        for (b, dst) in out.chunks_exact_mut(m * n).enumerate() {
-            one(b, dst, threads);
+        for (g, dst) in out.chunks_exact_mut(rows * n).enumerate() {
+            one(g, dst, threads);
         }
     }
     Ok(out)
