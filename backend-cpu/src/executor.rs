@@ -225,7 +225,10 @@ impl Backend for CpuBackend {
     }
 
     fn qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, BackendError> {
-        self.apply_qdq(x, point).map_err(|e| BackendError::Qdq { key: point.key.clone(), message: e.to_string() })
+        let t0 = profile::start();
+        let result = self.apply_qdq(x, point);
+        profile::lap(t0, "QDQ point");
+        result.map_err(|e| BackendError::Qdq { key: point.key.clone(), message: e.to_string() })
     }
 }
 

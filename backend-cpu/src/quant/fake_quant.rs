@@ -64,9 +64,16 @@ impl QdqHook for FakeQuantHook {
             });
         }
         let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(PAR_CHUNK)
-            .zip(x.par_chunks(PAR_CHUNK))
-            .for_each(|(o, i)| mllm_dsl::simd::widest(|| o.iter_mut().zip(i).for_each(|(o, &v)| *o = fq.fake(v))));
+        let run = |o: &mut [f32], i: &[f32]| {
+            mllm_dsl::simd::widest(|| fq.apply(i, o))
+                .map_err(|e| QdqHookError::Shape { key: point.key.clone(), problem: e.to_string() })
+        };
+        if x.len() <= PAR_CHUNK {
+            // One task: no parallel iterator to set up (most decode QDQs are a few hundred values).
+            run(&mut out, x)?;
+        } else {
+            out.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK)).try_for_each(|(o, i)| run(o, i))?;
+        }
         Ok(Some(out))
     }
 

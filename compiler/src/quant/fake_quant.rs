@@ -51,6 +51,12 @@ impl FakeQuantizer {
     /// The clamped integer code torch's fake-quant kernel computes for `x`.
     #[inline(always)]
     pub fn code(&self, x: f32) -> i32 {
+        self.clamped(x) as i32
+    }
+
+    /// [`code`](Self::code) as the f32 it is computed in.
+    #[inline(always)]
+    fn clamped(&self, x: f32) -> f32 {
         // `z_point + nearbyint(x * inv_scale)` is an f32 sum in torch; `max`/`min` send NaN to
         // qmin exactly as `fmin(fmax(q, qmin), qmax)` does.
         let v = x * self.inv_scale;
@@ -64,19 +70,33 @@ impl FakeQuantizer {
         } else {
             self.zero_point + round_half_even(v)
         };
-        q.max(self.qmin).min(self.qmax) as i32
+        q.max(self.qmin).min(self.qmax)
     }
 
     /// `x` quantized and dequantized again.
     #[inline(always)]
     pub fn fake(&self, x: f32) -> f32 {
-        (self.code(x) - self.params.zero_point) as f32 * self.params.scale
+        if self.cut {
+            self.fake_in_f32(x)
+        } else {
+            (self.code(x) - self.params.zero_point) as f32 * self.params.scale
+        }
+    }
+
+    /// [`fake`](Self::fake) for an encoding whose codes and zero point are below 2^20 (`cut`):
+    /// `code - zero_point` is then exact in f32, so the value is the integer form's without its
+    /// float-to-int conversion, which does not vectorize (it saturates and maps NaN to 0).
+    #[inline(always)]
+    fn fake_in_f32(&self, x: f32) -> f32 {
+        (self.clamped(x) - self.zero_point) * self.params.scale
     }
 
     /// Fake-quantizes `xs` in place.
     pub fn apply_in_place(&self, xs: &mut [f32]) {
-        for x in xs {
-            *x = self.fake(*x);
+        if self.cut {
+            xs.iter_mut().for_each(|x| *x = self.fake_in_f32(*x));
+        } else {
+            xs.iter_mut().for_each(|x| *x = self.fake(*x));
         }
     }
 
@@ -89,8 +109,11 @@ impl FakeQuantizer {
                 found: output.len(),
             });
         }
-        for (o, &x) in output.iter_mut().zip(input) {
-            *o = self.fake(x);
+        let pairs = output.iter_mut().zip(input);
+        if self.cut {
+            pairs.for_each(|(o, &x)| *o = self.fake_in_f32(x));
+        } else {
+            pairs.for_each(|(o, &x)| *o = self.fake(x));
         }
         Ok(())
     }
@@ -237,17 +260,25 @@ mod tests {
         for (s, zp, lo, hi) in params {
             let p = QuantParams::new(s, zp, lo, hi).unwrap();
             let fq = FakeQuantizer::new(&p);
+            let mut vs = vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0];
             for i in 0..20_000 {
                 // A deterministic spread of magnitudes and signs, mostly within the range, some
                 // up to 10^7 times beyond it.
                 x = (x * 1.618_034 + 0.377).fract() * if i % 2 == 0 { 1.0 } else { -1.0 };
                 let beyond = [1.2f32, 1.2, 1.2, 1e3, 1e7][i % 5];
-                let v = x * s * (hi - lo) as f32 * beyond;
-                assert_eq!(
-                    fq.fake(v).to_bits(),
-                    torch_reference(v, s, zp as i64, lo as i64, hi as i64).to_bits(),
-                    "x = {v}, params {p:?}"
-                );
+                vs.push(x * s * (hi - lo) as f32 * beyond);
+            }
+            let want: Vec<u32> =
+                vs.iter().map(|&v| torch_reference(v, s, zp as i64, lo as i64, hi as i64).to_bits()).collect();
+            for (&v, &w) in vs.iter().zip(&want) {
+                assert_eq!(fq.fake(v).to_bits(), w, "x = {v}, params {p:?}");
+            }
+            // The slice loops (vectorized apart from the scalar form) give the same bits.
+            let mut out = vec![0.0; vs.len()];
+            fq.apply(&vs, &mut out).unwrap();
+            fq.apply_in_place(&mut vs);
+            for (i, ((o, inplace), w)) in out.iter().zip(&vs).zip(&want).enumerate() {
+                assert_eq!((o.to_bits(), inplace.to_bits()), (*w, *w), "value {i}, params {p:?}");
             }
         }
     }
