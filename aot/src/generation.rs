@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use crate::error::{bail, ensure, AotError, Context, Result};
 use crate::run_sizes::{available_memory, RunSizes};
+use crate::sequences::PromptText;
 use checkpoint::{write_safetensors_atomic, StDtype, TensorBytes};
 use models::hf::HfConfig;
 use runtime::{GenerationConfig, GenerationOutput, RandomSampling, Sampling};
@@ -165,9 +166,9 @@ pub fn run(
     }
     let prompt = match (&req.prompt, &tokenizer, conversation.as_mut()) {
         (Some(text), Some(tok), Some(conv)) => {
-            crate::sequences::encode_prompt(tok, &conv.user_says(text)?, &runner.config)?
+            crate::sequences::encode_prompt(tok, &conv.user_says(text)?, PromptText::Chat, &runner.config)?
         }
-        (Some(text), Some(tok), None) => crate::sequences::encode_prompt(tok, text, &runner.config)?,
+        (Some(text), Some(tok), None) => crate::sequences::encode_prompt(tok, text, PromptText::Plain, &runner.config)?,
         _ => req.prompt_ids.clone(),
     };
     ensure!(!prompt.is_empty(), "the prompt is empty");

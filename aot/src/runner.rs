@@ -218,7 +218,12 @@ impl Runner {
             if user.is_empty() {
                 continue;
             }
-            let prompt = crate::sequences::encode_prompt(tokenizer, &conversation.user_says(user)?, &self.config)?;
+            let prompt = crate::sequences::encode_prompt(
+                tokenizer,
+                &conversation.user_says(user)?,
+                crate::sequences::PromptText::Chat,
+                &self.config,
+            )?;
             check(&prompt)?;
             let out = self.generate(&prompt, config, stream.then_some(tokenizer), output)?;
             let reply = tokenizer.decode(&out.ids, true).map_err(|e| AotError::tokenizer("decoding", e))?;

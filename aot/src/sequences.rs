@@ -98,8 +98,11 @@ pub fn load_text_sequences(
             Some(template) => user_turn_prompt(template, para)?,
             None => para.to_string(),
         };
-        let enc =
-            tok.encode(input, false).map_err(|e| AotError::tokenizer(format!("tokenizing {}", path.display()), e))?;
+        // Plain text gets the tokenizer's own special tokens (Gemma's BOS) as HF's `tokenizer(text)`
+        // does; a rendered chat template already holds them.
+        let enc = tok
+            .encode(input, chat.is_none())
+            .map_err(|e| AotError::tokenizer(format!("tokenizing {}", path.display()), e))?;
         let ids: Vec<i64> = enc.get_ids().iter().take(max_len).map(|&i| i64::from(i)).collect();
         if !ids.is_empty() {
             out.push(ids);
@@ -116,9 +119,25 @@ pub fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
         .map_err(|e| AotError::tokenizer(format!("cannot load {}", path.display()), e))
 }
 
+/// Whether a prompt is plain text or a rendered chat template.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptText {
+    /// Gets the tokenizer's special tokens (Gemma's BOS), as HF's `tokenizer(text)` does.
+    Plain,
+    /// Already holds them (the template writes its BOS).
+    Chat,
+}
+
 /// The token ids of a prompt text, checked against the vocabulary of `config`.
-pub fn encode_prompt(tokenizer: &tokenizers::Tokenizer, text: &str, config: &HfConfig) -> Result<Vec<u32>> {
-    let encoding = tokenizer.encode(text, false).map_err(|e| AotError::tokenizer("tokenizing the prompt", e))?;
+pub fn encode_prompt(
+    tokenizer: &tokenizers::Tokenizer,
+    text: &str,
+    kind: PromptText,
+    config: &HfConfig,
+) -> Result<Vec<u32>> {
+    let encoding = tokenizer
+        .encode(text, kind == PromptText::Plain)
+        .map_err(|e| AotError::tokenizer("tokenizing the prompt", e))?;
     let ids = encoding.get_ids().to_vec();
     ensure!(!ids.is_empty(), "the prompt is empty");
     let vocab = config.vocab_size;

@@ -148,6 +148,14 @@ impl GgufFile {
             .ok_or_else(|| self.wrong_type(key, "an array of strings", v))
     }
 
+    /// An array of numbers (token scores).
+    pub fn get_f64_array(&self, key: &str) -> Result<Vec<f64>, GgufError> {
+        let v = self.get(key, "an array of numbers")?;
+        v.as_array()
+            .and_then(|items| items.iter().map(GgufValue::as_f64).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| self.wrong_type(key, "an array of numbers", v))
+    }
+
     /// An array of integers (token types).
     pub fn get_int_array(&self, key: &str) -> Result<Vec<i64>, GgufError> {
         let v = self.get(key, "an array of integers")?;

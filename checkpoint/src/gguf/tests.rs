@@ -61,6 +61,27 @@ fn dequantizes_every_type_bit_exact_with_ggml_reference() {
 }
 
 #[test]
+fn dequantizes_gemma_k_quant_types_bit_exact_with_ggml_reference() {
+    // Random blocks (make_gguf_kquants.py): every bit of the packed values, scales and mins varies.
+    let gguf = GgufFile::open(fixture("kquants.gguf")).unwrap();
+    let expected = SafetensorsCheckpoint::open_file(fixture("kquants-expected.safetensors")).unwrap();
+    let mut types = Vec::new();
+    for name in ["q5_0", "q4_k", "q6_k"] {
+        let info = gguf.tensor_info(name).unwrap();
+        assert_eq!(info.shape(), vec![3, 256], "{name}");
+        types.push(info.ggml_type);
+        let ours = gguf.read_f32(name).unwrap();
+        let reference = expected.read_f32(name).unwrap();
+        assert_eq!(ours.len(), reference.len(), "{name}");
+        for (i, (a, b)) in ours.iter().zip(&reference).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "{name}[{i}]: ours {a}, gguf-py {b}");
+        }
+    }
+    use GgmlType::*;
+    assert_eq!(types, [Q5_0, Q4_K, Q6_K]);
+}
+
+#[test]
 fn reads_every_metadata_value_type() {
     let gguf = GgufFile::open(fixture("tiny.gguf")).unwrap();
     let m = gguf.metadata();
@@ -158,8 +179,8 @@ fn corrupt_tensor_entries_name_the_tensor() {
 
     let mut bytes = good.clone();
     let at = entry(&bytes, "q4_1") + 4 + 16;
-    bytes[at..at + 4].copy_from_slice(&12u32.to_le_bytes());
-    expect_err(&bytes, "type", &["tensor 'q4_1'", "Q4_K (id 12)", "cannot be dequantized"]);
+    bytes[at..at + 4].copy_from_slice(&10u32.to_le_bytes());
+    expect_err(&bytes, "type", &["tensor 'q4_1'", "Q2_K (id 10)", "cannot be dequantized"]);
 
     let mut bytes = good.clone();
     let at = entry(&bytes, "q8_0") + 4;

@@ -1,6 +1,7 @@
-//! A llama-architecture GGUF file written out as a Hugging Face checkpoint directory: tensors
-//! dequantized to f32 under HF names (q/k rows back in HF's rotary layout), and the config,
-//! generation config and tokenizer files built from the metadata.
+//! A llama- or gemma3-architecture GGUF file written out as a Hugging Face checkpoint directory:
+//! tensors dequantized to f32 under HF names (llama: q/k rows back in HF's rotary layout; gemma3:
+//! norm weights back to HF's `w` of `(1 + w)`), and the config, generation config and tokenizer
+//! files built from the metadata.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,12 +12,43 @@ use super::{tokenizer_config_json, tokenizer_json, GgufError, GgufFile};
 use crate::{write_safetensors_atomic, StDtype, TensorBytes};
 use mllm_dsl::files::{write_atomic_bytes, StagingDir};
 
-/// The one architecture converted: Llama (SmolLM2, Llama 2/3 without rope scaling).
-const ARCH: &str = "llama";
+/// The architectures converted (`general.architecture`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama (SmolLM2, Llama 2/3 without rope scaling).
+    Llama,
+    /// Gemma 3 text models (`Gemma3ForCausalLM`).
+    Gemma3,
+}
+
+impl Arch {
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "llama" => Some(Arch::Llama),
+            "gemma3" => Some(Arch::Gemma3),
+            _ => None,
+        }
+    }
+
+    /// The metadata key prefix and GGUF name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Gemma3 => "gemma3",
+        }
+    }
+}
+
+const SUPPORTED_ARCHS: &str = "llama, gemma3";
 
 /// HF's name for a llama.cpp tensor name of the llama architecture, or `None` for names it does
 /// not map (e.g. `rope_freqs.weight`).
 pub fn hf_tensor_name(gguf_name: &str) -> Option<String> {
+    hf_tensor_name_of(Arch::Llama, gguf_name)
+}
+
+/// HF's name for a llama.cpp tensor name of `arch`.
+pub fn hf_tensor_name_of(arch: Arch, gguf_name: &str) -> Option<String> {
     let fixed = match gguf_name {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -29,23 +61,31 @@ pub fn hf_tensor_name(gguf_name: &str) -> Option<String> {
     let rest = gguf_name.strip_prefix("blk.")?;
     let (layer, leaf) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
-    let hf_leaf = match leaf {
-        "attn_norm.weight" => "input_layernorm.weight",
-        "ffn_norm.weight" => "post_attention_layernorm.weight",
-        "attn_q.weight" => "self_attn.q_proj.weight",
-        "attn_k.weight" => "self_attn.k_proj.weight",
-        "attn_v.weight" => "self_attn.v_proj.weight",
-        "attn_output.weight" => "self_attn.o_proj.weight",
-        "ffn_gate.weight" => "mlp.gate_proj.weight",
-        "ffn_up.weight" => "mlp.up_proj.weight",
-        "ffn_down.weight" => "mlp.down_proj.weight",
-        _ => return None,
+    let hf_leaf = match (arch, leaf) {
+        (Arch::Gemma3, "ffn_norm.weight") => "pre_feedforward_layernorm.weight",
+        (Arch::Gemma3, "post_attention_norm.weight") => "post_attention_layernorm.weight",
+        (Arch::Gemma3, "post_ffw_norm.weight") => "post_feedforward_layernorm.weight",
+        (Arch::Gemma3, "attn_q_norm.weight") => "self_attn.q_norm.weight",
+        (Arch::Gemma3, "attn_k_norm.weight") => "self_attn.k_norm.weight",
+        (_, leaf) => match leaf {
+            "attn_norm.weight" => "input_layernorm.weight",
+            "ffn_norm.weight" => "post_attention_layernorm.weight",
+            "attn_q.weight" => "self_attn.q_proj.weight",
+            "attn_k.weight" => "self_attn.k_proj.weight",
+            "attn_v.weight" => "self_attn.v_proj.weight",
+            "attn_output.weight" => "self_attn.o_proj.weight",
+            "ffn_gate.weight" => "mlp.gate_proj.weight",
+            "ffn_up.weight" => "mlp.up_proj.weight",
+            "ffn_down.weight" => "mlp.down_proj.weight",
+            _ => return None,
+        },
     };
     Some(format!("model.layers.{layer}.{hf_leaf}"))
 }
 
-/// The model's hyper-parameters, from the `llama.*` metadata.
+/// The model's hyper-parameters, from the `{arch}.*` metadata.
 struct LlamaHparams {
+    arch: Arch,
     layers: u64,
     hidden: u64,
     intermediate: u64,
@@ -56,19 +96,21 @@ struct LlamaHparams {
     rms_eps: f64,
     rope_theta: f64,
     vocab: u64,
+    /// Gemma 3: the sliding window of its local layers.
+    sliding_window: Option<u64>,
 }
 
 impl LlamaHparams {
     fn read(gguf: &GgufFile) -> Result<Self, GgufError> {
-        let arch = gguf.get_str("general.architecture")?;
-        if arch != ARCH {
+        let name = gguf.get_str("general.architecture")?;
+        let Some(arch) = Arch::from_name(name) else {
             return Err(GgufError::InvalidKey {
                 path: gguf.path().to_path_buf(),
                 key: "general.architecture".into(),
-                reason: format!("'{arch}' is not supported (supported: {ARCH})"),
+                reason: format!("'{name}' is not supported (supported: {SUPPORTED_ARCHS})"),
             });
-        }
-        let key = |k: &str| format!("{ARCH}.{k}");
+        };
+        let key = |k: &str| format!("{}.{k}", arch.name());
         let invalid =
             |k: &str, reason: String| GgufError::InvalidKey { path: gguf.path().to_path_buf(), key: key(k), reason };
         let positive = |k: &str| -> Result<u64, GgufError> {
@@ -88,6 +130,14 @@ impl LlamaHparams {
         }
         let head_dim = match gguf.metadata().get(&key("rope.dimension_count")) {
             Some(_) => positive("rope.dimension_count")?,
+            // Gemma's heads are wider than hidden / heads; the key length is the head size.
+            None if arch == Arch::Gemma3 => {
+                let (k, v) = (positive("attention.key_length")?, positive("attention.value_length")?);
+                if k != v {
+                    return Err(invalid("attention.value_length", format!("{v} differs from key_length {k}")));
+                }
+                k
+            }
             None if hidden % heads == 0 => hidden / heads,
             None => {
                 return Err(invalid("embedding_length", format!("{hidden} is not a multiple of head_count {heads}")))
@@ -110,7 +160,13 @@ impl LlamaHparams {
             Some(_) => positive("vocab_size")?,
             None => gguf.get_str_array("tokenizer.ggml.tokens")?.len() as u64,
         };
+        let sliding_window = match arch {
+            Arch::Gemma3 => Some(positive("attention.sliding_window")?),
+            Arch::Llama => None,
+        };
         Ok(LlamaHparams {
+            arch,
+            sliding_window,
             layers: positive("block_count")?,
             hidden,
             intermediate: positive("feed_forward_length")?,
@@ -163,25 +219,38 @@ fn write_tensors(gguf: &GgufFile, hp: &LlamaHparams, path: &Path) -> Result<bool
             tensor: info.name.clone(),
             reason,
         };
-        let hf_name = hf_tensor_name(&info.name)
-            .ok_or_else(|| bad("no Hugging Face llama tensor corresponds to this name".into()))?;
+        let hf_name = hf_tensor_name_of(hp.arch, &info.name)
+            .ok_or_else(|| bad(format!("no Hugging Face {} tensor corresponds to this name", hp.arch.name())))?;
         let shape = info.shape();
         let expected = expected_shape(hp, &hf_name);
         if shape != expected {
             return Err(bad(format!("shape {shape:?} (HF {hf_name}), the metadata implies {expected:?}")));
         }
         let mut data = gguf.read_f32(&info.name)?;
-        // llama.cpp's converter interleaves the two rotary halves of every q/k head; HF keeps them
-        // as two contiguous halves.
-        if hf_name.ends_with("q_proj.weight") {
-            data = unpermute_rows(&data, hp.heads as usize, shape[1]);
-        } else if hf_name.ends_with("k_proj.weight") {
-            data = unpermute_rows(&data, hp.kv_heads as usize, shape[1]);
+        match hp.arch {
+            // llama.cpp's converter interleaves the two rotary halves of every q/k head; HF keeps
+            // them as two contiguous halves.
+            Arch::Llama if hf_name.ends_with("q_proj.weight") => {
+                data = unpermute_rows(&data, hp.heads as usize, shape[1])
+            }
+            Arch::Llama if hf_name.ends_with("k_proj.weight") => {
+                data = unpermute_rows(&data, hp.kv_heads as usize, shape[1])
+            }
+            // Gemma's RMSNorm scales by (1 + w); llama.cpp's converter stores 1 + w
+            // (`norm_shift` in convert_hf_to_gguf.py's Gemma3Model) and does not permute q/k.
+            Arch::Gemma3 if hf_name.ends_with("norm.weight") => data.iter_mut().for_each(|w| *w -= 1.0),
+            _ => {}
         }
         converted.push((hf_name, shape, data));
     }
     let names: Vec<&str> = converted.iter().map(|(n, _, _)| n.as_str()).collect();
     let mut required = vec!["model.embed_tokens.weight".to_string(), "model.norm.weight".to_string()];
+    let gemma_leaves: &[&str] = match hp.arch {
+        Arch::Gemma3 => {
+            &["pre_feedforward_layernorm", "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm"]
+        }
+        Arch::Llama => &[],
+    };
     for layer in 0..hp.layers {
         for leaf in [
             "input_layernorm",
@@ -193,14 +262,17 @@ fn write_tensors(gguf: &GgufFile, hp: &LlamaHparams, path: &Path) -> Result<bool
             "mlp.gate_proj",
             "mlp.up_proj",
             "mlp.down_proj",
-        ] {
+        ]
+        .iter()
+        .chain(gemma_leaves)
+        {
             required.push(format!("model.layers.{layer}.{leaf}.weight"));
         }
     }
     if let Some(missing) = required.iter().find(|r| !names.contains(&r.as_str())) {
         return Err(GgufError::MissingTensor {
             path: gguf.path().to_path_buf(),
-            tensor: format!("{missing} (HF name; llama.block_count is {})", hp.layers),
+            tensor: format!("{missing} (HF name; {}.block_count is {})", hp.arch.name(), hp.layers),
         });
     }
     let tied = !names.contains(&"lm_head.weight");
@@ -226,7 +298,12 @@ fn expected_shape(hp: &LlamaHparams, hf_name: &str) -> Vec<usize> {
     let leaf = hf_name.rsplit_once(".layers.").map_or(hf_name, |(_, rest)| rest.split_once('.').map_or(rest, |p| p.1));
     match leaf {
         "model.embed_tokens.weight" | "lm_head.weight" => vec![v, h],
-        "model.norm.weight" | "input_layernorm.weight" | "post_attention_layernorm.weight" => vec![h],
+        "model.norm.weight"
+        | "input_layernorm.weight"
+        | "post_attention_layernorm.weight"
+        | "pre_feedforward_layernorm.weight"
+        | "post_feedforward_layernorm.weight" => vec![h],
+        "self_attn.q_norm.weight" | "self_attn.k_norm.weight" => vec![hp.head_dim as usize],
         "self_attn.q_proj.weight" => vec![q, h],
         "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => vec![kv, h],
         "self_attn.o_proj.weight" => vec![h, q],
@@ -271,9 +348,54 @@ fn one_or_list(ids: &[u32]) -> Value {
 }
 
 fn config_json(hp: &LlamaHparams, tied: bool, special: &SpecialIds) -> Value {
-    let mut config = json!({
+    let mut config = match hp.arch {
+        Arch::Llama => llama_config_json(hp, tied),
+        Arch::Gemma3 => gemma3_config_json(hp, tied),
+    };
+    add_special_ids(&mut config, special);
+    config
+}
+
+/// Gemma 3's config. What the GGUF does not carry is what llama.cpp assumes for every gemma3 file
+/// (src/llama-model.cpp, `LLM_ARCH_GEMMA3`): every 6th layer global, the others sliding with RoPE
+/// base 10 000, queries scaled by `head_dim^-0.5` (`hidden / heads` for the 62-layer 27B), no
+/// softcapping, GELU-tanh.
+fn gemma3_config_json(hp: &LlamaHparams, tied: bool) -> Value {
+    let layer_types: Vec<&str> =
+        (0..hp.layers).map(|l| if (l + 1) % 6 == 0 { "full_attention" } else { "sliding_attention" }).collect();
+    let query_pre_attn_scalar = if hp.layers == 62 { hp.hidden / hp.heads } else { hp.head_dim };
+    json!({
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "attention_bias": false,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": hp.hidden,
+        "intermediate_size": hp.intermediate,
+        "num_hidden_layers": hp.layers,
+        "num_attention_heads": hp.heads,
+        "num_key_value_heads": hp.kv_heads,
+        "head_dim": hp.head_dim,
+        "max_position_embeddings": hp.context,
+        "rms_norm_eps": hp.rms_eps,
+        "rope_theta": hp.rope_theta,
+        "rope_local_base_freq": 10_000.0,
+        "rope_scaling": null,
+        "sliding_window": hp.sliding_window,
+        "layer_types": layer_types,
+        "query_pre_attn_scalar": query_pre_attn_scalar,
+        "attn_logit_softcapping": null,
+        "final_logit_softcapping": null,
+        "tie_word_embeddings": tied,
+        "vocab_size": hp.vocab,
+        "torch_dtype": "float32",
+        "use_cache": true,
+    })
+}
+
+fn llama_config_json(hp: &LlamaHparams, tied: bool) -> Value {
+    json!({
         "architectures": ["LlamaForCausalLM"],
-        "model_type": ARCH,
+        "model_type": "llama",
         "attention_bias": false,
         "mlp_bias": false,
         "hidden_act": "silu",
@@ -290,9 +412,7 @@ fn config_json(hp: &LlamaHparams, tied: bool, special: &SpecialIds) -> Value {
         "vocab_size": hp.vocab,
         "torch_dtype": "float32",
         "use_cache": true,
-    });
-    add_special_ids(&mut config, special);
-    config
+    })
 }
 
 fn generation_config_json(special: &SpecialIds) -> Value {

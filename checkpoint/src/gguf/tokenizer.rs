@@ -1,6 +1,7 @@
 //! `tokenizer.json` and `tokenizer_config.json` built from a GGUF file's `tokenizer.*` metadata,
-//! for gpt2-style byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`), so the
-//! `tokenizers` crate encodes like the model's own Hugging Face tokenizer.
+//! for gpt2-style byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`: SmolLM2, Qwen,
+//! Llama 3) and SentencePiece BPE ones (`"llama"`: Gemma, Llama 2, Mistral), so the `tokenizers`
+//! crate encodes like the model's own Hugging Face tokenizer.
 
 use serde_json::{json, Map, Value};
 
@@ -63,16 +64,27 @@ fn regex_then_bytes(pattern: &str) -> Value {
     })
 }
 
-fn check_gpt2(gguf: &GgufFile) -> Result<(), GgufError> {
-    let model = gguf.get_str(MODEL_KEY)?;
-    if model != "gpt2" {
-        return Err(GgufError::InvalidKey {
+/// The vocabulary's kind (`tokenizer.ggml.model`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Vocab {
+    /// Byte-level BPE with merges.
+    Gpt2,
+    /// SentencePiece BPE: pieces with scores, `▁` for a space, `<0xNN>` byte pieces.
+    SentencePiece,
+}
+
+fn vocab_kind(gguf: &GgufFile) -> Result<Vocab, GgufError> {
+    match gguf.get_str(MODEL_KEY)? {
+        "gpt2" => Ok(Vocab::Gpt2),
+        "llama" => Ok(Vocab::SentencePiece),
+        model => Err(GgufError::InvalidKey {
             path: gguf.path().to_path_buf(),
             key: MODEL_KEY.into(),
-            reason: format!("tokenizer model '{model}' is not supported (supported: gpt2, byte-level BPE)"),
-        });
+            reason: format!(
+                "tokenizer model '{model}' is not supported (supported: gpt2 byte-level BPE, llama SentencePiece BPE)"
+            ),
+        }),
     }
-    Ok(())
 }
 
 /// An optional token id key, checked to lie inside the vocabulary.
@@ -136,7 +148,9 @@ fn tokens_and_types(gguf: &GgufFile) -> Result<(Vec<&str>, Vec<i64>), GgufError>
 /// special added tokens, user-defined tokens as plain added tokens, the pre-tokenizer
 /// `tokenizer.ggml.pre` names, BOS/EOS added as `tokenizer.ggml.add_{bos,eos}_token` say.
 pub fn tokenizer_json(gguf: &GgufFile) -> Result<Value, GgufError> {
-    check_gpt2(gguf)?;
+    if vocab_kind(gguf)? == Vocab::SentencePiece {
+        return sentencepiece_json(gguf);
+    }
     let (tokens, types) = tokens_and_types(gguf)?;
     let merges = gguf.get_str_array("tokenizer.ggml.merges")?;
     let mut vocab = Map::with_capacity(tokens.len());
@@ -233,7 +247,7 @@ fn post_processor(gguf: &GgufFile, tokens: &[&str], special: &SpecialIds) -> Res
 /// `tokenizer_config.json` (chat template, BOS/EOS/PAD/UNK tokens, added tokens) and the special
 /// ids the config files repeat.
 pub fn tokenizer_config_json(gguf: &GgufFile) -> Result<(Value, SpecialIds), GgufError> {
-    check_gpt2(gguf)?;
+    vocab_kind(gguf)?;
     let (tokens, types) = tokens_and_types(gguf)?;
     let special = special_ids(gguf, tokens.len())?;
     let mut config = json!({
@@ -241,7 +255,7 @@ pub fn tokenizer_config_json(gguf: &GgufFile) -> Result<(Value, SpecialIds), Ggu
         "add_bos_token": flag(gguf, "tokenizer.ggml.add_bos_token", false)?,
         "add_eos_token": flag(gguf, "tokenizer.ggml.add_eos_token", false)?,
         "clean_up_tokenization_spaces": false,
-        "model_max_length": gguf.metadata().get("llama.context_length").and_then(|v| v.as_u64()).unwrap_or(2048),
+        "model_max_length": context_length(gguf).unwrap_or(2048),
     });
     let map = config.as_object_mut().expect("object");
     let name = |id: Option<u32>| id.map(|id| json!(tokens[id as usize]));
@@ -273,4 +287,113 @@ pub fn tokenizer_config_json(gguf: &GgufFile) -> Result<(Value, SpecialIds), Ggu
         .collect();
     map.insert("added_tokens_decoder".into(), Value::Object(decoder));
     Ok((config, special))
+}
+
+/// `tokenizer.json` for a SentencePiece BPE vocabulary, laid out as transformers writes one for
+/// Gemma: spaces become `▁` (normalizer) and every `▁` starts a new word (pre-tokenizer), pieces
+/// merge by the ranks transformers' SentencePiece converter derives from the scores, bytes without
+/// a piece fall back to `<0xNN>`, and control and user-defined pieces are added tokens.
+fn sentencepiece_json(gguf: &GgufFile) -> Result<Value, GgufError> {
+    let (raw, types) = tokens_and_types(gguf)?;
+    let scores = gguf.get_f64_array("tokenizer.ggml.scores")?;
+    let invalid =
+        |key: &str, reason: String| GgufError::InvalidKey { path: gguf.path().to_path_buf(), key: key.into(), reason };
+    if scores.len() != raw.len() {
+        return Err(invalid("tokenizer.ggml.scores", format!("{} scores for {} tokens", scores.len(), raw.len())));
+    }
+    // llama.cpp writes some whitespace pieces (runs of spaces) with spaces where the model has `▁`.
+    let tokens: Vec<String> = raw.iter().map(|t| t.replace(' ', "\u{2581}")).collect();
+    let mut ids = std::collections::HashMap::with_capacity(tokens.len());
+    for (id, token) in tokens.iter().enumerate() {
+        if ids.insert(token.as_str(), id).is_some() {
+            return Err(invalid("tokenizer.ggml.tokens", format!("token {token:?} appears twice (second at id {id})")));
+        }
+    }
+    // llama.cpp writes -1000 for control and user-defined pieces; the SentencePiece model scores
+    // them 0, above every learned piece, which is what ranks their merges (whitespace runs) first.
+    let ranks: Vec<f64> = scores
+        .iter()
+        .zip(&types)
+        .map(|(&s, &t)| if t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED { 0.0 } else { s })
+        .collect();
+    let merges = sentencepiece_merges(&tokens, &ranks, &ids);
+    let vocab: Map<String, Value> = tokens.iter().enumerate().map(|(id, t)| (t.clone(), json!(id))).collect();
+    let added: Vec<Value> = tokens
+        .iter()
+        .zip(&types)
+        .enumerate()
+        .filter(|(_, (t, &ty))| ty == TOKEN_TYPE_CONTROL || (ty == TOKEN_TYPE_USER_DEFINED && !t.contains('\u{2581}')))
+        .map(|(id, (token, &ty))| {
+            json!({
+                "id": id, "content": token, "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": false, "special": ty == TOKEN_TYPE_CONTROL,
+            })
+        })
+        .collect();
+    let special = special_ids(gguf, tokens.len())?;
+    let unk = special.unk.map(|id| json!(tokens[id as usize])).unwrap_or(Value::Null);
+    let mut normalizer = vec![json!({ "type": "Replace", "pattern": { "String": " " }, "content": "\u{2581}" })];
+    if flag(gguf, "tokenizer.ggml.add_space_prefix", true)? {
+        normalizer.insert(0, json!({ "type": "Prepend", "prepend": "\u{2581}" }));
+    }
+    let token_strs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    Ok(json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": { "type": "Sequence", "normalizers": normalizer },
+        "pre_tokenizer": { "type": "Split", "pattern": { "String": " " }, "behavior": "MergedWithPrevious", "invert": false },
+        "post_processor": post_processor(gguf, &token_strs, &special)?,
+        "decoder": { "type": "Sequence", "decoders": [
+            { "type": "Replace", "pattern": { "String": "\u{2581}" }, "content": " " },
+            { "type": "ByteFallback" },
+            { "type": "Fuse" },
+        ]},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+            "vocab": vocab, "merges": merges,
+        },
+    }))
+}
+
+/// The merges of a SentencePiece BPE vocabulary as transformers' converter derives them
+/// (`generate_merges` in transformers' convert_slow_tokenizer.py): every split of a piece into two
+/// pieces of the vocabulary, ordered by the piece's score (highest first), then the longer left
+/// part, then the longer right part; ties keep id order (pieces, then (left id, right id)).
+fn sentencepiece_merges(tokens: &[String], scores: &[f64], ids: &std::collections::HashMap<&str, usize>) -> Vec<Value> {
+    struct Merge<'a> {
+        score: f64,
+        left_chars: usize,
+        right_chars: usize,
+        left: &'a str,
+        right: &'a str,
+    }
+    let mut merges = Vec::new();
+    for (token, &score) in tokens.iter().zip(scores) {
+        let mut local: Vec<(usize, usize, Merge<'_>)> = token
+            .char_indices()
+            .skip(1)
+            .filter_map(|(at, _)| {
+                let (left, right) = token.split_at(at);
+                let (l, r) = (*ids.get(left)?, *ids.get(right)?);
+                let (left_chars, right_chars) = (left.chars().count(), right.chars().count());
+                Some((l, r, Merge { score, left_chars, right_chars, left, right }))
+            })
+            .collect();
+        local.sort_by_key(|(l, r, _)| (*l, *r));
+        merges.extend(local.into_iter().map(|(_, _, m)| m));
+    }
+    // A stable sort: equal keys keep the order above.
+    merges.sort_by(|a, b| {
+        b.score.total_cmp(&a.score).then(b.left_chars.cmp(&a.left_chars)).then(b.right_chars.cmp(&a.right_chars))
+    });
+    merges.into_iter().map(|m| json!([m.left, m.right])).collect()
+}
+
+/// `{architecture}.context_length`, when the file has both keys.
+fn context_length(gguf: &GgufFile) -> Option<u64> {
+    let arch = gguf.metadata().get("general.architecture")?.as_str()?;
+    gguf.metadata().get(&format!("{arch}.context_length"))?.as_u64()
 }
