@@ -186,6 +186,17 @@ pub enum RecipeError {
 /// Why a family outside [`ModelType`] gets no rotation or prefix by default.
 const UNCHECKED_FAMILY: &str = "the Hadamard fold and the prefix are built and checked for qwen3, qwen2 and llama only";
 
+/// What the default of a family outside [`ModelType`] rests on, by `model_type`.
+fn outside_family_basis(model_type: &str) -> &'static str {
+    match model_type {
+        "gemma3_text" => {
+            "GPTQ chosen on Gemma 3 270M over rtn and mse ranges, 1.13-1.35x float there; \
+             --weight-budget 1.0 (every linear 8-bit) came within 1.05x (docs/quantization.md)"
+        }
+        _ => "not measured on a trained checkpoint of this family yet",
+    }
+}
+
 /// The default recipe of a model family: the best one it supports (all three families run GPTQ,
 /// the Hadamard rotation and an attention-sink prefix).
 pub fn family_default(family: ModelType) -> RecipeName {
@@ -224,7 +235,10 @@ pub fn choose(
                 let mut recipe = RecipeName::Recommended.recipe();
                 recipe.rotation = Rotation::None;
                 recipe.sink_prefix.clear();
-                note = Some(format!("no rotation or sink prefix: {UNCHECKED_FAMILY}"));
+                note = Some(format!(
+                    "no rotation or sink prefix: {UNCHECKED_FAMILY}; {}",
+                    outside_family_basis(&hf.model_type)
+                ));
                 (RecipeName::Recommended, format!("the default for {} models", hf.model_type), recipe)
             }
             Err(e) => return Err(e.into()),
@@ -345,9 +359,14 @@ mod tests {
         assert!(g.recipe.sink_prefix.is_empty());
         let line = g.line();
         assert!(
-            line.contains("the default for gemma3_text models") && line.contains("no rotation or sink prefix"),
+            line.contains("the default for gemma3_text models")
+                && line.contains("no rotation or sink prefix")
+                && line.contains("chosen on Gemma 3 270M"),
             "{line}"
         );
+        let dir4 = fixture("phi3-dev-f32");
+        let p = choose(None, Some((&dir4, &HfConfig::from_dir(&dir4).unwrap())), &Refinements::default()).unwrap();
+        assert!(p.line().contains("not measured on a trained checkpoint"), "{}", p.line());
         // Without a model (the embedded run): pymllm's rounding as deployed, as ever.
         let embedded = choose(None, None, &Refinements::default()).unwrap();
         assert_eq!((embedded.name, embedded.recipe), (RecipeName::Rtn, RecipeName::Rtn.recipe()));
