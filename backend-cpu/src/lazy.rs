@@ -75,7 +75,7 @@ impl Strided {
     /// (batches, rows, cols): the leading dims flattened, then the last two.
     pub fn dims(&self) -> Result<(usize, usize, usize), KernelError> {
         match self.shape.as_slice() {
-            [lead @ .., rows, cols] => Ok((lead.iter().product(), *rows, *cols)),
+            [outer @ .., rows, cols] => Ok((outer.iter().product(), *rows, *cols)),
             _ => Err(KernelError::InvalidArgument {
                 op: "strided view",
                 reason: format!("shape {:?} has fewer than 2 dims", self.shape),

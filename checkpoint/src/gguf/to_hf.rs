@@ -364,41 +364,43 @@ fn gemma3_config_json(hp: &LlamaHparams, tied: bool) -> Value {
     let layer_types: Vec<&str> =
         (0..hp.layers).map(|l| if (l + 1) % 6 == 0 { "full_attention" } else { "sliding_attention" }).collect();
     let query_pre_attn_scalar = if hp.layers == 62 { hp.hidden / hp.heads } else { hp.head_dim };
-    json!({
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": "gemma3_text",
-        "attention_bias": false,
-        "hidden_activation": "gelu_pytorch_tanh",
-        "hidden_size": hp.hidden,
-        "intermediate_size": hp.intermediate,
-        "num_hidden_layers": hp.layers,
-        "num_attention_heads": hp.heads,
-        "num_key_value_heads": hp.kv_heads,
-        "head_dim": hp.head_dim,
-        "max_position_embeddings": hp.context,
-        "rms_norm_eps": hp.rms_eps,
-        "rope_theta": hp.rope_theta,
-        "rope_local_base_freq": 10_000.0,
-        "rope_scaling": null,
-        "sliding_window": hp.sliding_window,
-        "layer_types": layer_types,
-        "query_pre_attn_scalar": query_pre_attn_scalar,
-        "attn_logit_softcapping": null,
-        "final_logit_softcapping": null,
-        "tie_word_embeddings": tied,
-        "vocab_size": hp.vocab,
-        "torch_dtype": "float32",
-        "use_cache": true,
-    })
+    let mut config = shared_config_json(hp, tied);
+    let map = config.as_object_mut().expect("config is an object");
+    for (key, value) in [
+        ("architectures", json!(["Gemma3ForCausalLM"])),
+        ("model_type", json!("gemma3_text")),
+        ("hidden_activation", json!("gelu_pytorch_tanh")),
+        ("rope_local_base_freq", json!(10_000.0)),
+        ("rope_scaling", Value::Null),
+        ("sliding_window", json!(hp.sliding_window)),
+        ("layer_types", json!(layer_types)),
+        ("query_pre_attn_scalar", json!(query_pre_attn_scalar)),
+        ("attn_logit_softcapping", Value::Null),
+        ("final_logit_softcapping", Value::Null),
+    ] {
+        map.insert(key.into(), value);
+    }
+    config
 }
 
 fn llama_config_json(hp: &LlamaHparams, tied: bool) -> Value {
+    let mut config = shared_config_json(hp, tied);
+    let map = config.as_object_mut().expect("config is an object");
+    for (key, value) in [
+        ("architectures", json!(["LlamaForCausalLM"])),
+        ("model_type", json!("llama")),
+        ("mlp_bias", json!(false)),
+        ("hidden_act", json!("silu")),
+    ] {
+        map.insert(key.into(), value);
+    }
+    config
+}
+
+/// The config fields every converted architecture writes the same way.
+fn shared_config_json(hp: &LlamaHparams, tied: bool) -> Value {
     json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
         "attention_bias": false,
-        "mlp_bias": false,
-        "hidden_act": "silu",
         "hidden_size": hp.hidden,
         "intermediate_size": hp.intermediate,
         "num_hidden_layers": hp.layers,

@@ -178,12 +178,7 @@ pub fn tokenizer_json(gguf: &GgufFile) -> Result<Value, GgufError> {
         .zip(&types)
         .enumerate()
         .filter(|(_, (_, &t))| t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED)
-        .map(|(id, (token, &t))| {
-            json!({
-                "id": id, "content": token, "single_word": false, "lstrip": false, "rstrip": false,
-                "normalized": false, "special": t == TOKEN_TYPE_CONTROL,
-            })
-        })
+        .map(|(id, (token, &t))| added_token(id, token, t == TOKEN_TYPE_CONTROL))
         .collect();
     let special = special_ids(gguf, tokens.len())?;
     let add_prefix_space = flag(gguf, "tokenizer.ggml.add_space_prefix", false)?;
@@ -323,12 +318,7 @@ fn sentencepiece_json(gguf: &GgufFile) -> Result<Value, GgufError> {
         .zip(&types)
         .enumerate()
         .filter(|(_, (t, &ty))| ty == TOKEN_TYPE_CONTROL || (ty == TOKEN_TYPE_USER_DEFINED && !t.contains('\u{2581}')))
-        .map(|(id, (token, &ty))| {
-            json!({
-                "id": id, "content": token, "single_word": false, "lstrip": false, "rstrip": false,
-                "normalized": false, "special": ty == TOKEN_TYPE_CONTROL,
-            })
-        })
+        .map(|(id, (token, &ty))| added_token(id, token, ty == TOKEN_TYPE_CONTROL))
         .collect();
     let special = special_ids(gguf, tokens.len())?;
     let unk = special.unk.map(|id| json!(tokens[id as usize])).unwrap_or(Value::Null);
@@ -396,4 +386,12 @@ fn sentencepiece_merges(tokens: &[String], scores: &[f64], ids: &std::collection
 fn context_length(gguf: &GgufFile) -> Option<u64> {
     let arch = gguf.metadata().get("general.architecture")?.as_str()?;
     gguf.metadata().get(&format!("{arch}.context_length"))?.as_u64()
+}
+
+/// One `added_tokens` entry of `tokenizer.json`: matched as written, before normalization.
+fn added_token(id: usize, content: &str, special: bool) -> Value {
+    json!({
+        "id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+        "normalized": false, "special": special,
+    })
 }
