@@ -406,7 +406,17 @@ impl CpuBackend {
                 .0
             }
         };
-        check_len(data, out)
+        let storage = check_len(data, out)?;
+        // Moving values keeps them on their grid: an int4 linear after a transpose (attention's
+        // output before o_proj) still multiplies codes.
+        match (op, grid_of(x), storage) {
+            (
+                OpKind::Transpose { .. } | OpKind::Permute { .. } | OpKind::Slice { .. },
+                Some(grid),
+                Storage::F32(values),
+            ) => Ok(Storage::Native(Arc::new(OnGrid { values, grid }))),
+            (_, _, storage) => Ok(storage),
+        }
     }
 }
 
@@ -566,6 +576,18 @@ mod tests {
         assert_ne!(want, [0.123f32, -1.0, 7.777]);
         assert_eq!(y.as_f32().unwrap(), &want[..]);
         assert_eq!(real_values(&y).unwrap().as_ref(), &want[..]);
+        // Moving the values (a transpose) keeps the grid; computing with them does not.
+        let y2 = backend
+            .qdq(&Tensor::from_f32(vec![0.5, -0.25, 1.5, 2.0], vec![2, 2], backend.clone()).unwrap(), &u16_point)
+            .unwrap();
+        let moved = TensorType::new(vec![2, 2], mllm_dsl::DType::F32);
+        let t = backend.execute(&OpKind::Transpose { dim0: 0, dim1: 1 }, &[&y2], &moved).unwrap();
+        let t = Tensor::from_storage(moved.clone(), t, backend.clone()).unwrap();
+        assert_eq!(grid_of(&t), Some(grid));
+        let yv = y2.as_f32().unwrap();
+        assert_eq!(t.as_f32().unwrap(), &[yv[0], yv[2], yv[1], yv[3]][..]);
+        let neg = backend.execute(&OpKind::Neg, &[&y2], &moved).unwrap();
+        assert_eq!(grid_of(&Tensor::from_storage(moved, neg, backend.clone()).unwrap()), None);
         // The same point again, and a uint16 table of that encoding, pass as they are.
         let again = backend.qdq(&y, &u16_point).unwrap();
         let native = |t: &Tensor| match t.storage() {

@@ -209,14 +209,25 @@ fn rows_on_a_u16_grid_multiply_in_integers_and_match_the_decoded_weights() {
                 assert_close(&got, &want, k, &format!("{what} bias {} threads {threads}", b.is_some()));
             }
         }
-        // A value off the grid, two rows, or blocks of an odd size take the f32 tiles.
+        // Several rows (a prefill chunk: whole tiles of 8 and a remainder) run in integers too.
+        for m in [2, 8, 19] {
+            let xs = grid_row(&mut rng, m * k, grid, lo, hi);
+            assert_eq!(kernels::runs_on_grid(&xs, m, &w, Some(grid)), available, "{what}: {m} rows");
+            let want = naive(&xs, m, k, &q.decoded_kn, n, Some(&bias));
+            for threads in [1, 2] {
+                kernels::set_num_threads(threads).unwrap();
+                let got = kernels::linear_packed_on_grid(&xs, m, &w, Some(&bias), Some(grid)).unwrap();
+                assert_close(&got, &want, k, &format!("{what} {m} rows threads {threads}"));
+            }
+        }
+        // A value off the grid (in any row) or blocks of an odd size take the f32 tiles.
         let mut off = x.clone();
         off[k / 2] = f32::from_bits(off[k / 2].to_bits() ^ 1);
         assert!(!kernels::runs_on_grid(&off, 1, &w, Some(grid)), "{what}: off the grid");
         let want = naive(&off, 1, k, &q.decoded_kn, n, None);
         assert_close(&kernels::linear_packed_on_grid(&off, 1, &w, None, Some(grid)).unwrap(), &want, k, &what);
-        let two = [x.as_slice(), x.as_slice()].concat();
-        assert!(!kernels::runs_on_grid(&two, 2, &w, Some(grid)), "{what}: two rows");
+        let two = [x.as_slice(), off.as_slice()].concat();
+        assert!(!kernels::runs_on_grid(&two, 2, &w, Some(grid)), "{what}: a second row off the grid");
     }
     let q = lpbq(&mut rng, 8, 42, 7);
     let w = pack(&q, 42, 8, 7, 64);

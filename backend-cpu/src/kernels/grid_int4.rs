@@ -1,7 +1,7 @@
-//! One activation row on an integer grid times LPBQ int4 panels, in integers.
+//! Activation rows on an integer grid times LPBQ int4 panels, in integers.
 //!
 //! A QDQ point's output is exactly `x[k] = (u[k] - zp) as f32 * scale` with `u` a 16-bit code.
-//! When a linear's input row is such a row ([`Grid`]), its product with an int4 matrix needs no
+//! When a linear's input rows are such rows ([`Grid`]), their product with an int4 matrix needs no
 //! float widening of the weights:
 //!
 //! `y[c] = scale * scale2[c] * Σ_b scale1[b, c] * Σ_{k in b} (u[k] - zp) * q[k, c]`
@@ -11,18 +11,30 @@
 //! and `Σ_b scale1 Σ_{k in b} q` is a per-column constant of the matrix
 //! ([`super::Int4Panels::code_sums`]). AVX-512 VNNI's `vpdpwssd` multiplies pairs of i16 and adds
 //! them to i32 lanes: one instruction does 32 products, where the f32 tile widens every code
-//! (`vpermps`) for 16. The nibbles are taken XOR 8 (`q + 8`, non-negative) and `8 Σ_{k in b} v`
-//! subtracted per block, which saves sign-extending them; a `vpermb` puts the codes of two
-//! consecutive rows of one column side by side in a 32-bit lane.
+//! (`vpermps`) for 16. A `vpermb` puts the code bytes of two consecutive rows of one column side
+//! by side in a 32-bit lane, each in the high byte of its 16-bit word, where an arithmetic shift
+//! right by 12 sign-extends the high nibble (and, after a shift left by 4, the low one).
 //!
-//! The row is coded only if every value round-trips: `(u - zp) as f32 * scale` must give back
+//! A tile of several activation rows (a prefill chunk) lays out each group of four panel rows
+//! once and feeds it to every row's `vpdpwssd`: 64 products per row and group where the f32 tile
+//! issues 128 separate multiply-adds, so the integer tile does the same sums in half the
+//! arithmetic instructions (and `vpdpwssd` issues at the rate of `vfmadd`).
+//!
+//! The rows are coded only if every value round-trips: `(u - zp) as f32 * scale` must give back
 //! the very f32 (the formula of `compiler::quant::FakeQuantizer::fake`). Otherwise, or on a CPU
 //! without VNNI and VBMI, the caller keeps the f32 tile; the results agree up to f32 rounding
-//! order either way.
+//! order either way. Blocks are at most [`MAX_BLOCK`] rows, so a block's sum stays within i32.
 
 use super::packed::PANEL;
-use super::packed_int4::{Int4Panel, INT4_ROW_BYTES};
+use super::packed_int4::{sign_extend, Int4Panel, INT4_ROW_BYTES};
 use super::packed_tile::store_row;
+
+/// The largest block the integer sums allow: `|u - offset| <= 32768` times `|q| <= 8`, summed
+/// over a block, stays within i32.
+pub(crate) const MAX_BLOCK: usize = 8192;
+
+/// Activation rows per integer tile: 16 of the 32 zmm registers hold their block sums.
+const TILE_ROWS: usize = 8;
 
 /// The grid a row's values lie on: `x = (u - zero_point) as f32 * scale`, `u` in `0..=65535`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -31,46 +43,72 @@ pub struct Grid {
     pub zero_point: i32,
 }
 
-/// A row coded for the integer products.
-pub(crate) struct GridRow {
-    /// `u - offset`, padded to a multiple of 4.
+/// Rows coded for the integer products.
+pub(crate) struct GridRows {
+    /// `u - offset`, row after row, `k` values each.
     v: Vec<i16>,
-    /// `8 * Σ_{k in b} v[k]` per block of the matrix.
-    block_sums8: Vec<i32>,
-    /// `offset - zero_point`.
+    k: usize,
+    /// `offset - zero_point` (one offset serves every row).
     shift: f32,
     scale: f32,
 }
 
-impl GridRow {
-    /// Codes `x` on `grid` for blocks of `block` rows; `None` if a value is not on the grid.
-    pub(crate) fn new(x: &[f32], grid: Grid, block: usize) -> Option<GridRow> {
-        if !(grid.scale.is_finite() && grid.scale > 0.0) || block == 0 || !x.len().is_multiple_of(block) {
+impl GridRows {
+    /// Codes the `m` rows of `x` on `grid` for blocks of `block` (a multiple of 4, at most
+    /// [`MAX_BLOCK`]) rows; `None` if a value is not on the grid.
+    pub(crate) fn new(x: &[f32], m: usize, grid: Grid, block: usize) -> Option<GridRows> {
+        let k = x.len() / m.max(1);
+        if !(grid.scale.is_finite() && grid.scale > 0.0)
+            || m == 0
+            || x.len() != m * k
+            || block == 0
+            || !block.is_multiple_of(4)
+            || block > MAX_BLOCK
+            || !k.is_multiple_of(block)
+        {
             return None;
         }
-        let (scale, zp) = (grid.scale, grid.zero_point);
-        let mut u = vec![0i32; x.len()];
-        // Branch-free, so it vectorizes: one pass codes, checks and bounds the row.
-        let (lo, hi, off_grid) = mllm_dsl::simd::widest(|| {
-            let (mut lo, mut hi, mut off) = (i32::MAX, i32::MIN, 0u32);
-            for (u, &x) in u.iter_mut().zip(x) {
-                // `as` saturates a huge or NaN value, which then fails the round trip.
-                let q = ((x / scale).round_ties_even() as i32).wrapping_add(zp);
-                off |= u32::from((q.wrapping_sub(zp) as f32 * scale).to_bits() != x.to_bits());
-                (lo, hi, *u) = (lo.min(q), hi.max(q), q);
-            }
-            (lo, hi, off)
-        });
-        if off_grid != 0 || lo < 0 || hi > 65535 {
+        let zp = grid.zero_point;
+        // v = u - zp, wrapped to i16; lo..=hi the range of u - zp.
+        let mut v = vec![0i16; x.len()];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: rows are only coded where the tile runs, on a CPU with AVX-512 (`available`).
+        let (lo, hi, on_grid) = unsafe { avx512::code(x, grid.scale, &mut v) };
+        #[cfg(not(target_arch = "x86_64"))]
+        let (lo, hi, on_grid) = code(x, grid.scale, &mut v);
+        let (lo, hi) = (i64::from(lo) + i64::from(zp), i64::from(hi) + i64::from(zp));
+        if !on_grid || lo < 0 || hi > 65535 {
             return None;
         }
         // Every u - offset in i16: offset in [hi - 32767, lo + 32768], as close to zp as allowed.
-        let offset = grid.zero_point.clamp(hi - 32767, lo + 32768);
-        let mut v: Vec<i16> = u.iter().map(|&q| (q - offset) as i16).collect();
-        let block_sums8 = v.chunks(block).map(|b| 8 * b.iter().map(|&v| i32::from(v)).sum::<i32>()).collect();
-        v.resize(x.len().next_multiple_of(4), 0);
-        Some(GridRow { v, block_sums8, shift: (offset - grid.zero_point) as f32, scale: grid.scale })
+        let offset = i64::from(zp).clamp(hi - 32767, lo + 32768) as i32;
+        if offset != zp {
+            // (u - zp) - (offset - zp) is exact in wrapping i16 arithmetic: the result fits.
+            let d = (offset - zp) as i16;
+            v.iter_mut().for_each(|v| *v = v.wrapping_sub(d));
+        }
+        Some(GridRows { v, k, shift: (offset - zp) as f32, scale: grid.scale })
     }
+
+    /// Rows coded.
+    pub(crate) fn rows(&self) -> usize {
+        self.v.len() / self.k
+    }
+}
+
+/// `v[i] = round(x[i] / scale)` wrapped to i16, with the codes' range and whether every value
+/// round-trips (`code as f32 * scale` gives back the very f32, the formula of
+/// `compiler::quant::FakeQuantizer::fake`).
+#[cfg(not(target_arch = "x86_64"))]
+fn code(x: &[f32], scale: f32, v: &mut [i16]) -> (i32, i32, bool) {
+    let (mut lo, mut hi, mut on_grid) = (i32::MAX, i32::MIN, true);
+    for (v, &x) in v.iter_mut().zip(x) {
+        // `as` saturates a huge or NaN value, which then fails the round trip or the range.
+        let q = (x / scale).round_ties_even() as i32;
+        on_grid &= (q as f32 * scale).to_bits() == x.to_bits();
+        (lo, hi, *v) = (lo.min(q), hi.max(q), q as i16);
+    }
+    (lo, hi, on_grid)
 }
 
 /// Whether this CPU runs the integer tile.
@@ -89,48 +127,71 @@ pub(crate) fn available() -> bool {
     false
 }
 
-/// `c[0..cols] = init + row @ panel` for a panel whose blocks are a multiple of 4 rows.
+/// `c[r, 0..cols] = init + rows[r0 + r] @ panel` for `r` in `0..m`, tile by tile.
 ///
 /// # Safety
-/// [`available`]; `p` is a panel of a matrix with `k` rows, `row` was coded for its block size
-/// and `k`; `c` has `cols <= PANEL` writable f32.
+/// [`available`]; `p` is a panel of the matrix `rows` was coded for (its `k` and block size);
+/// `r0 + m <= rows.rows()`; `c` points at `m` rows (stride `ldc`) with `cols <= PANEL` writable
+/// f32 each, not aliased during the call.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn panel_product(
-    row: &GridRow,
-    k: usize,
+    rows: &GridRows,
+    r0: usize,
+    m: usize,
     p: Int4Panel<'_>,
     c: *mut f32,
+    ldc: usize,
     cols: usize,
     init: &[f32; PANEL],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    avx512::tile(row, k, p, c, cols, init);
-    #[cfg(not(target_arch = "x86_64"))]
-    portable(row, k, p, c, cols, init);
+    debug_assert!(r0 + m <= rows.rows());
+    let mut r = 0;
+    while r < m {
+        let mr = TILE_ROWS.min(m - r);
+        let c = c.add(r * ldc);
+        #[cfg(target_arch = "x86_64")]
+        match mr {
+            1 => avx512::tile::<1>(rows, r0 + r, p, c, ldc, cols, init),
+            2 => avx512::tile::<2>(rows, r0 + r, p, c, ldc, cols, init),
+            3 => avx512::tile::<3>(rows, r0 + r, p, c, ldc, cols, init),
+            4 => avx512::tile::<4>(rows, r0 + r, p, c, ldc, cols, init),
+            5 => avx512::tile::<5>(rows, r0 + r, p, c, ldc, cols, init),
+            6 => avx512::tile::<6>(rows, r0 + r, p, c, ldc, cols, init),
+            7 => avx512::tile::<7>(rows, r0 + r, p, c, ldc, cols, init),
+            _ => avx512::tile::<TILE_ROWS>(rows, r0 + r, p, c, ldc, cols, init),
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        for i in 0..mr {
+            portable(rows, r0 + r + i, p, c.add(i * ldc), cols, init);
+        }
+        r += mr;
+    }
 }
 
-/// The same sums in plain Rust (the tests' reference for the tile).
+/// Row `r`'s sums in plain Rust (the tests' reference for the tile).
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
-pub(crate) fn portable(row: &GridRow, k: usize, p: Int4Panel<'_>, c: *mut f32, cols: usize, init: &[f32; PANEL]) {
-    let bs = p.block();
+pub(crate) fn portable(rows: &GridRows, r: usize, p: Int4Panel<'_>, c: *mut f32, cols: usize, init: &[f32; PANEL]) {
+    let (bs, k) = (p.block(), rows.k);
+    let v = &rows.v[r * k..(r + 1) * k];
     let mut acc = [0f32; PANEL];
     for b in 0..k / bs {
         let mut sums = [0i32; PANEL];
         for kk in b * bs..(b + 1) * bs {
             let bytes = p.code_row(kk);
-            let v = i32::from(row.v[kk]);
+            let v = i32::from(v[kk]);
             for j in 0..INT4_ROW_BYTES {
-                sums[j] += v * i32::from((bytes[j] ^ 0x88) & 15);
-                sums[INT4_ROW_BYTES + j] += v * i32::from((bytes[j] ^ 0x88) >> 4);
+                sums[j] += v * sign_extend(bytes[j]);
+                sums[INT4_ROW_BYTES + j] += v * sign_extend(bytes[j] >> 4);
             }
         }
         for (j, a) in acc.iter_mut().enumerate() {
-            *a += (sums[j] - row.block_sums8[b]) as f32 * f32::from(p.scale1_of(b)[j]);
+            *a += sums[j] as f32 * f32::from(p.scale1_of(b)[j]);
         }
     }
     let mut out = [0f32; PANEL];
     for j in 0..PANEL {
-        let y = acc[j] + row.shift * p.code_sums()[j] as f32;
-        out[j] = y * (row.scale * p.scale2()[j]) + init[j];
+        let y = acc[j] + rows.shift * p.code_sums()[j] as f32;
+        out[j] = y * (rows.scale * p.scale2()[j]) + init[j];
     }
     // SAFETY: the caller's contract.
     unsafe { store_row(&out, c, cols) };
@@ -138,20 +199,20 @@ pub(crate) fn portable(row: &GridRow, k: usize, p: Int4Panel<'_>, c: *mut f32, c
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{store_row, GridRow, Int4Panel, INT4_ROW_BYTES, PANEL};
+    use super::{store_row, GridRows, Int4Panel, INT4_ROW_BYTES, PANEL};
     use crate::kernels::packed_int4::PREFETCH_ROWS;
     use std::arch::x86_64::*;
 
-    /// Byte indices of a `vpermb` taking panel rows `2t, 2t + 1` of four (16 bytes each) to
-    /// words `2j + t`: lane `j` then holds column `j`'s two codes (and `16 + j`'s in the high
-    /// nibbles). Odd bytes are zeroed by the mask.
+    /// Byte indices of a `vpermb` taking panel rows `2t, 2t + 1` of four (16 bytes each) to the
+    /// high bytes of words `2j + t`: lane `j` then holds column `j`'s two codes (and `16 + j`'s
+    /// in the high nibbles). Even (low) bytes are zeroed by the mask.
     const fn pair_index(pair: usize) -> [u8; 64] {
         let mut idx = [0u8; 64];
         let mut j = 0;
         while j < 16 {
             let mut t = 0;
             while t < 2 {
-                idx[2 * (2 * j + t)] = (32 * pair + 16 * t + j) as u8;
+                idx[2 * (2 * j + t) + 1] = (32 * pair + 16 * t + j) as u8;
                 t += 1;
             }
             j += 1;
@@ -161,52 +222,106 @@ mod avx512 {
     const PAIR0: [u8; 64] = pair_index(0);
     const PAIR1: [u8; 64] = pair_index(1);
 
+    /// [`super::code`] for AVX-512: `vcvtps2dq` rounds to nearest even (the default rounding
+    /// mode) and gives `i32::MIN` for NaN and out-of-range values, which fail the range check.
+    ///
     /// # Safety
-    /// See [`super::panel_product`].
+    /// AVX-512 F and BW; `v` is as long as `x`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn code(x: &[f32], scale: f32, v: &mut [i16]) -> (i32, i32, bool) {
+        debug_assert_eq!(x.len(), v.len());
+        let s = _mm512_set1_ps(scale);
+        let (mut lo, mut hi) = (_mm512_set1_epi32(i32::MAX), _mm512_set1_epi32(i32::MIN));
+        let mut off: u16 = 0;
+        let n = x.len();
+        let mut i = 0;
+        while i < n {
+            let mask: u16 = if n - i >= 16 { u16::MAX } else { (1u16 << (n - i)) - 1 };
+            let xs = _mm512_maskz_loadu_ps(mask, x.as_ptr().add(i));
+            let q = _mm512_cvtps_epi32(_mm512_div_ps(xs, s));
+            let back = _mm512_mul_ps(_mm512_cvtepi32_ps(q), s);
+            off |= _mm512_mask_cmpneq_epi32_mask(mask, _mm512_castps_si512(back), _mm512_castps_si512(xs));
+            lo = _mm512_mask_min_epi32(lo, mask, lo, q);
+            hi = _mm512_mask_max_epi32(hi, mask, hi, q);
+            _mm256_mask_storeu_epi16(v.as_mut_ptr().add(i), mask, _mm512_cvtepi32_epi16(q));
+            i += 16;
+        }
+        (_mm512_reduce_min_epi32(lo), _mm512_reduce_max_epi32(hi), off == 0)
+    }
+
+    /// `$acc += Σ pairs of $a * $b` (`vpdpwssd`), as the one instruction. LLVM's generic x86
+    /// tuning rewrites the intrinsic into `vpmaddwd` + `vpaddd`, two instructions where the point
+    /// of the tile is one (with the rewrite, prefill rows ran no faster than the f32 tile). A
+    /// macro, so it is compiled with the tile's features.
+    macro_rules! dpwssd {
+        ($acc:expr, $a:expr, $b:expr) => {
+            std::arch::asm!(
+                "vpdpwssd {acc}, {a}, {b}",
+                acc = inout(zmm_reg) $acc,
+                a = in(zmm_reg) $a,
+                b = in(zmm_reg) $b,
+                options(pure, nomem, nostack, preserves_flags),
+            )
+        };
+    }
+
+    /// `MR` rows from `r0` times the panel.
+    ///
+    /// # Safety
+    /// See [`super::panel_product`] (with `r0 + MR <= rows.rows()`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni")]
-    pub(super) unsafe fn tile(
-        row: &GridRow,
-        k: usize,
+    pub(super) unsafe fn tile<const MR: usize>(
+        rows: &GridRows,
+        r0: usize,
         p: Int4Panel<'_>,
         c: *mut f32,
+        ldc: usize,
         cols: usize,
         init: &[f32; PANEL],
     ) {
         let (idx0, idx1) = (_mm512_loadu_si512(PAIR0.as_ptr().cast()), _mm512_loadu_si512(PAIR1.as_ptr().cast()));
-        let even = 0x5555_5555_5555_5555u64;
-        let (bias, low) = (_mm512_set1_epi8(0x88u8 as i8), _mm512_set1_epi16(15));
-        let (codes, v, bs) = (p.codes().as_ptr(), row.v.as_ptr(), p.block());
-        let (mut acc_lo, mut acc_hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let high_bytes = 0xAAAA_AAAA_AAAA_AAAAu64;
+        let (codes, k, bs) = (p.codes().as_ptr(), rows.k, p.block());
+        let v = rows.v.as_ptr().add(r0 * k);
+        // The block scales are a second stream, fetched as far ahead as the codes.
+        let s1_ahead = PREFETCH_ROWS / bs * PANEL;
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
         for b in 0..k / bs {
-            let (mut s_lo, mut s_hi) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            let mut s = [[_mm512_setzero_si512(); 2]; MR];
             for kk in (b * bs..(b + 1) * bs).step_by(4) {
                 let ahead = codes.wrapping_add((kk + PREFETCH_ROWS) * INT4_ROW_BYTES) as *const i8;
                 _mm_prefetch::<_MM_HINT_T0>(ahead);
-                let raw = _mm512_xor_si512(_mm512_loadu_si512(codes.add(kk * INT4_ROW_BYTES).cast()), bias);
+                let raw = _mm512_loadu_si512(codes.add(kk * INT4_ROW_BYTES).cast());
                 for (pair, idx) in [(0, idx0), (2, idx1)] {
-                    let w = _mm512_maskz_permutexvar_epi8(even, idx, raw);
-                    let x = _mm512_set1_epi32((v.add(kk + pair) as *const i32).read_unaligned());
-                    s_lo = _mm512_dpwssd_epi32(s_lo, x, _mm512_and_si512(w, low));
-                    s_hi = _mm512_dpwssd_epi32(s_hi, x, _mm512_srli_epi16::<4>(w));
+                    let w = _mm512_maskz_permutexvar_epi8(high_bytes, idx, raw);
+                    let w_lo = _mm512_srai_epi16::<12>(_mm512_slli_epi16::<4>(w));
+                    let w_hi = _mm512_srai_epi16::<12>(w);
+                    for (r, s) in s.iter_mut().enumerate() {
+                        let x = _mm512_set1_epi32((v.add(r * k + kk + pair) as *const i32).read_unaligned());
+                        dpwssd!(s[0], x, w_lo);
+                        dpwssd!(s[1], x, w_hi);
+                    }
                 }
             }
-            let sums8 = _mm512_set1_epi32(row.block_sums8[b]);
             let s1 = p.scale1_of(b).as_ptr();
-            // The block scales are a second stream: fetched as far ahead as the codes.
-            _mm_prefetch::<_MM_HINT_T0>(s1.wrapping_add(PREFETCH_ROWS / bs * PANEL) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(s1.wrapping_add(s1_ahead) as *const i8);
             let s1_lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(s1.cast())));
             let s1_hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(s1.add(16).cast())));
-            acc_lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s_lo, sums8)), s1_lo, acc_lo);
-            acc_hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s_hi, sums8)), s1_hi, acc_hi);
+            for (acc, s) in acc.iter_mut().zip(&s) {
+                acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[0]), s1_lo, acc[0]);
+                acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[1]), s1_hi, acc[1]);
+            }
         }
         let (t, s2) = (p.code_sums().as_ptr(), p.scale2().as_ptr());
-        let (shift, scale) = (_mm512_set1_ps(row.shift), _mm512_set1_ps(row.scale));
-        let mut out = [0f32; PANEL];
-        for (h, acc) in [(0, acc_lo), (16, acc_hi)] {
-            let y = _mm512_fmadd_ps(shift, _mm512_cvtepi32_ps(_mm512_loadu_si512(t.add(h).cast())), acc);
-            let s = _mm512_mul_ps(scale, _mm512_loadu_ps(s2.add(h)));
-            _mm512_storeu_ps(out.as_mut_ptr().add(h), _mm512_fmadd_ps(y, s, _mm512_loadu_ps(init.as_ptr().add(h))));
+        let (shift, scale) = (_mm512_set1_ps(rows.shift), _mm512_set1_ps(rows.scale));
+        for (r, acc) in acc.iter().enumerate() {
+            let mut out = [0f32; PANEL];
+            for (h, acc) in [(0, acc[0]), (16, acc[1])] {
+                let y = _mm512_fmadd_ps(shift, _mm512_cvtepi32_ps(_mm512_loadu_si512(t.add(h).cast())), acc);
+                let s = _mm512_mul_ps(scale, _mm512_loadu_ps(s2.add(h)));
+                _mm512_storeu_ps(out.as_mut_ptr().add(h), _mm512_fmadd_ps(y, s, _mm512_loadu_ps(init.as_ptr().add(h))));
+            }
+            store_row(&out, c.add(r * ldc), cols);
         }
-        store_row(&out, c, cols);
     }
 }

@@ -28,7 +28,7 @@ mod rms_norm;
 pub mod shape;
 mod softmax;
 mod team;
-mod threads;
+pub(crate) mod threads;
 mod unary;
 
 pub use elementwise::{add, binary, div, equal, mul, sub, where_, BinaryOp, BinaryResult};

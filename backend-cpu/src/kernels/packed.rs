@@ -23,7 +23,7 @@
 
 use rayon::prelude::*;
 
-use super::grid_int4::{self, Grid, GridRow};
+use super::grid_int4::{self, Grid, GridRows};
 use super::packed_int4::Int4Panels;
 use super::packed_tile::{self, Isa, MAX_ROWS};
 use super::threads::{current, SendPtr};
@@ -218,9 +218,9 @@ pub fn linear_packed(x: &[f32], m: usize, w: &PackedMatrix, bias: Option<&[f32]>
     linear_packed_with(packed_tile::detect(), x, m, w, bias)
 }
 
-/// [`linear_packed`] for an `x` whose values lie on `grid` (a QDQ point's output): a single row
-/// times an int4 matrix then runs in integers ([`super::grid_int4`]) where this CPU can. Rows not
-/// on the grid take the f32 tiles; both give the same sums up to f32 rounding order.
+/// [`linear_packed`] for an `x` whose values lie on `grid` (a QDQ point's output): its rows times
+/// an int4 matrix then run in integers ([`super::grid_int4`]) where this CPU can. Rows not on the
+/// grid take the f32 tiles; both give the same sums up to f32 rounding order.
 pub fn linear_packed_on_grid(
     x: &[f32],
     m: usize,
@@ -228,7 +228,7 @@ pub fn linear_packed_on_grid(
     bias: Option<&[f32]>,
     grid: Option<Grid>,
 ) -> Result<Vec<f32>, KernelError> {
-    product(packed_tile::detect(), x, m, w, bias, grid_row(x, m, w, grid).as_ref())
+    product(packed_tile::detect(), x, m, w, bias, grid_rows(x, m, w, grid).as_ref())
 }
 
 /// The environment variable that keeps int4 products on the f32 tiles (`f32`), to compare them.
@@ -242,22 +242,18 @@ fn integer_tile_allowed() -> bool {
 
 /// Whether [`linear_packed_on_grid`] runs this product in integers.
 pub fn runs_on_grid(x: &[f32], m: usize, w: &PackedMatrix, grid: Option<Grid>) -> bool {
-    grid_row(x, m, w, grid).is_some()
+    grid_rows(x, m, w, grid).is_some()
 }
 
-/// `x` coded for the integer tile, when it applies: one row, an int4 matrix with blocks of a
-/// multiple of 4 rows, a CPU with the tile's features, every value on `grid`, and not
-/// [`INT4_TILE_ENV`]`=f32`.
-fn grid_row(x: &[f32], m: usize, w: &PackedMatrix, grid: Option<Grid>) -> Option<GridRow> {
+/// `x` coded for the integer tile, when it applies: an int4 matrix with blocks of a multiple of 4
+/// rows (at most [`grid_int4::MAX_BLOCK`]), a CPU with the tile's features, every value on `grid`,
+/// and not [`INT4_TILE_ENV`]`=f32`.
+fn grid_rows(x: &[f32], m: usize, w: &PackedMatrix, grid: Option<Grid>) -> Option<GridRows> {
     match (&w.elems, grid) {
         (PackedElems::Int4(p), Some(grid))
-            if m == 1
-                && x.len() == w.k
-                && integer_tile_allowed()
-                && p.block_size().is_multiple_of(4)
-                && grid_int4::available() =>
+            if x.len() == m * w.k && integer_tile_allowed() && grid_int4::available() =>
         {
-            GridRow::new(x, grid, p.block_size())
+            GridRows::new(x, m, grid, p.block_size())
         }
         _ => None,
     }
@@ -275,14 +271,14 @@ pub fn linear_packed_with(
     product(isa, x, m, w, bias, None)
 }
 
-/// The product, with `row` (coded from the single row of `x`) when the integer tile runs.
+/// The product, with `coded` (the rows of `x` coded on their grid) when the integer tile runs.
 fn product(
     isa: Isa,
     x: &[f32],
     m: usize,
     w: &PackedMatrix,
     bias: Option<&[f32]>,
-    row: Option<&GridRow>,
+    coded: Option<&GridRows>,
 ) -> Result<Vec<f32>, KernelError> {
     const OP: &str = "linear_packed";
     let (k, n) = (w.k, w.n);
@@ -313,10 +309,14 @@ fn product(
                     init[..cols].copy_from_slice(&b[p * PANEL..p * PANEL + cols]);
                 }
                 let panel = PanelRef::new(w, p);
-                if let (Some(row), PanelRef::Int4(panel)) = (row, panel) {
-                    // SAFETY: `row` was coded from x (one row) for this matrix's blocks on a CPU
-                    // with the tile's features; the output row has `cols` columns at this panel.
-                    unsafe { grid_int4::panel_product(row, k, panel, dst.get().add(p * PANEL), cols, &init) };
+                if let (Some(coded), PanelRef::Int4(panel)) = (coded, panel) {
+                    // SAFETY: `coded` holds the m rows of x, coded for this matrix's K and blocks
+                    // on a CPU with the tile's features; the tile writes rows r0..r0+rows,
+                    // columns p*PANEL..p*PANEL+cols, and concurrent calls cover disjoint panels.
+                    unsafe {
+                        let c = dst.get().add(r0 * n + p * PANEL);
+                        grid_int4::panel_product(coded, r0, rows, panel, c, n, cols, &init);
+                    }
                     continue;
                 }
                 // SAFETY: rows r0..r0+rows of x exist (checked length m*k); the tile writes rows

@@ -37,7 +37,7 @@ pub(crate) const PREFETCH_ROWS: usize = 256;
 
 /// The value of a 4-bit two's-complement code (`0..=15` → `-8..=7`).
 #[inline(always)]
-fn sign_extend(nibble: u8) -> i32 {
+pub(crate) fn sign_extend(nibble: u8) -> i32 {
     (i32::from(nibble & 15) ^ 8) - 8
 }
 

@@ -27,13 +27,12 @@ use std::collections::HashMap;
 
 use compiler::quant::{FakeQuantizer, QuantParams};
 use mllm_dsl::QdqAttr;
-use rayon::prelude::*;
 
 use super::params::QdqParams;
 use crate::executor::{QdqHook, QdqHookError};
 
 /// Elements per parallel task.
-const PAR_CHUNK: usize = 1 << 15;
+const PAR_CHUNK: usize = 1 << 13;
 
 pub struct FakeQuantHook {
     quantizers: HashMap<String, (QdqAttr, FakeQuantizer)>,
@@ -64,15 +63,19 @@ impl QdqHook for FakeQuantHook {
             });
         }
         let mut out = vec![0f32; x.len()];
-        let run = |o: &mut [f32], i: &[f32]| {
-            mllm_dsl::simd::widest(|| fq.apply(i, o))
-                .map_err(|e| QdqHookError::Shape { key: point.key.clone(), problem: e.to_string() })
-        };
-        if x.len() <= PAR_CHUNK {
-            // One task: no parallel iterator to set up (most decode QDQs are a few hundred values).
-            run(&mut out, x)?;
+        let ctx = crate::kernels::threads::current();
+        if ctx.for_work(x.len(), PAR_CHUNK) <= 1 {
+            // One task (most decode QDQs are a few hundred values).
+            mllm_dsl::simd::widest(|| fq.apply(x, &mut out))
+                .map_err(|e| QdqHookError::Shape { key: point.key.clone(), problem: e.to_string() })?;
         } else {
-            out.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK)).try_for_each(|(o, i)| run(o, i))?;
+            // On the kernels' team, whose helpers are awake between ops: a prefill chunk has a
+            // thousand QDQ points of 20-100 µs each, and waking a sleeping pool costs as much.
+            ctx.for_each_chunk_mut(&mut out, PAR_CHUNK, |i, o| {
+                let input = &x[i * PAR_CHUNK..i * PAR_CHUNK + o.len()];
+                // Equal lengths by construction, so `apply` cannot fail.
+                let _ = mllm_dsl::simd::widest(|| fq.apply(input, o));
+            });
         }
         Ok(Some(out))
     }
