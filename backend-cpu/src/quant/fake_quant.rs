@@ -62,21 +62,27 @@ impl QdqHook for FakeQuantHook {
                 traced: known.to_string(),
             });
         }
-        let mut out = vec![0f32; x.len()];
+        let n = x.len();
+        // Fresh memory, not zeroed first: every element is written below.
+        let mut out: Vec<f32> = Vec::with_capacity(n);
+        let shape_error =
+            |e: compiler::quant::QuantError| QdqHookError::Shape { key: point.key.clone(), problem: e.to_string() };
         let ctx = crate::kernels::threads::current();
-        if ctx.for_work(x.len(), PAR_CHUNK) <= 1 {
+        if ctx.for_work(n, PAR_CHUNK) <= 1 {
             // One task (most decode QDQs are a few hundred values).
-            mllm_dsl::simd::widest(|| fq.apply(x, &mut out))
-                .map_err(|e| QdqHookError::Shape { key: point.key.clone(), problem: e.to_string() })?;
+            mllm_dsl::simd::widest(|| fq.apply_uninit(x, &mut out.spare_capacity_mut()[..n])).map_err(shape_error)?;
         } else {
             // On the kernels' team, whose helpers are awake between ops: a prefill chunk has a
             // thousand QDQ points of 20-100 µs each, and waking a sleeping pool costs as much.
-            ctx.for_each_chunk_mut(&mut out, PAR_CHUNK, |i, o| {
+            ctx.for_each_chunk_mut(&mut out.spare_capacity_mut()[..n], PAR_CHUNK, |i, o| {
                 let input = &x[i * PAR_CHUNK..i * PAR_CHUNK + o.len()];
-                // Equal lengths by construction, so `apply` cannot fail.
-                let _ = mllm_dsl::simd::widest(|| fq.apply(input, o));
+                // Equal lengths by construction, so this cannot fail.
+                let _ = mllm_dsl::simd::widest(|| fq.apply_uninit(input, o));
             });
         }
+        // SAFETY: the capacity is n and `apply_uninit` wrote all n elements (the chunks above
+        // cover 0..n, each with its input's length).
+        unsafe { out.set_len(n) };
         Ok(Some(out))
     }
 

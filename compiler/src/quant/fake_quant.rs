@@ -121,6 +121,26 @@ impl FakeQuantizer {
         }
         Ok(())
     }
+
+    /// [`apply`](Self::apply) into memory not yet initialized (a fresh buffer's spare capacity,
+    /// which then needs no zeroing first); every element of `output` is written.
+    #[inline]
+    pub fn apply_uninit(&self, input: &[f32], output: &mut [std::mem::MaybeUninit<f32>]) -> Result<(), QuantError> {
+        if input.len() != output.len() {
+            return Err(QuantError::LengthMismatch {
+                what: "fake-quant output buffer",
+                expected: input.len(),
+                found: output.len(),
+            });
+        }
+        let pairs = output.iter_mut().zip(input);
+        if self.cut {
+            pairs.for_each(|(o, &x)| _ = o.write(self.fake_in_f32(x)));
+        } else {
+            pairs.for_each(|(o, &x)| _ = o.write(self.fake(x)));
+        }
+        Ok(())
+    }
 }
 
 /// torch's `fake_quantize_per_tensor_affine` for one value.
@@ -280,9 +300,13 @@ mod tests {
             // The slice loops (vectorized apart from the scalar form) give the same bits.
             let mut out = vec![0.0; vs.len()];
             fq.apply(&vs, &mut out).unwrap();
+            let mut fresh: Vec<f32> = Vec::with_capacity(vs.len());
+            fq.apply_uninit(&vs, &mut fresh.spare_capacity_mut()[..vs.len()]).unwrap();
+            // SAFETY: `apply_uninit` wrote all vs.len() elements.
+            unsafe { fresh.set_len(vs.len()) };
             fq.apply_in_place(&mut vs);
-            for (i, ((o, inplace), w)) in out.iter().zip(&vs).zip(&want).enumerate() {
-                assert_eq!((o.to_bits(), inplace.to_bits()), (*w, *w), "value {i}, params {p:?}");
+            for (i, (((o, f), inplace), w)) in out.iter().zip(&fresh).zip(&vs).zip(&want).enumerate() {
+                assert_eq!((o.to_bits(), f.to_bits(), inplace.to_bits()), (*w, *w, *w), "value {i}, params {p:?}");
             }
         }
     }
@@ -319,6 +343,7 @@ mod tests {
         // -0.6 is below the representable minimum (-0.5) and clamps.
         assert_eq!(out[4], (0 - 5) as f32 * 0.1);
         assert!(fq.apply(&xs, &mut [0.0; 5]).is_err());
+        assert!(fq.apply_uninit(&xs, &mut [std::mem::MaybeUninit::uninit(); 7]).is_err());
     }
 
     #[test]
