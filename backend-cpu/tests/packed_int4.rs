@@ -229,6 +229,22 @@ fn rows_on_a_u16_grid_multiply_in_integers_and_match_the_decoded_weights() {
         let two = [x.as_slice(), off.as_slice()].concat();
         assert!(!kernels::runs_on_grid(&two, 2, &w, Some(grid)), "{what}: a second row off the grid");
     }
+    // The largest block the integer sums take (4096 rows), at their extreme: every code -8 and
+    // every activation 32768 below the offset (one 65535 forces the offset to 32768), so a
+    // column's block sum is about 2^30. Exact integers, so the product is the decoded one.
+    let (k, n) = (4096, PANEL);
+    let nibbles = vec![8u8; k * n];
+    let (scale1, scale2) = (vec![255u8; n], vec![1e-6f32; n]);
+    let mut packer = Int4Packer::new(k, n, k).unwrap();
+    packer.push(&nibbles).unwrap();
+    let w = packer.finish(&scale1, &scale2).unwrap();
+    let grid = kernels::Grid { scale: 1e-3, zero_point: 0 };
+    let mut x = vec![0.0f32; 2 * k];
+    x[k - 1] = 65535.0 * 1e-3;
+    assert_eq!(kernels::runs_on_grid(&x, 2, &w, Some(grid)), available);
+    let decoded = vec![(-8.0f32 * 255.0) * 1e-6; k * n];
+    let want = naive(&x, 2, k, &decoded, n, None);
+    assert_close(&kernels::linear_packed_on_grid(&x, 2, &w, None, Some(grid)).unwrap(), &want, k, "extreme block");
     let q = lpbq(&mut rng, 8, 42, 7);
     let w = pack(&q, 42, 8, 7, 64);
     let grid = kernels::Grid { scale: 0.01, zero_point: 32768 };

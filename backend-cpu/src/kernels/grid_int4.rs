@@ -29,9 +29,9 @@ use super::packed::PANEL;
 use super::packed_int4::{sign_extend, Int4Panel, INT4_ROW_BYTES};
 use super::packed_tile::store_row;
 
-/// The largest block the integer sums allow: `|u - offset| <= 32768` times `|q| <= 8`, summed
-/// over a block, stays within i32.
-pub(crate) const MAX_BLOCK: usize = 8192;
+/// The largest block the integer sums allow: `|u - offset| <= 32768` times `|q| <= 8` is at most
+/// `2^18`, so a block's sum stays within `2^30` (8192 rows could reach `2^31`, one past i32).
+pub(crate) const MAX_BLOCK: usize = 4096;
 
 /// Activation rows per integer tile: 16 of the 32 zmm registers hold their block sums.
 const TILE_ROWS: usize = 8;
