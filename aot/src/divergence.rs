@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use crate::error::{Context, Result};
 use backend_cpu::executor::real_values;
-use backend_cpu::{CheckpointStore, CpuBackend, InterpMode, Interpreter};
+use backend_cpu::{CheckpointStore, CpuBackend, GridProducts, InterpMode, Interpreter};
 use backend_qnn::encoding::Encoding;
 use backend_qnn::interp::TensorValue;
 use backend_qnn::QnnGraph;
@@ -49,7 +49,9 @@ pub(crate) fn op_by_op(
     store: &CheckpointStore,
     probe: &Probe,
 ) -> Result<Vec<OpDivergence>> {
+    // f32 sums, as the ledger's other CPU runs (see `stages::validate`).
     let cpu = Interpreter::new(program, store, InterpMode::FakeQuant(ckpt))
+        .with_grid_products(GridProducts::F32)
         .run_all_values(&probe.cpu_inputs(&CpuBackend::float())?)
         .with_context(|| format!("running graph `{}` on backend-cpu's IR interpreter", graph.name))?;
     let by_name: HashMap<&str, usize> =

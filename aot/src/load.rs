@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::error::{bail, ensure, Context, Result};
 use backend_cpu::quant::{is_quantized_checkpoint, FakeQuantHook, QdqParams};
-use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, QdqHook, QuantizedWeights};
+use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, GridProducts, QdqHook, QuantizedWeights};
 use checkpoint::SafetensorsCheckpoint;
 use compiler::quant::points::qdq_points;
 use mllm_dsl::module::ParamSource;
@@ -59,9 +59,14 @@ pub fn open_model(
 }
 
 /// The fake-quant backend of a quantized checkpoint: every QDQ point of the model file (`traced`,
-/// [`trace_model`]) with its stored parameters.
-pub fn fake_quant_backend(ckpt: &SafetensorsCheckpoint, traced: &Program) -> Result<BackendRef> {
-    Ok(CpuBackend::with_qdq(fake_quant_hook(ckpt, traced)?.0))
+/// [`trace_model`]) with its stored parameters; grid rows times int4 weights multiplied as
+/// `products` says.
+pub fn fake_quant_backend(
+    ckpt: &SafetensorsCheckpoint,
+    traced: &Program,
+    products: GridProducts,
+) -> Result<BackendRef> {
+    Ok(CpuBackend::configured(Some(fake_quant_hook(ckpt, traced)?.0), products))
 }
 
 /// The fake-quant hook of a quantized checkpoint and the checkpoint keys its parameters came from.

@@ -76,21 +76,40 @@ pub enum CpuOpError {
     OutputLength { found: usize, expected: usize, out: TensorType },
 }
 
+/// How an int4 linear multiplies input rows that lie on a QDQ point's 16-bit grid.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GridProducts {
+    /// The codes in integers where the CPU can ([`kernels::linear_packed_on_grid`]): exact sums,
+    /// the fastest tile.
+    #[default]
+    Integer,
+    /// The values in f32 like any other rows: the summation of a float reference (backend-qnn's
+    /// interpreter multiplies decoded weights in f32), so a comparison with it measures
+    /// semantics rather than summation order.
+    F32,
+}
+
 /// The eager CPU backend.
 #[derive(Clone, Default)]
 pub struct CpuBackend {
     qdq: Option<Arc<dyn QdqHook>>,
+    products: GridProducts,
 }
 
 impl CpuBackend {
     /// Float mode: QDQ points are the identity.
     pub fn float() -> BackendRef {
-        Arc::new(CpuBackend { qdq: None })
+        CpuBackend::configured(None, GridProducts::default())
     }
 
     /// QDQ points go through `hook` (fake-quant, calibration).
     pub fn with_qdq(hook: Arc<dyn QdqHook>) -> BackendRef {
-        Arc::new(CpuBackend { qdq: Some(hook) })
+        CpuBackend::configured(Some(hook), GridProducts::default())
+    }
+
+    /// QDQ points through `hook` when there is one, grid rows multiplied as `products` says.
+    pub fn configured(hook: Option<Arc<dyn QdqHook>>, products: GridProducts) -> BackendRef {
+        Arc::new(CpuBackend { qdq: hook, products })
     }
 }
 
@@ -366,7 +385,8 @@ impl CpuBackend {
                     return Err(CpuOpError::Features { features: k, weight, expected: w.matrix.k() });
                 }
                 let bias = inputs.get(2).map(|b| f32_of(b, "bias")).transpose()?;
-                let (m, grid) = (x.numel() / k.max(1), grid_of(x));
+                let grid = grid_of(x).filter(|_| self.products == GridProducts::Integer);
+                let m = x.numel() / k.max(1);
                 kernels::linear_packed_on_grid(&f32_of(x, "input")?, m, &w.matrix, bias.as_deref(), grid).map_err(e)?
             }
             OpKind::Conv2d => {

@@ -87,6 +87,13 @@ impl<'a> Interpreter<'a> {
         Interpreter { program, weights, mode, backend: CpuBackend::float(), graphs, roles, overrides: HashMap::new() }
     }
 
+    /// Multiplies grid rows by int4 weights as `products` says (integers by default, as the
+    /// eager backend does).
+    pub fn with_grid_products(mut self, products: crate::GridProducts) -> Self {
+        self.backend = CpuBackend::configured(None, products);
+        self
+    }
+
     /// Uses `tensor` for the parameter `symbol` instead of loading it (e.g. RoPE tables a model
     /// computes when the checkpoint lacks them).
     pub fn with_param(mut self, symbol: &str, tensor: Tensor) -> Self {

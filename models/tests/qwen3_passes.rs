@@ -96,6 +96,13 @@ impl QdqHook for CheckpointQdq {
         let fq = FakeQuantizer::new(&params);
         Ok(Some(x.iter().map(|&v| fq.fake(v)).collect()))
     }
+
+    /// The outputs' 16-bit grid, as the interpreter records it: the linears after a QDQ point
+    /// then run the same (integer) products in both.
+    fn grid(&self, point: &QdqAttr) -> Option<backend_cpu::kernels::Grid> {
+        let p = qdq_params(point, &self.0).ok()?;
+        backend_cpu::on_grid::u16_grid(p.scale, p.zero_point, p.qmin, p.qmax)
+    }
 }
 
 /// Fixed inputs on the quantization grid of the graph inputs (ids, positions N_PAST.., a causal
