@@ -343,8 +343,10 @@ fn product(
     if threads <= 1 || panels < 2 {
         run(0, panels);
     } else {
-        // A few chunks per thread so a thread slowed by other load is balanced out.
-        let chunk = panels.div_ceil(threads * 4).max(1);
+        // Eight chunks per thread, so a thread slowed by other load is balanced out and the
+        // caller waits less for the last chunk (alternating runs: prefill 268.7 vs 263.2 tok/s
+        // median against four).
+        let chunk = panels.div_ceil(threads * 8).max(1);
         ctx.for_each_index(panels.div_ceil(chunk), |c| run(c * chunk, panels.min((c + 1) * chunk)));
     }
     // SAFETY: the capacity is m * n, and the panels 0..panels (columns 0..n) times the row
