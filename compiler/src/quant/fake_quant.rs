@@ -106,26 +106,20 @@ impl FakeQuantizer {
     /// [`apply_in_place`](Self::apply_in_place).
     #[inline]
     pub fn apply(&self, input: &[f32], output: &mut [f32]) -> Result<(), QuantError> {
-        if input.len() != output.len() {
-            return Err(QuantError::LengthMismatch {
-                what: "fake-quant output buffer",
-                expected: input.len(),
-                found: output.len(),
-            });
-        }
-        let pairs = output.iter_mut().zip(input);
-        if self.cut {
-            pairs.for_each(|(o, &x)| *o = self.fake_in_f32(x));
-        } else {
-            pairs.for_each(|(o, &x)| *o = self.fake(x));
-        }
-        Ok(())
+        self.map_into(input, output, |o, v| *o = v)
     }
 
     /// [`apply`](Self::apply) into memory not yet initialized (a fresh buffer's spare capacity,
     /// which then needs no zeroing first); every element of `output` is written.
     #[inline]
     pub fn apply_uninit(&self, input: &[f32], output: &mut [std::mem::MaybeUninit<f32>]) -> Result<(), QuantError> {
+        self.map_into(input, output, |o, v| _ = o.write(v))
+    }
+
+    /// The length check and loop of [`apply`](Self::apply) and
+    /// [`apply_uninit`](Self::apply_uninit): `set(output[i], fake(input[i]))`.
+    #[inline(always)]
+    fn map_into<O>(&self, input: &[f32], output: &mut [O], set: impl Fn(&mut O, f32)) -> Result<(), QuantError> {
         if input.len() != output.len() {
             return Err(QuantError::LengthMismatch {
                 what: "fake-quant output buffer",
@@ -135,9 +129,9 @@ impl FakeQuantizer {
         }
         let pairs = output.iter_mut().zip(input);
         if self.cut {
-            pairs.for_each(|(o, &x)| _ = o.write(self.fake_in_f32(x)));
+            pairs.for_each(|(o, &x)| set(o, self.fake_in_f32(x)));
         } else {
-            pairs.for_each(|(o, &x)| _ = o.write(self.fake(x)));
+            pairs.for_each(|(o, &x)| set(o, self.fake(x)));
         }
         Ok(())
     }
