@@ -124,7 +124,14 @@ fn matmul_matches_naive_with_broadcasting() {
         (&[1, 96, 200], &[200, 130]), // gemm-internal threads
         (&[1, 300], &[300, 700]),     // M = 1: split over N
         (&[2, 9, 100], &[100, 260]),  // small M, long rows: depth-blocked
-        (&[2, 0, 7], &[7, 3]),        // empty
+        // 1 to 4 rows (decode attention): register tiles of 128, 80 and 64 columns, then masked
+        // 16-column tails
+        (&[3, 1, 40], &[3, 40, 150]),
+        (&[3, 2, 33], &[3, 33, 130]),
+        (&[2, 3, 17], &[2, 17, 101]),
+        (&[4, 70], &[70, 64]),
+        (&[7, 29], &[29, 203]), // 4 rows, then 3
+        (&[2, 0, 7], &[7, 3]),  // empty
     ];
     let mut rng = Lcg(1);
     for &(a_shape, b_shape) in cases {

@@ -393,13 +393,13 @@ pub(super) fn product_into(
     }
 }
 
-/// Products with at most this many rows of contiguous operands (decode-step attention: one query
-/// row against the keys or values of a head) skip gemm, whose packing and dispatch cost more than
-/// the arithmetic there.
+/// Products with at most this many rows of contiguous operands (decode-step attention: the query
+/// rows of one KV head against its keys or values) skip gemm, whose packing and dispatch cost more
+/// than the arithmetic there.
 const SMALL_M: usize = 4;
 
-/// `dst[i, :] (+)= Σ_p lhs[i, p] * rhs[p, :]` for `i < m`: each output row is built by adding
-/// scaled rows of `rhs`, so every operand is read front to back.
+/// `dst[i, :] (+)= Σ_p lhs[i, p] * rhs[p, :]` for `i < m`: every operand is read front to back,
+/// and `rhs` once for all `m` rows.
 ///
 /// # Safety
 /// `lhs` has `m` rows of `k` (stride `lda`), `rhs` `k` rows of `n` (stride `ldb`), `dst` `m`
@@ -420,7 +420,7 @@ unsafe fn few_rows_product(
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            return few_rows_avx512(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb);
+            return few_rows_avx512::product(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb);
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             return few_rows_avx2(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb);
@@ -429,8 +429,9 @@ unsafe fn few_rows_product(
     few_rows_body(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb)
 }
 
-/// [`few_rows_product`]'s loop, compiled once per instruction set by the wrappers below so the
-/// compiler vectorises the row update with the widest registers available.
+/// [`few_rows_product`]'s loop in plain Rust, compiled once per instruction set by the wrappers
+/// below so the compiler vectorises the row update with the widest registers available. It
+/// updates each output row in memory once per `p`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn few_rows_body(
@@ -460,22 +461,113 @@ unsafe fn few_rows_body(
     }
 }
 
+/// [`few_rows_product`] with the output held in registers: a tile of `M` rows and `V` vectors of
+/// 16 columns (at most 16 accumulators) runs down all of K, loading each `rhs` vector once for
+/// the `M` rows (the plain loop loads and stores an output vector per multiply-add, and reads
+/// `rhs` once per row).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn few_rows_avx512(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-    lhs: *const f32,
-    lda: usize,
-    rhs: *const f32,
-    ldb: usize,
-) {
-    few_rows_body(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb)
+mod few_rows_avx512 {
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// See [`super::few_rows_product`]; AVX-512 F.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn product(
+        m: usize,
+        n: usize,
+        k: usize,
+        dst: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        lhs: *const f32,
+        lda: usize,
+        rhs: *const f32,
+        ldb: usize,
+    ) {
+        let mut i = 0;
+        while i < m {
+            let rows = (m - i).min(4);
+            let (d, l) = (dst.add(i * ldc), lhs.add(i * lda));
+            match rows {
+                1 => columns::<1, 8>(n, k, d, ldc, accumulate, l, lda, rhs, ldb),
+                2 => columns::<2, 8>(n, k, d, ldc, accumulate, l, lda, rhs, ldb),
+                3 => columns::<3, 5>(n, k, d, ldc, accumulate, l, lda, rhs, ldb),
+                _ => columns::<4, 4>(n, k, d, ldc, accumulate, l, lda, rhs, ldb),
+            }
+            i += rows;
+        }
+    }
+
+    /// All of `n`: tiles of `16 * V` columns, then the rest 16 (the last masked) at a time.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn columns<const M: usize, const V: usize>(
+        n: usize,
+        k: usize,
+        dst: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        lhs: *const f32,
+        lda: usize,
+        rhs: *const f32,
+        ldb: usize,
+    ) {
+        let mut c = 0;
+        while n - c >= 16 * V {
+            tile::<M, V>(c, 16 * V, k, dst, ldc, accumulate, lhs, lda, rhs, ldb);
+            c += 16 * V;
+        }
+        while c < n {
+            let cols = (n - c).min(16);
+            tile::<M, 1>(c, cols, k, dst, ldc, accumulate, lhs, lda, rhs, ldb);
+            c += cols;
+        }
+    }
+
+    /// Columns `c..c + cols` (`cols <= 16 * V`) of the `M` rows.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn tile<const M: usize, const V: usize>(
+        c: usize,
+        cols: usize,
+        k: usize,
+        dst: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        lhs: *const f32,
+        lda: usize,
+        rhs: *const f32,
+        ldb: usize,
+    ) {
+        let mut masks = [0u16; V];
+        for (j, mask) in masks.iter_mut().enumerate() {
+            let left = cols.saturating_sub(16 * j).min(16);
+            *mask = if left == 16 { u16::MAX } else { (1u16 << left) - 1 };
+        }
+        let mut acc = [[_mm512_setzero_ps(); V]; M];
+        for p in 0..k {
+            let row = rhs.add(p * ldb + c);
+            let mut w = [_mm512_setzero_ps(); V];
+            for (j, w) in w.iter_mut().enumerate() {
+                *w = _mm512_maskz_loadu_ps(masks[j], row.add(16 * j));
+            }
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let s = _mm512_set1_ps(*lhs.add(i * lda + p));
+                for (a, &w) in acc.iter_mut().zip(&w) {
+                    *a = _mm512_fmadd_ps(s, w, *a);
+                }
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            let out = dst.add(i * ldc + c);
+            for (j, &a) in acc.iter().enumerate() {
+                let o = out.add(16 * j);
+                let a = if accumulate { _mm512_add_ps(a, _mm512_maskz_loadu_ps(masks[j], o)) } else { a };
+                _mm512_mask_storeu_ps(o, masks[j], a);
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
