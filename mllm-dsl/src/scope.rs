@@ -38,11 +38,20 @@ pub fn current_path() -> String {
     FRAMES.with(|f| f.borrow().last().map(|fr| fr.path.clone()).unwrap_or_default())
 }
 
-/// Records a QDQ name in the innermost frame; `false` if it was already used in this call.
-pub(crate) fn claim_qdq_name(name: &str) -> bool {
+/// Records a QDQ name in the innermost frame and gives its checkpoint key: `<path>.<name>`
+/// ([`crate::qdq::qdq_key`]), or `name` itself for a global point. `None` if the name was already
+/// used in this call. (The path is borrowed, not copied: a decode step runs about a thousand
+/// QDQ points.)
+pub(crate) fn claim_qdq(name: &str, global: bool) -> Option<String> {
     FRAMES.with(|f| match f.borrow_mut().last_mut() {
-        Some(fr) => fr.qdq_names.insert(name.to_string()),
-        None => true,
+        Some(fr) => fr.qdq_names.insert(name.to_string()).then(|| {
+            if global {
+                name.to_string()
+            } else {
+                crate::qdq::qdq_key(&fr.path, name)
+            }
+        }),
+        None => Some(name.to_string()),
     })
 }
 

@@ -9,7 +9,7 @@ use crate::dtype::{fmt_shape, DType, TensorType};
 use crate::error::{CallSite, Error, Result};
 use crate::ir::ValueId;
 use crate::op::{norm_dim, OpKind, ReduceKind};
-use crate::qdq::{qdq_key, QdqAttr, QdqKind};
+use crate::qdq::{QdqAttr, QdqKind};
 use crate::{scope, trace};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -392,14 +392,11 @@ fn materialize(t: &Tensor, backend: &BackendRef, site: CallSite, op: &str) -> Re
 
 /// Applies a QDQ point (the function behind `qdq!`).
 pub fn apply_qdq(x: &Tensor, name: &str, kind: QdqKind, site: CallSite) -> Result<Tensor> {
-    let path = scope::current_path();
-    let err = |message: String| Error::Qdq { name: name.to_string(), module_path: path.clone(), site, message };
-    if !scope::claim_qdq_name(name) {
+    // The module path only goes into errors (this call's frame is still the innermost).
+    let err =
+        |message: String| Error::Qdq { name: name.to_string(), module_path: scope::current_path(), site, message };
+    let Some(key) = scope::claim_qdq(name, matches!(kind, QdqKind::Global { .. })) else {
         return Err(err("this QDQ name is already used in this module call; each QDQ point needs its own name".into()));
-    }
-    let key = match kind {
-        QdqKind::Global { .. } => name.to_string(),
-        _ => qdq_key(&path, name),
     };
     let dtype = x.dtype();
     let dtype_ok = match &kind {

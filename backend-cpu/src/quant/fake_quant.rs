@@ -30,30 +30,38 @@ use mllm_dsl::QdqAttr;
 
 use super::params::QdqParams;
 use crate::executor::{QdqHook, QdqHookError};
+use crate::kernels::Grid;
 
 /// Elements per parallel task.
 const PAR_CHUNK: usize = 1 << 13;
 
 pub struct FakeQuantHook {
-    quantizers: HashMap<String, (QdqAttr, FakeQuantizer)>,
+    /// Per point: its traced attribute, its quantizer and its 16-bit grid (if it has one), worked
+    /// out once: the executor asks for the grid at every call.
+    quantizers: HashMap<String, (QdqAttr, FakeQuantizer, Option<Grid>)>,
 }
 
 impl FakeQuantHook {
     pub fn new(params: &QdqParams) -> Self {
-        let quantizers =
-            params.iter().map(|(point, p)| (point.key.clone(), (point.clone(), FakeQuantizer::new(p)))).collect();
+        let quantizers = params
+            .iter()
+            .map(|(point, p)| {
+                let grid = crate::on_grid::u16_grid(p.scale, p.zero_point, p.qmin, p.qmax);
+                (point.key.clone(), (point.clone(), FakeQuantizer::new(p), grid))
+            })
+            .collect();
         FakeQuantHook { quantizers }
     }
 
     /// The parameters this hook applies at `key`.
     pub fn params(&self, key: &str) -> Option<&QuantParams> {
-        self.quantizers.get(key).map(|(_, fq)| fq.params())
+        self.quantizers.get(key).map(|(_, fq, _)| fq.params())
     }
 }
 
 impl QdqHook for FakeQuantHook {
     fn apply(&self, point: &QdqAttr, x: &[f32], _shape: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError> {
-        let (known, fq) =
+        let (known, fq, _) =
             self.quantizers.get(&point.key).ok_or_else(|| QdqHookError::NoParameters { key: point.key.clone() })?;
         if known.kind != point.kind {
             return Err(QdqHookError::KindMismatch {
@@ -86,8 +94,7 @@ impl QdqHook for FakeQuantHook {
         Ok(Some(out))
     }
 
-    fn grid(&self, point: &QdqAttr) -> Option<crate::kernels::Grid> {
-        let p = self.quantizers.get(&point.key)?.1.params();
-        crate::on_grid::u16_grid(p.scale, p.zero_point, p.qmin, p.qmax)
+    fn grid(&self, point: &QdqAttr) -> Option<Grid> {
+        self.quantizers.get(&point.key)?.2
     }
 }
