@@ -8,10 +8,10 @@
 //! Threading (one level only). A single product either runs as one gemm call with
 //! `Parallelism::Rayon(threads)` or as rayon tasks over contiguous column (N) chunks, each a
 //! single-threaded gemm. gemm's matrix-vector path (M = 1, decode) is single-threaded, so for
-//! M = 1 only the N split uses the second core; `examples/bench_kernels.rs` measures both strategies
-//! and [`LinearStrategy::Auto`] follows those figures (N split below 64 rows, gemm's threads from
-//! 64 rows). Batched products with at least as many matrices as threads run one single-threaded
-//! gemm per matrix in parallel instead.
+//! M = 1 only the N split uses the second core; [`LinearStrategy::Auto`] picks whichever measured
+//! faster (N split below 64 rows, gemm's threads from 64 rows). Batched products with at least as
+//! many matrices as threads run one single-threaded gemm per matrix in parallel instead. Products
+//! of up to four rows (decode attention) skip gemm (see `few_rows_product`).
 
 use gemm::Parallelism;
 
@@ -38,7 +38,7 @@ const SPLIT_N_ALIGN: usize = 16;
 /// How one matrix product is spread over the configured threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinearStrategy {
-    /// Pick per problem shape, following the measurements in `examples/bench_kernels.rs`.
+    /// Pick per problem shape (see the module docs).
     Auto,
     /// One gemm call with `Parallelism::Rayon(threads)`.
     GemmThreads,
