@@ -488,22 +488,20 @@ mod few_rows_avx512 {
         let mut i = 0;
         while i < m {
             let rows = (m - i).min(4);
-            let (d, l) = (dst.add(i * ldc), lhs.add(i * lda));
+            let ops = Operands { k, dst: dst.add(i * ldc), ldc, accumulate, lhs: lhs.add(i * lda), lda, rhs, ldb };
             match rows {
-                1 => columns::<1, 8>(n, k, d, ldc, accumulate, l, lda, rhs, ldb),
-                2 => columns::<2, 8>(n, k, d, ldc, accumulate, l, lda, rhs, ldb),
-                3 => columns::<3, 5>(n, k, d, ldc, accumulate, l, lda, rhs, ldb),
-                _ => columns::<4, 4>(n, k, d, ldc, accumulate, l, lda, rhs, ldb),
+                1 => columns::<1, 8>(n, ops),
+                2 => columns::<2, 8>(n, ops),
+                3 => columns::<3, 5>(n, ops),
+                _ => columns::<4, 4>(n, ops),
             }
             i += rows;
         }
     }
 
-    /// All of `n`: tiles of `16 * V` columns, then the rest 16 (the last masked) at a time.
-    #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
-    unsafe fn columns<const M: usize, const V: usize>(
-        n: usize,
+    /// The operands of one group of at most four rows (see [`super::few_rows_product`]).
+    #[derive(Clone, Copy)]
+    struct Operands {
         k: usize,
         dst: *mut f32,
         ldc: usize,
@@ -512,34 +510,27 @@ mod few_rows_avx512 {
         lda: usize,
         rhs: *const f32,
         ldb: usize,
-    ) {
+    }
+
+    /// All of `n`: tiles of `16 * V` columns, then the rest 16 (the last masked) at a time.
+    #[inline(always)]
+    unsafe fn columns<const M: usize, const V: usize>(n: usize, ops: Operands) {
         let mut c = 0;
         while n - c >= 16 * V {
-            tile::<M, V>(c, 16 * V, k, dst, ldc, accumulate, lhs, lda, rhs, ldb);
+            tile::<M, V>(c, 16 * V, ops);
             c += 16 * V;
         }
         while c < n {
             let cols = (n - c).min(16);
-            tile::<M, 1>(c, cols, k, dst, ldc, accumulate, lhs, lda, rhs, ldb);
+            tile::<M, 1>(c, cols, ops);
             c += cols;
         }
     }
 
     /// Columns `c..c + cols` (`cols <= 16 * V`) of the `M` rows.
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn tile<const M: usize, const V: usize>(
-        c: usize,
-        cols: usize,
-        k: usize,
-        dst: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-        lhs: *const f32,
-        lda: usize,
-        rhs: *const f32,
-        ldb: usize,
-    ) {
+    unsafe fn tile<const M: usize, const V: usize>(c: usize, cols: usize, ops: Operands) {
+        let Operands { k, dst, ldc, accumulate, lhs, lda, rhs, ldb } = ops;
         let mut masks = [0u16; V];
         for (j, mask) in masks.iter_mut().enumerate() {
             let left = cols.saturating_sub(16 * j).min(16);
