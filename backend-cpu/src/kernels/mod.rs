@@ -30,6 +30,7 @@ mod softmax;
 mod team;
 pub(crate) mod threads;
 mod unary;
+mod weight_memory;
 
 pub use elementwise::{add, binary, div, equal, mul, sub, where_, BinaryOp, BinaryResult};
 pub use error::KernelError;

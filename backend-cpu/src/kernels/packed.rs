@@ -27,7 +27,9 @@ use super::grid_int4::{self, Grid, GridRows};
 use super::packed_int4::Int4Panels;
 use super::packed_tile::{self, Isa, MAX_ROWS};
 use super::threads::{current, SendPtr};
+use super::weight_memory::WeightBuf;
 use super::KernelError;
+use bytemuck::Zeroable;
 
 /// Output columns per panel.
 pub const PANEL: usize = 32;
@@ -43,9 +45,9 @@ const ROW_BLOCK: usize = 10 * MAX_ROWS;
 #[derive(Clone, PartialEq)]
 pub enum PackedElems {
     /// bf16 bit patterns, in the slot order described in the module docs.
-    Bf16(Vec<u16>),
+    Bf16(WeightBuf<u16>),
     /// f32 values, columns in natural order.
-    F32(Vec<f32>),
+    F32(WeightBuf<f32>),
     /// LPBQ int4 codes with their block and channel scales.
     Int4(Int4Panels),
 }
@@ -189,14 +191,14 @@ fn check_rows(op: &'static str, n: usize, k: usize, len: usize) -> Result<(), Ke
 
 /// Builds the panels: `value(c, kk)` reads source element (column `c`, row `kk`) and `slot(c)`
 /// places column `c % PANEL` inside a panel row. Panels are filled in parallel.
-fn pack<T: Copy + Default + Send + Sync>(
+fn pack<T: Copy + Zeroable + Send + Sync>(
     n: usize,
     k: usize,
     value: impl Fn(usize, usize) -> T + Sync,
     slot: impl Fn(usize) -> usize + Sync,
-) -> Vec<T> {
+) -> WeightBuf<T> {
     let panels = n.div_ceil(PANEL);
-    let mut out = vec![T::default(); panels * k * PANEL];
+    let mut out = WeightBuf::zeroed(panels * k * PANEL);
     if out.is_empty() {
         return out;
     }

@@ -20,6 +20,7 @@
 
 use super::packed::{PackedMatrix, PANEL};
 use super::packed_tile::{store_row, Isa};
+use super::weight_memory::WeightBuf;
 use super::KernelError;
 
 /// Bytes of one panel row: [`PANEL`] nibbles.
@@ -48,9 +49,9 @@ pub struct Int4Panels {
     /// Blocks per column: `K / block`.
     blocks: usize,
     /// `panels * K * INT4_ROW_BYTES`.
-    codes: Vec<u8>,
+    codes: WeightBuf<u8>,
     /// `panels * blocks * PANEL`, zero for padding columns.
-    scale1: Vec<u8>,
+    scale1: WeightBuf<u8>,
     /// `panels * PANEL`, zero for padding columns.
     scale2: Vec<f32>,
     /// `panels * PANEL`: `Σ_k q[k, c] * scale1[k / block, c]` (for [`super::grid_int4`]).
@@ -139,7 +140,7 @@ pub struct Int4Packer {
     k: usize,
     n: usize,
     block: usize,
-    codes: Vec<u8>,
+    codes: WeightBuf<u8>,
     /// Elements pushed so far.
     pos: usize,
 }
@@ -155,7 +156,7 @@ impl Int4Packer {
                 reason: format!("[K {k}, N {n}] in blocks of {block} rows: blocks must tile a non-empty K"),
             });
         }
-        let codes = vec![0u8; n.div_ceil(PANEL) * k * INT4_ROW_BYTES];
+        let codes = WeightBuf::zeroed(n.div_ceil(PANEL) * k * INT4_ROW_BYTES);
         Ok(Int4Packer { k, n, block, codes, pos: 0 })
     }
 
@@ -203,7 +204,7 @@ impl Int4Packer {
         super::shape::check_len_of(Self::OP, "scale1", scale1.len(), &[n, blocks])?;
         super::shape::check_len_of(Self::OP, "scale2", scale2.len(), &[n])?;
         let panels = n.div_ceil(PANEL);
-        let mut s1 = vec![0u8; panels * blocks * PANEL];
+        let mut s1 = WeightBuf::zeroed(panels * blocks * PANEL);
         let mut s2 = vec![0f32; panels * PANEL];
         for c in 0..n {
             let (p, j) = (c / PANEL, c % PANEL);
