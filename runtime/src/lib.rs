@@ -12,6 +12,7 @@
 
 mod error;
 mod generate;
+pub mod huge_pages;
 mod kv_cache;
 mod mask;
 mod model;

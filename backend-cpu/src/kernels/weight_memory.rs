@@ -1,27 +1,21 @@
 //! [`WeightBuf`]: the memory of packed weight panels, carved from slabs on transparent huge pages.
 //!
-//! A decode step streams every weight panel once and a prefill chunk runs its tiles over them
-//! again and again. On 4 KiB pages each 4 KiB of panels costs a TLB miss and stops the hardware
-//! prefetchers at its boundary. Linux backs anonymous memory with 2 MiB pages in THP's `madvise`
-//! mode (a common distribution default) only where the range was advised `MADV_HUGEPAGE` before
-//! its pages were first touched, and only whole, aligned 2 MiB pages. Most matrices of a small
-//! model are under 2 MiB (Qwen3-0.6B's projections are 0.5–1.5 MiB of int4 codes), so an
-//! allocation of their own could never hold one. Buffers of [`SLAB_MIN`] bytes or more are
-//! therefore carved one after another from shared slabs: fresh anonymous mappings, 2 MiB-aligned
-//! and advised before use. A slab is unmapped when the last buffer carved from it is dropped (the
-//! slab still being carved from is also held by the allocator until the next one replaces it).
-//!
-//! The advice is a hint: where THP is off, or on other systems, the slabs are ordinary memory. A
-//! slab that cannot be mapped is not an error; the buffer then comes from the heap.
+//! Linux backs anonymous memory with huge pages in THP's `madvise` mode only where the range
+//! was advised before first touch, and only whole, aligned 2 MiB pages ([`runtime::huge_pages`]
+//! says why panels want them). Most matrices of a small model are under 2 MiB (Qwen3-0.6B's
+//! projections are 0.5–1.5 MiB of int4 codes), so an allocation of their own could never hold
+//! one. Buffers of [`SLAB_MIN`] bytes or more are therefore carved one after another from shared
+//! slabs: fresh anonymous mappings, 2 MiB-aligned and advised before use. A slab is unmapped when
+//! the last buffer carved from it is dropped (the slab still being carved from is also held by
+//! the allocator until the next one replaces it). A slab that cannot be mapped is not an error;
+//! the buffer then comes from the heap.
 
 use bytemuck::Zeroable;
 use memmap2::MmapMut;
+use runtime::huge_pages::{self, HUGE_PAGE};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
-
-/// Size and alignment of a huge page on x86-64 and arm64 Linux.
-const HUGE_PAGE: usize = 2 << 20;
 
 /// Buffers below this come from the heap: too small for a TLB miss per page to matter.
 const SLAB_MIN: usize = 64 << 10;
@@ -51,13 +45,9 @@ impl Slab {
         let mut map = MmapMut::map_anon(len + HUGE_PAGE).ok()?;
         let mapped = map.as_mut_ptr();
         let start = (mapped as usize).next_multiple_of(HUGE_PAGE) - mapped as usize;
-        #[cfg(target_os = "linux")]
-        {
-            // A failure (THP compiled out) leaves ordinary pages, which serve as well.
-            let _ = map.advise_range(memmap2::Advice::HugePage, start, len);
-        }
         // SAFETY: `start < HUGE_PAGE`, inside the mapping.
         let base = NonNull::new(unsafe { mapped.add(start) })?;
+        huge_pages::advise(base.as_ptr(), len);
         Some(Arc::new(Slab { _map: map, base, len }))
     }
 }
@@ -187,22 +177,7 @@ mod tests {
     fn a_carved_buffer_lies_in_a_mapping_advised_onto_huge_pages() {
         for bytes in [SLAB_MIN, 1 << 20, SLAB_BYTES] {
             let buf: WeightBuf<u8> = WeightBuf::zeroed(bytes);
-            let addr = buf.as_ptr() as usize;
-            let smaps = std::fs::read_to_string("/proc/self/smaps").expect("read /proc/self/smaps");
-            let mut in_vma = false;
-            let mut flags = None;
-            for line in smaps.lines() {
-                let range = line.split_once(' ').and_then(|(r, _)| r.split_once('-'));
-                if let Some((lo, hi)) = range {
-                    if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) {
-                        in_vma = (lo..hi).contains(&addr);
-                        continue;
-                    }
-                }
-                if in_vma {
-                    flags = line.strip_prefix("VmFlags:").map(str::to_string).or(flags);
-                }
-            }
+            let flags = huge_pages::vm_flags(buf.as_ptr() as usize);
             let flags = flags.expect("the buffer's mapping is in /proc/self/smaps");
             assert!(flags.split_whitespace().any(|f| f == "hg"), "{bytes} bytes: VmFlags without hg: {flags}");
         }
