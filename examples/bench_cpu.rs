@@ -36,7 +36,9 @@
 //!
 //! With `--llama-bench`, every round runs each of our variants and then `llama-bench` on `--gguf`
 //! (`-p PROMPT -n NEW -t THREADS`, one repetition), alternating, and the summary prints medians and
-//! our / llama.cpp ratios. With `MLLM_CPU_PROFILE=1` each child also prints its time per op kind.
+//! our / llama.cpp ratios. With `--candle` (the `scripts/candle-peer` executable: candle-transformers'
+//! Qwen3, f32 compute, `RAYON_NUM_THREADS` = the thread count) every round also runs candle on the
+//! float checkpoint, and the summary prints the bf16 / candle ratios. With `MLLM_CPU_PROFILE=1` each child also prints its time per op kind.
 
 use anyhow::{bail, ensure, Context, Result};
 use aot::synthetic::{write_qwen3, QWEN3_0_6B};
@@ -103,6 +105,10 @@ struct Args {
     /// The GGUF llama.cpp runs (the same model as --model / --quantized).
     #[arg(long, requires = "llama_bench")]
     gguf: Option<PathBuf>,
+    /// The `candle-peer` executable (`scripts/candle-peer`: candle-transformers' Qwen3, f32
+    /// compute), run on the float checkpoint between our runs.
+    #[arg(long)]
+    candle: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -223,6 +229,11 @@ fn main() -> Result<()> {
                 println!("round={round} variant=llama.cpp threads={threads} prefill_tok_s={p:.2} decode_tok_s={d:.2}");
                 results.entry(("llama.cpp".into(), threads)).or_default().push((p, d));
             }
+            if let Some(candle) = &args.candle {
+                let (p, d) = candle_peer(candle, &model, &args, threads)?;
+                println!("round={round} variant=candle threads={threads} prefill_tok_s={p:.2} decode_tok_s={d:.2}");
+                results.entry(("candle".into(), threads)).or_default().push((p, d));
+            }
         }
     }
     summarize(&results, &args.threads);
@@ -254,7 +265,7 @@ fn summarize(results: &BTreeMap<(String, usize), Vec<(f64, f64)>>, threads: &[us
                 .get(&(name.to_string(), t))
                 .map(|runs| (median(runs.iter().map(|r| r.0).collect()), median(runs.iter().map(|r| r.1).collect())))
         };
-        for name in ["bf16", "int4", "f32", "llama.cpp"] {
+        for name in ["bf16", "int4", "f32", "llama.cpp", "candle"] {
             if let Some((p, d)) = get(name) {
                 println!("  threads={t} {name:>9}: prefill {p:8.2} tok/s, decode {d:7.2} tok/s");
             }
@@ -267,6 +278,9 @@ fn summarize(results: &BTreeMap<(String, usize), Vec<(f64, f64)>>, threads: &[us
         }
         if let (Some(b), Some(l)) = (get("bf16"), get("llama.cpp")) {
             println!("  threads={t} bf16 / llama.cpp: prefill {:.2}x, decode {:.2}x", b.0 / l.0, b.1 / l.1);
+        }
+        if let (Some(b), Some(c)) = (get("bf16"), get("candle")) {
+            println!("  threads={t} bf16 / candle: prefill {:.2}x, decode {:.2}x", b.0 / c.0, b.1 / c.1);
         }
     }
 }
@@ -335,6 +349,24 @@ fn llama_bench(bench: &Path, gguf: &Path, args: &Args, threads: usize) -> Result
             })
     };
     Ok((rate(true)?, rate(false)?))
+}
+
+/// candle's prefill and decode tok/s on the float checkpoint `model` (one `candle-peer` run, its
+/// rayon pool sized to `threads`).
+fn candle_peer(exe: &Path, model: &Path, args: &Args, threads: usize) -> Result<(f64, f64)> {
+    let out = Command::new(exe)
+        .arg(model)
+        .args([args.prompt.to_string(), args.new.to_string()])
+        .env("RAYON_NUM_THREADS", threads.to_string())
+        .output()
+        .with_context(|| format!("running {}", exe.display()))?;
+    ensure!(out.status.success(), "{} failed: {}", exe.display(), String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains("prefill_tok_s=")).unwrap_or_default();
+    match (field(line, "prefill_tok_s"), field(line, "decode_tok_s")) {
+        (Some(p), Some(d)) => Ok((p, d)),
+        _ => bail!("{} printed no prefill_tok_s=.. decode_tok_s=.. line: {text}", exe.display()),
+    }
 }
 
 /// Best-of-`passes` read bandwidth in bytes/s over `threads` threads (each sums its own part of
