@@ -47,7 +47,7 @@ use backend_cpu::rng::SplitMix64;
 use backend_cpu::QuantizedWeights;
 use clap::Parser;
 use mllm_dsl::memory::{peak_rss_bytes, rss_bytes};
-use runtime::{GenerationConfig, Generator, Sampling};
+use runtime::{ChunkModel, GenerationConfig, Generator, Sampling};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -105,6 +105,9 @@ struct Args {
     /// The GGUF llama.cpp runs (the same model as --model / --quantized).
     #[arg(long, requires = "llama_bench")]
     gguf: Option<PathBuf>,
+    /// The int4 variant's KV cache: `u8`, the codes of its KV8 QDQ points, or `f32`, their values.
+    #[arg(long, default_value = "u8", value_parser = ["u8", "f32"])]
+    int4_kv: String,
     /// The `candle-peer` executable (`scripts/candle-peer`: candle-transformers' Qwen3, f32
     /// compute), run on the float checkpoint between our runs.
     #[arg(long)]
@@ -422,28 +425,54 @@ fn child(args: &Args, dir: &Path, variant: Variant, threads: usize) -> Result<()
     };
     let mut rng = SplitMix64::new(7);
     let prompt: Vec<u32> = (0..args.prompt).map(|_| (rng.next() % vocab as u64) as u32).collect();
-    let mut generator = Generator::new(loaded.model)?;
-    let roofline = bandwidth / matrix_bytes.max(1) as f64;
-    let mb = |b: f64| b / (1 << 20) as f64;
-    for run in 1..=args.runs {
-        let out = generator.generate(&prompt, &config)?;
-        let t = &out.timings;
-        let decode = t.decode_tokens_per_sec();
-        println!(
-            "variant={} threads={threads} run={run} prefill_tok_s={:.2} decode_tok_s={decode:.2} read_gb_s={:.1} \
-             weights_mb={:.0} roofline_tok_s={roofline:.2} of_roofline={:.0}% load_s={load_s:.2} \
-             rss_after_load_mb={:.0} peak_rss_mb={:.0}",
-            variant.name(),
-            t.prefill_tokens_per_sec(),
-            bandwidth / 1e9,
-            mb(matrix_bytes as f64),
-            100.0 * decode / roofline,
-            mb(rss_loaded as f64),
-            mb(peak_rss_bytes()? as f64),
-        );
+    let run = Run { args, variant, threads, bandwidth, matrix_bytes, load_s, rss_loaded, prompt, config };
+    match (variant, args.int4_kv.as_str(), loaded.kv8_grids) {
+        (Variant::Int4, "u8", Some(grids)) => run.measure(loaded.model.into_kv8(grids)?),
+        (Variant::Int4, "u8", None) => bail!("{}: no 8-bit K/V QDQ points for an 8-bit KV cache", dir.display()),
+        _ => run.measure(loaded.model),
     }
-    if backend_cpu::executor::profile::enabled() {
-        print!("{}", backend_cpu::executor::profile::report());
+}
+
+/// One model child's measurement: the generations after loading.
+struct Run<'a> {
+    args: &'a Args,
+    variant: Variant,
+    threads: usize,
+    /// Read bandwidth, bytes/s.
+    bandwidth: f64,
+    matrix_bytes: usize,
+    load_s: f64,
+    rss_loaded: u64,
+    prompt: Vec<u32>,
+    config: GenerationConfig,
+}
+
+impl Run<'_> {
+    fn measure<M: ChunkModel>(self, model: M) -> Result<()> {
+        let Run { args, variant, threads, bandwidth, matrix_bytes, load_s, rss_loaded, prompt, config } = self;
+        let mut generator = Generator::new(model)?;
+        let roofline = bandwidth / matrix_bytes.max(1) as f64;
+        let mb = |b: f64| b / (1 << 20) as f64;
+        for run in 1..=args.runs {
+            let out = generator.generate(&prompt, &config)?;
+            let t = &out.timings;
+            let decode = t.decode_tokens_per_sec();
+            println!(
+                "variant={} threads={threads} run={run} prefill_tok_s={:.2} decode_tok_s={decode:.2} read_gb_s={:.1} \
+                 weights_mb={:.0} roofline_tok_s={roofline:.2} of_roofline={:.0}% load_s={load_s:.2} \
+                 rss_after_load_mb={:.0} peak_rss_mb={:.0}",
+                variant.name(),
+                t.prefill_tokens_per_sec(),
+                bandwidth / 1e9,
+                mb(matrix_bytes as f64),
+                100.0 * decode / roofline,
+                mb(rss_loaded as f64),
+                mb(peak_rss_bytes()? as f64),
+            );
+        }
+        if backend_cpu::executor::profile::enabled() {
+            print!("{}", backend_cpu::executor::profile::report());
+        }
+        Ok(())
     }
-    Ok(())
 }

@@ -5,8 +5,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{bail, ensure, Context, Result};
+use backend_cpu::kernels::Grid;
 use backend_cpu::quant::{is_quantized_checkpoint, FakeQuantHook, QdqParams};
-use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, GridProducts, QdqHook, QuantizedWeights};
+use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, GridProducts, QuantizedWeights};
 use checkpoint::SafetensorsCheckpoint;
 use compiler::quant::points::qdq_points;
 use mllm_dsl::module::ParamSource;
@@ -14,6 +15,7 @@ use mllm_dsl::{BackendRef, CausalLm, ParamFormat, Program};
 use models::hf::HfConfig;
 
 use crate::trace::trace_model;
+use models::io::{kv_qdq, KvCache};
 use models::keys::ROPE_SIN_TABLE;
 
 /// A checkpoint loaded for eager CPU execution.
@@ -26,6 +28,9 @@ pub struct CpuModel {
     pub fake_quant: bool,
     /// Bytes of the linear weight matrices a decode step reads ([`CheckpointStore::matrix_bytes`]).
     pub matrix_bytes: usize,
+    /// In fake-quant mode, per layer the 8-bit grids of the K and V QDQ points every cached K and
+    /// V lies on: the model can keep its KV cache as those codes ([`CpuChunkModel::into_kv8`]).
+    pub kv8_grids: Option<Vec<[Grid; 2]>>,
 }
 
 /// How to run a checkpoint directory.
@@ -70,11 +75,21 @@ pub fn fake_quant_backend(
 }
 
 /// The fake-quant hook of a quantized checkpoint and the checkpoint keys its parameters came from.
-fn fake_quant_hook(ckpt: &SafetensorsCheckpoint, traced: &Program) -> Result<(Arc<dyn QdqHook>, Vec<String>)> {
+fn fake_quant_hook(ckpt: &SafetensorsCheckpoint, traced: &Program) -> Result<(Arc<FakeQuantHook>, Vec<String>)> {
     let points = qdq_points(traced)?;
     let params = QdqParams::from_checkpoint(ckpt, &points)
         .with_context(|| format!("reading the QDQ parameters of {}", ckpt.root().display()))?;
     Ok((Arc::new(FakeQuantHook::new(&params)), params.source_keys().to_vec()))
+}
+
+/// Per layer, the grids of the K and V cache QDQ points (`models::io::kv_qdq`) when every one of
+/// them is 8-bit (codes `0..=255`), else `None`.
+fn kv8_grids(hook: &FakeQuantHook, layers: usize) -> Option<Vec<[Grid; 2]>> {
+    let grid = |l, which| {
+        let p = hook.params(&kv_qdq(l, which).key)?;
+        (p.qmin == 0 && p.qmax == 255).then_some(Grid { scale: p.scale, zero_point: p.zero_point })
+    };
+    (0..layers).map(|l| Some([grid(l, KvCache::Key)?, grid(l, KvCache::Value)?])).collect()
 }
 
 /// How many positions a quantized checkpoint's RoPE tables cover (`[1, L, head_dim]` rows);
@@ -102,6 +117,7 @@ pub fn load_float(dir: &Path, context_len: usize) -> Result<CpuModel> {
         unused,
         fake_quant: false,
         matrix_bytes,
+        kv8_grids: None,
     })
 }
 
@@ -127,15 +143,16 @@ pub fn load_model_with(dir: &Path, context_len: usize, mode: RunMode, weights: Q
         dir.display()
     );
     let traced = trace_model(&config, max_positions, ParamFormat::Float)?;
-    let (backend, used): (BackendRef, Vec<String>) = match mode {
+    let (backend, used, kv8_grids): (BackendRef, Vec<String>, _) = match mode {
         RunMode::Auto => {
             let (hook, used) = fake_quant_hook(&ckpt, &traced)?;
-            (CpuBackend::with_qdq(hook), used)
+            let grids = kv8_grids(&hook, config.num_hidden_layers);
+            (CpuBackend::with_qdq(hook), used, grids)
         }
         // Deliberately ignored, so not worth an "unused" warning.
         RunMode::Float => {
             let points = qdq_points(&traced)?;
-            (CpuBackend::float(), points.iter().flat_map(|p| [p.scale_key(), p.zero_point_key()]).collect())
+            (CpuBackend::float(), points.iter().flat_map(|p| [p.scale_key(), p.zero_point_key()]).collect(), None)
         }
     };
     let store = CheckpointStore::for_config(dir, backend.clone(), &config)?.with_quantized(weights);
@@ -150,5 +167,6 @@ pub fn load_model_with(dir: &Path, context_len: usize, mode: RunMode, weights: Q
         unused,
         fake_quant: mode == RunMode::Auto,
         matrix_bytes: store.matrix_bytes(),
+        kv8_grids,
     })
 }

@@ -24,6 +24,8 @@ use crate::load::{load_model, RunMode};
 enum RunnerGenerator {
     /// Eager CPU execution of the checkpoint.
     Cpu(Box<Generator<CpuChunkModel>>),
+    /// The same with the KV cache kept as its 8-bit codes (fake-quant mode).
+    CpuKv8(Box<Generator<CpuChunkModel<u8>>>),
     /// The context binary's graphs on backend-qnn's reference interpreter.
     Emulated(Box<Generator<QnnChunkModel<EmulatedHtp>>>),
     /// A set of shard binaries chained on the QNN SDK's HTP backend.
@@ -54,11 +56,21 @@ impl Runner {
             let (n, keys) = (loaded.unused.len(), loaded.unused.join(", "));
             notes.push(format!("warning: {n} checkpoint tensors were not used: {keys}"));
         }
-        let mut generator = Generator::new(loaded.model)?;
-        if let Some(prefix) = shipped_prefix(dir, &mut notes)? {
-            generator.set_prefix(prefix.into_kv_prefix())?;
-        }
-        let generator = RunnerGenerator::Cpu(Box::new(generator));
+        // A shipped attention-sink prefix holds float K/V, off the KV grids: it keeps an f32 cache.
+        let generator = match (shipped_prefix(dir, &mut notes)?, loaded.kv8_grids) {
+            (None, Some(grids)) => {
+                let model =
+                    loaded.model.into_kv8(grids).map_err(|e| AotError::invalid(format!("the 8-bit KV cache: {e}")))?;
+                RunnerGenerator::CpuKv8(Box::new(Generator::new(model)?))
+            }
+            (prefix, _) => {
+                let mut generator = Generator::new(loaded.model)?;
+                if let Some(prefix) = prefix {
+                    generator.set_prefix(prefix.into_kv_prefix())?;
+                }
+                RunnerGenerator::Cpu(Box::new(generator))
+            }
+        };
         Ok(Runner { config: loaded.config, notes, generator, fake_quant: loaded.fake_quant })
     }
 
@@ -148,6 +160,7 @@ impl Runner {
     pub fn select(&mut self, menu: GraphMenu) -> Result<()> {
         match &mut self.generator {
             RunnerGenerator::Cpu(g) => g.set_menu(menu),
+            RunnerGenerator::CpuKv8(g) => g.set_menu(menu),
             RunnerGenerator::Emulated(g) => g.set_menu(menu),
             RunnerGenerator::Sdk(g) => g.set_menu(menu),
             RunnerGenerator::Sharded(g) => g.set_menu(menu),
@@ -240,6 +253,7 @@ impl Runner {
     ) -> Result<GenerationOutput> {
         let out = match &mut self.generator {
             RunnerGenerator::Cpu(g) => g.generate_streaming(prompt, config, on_token),
+            RunnerGenerator::CpuKv8(g) => g.generate_streaming(prompt, config, on_token),
             RunnerGenerator::Emulated(g) => g.generate_streaming(prompt, config, on_token),
             RunnerGenerator::Sdk(g) => g.generate_streaming(prompt, config, on_token),
             RunnerGenerator::Sharded(g) => g.generate_streaming(prompt, config, on_token),

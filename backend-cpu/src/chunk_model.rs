@@ -6,27 +6,108 @@
 //! The past is not copied: each layer's keys and values are [`Strided`] views of the runtime's
 //! cache buffers, whose rows are `ctx - ar` positions wide, and the attention products read them
 //! there (see [`crate::lazy`]).
+//!
+//! In fake-quant mode every cached K and V comes out of an 8-bit QDQ point, so the cache can hold
+//! the points' codes instead of their values ([`CpuChunkModel::into_kv8`]): a quarter of the
+//! memory, and of the bytes each decode step's attention products read, with the same results
+//! (the products decode each code with the fake quantizer's operations, in registers).
 
 use crate::executor::{profile, real_values};
-use crate::kernels::{run_in_pool, KernelError};
-use crate::lazy::Strided;
+use crate::kernels::{decode_u8, run_in_pool, Grid, KernelError};
+use crate::lazy::{Strided, StridedData};
 use mllm_dsl::{BackendRef, CausalLm, DType, F32Buffer, Storage, Tensor, TensorType};
 use runtime::{ChunkInputs, ChunkModel, ChunkOutputs, ModelError, ModelLayout};
 use std::borrow::Cow;
+use std::sync::Arc;
 
 /// Value of a masked mask entry (uint16 0 dequantized with mllm's mask encoding); 0.0 attends.
 const MASKED: f32 = -0.001;
 
-pub struct CpuChunkModel {
+/// A model file run eagerly as the runtime's chunk model, its KV cache held as `K`: `f32` values,
+/// or `u8` codes of the KV QDQ points' 8-bit grids ([`CpuChunkModel::into_kv8`]).
+pub struct CpuChunkModel<K = f32> {
     model: Box<dyn CausalLm>,
     backend: BackendRef,
     context_len: usize,
+    /// Per layer, the grids of K and V (`u8` caches only).
+    kv_grids: Vec<[Grid; 2]>,
+    _kv: std::marker::PhantomData<K>,
+}
+
+/// The element a [`CpuChunkModel`] keeps its KV cache in.
+pub trait CpuKv: Copy + Default + Send + Sync + 'static {
+    /// A layer's past as a view's data; `grid` is the layer's K or V grid (`u8` caches).
+    fn past(buffer: &Arc<Vec<Self>>, grid: Option<Grid>) -> StridedData;
+    /// Writes a present K or V, given as the model's f32 values, into the chunk's output.
+    fn present(dst: &mut [Self], values: &[f32], grid: Option<Grid>) -> Result<(), PresentError>;
+}
+
+impl CpuKv for f32 {
+    fn past(buffer: &Arc<Vec<f32>>, _: Option<Grid>) -> StridedData {
+        StridedData::F32(buffer.clone().into())
+    }
+
+    fn present(dst: &mut [f32], values: &[f32], _: Option<Grid>) -> Result<(), PresentError> {
+        dst.copy_from_slice(values);
+        Ok(())
+    }
+}
+
+impl CpuKv for u8 {
+    fn past(buffer: &Arc<Vec<u8>>, grid: Option<Grid>) -> StridedData {
+        StridedData::U8 { codes: buffer.clone(), grid: grid.unwrap_or(Grid { scale: 1.0, zero_point: 0 }) }
+    }
+
+    /// The code of each value, checked to stand for the value exactly: a model whose K/V do not
+    /// come out of the grid's QDQ point is an error, not a silently different cache.
+    fn present(dst: &mut [u8], values: &[f32], grid: Option<Grid>) -> Result<(), PresentError> {
+        let grid = grid.ok_or(PresentError::NoGrid)?;
+        for (i, (d, &v)) in dst.iter_mut().zip(values).enumerate() {
+            let u = (v / grid.scale).round() + grid.zero_point as f32;
+            let code = (0.0..=255.0).contains(&u).then_some(u as u8);
+            match code {
+                Some(code) if decode_u8(code, grid) == v => *d = code,
+                _ => return Err(PresentError::OffGrid { index: i, value: v, grid }),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A present K or V that a `u8` cache cannot hold.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PresentError {
+    #[error("no 8-bit grid is known for it")]
+    NoGrid,
+    #[error("element {index} is {value}, not a code of the grid (u - {}) * {}", grid.zero_point, grid.scale)]
+    OffGrid { index: usize, value: f32, grid: Grid },
 }
 
 impl CpuChunkModel {
     /// `model` must be bound to weights on `backend`'s store.
     pub fn new(model: Box<dyn CausalLm>, backend: BackendRef, context_len: usize) -> Self {
-        CpuChunkModel { model, backend, context_len }
+        CpuChunkModel { model, backend, context_len, kv_grids: Vec::new(), _kv: std::marker::PhantomData }
+    }
+
+    /// The same model with its KV cache kept as 8-bit codes: `grids[layer]` are the grids of the
+    /// layer's K and V QDQ points, onto which the model puts every K and V it caches. The values
+    /// read back are the same f32 numbers (decoded as the fake quantizer computes them), so the
+    /// outputs do not change; the cache is a quarter of the bytes, and so is what each decode
+    /// step's attention reads.
+    pub fn into_kv8(self, grids: Vec<[Grid; 2]>) -> Result<CpuChunkModel<u8>, ModelOutputError> {
+        let layers = self.model.shape().num_layers;
+        if grids.len() != layers {
+            return Err(ModelOutputError::KvGrids { found: grids.len(), layers });
+        }
+        let CpuChunkModel { model, backend, context_len, .. } = self;
+        Ok(CpuChunkModel { model, backend, context_len, kv_grids: grids, _kv: std::marker::PhantomData })
+    }
+}
+
+impl<K: CpuKv> CpuChunkModel<K> {
+    /// The grid of layer `l`'s K (`which` 0) or V (1), for `u8` caches.
+    fn grid(&self, l: usize, which: usize) -> Option<Grid> {
+        self.kv_grids.get(l).map(|g| g[which])
     }
 
     fn tensor(&self, data: Vec<f32>, shape: Vec<usize>, dtype: DType) -> mllm_dsl::Result<Tensor> {
@@ -45,7 +126,7 @@ impl CpuChunkModel {
 }
 
 /// A model output the chunk model cannot hand back to the runtime.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ModelOutputError {
     #[error("model output {what} has no real data")]
     NotReal { what: &'static str },
@@ -53,10 +134,14 @@ pub enum ModelOutputError {
     LogitsLength { found: usize, ar: usize, rows: usize, vocab: usize },
     #[error("layer {layer}: past {what} of the KV cache: {source}")]
     PastLayout { layer: usize, what: &'static str, source: KernelError },
+    #[error("layer {layer}: present {what} for the 8-bit KV cache: {source}")]
+    Present { layer: usize, what: &'static str, source: PresentError },
+    #[error("{found} pairs of KV grids for a model of {layers} layers")]
+    KvGrids { found: usize, layers: usize },
 }
 
-impl ChunkModel for CpuChunkModel {
-    type Kv = f32;
+impl<K: CpuKv> ChunkModel for CpuChunkModel<K> {
+    type Kv = K;
 
     fn layout(&self) -> ModelLayout {
         let s = self.model.shape();
@@ -80,7 +165,7 @@ impl ChunkModel for CpuChunkModel {
         ar >= 1 && ar < context_len && context_len <= self.context_len
     }
 
-    fn run_chunk(&mut self, inputs: &ChunkInputs<'_, f32>, outputs: &mut ChunkOutputs<f32>) -> Result<(), ModelError> {
+    fn run_chunk(&mut self, inputs: &ChunkInputs<'_, K>, outputs: &mut ChunkOutputs<K>) -> Result<(), ModelError> {
         let t0 = profile::start();
         let shape = self.model.shape();
         // The graph's context is the mask's width (a smaller member of a family, or the model's own).
@@ -106,10 +191,10 @@ impl ChunkModel for CpuChunkModel {
         let (mut keys, mut values) = (Vec::new(), Vec::new());
         for l in 0..shape.num_layers {
             let layout = |what, source| ModelOutputError::PastLayout { layer: l, what, source };
-            let k = Strided::new(inputs.key_buffer(l).clone().into(), vec![1, kvh, d, n_past], stride, d * stride)
-                .map_err(|e| layout("keys", e))?;
-            let v = Strided::new(inputs.value_buffer(l).clone().into(), vec![1, kvh, n_past, d], d, stride * d)
-                .map_err(|e| layout("values", e))?;
+            let k = K::past(inputs.key_buffer(l), self.grid(l, 0));
+            let v = K::past(inputs.value_buffer(l), self.grid(l, 1));
+            let k = Strided::new(k, vec![1, kvh, d, n_past], stride, d * stride).map_err(|e| layout("keys", e))?;
+            let v = Strided::new(v, vec![1, kvh, n_past, d], d, stride * d).map_err(|e| layout("values", e))?;
             keys.push(self.past_tensor(k)?);
             values.push(self.past_tensor(v)?);
         }
@@ -134,9 +219,10 @@ impl ChunkModel for CpuChunkModel {
             return Err(ModelOutputError::LogitsLength { found: logits.len(), ar, rows: rows.len(), vocab }.into());
         }
         for l in 0..shape.num_layers {
+            let present = |what, source| ModelOutputError::Present { layer: l, what, source };
             let (k, v) = outputs.present_kv_mut(l);
-            k.copy_from_slice(&read(&new_k[l], "present key")?);
-            v.copy_from_slice(&read(&new_v[l], "present value")?);
+            K::present(k, &read(&new_k[l], "present key")?, self.grid(l, 0)).map_err(|e| present("key", e))?;
+            K::present(v, &read(&new_v[l], "present value")?, self.grid(l, 1)).map_err(|e| present("value", e))?;
         }
         profile::lap(t2, "chunk: outputs");
         Ok(())

@@ -203,7 +203,7 @@ fn matmul_lazy(x: &Tensor, y: &LazyJoin) -> Result<Option<Vec<f32>>, CpuOpError>
         .parts
         .iter()
         .map(|p| RhsPart {
-            data: &p.data,
+            data: p.data.part_data(),
             extent: p.shape[extent_dim],
             batch_stride: p.batch_stride,
             row_stride: p.row_stride,

@@ -9,19 +9,68 @@
 //! [`Strided`] view of the runtime's KV cache, whose rows hold a column per position up to the
 //! cache's capacity: only the first `n_past` of each row are the tensor.
 
-use crate::kernels::{self, KernelError};
+use crate::kernels::{self, decode_u8, Grid, KernelError, PartData};
 use mllm_dsl::{F32Buffer, NativeData};
 use std::any::Any;
+use std::sync::Arc;
 
-/// The f32 values of a tensor of rank ≥ 2 read in place from `data`: element `(b, r, c)` (`b`
+/// The values of a tensor of rank ≥ 2 read in place from `data`: element `(b, r, c)` (`b`
 /// indexing the leading dims flattened, `r` and `c` the last two) is
 /// `data[b * batch_stride + r * row_stride + c]`.
 #[derive(Debug, Clone)]
 pub struct Strided {
-    pub data: F32Buffer,
+    pub data: StridedData,
     pub shape: Vec<usize>,
     pub row_stride: usize,
     pub batch_stride: usize,
+}
+
+/// The buffer a [`Strided`] view reads.
+#[derive(Debug, Clone)]
+pub enum StridedData {
+    F32(F32Buffer),
+    /// 8-bit codes standing for `(u - zero_point) * scale` (a KV cache kept as its KV8 codes).
+    U8 {
+        codes: Arc<Vec<u8>>,
+        grid: Grid,
+    },
+}
+
+impl StridedData {
+    fn len(&self) -> usize {
+        match self {
+            StridedData::F32(v) => v.len(),
+            StridedData::U8 { codes, .. } => codes.len(),
+        }
+    }
+
+    /// Elements `at..at + len` as f32 values.
+    fn extend_values(&self, out: &mut Vec<f32>, at: usize, len: usize) {
+        match self {
+            StridedData::F32(v) => out.extend_from_slice(&v[at..at + len]),
+            StridedData::U8 { codes, grid } => out.extend(codes[at..at + len].iter().map(|&u| decode_u8(u, *grid))),
+        }
+    }
+
+    /// The elements as a part of a product's right operand.
+    pub fn part_data(&self) -> PartData<'_> {
+        match self {
+            StridedData::F32(v) => PartData::F32(v),
+            StridedData::U8 { codes, grid } => PartData::U8 { codes, grid: *grid },
+        }
+    }
+}
+
+impl From<F32Buffer> for StridedData {
+    fn from(v: F32Buffer) -> Self {
+        StridedData::F32(v)
+    }
+}
+
+impl From<Vec<f32>> for StridedData {
+    fn from(v: Vec<f32>) -> Self {
+        StridedData::F32(v.into())
+    }
 }
 
 impl NativeData for Strided {
@@ -37,7 +86,7 @@ impl NativeData for Strided {
 impl Strided {
     /// A view of `data`, checked to lie inside it with rows that do not overlap.
     pub fn new(
-        data: F32Buffer,
+        data: StridedData,
         shape: Vec<usize>,
         row_stride: usize,
         batch_stride: usize,
@@ -69,7 +118,7 @@ impl Strided {
         kernels::shape::check_len("strided view", "data", &data, &shape)?;
         let cols = shape.last().copied().unwrap_or(1);
         let rows = if shape.len() >= 2 { shape[shape.len() - 2] } else { 1 };
-        Ok(Strided { data, shape, row_stride: cols, batch_stride: rows * cols })
+        Ok(Strided { data: StridedData::F32(data), shape, row_stride: cols, batch_stride: rows * cols })
     }
 
     /// (batches, rows, cols): the leading dims flattened, then the last two.
@@ -83,18 +132,24 @@ impl Strided {
         }
     }
 
-    /// The values in row-major order: borrowed when the view is the whole buffer, else copied.
+    /// The values in row-major order: borrowed when the view is the whole of an f32 buffer, else
+    /// copied (and decoded).
     pub fn values(&self) -> std::borrow::Cow<'_, [f32]> {
-        let Ok((batches, rows, cols)) = self.dims() else { return std::borrow::Cow::Borrowed(&self.data[..]) };
+        let (batches, rows, cols) = match (&self.data, self.dims()) {
+            (_, Ok(dims)) => dims,
+            (StridedData::F32(data), Err(_)) => return std::borrow::Cow::Borrowed(&data[..]),
+            (StridedData::U8 { .. }, Err(_)) => (1, 1, self.data.len()),
+        };
         let len = batches * rows * cols;
-        if self.row_stride == cols && self.batch_stride == rows * cols {
-            return std::borrow::Cow::Borrowed(&self.data[..len]);
+        if let StridedData::F32(data) = &self.data {
+            if self.row_stride == cols && self.batch_stride == rows * cols {
+                return std::borrow::Cow::Borrowed(&data[..len]);
+            }
         }
         let mut out = Vec::with_capacity(len);
         for b in 0..batches {
             for r in 0..rows {
-                let at = b * self.batch_stride + r * self.row_stride;
-                out.extend_from_slice(&self.data[at..at + cols]);
+                self.data.extend_values(&mut out, b * self.batch_stride + r * self.row_stride, cols);
             }
         }
         std::borrow::Cow::Owned(out)

@@ -128,11 +128,11 @@ fn matmul_parts_rejects_inconsistent_parts() {
     assert!(matches!(kernels::matmul_parts(&[0.0; 12], 2, &rhs), Err(KernelError::DataLength { operand: "part", .. })));
     // A strided part whose last row runs past its buffer: 2 batches of 3 rows of 4 at strides
     // (13, 4) need 25 values.
-    let strided = RhsPart { data: &part[..], extent: 3, batch_stride: 13, row_stride: 4 };
+    let strided = RhsPart { data: (&part[..]).into(), extent: 3, batch_stride: 13, row_stride: 4 };
     let rhs = RhsParts { parts: vec![strided], axis: JoinAxis::K, k: 3, n: 4, batches: BatchRepeat::none(2) };
     assert!(matches!(kernels::matmul_parts(&[0.0; 12], 2, &rhs), Err(KernelError::InvalidArgument { .. })));
     // Rows that overlap (stride below the row length).
-    let overlapping = RhsPart { data: &part[..], extent: 3, batch_stride: 12, row_stride: 3 };
+    let overlapping = RhsPart { data: (&part[..]).into(), extent: 3, batch_stride: 12, row_stride: 3 };
     let rhs = RhsParts { parts: vec![overlapping], axis: JoinAxis::K, k: 3, n: 4, batches: BatchRepeat::none(2) };
     assert!(matches!(kernels::matmul_parts(&[0.0; 12], 2, &rhs), Err(KernelError::InvalidArgument { .. })));
 }
@@ -267,4 +267,52 @@ fn strided_past_is_read_in_place() {
     // A view that does not fit its buffer is refused.
     let short = Strided::new(vec![0.0; 8 * room].into(), vec![1, kvh, d, past], room, d * room);
     assert!(matches!(short, Err(KernelError::InvalidArgument { .. })), "{short:?}");
+}
+
+/// A past part of 8-bit codes gives the product over its decoded values bit for bit: 1 to 4 rows
+/// (the register tile decoding in place) and 6 (the part decoded first), joined along K and N, the
+/// codes strided as in the KV cache, on 1 and 2 threads.
+#[test]
+fn u8_parts_equal_their_decoded_values_bit_for_bit() {
+    use kernels::{decode_u8, Grid, PartData};
+    let mut rng = Lcg(31);
+    let grid = Grid { scale: 0.0173, zero_point: 128 };
+    let (heads, times, other, past, new, stride) = (3, 2, 40, 37, 2, 53);
+    for threads in [1, 2] {
+        kernels::set_num_threads(threads).unwrap();
+        for axis in [JoinAxis::K, JoinAxis::N] {
+            for m in [1, 2, 4, 6] {
+                let rows = m / if m > 2 { 2 } else { 1 };
+                let times = if m > 2 { times } else { 1 };
+                let (k, n) = match axis {
+                    JoinAxis::K => (past + new, other),
+                    JoinAxis::N => (other, past + new),
+                };
+                // Past part `[heads, r, c]` with rows `stride` apart (K: r = past positions, c =
+                // other; N: r = other, c = past positions).
+                let (r, c) = match axis {
+                    JoinAxis::K => (past, other),
+                    JoinAxis::N => (other, past),
+                };
+                let codes: Vec<u8> = (0..heads * r * stride).map(|_| (rng.next_f32(1.0).abs() * 255.0) as u8).collect();
+                let decoded: Vec<f32> = codes.iter().map(|&u| decode_u8(u, grid)).collect();
+                let new_part = rng.vec(heads * new * other, 1.0);
+                let a = rng.vec(heads * times * rows * k, 1.0);
+                let batches = BatchRepeat { outer: 1, size: heads, times, inner: 1 };
+                let part = |data| RhsPart { data, extent: past, batch_stride: r * stride, row_stride: stride };
+                let new_part = RhsPart {
+                    data: PartData::F32(&new_part),
+                    extent: new,
+                    batch_stride: new * other,
+                    row_stride: if axis == JoinAxis::K { other } else { new },
+                };
+                let rhs = |past| RhsParts { parts: vec![past, new_part], axis, k, n, batches };
+                let got = kernels::matmul_parts(&a, rows, &rhs(part(PartData::U8 { codes: &codes, grid }))).unwrap();
+                let want = kernels::matmul_parts(&a, rows, &rhs(part(PartData::F32(&decoded)))).unwrap();
+                assert!(c <= stride);
+                let differ = got.iter().zip(&want).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                assert_eq!(differ, 0, "{axis:?}, {m} rows per KV head, {threads} threads: {differ} outputs differ");
+            }
+        }
+    }
 }

@@ -25,7 +25,8 @@ pub struct KvPrefix<T> {
     pub values: Vec<Vec<T>>,
 }
 
-/// KV cache of all layers, generic over the stored element (`f32` on CPU, `u8` for QNN).
+/// KV cache of all layers, generic over the stored element (`u8` codes of a quantized cache, `f32`
+/// values of a float one).
 #[derive(Debug, Clone)]
 pub struct KvCache<T> {
     layout: ModelLayout,

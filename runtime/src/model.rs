@@ -67,7 +67,8 @@ impl ModelLayout {
 
 /// A model executed one fixed-size chunk at a time.
 pub trait ChunkModel {
-    /// Element type of the K/V cache (`f32` on the CPU, `u8` for QNN's quantized cache).
+    /// Element type of the K/V cache (`u8` for a quantized cache, QNN's or the CPU's in fake-quant
+    /// mode; `f32` for the CPU's float models).
     type Kv: Copy + Default;
 
     /// Shapes of the model.

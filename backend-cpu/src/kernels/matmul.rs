@@ -396,7 +396,7 @@ pub(super) fn product_into(
 /// Products with at most this many rows of contiguous operands (decode-step attention: the query
 /// rows of one KV head against its keys or values) skip gemm, whose packing and dispatch cost more
 /// than the arithmetic there.
-const SMALL_M: usize = 4;
+pub(super) const SMALL_M: usize = 4;
 
 /// `dst[i, :] (+)= Σ_p lhs[i, p] * rhs[p, :]` for `i < m`: every operand is read front to back,
 /// and `rhs` once for all `m` rows.
@@ -461,13 +461,82 @@ unsafe fn few_rows_body(
     }
 }
 
+/// `dst[i, :] (+)= Σ_p lhs[i, p] * decode(rhs[p, :])` for `i < m`: [`few_rows_product`] with a
+/// right operand of 8-bit codes standing for `(u - zero_point) * scale` (a KV cache kept as its
+/// KV8 codes). Each code is decoded in registers as `decode_u8` computes it, so the result equals
+/// the product over the decoded values bit for bit. Returns `false`, having done nothing, on CPUs
+/// without AVX-512 BW and VL (the caller then decodes the operand first).
+///
+/// # Safety
+/// As [`few_rows_product`], `rhs` holding `k` rows of `n` codes (stride `ldb`).
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn few_rows_product_u8(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    lhs: *const f32,
+    lda: usize,
+    rhs: *const u8,
+    ldb: usize,
+    grid: super::Grid,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+        {
+            few_rows_avx512::product_u8(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb, grid);
+            return true;
+        }
+    }
+    let _ = (m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb, grid);
+    false
+}
+
 /// [`few_rows_product`] with the output held in registers: a tile of `M` rows and `V` vectors of
 /// 16 columns (at most 16 accumulators) runs down all of K, loading each `rhs` vector once for
 /// the `M` rows (the plain loop loads and stores an output vector per multiply-add, and reads
-/// `rhs` once per row).
+/// `rhs` once per row). The right operand's elements are f32 values or 8-bit codes ([`Load`]).
 #[cfg(target_arch = "x86_64")]
 mod few_rows_avx512 {
     use std::arch::x86_64::*;
+
+    /// How the tile reads 16 (or, masked, fewer) right-operand elements as f32 values.
+    trait Load: Copy {
+        type Elem: Copy;
+        unsafe fn load(self, mask: u16, p: *const Self::Elem) -> __m512;
+    }
+
+    #[derive(Clone, Copy)]
+    struct F32s;
+
+    impl Load for F32s {
+        type Elem = f32;
+        #[inline(always)]
+        unsafe fn load(self, mask: u16, p: *const f32) -> __m512 {
+            _mm512_maskz_loadu_ps(mask, p)
+        }
+    }
+
+    /// Codes decoded as `(u - zero_point) * scale`, the f32 operations of `decode_u8`.
+    #[derive(Clone, Copy)]
+    struct U8s {
+        zero_point: __m512,
+        scale: __m512,
+    }
+
+    impl Load for U8s {
+        type Elem = u8;
+        #[inline(always)]
+        unsafe fn load(self, mask: u16, p: *const u8) -> __m512 {
+            let codes = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, p as *const i8));
+            _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(codes), self.zero_point), self.scale)
+        }
+    }
 
     /// # Safety
     /// See [`super::few_rows_product`]; AVX-512 F.
@@ -485,15 +554,42 @@ mod few_rows_avx512 {
         rhs: *const f32,
         ldb: usize,
     ) {
+        groups(m, n, Operands { k, dst, ldc, accumulate, lhs, lda, rhs, ldb, load: F32s });
+    }
+
+    /// # Safety
+    /// See [`super::few_rows_product_u8`]; AVX-512 F, BW and VL.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn product_u8(
+        m: usize,
+        n: usize,
+        k: usize,
+        dst: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        lhs: *const f32,
+        lda: usize,
+        rhs: *const u8,
+        ldb: usize,
+        grid: crate::kernels::Grid,
+    ) {
+        let load = U8s { zero_point: _mm512_set1_ps(grid.zero_point as f32), scale: _mm512_set1_ps(grid.scale) };
+        groups(m, n, Operands { k, dst, ldc, accumulate, lhs, lda, rhs, ldb, load });
+    }
+
+    /// The rows in groups of at most four.
+    #[inline(always)]
+    unsafe fn groups<L: Load>(m: usize, n: usize, ops: Operands<L>) {
         let mut i = 0;
         while i < m {
             let rows = (m - i).min(4);
-            let ops = Operands { k, dst: dst.add(i * ldc), ldc, accumulate, lhs: lhs.add(i * lda), lda, rhs, ldb };
+            let ops = Operands { dst: ops.dst.add(i * ops.ldc), lhs: ops.lhs.add(i * ops.lda), ..ops };
             match rows {
-                1 => columns::<1, 8>(n, ops),
-                2 => columns::<2, 8>(n, ops),
-                3 => columns::<3, 5>(n, ops),
-                _ => columns::<4, 4>(n, ops),
+                1 => columns::<1, 8, L>(n, ops),
+                2 => columns::<2, 8, L>(n, ops),
+                3 => columns::<3, 5, L>(n, ops),
+                _ => columns::<4, 4, L>(n, ops),
             }
             i += rows;
         }
@@ -501,36 +597,37 @@ mod few_rows_avx512 {
 
     /// The operands of one group of at most four rows (see [`super::few_rows_product`]).
     #[derive(Clone, Copy)]
-    struct Operands {
+    struct Operands<L: Load> {
         k: usize,
         dst: *mut f32,
         ldc: usize,
         accumulate: bool,
         lhs: *const f32,
         lda: usize,
-        rhs: *const f32,
+        rhs: *const L::Elem,
         ldb: usize,
+        load: L,
     }
 
     /// All of `n`: tiles of `16 * V` columns, then the rest 16 (the last masked) at a time.
     #[inline(always)]
-    unsafe fn columns<const M: usize, const V: usize>(n: usize, ops: Operands) {
+    unsafe fn columns<const M: usize, const V: usize, L: Load>(n: usize, ops: Operands<L>) {
         let mut c = 0;
         while n - c >= 16 * V {
-            tile::<M, V>(c, 16 * V, ops);
+            tile::<M, V, L>(c, 16 * V, ops);
             c += 16 * V;
         }
         while c < n {
             let cols = (n - c).min(16);
-            tile::<M, 1>(c, cols, ops);
+            tile::<M, 1, L>(c, cols, ops);
             c += cols;
         }
     }
 
     /// Columns `c..c + cols` (`cols <= 16 * V`) of the `M` rows.
     #[inline(always)]
-    unsafe fn tile<const M: usize, const V: usize>(c: usize, cols: usize, ops: Operands) {
-        let Operands { k, dst, ldc, accumulate, lhs, lda, rhs, ldb } = ops;
+    unsafe fn tile<const M: usize, const V: usize, L: Load>(c: usize, cols: usize, ops: Operands<L>) {
+        let Operands { k, dst, ldc, accumulate, lhs, lda, rhs, ldb, load } = ops;
         let mut masks = [0u16; V];
         for (j, mask) in masks.iter_mut().enumerate() {
             let left = cols.saturating_sub(16 * j).min(16);
@@ -541,7 +638,7 @@ mod few_rows_avx512 {
             let row = rhs.add(p * ldb + c);
             let mut w = [_mm512_setzero_ps(); V];
             for (j, w) in w.iter_mut().enumerate() {
-                *w = _mm512_maskz_loadu_ps(masks[j], row.add(16 * j));
+                *w = load.load(masks[j], row.add(16 * j));
             }
             for (i, acc) in acc.iter_mut().enumerate() {
                 let s = _mm512_set1_ps(*lhs.add(i * lda + p));

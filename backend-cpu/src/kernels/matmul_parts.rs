@@ -7,7 +7,8 @@
 //! is the sum of one product per part over the matching columns of the left operand; an N-joined
 //! one writes each part's product into its own columns of the output.
 
-use super::matmul::{product_into, Dims, LinearStrategy, MatView, MIN_PARALLEL_MACS};
+use super::grid_int4::Grid;
+use super::matmul::{few_rows_product_u8, product_into, Dims, LinearStrategy, MatView, MIN_PARALLEL_MACS, SMALL_M};
 use super::threads::current;
 use super::KernelError;
 
@@ -58,10 +59,75 @@ impl BatchRepeat {
 /// `data[b * batch_stride + r * row_stride + c]`.
 #[derive(Debug, Clone, Copy)]
 pub struct RhsPart<'a> {
-    pub data: &'a [f32],
+    pub data: PartData<'a>,
     pub extent: usize,
     pub batch_stride: usize,
     pub row_stride: usize,
+}
+
+/// The elements of an [`RhsPart`].
+#[derive(Debug, Clone, Copy)]
+pub enum PartData<'a> {
+    F32(&'a [f32]),
+    /// 8-bit codes `u` of the values `(u - zero_point) * scale` (a KV cache kept as the codes its
+    /// QDQ points define: a quarter of the bytes an attention product reads).
+    U8 {
+        codes: &'a [u8],
+        grid: Grid,
+    },
+}
+
+impl PartData<'_> {
+    fn len(&self) -> usize {
+        match self {
+            PartData::F32(v) => v.len(),
+            PartData::U8 { codes, .. } => codes.len(),
+        }
+    }
+}
+
+impl<'a> From<&'a [f32]> for PartData<'a> {
+    fn from(v: &'a [f32]) -> Self {
+        PartData::F32(v)
+    }
+}
+
+/// `(u - zero_point) * scale`: the value a code stands for, in the same f32 operations as the
+/// fake quantizer that produced it (`u - zero_point` is exact), so products over decoded codes
+/// equal products over the stored values bit for bit.
+#[inline(always)]
+pub fn decode_u8(u: u8, grid: Grid) -> f32 {
+    (f32::from(u) - grid.zero_point as f32) * grid.scale
+}
+
+thread_local! {
+    /// Decoded `U8` part matrices, reused: one `[rows, cols]` matrix at a time.
+    static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on source batch `src` of a `U8` part decoded into a dense `[rows, cols]` matrix:
+/// the codes come from memory once, a quarter of the f32 bytes, and the product then reads the
+/// decoded matrix from cache.
+fn with_decoded<R>(
+    codes: &[u8],
+    grid: Grid,
+    part: &RhsPart<'_>,
+    src: usize,
+    (rows, cols): (usize, usize),
+    f: impl FnOnce(&[f32]) -> R,
+) -> R {
+    DECODED.with(|cell| {
+        let mut buf = cell.take();
+        buf.clear();
+        buf.reserve(rows * cols);
+        for r in 0..rows {
+            let at = src * part.batch_stride + r * part.row_stride;
+            buf.extend(codes[at..at + cols].iter().map(|&u| decode_u8(u, grid)));
+        }
+        let result = f(&buf);
+        cell.replace(buf);
+        result
+    })
 }
 
 /// The right operand of [`matmul_parts`].
@@ -81,7 +147,7 @@ impl<'a> RhsParts<'a> {
             .iter()
             .map(|&(data, extent)| {
                 let (rows, cols) = part_dims(axis, extent, k, n);
-                RhsPart { data, extent, batch_stride: rows * cols, row_stride: cols }
+                RhsPart { data: PartData::F32(data), extent, batch_stride: rows * cols, row_stride: cols }
             })
             .collect();
         RhsParts { parts, axis, k, n, batches }
@@ -120,7 +186,7 @@ pub fn matmul_parts(a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<Vec<f32>,
     for part in &rhs.parts {
         let (rows, cols) = part_dims(rhs.axis, part.extent, k, n);
         if part.row_stride == cols && part.batch_stride == rows * cols {
-            super::shape::check_len(OP, "part", part.data, &[sources, rows, cols])?;
+            super::shape::check_len_of(OP, "part", part.data.len(), &[sources, rows, cols])?;
         } else if sources * rows * cols > 0 {
             let last = (sources - 1) * part.batch_stride + (rows - 1) * part.row_stride + cols;
             if part.row_stride < cols || part.batch_stride < rows * part.row_stride || last > part.data.len() {
@@ -153,16 +219,53 @@ pub fn matmul_parts(a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<Vec<f32>,
         let src = rhs.batches.source(b);
         let mut offset = 0;
         for (i, p) in rhs.parts.iter().enumerate() {
-            let (extent, part) = (p.extent, MatView::rows(p.data, src * p.batch_stride, p.row_stride));
+            let extent = p.extent;
+            // The left operand's first element: `rows` rows of stride `k`.
+            let lhs_at = match rhs.axis {
+                JoinAxis::K => b * m * k + offset,
+                JoinAxis::N => b * m * k,
+            };
             let (dims, dst, accumulate, lhs) = match rhs.axis {
-                JoinAxis::K => {
-                    (Dims { m: rows, n, k: extent }, &mut dst[..], i > 0, MatView::rows(a, b * m * k + offset, k))
-                }
+                JoinAxis::K => (Dims { m: rows, n, k: extent }, &mut dst[..], i > 0, MatView::rows(a, lhs_at, k)),
                 JoinAxis::N => {
-                    (Dims { m: rows, n: extent, k }, &mut dst[offset..], false, MatView::row_major(a, b * m * k, k))
+                    (Dims { m: rows, n: extent, k }, &mut dst[offset..], false, MatView::row_major(a, lhs_at, k))
                 }
             };
-            product_into(&ctx, threads, LinearStrategy::Auto, dims, dst, n, accumulate, lhs, part);
+            match p.data {
+                PartData::F32(data) => {
+                    let part = MatView::rows(data, src * p.batch_stride, p.row_stride);
+                    product_into(&ctx, threads, LinearStrategy::Auto, dims, dst, n, accumulate, lhs, part);
+                }
+                PartData::U8 { codes, grid } => {
+                    // SAFETY: `dims.m` rows of `dims.k` from `lhs_at` (stride k) lie in `a` and
+                    // `dims.m` rows of `dims.n` (stride n) in `dst` by the shapes checked above;
+                    // the part's source batch `src`, `dims.k` rows of `dims.n` codes at its row
+                    // stride, was checked to lie in `codes`.
+                    let done = dims.m <= SMALL_M
+                        && unsafe {
+                            few_rows_product_u8(
+                                dims.m,
+                                dims.n,
+                                dims.k,
+                                dst.as_mut_ptr(),
+                                n,
+                                accumulate,
+                                a[lhs_at..].as_ptr(),
+                                k,
+                                codes[src * p.batch_stride..].as_ptr(),
+                                p.row_stride,
+                                grid,
+                            )
+                        };
+                    if !done {
+                        let (part_rows, part_cols) = part_dims(rhs.axis, extent, k, n);
+                        with_decoded(codes, grid, p, src, (part_rows, part_cols), |decoded| {
+                            let part = MatView::rows(decoded, 0, part_cols);
+                            product_into(&ctx, threads, LinearStrategy::Auto, dims, dst, n, accumulate, lhs, part);
+                        });
+                    }
+                }
+            }
             offset += extent;
         }
     };

@@ -37,7 +37,7 @@ pub use error::KernelError;
 pub use grid_int4::Grid;
 pub use index_select::index_select;
 pub use matmul::{linear_kn, linear_nk, linear_with, matmul, LinearStrategy, WeightLayout};
-pub use matmul_parts::{matmul_parts, BatchRepeat, JoinAxis, RhsPart, RhsParts};
+pub use matmul_parts::{decode_u8, matmul_parts, BatchRepeat, JoinAxis, PartData, RhsPart, RhsParts};
 pub use movement::{concat, repeat_interleave, slice};
 pub use packed::{
     available_isas, linear_packed, linear_packed_on_grid, linear_packed_with, runs_on_grid, PackedElems, PackedMatrix,
