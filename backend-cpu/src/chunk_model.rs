@@ -62,15 +62,26 @@ impl CpuKv for u8 {
     /// come out of the grid's QDQ point is an error, not a silently different cache.
     fn present(dst: &mut [u8], values: &[f32], grid: Option<Grid>) -> Result<(), PresentError> {
         let grid = grid.ok_or(PresentError::NoGrid)?;
-        for (i, (d, &v)) in dst.iter_mut().zip(values).enumerate() {
-            let u = (v / grid.scale).round() + grid.zero_point as f32;
-            let code = (0.0..=255.0).contains(&u).then_some(u as u8);
-            match code {
-                Some(code) if decode_u8(code, grid) == v => *d = code,
-                _ => return Err(PresentError::OffGrid { index: i, value: v, grid }),
-            }
+        // `v / scale` is within rounding of the integer `u - zero_point`: adding `zero_point + 0.5`
+        // and truncating finds `u` without a call to `round` (NaN truncates to 0 and fails the
+        // check below).
+        let half_up = grid.zero_point as f32 + 0.5;
+        let mut on_grid = true;
+        for (d, &v) in dst.iter_mut().zip(values) {
+            let code = (v / grid.scale + half_up) as i32;
+            let u = code.clamp(0, 255) as u8;
+            on_grid &= code == i32::from(u) && decode_u8(u, grid) == v;
+            *d = u;
         }
-        Ok(())
+        if on_grid {
+            return Ok(());
+        }
+        let off = |(_, &v): &(usize, &f32)| {
+            let code = (v / grid.scale + half_up) as i32;
+            !(0..=255).contains(&code) || decode_u8(code as u8, grid) != v
+        };
+        let (index, &value) = values.iter().enumerate().find(off).unwrap_or((0, &f32::NAN));
+        Err(PresentError::OffGrid { index, value, grid })
     }
 }
 
@@ -226,5 +237,26 @@ impl<K: CpuKv> ChunkModel for CpuChunkModel<K> {
         }
         profile::lap(t2, "chunk: outputs");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn present_values_become_their_codes_and_values_off_the_grid_are_refused() {
+        let grid = Grid { scale: 0.0173, zero_point: 128 };
+        let values: Vec<f32> = [0u8, 1, 127, 128, 200, 255].iter().map(|&u| decode_u8(u, grid)).collect();
+        let mut codes = vec![0u8; values.len()];
+        u8::present(&mut codes, &values, Some(grid)).unwrap();
+        assert_eq!(codes, [0, 1, 127, 128, 200, 255]);
+        for (bad, index) in [(values[2] + 0.001, 2), (f32::NAN, 4), (decode_u8(255, grid) + grid.scale, 5)] {
+            let mut off = values.clone();
+            off[index] = bad;
+            let err = u8::present(&mut codes, &off, Some(grid)).unwrap_err();
+            assert!(matches!(err, PresentError::OffGrid { index: i, .. } if i == index), "{bad}: {err}");
+        }
+        assert_eq!(u8::present(&mut codes, &values, None), Err(PresentError::NoGrid));
     }
 }
