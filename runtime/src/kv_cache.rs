@@ -287,9 +287,22 @@ impl<T: Copy + Default> KvCache<T> {
                 context_len: self.layout.context_len,
             });
         }
-        let key_rows = Arc::make_mut(&mut self.keys[layer]).chunks_exact_mut(stride).zip(kv.0.chunks_exact(cols));
-        for (dst, src) in key_rows.take(rows) {
-            dst[at..at + n].copy_from_slice(&src[..n]);
+        let keys = Arc::make_mut(&mut self.keys[layer]);
+        if n == 1 {
+            // A decode step writes one element per K row, each row a cache line of its own that
+            // the step's weight streaming has evicted: fetch lines ahead so the misses overlap,
+            // and store directly (a copy call per element cost as much again).
+            const AHEAD: usize = 16;
+            for r in 0..rows {
+                if r + AHEAD < rows {
+                    prefetch(&keys[(r + AHEAD) * stride + at]);
+                }
+                keys[r * stride + at] = kv.0[r * cols];
+            }
+        } else {
+            for (dst, src) in keys.chunks_exact_mut(stride).zip(kv.0.chunks_exact(cols)).take(rows) {
+                dst[at..at + n].copy_from_slice(&src[..n]);
+            }
         }
         let value_blocks =
             Arc::make_mut(&mut self.values[layer]).chunks_exact_mut(stride * d).zip(kv.1.chunks_exact(cols * d));
@@ -305,6 +318,18 @@ impl<T: Copy + Default> KvCache<T> {
         let l = &self.layout;
         (l.num_kv_heads * l.head_dim, l.num_kv_heads, l.head_dim, self.past_cols())
     }
+}
+
+/// Asks the CPU to bring the cache line holding `x` into its caches (a hint; nothing elsewhere).
+#[inline(always)]
+fn prefetch<T>(x: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing architecturally and `x` is a valid reference.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((x as *const T).cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
 }
 
 /// Moves `blocks` blocks from stride `old` to stride `new` in place, keeping the first `valid`
