@@ -384,7 +384,14 @@ fn read_bandwidth(threads: usize, passes: usize) -> f64 {
         let sum: u64 = std::thread::scope(|s| {
             let handles: Vec<_> = buf
                 .chunks(part)
-                .map(|c| s.spawn(move || mllm_dsl::simd::widest(|| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))))
+                .map(|c| {
+                    s.spawn(move || {
+                        mllm_dsl::simd::widest(
+                            #[inline(always)]
+                            || c.iter().fold(0u64, |a, &b| a.wrapping_add(b)),
+                        )
+                    })
+                })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap_or(0)).fold(0, u64::wrapping_add)
         });

@@ -8,12 +8,14 @@
 //!
 //! ```
 //! let x: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();
-//! let doubled: Vec<f32> = mllm_dsl::simd::widest(|| x.iter().map(|v| v * 2.0).collect());
+//! let doubled: Vec<f32> = mllm_dsl::simd::widest(#[inline(always)] || x.iter().map(|v| v * 2.0).collect());
 //! assert_eq!(doubled[3], 3.0);
 //! ```
 //!
-//! Only what is inlined into the closure gets the wider instructions: call it inside the per-row
-//! or per-chunk work, not around a parallel iterator.
+//! Only what is inlined into the closure, and the closure into the wrapper, gets the wider
+//! instructions: mark the closure `#[inline(always)]` (LLVM otherwise may keep a closure whose
+//! body is a loop as a function of its own, compiled for SSE2: it did for the fake quantizer's
+//! loop), and call it inside the per-row or per-chunk work, not around a parallel iterator.
 
 /// Runs `f` compiled for the widest vector extension the running CPU supports.
 #[inline(always)]

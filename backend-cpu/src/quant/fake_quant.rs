@@ -78,14 +78,21 @@ impl QdqHook for FakeQuantHook {
         let ctx = crate::kernels::threads::current();
         if ctx.for_work(n, PAR_CHUNK) <= 1 {
             // One task (most decode QDQs are a few hundred values).
-            mllm_dsl::simd::widest(|| fq.apply_uninit(x, &mut out.spare_capacity_mut()[..n])).map_err(shape_error)?;
+            mllm_dsl::simd::widest(
+                #[inline(always)]
+                || fq.apply_uninit(x, &mut out.spare_capacity_mut()[..n]),
+            )
+            .map_err(shape_error)?;
         } else {
             // On the kernels' team, whose helpers are awake between ops: a prefill chunk has a
             // thousand QDQ points of 20-100 µs each, and waking a sleeping pool costs as much.
             ctx.for_each_chunk_mut(&mut out.spare_capacity_mut()[..n], PAR_CHUNK, |i, o| {
                 let input = &x[i * PAR_CHUNK..i * PAR_CHUNK + o.len()];
                 // Equal lengths by construction, so this cannot fail.
-                let _ = mllm_dsl::simd::widest(|| fq.apply_uninit(input, o));
+                let _ = mllm_dsl::simd::widest(
+                    #[inline(always)]
+                    || fq.apply_uninit(input, o),
+                );
             });
         }
         // SAFETY: the capacity is n and `apply_uninit` wrote all n elements (the chunks above

@@ -48,7 +48,10 @@ const ROWS_PER_PASS: usize = 8;
 /// `H = V V^T` with `V = U^-1` upper triangular is a Cholesky factorization in reversed index
 /// order, so `U` is the reversed inverse of the ordinary Cholesky factor of reversed `H`.
 fn inverse_upper_factor(h: &[f32], stride: usize, cols: &[usize]) -> Result<Vec<f32>, GptqError> {
-    mllm_dsl::simd::widest(|| inverse_upper_factor_here(h, stride, cols))
+    mllm_dsl::simd::widest(
+        #[inline(always)]
+        || inverse_upper_factor_here(h, stride, cols),
+    )
 }
 
 #[inline(always)]
@@ -187,7 +190,10 @@ pub fn gptq_lpbq(weight: &[f32], scales: &LpbqRounded, h: &HessianFactors) -> Re
     // still sees exactly its own sequence of operations.
     let group = ROWS_PER_PASS * inp;
     codes.par_chunks_mut(group).zip(weight.par_chunks(group)).enumerate().for_each(|(g, (q_rows, w_rows))| {
-        mllm_dsl::simd::widest(|| round_channels(g * ROWS_PER_PASS, q_rows, w_rows, scales, h))
+        mllm_dsl::simd::widest(
+            #[inline(always)]
+            || round_channels(g * ROWS_PER_PASS, q_rows, w_rows, scales, h),
+        )
     });
     Ok(LpbqRounded { shape, codes, scale1: scales.scale1.clone(), scale2: scales.scale2.clone() })
 }

@@ -315,7 +315,10 @@ impl LaneLayout {
 
     /// One row's search: `(scale2, scale1 per block)`.
     fn search_row(&self, w_row: &[f32], absmax: &[f32], row_max: f32, grid: &[f32]) -> (f32, Vec<u8>) {
-        mllm_dsl::simd::widest(|| self.search_row_here(w_row, absmax, row_max, grid))
+        mllm_dsl::simd::widest(
+            #[inline(always)]
+            || self.search_row_here(w_row, absmax, row_max, grid),
+        )
     }
 
     #[inline(always)]
