@@ -120,10 +120,15 @@ fn with_decoded<R>(
         let mut buf = cell.take();
         buf.clear();
         buf.reserve(rows * cols);
-        for r in 0..rows {
-            let at = src * part.batch_stride + r * part.row_stride;
-            buf.extend(codes[at..at + cols].iter().map(|&u| decode_u8(u, grid)));
-        }
+        mllm_dsl::simd::widest(
+            #[inline(always)]
+            || {
+                for r in 0..rows {
+                    let at = src * part.batch_stride + r * part.row_stride;
+                    buf.extend(codes[at..at + cols].iter().map(|&u| decode_u8(u, grid)));
+                }
+            },
+        );
         let result = f(&buf);
         cell.replace(buf);
         result
