@@ -37,14 +37,14 @@ pub struct CpuChunkModel<K = f32> {
 /// The element a [`CpuChunkModel`] keeps its KV cache in.
 pub trait CpuKv: Copy + Default + Send + Sync + 'static {
     /// A layer's past as a view's data; `grid` is the layer's K or V grid (`u8` caches).
-    fn past(buffer: &Arc<Vec<Self>>, grid: Option<Grid>) -> StridedData;
+    fn past(buffer: &Arc<Vec<Self>>, grid: Option<Grid>) -> Result<StridedData, PresentError>;
     /// Writes a present K or V, given as the model's f32 values, into the chunk's output.
     fn present(dst: &mut [Self], values: &[f32], grid: Option<Grid>) -> Result<(), PresentError>;
 }
 
 impl CpuKv for f32 {
-    fn past(buffer: &Arc<Vec<f32>>, _: Option<Grid>) -> StridedData {
-        StridedData::F32(buffer.clone().into())
+    fn past(buffer: &Arc<Vec<f32>>, _: Option<Grid>) -> Result<StridedData, PresentError> {
+        Ok(StridedData::F32(buffer.clone().into()))
     }
 
     fn present(dst: &mut [f32], values: &[f32], _: Option<Grid>) -> Result<(), PresentError> {
@@ -54,8 +54,8 @@ impl CpuKv for f32 {
 }
 
 impl CpuKv for u8 {
-    fn past(buffer: &Arc<Vec<u8>>, grid: Option<Grid>) -> StridedData {
-        StridedData::U8 { codes: buffer.clone(), grid: grid.unwrap_or(Grid { scale: 1.0, zero_point: 0 }) }
+    fn past(buffer: &Arc<Vec<u8>>, grid: Option<Grid>) -> Result<StridedData, PresentError> {
+        Ok(StridedData::U8 { codes: buffer.clone(), grid: grid.ok_or(PresentError::NoGrid)? })
     }
 
     /// The code of each value, checked to stand for the value exactly: a model whose K/V do not
@@ -85,7 +85,7 @@ impl CpuKv for u8 {
     }
 }
 
-/// A present K or V that a `u8` cache cannot hold.
+/// A K or V that a `u8` cache cannot hold or read.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum PresentError {
     #[error("no 8-bit grid is known for it")]
@@ -145,7 +145,7 @@ pub enum ModelOutputError {
     LogitsLength { found: usize, ar: usize, rows: usize, vocab: usize },
     #[error("layer {layer}: past {what} of the KV cache: {source}")]
     PastLayout { layer: usize, what: &'static str, source: KernelError },
-    #[error("layer {layer}: present {what} for the 8-bit KV cache: {source}")]
+    #[error("layer {layer}: {what} of the 8-bit KV cache: {source}")]
     Present { layer: usize, what: &'static str, source: PresentError },
     #[error("{found} pairs of KV grids for a model of {layers} layers")]
     KvGrids { found: usize, layers: usize },
@@ -202,8 +202,9 @@ impl<K: CpuKv> ChunkModel for CpuChunkModel<K> {
         let (mut keys, mut values) = (Vec::new(), Vec::new());
         for l in 0..shape.num_layers {
             let layout = |what, source| ModelOutputError::PastLayout { layer: l, what, source };
-            let k = K::past(inputs.key_buffer(l), self.grid(l, 0));
-            let v = K::past(inputs.value_buffer(l), self.grid(l, 1));
+            let codes = |what, source| ModelOutputError::Present { layer: l, what, source };
+            let k = K::past(inputs.key_buffer(l), self.grid(l, 0)).map_err(|e| codes("past key", e))?;
+            let v = K::past(inputs.value_buffer(l), self.grid(l, 1)).map_err(|e| codes("past value", e))?;
             let k = Strided::new(k, vec![1, kvh, d, n_past], stride, d * stride).map_err(|e| layout("keys", e))?;
             let v = Strided::new(v, vec![1, kvh, n_past, d], d, stride * d).map_err(|e| layout("values", e))?;
             keys.push(self.past_tensor(k)?);
@@ -232,8 +233,9 @@ impl<K: CpuKv> ChunkModel for CpuChunkModel<K> {
         for l in 0..shape.num_layers {
             let present = |what, source| ModelOutputError::Present { layer: l, what, source };
             let (k, v) = outputs.present_kv_mut(l);
-            K::present(k, &read(&new_k[l], "present key")?, self.grid(l, 0)).map_err(|e| present("key", e))?;
-            K::present(v, &read(&new_v[l], "present value")?, self.grid(l, 1)).map_err(|e| present("value", e))?;
+            K::present(k, &read(&new_k[l], "present key")?, self.grid(l, 0)).map_err(|e| present("present key", e))?;
+            K::present(v, &read(&new_v[l], "present value")?, self.grid(l, 1))
+                .map_err(|e| present("present value", e))?;
         }
         profile::lap(t2, "chunk: outputs");
         Ok(())
@@ -258,5 +260,6 @@ mod tests {
             assert!(matches!(err, PresentError::OffGrid { index: i, .. } if i == index), "{bad}: {err}");
         }
         assert_eq!(u8::present(&mut codes, &values, None), Err(PresentError::NoGrid));
+        assert!(matches!(u8::past(&Arc::new(codes), None), Err(PresentError::NoGrid)));
     }
 }
