@@ -328,18 +328,18 @@ pub(super) fn product_into(
         if m <= SMALL_M && rows_of_rows {
             // SAFETY: as for gemm below.
             unsafe {
-                few_rows_product(
+                few_rows_product(FewRows {
                     m,
-                    cols,
+                    n: cols,
                     k,
-                    dst_ptr.get().add(n0),
+                    dst: dst_ptr.get().add(n0),
                     ldc,
                     accumulate,
-                    lhs_ptr.get(),
-                    lhs.row_stride,
-                    rhs_ptr.get().add(n0),
-                    rhs.row_stride,
-                )
+                    lhs: lhs_ptr.get(),
+                    lda: lhs.row_stride,
+                    rhs: rhs_ptr.get().add(n0),
+                    ldb: rhs.row_stride,
+                })
             };
             return;
         }
@@ -398,54 +398,53 @@ pub(super) fn product_into(
 /// than the arithmetic there.
 pub(super) const SMALL_M: usize = 4;
 
+/// The operands of `dst[m, n] (+)= lhs[m, k] * rhs[k, n]` for the few-row products, built once
+/// and handed down through their dispatch layers; `T` is the right operand's element (f32 values
+/// or 8-bit codes).
+///
+/// # Safety
+/// The functions taking it require: `lhs` has `m` rows of `k` (stride `lda`), `rhs` `k` rows of
+/// `n` (stride `ldb`), `dst` `m` writable rows of `n` (stride `ldc`), all contiguous within a row
+/// and `dst` not aliased.
+#[derive(Clone, Copy)]
+pub(super) struct FewRows<T> {
+    pub(super) m: usize,
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) dst: *mut f32,
+    pub(super) ldc: usize,
+    /// Add to `dst` rather than overwrite it.
+    pub(super) accumulate: bool,
+    pub(super) lhs: *const f32,
+    pub(super) lda: usize,
+    pub(super) rhs: *const T,
+    pub(super) ldb: usize,
+}
+
 /// `dst[i, :] (+)= Σ_p lhs[i, p] * rhs[p, :]` for `i < m`: every operand is read front to back,
 /// and `rhs` once for all `m` rows.
 ///
 /// # Safety
-/// `lhs` has `m` rows of `k` (stride `lda`), `rhs` `k` rows of `n` (stride `ldb`), `dst` `m`
-/// writable rows of `n` (stride `ldc`), all contiguous within a row and `dst` not aliased.
-#[allow(clippy::too_many_arguments)]
-unsafe fn few_rows_product(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-    lhs: *const f32,
-    lda: usize,
-    rhs: *const f32,
-    ldb: usize,
-) {
+/// See [`FewRows`].
+unsafe fn few_rows_product(ops: FewRows<f32>) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            return few_rows_avx512::product(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb);
+            return few_rows_avx512::product(ops);
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            return few_rows_avx2(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb);
+            return few_rows_avx2(ops);
         }
     }
-    few_rows_body(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb)
+    few_rows_body(ops)
 }
 
 /// [`few_rows_product`]'s loop in plain Rust, compiled once per instruction set by the wrappers
 /// below so the compiler vectorises the row update with the widest registers available. It
 /// updates each output row in memory once per `p`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn few_rows_body(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-    lhs: *const f32,
-    lda: usize,
-    rhs: *const f32,
-    ldb: usize,
-) {
+unsafe fn few_rows_body(ops: FewRows<f32>) {
+    let FewRows { m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb } = ops;
     for i in 0..m {
         let out = std::slice::from_raw_parts_mut(dst.add(i * ldc), n);
         if !accumulate {
@@ -468,32 +467,19 @@ unsafe fn few_rows_body(
 /// without AVX-512 BW and VL (the caller then decodes the operand first).
 ///
 /// # Safety
-/// As [`few_rows_product`], `rhs` holding `k` rows of `n` codes (stride `ldb`).
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn few_rows_product_u8(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-    lhs: *const f32,
-    lda: usize,
-    rhs: *const u8,
-    ldb: usize,
-    grid: super::Grid,
-) -> bool {
+/// See [`FewRows`], `rhs` holding `k` rows of `n` codes (stride `ldb`).
+pub(super) unsafe fn few_rows_product_u8(ops: FewRows<u8>, grid: super::Grid) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vl")
         {
-            few_rows_avx512::product_u8(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb, grid);
+            few_rows_avx512::product_u8(ops, grid);
             return true;
         }
     }
-    let _ = (m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb, grid);
+    let _ = (ops, grid);
     false
 }
 
@@ -503,6 +489,7 @@ pub(super) unsafe fn few_rows_product_u8(
 /// `rhs` once per row). The right operand's elements are f32 values or 8-bit codes ([`Load`]).
 #[cfg(target_arch = "x86_64")]
 mod few_rows_avx512 {
+    use super::FewRows;
     use std::arch::x86_64::*;
 
     /// How the tile reads 16 (or, masked, fewer) right-operand elements as f32 values.
@@ -539,95 +526,57 @@ mod few_rows_avx512 {
     }
 
     /// # Safety
-    /// See [`super::few_rows_product`]; AVX-512 F.
-    #[allow(clippy::too_many_arguments)]
+    /// See [`FewRows`]; AVX-512 F.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn product(
-        m: usize,
-        n: usize,
-        k: usize,
-        dst: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-        lhs: *const f32,
-        lda: usize,
-        rhs: *const f32,
-        ldb: usize,
-    ) {
-        groups(m, n, Operands { k, dst, ldc, accumulate, lhs, lda, rhs, ldb, load: F32s });
+    pub(super) unsafe fn product(ops: FewRows<f32>) {
+        groups(ops, F32s);
     }
 
     /// # Safety
     /// See [`super::few_rows_product_u8`]; AVX-512 F, BW and VL.
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn product_u8(
-        m: usize,
-        n: usize,
-        k: usize,
-        dst: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-        lhs: *const f32,
-        lda: usize,
-        rhs: *const u8,
-        ldb: usize,
-        grid: crate::kernels::Grid,
-    ) {
+    pub(super) unsafe fn product_u8(ops: FewRows<u8>, grid: crate::kernels::Grid) {
         let load = U8s { zero_point: _mm512_set1_ps(grid.zero_point as f32), scale: _mm512_set1_ps(grid.scale) };
-        groups(m, n, Operands { k, dst, ldc, accumulate, lhs, lda, rhs, ldb, load });
+        groups(ops, load);
     }
 
-    /// The rows in groups of at most four.
+    /// The rows in groups of at most four; each group is a [`FewRows`] of its own.
     #[inline(always)]
-    unsafe fn groups<L: Load>(m: usize, n: usize, ops: Operands<L>) {
+    unsafe fn groups<L: Load>(ops: FewRows<L::Elem>, load: L) {
         let mut i = 0;
-        while i < m {
-            let rows = (m - i).min(4);
-            let ops = Operands { dst: ops.dst.add(i * ops.ldc), lhs: ops.lhs.add(i * ops.lda), ..ops };
+        while i < ops.m {
+            let rows = (ops.m - i).min(4);
+            let group = FewRows { m: rows, dst: ops.dst.add(i * ops.ldc), lhs: ops.lhs.add(i * ops.lda), ..ops };
             match rows {
-                1 => columns::<1, 8, L>(n, ops),
-                2 => columns::<2, 8, L>(n, ops),
-                3 => columns::<3, 5, L>(n, ops),
-                _ => columns::<4, 4, L>(n, ops),
+                1 => columns::<1, 8, L>(group, load),
+                2 => columns::<2, 8, L>(group, load),
+                3 => columns::<3, 5, L>(group, load),
+                _ => columns::<4, 4, L>(group, load),
             }
             i += rows;
         }
     }
 
-    /// The operands of one group of at most four rows (see [`super::few_rows_product`]).
-    #[derive(Clone, Copy)]
-    struct Operands<L: Load> {
-        k: usize,
-        dst: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-        lhs: *const f32,
-        lda: usize,
-        rhs: *const L::Elem,
-        ldb: usize,
-        load: L,
-    }
-
     /// All of `n`: tiles of `16 * V` columns, then the rest 16 (the last masked) at a time.
     #[inline(always)]
-    unsafe fn columns<const M: usize, const V: usize, L: Load>(n: usize, ops: Operands<L>) {
+    unsafe fn columns<const M: usize, const V: usize, L: Load>(ops: FewRows<L::Elem>, load: L) {
+        let n = ops.n;
         let mut c = 0;
         while n - c >= 16 * V {
-            tile::<M, V, L>(c, 16 * V, ops);
+            tile::<M, V, L>(c, 16 * V, ops, load);
             c += 16 * V;
         }
         while c < n {
             let cols = (n - c).min(16);
-            tile::<M, 1, L>(c, cols, ops);
+            tile::<M, 1, L>(c, cols, ops, load);
             c += cols;
         }
     }
 
-    /// Columns `c..c + cols` (`cols <= 16 * V`) of the `M` rows.
+    /// Columns `c..c + cols` (`cols <= 16 * V`) of the `M` rows (`ops.m` is `M`).
     #[inline(always)]
-    unsafe fn tile<const M: usize, const V: usize, L: Load>(c: usize, cols: usize, ops: Operands<L>) {
-        let Operands { k, dst, ldc, accumulate, lhs, lda, rhs, ldb, load } = ops;
+    unsafe fn tile<const M: usize, const V: usize, L: Load>(c: usize, cols: usize, ops: FewRows<L::Elem>, load: L) {
+        let FewRows { k, dst, ldc, accumulate, lhs, lda, rhs, ldb, .. } = ops;
         let mut masks = [0u16; V];
         for (j, mask) in masks.iter_mut().enumerate() {
             let left = cols.saturating_sub(16 * j).min(16);
@@ -660,18 +609,6 @@ mod few_rows_avx512 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn few_rows_avx2(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-    lhs: *const f32,
-    lda: usize,
-    rhs: *const f32,
-    ldb: usize,
-) {
-    few_rows_body(m, n, k, dst, ldc, accumulate, lhs, lda, rhs, ldb)
+unsafe fn few_rows_avx2(ops: FewRows<f32>) {
+    few_rows_body(ops)
 }

@@ -8,7 +8,9 @@
 //! one writes each part's product into its own columns of the output.
 
 use super::grid_int4::Grid;
-use super::matmul::{few_rows_product_u8, product_into, Dims, LinearStrategy, MatView, MIN_PARALLEL_MACS, SMALL_M};
+use super::matmul::{
+    few_rows_product_u8, product_into, Dims, FewRows, LinearStrategy, MatView, MIN_PARALLEL_MACS, SMALL_M,
+};
 use super::threads::current;
 use super::KernelError;
 
@@ -249,16 +251,18 @@ pub fn matmul_parts(a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<Vec<f32>,
                     let done = dims.m <= SMALL_M
                         && unsafe {
                             few_rows_product_u8(
-                                dims.m,
-                                dims.n,
-                                dims.k,
-                                dst.as_mut_ptr(),
-                                n,
-                                accumulate,
-                                a[lhs_at..].as_ptr(),
-                                k,
-                                codes[src * p.batch_stride..].as_ptr(),
-                                p.row_stride,
+                                FewRows {
+                                    m: dims.m,
+                                    n: dims.n,
+                                    k: dims.k,
+                                    dst: dst.as_mut_ptr(),
+                                    ldc: n,
+                                    accumulate,
+                                    lhs: a[lhs_at..].as_ptr(),
+                                    lda: k,
+                                    rhs: codes[src * p.batch_stride..].as_ptr(),
+                                    ldb: p.row_stride,
+                                },
                                 grid,
                             )
                         };
