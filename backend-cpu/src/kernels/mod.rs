@@ -23,6 +23,7 @@ mod packed;
 mod packed_int4;
 mod packed_tile;
 mod permute;
+mod read_ahead;
 mod reduce;
 mod rms_norm;
 pub mod shape;

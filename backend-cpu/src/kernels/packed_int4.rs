@@ -79,6 +79,11 @@ impl Int4Panels {
         (sign_extend(nibble) * s1) as f32 * self.scale2[c]
     }
 
+    /// The bytes a product streams: the codes, then the block scales.
+    pub(crate) fn streamed(&self) -> [&[u8]; 2] {
+        [&self.codes, &self.scale1]
+    }
+
     pub(crate) fn panel(&self, k: usize, p: usize) -> Int4Panel<'_> {
         let (codes, scales) = (k * INT4_ROW_BYTES, self.blocks * PANEL);
         Int4Panel {

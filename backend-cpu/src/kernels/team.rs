@@ -14,6 +14,7 @@
 //! returns once every helper that joined the job has left it (late helpers see the job closed and
 //! back out without touching it), which is what lets a job borrow the caller's stack.
 
+use super::read_ahead::Spans;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -30,6 +31,8 @@ struct Job {
     call: unsafe fn(*const (), usize),
     data: *const (),
     items: usize,
+    /// Memory a helper prefetches once it runs out of items (see [`super::read_ahead`]).
+    read_ahead: Spans,
 }
 
 // SAFETY: `data` points at a `Sync` closure (enforced by `Team::run`'s bound).
@@ -47,6 +50,8 @@ struct Shared {
     /// A helper's job panicked.
     panicked: AtomicBool,
     parked: AtomicUsize,
+    /// Bytes the helpers have prefetched for read-aheads (for tests).
+    read_ahead_bytes: AtomicUsize,
     wake: (Mutex<()>, Condvar),
     stop: AtomicBool,
 }
@@ -75,6 +80,7 @@ impl Team {
             active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             parked: AtomicUsize::new(0),
+            read_ahead_bytes: AtomicUsize::new(0),
             wake: (Mutex::new(()), Condvar::new()),
             stop: AtomicBool::new(false),
         });
@@ -90,6 +96,12 @@ impl Team {
     /// Runs `f(i)` for every `i` in `0..items`, on the helpers and the calling thread, and returns
     /// when all are done. Panics if an item panicked.
     pub(crate) fn run<F: Fn(usize) + Sync>(&self, items: usize, f: F) {
+        self.run_then(items, f, Spans::default())
+    }
+
+    /// [`Team::run`], the helpers then prefetching `read_ahead` until the next job comes (the
+    /// caller does not wait for that).
+    pub(crate) fn run_then<F: Fn(usize) + Sync>(&self, items: usize, f: F, read_ahead: Spans) {
         let inline = || (0..items).for_each(&f);
         if items <= 1 || self.helpers.is_empty() || IN_JOB.with(|j| j.get()) {
             return inline();
@@ -101,7 +113,7 @@ impl Team {
         }
         let s = &*self.shared;
         *s.job.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(Job { call: call::<F>, data: &f as *const F as *const (), items });
+            Some(Job { call: call::<F>, data: &f as *const F as *const (), items, read_ahead });
         s.next.store(0, SeqCst);
         s.closed.store(false, SeqCst);
         s.generation.fetch_add(1, SeqCst);
@@ -148,14 +160,27 @@ impl Drop for Team {
     }
 }
 
+/// Cache lines a waiting helper prefetches between two looks for a new job (4 KiB).
+const READ_AHEAD_LINES: usize = 64;
+
 fn helper(s: &Shared) {
     let mut seen = s.generation.load(SeqCst);
+    // The last read-ahead handed out and how far it got: a job without one (attention, a QDQ
+    // point) between two linears leaves it to be resumed.
+    let (mut read_ahead, mut cursor) = (Spans::default(), 0);
     loop {
-        // Wait for the next job: spin, yielding the CPU to anything runnable, then park.
-        let start = Instant::now();
+        // Wait for the next job: read ahead, then spin, yielding the CPU to anything runnable,
+        // then park.
+        let mut start = Instant::now();
         let mut spins = 0u32;
         // A helper that starts late may take `seen` after the team was dropped: check `stop` too.
         while s.generation.load(SeqCst) == seen && !s.stop.load(SeqCst) {
+            let bytes = read_ahead.prefetch(&mut cursor, READ_AHEAD_LINES);
+            if bytes > 0 {
+                s.read_ahead_bytes.fetch_add(bytes, Relaxed);
+                start = Instant::now();
+                continue;
+            }
             spins += 1;
             if spins.is_multiple_of(64) {
                 if start.elapsed() > SPIN {
@@ -179,6 +204,9 @@ fn helper(s: &Shared) {
         }
         let job = *s.job.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(job) = job {
+            if job.read_ahead.bytes() > 0 {
+                (read_ahead, cursor) = (job.read_ahead, 0);
+            }
             IN_JOB.with(|j| j.set(true));
             let result = catch_unwind(AssertUnwindSafe(|| loop {
                 let i = s.next.fetch_add(1, SeqCst);
@@ -263,6 +291,29 @@ mod tests {
             c.join().unwrap();
         }
         assert_eq!(total.load(SeqCst), 4 * 100 * 45);
+    }
+
+    /// A helper that runs out of items reads the job's read-ahead to its end, resumes it after a
+    /// job without one, and the caller does not wait for it.
+    #[test]
+    fn helpers_read_ahead_between_jobs() {
+        let team = Team::new(1).unwrap();
+        let memory = vec![1u8; 8 << 20];
+        let spans = Spans::of(&[&memory]);
+        // Items slow enough that the helper joins, then a job without a read-ahead.
+        let slow = |_| std::thread::sleep(Duration::from_micros(200));
+        team.run_then(100, slow, spans);
+        team.run(100, slow);
+        let start = Instant::now();
+        while team.shared.read_ahead_bytes.load(SeqCst) < memory.len() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "read ahead {} bytes",
+                team.shared.read_ahead_bytes.load(SeqCst)
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(team.shared.read_ahead_bytes.load(SeqCst), memory.len());
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use rayon::ThreadPool;
 
+use super::read_ahead::Spans;
 use super::team::Team;
 use super::KernelError;
 
@@ -108,6 +109,15 @@ impl ThreadCtx {
     pub fn for_each_index(&self, items: usize, f: impl Fn(usize) + Sync) {
         match &self.team {
             Some(team) => team.run(items, f),
+            None => (0..items).for_each(f),
+        }
+    }
+
+    /// [`ThreadCtx::for_each_index`], the helpers then reading `read_ahead` into the caches while
+    /// the calling thread goes on (see [`super::read_ahead`]).
+    pub(crate) fn for_each_index_then(&self, items: usize, f: impl Fn(usize) + Sync, read_ahead: Spans) {
+        match &self.team {
+            Some(team) => team.run_then(items, f, read_ahead),
             None => (0..items).for_each(f),
         }
     }
