@@ -205,7 +205,7 @@ fn helper(s: &Shared) {
         let job = *s.job.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(job) = job {
             if job.read_ahead.bytes() > 0 {
-                (read_ahead, cursor) = (job.read_ahead, 0);
+                (read_ahead, cursor) = (job.read_ahead, read_ahead.carry(cursor, &job.read_ahead));
             }
             IN_JOB.with(|j| j.set(true));
             let result = catch_unwind(AssertUnwindSafe(|| loop {
