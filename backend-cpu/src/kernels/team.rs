@@ -172,14 +172,18 @@ fn helper(s: &Shared) {
         // Wait for the next job: read ahead, then spin, yielding the CPU to anything runnable,
         // then park.
         let mut start = Instant::now();
-        let mut spins = 0u32;
+        let (mut spins, mut reading) = (0u32, false);
         // A helper that starts late may take `seen` after the team was dropped: check `stop` too.
         while s.generation.load(SeqCst) == seen && !s.stop.load(SeqCst) {
             let bytes = read_ahead.prefetch(&mut cursor, READ_AHEAD_LINES);
             if bytes > 0 {
                 s.read_ahead_bytes.fetch_add(bytes, Relaxed);
-                start = Instant::now();
+                reading = true;
                 continue;
+            }
+            if reading {
+                // The spin before parking counts from the end of the read-ahead.
+                (reading, start) = (false, Instant::now());
             }
             spins += 1;
             if spins.is_multiple_of(64) {
