@@ -573,6 +573,9 @@ mod few_rows_avx512 {
         }
     }
 
+    /// How many rows ahead [`tile`] prefetches the right operand.
+    const AHEAD: usize = 16;
+
     /// Columns `c..c + cols` (`cols <= 16 * V`) of the `M` rows (`ops.m` is `M`).
     #[inline(always)]
     unsafe fn tile<const M: usize, const V: usize, L: Load>(c: usize, cols: usize, ops: FewRows<L::Elem>, load: L) {
@@ -583,8 +586,20 @@ mod few_rows_avx512 {
             *mask = if left == 16 { u16::MAX } else { (1u16 << left) - 1 };
         }
         let mut acc = [[_mm512_setzero_ps(); V]; M];
+        // Rows of a transposed K cache lie a context apart, a stride the hardware prefetchers
+        // do not follow: the tile asks for its part of the row `AHEAD` rows on.
+        let row_bytes = cols * std::mem::size_of::<L::Elem>();
         for p in 0..k {
             let row = rhs.add(p * ldb + c);
+            if p + AHEAD < k {
+                let ahead = row.add(AHEAD * ldb) as *const i8;
+                let mut offset = 0;
+                while offset < row_bytes {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.add(offset));
+                    offset += 64;
+                }
+                _mm_prefetch::<_MM_HINT_T0>(ahead.add(row_bytes - 1));
+            }
             let mut w = [_mm512_setzero_ps(); V];
             for (j, w) in w.iter_mut().enumerate() {
                 *w = load.load(masks[j], row.add(16 * j));
