@@ -6,8 +6,10 @@
 //! zip the compiler vectorises. Large outputs are filled in parallel chunks.
 
 use super::shape::{broadcast_shape_for, check_len, numel, BroadcastPlan};
-use super::threads::par_fill;
+use super::threads::par_fill_new;
 use super::KernelError;
+use mllm_dsl::simd::widest;
+use std::mem::MaybeUninit;
 
 /// Outputs smaller than this are computed on the calling thread (memory-bound loops gain little
 /// from a second thread below a few hundred KB).
@@ -43,10 +45,42 @@ pub fn binary(
 ) -> Result<(Vec<f32>, Vec<usize>), KernelError> {
     let name = op.name();
     match op {
-        BinaryOp::Add => broadcast_binary(name, a, a_shape, b, b_shape, |x, y| x + y),
-        BinaryOp::Sub => broadcast_binary(name, a, a_shape, b, b_shape, |x, y| x - y),
-        BinaryOp::Mul => broadcast_binary(name, a, a_shape, b, b_shape, |x, y| x * y),
-        BinaryOp::Div => broadcast_binary(name, a, a_shape, b, b_shape, |x, y| x / y),
+        BinaryOp::Add => broadcast_binary(
+            name,
+            a,
+            a_shape,
+            b,
+            b_shape,
+            #[inline(always)]
+            |x, y| x + y,
+        ),
+        BinaryOp::Sub => broadcast_binary(
+            name,
+            a,
+            a_shape,
+            b,
+            b_shape,
+            #[inline(always)]
+            |x, y| x - y,
+        ),
+        BinaryOp::Mul => broadcast_binary(
+            name,
+            a,
+            a_shape,
+            b,
+            b_shape,
+            #[inline(always)]
+            |x, y| x * y,
+        ),
+        BinaryOp::Div => broadcast_binary(
+            name,
+            a,
+            a_shape,
+            b,
+            b_shape,
+            #[inline(always)]
+            |x, y| x / y,
+        ),
     }
 }
 
@@ -75,7 +109,15 @@ pub type BinaryResult = Result<(Vec<f32>, Vec<usize>), KernelError>;
 
 /// `1.0` where `a == b`, else `0.0` (IEEE equality: NaN never equals), with broadcasting.
 pub fn equal(a: &[f32], a_shape: &[usize], b: &[f32], b_shape: &[usize]) -> BinaryResult {
-    broadcast_binary("equal", a, a_shape, b, b_shape, |x, y| if x == y { 1.0 } else { 0.0 })
+    broadcast_binary(
+        "equal",
+        a,
+        a_shape,
+        b,
+        b_shape,
+        #[inline(always)]
+        |x, y| if x == y { 1.0 } else { 0.0 },
+    )
 }
 
 /// `cond != 0 ? a : b` elementwise with all three operands broadcast together (torch.where).
@@ -93,18 +135,27 @@ pub fn where_(
     check_len(OP, "b", b, b_shape)?;
     let ab = broadcast_shape_for(OP, a_shape, b_shape)?;
     let out_shape = broadcast_shape_for(OP, cond_shape, &ab)?;
-    let mut out = vec![0.0f32; numel(&out_shape)];
-    if out.is_empty() {
-        return Ok((out, out_shape));
+    if numel(&out_shape) == 0 {
+        return Ok((Vec::new(), out_shape));
     }
     let plan = BroadcastPlan::new(&out_shape, [cond_shape, a_shape, b_shape]);
     let [sc, sa, sb] = plan.inner_strides;
-    par_fill(&mut out, MIN_PARALLEL_LEN, |start, chunk| {
-        plan.for_each_run(start, chunk.len(), |pos, run, [oc, oa, ob]| {
-            for (i, o) in chunk[pos..pos + run].iter_mut().enumerate() {
-                *o = if cond[oc + i * sc] != 0.0 { a[oa + i * sa] } else { b[ob + i * sb] };
-            }
-        });
+    let out = par_fill_new(numel(&out_shape), MIN_PARALLEL_LEN, |start, chunk| {
+        widest(
+            #[inline(always)]
+            || {
+                plan.for_each_run(
+                    start,
+                    chunk.len(),
+                    #[inline(always)]
+                    |pos, run, [oc, oa, ob]| {
+                        for (i, o) in chunk[pos..pos + run].iter_mut().enumerate() {
+                            o.write(if cond[oc + i * sc] != 0.0 { a[oa + i * sa] } else { b[ob + i * sb] });
+                        }
+                    },
+                )
+            },
+        )
     });
     Ok((out, out_shape))
 }
@@ -124,64 +175,85 @@ where
     check_len(op, "a", a, a_shape)?;
     check_len(op, "b", b, b_shape)?;
     let out_shape = broadcast_shape_for(op, a_shape, b_shape)?;
-    let mut out = vec![0.0f32; numel(&out_shape)];
-    if out.is_empty() {
-        return Ok((out, out_shape));
+    let len = numel(&out_shape);
+    if len == 0 {
+        return Ok((Vec::new(), out_shape));
     }
-    if a.len() == out.len() && b.len() == out.len() {
+    // Each chunk's loop is compiled again for the widest vectors (`widest`): the default target
+    // has only SSE2. `f` and the run loop are inlined into it.
+    let out = if a.len() == len && b.len() == len {
         // Same element count as the output means neither operand is broadcast.
-        par_fill(&mut out, MIN_PARALLEL_LEN, |start, chunk| {
+        par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
             let end = start + chunk.len();
-            run_binary(chunk, &a[start..end], 1, &b[start..end], 1, &f);
-        });
+            widest(
+                #[inline(always)]
+                || run_binary(chunk, &a[start..end], 1, &b[start..end], 1, &f),
+            )
+        })
     } else if b.len() == 1 {
-        par_fill(&mut out, MIN_PARALLEL_LEN, |start, chunk| {
-            run_binary(chunk, &a[start..start + chunk.len()], 1, b, 0, &f);
-        });
+        par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
+            widest(
+                #[inline(always)]
+                || run_binary(chunk, &a[start..start + chunk.len()], 1, b, 0, &f),
+            )
+        })
     } else if a.len() == 1 {
-        par_fill(&mut out, MIN_PARALLEL_LEN, |start, chunk| {
-            run_binary(chunk, a, 0, &b[start..start + chunk.len()], 1, &f);
-        });
+        par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
+            widest(
+                #[inline(always)]
+                || run_binary(chunk, a, 0, &b[start..start + chunk.len()], 1, &f),
+            )
+        })
     } else {
         let plan = BroadcastPlan::new(&out_shape, [a_shape, b_shape]);
         let [sa, sb] = plan.inner_strides;
-        par_fill(&mut out, MIN_PARALLEL_LEN, |start, chunk| {
-            plan.for_each_run(start, chunk.len(), |pos, run, [oa, ob]| {
-                run_binary(
-                    &mut chunk[pos..pos + run],
-                    &a[oa..oa + if sa == 0 { 1 } else { run }],
-                    sa,
-                    &b[ob..ob + if sb == 0 { 1 } else { run }],
-                    sb,
-                    &f,
-                );
-            });
-        });
-    }
+        par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
+            widest(
+                #[inline(always)]
+                || {
+                    plan.for_each_run(
+                        start,
+                        chunk.len(),
+                        #[inline(always)]
+                        |pos, run, [oa, ob]| {
+                            run_binary(
+                                &mut chunk[pos..pos + run],
+                                &a[oa..oa + if sa == 0 { 1 } else { run }],
+                                sa,
+                                &b[ob..ob + if sb == 0 { 1 } else { run }],
+                                sb,
+                                &f,
+                            );
+                        },
+                    )
+                },
+            )
+        })
+    };
     Ok((out, out_shape))
 }
 
 /// One innermost run: each operand is either a full run (stride 1) or a single value (stride 0).
 /// The four cases are separate loops so each vectorises.
 #[inline(always)]
-fn run_binary<F: Fn(f32, f32) -> f32>(out: &mut [f32], a: &[f32], sa: usize, b: &[f32], sb: usize, f: &F) {
+fn run_binary<F: Fn(f32, f32) -> f32>(out: &mut [MaybeUninit<f32>], a: &[f32], sa: usize, b: &[f32], sb: usize, f: &F) {
     match (sa, sb) {
-        (0, 0) => out.fill(f(a[0], b[0])),
+        (0, 0) => out.fill(MaybeUninit::new(f(a[0], b[0]))),
         (0, _) => {
             let x = a[0];
             for (o, &y) in out.iter_mut().zip(b) {
-                *o = f(x, y);
+                o.write(f(x, y));
             }
         }
         (_, 0) => {
             let y = b[0];
             for (o, &x) in out.iter_mut().zip(a) {
-                *o = f(x, y);
+                o.write(f(x, y));
             }
         }
         _ => {
             for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-                *o = f(x, y);
+                o.write(f(x, y));
             }
         }
     }

@@ -139,6 +139,9 @@ impl<const K: usize> BroadcastPlan<K> {
     /// Visits the output elements `start..start + len` as runs that stay inside one innermost row.
     /// `visit(pos, run, offsets)` gets the run's position relative to `start`, its length and the
     /// offset of its first element in each operand.
+    /// Always inlined, so a caller compiled for wider vectors ([`mllm_dsl::simd::widest`]) gets
+    /// `visit`'s loop compiled that way too.
+    #[inline(always)]
     pub fn for_each_run(&self, start: usize, len: usize, mut visit: impl FnMut(usize, usize, [usize; K])) {
         if len == 0 {
             return;

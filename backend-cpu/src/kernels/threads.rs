@@ -16,6 +16,7 @@ use rayon::ThreadPool;
 use super::read_ahead::Spans;
 use super::team::Team;
 use super::KernelError;
+use std::mem::MaybeUninit;
 
 /// The configured count and its pool.
 #[derive(Clone)]
@@ -182,6 +183,27 @@ pub(crate) fn par_fill(out: &mut [f32], min_len: usize, fill: impl Fn(usize, &mu
     // A few chunks per thread balance uneven progress; multiples of 64 keep chunks cache-aligned.
     let chunk = out.len().div_ceil(threads * 4).next_multiple_of(64);
     ctx.for_each_chunk_mut(out, chunk, |i, c| fill(i * chunk, c));
+}
+
+/// [`par_fill`] into fresh memory (not zeroed first): `fill(start, chunk)` writes every element
+/// of its chunk, each chunk of elements `start..start + chunk.len()`.
+pub(crate) fn par_fill_new(
+    len: usize,
+    min_len: usize,
+    fill: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync + Send,
+) -> Vec<f32> {
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    let spare = &mut out.spare_capacity_mut()[..len];
+    let ctx = current();
+    if ctx.for_work(len, min_len) <= 1 {
+        fill(0, spare);
+    } else {
+        let chunk = len.div_ceil(ctx.threads * 4).next_multiple_of(64);
+        ctx.for_each_chunk_mut(spare, chunk, |i, c| fill(i * chunk, c));
+    }
+    // SAFETY: the capacity is `len`, and the chunks above cover 0..len, each written by `fill`.
+    unsafe { out.set_len(len) };
+    out
 }
 
 /// Like [`par_fill`] but chunks hold whole rows of `row_len` elements: `fill(first_row, chunk)`.
