@@ -140,23 +140,26 @@ pub fn where_(
     }
     let plan = BroadcastPlan::new(&out_shape, [cond_shape, a_shape, b_shape]);
     let [sc, sa, sb] = plan.inner_strides;
-    let out = par_fill_new(numel(&out_shape), MIN_PARALLEL_LEN, |start, chunk| {
-        widest(
-            #[inline(always)]
-            || {
-                plan.for_each_run(
-                    start,
-                    chunk.len(),
-                    #[inline(always)]
-                    |pos, run, [oc, oa, ob]| {
-                        for (i, o) in chunk[pos..pos + run].iter_mut().enumerate() {
-                            o.write(if cond[oc + i * sc] != 0.0 { a[oa + i * sa] } else { b[ob + i * sb] });
-                        }
-                    },
-                )
-            },
-        )
-    });
+    // SAFETY: the plan's runs cover the chunk, and each run's loop writes all of it.
+    let out = unsafe {
+        par_fill_new(numel(&out_shape), MIN_PARALLEL_LEN, |start, chunk| {
+            widest(
+                #[inline(always)]
+                || {
+                    plan.for_each_run(
+                        start,
+                        chunk.len(),
+                        #[inline(always)]
+                        |pos, run, [oc, oa, ob]| {
+                            for (i, o) in chunk[pos..pos + run].iter_mut().enumerate() {
+                                o.write(if cond[oc + i * sc] != 0.0 { a[oa + i * sa] } else { b[ob + i * sb] });
+                            }
+                        },
+                    )
+                },
+            )
+        })
+    };
     Ok((out, out_shape))
 }
 
@@ -181,54 +184,58 @@ where
     }
     // Each chunk's loop is compiled again for the widest vectors (`widest`): the default target
     // has only SSE2. `f` and the run loop are inlined into it.
-    let out = if a.len() == len && b.len() == len {
-        // Same element count as the output means neither operand is broadcast.
-        par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
-            let end = start + chunk.len();
-            widest(
-                #[inline(always)]
-                || run_binary(chunk, &a[start..end], 1, &b[start..end], 1, &f),
-            )
-        })
-    } else if b.len() == 1 {
-        par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
-            widest(
-                #[inline(always)]
-                || run_binary(chunk, &a[start..start + chunk.len()], 1, b, 0, &f),
-            )
-        })
-    } else if a.len() == 1 {
-        par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
-            widest(
-                #[inline(always)]
-                || run_binary(chunk, a, 0, &b[start..start + chunk.len()], 1, &f),
-            )
-        })
-    } else {
-        let plan = BroadcastPlan::new(&out_shape, [a_shape, b_shape]);
-        let [sa, sb] = plan.inner_strides;
-        par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
-            widest(
-                #[inline(always)]
-                || {
-                    plan.for_each_run(
-                        start,
-                        chunk.len(),
-                        #[inline(always)]
-                        |pos, run, [oa, ob]| {
-                            run_binary(
-                                &mut chunk[pos..pos + run],
-                                &a[oa..oa + if sa == 0 { 1 } else { run }],
-                                sa,
-                                &b[ob..ob + if sb == 0 { 1 } else { run }],
-                                sb,
-                                &f,
-                            );
-                        },
-                    )
-                },
-            )
-        })
+    // SAFETY (each `par_fill_new`): `run_binary` writes every element of the run it is given
+    // (its operands are a value or a run as long), and the runs are the chunk or cover it.
+    let out = unsafe {
+        if a.len() == len && b.len() == len {
+            // Same element count as the output means neither operand is broadcast.
+            par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
+                let end = start + chunk.len();
+                widest(
+                    #[inline(always)]
+                    || run_binary(chunk, &a[start..end], 1, &b[start..end], 1, &f),
+                )
+            })
+        } else if b.len() == 1 {
+            par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
+                widest(
+                    #[inline(always)]
+                    || run_binary(chunk, &a[start..start + chunk.len()], 1, b, 0, &f),
+                )
+            })
+        } else if a.len() == 1 {
+            par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
+                widest(
+                    #[inline(always)]
+                    || run_binary(chunk, a, 0, &b[start..start + chunk.len()], 1, &f),
+                )
+            })
+        } else {
+            let plan = BroadcastPlan::new(&out_shape, [a_shape, b_shape]);
+            let [sa, sb] = plan.inner_strides;
+            par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
+                widest(
+                    #[inline(always)]
+                    || {
+                        plan.for_each_run(
+                            start,
+                            chunk.len(),
+                            #[inline(always)]
+                            |pos, run, [oa, ob]| {
+                                run_binary(
+                                    &mut chunk[pos..pos + run],
+                                    &a[oa..oa + if sa == 0 { 1 } else { run }],
+                                    sa,
+                                    &b[ob..ob + if sb == 0 { 1 } else { run }],
+                                    sb,
+                                    &f,
+                                );
+                            },
+                        )
+                    },
+                )
+            })
+        }
     };
     Ok((out, out_shape))
 }

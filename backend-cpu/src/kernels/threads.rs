@@ -180,14 +180,22 @@ pub(crate) fn par_fill(out: &mut [f32], min_len: usize, fill: impl Fn(usize, &mu
         fill(0, out);
         return;
     }
-    // A few chunks per thread balance uneven progress; multiples of 64 keep chunks cache-aligned.
-    let chunk = out.len().div_ceil(threads * 4).next_multiple_of(64);
+    let chunk = fill_chunk(out.len(), threads);
     ctx.for_each_chunk_mut(out, chunk, |i, c| fill(i * chunk, c));
 }
 
-/// [`par_fill`] into fresh memory (not zeroed first): `fill(start, chunk)` writes every element
-/// of its chunk, each chunk of elements `start..start + chunk.len()`.
-pub(crate) fn par_fill_new(
+/// Elements per chunk of a parallel fill: a few chunks per thread balance uneven progress, and
+/// multiples of 64 keep chunks cache-aligned.
+fn fill_chunk(len: usize, threads: usize) -> usize {
+    len.div_ceil(threads * 4).next_multiple_of(64)
+}
+
+/// [`par_fill`] into fresh memory (not zeroed first): `len` elements, `fill(start, chunk)`
+/// filling the chunk of elements `start..start + chunk.len()`.
+///
+/// # Safety
+/// `fill` writes every element of the chunk it is given.
+pub(crate) unsafe fn par_fill_new(
     len: usize,
     min_len: usize,
     fill: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync + Send,
@@ -195,13 +203,15 @@ pub(crate) fn par_fill_new(
     let mut out: Vec<f32> = Vec::with_capacity(len);
     let spare = &mut out.spare_capacity_mut()[..len];
     let ctx = current();
-    if ctx.for_work(len, min_len) <= 1 {
+    let threads = ctx.for_work(len, min_len);
+    if threads <= 1 {
         fill(0, spare);
     } else {
-        let chunk = len.div_ceil(ctx.threads * 4).next_multiple_of(64);
+        let chunk = fill_chunk(len, threads);
         ctx.for_each_chunk_mut(spare, chunk, |i, c| fill(i * chunk, c));
     }
-    // SAFETY: the capacity is `len`, and the chunks above cover 0..len, each written by `fill`.
+    // SAFETY: the capacity is `len`, the chunks above cover 0..len, and `fill` wrote each whole
+    // (the caller's contract).
     unsafe { out.set_len(len) };
     out
 }
