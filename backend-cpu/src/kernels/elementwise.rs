@@ -135,30 +135,24 @@ pub fn where_(
     check_len(OP, "b", b, b_shape)?;
     let ab = broadcast_shape_for(OP, a_shape, b_shape)?;
     let out_shape = broadcast_shape_for(OP, cond_shape, &ab)?;
-    if numel(&out_shape) == 0 {
+    let len = numel(&out_shape);
+    if len == 0 {
         return Ok((Vec::new(), out_shape));
     }
     let plan = BroadcastPlan::new(&out_shape, [cond_shape, a_shape, b_shape]);
     let [sc, sa, sb] = plan.inner_strides;
-    // SAFETY: the plan's runs cover the chunk, and each run's loop writes all of it.
+    // SAFETY: the loop writes every element of each run.
     let out = unsafe {
-        par_fill_new(numel(&out_shape), MIN_PARALLEL_LEN, |start, chunk| {
-            widest(
-                #[inline(always)]
-                || {
-                    plan.for_each_run(
-                        start,
-                        chunk.len(),
-                        #[inline(always)]
-                        |pos, run, [oc, oa, ob]| {
-                            for (i, o) in chunk[pos..pos + run].iter_mut().enumerate() {
-                                o.write(if cond[oc + i * sc] != 0.0 { a[oa + i * sa] } else { b[ob + i * sb] });
-                            }
-                        },
-                    )
-                },
-            )
-        })
+        fill_runs(
+            len,
+            &plan,
+            #[inline(always)]
+            |out, [oc, oa, ob]| {
+                for (i, o) in out.iter_mut().enumerate() {
+                    o.write(if cond[oc + i * sc] != 0.0 { a[oa + i * sa] } else { b[ob + i * sb] });
+                }
+            },
+        )
     };
     Ok((out, out_shape))
 }
@@ -182,62 +176,100 @@ where
     if len == 0 {
         return Ok((Vec::new(), out_shape));
     }
-    // Each chunk's loop is compiled again for the widest vectors (`widest`): the default target
-    // has only SSE2. `f` and the run loop are inlined into it.
-    // SAFETY (each `par_fill_new`): `run_binary` writes every element of the run it is given
-    // (its operands are a value or a run as long), and the runs are the chunk or cover it.
+    // SAFETY (each fill): `run_binary` writes every element of the run it is given (its
+    // operands are a value or a run as long).
     let out = unsafe {
         if a.len() == len && b.len() == len {
             // Same element count as the output means neither operand is broadcast.
-            par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
-                let end = start + chunk.len();
-                widest(
-                    #[inline(always)]
-                    || run_binary(chunk, &a[start..end], 1, &b[start..end], 1, &f),
-                )
-            })
+            fill_widest(
+                len,
+                #[inline(always)]
+                |start, chunk| {
+                    let end = start + chunk.len();
+                    run_binary(chunk, &a[start..end], 1, &b[start..end], 1, &f)
+                },
+            )
         } else if b.len() == 1 {
-            par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
-                widest(
-                    #[inline(always)]
-                    || run_binary(chunk, &a[start..start + chunk.len()], 1, b, 0, &f),
-                )
-            })
+            fill_widest(
+                len,
+                #[inline(always)]
+                |start, chunk| run_binary(chunk, &a[start..start + chunk.len()], 1, b, 0, &f),
+            )
         } else if a.len() == 1 {
-            par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
-                widest(
-                    #[inline(always)]
-                    || run_binary(chunk, a, 0, &b[start..start + chunk.len()], 1, &f),
-                )
-            })
+            fill_widest(
+                len,
+                #[inline(always)]
+                |start, chunk| run_binary(chunk, a, 0, &b[start..start + chunk.len()], 1, &f),
+            )
         } else {
             let plan = BroadcastPlan::new(&out_shape, [a_shape, b_shape]);
             let [sa, sb] = plan.inner_strides;
-            par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
-                widest(
-                    #[inline(always)]
-                    || {
-                        plan.for_each_run(
-                            start,
-                            chunk.len(),
-                            #[inline(always)]
-                            |pos, run, [oa, ob]| {
-                                run_binary(
-                                    &mut chunk[pos..pos + run],
-                                    &a[oa..oa + if sa == 0 { 1 } else { run }],
-                                    sa,
-                                    &b[ob..ob + if sb == 0 { 1 } else { run }],
-                                    sb,
-                                    &f,
-                                );
-                            },
-                        )
-                    },
-                )
-            })
+            fill_runs(
+                len,
+                &plan,
+                #[inline(always)]
+                |out, [oa, ob]| {
+                    let run = out.len();
+                    run_binary(
+                        out,
+                        &a[oa..oa + if sa == 0 { 1 } else { run }],
+                        sa,
+                        &b[ob..ob + if sb == 0 { 1 } else { run }],
+                        sb,
+                        &f,
+                    )
+                },
+            )
         }
     };
     Ok((out, out_shape))
+}
+
+/// `len` fresh elements, `fill(start, chunk)` writing the chunk of elements `start..start +
+/// chunk.len()`: in parallel chunks when large, each chunk's loop compiled again for the widest
+/// vectors (`widest`: the default target has only SSE2), with `fill` inlined into it.
+///
+/// # Safety
+/// `fill` writes every element of the chunk it is given.
+#[inline(always)]
+unsafe fn fill_widest(len: usize, fill: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync + Send) -> Vec<f32> {
+    // SAFETY: the caller's contract is `par_fill_new`'s.
+    unsafe {
+        par_fill_new(len, MIN_PARALLEL_LEN, |start, chunk| {
+            widest(
+                #[inline(always)]
+                || fill(start, chunk),
+            )
+        })
+    }
+}
+
+/// [`fill_widest`] run by run of `plan` (whose output has `len` elements): `visit(out, offsets)`
+/// writes one innermost run, `offsets` being its first element's offset in each operand.
+///
+/// # Safety
+/// `visit` writes every element of the run it is given.
+#[inline(always)]
+unsafe fn fill_runs<const K: usize>(
+    len: usize,
+    plan: &BroadcastPlan<K>,
+    visit: impl Fn(&mut [MaybeUninit<f32>], [usize; K]) + Sync + Send,
+) -> Vec<f32> {
+    // SAFETY: the plan's runs cover each chunk, and `visit` writes each run whole.
+    unsafe {
+        fill_widest(
+            len,
+            #[inline(always)]
+            |start, chunk| {
+                plan.for_each_run(
+                    start,
+                    chunk.len(),
+                    #[inline(always)]
+                    |pos, run, offsets| visit(&mut chunk[pos..pos + run], offsets),
+                )
+            },
+        )
+    }
 }
 
 /// One innermost run: each operand is either a full run (stride 1) or a single value (stride 0).
