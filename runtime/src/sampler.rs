@@ -44,17 +44,63 @@ impl Default for RandomSampling {
 
 /// Index of the largest logit, the lowest index among ties. Fails on NaN or empty logits.
 pub fn argmax(logits: &[f32]) -> Result<usize, RuntimeError> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &v) in logits.iter().enumerate() {
-        if v.is_nan() {
-            return Err(RuntimeError::BadLogits { reason: format!("NaN at vocabulary index {i}") });
-        }
-        match best {
-            Some((_, b)) if v <= b => {}
-            _ => best = Some((i, v)),
+    if logits.is_empty() {
+        return Err(RuntimeError::BadLogits { reason: "the logits row is empty".into() });
+    }
+    // Two branch-free passes the compiler vectorizes (a vocabulary of 150k logits is read once per
+    // decoded token): the largest value and whether there is a NaN, then the first index holding
+    // that value. `-0.0 == 0.0`, so ties between zeros also go to the lower index.
+    let (max, any_nan) = mllm_dsl::simd::widest(
+        #[inline(always)]
+        || largest(logits),
+    );
+    if any_nan {
+        let i = logits.iter().position(|v| v.is_nan()).unwrap_or(0);
+        return Err(RuntimeError::BadLogits { reason: format!("NaN at vocabulary index {i}") });
+    }
+    let first = mllm_dsl::simd::widest(
+        #[inline(always)]
+        || first_equal(logits, max),
+    );
+    Ok(first.unwrap_or(0))
+}
+
+/// Lanes the argmax passes work in (one AVX-512 register of `f32`).
+const LANES: usize = 16;
+
+/// The largest value of `x` (`-inf` if none is larger) and whether `x` holds a NaN.
+#[inline(always)]
+fn largest(x: &[f32]) -> (f32, bool) {
+    let mut max = [f32::NEG_INFINITY; LANES];
+    let mut nan = [false; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            max[j] = if c[j] > max[j] { c[j] } else { max[j] };
+            nan[j] |= c[j].is_nan();
         }
     }
-    best.map(|(i, _)| i).ok_or_else(|| RuntimeError::BadLogits { reason: "the logits row is empty".into() })
+    let mut m = f32::NEG_INFINITY;
+    let mut any_nan = nan.iter().any(|&n| n);
+    for &v in max.iter().chain(tail) {
+        m = if v > m { v } else { m };
+        any_nan |= v.is_nan();
+    }
+    (m, any_nan)
+}
+
+/// The first index of `x` holding `value`.
+#[inline(always)]
+fn first_equal(x: &[f32], value: f32) -> Option<usize> {
+    let chunks = x.chunks_exact(LANES);
+    let tail_start = x.len() - chunks.remainder().len();
+    for (n, c) in chunks.enumerate() {
+        if c.iter().fold(false, |hit, &v| hit | (v == value)) {
+            return c.iter().position(|&v| v == value).map(|j| n * LANES + j);
+        }
+    }
+    x[tail_start..].iter().position(|&v| v == value).map(|j| tail_start + j)
 }
 
 /// A token picker with its own RNG state; create one per generation for reproducible output.
@@ -264,6 +310,19 @@ mod tests {
         assert_eq!(argmax(&[-0.0, 0.0]).unwrap(), 0);
         assert!(argmax(&[1.0, f32::NAN]).is_err());
         assert!(argmax(&[]).is_err());
+        // Lengths around the vector width, the winner and a NaN at every place.
+        for len in [1, 15, 16, 17, 31, 33, 100] {
+            for at in 0..len {
+                let mut row: Vec<f32> = (0..len).map(|i| -((i * 7 % 13) as f32)).collect();
+                row[at] = 1.0;
+                assert_eq!(argmax(&row).unwrap(), at, "len {len}");
+                row.push(1.0);
+                assert_eq!(argmax(&row).unwrap(), at, "a later tie, len {len}");
+                row[at] = f32::NAN;
+                let err = argmax(&row).unwrap_err().to_string();
+                assert!(err.contains(&format!("NaN at vocabulary index {at}")), "{err}");
+            }
+        }
     }
 
     #[test]
