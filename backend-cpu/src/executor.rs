@@ -25,6 +25,32 @@ pub trait QdqHook: Send + Sync {
     fn grid(&self, _point: &QdqAttr) -> Option<kernels::Grid> {
         None
     }
+
+    /// The new data and grid of tensor `x` at `point`: `Ok(None)` leaves it unchanged, as does a
+    /// tensor already on the point's 16-bit grid (a uint16 table's values at a QDQ of its own
+    /// encoding, a QDQ output at the same point again). A hook that finds the grid and the
+    /// quantizer with one lookup overrides it: a decode step passes about a thousand points, and
+    /// each lookup in a table the step's weight streaming has evicted costs a few cache misses.
+    fn apply_to(&self, point: &QdqAttr, x: &Tensor) -> Result<Option<Quantized>, QdqHookError> {
+        let grid = self.grid(point);
+        if grid.is_some() && grid == grid_of(x) {
+            return Ok(None);
+        }
+        let data = qdq_input(point, x)?;
+        Ok(self.apply(point, &data, x.shape())?.map(|values| Quantized { values, grid }))
+    }
+}
+
+/// A QDQ point's new data for a tensor ([`QdqHook::apply_to`]).
+pub struct Quantized {
+    pub values: Vec<f32>,
+    /// The 16-bit grid the values lie on, if the point has one.
+    pub grid: Option<kernels::Grid>,
+}
+
+/// The real values a QDQ point at `point` reads from `x`.
+pub(crate) fn qdq_input<'a>(point: &QdqAttr, x: &'a Tensor) -> Result<Cow<'a, [f32]>, QdqHookError> {
+    real_values(x).ok_or_else(|| QdqHookError::NotReal { key: point.key.clone(), dtype: x.dtype() })
 }
 
 /// Why a [`QdqHook`] could not handle a QDQ point.
@@ -38,6 +64,8 @@ pub enum QdqHookError {
     KindMismatch { key: String, here: String, traced: String },
     #[error("the {what} of a QDQ hook is poisoned (a thread panicked while updating it)")]
     Poisoned { what: &'static str },
+    #[error("QDQ point `{key}`: its input must hold real-valued data, got {dtype}")]
+    NotReal { key: String, dtype: mllm_dsl::DType },
     #[error("QDQ point `{key}`: {problem}")]
     Shape { key: String, problem: String },
     #[error("QDQ point `{key}`: {source}")]
@@ -255,16 +283,9 @@ impl CpuBackend {
     /// [`Backend::qdq`] with the hook's or the input's problem.
     fn apply_qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, CpuOpError> {
         let Some(hook) = &self.qdq else { return Ok(x.clone()) };
-        // A tensor already on the point's 16-bit grid passes unchanged (a uint16 table's values
-        // at a QDQ of its own encoding, a QDQ output at the same point again).
-        let grid = hook.grid(point);
-        if grid.is_some() && grid == grid_of(x) {
-            return Ok(x.clone());
-        }
-        let data = f32_of(x, "QDQ input")?;
-        match hook.apply(point, &data, x.shape())? {
+        match hook.apply_to(point, x)? {
             None => Ok(x.clone()),
-            Some(new) => {
+            Some(Quantized { values: new, grid }) => {
                 let backend = x.backend().cloned().ok_or(CpuOpError::Missing("QDQ input has no backend"))?;
                 let storage = match grid {
                     Some(grid) => Storage::Native(Arc::new(OnGrid { values: new.into(), grid })),
@@ -567,6 +588,10 @@ mod tests {
                 message: "model.norm_input_qdq.fake_quant.scale is not in the checkpoint".into()
             }
         );
+        // Integer data at a QDQ point is named with the point.
+        let ids = Tensor::from_i64(vec![3, 4], vec![2], mllm_dsl::DType::I32, backend.clone()).unwrap();
+        let err = backend.qdq(&ids, &point).unwrap_err().to_string();
+        assert!(err.contains("model.norm_input_qdq") && err.contains("real-valued data, got"), "{err}");
         // An input without data is the op's problem.
         let out = TensorType::new(vec![2], mllm_dsl::DType::F32);
         let err = backend.execute(&OpKind::Neg, &[&Tensor::scalar(1.0)], &out).unwrap_err();

@@ -26,11 +26,12 @@
 use std::collections::HashMap;
 
 use compiler::quant::{FakeQuantizer, QuantParams};
-use mllm_dsl::QdqAttr;
+use mllm_dsl::{QdqAttr, Tensor};
 
 use super::params::QdqParams;
-use crate::executor::{QdqHook, QdqHookError};
+use crate::executor::{qdq_input, QdqHook, QdqHookError, Quantized};
 use crate::kernels::Grid;
+use crate::on_grid::grid_of;
 
 /// Elements per parallel task.
 const PAR_CHUNK: usize = 1 << 13;
@@ -61,47 +62,66 @@ impl FakeQuantHook {
 
 impl QdqHook for FakeQuantHook {
     fn apply(&self, point: &QdqAttr, x: &[f32], _shape: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError> {
-        let (known, fq, _) =
-            self.quantizers.get(&point.key).ok_or_else(|| QdqHookError::NoParameters { key: point.key.clone() })?;
-        if known.kind != point.kind {
-            return Err(QdqHookError::KindMismatch {
-                key: point.key.clone(),
-                here: point.to_string(),
-                traced: known.to_string(),
-            });
-        }
-        let n = x.len();
-        // Fresh memory, not zeroed first: every element is written below.
-        let mut out: Vec<f32> = Vec::with_capacity(n);
-        let shape_error =
-            |e: compiler::quant::QuantError| QdqHookError::Shape { key: point.key.clone(), problem: e.to_string() };
-        let ctx = crate::kernels::threads::current();
-        if ctx.for_work(n, PAR_CHUNK) <= 1 {
-            // One task (most decode QDQs are a few hundred values).
-            mllm_dsl::simd::widest(
-                #[inline(always)]
-                || fq.apply_uninit(x, &mut out.spare_capacity_mut()[..n]),
-            )
-            .map_err(shape_error)?;
-        } else {
-            // On the kernels' team, whose helpers are awake between ops: a prefill chunk has a
-            // thousand QDQ points of 20-100 µs each, and waking a sleeping pool costs as much.
-            ctx.for_each_chunk_mut(&mut out.spare_capacity_mut()[..n], PAR_CHUNK, |i, o| {
-                let input = &x[i * PAR_CHUNK..i * PAR_CHUNK + o.len()];
-                // Equal lengths by construction, so this cannot fail.
-                let _ = mllm_dsl::simd::widest(
-                    #[inline(always)]
-                    || fq.apply_uninit(input, o),
-                );
-            });
-        }
-        // SAFETY: the capacity is n and `apply_uninit` wrote all n elements (the chunks above
-        // cover 0..n, each with its input's length).
-        unsafe { out.set_len(n) };
-        Ok(Some(out))
+        let (known, fq, _) = self.lookup(point)?;
+        Ok(Some(fake_quantize(point, known, fq, x)?))
     }
 
     fn grid(&self, point: &QdqAttr) -> Option<Grid> {
         self.quantizers.get(&point.key)?.2
     }
+
+    fn apply_to(&self, point: &QdqAttr, x: &Tensor) -> Result<Option<Quantized>, QdqHookError> {
+        let (known, fq, grid) = self.lookup(point)?;
+        if grid.is_some() && *grid == grid_of(x) {
+            return Ok(None);
+        }
+        let values = fake_quantize(point, known, fq, &qdq_input(point, x)?)?;
+        Ok(Some(Quantized { values, grid: *grid }))
+    }
+}
+
+impl FakeQuantHook {
+    fn lookup(&self, point: &QdqAttr) -> Result<&(QdqAttr, FakeQuantizer, Option<Grid>), QdqHookError> {
+        self.quantizers.get(&point.key).ok_or_else(|| QdqHookError::NoParameters { key: point.key.clone() })
+    }
+}
+
+/// `x` through `fq`, the quantizer of `point` (traced as `known`).
+fn fake_quantize(point: &QdqAttr, known: &QdqAttr, fq: &FakeQuantizer, x: &[f32]) -> Result<Vec<f32>, QdqHookError> {
+    if known.kind != point.kind {
+        return Err(QdqHookError::KindMismatch {
+            key: point.key.clone(),
+            here: point.to_string(),
+            traced: known.to_string(),
+        });
+    }
+    let n = x.len();
+    // Fresh memory, not zeroed first: every element is written below.
+    let mut out: Vec<f32> = Vec::with_capacity(n);
+    let shape_error =
+        |e: compiler::quant::QuantError| QdqHookError::Shape { key: point.key.clone(), problem: e.to_string() };
+    let ctx = crate::kernels::threads::current();
+    if ctx.for_work(n, PAR_CHUNK) <= 1 {
+        // One task (most decode QDQs are a few hundred values).
+        mllm_dsl::simd::widest(
+            #[inline(always)]
+            || fq.apply_uninit(x, &mut out.spare_capacity_mut()[..n]),
+        )
+        .map_err(shape_error)?;
+    } else {
+        // On the kernels' team, whose helpers are awake between ops: a prefill chunk has a
+        // thousand QDQ points of 20-100 µs each, and waking a sleeping pool costs as much.
+        ctx.for_each_chunk_mut(&mut out.spare_capacity_mut()[..n], PAR_CHUNK, |i, o| {
+            let input = &x[i * PAR_CHUNK..i * PAR_CHUNK + o.len()];
+            // Equal lengths by construction, so this cannot fail.
+            let _ = mllm_dsl::simd::widest(
+                #[inline(always)]
+                || fq.apply_uninit(input, o),
+            );
+        });
+    }
+    // SAFETY: the capacity is n and `apply_uninit` wrote all n elements (the chunks above
+    // cover 0..n, each with its input's length).
+    unsafe { out.set_len(n) };
+    Ok(out)
 }
