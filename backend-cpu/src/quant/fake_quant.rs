@@ -24,65 +24,102 @@
 //!   quantized by mllm's compiler with C rounding: see `quant::fake_quant::quantize_constant`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use compiler::quant::{FakeQuantizer, QuantParams};
 use mllm_dsl::{QdqAttr, Tensor};
 
 use super::params::QdqParams;
 use crate::executor::{qdq_input, QdqHook, QdqHookError, Quantized};
-use crate::kernels::Grid;
+use crate::kernels::{prefetch_all, Grid};
 use crate::on_grid::grid_of;
 
 /// Elements per parallel task.
 const PAR_CHUNK: usize = 1 << 13;
 
 pub struct FakeQuantHook {
-    /// Per point: its traced attribute, its quantizer and its 16-bit grid (if it has one), worked
-    /// out once: the executor asks for the grid at every call.
-    quantizers: HashMap<String, (QdqAttr, FakeQuantizer, Option<Grid>)>,
+    /// Index of each point's entry in `points`.
+    index: HashMap<String, usize>,
+    points: Vec<Point>,
+    /// The entry looked up last (`usize::MAX` before the first).
+    last: AtomicUsize,
+}
+
+/// A QDQ point's traced attribute, its quantizer and its 16-bit grid (if it has one), worked out
+/// once; and the entry looked up after it last time.
+struct Point {
+    attr: QdqAttr,
+    fq: FakeQuantizer,
+    grid: Option<Grid>,
+    next: AtomicUsize,
 }
 
 impl FakeQuantHook {
     pub fn new(params: &QdqParams) -> Self {
-        let quantizers = params
+        let points: Vec<Point> = params
             .iter()
-            .map(|(point, p)| {
-                let grid = crate::on_grid::u16_grid(p.scale, p.zero_point, p.qmin, p.qmax);
-                (point.key.clone(), (point.clone(), FakeQuantizer::new(p), grid))
+            .map(|(point, p)| Point {
+                attr: point.clone(),
+                fq: FakeQuantizer::new(p),
+                grid: crate::on_grid::u16_grid(p.scale, p.zero_point, p.qmin, p.qmax),
+                next: AtomicUsize::new(usize::MAX),
             })
             .collect();
-        FakeQuantHook { quantizers }
+        let index = points.iter().enumerate().map(|(i, p)| (p.attr.key.clone(), i)).collect();
+        FakeQuantHook { index, points, last: AtomicUsize::new(usize::MAX) }
     }
 
     /// The parameters this hook applies at `key`.
     pub fn params(&self, key: &str) -> Option<&QuantParams> {
-        self.quantizers.get(key).map(|(_, fq, _)| fq.params())
+        self.index.get(key).map(|&i| self.points[i].fq.params())
+    }
+
+    /// `point`'s entry. A model visits its points in the same order at every forward, and a decode
+    /// step's weight streaming evicts the table between two points: so the entry that followed
+    /// the last one last time is tried first (its key compared, no hashing), and the one
+    /// expected after this is asked into the caches now, while the step's next op runs. A wrong
+    /// guess (another model, another thread) costs the usual lookup.
+    fn lookup(&self, point: &QdqAttr) -> Result<&Point, QdqHookError> {
+        let last = self.last.load(Ordering::Relaxed);
+        let guess = self.points.get(last).map(|p| p.next.load(Ordering::Relaxed));
+        let i = match guess.filter(|&g| self.points.get(g).is_some_and(|p| p.attr.key == point.key)) {
+            Some(g) => g,
+            None => {
+                let i =
+                    *self.index.get(&point.key).ok_or_else(|| QdqHookError::NoParameters { key: point.key.clone() })?;
+                if let Some(p) = self.points.get(last) {
+                    p.next.store(i, Ordering::Relaxed);
+                }
+                i
+            }
+        };
+        self.last.store(i, Ordering::Relaxed);
+        let found = &self.points[i];
+        if let Some(next) = self.points.get(found.next.load(Ordering::Relaxed)) {
+            prefetch_all(std::slice::from_ref(next));
+            prefetch_all(next.attr.key.as_bytes());
+        }
+        Ok(found)
     }
 }
 
 impl QdqHook for FakeQuantHook {
     fn apply(&self, point: &QdqAttr, x: &[f32], _shape: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError> {
-        let (known, fq, _) = self.lookup(point)?;
-        Ok(Some(fake_quantize(point, known, fq, x)?))
+        let found = self.lookup(point)?;
+        Ok(Some(fake_quantize(point, &found.attr, &found.fq, x)?))
     }
 
     fn grid(&self, point: &QdqAttr) -> Option<Grid> {
-        self.quantizers.get(&point.key)?.2
+        self.index.get(&point.key).and_then(|&i| self.points[i].grid)
     }
 
     fn apply_to(&self, point: &QdqAttr, x: &Tensor) -> Result<Option<Quantized>, QdqHookError> {
-        let (known, fq, grid) = self.lookup(point)?;
-        if grid.is_some() && *grid == grid_of(x) {
+        let found = self.lookup(point)?;
+        if found.grid.is_some() && found.grid == grid_of(x) {
             return Ok(None);
         }
-        let values = fake_quantize(point, known, fq, &qdq_input(point, x)?)?;
-        Ok(Some(Quantized { values, grid: *grid }))
-    }
-}
-
-impl FakeQuantHook {
-    fn lookup(&self, point: &QdqAttr) -> Result<&(QdqAttr, FakeQuantizer, Option<Grid>), QdqHookError> {
-        self.quantizers.get(&point.key).ok_or_else(|| QdqHookError::NoParameters { key: point.key.clone() })
+        let values = fake_quantize(point, &found.attr, &found.fq, &qdq_input(point, x)?)?;
+        Ok(Some(Quantized { values, grid: found.grid }))
     }
 }
 
@@ -124,4 +161,40 @@ fn fake_quantize(point: &QdqAttr, known: &QdqAttr, fq: &FakeQuantizer, x: &[f32]
     // cover 0..n, each with its input's length).
     unsafe { out.set_len(n) };
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CpuBackend;
+    use mllm_dsl::QdqKind;
+    use std::sync::Arc;
+
+    /// The guessed entry is only a guess: points in any order, repeated, interleaved with unknown
+    /// keys and with a second model, each get their own parameters.
+    #[test]
+    fn each_point_gets_its_own_parameters_whatever_the_order() {
+        let mut params = QdqParams::new();
+        let points: Vec<QdqAttr> =
+            (0..4).map(|i| QdqAttr { kind: QdqKind::Activation, key: format!("model.layers.{i}.input_qdq") }).collect();
+        for (i, point) in points.iter().enumerate() {
+            let p = QuantParams { scale: 0.01 * (i + 1) as f32, zero_point: 1000 * i as i32, qmin: 0, qmax: 65535 };
+            params.insert(point.clone(), p);
+        }
+        let hook = FakeQuantHook::new(&params);
+        let backend = CpuBackend::with_qdq(Arc::new(FakeQuantHook::new(&params)));
+        let x = [0.123f32, -1.0, 7.777, 3.3];
+        let order = [0, 1, 2, 3, 0, 1, 2, 3, 0, 2, 1, 3, 3, 3, 1, 0, 2];
+        for (step, &i) in order.iter().enumerate() {
+            let want: Vec<f32> =
+                x.iter().map(|&v| FakeQuantizer::new(params.get(&points[i].key).unwrap()).fake(v)).collect();
+            assert_eq!(hook.apply(&points[i], &x, &[4]).unwrap().unwrap(), want, "step {step}, point {i}");
+            let t = Tensor::from_f32(x.to_vec(), vec![4], backend.clone()).unwrap();
+            assert_eq!(backend.qdq(&t, &points[i]).unwrap().as_f32().unwrap(), &want[..], "step {step}, point {i}");
+            if step % 5 == 4 {
+                let unknown = QdqAttr { kind: QdqKind::Activation, key: "model.layers.9.input_qdq".into() };
+                assert!(matches!(hook.apply(&unknown, &x, &[4]), Err(QdqHookError::NoParameters { .. })));
+            }
+        }
+    }
 }
