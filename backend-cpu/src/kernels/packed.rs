@@ -320,10 +320,19 @@ fn product(
             let rows = ROW_BLOCK.min(m - r0);
             for p in p0..p1 {
                 let cols = PANEL.min(n - p * PANEL);
-                let mut init = [0.0f32; PANEL];
-                if let Some(b) = bias {
-                    init[..cols].copy_from_slice(&b[p * PANEL..p * PANEL + cols]);
-                }
+                // The panel's starting sums: its bias, else zeros shared by every panel (a
+                // fresh zeroed array per panel was a memset call each).
+                static ZEROS: [f32; PANEL] = [0.0; PANEL];
+                let with_bias;
+                let init = match bias {
+                    Some(b) => {
+                        let mut sums = [0.0f32; PANEL];
+                        sums[..cols].copy_from_slice(&b[p * PANEL..p * PANEL + cols]);
+                        with_bias = sums;
+                        &with_bias
+                    }
+                    None => &ZEROS,
+                };
                 let panel = PanelRef::new(w, p);
                 if let (Some(coded), PanelRef::Int4(panel)) = (coded, panel) {
                     // SAFETY: `coded` holds the m rows of x, coded for this matrix's K and blocks
@@ -331,7 +340,7 @@ fn product(
                     // columns p*PANEL..p*PANEL+cols, and concurrent calls cover disjoint panels.
                     unsafe {
                         let c = dst.get().add(r0 * n + p * PANEL);
-                        grid_int4::panel_product(coded, r0, rows, panel, c, n, cols, &init);
+                        grid_int4::panel_product(coded, r0, rows, panel, c, n, cols, init);
                     }
                     continue;
                 }
@@ -348,7 +357,7 @@ fn product(
                         dst.get().add(r0 * n + p * PANEL),
                         n,
                         cols,
-                        &init,
+                        init,
                     );
                 }
             }
