@@ -340,8 +340,20 @@ pub(crate) fn op_error(op: &str, site: CallSite, message: String) -> Error {
 /// Applies an op: infers its output type, then records it (tracing) or computes it (eager).
 /// Layers pass their path as `name`; anonymous ops are named by the trace.
 pub fn apply(kind: OpKind, inputs: &[&Tensor], name: Option<&str>, site: CallSite) -> Result<Tensor> {
-    let types: Vec<&TensorType> = inputs.iter().map(|t| t.ty()).collect();
-    let out_ty = kind.infer(&types).map_err(|m| op_error(kind.type_name(), site, m.to_string()))?;
+    // An eager decode step applies a few thousand ops: the input types of the usual one to four
+    // inputs stay on the stack.
+    const ON_STACK: usize = 4;
+    static UNUSED: TensorType = TensorType { shape: Vec::new(), dtype: DType::F32, device: crate::Device::Cpu };
+    let out_ty = if inputs.len() <= ON_STACK {
+        let mut types = [&UNUSED; ON_STACK];
+        for (slot, t) in types.iter_mut().zip(inputs) {
+            *slot = t.ty();
+        }
+        kind.infer(&types[..inputs.len()])
+    } else {
+        kind.infer(&inputs.iter().map(|t| t.ty()).collect::<Vec<_>>())
+    };
+    let out_ty = out_ty.map_err(|m| op_error(kind.type_name(), site, m.to_string()))?;
     if trace::is_tracing() {
         return trace::record(kind, inputs, out_ty, name.map(str::to_string));
     }
@@ -359,12 +371,17 @@ pub fn apply(kind: OpKind, inputs: &[&Tensor], name: Option<&str>, site: CallSit
             op_error(kind.type_name(), site, what.to_string())
         })?
         .clone();
-    let mut owned = Vec::with_capacity(inputs.len());
-    for t in inputs {
-        owned.push(materialize(t, &backend, site, kind.type_name())?);
-    }
-    let refs: Vec<&Tensor> = owned.iter().collect();
-    let storage = backend.execute(&kind, &refs, &out_ty).map_err(|m| Error::Backend {
+    // Eager inputs go to the backend as they are; constants and parameters are materialized.
+    let owned: Vec<Tensor>;
+    let refs: Vec<&Tensor>;
+    let inputs = if inputs.iter().all(|t| matches!(t.repr(), Repr::Eager { .. })) {
+        inputs
+    } else {
+        owned = inputs.iter().map(|t| materialize(t, &backend, site, kind.type_name())).collect::<Result<_>>()?;
+        refs = owned.iter().collect();
+        &refs
+    };
+    let storage = backend.execute(&kind, inputs, &out_ty).map_err(|m| Error::Backend {
         op: format!("{} ({})", name.unwrap_or(kind.type_name()), site),
         module_path: scope::current_path(),
         message: m.to_string(),
