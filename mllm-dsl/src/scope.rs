@@ -5,12 +5,12 @@
 //! named `<path>.<OpType>.<k>`.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 pub(crate) struct Frame {
     pub path: String,
-    /// QDQ names used in this call, to reject repeats.
-    pub qdq_names: HashSet<String>,
+    /// QDQ names used in this call, to reject repeats ([`QdqNames`]).
+    pub qdq_names: QdqNames,
     /// Per op type counters for anonymous op names.
     pub op_counts: HashMap<&'static str, usize>,
 }
@@ -29,7 +29,7 @@ impl Drop for FrameGuard {
 }
 
 pub(crate) fn enter(path: String) -> FrameGuard {
-    FRAMES.with(|f| f.borrow_mut().push(Frame { path, qdq_names: HashSet::new(), op_counts: HashMap::new() }));
+    FRAMES.with(|f| f.borrow_mut().push(Frame { path, qdq_names: QdqNames::default(), op_counts: HashMap::new() }));
     FrameGuard(())
 }
 
@@ -44,15 +44,44 @@ pub fn current_path() -> String {
 /// QDQ points.)
 pub(crate) fn claim_qdq(name: &str, global: bool) -> Option<String> {
     FRAMES.with(|f| match f.borrow_mut().last_mut() {
-        Some(fr) => fr.qdq_names.insert(name.to_string()).then(|| {
-            if global {
-                name.to_string()
-            } else {
-                crate::qdq::qdq_key(&fr.path, name)
-            }
-        }),
+        Some(fr) => {
+            fr.qdq_names.insert(name).then(
+                || {
+                    if global {
+                        name.to_string()
+                    } else {
+                        crate::qdq::qdq_key(&fr.path, name)
+                    }
+                },
+            )
+        }
         None => Some(name.to_string()),
     })
+}
+
+/// The QDQ names of one module call, one after another in one buffer: a call has a few dozen at
+/// most, so a scan beats hashing, and a decode step's thousand points allocate no name each.
+#[derive(Default)]
+pub(crate) struct QdqNames {
+    text: String,
+    /// Where each name ends in `text`.
+    ends: Vec<usize>,
+}
+
+impl QdqNames {
+    /// Adds `name`; `false` if it is already there.
+    fn insert(&mut self, name: &str) -> bool {
+        let mut start = 0;
+        for &end in &self.ends {
+            if &self.text[start..end] == name {
+                return false;
+            }
+            start = end;
+        }
+        self.text.push_str(name);
+        self.ends.push(self.text.len());
+        true
+    }
 }
 
 /// `<path>.<OpType>.<k>`, counting per op type in the innermost frame.
@@ -73,4 +102,22 @@ pub(crate) fn anonymous_op_name(type_name: &'static str) -> String {
             format!("{path}.{type_name}.{k}")
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QdqNames;
+
+    #[test]
+    fn a_name_is_refused_only_when_it_was_used_whole() {
+        let mut names = QdqNames::default();
+        assert!(names.insert("up_proj_input_qdq"));
+        assert!(names.insert("up_proj"));
+        assert!(names.insert("input_qdq"));
+        assert!(names.insert(""));
+        for used in ["up_proj_input_qdq", "up_proj", "input_qdq", ""] {
+            assert!(!names.insert(used), "{used:?} twice");
+        }
+        assert!(names.insert("up_proj_input_qdq2"));
+    }
 }
