@@ -34,6 +34,45 @@ pub fn widest<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Min, max and whether a NaN was present; `None` for an empty slice. An all-NaN slice gives
+/// NaN for both.
+///
+/// `LANES` independent lanes let the compiler use packed min/max instructions (16 fill an
+/// AVX-512 register); call it inside [`widest`] for the wide ones. Only the sign of a zero
+/// extreme can depend on `LANES`.
+#[inline(always)]
+pub fn min_max<const LANES: usize>(xs: &[f32]) -> Option<(f32, f32, bool)> {
+    if xs.is_empty() {
+        return None;
+    }
+    let mut lo = [f32::INFINITY; LANES];
+    let mut hi = [f32::NEG_INFINITY; LANES];
+    let mut nan = [false; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for j in 0..LANES {
+            let x = chunk[j];
+            lo[j] = if x < lo[j] { x } else { lo[j] };
+            hi[j] = if x > hi[j] { x } else { hi[j] };
+            nan[j] |= x.is_nan();
+        }
+    }
+    for (j, &x) in tail.iter().enumerate() {
+        lo[j] = if x < lo[j] { x } else { lo[j] };
+        hi[j] = if x > hi[j] { x } else { hi[j] };
+        nan[j] |= x.is_nan();
+    }
+    let lo = lo.iter().copied().fold(f32::INFINITY, f32::min);
+    let hi = hi.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let nan = nan.iter().any(|&n| n);
+    // An all-NaN slice leaves the lanes at +-inf; report NaN rather than a fake range.
+    if nan && lo > hi {
+        return Some((f32::NAN, f32::NAN, true));
+    }
+    Some((lo, hi, nan))
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     #[target_feature(enable = "avx512f")]

@@ -44,16 +44,15 @@ impl Default for RandomSampling {
 
 /// Index of the largest logit, the lowest index among ties. Fails on NaN or empty logits.
 pub fn argmax(logits: &[f32]) -> Result<usize, RuntimeError> {
-    if logits.is_empty() {
-        return Err(RuntimeError::BadLogits { reason: "the logits row is empty".into() });
-    }
     // Two branch-free passes the compiler vectorizes (a vocabulary of 150k logits is read once per
     // decoded token): the largest value and whether there is a NaN, then the first index holding
     // that value. `-0.0 == 0.0`, so ties between zeros also go to the lower index.
-    let (max, any_nan) = mllm_dsl::simd::widest(
+    let Some((_, max, any_nan)) = mllm_dsl::simd::widest(
         #[inline(always)]
-        || largest(logits),
-    );
+        || mllm_dsl::simd::min_max::<LANES>(logits),
+    ) else {
+        return Err(RuntimeError::BadLogits { reason: "the logits row is empty".into() });
+    };
     if any_nan {
         let i = logits.iter().position(|v| v.is_nan()).unwrap_or(0);
         return Err(RuntimeError::BadLogits { reason: format!("NaN at vocabulary index {i}") });
@@ -67,28 +66,6 @@ pub fn argmax(logits: &[f32]) -> Result<usize, RuntimeError> {
 
 /// Lanes the argmax passes work in (one AVX-512 register of `f32`).
 const LANES: usize = 16;
-
-/// The largest value of `x` (`-inf` if none is larger) and whether `x` holds a NaN.
-#[inline(always)]
-fn largest(x: &[f32]) -> (f32, bool) {
-    let mut max = [f32::NEG_INFINITY; LANES];
-    let mut nan = [false; LANES];
-    let chunks = x.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for j in 0..LANES {
-            max[j] = if c[j] > max[j] { c[j] } else { max[j] };
-            nan[j] |= c[j].is_nan();
-        }
-    }
-    let mut m = f32::NEG_INFINITY;
-    let mut any_nan = nan.iter().any(|&n| n);
-    for &v in max.iter().chain(tail) {
-        m = if v > m { v } else { m };
-        any_nan |= v.is_nan();
-    }
-    (m, any_nan)
-}
 
 /// The first index of `x` holding `value`.
 #[inline(always)]

@@ -79,7 +79,7 @@ impl MinMaxObserver {
 
     /// Widens the running range by `xs`. An empty slice changes nothing, as in torch.
     pub fn observe(&mut self, xs: &[f32]) {
-        if let Some((lo, hi, nan)) = min_max(xs) {
+        if let Some((lo, hi, nan)) = mllm_dsl::simd::min_max::<8>(xs) {
             self.saw_nan |= nan;
             self.widen(lo, hi);
         }
@@ -221,43 +221,7 @@ fn widen(acc: Option<(f32, f32)>, (lo, hi): (f32, f32)) -> (f32, f32) {
 
 /// Min and max of `xs`, or `None` for an empty slice; a NaN anywhere makes both NaN.
 pub fn min_max_of(xs: &[f32]) -> Option<(f32, f32)> {
-    min_max(xs).map(|(lo, hi, nan)| if nan { (f32::NAN, f32::NAN) } else { (lo, hi) })
-}
-
-/// Min, max and whether a NaN was present; `None` for an empty slice.
-///
-/// Eight independent lanes let the compiler use packed min/max instructions.
-fn min_max(xs: &[f32]) -> Option<(f32, f32, bool)> {
-    if xs.is_empty() {
-        return None;
-    }
-    const LANES: usize = 8;
-    let mut lo = [f32::INFINITY; LANES];
-    let mut hi = [f32::NEG_INFINITY; LANES];
-    let mut nan = [false; LANES];
-    let chunks = xs.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for chunk in chunks {
-        for j in 0..LANES {
-            let x = chunk[j];
-            lo[j] = if x < lo[j] { x } else { lo[j] };
-            hi[j] = if x > hi[j] { x } else { hi[j] };
-            nan[j] |= x.is_nan();
-        }
-    }
-    for (j, &x) in tail.iter().enumerate() {
-        lo[j] = if x < lo[j] { x } else { lo[j] };
-        hi[j] = if x > hi[j] { x } else { hi[j] };
-        nan[j] |= x.is_nan();
-    }
-    let lo = lo.iter().copied().fold(f32::INFINITY, f32::min);
-    let hi = hi.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let nan = nan.iter().any(|&n| n);
-    // An all-NaN slice leaves the lanes at +-inf; report NaN rather than a fake range.
-    if nan && lo > hi {
-        return Some((f32::NAN, f32::NAN, true));
-    }
-    Some((lo, hi, nan))
+    mllm_dsl::simd::min_max::<8>(xs).map(|(lo, hi, nan)| if nan { (f32::NAN, f32::NAN) } else { (lo, hi) })
 }
 
 #[cfg(test)]
