@@ -490,6 +490,7 @@ pub(super) unsafe fn few_rows_product_u8(ops: FewRows<u8>, grid: super::Grid) ->
 #[cfg(target_arch = "x86_64")]
 mod few_rows_avx512 {
     use super::FewRows;
+    use crate::kernels::prefetch_bytes;
     use std::arch::x86_64::*;
 
     /// How the tile reads 16 (or, masked, fewer) right-operand elements as f32 values.
@@ -577,17 +578,6 @@ mod few_rows_avx512 {
     /// transposed K cache (head_dim rows) at once.
     const AHEAD: usize = 128;
 
-    /// Asks for a tile's part of one right-hand row (`bytes` from `row`) in the L2 cache.
-    #[inline(always)]
-    unsafe fn prefetch_row(row: *const i8, bytes: usize) {
-        let mut offset = 0;
-        while offset < bytes {
-            _mm_prefetch::<_MM_HINT_T1>(row.add(offset));
-            offset += 64;
-        }
-        _mm_prefetch::<_MM_HINT_T1>(row.add(bytes - 1));
-    }
-
     /// Columns `c..c + cols` (`cols <= 16 * V`) of the `M` rows (`ops.m` is `M`).
     #[inline(always)]
     unsafe fn tile<const M: usize, const V: usize, L: Load>(c: usize, cols: usize, ops: FewRows<L::Elem>, load: L) {
@@ -606,12 +596,12 @@ mod few_rows_avx512 {
         // 64 rows ahead into L1 172 ms, into L2 146 ms).
         let row_bytes = cols * std::mem::size_of::<L::Elem>();
         for p in 0..AHEAD.min(k) {
-            prefetch_row(rhs.add(p * ldb + c) as *const i8, row_bytes);
+            prefetch_bytes(rhs.add(p * ldb + c) as usize, row_bytes);
         }
         for p in 0..k {
             let row = rhs.add(p * ldb + c);
             if p + AHEAD < k {
-                prefetch_row(row.add(AHEAD * ldb) as *const i8, row_bytes);
+                prefetch_bytes(row.add(AHEAD * ldb) as usize, row_bytes);
             }
             let mut w = [_mm512_setzero_ps(); V];
             for (j, w) in w.iter_mut().enumerate() {

@@ -47,7 +47,7 @@ pub use packed::{
 pub use packed_int4::{Int4Packer, Int4Panels};
 pub use packed_tile::Isa;
 pub use permute::{permute, transpose, transpose_2d};
-pub(crate) use read_ahead::prefetch_all;
+pub(crate) use read_ahead::{prefetch_all, prefetch_bytes};
 pub use reduce::{reduce, ReduceKind};
 pub use rms_norm::rms_norm;
 pub use shape::broadcast_shape;

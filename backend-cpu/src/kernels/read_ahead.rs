@@ -102,8 +102,14 @@ impl Spans {
 /// Asks for every cache line of `data` in the L2 cache (a hint: it reads nothing and never
 /// faults).
 pub(crate) fn prefetch_all<T>(data: &[T]) {
-    let start = data.as_ptr() as usize;
-    let end = start + std::mem::size_of_val(data);
+    prefetch_bytes(data.as_ptr() as usize, std::mem::size_of_val(data));
+}
+
+/// Asks for every cache line of the `bytes` bytes from address `start` in the L2 cache. Any
+/// address is fine: a prefetch never faults.
+#[inline(always)]
+pub(crate) fn prefetch_bytes(start: usize, bytes: usize) {
+    let end = start + bytes;
     let mut line = start & !63;
     while line < end {
         prefetch_line(line);
