@@ -117,11 +117,26 @@ pub enum GridProducts {
     F32,
 }
 
+/// How a linear multiplies its input with bf16 weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Bf16Products {
+    /// The weights widened to f32 and the input kept f32: the float references' arithmetic
+    /// (HF transformers run in float32).
+    #[default]
+    F32,
+    /// The input rounded to bf16 (to nearest even) and the products summed in f32
+    /// ([`kernels::linear_packed_bf16`]): twice the multiply rate of f32 on CPUs with AVX-512 BF16
+    /// (`vdpbf16ps`), for a prefill about twice as fast, at the cost of the input's precision (8
+    /// significant bits instead of 24), as llama.cpp's bf16 and torch's bfloat16 linears do.
+    Bf16,
+}
+
 /// The eager CPU backend.
 #[derive(Clone, Default)]
 pub struct CpuBackend {
     qdq: Option<Arc<dyn QdqHook>>,
     products: GridProducts,
+    bf16: Bf16Products,
 }
 
 impl CpuBackend {
@@ -137,7 +152,12 @@ impl CpuBackend {
 
     /// QDQ points through `hook` when there is one, grid rows multiplied as `products` says.
     pub fn configured(hook: Option<Arc<dyn QdqHook>>, products: GridProducts) -> BackendRef {
-        Arc::new(CpuBackend { qdq: hook, products })
+        Arc::new(CpuBackend { qdq: hook, products, bf16: Bf16Products::default() })
+    }
+
+    /// Float mode with bf16 weights multiplied as `bf16` says.
+    pub fn float_with(bf16: Bf16Products) -> BackendRef {
+        Arc::new(CpuBackend { bf16, ..CpuBackend::default() })
     }
 }
 
@@ -406,9 +426,14 @@ impl CpuBackend {
                     return Err(CpuOpError::Features { features: k, weight, expected: w.matrix.k() });
                 }
                 let bias = inputs.get(2).map(|b| f32_of(b, "bias")).transpose()?;
-                let grid = grid_of(x).filter(|_| self.products == GridProducts::Integer);
                 let m = x.numel() / k.max(1);
-                kernels::linear_packed_on_grid(&f32_of(x, "input")?, m, &w.matrix, bias.as_deref(), grid).map_err(e)?
+                if self.bf16 == Bf16Products::Bf16 && matches!(w.matrix.elems(), kernels::PackedElems::Bf16(_)) {
+                    kernels::linear_packed_bf16(&f32_of(x, "input")?, m, &w.matrix, bias.as_deref()).map_err(e)?
+                } else {
+                    let grid = grid_of(x).filter(|_| self.products == GridProducts::Integer);
+                    kernels::linear_packed_on_grid(&f32_of(x, "input")?, m, &w.matrix, bias.as_deref(), grid)
+                        .map_err(e)?
+                }
             }
             OpKind::Conv2d => {
                 // NHWC [N, H, W, In] x HWIO [1, 1, In, Out]: a [N*H*W, In] x [In, Out] product.

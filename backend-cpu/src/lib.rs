@@ -14,7 +14,7 @@ pub mod store;
 pub mod u16_table;
 
 pub use chunk_model::CpuChunkModel;
-pub use executor::{CpuBackend, CpuOpError, GridProducts, QdqHook, QdqHookError, Quantized};
+pub use executor::{Bf16Products, CpuBackend, CpuOpError, GridProducts, QdqHook, QdqHookError, Quantized};
 pub use interp::{Interpreter, Mode as InterpMode};
 pub use packed_weight::{PackedWeight, WeightView};
 pub use store::{CheckpointStore, QuantizedWeights};

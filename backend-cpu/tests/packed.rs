@@ -74,6 +74,53 @@ fn products_match_naive_for_bf16_and_f32_on_every_isa() {
     }
 }
 
+/// bf16 products: `x` rounded to bf16 by `half` (round to nearest even), then exact products
+/// summed in f32, on every instruction set (the `vdpbf16ps` tile where the CPU has it, the
+/// rounded rows on the f32 tiles elsewhere), for odd K (the last row pairs with zero), row counts
+/// around the tile height and partial panels. The rounding must show: against the unrounded
+/// product the results differ by far more than the summation tolerance.
+#[test]
+fn bf16_products_round_the_input_to_bf16_and_sum_in_f32() {
+    let mut rng = Lcg(17);
+    let shapes = [(1, 1, 1), (1, 7, 5), (3, 64, 32), (12, 33, 31), (13, 129, 33), (25, 17, 67), (1, 1024, 96)];
+    for &(m, k, n) in &shapes {
+        let x = rng.vec(m * k, 1.0);
+        let rounded: Vec<f32> = x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
+        assert_ne!(x, rounded, "the inputs must not all be bf16 values already");
+        let bias = rng.vec(n, 1.0);
+        let (bits, rows) = bf16_values(&mut rng, n * k);
+        let w = PackedMatrix::from_rows_bf16(n, k, &bits).unwrap();
+        for b in [None, Some(bias.as_slice())] {
+            let want = naive(&rounded, m, k, &rows, n, b);
+            let unrounded = naive(&x, m, k, &rows, n, b);
+            for threads in [1, 2] {
+                kernels::set_num_threads(threads).unwrap();
+                for isa in isas() {
+                    let got = kernels::linear_packed_bf16_with(isa, &x, m, &w, b).unwrap();
+                    let what = format!("bf16 products {isa:?} m{m} k{k} n{n} bias {} threads {threads}", b.is_some());
+                    assert_close(&got, &want, k, &what);
+                    if k >= 7 {
+                        let apart = got.iter().zip(&unrounded).map(|(&g, &u)| (g as f64 - u).abs()).fold(0.0, f64::max);
+                        assert!(apart > 1e-5 * (k as f64 + 1.0), "{what}: no sign of the rounding ({apart})");
+                    }
+                }
+                assert_close(&kernels::linear_packed_bf16(&x, m, &w, b).unwrap(), &want, k, "linear_packed_bf16");
+            }
+        }
+    }
+}
+
+/// f32 matrices are not bf16: [`kernels::linear_packed_bf16`] multiplies them as
+/// [`kernels::linear_packed`] does, bit for bit.
+#[test]
+fn bf16_products_leave_f32_matrices_alone() {
+    let mut rng = Lcg(19);
+    let (m, k, n) = (5, 40, 33);
+    let x = rng.vec(m * k, 1.0);
+    let w = PackedMatrix::from_rows_f32(n, k, &rng.vec(n * k, 1.0)).unwrap();
+    assert_eq!(kernels::linear_packed_bf16(&x, m, &w, None).unwrap(), kernels::linear_packed(&x, m, &w, None).unwrap());
+}
+
 #[test]
 fn large_products_split_over_threads_match_naive() {
     // Above the parallel threshold, with a partial last panel and several row blocks.
@@ -127,6 +174,15 @@ fn bad_inputs_are_rejected() {
     ));
     assert!(matches!(
         kernels::linear_packed(&[0.0; 8], 2, &w, Some(&[0.0; 2])),
+        Err(KernelError::DataLength { operand: "bias", .. })
+    ));
+    let wb = PackedMatrix::from_rows_bf16(3, 4, &[0x3f80; 12]).unwrap();
+    assert!(matches!(
+        kernels::linear_packed_bf16(&[0.0; 7], 2, &wb, None),
+        Err(KernelError::DataLength { operand: "x", .. })
+    ));
+    assert!(matches!(
+        kernels::linear_packed_bf16(&[0.0; 8], 2, &wb, Some(&[0.0; 2])),
         Err(KernelError::DataLength { operand: "bias", .. })
     ));
     assert!(matches!(w.gather_columns(&[3]), Err(KernelError::IndexOutOfRange { index: 3, bound: 3, .. })));

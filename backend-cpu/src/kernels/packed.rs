@@ -242,7 +242,8 @@ pub fn linear_packed_on_grid(
     bias: Option<&[f32]>,
     grid: Option<Grid>,
 ) -> Result<Vec<f32>, KernelError> {
-    product(packed_tile::detect(), x, m, w, bias, grid_rows(x, m, w, grid).as_ref())
+    let coded = grid_rows(x, m, w, grid);
+    product(packed_tile::detect(), x, m, w, bias, coded.as_ref().map_or(Coded::None, Coded::Grid))
 }
 
 /// The environment variable that keeps int4 products on the f32 tiles (`f32`), to compare them.
@@ -282,17 +283,68 @@ pub fn linear_packed_with(
     w: &PackedMatrix,
     bias: Option<&[f32]>,
 ) -> Result<Vec<f32>, KernelError> {
-    product(isa, x, m, w, bias, None)
+    product(isa, x, m, w, bias, Coded::None)
 }
 
-/// The product, with `coded` (the rows of `x` coded on their grid) when the integer tile runs.
+/// [`linear_packed`] with bf16 products when `w` is bf16: each row of `x` rounded to bf16 (to
+/// nearest even) and multiplied exactly, the sums in f32 — twice the multiply rate of f32
+/// products on a CPU with AVX-512 BF16, whose `vdpbf16ps` runs the tile
+/// ([`super::bf16_dot`]); elsewhere the rounded rows take the f32 tiles. Other matrices take
+/// [`linear_packed`]. The activations keep 8 significant bits instead of 24, so the result is
+/// not the float references' (see `CpuBackend`'s `Bf16Products`).
+pub fn linear_packed_bf16(
+    x: &[f32],
+    m: usize,
+    w: &PackedMatrix,
+    bias: Option<&[f32]>,
+) -> Result<Vec<f32>, KernelError> {
+    linear_packed_bf16_with(packed_tile::detect(), x, m, w, bias)
+}
+
+/// [`linear_packed_bf16`] on an explicit instruction set: the `vdpbf16ps` tile with
+/// [`Isa::Avx512`] on a CPU that has it, else the rounded rows on `isa`'s f32 tiles (tests
+/// compare them; `isa` must be available, see [`available_isas`]).
+pub fn linear_packed_bf16_with(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    w: &PackedMatrix,
+    bias: Option<&[f32]>,
+) -> Result<Vec<f32>, KernelError> {
+    if !matches!(w.elems, PackedElems::Bf16(_)) {
+        return product(isa, x, m, w, bias, Coded::None);
+    }
+    super::shape::check_len("linear_packed", "x", x, &[m, w.k])?;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && super::bf16_dot::available() {
+        // SAFETY: the CPU has the instructions and x holds m rows of K (checked above).
+        let pairs = unsafe { super::bf16_dot::pairs(x, m, w.k) };
+        return product(isa, x, m, w, bias, Coded::Bf16Pairs(&pairs));
+    }
+    let rounded: Vec<f32> = x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
+    product(isa, &rounded, m, w, bias, Coded::None)
+}
+
+/// Rows of `x` in a second form some tiles read instead of the f32 values.
+#[derive(Clone, Copy)]
+enum Coded<'a> {
+    /// Only the f32 rows.
+    None,
+    /// Coded on their grid for the integer tile ([`grid_rows`]).
+    Grid(&'a GridRows),
+    /// Rounded to bf16 in pairs for the `vdpbf16ps` tile of bf16 panels ([`super::bf16_dot::pairs`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Bf16Pairs(&'a [u32]),
+}
+
+/// The product, reading `coded` where a tile for it applies.
 fn product(
     isa: Isa,
     x: &[f32],
     m: usize,
     w: &PackedMatrix,
     bias: Option<&[f32]>,
-    coded: Option<&GridRows>,
+    coded: Coded<'_>,
 ) -> Result<Vec<f32>, KernelError> {
     const OP: &str = "linear_packed";
     let (k, n) = (w.k, w.n);
@@ -334,7 +386,19 @@ fn product(
                     None => &ZEROS,
                 };
                 let panel = PanelRef::new(w, p);
-                if let (Some(coded), PanelRef::Int4(panel)) = (coded, panel) {
+                #[cfg(target_arch = "x86_64")]
+                if let (Coded::Bf16Pairs(pairs), PanelRef::Bf16(b)) = (coded, panel) {
+                    // SAFETY: `pairs` holds the m rows of x as pairs, made on a CPU with the
+                    // tile's features; the tile writes rows r0..r0+rows, columns
+                    // p*PANEL..p*PANEL+cols, and concurrent calls cover disjoint panels.
+                    unsafe {
+                        let c = dst.get().add(r0 * n + p * PANEL);
+                        let x = pairs.as_ptr().add(r0 * k.div_ceil(2));
+                        super::bf16_dot::panel_product(x, rows, k, b.as_ptr(), c, n, cols, init);
+                    }
+                    continue;
+                }
+                if let (Coded::Grid(coded), PanelRef::Int4(panel)) = (coded, panel) {
                     // SAFETY: `coded` holds the m rows of x, coded for this matrix's K and blocks
                     // on a CPU with the tile's features; the tile writes rows r0..r0+rows,
                     // columns p*PANEL..p*PANEL+cols, and concurrent calls cover disjoint panels.
