@@ -19,7 +19,11 @@
 //!
 //! Each variant and thread count runs in a fresh child process (this executable re-run with
 //! `MLLM_BENCH_CPU_CHILD` set), so load time and peak RSS (`VmHWM`) belong to one configuration:
-//! - `bf16`: the float checkpoint, bf16 weights packed as bf16;
+//! - `bf16`: the float checkpoint, bf16 weights packed as bf16 and widened to f32 in registers
+//!   (f32 products, the float references' arithmetic);
+//! - `bf16-products`: the same weights with each linear's input rounded to bf16 and the products
+//!   run by `vdpbf16ps` where the CPU has AVX-512 BF16 (`Bf16Products::Bf16`; not in the default
+//!   `--variants`);
 //! - `int4`: the quantized checkpoint in fake-quant mode, LPBQ weights kept 4-bit (W4A16 kernels),
 //!   the uint16 embedding kept as its codes;
 //! - `f32`: the same checkpoint with those weights decoded to f32 at load.
@@ -42,9 +46,9 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use aot::synthetic::{write_qwen3, QWEN3_0_6B};
-use aot::{load_model_with, RunMode};
+use aot::{load_float_with, load_model_with, RunMode};
 use backend_cpu::rng::SplitMix64;
-use backend_cpu::QuantizedWeights;
+use backend_cpu::{Bf16Products, QuantizedWeights};
 use clap::Parser;
 use mllm_dsl::memory::{peak_rss_bytes, rss_bytes};
 use runtime::{ChunkModel, GenerationConfig, Generator, Sampling};
@@ -117,6 +121,7 @@ struct Args {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Variant {
     Bf16,
+    Bf16Products,
     Int4,
     F32,
 }
@@ -125,15 +130,22 @@ impl Variant {
     fn parse(s: &str) -> Result<Self> {
         Ok(match s {
             "bf16" => Variant::Bf16,
+            "bf16-products" => Variant::Bf16Products,
             "int4" => Variant::Int4,
             "f32" => Variant::F32,
-            other => bail!("--variants: `{other}` is not one of bf16, int4, f32"),
+            other => bail!("--variants: `{other}` is not one of bf16, bf16-products, int4, f32"),
         })
+    }
+
+    /// Whether it runs the float checkpoint.
+    fn float(self) -> bool {
+        matches!(self, Variant::Bf16 | Variant::Bf16Products)
     }
 
     fn name(self) -> &'static str {
         match self {
             Variant::Bf16 => "bf16",
+            Variant::Bf16Products => "bf16-products",
             Variant::Int4 => "int4",
             Variant::F32 => "f32",
         }
@@ -157,16 +169,16 @@ fn main() -> Result<()> {
             return Ok(());
         }
         let variant = Variant::parse(variant)?;
-        let dir = if variant == Variant::Bf16 { &model } else { &quantized };
+        let dir = if variant.float() { &model } else { &quantized };
         return child(&args, dir, variant, threads);
     }
-    let needs_float = variants.contains(&Variant::Bf16) || !quantized.join("config.json").is_file();
+    let needs_float = variants.iter().any(|v| v.float()) || !quantized.join("config.json").is_file();
     if synthetic && needs_float && (args.regenerate || !model.join("config.json").is_file()) {
         let start = Instant::now();
         write_qwen3(&model, &QWEN3_0_6B, QWEN3_0_6B.layers)?;
         println!("wrote {} in {:.1} s", model.display(), start.elapsed().as_secs_f64());
     }
-    let wants_quantized = variants.iter().any(|v| *v != Variant::Bf16);
+    let wants_quantized = variants.iter().any(|v| !v.float());
     if wants_quantized && (!quantized.join("config.json").is_file() || (synthetic && args.regenerate)) {
         let start = Instant::now();
         quantize(&model, &quantized, args.context)?;
@@ -268,9 +280,9 @@ fn summarize(results: &BTreeMap<(String, usize), Vec<(f64, f64)>>, threads: &[us
                 .get(&(name.to_string(), t))
                 .map(|runs| (median(runs.iter().map(|r| r.0).collect()), median(runs.iter().map(|r| r.1).collect())))
         };
-        for name in ["bf16", "int4", "f32", "llama.cpp", "candle"] {
+        for name in ["bf16", "bf16-products", "int4", "f32", "llama.cpp", "candle"] {
             if let Some((p, d)) = get(name) {
-                println!("  threads={t} {name:>9}: prefill {p:8.2} tok/s, decode {d:7.2} tok/s");
+                println!("  threads={t} {name:>13}: prefill {p:8.2} tok/s, decode {d:7.2} tok/s");
             }
         }
         if let (Some(i), Some(f)) = (get("int4"), get("f32")) {
@@ -282,8 +294,10 @@ fn summarize(results: &BTreeMap<(String, usize), Vec<(f64, f64)>>, threads: &[us
         if let (Some(b), Some(l)) = (get("bf16"), get("llama.cpp")) {
             println!("  threads={t} bf16 / llama.cpp: prefill {:.2}x, decode {:.2}x", b.0 / l.0, b.1 / l.1);
         }
-        if let (Some(b), Some(c)) = (get("bf16"), get("candle")) {
-            println!("  threads={t} bf16 / candle: prefill {:.2}x, decode {:.2}x", b.0 / c.0, b.1 / c.1);
+        for bf16 in ["bf16", "bf16-products"] {
+            if let (Some(b), Some(c)) = (get(bf16), get("candle")) {
+                println!("  threads={t} {bf16} / candle: prefill {:.2}x, decode {:.2}x", b.0 / c.0, b.1 / c.1);
+            }
         }
     }
 }
@@ -411,13 +425,16 @@ fn child(args: &Args, dir: &Path, variant: Variant, threads: usize) -> Result<()
     let bandwidth = bandwidth * 1e9;
     let start = Instant::now();
     let weights = if variant == Variant::F32 { QuantizedWeights::F32 } else { QuantizedWeights::Packed };
-    let loaded = load_model_with(dir, args.context, RunMode::Auto, weights)?;
+    let loaded = match variant {
+        Variant::Bf16Products => load_float_with(dir, args.context, Bf16Products::Bf16)?,
+        _ => load_model_with(dir, args.context, RunMode::Auto, weights)?,
+    };
     ensure!(
-        loaded.fake_quant == (variant != Variant::Bf16),
+        loaded.fake_quant != variant.float(),
         "{}: variant {} needs a {} checkpoint",
         dir.display(),
         variant.name(),
-        if variant == Variant::Bf16 { "float" } else { "quantized" }
+        if variant.float() { "float" } else { "quantized" }
     );
     let load_s = start.elapsed().as_secs_f64();
     let rss_loaded = rss_bytes()?;

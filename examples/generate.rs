@@ -105,6 +105,11 @@ pub struct GenerateArgs {
     /// Run a quantized checkpoint without fake-quant (decoded weights, QDQ points off).
     #[arg(long)]
     pub float: bool,
+    /// Multiply a float checkpoint's bf16 weights in bf16: each linear's input rounded to bf16,
+    /// about twice the prefill speed on CPUs with AVX-512 BF16, logits no longer the float
+    /// references' (docs/cpu.md has the measured cost).
+    #[arg(long)]
+    pub bf16_products: bool,
     /// Generate from this QNN context binary (built from --model's quantized checkpoint with
     /// graphs for --chunk and 1 at --context) instead of the CPU model. Runs on Qualcomm's HTP
     /// backend (libQnnHtp.so of QNN_SDK_ROOT, else of `scripts/fetch-qnn-sdk`'s cache; on x86 its
@@ -113,7 +118,7 @@ pub struct GenerateArgs {
     /// (`context_<i>_of_<n>[.x86].bin`) is given as its directory or first file; its token
     /// embedding is gathered on the CPU from `embedding.safetensors` in the same directory.
     /// See --qnn-emulate.
-    #[arg(long, conflicts_with = "float")]
+    #[arg(long, conflicts_with_all = ["float", "bf16_products"])]
     pub qnn_context: Option<PathBuf>,
     /// Run --qnn-context on the CPU instead: backend-qnn's reference interpreter executes the
     /// graphs lowered again from --model (the binary must list exactly those graphs).
@@ -145,6 +150,7 @@ impl GenerateArgs {
             threads: a.threads,
             timings: a.timings,
             float: a.float,
+            bf16_products: a.bf16_products,
             qnn_context: a.qnn_context,
             qnn_emulate: a.qnn_emulate,
         }

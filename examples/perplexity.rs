@@ -63,6 +63,10 @@ struct Args {
     /// Skip the RTN baseline.
     #[arg(long)]
     no_rtn: bool,
+    /// Also score the float model with bf16 products: each linear's input rounded to bf16, as
+    /// `bench_cpu --variants bf16-products` runs it (bf16 weights only).
+    #[arg(long)]
+    bf16_products: bool,
     #[command(flatten)]
     flags: ScoreFlags,
 }
@@ -133,6 +137,7 @@ fn run(mut args: Args) -> Result<()> {
         model: args.model.clone(),
         quantized,
         rtn: (!args.no_rtn).then_some(RtnBaseline { bits: args.rtn_bits, block: args.rtn_block }),
+        bf16_products: args.bf16_products,
         ids,
         window: args.window,
         progress: aot::progress::bars(!args.flags.quiet),

@@ -18,6 +18,7 @@ use crate::chat::{load_chat_template, stop_ids, Conversation};
 use crate::family::{graph_menu, GraphFamily, GraphNaming};
 use crate::load::RunMode;
 use crate::runner::Runner;
+use backend_cpu::Bf16Products;
 use backend_qnn::cost::HtpPerf;
 
 /// What to generate from and how; the `generate` example's arguments, documented there (errors
@@ -48,6 +49,8 @@ pub struct GenerateRequest {
     pub threads: usize,
     pub timings: bool,
     pub float: bool,
+    /// A float checkpoint's bf16 weights multiplied in bf16 ([`Bf16Products::Bf16`]).
+    pub bf16_products: bool,
     pub qnn_context: Option<PathBuf>,
     pub qnn_emulate: bool,
 }
@@ -107,7 +110,11 @@ pub fn run(
     let mut runner = match (&req.qnn_context, &family) {
         (Some(binary), Some(f)) => Runner::context_binary_family(&req.model, binary, f, req.qnn_emulate)?,
         (Some(binary), None) => Runner::context_binary(&req.model, binary, chunk, context, req.qnn_emulate)?,
-        (None, _) => Runner::cpu(&req.model, context, if req.float { RunMode::Float } else { RunMode::Auto })?,
+        (None, _) => {
+            let mode = if req.float { RunMode::Float } else { RunMode::Auto };
+            let bf16 = if req.bf16_products { Bf16Products::Bf16 } else { Bf16Products::F32 };
+            Runner::cpu_with(&req.model, context, mode, bf16)?
+        }
     };
     if let Some(f) = &family {
         let graphs = match (&req.qnn_context, req.qnn_emulate) {

@@ -81,7 +81,7 @@ pub use family::{FamilyError, GraphFamily, GraphNaming, GraphSpec};
 pub use generation::GenerateRequest;
 pub use htp::ContextBinary;
 pub use ledger::LedgerEntry;
-pub use load::{load_float, load_model, load_model_with, CpuModel, RunMode};
+pub use load::{load_float, load_float_with, load_model, load_model_with, CpuModel, RunMode};
 pub use model_path::{resolve_model, ModelPathError};
 pub use real_model::{gemma3_dir, smollm2_dir};
 pub use recipe::{Chosen, Recipe, RecipeName, Refinements};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::error::{bail, ensure, Context, Result};
 use backend_cpu::kernels::Grid;
 use backend_cpu::quant::{is_quantized_checkpoint, FakeQuantHook, QdqParams};
-use backend_cpu::{CheckpointStore, CpuBackend, CpuChunkModel, GridProducts, QuantizedWeights};
+use backend_cpu::{Bf16Products, CheckpointStore, CpuBackend, CpuChunkModel, GridProducts, QuantizedWeights};
 use checkpoint::SafetensorsCheckpoint;
 use compiler::quant::points::qdq_points;
 use mllm_dsl::module::ParamSource;
@@ -106,8 +106,14 @@ pub fn rope_positions(ckpt: &SafetensorsCheckpoint) -> Result<Option<usize>> {
 
 /// Float CPU execution of `dir` (config.json + safetensors).
 pub fn load_float(dir: &Path, context_len: usize) -> Result<CpuModel> {
+    load_float_with(dir, context_len, Bf16Products::F32)
+}
+
+/// [`load_float`] with bf16 weights multiplied as `bf16` says ([`Bf16Products::Bf16`]: inputs
+/// rounded to bf16, about twice the prefill speed on CPUs with AVX-512 BF16).
+pub fn load_float_with(dir: &Path, context_len: usize, bf16: Bf16Products) -> Result<CpuModel> {
     let config = HfConfig::from_dir(dir)?;
-    let backend = CpuBackend::float();
+    let backend = CpuBackend::float_with(bf16);
     let (model, store) = open_model(dir, &config, context_len, &backend)?;
     let unused = store.unused_keys();
     let matrix_bytes = store.matrix_bytes();

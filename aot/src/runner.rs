@@ -18,7 +18,8 @@ use runtime::{ChunkModel, GenerationConfig, GenerationOutput, Generator, GraphMe
 use crate::chat::{Conversation, TextStream};
 use crate::compile::{lower_family, lower_for_context};
 use crate::family::GraphFamily;
-use crate::load::{load_model, RunMode};
+use crate::load::{load_float_with, load_model, RunMode};
+use backend_cpu::Bf16Products;
 
 /// Where a [`Runner`] executes: a generator over one of the models.
 enum RunnerGenerator {
@@ -50,8 +51,33 @@ pub struct Runner {
 impl Runner {
     /// The checkpoint `dir` on the CPU: fake-quant when it is quantized, unless `mode` says float.
     pub fn cpu(dir: &Path, context: usize, mode: RunMode) -> Result<Runner> {
-        let loaded = load_model(dir, context, mode)?;
-        let mut notes = Vec::new();
+        Runner::cpu_with(dir, context, mode, Bf16Products::F32)
+    }
+
+    /// [`Runner::cpu`] with a float checkpoint's bf16 weights multiplied as `bf16` says
+    /// ([`Bf16Products::Bf16`] is refused for a quantized checkpoint, which has no bf16 matrices).
+    pub fn cpu_with(dir: &Path, context: usize, mode: RunMode, bf16: Bf16Products) -> Result<Runner> {
+        let mut bf16_note = None;
+        let loaded = match bf16 {
+            Bf16Products::F32 => load_model(dir, context, mode)?,
+            Bf16Products::Bf16 => {
+                let ckpt = checkpoint::SafetensorsCheckpoint::open(dir)?;
+                ensure!(
+                    !backend_cpu::quant::is_quantized_checkpoint(&ckpt),
+                    "{}: bf16 products apply to a float checkpoint's bf16 weights; this one is quantized",
+                    dir.display()
+                );
+                if !ckpt.keys().iter().any(|k| matches!(ckpt.info(k), Ok((checkpoint::StDtype::BF16, _)))) {
+                    bf16_note = Some(format!(
+                        "warning: {} has no bf16 tensors; bf16 products change nothing (scripts/to-bf16.py \
+                         writes a bf16 copy)",
+                        dir.display()
+                    ));
+                }
+                load_float_with(dir, context, bf16)?
+            }
+        };
+        let mut notes: Vec<String> = bf16_note.into_iter().collect();
         if !loaded.unused.is_empty() {
             let (n, keys) = (loaded.unused.len(), loaded.unused.join(", "));
             notes.push(format!("warning: {n} checkpoint tensors were not used: {keys}"));

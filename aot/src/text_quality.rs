@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::error::{bail, ensure, AotError, Context, Result};
 use backend_cpu::quant::{FakeQuantHook, QdqParams, QualityRow, RtnWeights, SinkPrefix, TextEval};
-use backend_cpu::{CheckpointStore, CpuBackend, QdqHook};
+use backend_cpu::{Bf16Products, CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
 use compiler::quant::points::qdq_points;
 use mllm_dsl::module::ParamSource;
@@ -56,6 +56,9 @@ pub struct TextQualityOptions {
     pub quantized: Vec<(String, PathBuf)>,
     /// Also score the weight-only RTN baseline.
     pub rtn: Option<RtnBaseline>,
+    /// Also score the float model with bf16 products ([`Bf16Products::Bf16`]: each linear's input
+    /// rounded to bf16; changes nothing for f32 weights).
+    pub bf16_products: bool,
     /// The evaluation tokens.
     pub ids: Vec<i64>,
     /// Tokens per prefill window (each window starts with no past).
@@ -151,7 +154,7 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
     let prefix_len = prefix_ids.as_ref().map_or(0, Vec::len);
     let positions = opts.window.min(opts.ids.len()).max(2) + prefix_len;
     let n_windows = opts.ids.chunks(opts.window.max(1)).filter(|w| w.len() >= 2).count();
-    let runs = 1 + opts.quantized.len() + usize::from(opts.rtn.is_some());
+    let runs = 1 + opts.quantized.len() + usize::from(opts.rtn.is_some()) + usize::from(opts.bf16_products);
     let pb = opts.progress.start("perplexity", runs * n_windows);
     let tick = |_: usize, _: usize| pb.inc(1);
     let (mut rows, mut seconds) = (Vec::new(), Vec::new());
@@ -200,6 +203,19 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
         let model = build_model(&hf, positions, &ParamSource::Store(&rtn_store), &opts.model)?;
         let prefix = own_prefix(model.as_ref(), &float_backend)?;
         let row = eval.score(name.clone(), model.as_ref(), &float_backend, prefix.as_ref(), &tick);
+        rows.push(row.with_context(|| name.clone())?);
+        seconds.push(t.elapsed().as_secs_f64());
+    }
+    // 4. The float model with bf16 products.
+    if opts.bf16_products {
+        let t = Instant::now();
+        let name = "float, bf16 products".to_string();
+        pb.set_message(&name);
+        let backend = CpuBackend::float_with(Bf16Products::Bf16);
+        let store = CheckpointStore::open(&opts.model, backend.clone(), hf.tie_word_embeddings)?;
+        let model = build_model(&hf, positions, &ParamSource::Store(&store), &opts.model)?;
+        let prefix = own_prefix(model.as_ref(), &backend)?;
+        let row = eval.score(name.clone(), model.as_ref(), &backend, prefix.as_ref(), &tick);
         rows.push(row.with_context(|| name.clone())?);
         seconds.push(t.elapsed().as_secs_f64());
     }

@@ -31,6 +31,7 @@ fn score_on_eval_text(
         model: dir,
         quantized,
         rtn: Some(RtnBaseline::default()),
+        bf16_products: false,
         ids,
         window: 256,
         progress: aot::progress::silent(),

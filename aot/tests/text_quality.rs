@@ -64,6 +64,7 @@ fn fake_quant_scores_match_pymllms_fake_quant_logits() {
         model: fixture("qwen3-dev-f32"),
         quantized: vec![("pymllm".into(), qdir.clone())],
         rtn: Some(RtnBaseline::default()),
+        bf16_products: false,
         ids: ids.clone(),
         window: 64,
         progress: aot::progress::silent(),

@@ -67,6 +67,22 @@ fn prompt_ids_give_prompt_then_hf_greedy_ids() {
     assert!(lines.last().unwrap().starts_with("prefill_tok_s="), "{lines:?}");
 }
 
+/// `--bf16-products` on the bf16 fixture gives the greedy ids of the NumPy forward that rounds each
+/// linear's input to bf16.
+#[test]
+fn bf16_products_give_the_rounded_references_greedy_ids() {
+    let r = SafetensorsCheckpoint::open_file(fixtures().join("qwen3-dev-bf16/reference_bf16_products.safetensors"))
+        .unwrap();
+    let prompt: Vec<String> = r.read_i64("input_ids").unwrap().iter().map(|v| v.to_string()).collect();
+    let greedy: Vec<u32> = r.read_i64("greedy_ids").unwrap().iter().map(|&v| v as u32).collect();
+    let model = fixtures().join("qwen3-dev-bf16");
+    let args = ["--model", model.to_str().unwrap(), "--prompt-ids", &prompt.join(","), "--max-new-tokens", "8"];
+    let lines = run(&[&args[..], &["--context", "64", "--bf16-products"]].concat()).unwrap();
+    assert_eq!(ids_line(&lines), greedy);
+    let err = run(&[&args[..], &["--bf16-products", "--qnn-context", "x.bin"]].concat()).unwrap_err();
+    assert!(err.to_string().contains("--qnn-context"), "{err}");
+}
+
 #[test]
 fn logits_out_writes_prompt_logits() {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("logits_out.safetensors");

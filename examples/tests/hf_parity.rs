@@ -1,8 +1,10 @@
 //! The model files in float on the CPU against HF transformers' own outputs (fixtures/, see
 //! fixtures/PROVENANCE.md): prompt logits within 1e-4 and identical greedy ids, for prefill chunk
-//! sizes 32, 5 and 1.
+//! sizes 32, 5 and 1. bf16 products (`Bf16Products::Bf16`) against the fixtures' float64 NumPy
+//! forward with bf16-rounded linear inputs.
 
-use aot::load_float;
+use aot::{load_float, load_float_with, CpuModel};
+use backend_cpu::Bf16Products;
 use checkpoint::SafetensorsCheckpoint;
 use runtime::{GenerationConfig, Generator, Sampling};
 use std::path::{Path, PathBuf};
@@ -28,10 +30,17 @@ fn reference(path: &Path) -> Reference {
 
 /// Runs the fixture's model on its reference prompt with each chunk size and checks logits and ids.
 fn check(dir: &str, reference_file: &str) {
+    check_with(dir, reference_file, TOLERANCE, |dir| load_float(dir, CONTEXT).unwrap());
+}
+
+/// [`check`] with the model loaded by `load` and logits within `tolerance`; returns the largest
+/// difference of any chunk size.
+fn check_with(dir: &str, reference_file: &str, tolerance: f32, load: impl Fn(&Path) -> CpuModel) -> f32 {
     let r = reference(&fixture(dir).join(reference_file));
     let new_tokens = r.greedy_ids.len() - r.input_ids.len();
+    let mut largest = 0.0f32;
     for chunk in [32, 5, 1] {
-        let loaded = load_float(&fixture(dir), CONTEXT).unwrap();
+        let loaded = load(&fixture(dir));
         assert!(loaded.unused.is_empty(), "{dir}: unused tensors {:?}", loaded.unused);
         let cfg = GenerationConfig {
             max_new_tokens: new_tokens,
@@ -56,9 +65,11 @@ fn check(dir: &str, reference_file: &str) {
             }
         });
         eprintln!("{dir}/{reference_file} chunk {chunk}: max diff {max_diff:e}");
-        assert!(max_diff <= TOLERANCE, "{dir}/{reference_file} chunk {chunk}: max |logits - HF| = {max_diff}");
+        assert!(max_diff <= tolerance, "{dir}/{reference_file} chunk {chunk}: max |logits - reference| = {max_diff}");
         assert_eq!(out.ids, r.greedy_ids[r.input_ids.len()..], "{dir}/{reference_file} chunk {chunk}: greedy ids");
+        largest = largest.max(max_diff);
     }
+    largest
 }
 
 #[test]
@@ -75,6 +86,20 @@ fn qwen3_f32_long_prompt_spans_two_chunks() {
 fn qwen3_bf16() {
     // References are f32 computations on the bf16 weights (RoPE frequencies kept in f32).
     check("qwen3-dev-bf16", "reference_f32rope.safetensors");
+}
+
+/// bf16 products round each linear's input to bf16: the logits follow the NumPy forward that
+/// rounds them the same way, and stay well away from the f32 references (so the mode is not a
+/// no-op that the tolerance would hide).
+#[test]
+fn qwen3_bf16_products() {
+    let load = |dir: &Path| load_float_with(dir, CONTEXT, Bf16Products::Bf16).unwrap();
+    let near = check_with("qwen3-dev-bf16", "reference_bf16_products.safetensors", TOLERANCE, load);
+    let f32_products = reference(&fixture("qwen3-dev-bf16").join("reference_f32rope.safetensors")).logits;
+    let rounded = reference(&fixture("qwen3-dev-bf16").join("reference_bf16_products.safetensors")).logits;
+    let apart = f32_products.iter().zip(&rounded).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    eprintln!("bf16 products: {near:e} from their reference, which is {apart:e} from the f32 products'");
+    assert!(apart > 10.0 * TOLERANCE, "the two references are too close to tell the modes apart");
 }
 
 #[test]

@@ -169,3 +169,28 @@ fn layer_count_that_disagrees_with_the_checkpoint_is_an_error() {
         assert!(err.contains(stored), "{err}");
     }
 }
+
+/// bf16 products are for a float checkpoint's bf16 weights: a quantized checkpoint is refused by
+/// name, and an f32 one loads with a warning that they change nothing.
+#[test]
+fn bf16_products_refuse_a_quantized_checkpoint_and_warn_on_f32_weights() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let quantized = fixtures.join("pymllm-qwen3-dev-f32");
+    let err = aot::Runner::cpu_with(&quantized, 64, aot::RunMode::Auto, backend_cpu::Bf16Products::Bf16)
+        .err()
+        .expect("a quantized checkpoint must be refused");
+    let err = format!("{err:#}");
+    assert!(err.contains("pymllm-qwen3-dev-f32") && err.contains("quantized"), "{err}");
+    let runner =
+        aot::Runner::cpu_with(&fixtures.join("qwen3-dev-f32"), 64, aot::RunMode::Auto, backend_cpu::Bf16Products::Bf16)
+            .unwrap();
+    assert!(runner.notes.iter().any(|n| n.contains("no bf16 tensors")), "{:?}", runner.notes);
+    let runner = aot::Runner::cpu_with(
+        &fixtures.join("qwen3-dev-bf16"),
+        64,
+        aot::RunMode::Auto,
+        backend_cpu::Bf16Products::Bf16,
+    )
+    .unwrap();
+    assert!(runner.notes.is_empty(), "{:?}", runner.notes);
+}
