@@ -46,7 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let x: Vec<f32> = (0..m * K).map(|_| next()).collect();
         for threads in [1, 2] {
             kernels::set_num_threads(threads)?;
-            let mut rate = |bf16: bool| -> Result<f64, kernels::KernelError> {
+            let rate = |bf16: bool| -> Result<f64, kernels::KernelError> {
                 let mut best = f64::MAX;
                 for _ in 0..repeats {
                     let start = Instant::now();
