@@ -4,12 +4,13 @@
 //! (`[1024 -> 3072]`) for a prefill chunk of 32 rows and a decode row, on 1 and 2 threads.
 //!
 //! ```text
-//! cargo run --release -p backend-cpu --example bench_linear [-- --rows 32 --repeats 200]
+//! cargo run --release -p backend-cpu --example bench_linear [-- --rows 32 --repeats 200 --matrices 1]
 //! ```
 //!
-//! Each figure is the best of `--repeats` calls, in G multiply-adds/s, with the weights (6 MB)
-//! warm in the caches after the first call: the kernel's own rate, which a model's prefill (each
-//! panel fetched from DRAM once per chunk) approaches from below.
+//! Each figure is the best of `--repeats` rounds, in G multiply-adds/s. A round multiplies by each
+//! of `--matrices` weights in turn: with one (6 MB) the weights stay warm in the caches after the
+//! first call, the kernel's own rate; with 48 (302 MB, far beyond the caches) every call fetches
+//! its weights from DRAM, as a model's prefill chunk does.
 
 use backend_cpu::kernels::{self, PackedMatrix};
 use std::time::Instant;
@@ -32,6 +33,7 @@ fn arg(name: &str, default: usize) -> Result<usize, String> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rows = arg("--rows", 32)?;
     let repeats = arg("--repeats", 200)?;
+    let matrices = arg("--matrices", 1)?;
     let mut state = 0x2545_F491u32;
     let mut next = move || {
         state ^= state << 13;
@@ -40,8 +42,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
     };
     let bits: Vec<u16> = (0..N * K).map(|_| (next().to_bits() >> 16) as u16).collect();
-    let w = PackedMatrix::from_rows_bf16(N, K, &bits)?;
-    println!("bf16 weight [{K} -> {N}], best of {repeats} calls, G multiply-adds/s");
+    let ws = (0..matrices).map(|_| PackedMatrix::from_rows_bf16(N, K, &bits)).collect::<Result<Vec<_>, _>>()?;
+    println!("{matrices} bf16 weight(s) [{K} -> {N}], best of {repeats} rounds, G multiply-adds/s");
     for m in [rows, 1] {
         let x: Vec<f32> = (0..m * K).map(|_| next()).collect();
         for threads in [1, 2] {
@@ -50,15 +52,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let mut best = f64::MAX;
                 for _ in 0..repeats {
                     let start = Instant::now();
-                    let y = if bf16 {
-                        kernels::linear_packed_bf16(&x, m, &w, None)?
-                    } else {
-                        kernels::linear_packed(&x, m, &w, None)?
-                    };
+                    for w in &ws {
+                        let y = if bf16 {
+                            kernels::linear_packed_bf16(&x, m, w, None)?
+                        } else {
+                            kernels::linear_packed(&x, m, w, None)?
+                        };
+                        std::hint::black_box(y);
+                    }
                     best = best.min(start.elapsed().as_secs_f64());
-                    std::hint::black_box(y);
                 }
-                Ok((m * K * N) as f64 / best / 1e9)
+                Ok((matrices * m * K * N) as f64 / best / 1e9)
             };
             let (f32_rate, bf16_rate) = (rate(false)?, rate(true)?);
             println!(

@@ -45,6 +45,19 @@ const fn to_columns(first: usize) -> [u32; 16] {
     out
 }
 
+/// What a tile prefetches as it goes.
+#[derive(Clone, Copy)]
+enum Ahead {
+    /// Its own panel, [`PREFETCH_ROWS`] rows ahead, into L1.
+    Panel,
+    /// `lines` cache lines a step of the next panel from `at` on, into L2.
+    Next {
+        at: *const i8,
+        lines: usize,
+    },
+    Nothing,
+}
+
 /// Whether this CPU runs [`panel_product`].
 pub(crate) fn available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -95,6 +108,10 @@ unsafe fn row_pairs(row: &[f32], dst: &mut [u32]) {
 /// [`pairs`] (`k.div_ceil(2)` a row) and `panel` a bf16 panel (`k` rows in the slot order of
 /// [`super::packed`]).
 ///
+/// The first tile reads the panel from DRAM and asks for it ahead of its loads; the later tiles
+/// find it in L2 and ask instead for `next` (the panel this thread multiplies next, if any), each
+/// for its share, so that the next panel's first tile finds it in L2 too.
+///
 /// # Safety
 /// [`available`]; `x` holds `rows` rows of pairs, `panel` `k * PANEL` bf16, `c` `rows` rows of
 /// stride `ldc` with `cols <= PANEL` writable f32 each, not aliased during the call.
@@ -104,20 +121,30 @@ pub(crate) unsafe fn panel_product(
     rows: usize,
     k: usize,
     panel: *const u16,
+    next: Option<*const u16>,
     c: *mut f32,
     ldc: usize,
     cols: usize,
     init: &[f32; PANEL],
 ) {
     let kp = k.div_ceil(2);
+    let later_tiles = rows.div_ceil(ROWS).saturating_sub(1);
+    // Each later tile's share of the next panel, in cache lines per pair of panel rows.
+    let share = (k * PANEL * 2).div_ceil(later_tiles.max(1));
+    let lines = share.div_ceil(64 * kp.max(1));
     let mut r = 0;
     while r < rows {
         let mr = ROWS.min(rows - r);
         let (x, c) = (x.add(r * kp), c.add(r * ldc));
+        let ahead = match (r / ROWS, next) {
+            (0, _) => Ahead::Panel,
+            (t, Some(next)) => Ahead::Next { at: next.cast::<i8>().wrapping_add((t - 1) * share), lines },
+            (_, None) => Ahead::Nothing,
+        };
         macro_rules! tiles {
             ($($n:literal),*) => {
                 match mr {
-                    $( $n => tile::<$n>(x, k, panel, c, ldc, cols, init), )*
+                    $( $n => tile::<$n>(x, k, panel, ahead, c, ldc, cols, init), )*
                     _ => unreachable!("tile height {mr} exceeds {ROWS}"),
                 }
             };
@@ -132,10 +159,12 @@ pub(crate) unsafe fn panel_product(
 /// rows (`vpunpcklwd` / `vpunpckhwd`, one instruction each) gives such lanes, the columns in the
 /// order of [`UNPACKED_LO`] / [`UNPACKED_HI`]; the sums are put back in column order once, at the end.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn tile<const MR: usize>(
     x: *const u32,
     k: usize,
     panel: *const u16,
+    ahead: Ahead,
     c: *mut f32,
     ldc: usize,
     cols: usize,
@@ -157,11 +186,20 @@ unsafe fn tile<const MR: usize>(
         }};
     }
     for j in 0..k / 2 {
-        // Ahead of the hardware prefetcher: on its first tile the panel comes from DRAM (a
-        // prefetch past the panel's end is harmless).
-        let ahead = panel.add(2 * j * PANEL).cast::<i8>().wrapping_add(PREFETCH_ROWS * PANEL * 2);
-        _mm_prefetch::<_MM_HINT_T0>(ahead);
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+        // (A prefetch past the panel's end is harmless.)
+        match ahead {
+            Ahead::Panel => {
+                let at = panel.add(2 * j * PANEL).cast::<i8>().wrapping_add(PREFETCH_ROWS * PANEL * 2);
+                _mm_prefetch::<_MM_HINT_T0>(at);
+                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64));
+            }
+            Ahead::Next { at, lines } => {
+                for l in 0..lines {
+                    _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add((j * lines + l) * 64));
+                }
+            }
+            Ahead::Nothing => {}
+        }
         step!(
             j,
             _mm512_loadu_si512(panel.add(2 * j * PANEL).cast::<__m512i>()),

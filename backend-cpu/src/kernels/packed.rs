@@ -394,7 +394,11 @@ fn product(
                     unsafe {
                         let c = dst.get().add(r0 * n + p * PANEL);
                         let x = pairs.as_ptr().add(r0 * k.div_ceil(2));
-                        super::bf16_dot::panel_product(x, rows, k, b.as_ptr(), c, n, cols, init);
+                        let next = match PanelRef::new(w, (p + 1).min(p1 - 1)) {
+                            PanelRef::Bf16(next) if p + 1 < p1 => Some(next.as_ptr()),
+                            _ => None,
+                        };
+                        super::bf16_dot::panel_product(x, rows, k, b.as_ptr(), next, c, n, cols, init);
                     }
                     continue;
                 }
