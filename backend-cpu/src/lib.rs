@@ -1,5 +1,41 @@
 //! backend-cpu: eager CPU execution of mllm-dsl model files, float and fake-quant, plus calibration
 //! and export of quantized checkpoints ([`quant`]).
+//!
+//! # Quick start
+//!
+//! A checkpoint's tensors bound to its model file on a [`CpuBackend`], then generated from
+//! (`aot::load_model` does this for any checkpoint, float or quantized):
+//!
+//! ```
+//! use backend_cpu::{Bf16Products, CheckpointStore, CpuBackend, CpuChunkModel};
+//! use mllm_dsl::module::ParamSource;
+//! use runtime::{GenerationConfig, Generator, Sampling};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = std::path::Path::new("../fixtures/qwen3-dev-bf16");
+//! let config = models::hf::HfConfig::from_dir(dir)?;
+//! // Float mode; `Bf16Products::Bf16` would round each linear's input to bf16 and multiply
+//! // with AVX-512 BF16 (docs/cpu.md).
+//! let backend = CpuBackend::float_with(Bf16Products::F32);
+//! let store = CheckpointStore::for_config(dir, backend.clone(), &config)?;
+//! let mut model = models::build(&config, 64)?;
+//! model.bind_params(&ParamSource::Store(&store))?;
+//! let mut generator = Generator::new(CpuChunkModel::new(model, backend, 64))?;
+//! let config = GenerationConfig {
+//!     max_new_tokens: 4,
+//!     prefill_chunk: 32,
+//!     sampling: Sampling::Greedy,
+//!     eos_ids: Vec::new(),
+//!     collect_prompt_logits: false,
+//! };
+//! let out = generator.generate(&[5, 17, 42], &config)?;
+//! assert_eq!(out.ids.len(), 4);
+//! # Ok(()) }
+//! ```
+//!
+//! Map: [`executor`] runs each op ([`CpuBackend`], its QDQ hook and product settings),
+//! [`kernels`] the f32, bf16 and int4 compute, [`store`] loads weights in the form the kernels
+//! read, [`chunk_model`] adapts a model to the runtime's chunked prefill and decode, [`interp`]
+//! runs an IR program, [`quant`] calibrates and exports.
 
 pub mod chunk_model;
 pub mod executor;
