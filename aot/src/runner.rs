@@ -57,7 +57,7 @@ impl Runner {
     /// [`Runner::cpu`] with a float checkpoint's bf16 weights multiplied as `bf16` says
     /// ([`Bf16Products::Bf16`] is refused for a quantized checkpoint, which has no bf16 matrices).
     pub fn cpu_with(dir: &Path, context: usize, mode: RunMode, bf16: Bf16Products) -> Result<Runner> {
-        let mut bf16_note = None;
+        let mut notes = Vec::new();
         let loaded = match bf16 {
             Bf16Products::F32 => load_model(dir, context, mode)?,
             Bf16Products::Bf16 => {
@@ -68,7 +68,7 @@ impl Runner {
                     dir.display()
                 );
                 if !ckpt.keys().iter().any(|k| matches!(ckpt.info(k), Ok((checkpoint::StDtype::BF16, _)))) {
-                    bf16_note = Some(format!(
+                    notes.push(format!(
                         "warning: {} has no bf16 tensors; bf16 products change nothing (scripts/to-bf16.py \
                          writes a bf16 copy)",
                         dir.display()
@@ -77,7 +77,6 @@ impl Runner {
                 load_float_with(dir, context, bf16)?
             }
         };
-        let mut notes: Vec<String> = bf16_note.into_iter().collect();
         if !loaded.unused.is_empty() {
             let (n, keys) = (loaded.unused.len(), loaded.unused.join(", "));
             notes.push(format!("warning: {n} checkpoint tensors were not used: {keys}"));

@@ -30,12 +30,11 @@ fn reference(path: &Path) -> Reference {
 
 /// Runs the fixture's model on its reference prompt with each chunk size and checks logits and ids.
 fn check(dir: &str, reference_file: &str) {
-    check_with(dir, reference_file, TOLERANCE, |dir| load_float(dir, CONTEXT).unwrap());
+    check_with(dir, reference_file, |dir| load_float(dir, CONTEXT).unwrap());
 }
 
-/// [`check`] with the model loaded by `load` and logits within `tolerance`; returns the largest
-/// difference of any chunk size.
-fn check_with(dir: &str, reference_file: &str, tolerance: f32, load: impl Fn(&Path) -> CpuModel) -> f32 {
+/// [`check`] with the model loaded by `load`; returns the largest difference of any chunk size.
+fn check_with(dir: &str, reference_file: &str, load: impl Fn(&Path) -> CpuModel) -> f32 {
     let r = reference(&fixture(dir).join(reference_file));
     let new_tokens = r.greedy_ids.len() - r.input_ids.len();
     let mut largest = 0.0f32;
@@ -65,7 +64,7 @@ fn check_with(dir: &str, reference_file: &str, tolerance: f32, load: impl Fn(&Pa
             }
         });
         eprintln!("{dir}/{reference_file} chunk {chunk}: max diff {max_diff:e}");
-        assert!(max_diff <= tolerance, "{dir}/{reference_file} chunk {chunk}: max |logits - reference| = {max_diff}");
+        assert!(max_diff <= TOLERANCE, "{dir}/{reference_file} chunk {chunk}: max |logits - reference| = {max_diff}");
         assert_eq!(out.ids, r.greedy_ids[r.input_ids.len()..], "{dir}/{reference_file} chunk {chunk}: greedy ids");
         largest = largest.max(max_diff);
     }
@@ -94,7 +93,7 @@ fn qwen3_bf16() {
 #[test]
 fn qwen3_bf16_products() {
     let load = |dir: &Path| load_float_with(dir, CONTEXT, Bf16Products::Bf16).unwrap();
-    let near = check_with("qwen3-dev-bf16", "reference_bf16_products.safetensors", TOLERANCE, load);
+    let near = check_with("qwen3-dev-bf16", "reference_bf16_products.safetensors", load);
     let f32_products = reference(&fixture("qwen3-dev-bf16").join("reference_f32rope.safetensors")).logits;
     let rounded = reference(&fixture("qwen3-dev-bf16").join("reference_bf16_products.safetensors")).logits;
     let apart = f32_products.iter().zip(&rounded).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);

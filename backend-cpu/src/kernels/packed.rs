@@ -394,8 +394,8 @@ fn product(
                     unsafe {
                         let c = dst.get().add(r0 * n + p * PANEL);
                         let x = pairs.as_ptr().add(r0 * k.div_ceil(2));
-                        let next = match PanelRef::new(w, (p + 1).min(p1 - 1)) {
-                            PanelRef::Bf16(next) if p + 1 < p1 => Some(next.as_ptr()),
+                        let next = match (p + 1 < p1).then(|| PanelRef::new(w, p + 1)) {
+                            Some(PanelRef::Bf16(next)) => Some(next.as_ptr()),
                             _ => None,
                         };
                         super::bf16_dot::panel_product(x, rows, k, b.as_ptr(), next, c, n, cols, init);
