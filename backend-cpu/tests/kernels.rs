@@ -341,7 +341,8 @@ fn equal_and_where_match_naive() {
         (&[3, 1, 7], &[5, 1], &[1]),
         (&[2, 3], &[2, 3], &[2, 3]),
         (&[1, 1, 5, 5], &[1, 2, 5, 5], &[]),
-        (&[190, 190], &[1, 190], &[3, 190, 1]), // parallel
+        (&[190, 190], &[1, 190], &[3, 190, 1]),            // parallel
+        (&[1, 1, 2, 600], &[1, 9, 2, 600], &[1, 9, 2, 1]), // masked attention scores
     ];
     for &(c_shape, a_shape, b_shape) in cases {
         let cond = small(&mut rng, c_shape);

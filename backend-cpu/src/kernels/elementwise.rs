@@ -148,9 +148,9 @@ pub fn where_(
             &plan,
             #[inline(always)]
             |out, [oc, oa, ob]| {
-                for (i, o) in out.iter_mut().enumerate() {
-                    o.write(if cond[oc + i * sc] != 0.0 { a[oa + i * sa] } else { b[ob + i * sb] });
-                }
+                let run = out.len();
+                let span = |s: usize| if s == 0 { 1 } else { run };
+                run_where(out, &cond[oc..oc + span(sc)], sc, &a[oa..oa + span(sa)], sa, &b[ob..ob + span(sb)], sb)
             },
         )
     };
@@ -269,6 +269,30 @@ unsafe fn fill_runs<const K: usize>(
                 )
             },
         )
+    }
+}
+
+/// [`where_`]'s innermost run, operands as in [`run_binary`]. Masked attention scores (condition
+/// and scores full runs, the fill value one per row) get a loop of their own so it vectorises.
+#[inline(always)]
+fn run_where(out: &mut [MaybeUninit<f32>], cond: &[f32], sc: usize, a: &[f32], sa: usize, b: &[f32], sb: usize) {
+    match (sc, sa, sb) {
+        (1, 1, 0) => {
+            let y = b[0];
+            for ((o, &c), &x) in out.iter_mut().zip(cond).zip(a) {
+                o.write(if c != 0.0 { x } else { y });
+            }
+        }
+        (1, 1, 1) => {
+            for (((o, &c), &x), &y) in out.iter_mut().zip(cond).zip(a).zip(b) {
+                o.write(if c != 0.0 { x } else { y });
+            }
+        }
+        _ => {
+            for (i, o) in out.iter_mut().enumerate() {
+                o.write(if cond[i * sc] != 0.0 { a[i * sa] } else { b[i * sb] });
+            }
+        }
     }
 }
 
