@@ -81,8 +81,10 @@ fn pymllm_export_gives_the_same_logits_with_int4_weights() {
 
 #[test]
 fn own_export_gives_the_same_logits_with_int4_weights() {
-    let out = std::env::temp_dir().join(format!("mllm-int4-weights-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
+    // The checkpoint inside a directory of its own, which takes its staging lock along when removed.
+    let dir = std::env::temp_dir().join(format!("mllm-int4-weights-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = dir.join("checkpoint");
     let ids = aot::load_id_sequences(&fixture("pymllm-qwen3-dev-f32/calib_ids.safetensors"), "calib_ids", 128).unwrap();
     aot::quantize(&aot::QuantizeOptions {
         model: fixture("qwen3-dev-f32"),
@@ -101,5 +103,5 @@ fn own_export_gives_the_same_logits_with_int4_weights() {
     })
     .unwrap();
     check_same_logits(&out);
-    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&dir);
 }

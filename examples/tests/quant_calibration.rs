@@ -16,10 +16,20 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)
 }
 
+/// `name` inside a fresh directory of its own: an output's staging lock (`.<name>.lock`, kept
+/// beside it) lands there too, and [`remove_scratch`] takes both away.
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("mllm-quant-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    dir
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// Removes what [`scratch`] made for `path`.
+fn remove_scratch(path: &Path) {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 fn calib_ids() -> Vec<Vec<i64>> {
@@ -139,7 +149,7 @@ fn mllm_compatible_calibration_reproduces_pymllm() {
     eprintln!("our export, fake-quant vs pymllm's deployedsim: {:.2} dB, top-1 {}", c.sqnr_db, c.top1_agreement);
     assert!(c.sqnr_db >= 40.0, "{} dB", c.sqnr_db);
     assert_eq!(c.top1_agreement, 1.0);
-    let _ = std::fs::remove_dir_all(&out);
+    remove_scratch(&out);
 }
 
 #[test]
@@ -169,7 +179,7 @@ fn deployed_mode_calibrates_the_deployed_model_and_reports() {
     let key = "lm_head_output_qdq.fake_quant.scale";
     let (a, b) = (ours.read_f32(key).unwrap()[0], theirs.read_f32(key).unwrap()[0]);
     assert!(a > b, "all positions ({a}) vs last position ({b})");
-    let _ = std::fs::remove_dir_all(&out);
+    remove_scratch(&out);
 }
 
 /// A model directory with qwen3-dev-f32's weights and a config edited by `edit`.
@@ -204,6 +214,7 @@ fn quantize_error(model: PathBuf, aot_config: Option<PathBuf>) -> String {
     let err = quantize(&opts).err().expect("quantize must refuse this configuration");
     eprintln!("{err:#}");
     assert!(!opts.out.join("model.safetensors").exists());
+    remove_scratch(&opts.out);
     format!("{err:#}")
 }
 
@@ -213,7 +224,7 @@ fn block_size_conflicts_are_reported_before_calibration() {
     let model = model_with_config("bs32", |c| c["linear_block_size"] = serde_json::json!(32));
     let msg = quantize_error(model.clone(), None);
     assert!(msg.contains("linear_block_size") && msg.contains("32") && msg.contains("16"), "{msg}");
-    let _ = std::fs::remove_dir_all(&model);
+    remove_scratch(&model);
 
     // An AOT block size that does not divide the hidden width (32).
     let aot_text = std::fs::read_to_string(
@@ -229,8 +240,8 @@ fn block_size_conflicts_are_reported_before_calibration() {
     });
     let msg = quantize_error(model.clone(), Some(aot.clone()));
     assert!(msg.contains("24") && msg.contains("does not divide"), "{msg}");
-    let _ = std::fs::remove_dir_all(&model);
-    let _ = std::fs::remove_file(&aot);
+    remove_scratch(&model);
+    remove_scratch(&aot);
 }
 
 #[test]
@@ -248,5 +259,5 @@ fn text_calibration_splits_paragraphs_and_truncates() {
     let chat = aot::load_text_sequences(&text, &tokenizer, 1000, 1, Some(&template)).unwrap();
     assert_eq!(chat.len(), 1);
     assert_eq!(chat[0][0], 1, "the chat template starts with <|im_start|>");
-    let _ = std::fs::remove_file(&text);
+    remove_scratch(&text);
 }

@@ -15,10 +15,20 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)
 }
 
+/// `name` inside a fresh directory of its own: an output's staging lock (`.<name>.lock`, kept
+/// beside it) lands there too, and [`remove_scratch`] takes both away.
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("mllm-weight-methods-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    dir
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// Removes what [`scratch`] made for `path`.
+fn remove_scratch(path: &Path) {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 /// The tiny Qwen3 quantized on pymllm's calibration ids with the given options.
@@ -68,7 +78,7 @@ fn searched_and_gptq_weights_are_no_worse_than_pymllm_rounding() {
         assert_eq!(outcome.input_stats_seconds > 0.0, method != WeightMethod::Rtn);
         println!("{:>11}: logits SQNR {:.2} dB, top-1 {:.1} %", method.name(), row.sqnr_db, 100.0 * row.top1_agreement);
         logits.push((method, row));
-        let _ = std::fs::remove_dir_all(&out);
+        remove_scratch(&out);
     }
     let rtn = &logits[0].1;
     for (method, row) in &logits[1..] {
@@ -95,7 +105,8 @@ fn mllm_compatible_mode_ignores_the_weight_method_and_ranges() {
         bytes(&a) == bytes(&b),
         "mllm-compatible checkpoints differ with --weight-method seqmse-gptq --act-range mse"
     );
-    let _ = (std::fs::remove_dir_all(&a), std::fs::remove_dir_all(&b));
+    remove_scratch(&a);
+    remove_scratch(&b);
 }
 
 #[test]
@@ -144,9 +155,9 @@ fn range_methods_shrink_only_the_kinds_they_are_given() {
         if parsed.kv_cache == ActRange::Mse {
             assert!(shrunk[1] > 0, "{ranges}: the u8 KV cache's MSE range clipped nothing");
         }
-        let _ = std::fs::remove_dir_all(&out);
+        remove_scratch(&out);
     }
-    let _ = std::fs::remove_dir_all(scratch("range-minmax"));
+    remove_scratch(&scratch("range-minmax"));
 }
 
 /// A rotated model quantizes into the same pymllm key set (the rotation only changes numbers),
@@ -180,7 +191,8 @@ fn rotated_checkpoint_quantizes_into_the_pymllm_format() {
     // The quantized checkpoint runs in fake-quant mode like any other.
     let loaded = aot::load_model(&rot, 64, aot::RunMode::Auto).unwrap();
     assert!(loaded.fake_quant && loaded.unused.is_empty(), "unused: {:?}", loaded.unused);
-    let _ = (std::fs::remove_dir_all(&plain), std::fs::remove_dir_all(&rot));
+    remove_scratch(&plain);
+    remove_scratch(&rot);
 }
 
 #[test]
@@ -200,4 +212,5 @@ fn mllm_compatible_mode_refuses_a_rotation() {
         "{err:#}"
     );
     assert!(!out.exists(), "nothing written");
+    remove_scratch(&out);
 }

@@ -57,7 +57,10 @@ impl AotModel {
     /// The float fixture `fixtures/<name>`, calibrated on [`calibration_ids`] (mllm-compatible
     /// mode) and quantized (W4A16 LPBQ, KV8) into a temporary directory by [`aot::quantize`].
     pub fn calibrated(name: &str) -> AotModel {
-        let out = TempDir::new(&format!("calibrated-{name}"));
+        // The checkpoint goes inside the temporary directory, so its staging lock
+        // (`.checkpoint.lock`, kept beside an output) goes with it on drop.
+        let owned = TempDir::new(&format!("calibrated-{name}"));
+        let out = owned.0.join("checkpoint");
         let hf = HfConfig::from_dir(fixture(name)).unwrap_or_else(|e| panic!("{e}"));
         aot::quantize(&QuantizeOptions {
             model: fixture(name),
@@ -65,7 +68,7 @@ impl AotModel {
             calibration: calibration_ids(hf.vocab_size),
             evaluation: None,
             mode: CalibrationMode::MllmCompatible,
-            out: out.0.clone(),
+            out: out.clone(),
             max_positions: MAX_POSITIONS,
             progress: aot::progress::silent(),
             weight_method: backend_cpu::quant::WeightMethod::Rtn,
@@ -75,8 +78,8 @@ impl AotModel {
             weight_budget: None,
         })
         .unwrap_or_else(|e| panic!("calibrating {name}: {e:#}"));
-        let mut model = AotModel::open(out.0.clone());
-        model._owned = Some(out);
+        let mut model = AotModel::open(out);
+        model._owned = Some(owned);
         model
     }
 
