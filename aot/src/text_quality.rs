@@ -12,7 +12,7 @@ use backend_cpu::quant::{FakeQuantHook, QdqParams, QualityRow, RtnWeights, SinkP
 use backend_cpu::{Bf16Products, CheckpointStore, CpuBackend, QdqHook};
 use checkpoint::SafetensorsCheckpoint;
 use compiler::quant::points::qdq_points;
-use mllm_dsl::module::ParamSource;
+use mllm_dsl::module::{ParamSource, WeightStore};
 use mllm_dsl::{BackendRef, CausalLm, ParamFormat};
 use models::hf::HfConfig;
 
@@ -158,12 +158,16 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
     let pb = opts.progress.start("perplexity", runs * n_windows);
     let tick = |_: usize, _: usize| pb.inc(1);
     let (mut rows, mut seconds) = (Vec::new(), Vec::new());
-    // A float-activation model's own K/V of the prefix tokens.
-    let own_prefix = |model: &dyn CausalLm, backend: &BackendRef| -> Result<Option<SinkPrefix>> {
-        Ok(match &prefix_ids {
-            Some(ids) => Some(SinkPrefix::compute(model, backend, ids).context("the attention-sink prefix")?),
+    // A float-activation model on `weights`, with its own K/V of the prefix tokens.
+    let float_activation_model = |weights: &dyn WeightStore,
+                                  backend: &BackendRef|
+     -> Result<(Box<dyn CausalLm>, Option<SinkPrefix>)> {
+        let model = build_model(&hf, positions, &ParamSource::Store(weights), &opts.model)?;
+        let prefix = match &prefix_ids {
+            Some(ids) => Some(SinkPrefix::compute(model.as_ref(), backend, ids).context("the attention-sink prefix")?),
             None => None,
-        })
+        };
+        Ok((model, prefix))
     };
 
     // 1. Float: the reference every other model is scored against.
@@ -171,8 +175,7 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
     pb.set_message("float");
     let float_backend = CpuBackend::float();
     let store = CheckpointStore::open(&opts.model, float_backend.clone(), hf.tie_word_embeddings)?;
-    let float = build_model(&hf, positions, &ParamSource::Store(&store), &opts.model)?;
-    let float_prefix = own_prefix(float.as_ref(), &float_backend)?;
+    let (float, float_prefix) = float_activation_model(&store, &float_backend)?;
     let eval = TextEval::new(float.as_ref(), &float_backend, float_prefix.as_ref(), &opts.ids, opts.window, &tick)
         .with_context(|| format!("float run of {}", opts.model.display()))?;
     drop(float);
@@ -200,8 +203,7 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
         let name = format!("RTN int{} block {} weight-only", rtn.bits, rtn.block);
         pb.set_message(&name);
         let rtn_store = RtnWeights::new(&store, rtn.bits, rtn.block)?;
-        let model = build_model(&hf, positions, &ParamSource::Store(&rtn_store), &opts.model)?;
-        let prefix = own_prefix(model.as_ref(), &float_backend)?;
+        let (model, prefix) = float_activation_model(&rtn_store, &float_backend)?;
         let row = eval.score(name.clone(), model.as_ref(), &float_backend, prefix.as_ref(), &tick);
         rows.push(row.with_context(|| name.clone())?);
         seconds.push(t.elapsed().as_secs_f64());
@@ -213,8 +215,7 @@ pub fn text_quality(opts: &TextQualityOptions) -> Result<TextQuality> {
         pb.set_message(&name);
         let backend = CpuBackend::float_with(Bf16Products::Bf16);
         let store = CheckpointStore::open(&opts.model, backend.clone(), hf.tie_word_embeddings)?;
-        let model = build_model(&hf, positions, &ParamSource::Store(&store), &opts.model)?;
-        let prefix = own_prefix(model.as_ref(), &backend)?;
+        let (model, prefix) = float_activation_model(&store, &backend)?;
         let row = eval.score(name.clone(), model.as_ref(), &backend, prefix.as_ref(), &tick);
         rows.push(row.with_context(|| name.clone())?);
         seconds.push(t.elapsed().as_secs_f64());

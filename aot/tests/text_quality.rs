@@ -136,3 +136,39 @@ fn loss_breakdown_scores_every_family_and_layer() {
     .unwrap_err();
     assert!(format!("{err:#}").contains("not a quantized checkpoint"), "{err:#}");
 }
+
+/// `perplexity --bf16-products` scores the float model with each linear's input rounded to bf16:
+/// on the bf16 fixture its row equals the score of the NumPy forward that rounds the same way
+/// (make_fixtures.py `bf16-products`) against the float forward's logits.
+#[test]
+fn bf16_products_row_scores_the_rounded_reference() {
+    let dir = fixture("qwen3-dev-bf16");
+    let float_ref = SafetensorsCheckpoint::open_file(dir.join("reference.safetensors")).unwrap();
+    let rounded_ref = SafetensorsCheckpoint::open_file(dir.join("reference_bf16_products.safetensors")).unwrap();
+    let ids = float_ref.read_i64("input_ids").unwrap();
+    assert_eq!(ids, rounded_ref.read_i64("input_ids").unwrap());
+    let (float_want, rounded_want) =
+        score_logits(&float_ref.read_f32("logits").unwrap(), &rounded_ref.read_f32("logits").unwrap(), &ids, 160)
+            .unwrap();
+    let q = text_quality(&TextQualityOptions {
+        model: dir,
+        quantized: Vec::new(),
+        rtn: None,
+        bf16_products: true,
+        ids: ids.clone(),
+        window: ids.len(),
+        progress: aot::progress::silent(),
+    })
+    .unwrap();
+    eprintln!("{}", q.table());
+    eprintln!("want: float {float_want:?}\n      rounded {rounded_want:?}");
+    assert_eq!(q.rows.len(), 2);
+    let (float, rounded) = (&q.rows[0], &q.rows[1]);
+    assert_eq!(rounded.name, "float, bf16 products");
+    // The rounding must show (a no-op mode would score KL 0), and score as the reference does.
+    assert!(rounded_want.mean_kl > 1e-9, "{rounded_want:?}");
+    assert!((float.perplexity / float_want.perplexity - 1.0).abs() < 1e-4, "{float:?} vs {float_want:?}");
+    assert!((rounded.perplexity / rounded_want.perplexity - 1.0).abs() < 1e-4, "{rounded:?} vs {rounded_want:?}");
+    assert!((rounded.mean_kl - rounded_want.mean_kl).abs() < 0.05 * rounded_want.mean_kl, "{rounded:?}");
+    assert_eq!(rounded.top1_agreement, rounded_want.top1_agreement);
+}
