@@ -104,8 +104,13 @@ impl fmt::Display for QdqAttr {
 /// Joins a module path and a QDQ name into the checkpoint key prefix.
 pub fn qdq_key(module_path: &str, name: &str) -> String {
     if module_path.is_empty() {
-        name.to_string()
-    } else {
-        format!("{module_path}.{name}")
+        return name.to_string();
     }
+    // Built directly rather than by `format!`: eager runs make one key per QDQ point and call
+    // (about a thousand per decode step), and the formatting machinery cost more than the copy.
+    let mut key = String::with_capacity(module_path.len() + 1 + name.len());
+    key.push_str(module_path);
+    key.push('.');
+    key.push_str(name);
+    key
 }
