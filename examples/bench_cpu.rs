@@ -36,11 +36,13 @@
 //! token comes from the prefill logits, so `new - 1` steps). The roofline is bandwidth / the bytes
 //! of weight matrices a decode step reads (KV cache and activations are not counted), and each
 //! decode figure is also printed as a fraction of it: per run against its round's bandwidth, and in
-//! the summary the median against the best bandwidth of the whole run.
+//! the summary the median against the best bandwidth of the whole run and the median of the
+//! per-round fractions.
 //!
 //! With `--llama-bench`, every round runs each of our variants and then `llama-bench` on `--gguf`
 //! (`-p PROMPT -n NEW -t THREADS`, one repetition), alternating, and the summary prints medians and
-//! our / llama.cpp ratios. With `--candle` (the `scripts/candle-peer` executable: candle-transformers'
+//! our / llama.cpp ratios: of the medians, and per round (the two ran back to back) with their
+//! median, which the host's drift between rounds does not move. With `--candle` (the `scripts/candle-peer` executable: candle-transformers'
 //! Qwen3, f32 compute, `RAYON_NUM_THREADS` = the thread count) every round also runs candle on the
 //! float checkpoint, and the summary prints the bf16 / candle ratios. With `MLLM_CPU_PROFILE=1` each child also prints its time per op kind.
 
@@ -195,8 +197,8 @@ fn main() -> Result<()> {
     );
     println!("(figures from a shared machine: other jobs may run at the same time; compare rounds)");
     let exe = std::env::current_exe().context("locating this executable")?;
-    // (name, threads) -> (prefill, decode) per run.
-    let mut results: BTreeMap<(String, usize), Vec<(f64, f64)>> = BTreeMap::new();
+    // (name, threads) -> (round, prefill, decode) per run.
+    let mut results: Results = BTreeMap::new();
     // threads -> the read bandwidths measured (GB/s); (name, threads) -> weights_mb.
     let mut bandwidths: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
     let mut weights_mb: BTreeMap<(String, usize), f64> = BTreeMap::new();
@@ -232,7 +234,7 @@ fn main() -> Result<()> {
                 }
                 for line in text.lines() {
                     if let (Some(p), Some(d)) = (field(line, "prefill_tok_s"), field(line, "decode_tok_s")) {
-                        results.entry((variant.name().into(), threads)).or_default().push((p, d));
+                        results.entry((variant.name().into(), threads)).or_default().push((round, p, d));
                     }
                     if let Some(mb) = field(line, "weights_mb") {
                         weights_mb.insert((variant.name().into(), threads), mb);
@@ -242,12 +244,12 @@ fn main() -> Result<()> {
             if let (Some(bench), Some(gguf)) = (&args.llama_bench, &args.gguf) {
                 let (p, d) = llama_bench(bench, gguf, &args, threads)?;
                 println!("round={round} variant=llama.cpp threads={threads} prefill_tok_s={p:.2} decode_tok_s={d:.2}");
-                results.entry(("llama.cpp".into(), threads)).or_default().push((p, d));
+                results.entry(("llama.cpp".into(), threads)).or_default().push((round, p, d));
             }
             if let Some(candle) = &args.candle {
                 let (p, d) = candle_peer(candle, &model, &args, threads)?;
                 println!("round={round} variant=candle threads={threads} prefill_tok_s={p:.2} decode_tok_s={d:.2}");
-                results.entry(("candle".into(), threads)).or_default().push((p, d));
+                results.entry(("candle".into(), threads)).or_default().push((round, p, d));
             }
         }
     }
@@ -271,33 +273,69 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Medians per variant and thread count, and the ratios the issue's targets name.
-fn summarize(results: &BTreeMap<(String, usize), Vec<(f64, f64)>>, threads: &[usize]) {
+/// (variant or peer, threads) -> (round, prefill tok/s, decode tok/s) of every run.
+type Results = BTreeMap<(String, usize), Vec<(usize, f64, f64)>>;
+
+/// The (prefill, decode) medians of `runs`.
+fn medians<'a>(runs: impl Iterator<Item = &'a (usize, f64, f64)> + Clone) -> (f64, f64) {
+    (median(runs.clone().map(|r| r.1).collect()), median(runs.map(|r| r.2).collect()))
+}
+
+/// Per round in which both ran, `ours`' medians over `peer`'s (prefill, decode). The two ran
+/// back to back in that round, so a ratio is not moved by the host's drift between rounds.
+fn round_ratios(ours: &[(usize, f64, f64)], peer: &[(usize, f64, f64)]) -> Vec<(f64, f64)> {
+    let rounds: std::collections::BTreeSet<usize> = ours.iter().map(|r| r.0).collect();
+    rounds
+        .into_iter()
+        .filter_map(|round| {
+            let of = |runs: &[(usize, f64, f64)]| {
+                let mut runs = runs.iter().filter(move |r| r.0 == round).peekable();
+                runs.peek().is_some().then(|| medians(runs))
+            };
+            let ((op, od), (pp, pd)) = (of(ours)?, of(peer)?);
+            Some((op / pp, od / pd))
+        })
+        .collect()
+}
+
+/// Medians per variant and thread count, and the ratios the issue's targets name: of the medians,
+/// and the median of the per-round ratios with each round's ratio.
+fn summarize(results: &Results, threads: &[usize]) {
     println!("summary (medians over runs and rounds):");
     for &t in threads {
-        let get = |name: &str| {
-            results
-                .get(&(name.to_string(), t))
-                .map(|runs| (median(runs.iter().map(|r| r.0).collect()), median(runs.iter().map(|r| r.1).collect())))
-        };
+        let runs = |name: &str| results.get(&(name.to_string(), t));
         for name in ["bf16", "bf16-products", "int4", "f32", "llama.cpp", "candle"] {
-            if let Some((p, d)) = get(name) {
+            if let Some(r) = runs(name) {
+                let (p, d) = medians(r.iter());
                 println!("  threads={t} {name:>13}: prefill {p:8.2} tok/s, decode {d:7.2} tok/s");
             }
         }
-        if let (Some(i), Some(f)) = (get("int4"), get("f32")) {
-            println!("  threads={t} int4 / f32-decoded weights: prefill {:.2}x, decode {:.2}x", i.0 / f.0, i.1 / f.1);
-        }
-        if let (Some(i), Some(l)) = (get("int4"), get("llama.cpp")) {
-            println!("  threads={t} int4 / llama.cpp: prefill {:.2}x, decode {:.2}x", i.0 / l.0, i.1 / l.1);
-        }
-        if let (Some(b), Some(l)) = (get("bf16"), get("llama.cpp")) {
-            println!("  threads={t} bf16 / llama.cpp: prefill {:.2}x, decode {:.2}x", b.0 / l.0, b.1 / l.1);
-        }
-        for bf16 in ["bf16", "bf16-products"] {
-            if let (Some(b), Some(c)) = (get(bf16), get("candle")) {
-                println!("  threads={t} {bf16} / candle: prefill {:.2}x, decode {:.2}x", b.0 / c.0, b.1 / c.1);
+        let pairs = [
+            ("int4", "f32", "f32-decoded weights"),
+            ("int4", "llama.cpp", "llama.cpp"),
+            ("bf16", "llama.cpp", "llama.cpp"),
+            ("bf16", "candle", "candle"),
+            ("bf16-products", "candle", "candle"),
+        ];
+        for (ours, peer, label) in pairs {
+            let (Some(o), Some(p)) = (runs(ours), runs(peer)) else { continue };
+            let ((op, od), (pp, pd)) = (medians(o.iter()), medians(p.iter()));
+            let per_round = round_ratios(o, p);
+            if per_round.is_empty() {
+                println!("  threads={t} {ours} / {label}: prefill {:.2}x, decode {:.2}x", op / pp, od / pd);
+                continue;
             }
+            let list = |f: fn(&(f64, f64)) -> f64| per_round.iter().map(|r| format!("{:.2}", f(r))).collect::<Vec<_>>();
+            println!(
+                "  threads={t} {ours} / {label}: prefill {:.2}x, decode {:.2}x; per round: prefill {:.2}x ({}), \
+                 decode {:.2}x ({})",
+                op / pp,
+                od / pd,
+                median(per_round.iter().map(|r| r.0).collect()),
+                list(|r| r.0).join(", "),
+                median(per_round.iter().map(|r| r.1).collect()),
+                list(|r| r.1).join(", "),
+            );
         }
     }
 }
@@ -305,8 +343,10 @@ fn summarize(results: &BTreeMap<(String, usize), Vec<(f64, f64)>>, threads: &[us
 /// Median decode as a fraction of the roofline at the best bandwidth any round measured. On a
 /// shared host a round's own measurement can catch a moment of contention and put a decode above
 /// its roofline; the best one is what the machine can do, so this fraction is not inflated by it.
+/// Then the median of the per-round fractions (each against its round's own bandwidth), which a
+/// single fast bandwidth pass does not lower.
 fn roofline_summary(
-    results: &BTreeMap<(String, usize), Vec<(f64, f64)>>,
+    results: &Results,
     bandwidths: &BTreeMap<usize, Vec<f64>>,
     weights_mb: &BTreeMap<(String, usize), f64>,
 ) {
@@ -314,11 +354,18 @@ fn roofline_summary(
         let (Some(runs), Some(best)) = (results.get(&(name.clone(), *t)), bandwidths.get(t)) else { continue };
         let best = best.iter().copied().fold(0.0, f64::max);
         let roofline = best * 1e3 / mb.max(f64::MIN_POSITIVE);
-        let decode = median(runs.iter().map(|r| r.1).collect());
+        let decode = median(runs.iter().map(|r| r.2).collect());
+        let rounds = bandwidths.get(t).map(Vec::as_slice).unwrap_or_default();
+        let per_round: Vec<f64> = runs
+            .iter()
+            .filter_map(|&(round, _, d)| rounds.get(round - 1).map(|bw| 100.0 * d * mb / (bw * 1e3)))
+            .collect();
         println!(
             "  threads={t} {name:>9}: decode {decode:.2} tok/s = {:.0}% of the roofline at the run's best read bandwidth \
-             ({best:.2} GB/s / {mb:.0} MB = {roofline:.2} tok/s)",
-            100.0 * decode / roofline
+             ({best:.2} GB/s / {mb:.0} MB = {roofline:.2} tok/s); per round {:.0}% ({})",
+            100.0 * decode / roofline,
+            median(per_round.clone()),
+            per_round.iter().map(|f| format!("{f:.0}%")).collect::<Vec<_>>().join(", ")
         );
     }
 }
