@@ -46,6 +46,8 @@
 //! Qwen3, f32 compute, `RAYON_NUM_THREADS` = the thread count) every round also runs candle on the
 //! float checkpoint, and the summary prints the bf16 / candle ratios. With `MLLM_CPU_PROFILE=1` each child also prints its time per op kind.
 
+mod membw;
+
 use anyhow::{bail, ensure, Context, Result};
 use aot::synthetic::{write_qwen3, QWEN3_0_6B};
 use aot::{load_float_with, load_model_with, RunMode};
@@ -167,7 +169,7 @@ fn main() -> Result<()> {
         let (variant, threads) = child_spec.split_once(':').context("child spec is VARIANT:THREADS")?;
         let threads: usize = threads.parse().with_context(|| format!("{CHILD_ENV}={child_spec}: bad thread count"))?;
         if variant == BANDWIDTH_CHILD {
-            println!("read_gb_s={:.2}", read_bandwidth(threads, 7) / 1e9);
+            println!("read_gb_s={:.2}", membw::read_bandwidth(threads, 7) / 1e9);
             return Ok(());
         }
         let variant = Variant::parse(variant)?;
@@ -431,35 +433,6 @@ fn candle_peer(exe: &Path, model: &Path, args: &Args, threads: usize) -> Result<
         (Some(p), Some(d)) => Ok((p, d)),
         _ => bail!("{} printed no prefill_tok_s=.. decode_tok_s=.. line: {text}", exe.display()),
     }
-}
-
-/// Best-of-`passes` read bandwidth in bytes/s over `threads` threads (each sums its own part of
-/// a 1 GiB buffer, far larger than any cache).
-fn read_bandwidth(threads: usize, passes: usize) -> f64 {
-    let words = (1usize << 30) / 8;
-    let buf: Vec<u64> = (0..words as u64).collect();
-    let part = words.div_ceil(threads);
-    let mut best = 0.0f64;
-    for _ in 0..passes {
-        let start = Instant::now();
-        let sum: u64 = std::thread::scope(|s| {
-            let handles: Vec<_> = buf
-                .chunks(part)
-                .map(|c| {
-                    s.spawn(move || {
-                        mllm_dsl::simd::widest(
-                            #[inline(always)]
-                            || c.iter().fold(0u64, |a, &b| a.wrapping_add(b)),
-                        )
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or(0)).fold(0, u64::wrapping_add)
-        });
-        std::hint::black_box(sum);
-        best = best.max((words * 8) as f64 / start.elapsed().as_secs_f64());
-    }
-    best
 }
 
 /// One configuration, measured in this process.
