@@ -496,14 +496,15 @@ impl Run<'_> {
         let Run { args, variant, threads, bandwidth, matrix_bytes, load_s, rss_loaded, prompt, config } = self;
         let mut generator = Generator::new(model)?;
         let roofline = bandwidth / matrix_bytes.max(1) as f64;
-        let mb = |b: f64| b / (1 << 20) as f64;
+        // Decimal megabytes, as the bandwidth's GB/s: the parent divides one by the other.
+        let mb = |b: f64| b / 1e6;
         for run in 1..=args.runs {
             let out = generator.generate(&prompt, &config)?;
             let t = &out.timings;
             let decode = t.decode_tokens_per_sec();
             println!(
                 "variant={} threads={threads} run={run} prefill_tok_s={:.2} decode_tok_s={decode:.2} read_gb_s={:.1} \
-                 weights_mb={:.0} roofline_tok_s={roofline:.2} of_roofline={:.0}% load_s={load_s:.2} \
+                 weights_mb={:.1} roofline_tok_s={roofline:.2} of_roofline={:.0}% load_s={load_s:.2} \
                  rss_after_load_mb={:.0} peak_rss_mb={:.0}",
                 variant.name(),
                 t.prefill_tokens_per_sec(),
