@@ -2,9 +2,20 @@
 //! replaced by their deployed int4 weights (activations float), each scored on a text against
 //! float by perplexity, mean KL and top-1 agreement ([`text_quality`](crate::text_quality)'s rows).
 //!
-//! ```ignore
-//! let rows = aot::loss_breakdown::weight_loss_breakdown(&BreakdownOptions { .. })?;
+//! ```no_run
+//! use aot::loss_breakdown::{weight_loss_breakdown, BreakdownOptions};
+//! # fn demo(ids: Vec<i64>) -> aot::Result<()> {
+//! let rows = weight_loss_breakdown(&BreakdownOptions {
+//!     model: "SmolLM2-135M-Instruct".into(),
+//!     quantized: "smollm2-w4a16".into(),
+//!     rotation: backend_cpu::quant::Rotation::None,
+//!     ids,
+//!     window: 256,
+//!     progress: aot::progress::silent(),
+//! })?;
 //! print!("{}", rows.table());
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! Groups: every linear at once, each linear family (`q_proj` .. `down_proj`, `lm_head`) across all

@@ -1,9 +1,18 @@
 //! Tracing: running `forward` on symbolic tensors records a [`Program`].
 //!
-//! ```ignore
+//! ```no_run
+//! # use mllm_dsl::trace::{trace, TraceInput};
+//! # use mllm_dsl::{DType, Tensor};
+//! # struct Model;
+//! # impl Model {
+//! #     fn forward(&self, ids: &Tensor) -> mllm_dsl::Result<Tensor> { Ok(ids.clone()) }
+//! # }
+//! # fn demo(model: &Model) -> mllm_dsl::Result<()> {
 //! let program = trace(&[TraceInput::new("input_ids", [1, 32], DType::I32)], |inputs| {
 //!     model.forward(&inputs[0])
 //! })?;
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! Tracing needs no weights: parameters are symbolic and are registered in `@init` when first used.

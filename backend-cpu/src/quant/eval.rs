@@ -2,10 +2,19 @@
 //! distributions are from the float model's (mean KL(float‖quant), top-1 agreement).
 //!
 //! Quick start:
-//! ```ignore
+//! ```no_run
+//! # use backend_cpu::quant::TextEval;
+//! # use mllm_dsl::{BackendRef, CausalLm};
+//! # fn demo(
+//! #     (float_model, float_backend): (Box<dyn CausalLm>, BackendRef),
+//! #     (quant_model, quant_backend): (Box<dyn CausalLm>, BackendRef),
+//! #     ids: &[i64],
+//! # ) -> Result<(), backend_cpu::quant::QuantizationError> {
 //! let eval = TextEval::new(float_model.as_ref(), &float_backend, None, ids, 256, &|_, _| {})?;
 //! let row = eval.score("W4A16KV8 fake-quant", quant_model.as_ref(), &quant_backend, None, &|_, _| {})?;
 //! println!("float ppl {:.2}, quant ppl {:.2}, KL {:.4}", eval.float_perplexity(), row.perplexity, row.mean_kl);
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! The token sequence is cut into windows of at most `window` tokens; each window is one prefill

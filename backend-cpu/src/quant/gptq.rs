@@ -1,9 +1,16 @@
 //! GPTQ-style error-compensating rounding of LPBQ codes (Frantar et al., 2022), on the scales a
 //! search already fixed on the deployed grid.
 //!
-//! ```ignore
-//! let scales = lpbq_mse_search(&w, shape, Some(stats.diagonal()))?;
-//! let rounded = gptq_lpbq(&w, &scales, &HessianFactors::new(stats)?)?; // same scales, GPTQ codes
+//! ```no_run
+//! # use backend_cpu::quant::gptq::{gptq_lpbq, HessianFactors};
+//! # use backend_cpu::quant::LinearStats;
+//! # use compiler::quant::lpbq_search::lpbq_mse_search;
+//! # use compiler::quant::LpbqShape;
+//! # fn demo(w: &[f32], shape: LpbqShape, stats: &LinearStats) -> Result<(), Box<dyn std::error::Error>> {
+//! let scales = lpbq_mse_search(w, shape, Some(stats.diagonal()))?;
+//! let rounded = gptq_lpbq(w, &scales, &HessianFactors::new(stats)?)?; // same scales, GPTQ codes
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! For each output channel the input columns are rounded in order; the error of column `i`

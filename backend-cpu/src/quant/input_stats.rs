@@ -1,11 +1,23 @@
 //! Second moments of every linear's input on calibration data, `H = X^T X / N` (`[In][In]`), the
 //! statistics GPTQ and the input-weighted LPBQ scale search need.
 //!
-//! ```ignore
-//! let hook = Arc::new(InputStatsHook::new(&linear_inputs(&program)));
-//! for seq in &calibration { prefill_logits(model.as_ref(), &CpuBackend::with_qdq(hook.clone()), seq)?; }
-//! let stats = hook.finish()?;               // by linear module path
-//! let h = stats.get("model.layers.0.mlp.down_proj").unwrap().hessian();
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use backend_cpu::quant::{prefill_logits, InputStatsHook, StatsDepth};
+//! # use backend_cpu::CpuBackend;
+//! # use compiler::quant::points::linear_inputs;
+//! # use mllm_dsl::ir::Program;
+//! # use mllm_dsl::CausalLm;
+//! # fn demo(program: &Program, model: Box<dyn CausalLm>, calibration: &[Vec<i64>]) -> Result<(), Box<dyn std::error::Error>> {
+//! let hook = Arc::new(InputStatsHook::new(&linear_inputs(program), StatsDepth::Full));
+//! let backend = CpuBackend::with_qdq(hook.clone());
+//! for seq in calibration {
+//!     prefill_logits(model.as_ref(), &backend, None, seq)?;
+//! }
+//! let stats = hook.finish()?; // by linear module path
+//! let h = stats.get("model.layers.0.mlp.down_proj").map(|s| s.hessian());
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! The hook sits on the QDQ points the linears' inputs come from

@@ -2,9 +2,15 @@
 //! observes the model with the deployed weights) and by the export (which writes them), so the
 //! two always agree.
 //!
-//! ```ignore
-//! let linears = LinearQuantizer::new(WeightMethod::Gptq, Some(stats));
-//! let export = linears.quantize("model.layers.0.mlp.up_proj", &w, LpbqShape::new(out, inp, 16)?)?;
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use backend_cpu::quant::{InputStats, LinearQuantizer, WeightMethod};
+//! # use compiler::quant::LpbqShape;
+//! # fn demo(stats: Arc<InputStats>, w: &[f32], out: usize, inp: usize) -> Result<(), Box<dyn std::error::Error>> {
+//! let linears = LinearQuantizer::new(WeightMethod::Gptq, Some(stats))?;
+//! let export = linears.quantize("model.layers.0.mlp.up_proj", w, LpbqShape::new(out, inp, 16)?)?;
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! | method | codes and scales | needs |

@@ -7,10 +7,17 @@
 //! halves to even as torch does (dequantized GGUF weights sit on a grid, so ties are common). Norms, the embedding, RoPE tables and every
 //! activation stay float: run the model on a float backend ([`CpuBackend::float`](crate::CpuBackend::float)).
 //!
-//! ```ignore
+//! ```no_run
+//! # use backend_cpu::quant::RtnWeights;
+//! # use backend_cpu::{CheckpointStore, CpuBackend};
+//! # use mllm_dsl::module::ParamSource;
+//! # use mllm_dsl::CausalLm;
+//! # fn demo(dir: &std::path::Path, tie: bool, model: &mut dyn CausalLm) -> Result<(), Box<dyn std::error::Error>> {
 //! let store = CheckpointStore::open(dir, CpuBackend::float(), tie)?;
 //! let rtn = RtnWeights::new(&store, 4, 16)?;
 //! model.bind_params(&ParamSource::Store(&rtn))?;
+//! # Ok(())
+//! # }
 //! ```
 
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};

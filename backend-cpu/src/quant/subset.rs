@@ -2,11 +2,19 @@
 //! attributes a quantized checkpoint's loss to layers and linear families (weight-only, every
 //! activation float).
 //!
-//! ```ignore
+//! ```no_run
+//! # use backend_cpu::quant::QuantizedSubset;
+//! # use backend_cpu::{CheckpointStore, CpuBackend};
+//! # use mllm_dsl::module::ParamSource;
+//! # use mllm_dsl::CausalLm;
+//! # use std::path::Path;
+//! # fn demo(float_dir: &Path, quant_dir: &Path, tie: bool, model: &mut dyn CausalLm) -> Result<(), Box<dyn std::error::Error>> {
 //! let float = CheckpointStore::open(float_dir, CpuBackend::float(), tie)?;
 //! let quant = CheckpointStore::open(quant_dir, CpuBackend::float(), false)?;
 //! let only_down = QuantizedSubset::new(&float, &quant, &|op: &str| op.ends_with("down_proj"));
 //! model.bind_params(&ParamSource::Store(&only_down))?;
+//! # Ok(())
+//! # }
 //! ```
 
 use mllm_dsl::module::{ParamRequest, ParamRole, WeightStore};

@@ -29,11 +29,14 @@
 //!
 //! # Building a context binary with Qualcomm's libraries
 //!
-//! ```ignore
+//! ```no_run
 //! use backend_qnn::sdk::{build_context_binary, HtpOptions, LibraryPaths, SdkApi};
+//! # fn demo(prefill: backend_qnn::QnnGraph, decode: backend_qnn::QnnGraph) -> Result<(), Box<dyn std::error::Error>> {
 //! let mut api = SdkApi::load(&LibraryPaths::find()?)?;
 //! let binary = build_context_binary(&[prefill, decode], &HtpOptions::sm8650(), &mut api)?;
 //! std::fs::write("qwen3.bin", binary)?;
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! [`build_context_binary_with_sdk`] does the same in one call.

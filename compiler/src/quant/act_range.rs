@@ -1,11 +1,18 @@
 //! How an observed activation (or KV cache) point turns what it saw into a range: pymllm's
 //! min/max, a percentile, or the clipping range with the least quantization error.
 //!
-//! ```ignore
-//! let ranges: ActRanges = "act=mse,kv=percentile:99.99".parse()?;   // or "mse" for both
+//! ```
+//! # use compiler::quant::act_range::{ActRanges, RangeObserver};
+//! # use compiler::quant::{min_max_of, ObserverScheme};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ranges: ActRanges = "act=mse,kv=percentile:99.99".parse()?; // or "mse" for both
 //! let mut obs = RangeObserver::new(ObserverScheme::activation_u16(), ranges.activations);
-//! obs.observe(&batch);
+//! let batch = [0.25f32, -1.5, 3.0, 0.0];
+//! obs.observe(&batch, min_max_of(&batch).ok_or("an empty batch")?);
 //! let params = obs.qparams()?;
+//! assert!(params.scale > 0.0);
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! | method | range | memory |

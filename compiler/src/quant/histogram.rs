@@ -1,12 +1,18 @@
 //! A bounded histogram of everything a QDQ point sees, for range choices that need more than the
 //! minimum and maximum (percentiles, clipping-error search; see [`act_range`](super::act_range)).
 //!
-//! ```ignore
+//! ```
+//! # use compiler::quant::histogram::RangeHistogram;
+//! # fn main() -> Result<(), compiler::quant::QuantError> {
+//! let (batch_1, batch_2) = ([0.5f32, -1.0, 2.0], [8.0f32, -4.0]);
 //! let mut h = RangeHistogram::new();
 //! h.observe(&batch_1);
-//! h.observe(&batch_2);                 // wider data re-bins, memory stays HISTOGRAM_BINS bins
-//! let p = h.percentile(99.99)?;        // numpy's linear percentile, within one bin width
-//! let e = h.clip_table().clip_error(lo, hi); // sum of (x - clamp(x, lo, hi))^2 over the data
+//! h.observe(&batch_2); // wider data re-bins, memory stays HISTOGRAM_BINS bins
+//! let p = h.percentile(99.99)?; // numpy's linear percentile, within one bin width
+//! let e = h.clip_table().clip_error(-2.0, 2.0); // sum of (x - clamp(x, lo, hi))^2 over the data
+//! assert!(p <= 8.0 && e > 0.0);
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! Memory is fixed: [`HISTOGRAM_BINS`] equal bins, each with the count, sum and sum of squares of

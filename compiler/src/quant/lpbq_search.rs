@@ -1,10 +1,15 @@
 //! LPBQ scales chosen by error search instead of by each block's maximum (the `mse` weight
 //! method; [`lpbq`](super::lpbq) is pymllm's round-to-nearest).
 //!
-//! ```ignore
+//! ```no_run
+//! # use compiler::quant::lpbq_search::lpbq_mse_search;
+//! # use compiler::quant::LpbqShape;
+//! # fn demo(w: &[f32], out: usize, inp: usize, input_energy: &[f32]) -> Result<(), compiler::quant::QuantError> {
 //! let shape = LpbqShape::new(out, inp, 16)?;
-//! let rounded = lpbq_mse_search(&w, shape, Some(&input_energy))?; // E[x_i^2] per input channel
-//! let export = rounded.to_export()?;                            // pymllm's weight / scale1 / scale2
+//! let rounded = lpbq_mse_search(w, shape, Some(input_energy))?; // E[x_i^2] per input channel
+//! let export = rounded.to_export()?; // pymllm's weight / scale1 / scale2
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! pymllm rounds each block with its own fp32 scale `max|w| / 7` and only afterwards squeezes the

@@ -1,10 +1,15 @@
 //! SeqMSE for LPBQ weight scales: each output channel's scales chosen for the least error of the
 //! layer's *output* on calibration activations, `||X W^T - X Ŵ^T||^2`, not of the weights.
 //!
-//! ```ignore
-//! let h = stats.hessian();                                  // X^T X / N, [In][In] row-major
-//! let rounded = lpbq_seqmse_search(&w, shape, h)?;          // codes + two-level scales
-//! let export = rounded.to_export()?;                        // pymllm's weight / scale1 / scale2
+//! ```no_run
+//! # use compiler::quant::seqmse::lpbq_seqmse_search;
+//! # use compiler::quant::LpbqShape;
+//! # fn demo(w: &[f32], shape: LpbqShape, h: &[f32]) -> Result<(), compiler::quant::QuantError> {
+//! // h: X^T X / N of the linear's inputs, [In][In] row-major
+//! let rounded = lpbq_seqmse_search(w, shape, h)?; // codes + two-level scales
+//! let export = rounded.to_export()?; // pymllm's weight / scale1 / scale2
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! The output error of channel `o` is `d^T H d` with `d = w_o - ŵ_o` and `H = X^T X / N`, so only
