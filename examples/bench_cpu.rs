@@ -42,9 +42,11 @@
 //! With `--llama-bench`, every round runs each of our variants and then `llama-bench` on `--gguf`
 //! (`-p PROMPT -n NEW -t THREADS`, one repetition), alternating, and the summary prints medians and
 //! our / llama.cpp ratios: of the medians, and per round (the two ran back to back) with their
-//! median, which the host's drift between rounds does not move. With `--candle` (the `scripts/candle-peer` executable: candle-transformers'
-//! Qwen3, f32 compute, `RAYON_NUM_THREADS` = the thread count) every round also runs candle on the
-//! float checkpoint, and the summary prints the bf16 / candle ratios. With `MLLM_CPU_PROFILE=1` each child also prints its time per op kind.
+//! median, which the host's drift between rounds does not move. With `--candle` (the
+//! `scripts/candle-peer` executable: candle-transformers' Qwen3, f32 compute, `RAYON_NUM_THREADS`
+//! = the thread count) every round also runs candle on the float checkpoint, and the summary
+//! prints the bf16 / candle ratios the same two ways. With `MLLM_CPU_PROFILE=1` each child also
+//! prints its time per op kind.
 
 mod membw;
 
