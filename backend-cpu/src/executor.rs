@@ -326,6 +326,15 @@ impl CpuBackend {
                 return x.storage().cloned().ok_or(CpuOpError::Missing("no data"))
             }
             OpKind::Cast { to } => return cast(x, *to),
+            // A permutation that leaves every dim longer than 1 in its order leaves the elements
+            // in theirs: the buffer is the result, as for a view (a decode step's head splits and
+            // merges of its one token, five per layer).
+            OpKind::Transpose { dim0, dim1 } if keeps_order(shape, |d| swap(d, *dim0, *dim1)) => {
+                return x.storage().cloned().ok_or(CpuOpError::Missing("no data"))
+            }
+            OpKind::Permute { perm } if perm.len() == shape.len() && keeps_order(shape, |d| perm[d]) => {
+                return x.storage().cloned().ok_or(CpuOpError::Missing("no data"))
+            }
             OpKind::Transpose { dim0, dim1 } => {
                 kernels::transpose(&f32_of(x, "input")?, shape, *dim0 as isize, *dim1 as isize).map_err(e)?.0
             }
@@ -483,6 +492,34 @@ impl CpuBackend {
             ) => Ok(Storage::Native(Arc::new(OnGrid { values, grid }))),
             (_, _, storage) => Ok(storage),
         }
+    }
+}
+
+/// Whether the permutation whose output dim `d` reads input dim `source(d)` keeps the input dims
+/// longer than 1 in their order, so the elements keep theirs.
+fn keeps_order(shape: &[usize], source: impl Fn(usize) -> usize) -> bool {
+    let mut last = None;
+    for d in 0..shape.len() {
+        let from = source(d);
+        let Some(&n) = shape.get(from) else { return false };
+        if n > 1 {
+            if last.is_some_and(|l| from < l) {
+                return false;
+            }
+            last = Some(from);
+        }
+    }
+    true
+}
+
+/// Dim `d` with `a` and `b` swapped.
+fn swap(d: usize, a: usize, b: usize) -> usize {
+    if d == a {
+        b
+    } else if d == b {
+        a
+    } else {
+        d
     }
 }
 
