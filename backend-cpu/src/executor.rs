@@ -320,21 +320,13 @@ impl CpuBackend {
         let x = inputs[0];
         let shape = x.shape();
         let e = CpuOpError::Kernel;
+        let same_buffer = || x.storage().cloned().ok_or(CpuOpError::Missing("no data"));
         let data = match op {
-            // Views keep the buffer: only the logical type changes.
-            OpKind::View { .. } | OpKind::Unsqueeze { .. } => {
-                return x.storage().cloned().ok_or(CpuOpError::Missing("no data"))
-            }
+            // Views keep the buffer: only the logical type changes. So do permutations that keep
+            // the element order (a decode step's head splits and merges of its one token).
+            OpKind::View { .. } | OpKind::Unsqueeze { .. } => return same_buffer(),
+            OpKind::Transpose { .. } | OpKind::Permute { .. } if keeps_order(op, shape) => return same_buffer(),
             OpKind::Cast { to } => return cast(x, *to),
-            // A permutation that leaves every dim longer than 1 in its order leaves the elements
-            // in theirs: the buffer is the result, as for a view (a decode step's head splits and
-            // merges of its one token, five per layer).
-            OpKind::Transpose { dim0, dim1 } if keeps_order(shape, |d| swap(d, *dim0, *dim1)) => {
-                return x.storage().cloned().ok_or(CpuOpError::Missing("no data"))
-            }
-            OpKind::Permute { perm } if perm.len() == shape.len() && keeps_order(shape, |d| perm[d]) => {
-                return x.storage().cloned().ok_or(CpuOpError::Missing("no data"))
-            }
             OpKind::Transpose { dim0, dim1 } => {
                 kernels::transpose(&f32_of(x, "input")?, shape, *dim0 as isize, *dim1 as isize).map_err(e)?.0
             }
@@ -495,31 +487,20 @@ impl CpuBackend {
     }
 }
 
-/// Whether the permutation whose output dim `d` reads input dim `source(d)` keeps the input dims
-/// longer than 1 in their order, so the elements keep theirs.
-fn keeps_order(shape: &[usize], source: impl Fn(usize) -> usize) -> bool {
-    let mut last = None;
-    for d in 0..shape.len() {
-        let from = source(d);
-        let Some(&n) = shape.get(from) else { return false };
-        if n > 1 {
-            if last.is_some_and(|l| from < l) {
-                return false;
-            }
-            last = Some(from);
-        }
-    }
-    true
-}
-
-/// Dim `d` with `a` and `b` swapped.
-fn swap(d: usize, a: usize, b: usize) -> usize {
-    if d == a {
-        b
-    } else if d == b {
-        a
-    } else {
-        d
+/// Whether a transpose or permute of `shape` keeps the element order
+/// ([`kernels::keeps_order`]).
+fn keeps_order(op: &OpKind, shape: &[usize]) -> bool {
+    match op {
+        OpKind::Transpose { dim0, dim1 } => kernels::keeps_order(
+            shape,
+            (0..shape.len()).map(|d| match d {
+                d if d == *dim0 => *dim1,
+                d if d == *dim1 => *dim0,
+                d => d,
+            }),
+        ),
+        OpKind::Permute { perm } => perm.len() == shape.len() && kernels::keeps_order(shape, perm.iter().copied()),
+        _ => false,
     }
 }
 

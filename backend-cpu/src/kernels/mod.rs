@@ -48,6 +48,7 @@ pub use packed::{
 };
 pub use packed_int4::{Int4Packer, Int4Panels};
 pub use packed_tile::Isa;
+pub(crate) use permute::keeps_order;
 pub use permute::{permute, transpose, transpose_2d};
 pub(crate) use read_ahead::{prefetch_all, prefetch_bytes};
 pub use reduce::{reduce, ReduceKind};

@@ -65,6 +65,10 @@ fn permute_for(
     if out.is_empty() {
         return Ok((out, out_shape));
     }
+    if keeps_order(shape, axes.iter().copied()) {
+        out.copy_from_slice(x);
+        return Ok((out, out_shape));
+    }
 
     // Simplify: drop size-1 dims, merge output neighbours that are input neighbours too.
     let mut dims: Vec<(usize, usize)> = Vec::with_capacity(rank); // (size, input stride)
@@ -78,10 +82,7 @@ fn permute_for(
             _ => dims.push((size, stride)),
         }
     }
-    if dims.len() <= 1 {
-        out.copy_from_slice(x);
-        return Ok((out, out_shape));
-    }
+    // Two or more dims are left: a permutation that keeps the order was copied above.
     let sizes: Vec<usize> = dims.iter().map(|d| d.0).collect();
     let strides: Vec<usize> = dims.iter().map(|d| d.1).collect();
 
@@ -101,6 +102,23 @@ fn permute_for(
         copy_permuted(x, 0, &sizes, &strides, &mut out);
     }
     Ok((out, out_shape))
+}
+
+/// Whether the permutation whose output dim `d` is input dim `axes[d]` keeps every dim of `shape`
+/// longer than 1 in its place in line, so a contiguous tensor's elements stay in their order: the
+/// permuted tensor is the same buffer (the eager backend hands it on instead of copying).
+pub(crate) fn keeps_order(shape: &[usize], axes: impl IntoIterator<Item = usize>) -> bool {
+    let mut last = None;
+    for a in axes {
+        let Some(&n) = shape.get(a) else { return false };
+        if n > 1 {
+            if last.is_some_and(|l| a < l) {
+                return false;
+            }
+            last = Some(a);
+        }
+    }
+    true
 }
 
 /// Writes `out` (contiguous, dims `sizes`) from `src` where output element `idx` reads
