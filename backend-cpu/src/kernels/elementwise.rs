@@ -149,8 +149,7 @@ pub fn where_(
             #[inline(always)]
             |out, [oc, oa, ob]| {
                 let run = out.len();
-                let span = |s: usize| if s == 0 { 1 } else { run };
-                run_where(out, &cond[oc..oc + span(sc)], sc, &a[oa..oa + span(sa)], sa, &b[ob..ob + span(sb)], sb)
+                run_where(out, operand(cond, oc, sc, run), sc, operand(a, oa, sa, run), sa, operand(b, ob, sb, run), sb)
             },
         )
     };
@@ -210,14 +209,7 @@ where
                 #[inline(always)]
                 |out, [oa, ob]| {
                     let run = out.len();
-                    run_binary(
-                        out,
-                        &a[oa..oa + if sa == 0 { 1 } else { run }],
-                        sa,
-                        &b[ob..ob + if sb == 0 { 1 } else { run }],
-                        sb,
-                        &f,
-                    )
+                    run_binary(out, operand(a, oa, sa, run), sa, operand(b, ob, sb, run), sb, &f)
                 },
             )
         }
@@ -270,6 +262,12 @@ unsafe fn fill_runs<const K: usize>(
             },
         )
     }
+}
+
+/// An operand's part of one innermost run from `at`: the run (stride 1) or its one value (stride 0).
+#[inline(always)]
+fn operand(data: &[f32], at: usize, stride: usize, run: usize) -> &[f32] {
+    &data[at..at + if stride == 0 { 1 } else { run }]
 }
 
 /// [`where_`]'s innermost run, operands as in [`run_binary`]. Masked attention scores (condition
