@@ -19,6 +19,7 @@ mod membw;
 
 use anyhow::{ensure, Result};
 use backend_cpu::kernels::{self, Grid, Int4Packer, PackedMatrix};
+use backend_cpu::rng::SplitMix64;
 use clap::Parser;
 use std::time::Instant;
 
@@ -52,13 +53,8 @@ fn main() -> Result<()> {
         args.matrices > 0 && args.repeats > 0 && args.rows > 0,
         "--matrices, --repeats and --rows must be positive"
     );
-    let mut state = 0x2545_F491u32;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 17;
-        state ^= state << 5;
-        state
-    };
+    let mut rng = SplitMix64::new(0x2545_F491);
+    let mut next = move || rng.next();
     let matrices = (0..args.matrices)
         .map(|_| {
             let mut packer = Int4Packer::new(K, N, BLOCK)?;
@@ -71,8 +67,8 @@ fn main() -> Result<()> {
         .collect::<Result<Vec<PackedMatrix>, _>>()?;
     // Activations on a u16 grid whose values round-trip exactly (a power-of-two scale).
     let grid = Grid { scale: 1.0 / 1024.0, zero_point: 32768 };
-    let on_grid = |m: usize, next: &mut dyn FnMut() -> u32| -> Vec<f32> {
-        (0..m * K).map(|_| ((next() >> 16) as i32 - grid.zero_point) as f32 * grid.scale).collect()
+    let on_grid = |m: usize, next: &mut dyn FnMut() -> u64| -> Vec<f32> {
+        (0..m * K).map(|_| ((next() >> 48) as i32 - grid.zero_point) as f32 * grid.scale).collect()
     };
     let (row, chunk) = (on_grid(1, &mut next), on_grid(args.rows, &mut next));
     println!(

@@ -13,6 +13,7 @@
 //! its weights from DRAM, as a model's prefill chunk does.
 
 use backend_cpu::kernels::{self, PackedMatrix};
+use backend_cpu::rng::SplitMix64;
 use std::time::Instant;
 
 const K: usize = 1024;
@@ -34,13 +35,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rows = arg("--rows", 32)?;
     let repeats = arg("--repeats", 200)?;
     let matrices = arg("--matrices", 1)?;
-    let mut state = 0x2545_F491u32;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 17;
-        state ^= state << 5;
-        (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-    };
+    let mut rng = SplitMix64::new(0x2545_F491);
+    let mut next = move || 0.5 * rng.uniform_pm1();
     let bits: Vec<u16> = (0..N * K).map(|_| (next().to_bits() >> 16) as u16).collect();
     let ws = (0..matrices).map(|_| PackedMatrix::from_rows_bf16(N, K, &bits)).collect::<Result<Vec<_>, _>>()?;
     println!("{matrices} bf16 weight(s) [{K} -> {N}], best of {repeats} rounds, G multiply-adds/s");
