@@ -11,24 +11,11 @@ use compiler::quant::act_range::{ActRange, ActRanges};
 use mllm_dsl::QdqKind;
 use std::path::{Path, PathBuf};
 
+mod scratch;
+use scratch::{remove_scratch, scratch};
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)
-}
-
-/// `name` inside a fresh directory of its own: an output's staging lock (`.<name>.lock`, kept
-/// beside it) lands there too, and [`remove_scratch`] takes both away.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mllm-weight-methods-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-/// Removes what [`scratch`] made for `path`.
-fn remove_scratch(path: &Path) {
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
 
 /// The tiny Qwen3 quantized on pymllm's calibration ids with the given options.
