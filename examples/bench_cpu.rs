@@ -355,11 +355,10 @@ fn roofline_summary(
     weights_mb: &BTreeMap<(String, usize), f64>,
 ) {
     for ((name, t), mb) in weights_mb {
-        let (Some(runs), Some(best)) = (results.get(&(name.clone(), *t)), bandwidths.get(t)) else { continue };
-        let best = best.iter().copied().fold(0.0, f64::max);
+        let (Some(runs), Some(rounds)) = (results.get(&(name.clone(), *t)), bandwidths.get(t)) else { continue };
+        let best = rounds.iter().copied().fold(0.0, f64::max);
         let roofline = best * 1e3 / mb.max(f64::MIN_POSITIVE);
         let decode = median(runs.iter().map(|r| r.2).collect());
-        let rounds = bandwidths.get(t).map(Vec::as_slice).unwrap_or_default();
         let per_round: Vec<f64> = runs
             .iter()
             .filter_map(|&(round, _, d)| rounds.get(round - 1).map(|bw| 100.0 * d * mb / (bw * 1e3)))
