@@ -304,11 +304,27 @@ mod tests {
         let team = Team::new(1).unwrap();
         let memory = vec![1u8; 8 << 20];
         let spans = Spans::of(&[&memory]);
-        // Items slow enough that the helper joins, then a job without a read-ahead.
-        let slow = |_| std::thread::sleep(Duration::from_micros(200));
-        team.run_then(100, slow, spans);
-        team.run(100, slow);
+        // Only a helper that joins a job takes its read-ahead, and on a loaded machine the helper
+        // may start after the first job, or wake after the caller finished it. So wait until the
+        // helper has parked (it is then waiting for the next job), and let the caller's items wait
+        // until the helper has run one; then a job without a read-ahead.
         let start = Instant::now();
+        while team.shared.parked.load(SeqCst) == 0 {
+            assert!(start.elapsed() < Duration::from_secs(20), "the helper never parked");
+            std::thread::yield_now();
+        }
+        let (caller, joined) = (std::thread::current().id(), AtomicBool::new(false));
+        let helper_joined = |_| {
+            if std::thread::current().id() != caller {
+                joined.store(true, SeqCst);
+            }
+            while !joined.load(SeqCst) {
+                assert!(start.elapsed() < Duration::from_secs(20), "the helper never joined the job");
+                std::thread::yield_now();
+            }
+        };
+        team.run_then(100, helper_joined, spans);
+        team.run(100, |_| std::thread::sleep(Duration::from_micros(200)));
         while team.shared.read_ahead_bytes.load(SeqCst) < memory.len() {
             assert!(
                 start.elapsed() < Duration::from_secs(20),
