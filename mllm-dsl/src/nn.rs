@@ -29,6 +29,18 @@ impl Bound {
             _ => Err(unbound(kind)),
         }
     }
+
+    /// `kind` of `first` and then the bound parameters, named by the module's path (`type_name`
+    /// names the module in the error when it is not bound). A module has one or two parameters:
+    /// their list stays on the stack.
+    fn apply(&self, type_name: &str, kind: OpKind, first: &Tensor, site: CallSite) -> Result<Tensor> {
+        let (path, params) = self.get(type_name)?;
+        match params {
+            [a] => apply(kind, &[first, a], Some(path), site),
+            [a, b] => apply(kind, &[first, a, b], Some(path), site),
+            _ => apply(kind, &std::iter::once(first).chain(params).collect::<Vec<_>>(), Some(path), site),
+        }
+    }
 }
 
 /// A linear computed as a 1×1 convolution (mllm's `nn::Conv2D` with the QNN LPBQ impl): input NHWC
@@ -53,11 +65,7 @@ impl Conv2d {
 
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let site = CallSite::here();
-        let (path, params) = self.bound.get("Conv2d")?;
-        let mut inputs = vec![x];
-        inputs.extend(params.iter());
-        apply(OpKind::Conv2d, &inputs, Some(path), site)
+        self.bound.apply("Conv2d", OpKind::Conv2d, x, CallSite::here())
     }
 
     pub fn weight(&self) -> Option<&Tensor> {
@@ -102,11 +110,7 @@ impl Linear {
 
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let site = CallSite::here();
-        let (path, params) = self.bound.get("Linear")?;
-        let mut inputs = vec![x];
-        inputs.extend(params.iter());
-        apply(OpKind::Linear, &inputs, Some(path), site)
+        self.bound.apply("Linear", OpKind::Linear, x, CallSite::here())
     }
 }
 
@@ -149,9 +153,12 @@ impl RmsNorm {
 
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let site = CallSite::here();
-        let (path, params) = self.bound.get("RmsNorm")?;
-        apply(OpKind::RmsNorm { eps: self.eps, unit_offset: self.unit_offset }, &[x, &params[0]], Some(path), site)
+        self.bound.apply(
+            "RmsNorm",
+            OpKind::RmsNorm { eps: self.eps, unit_offset: self.unit_offset },
+            x,
+            CallSite::here(),
+        )
     }
 }
 
@@ -182,9 +189,7 @@ impl Embedding {
 
     #[track_caller]
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        let site = CallSite::here();
-        let (path, params) = self.bound.get("Embedding")?;
-        apply(OpKind::Embedding, &[ids, &params[0]], Some(path), site)
+        self.bound.apply("Embedding", OpKind::Embedding, ids, CallSite::here())
     }
 
     pub fn weight(&self) -> Option<&Tensor> {
