@@ -30,6 +30,16 @@ impl Bound {
         }
     }
 
+    /// The module at `path` bound to its weight (`role`, `shape`) and, when `bias` gives its
+    /// length, its bias.
+    fn bind(path: &str, src: &ParamSource<'_>, role: ParamRole, shape: &[usize], bias: Option<usize>) -> Result<Bound> {
+        let mut params = vec![src.param(path, "weight", role, shape)?];
+        if let Some(len) = bias {
+            params.push(src.param(path, "bias", ParamRole::Bias, &[len])?);
+        }
+        Ok(Bound { path: Some(path.to_string()), params })
+    }
+
     /// `kind` of `first` and then the bound parameters, named by the module's path (`type_name`
     /// names the module in the error when it is not bound). A module has one or two parameters:
     /// their list stays on the stack.
@@ -75,12 +85,9 @@ impl Conv2d {
 
 impl Module for Conv2d {
     fn bind(&mut self, path: &str, src: &ParamSource<'_>) -> Result<()> {
-        let mut params =
-            vec![src.param(path, "weight", ParamRole::Conv2dWeight, &[1, 1, self.in_features, self.out_features])?];
-        if self.has_bias {
-            params.push(src.param(path, "bias", ParamRole::Bias, &[self.out_features])?);
-        }
-        self.bound = Bound { path: Some(path.to_string()), params };
+        let bias = self.has_bias.then_some(self.out_features);
+        self.bound =
+            Bound::bind(path, src, ParamRole::Conv2dWeight, &[1, 1, self.in_features, self.out_features], bias)?;
         Ok(())
     }
 
@@ -116,12 +123,8 @@ impl Linear {
 
 impl Module for Linear {
     fn bind(&mut self, path: &str, src: &ParamSource<'_>) -> Result<()> {
-        let mut params =
-            vec![src.param(path, "weight", ParamRole::LinearWeight, &[self.out_features, self.in_features])?];
-        if self.has_bias {
-            params.push(src.param(path, "bias", ParamRole::Bias, &[self.out_features])?);
-        }
-        self.bound = Bound { path: Some(path.to_string()), params };
+        let bias = self.has_bias.then_some(self.out_features);
+        self.bound = Bound::bind(path, src, ParamRole::LinearWeight, &[self.out_features, self.in_features], bias)?;
         Ok(())
     }
 
@@ -164,8 +167,7 @@ impl RmsNorm {
 
 impl Module for RmsNorm {
     fn bind(&mut self, path: &str, src: &ParamSource<'_>) -> Result<()> {
-        let w = src.param(path, "weight", ParamRole::NormWeight, &[self.dim])?;
-        self.bound = Bound { path: Some(path.to_string()), params: vec![w] };
+        self.bound = Bound::bind(path, src, ParamRole::NormWeight, &[self.dim], None)?;
         Ok(())
     }
 
@@ -199,8 +201,7 @@ impl Embedding {
 
 impl Module for Embedding {
     fn bind(&mut self, path: &str, src: &ParamSource<'_>) -> Result<()> {
-        let w = src.param(path, "weight", ParamRole::EmbeddingWeight, &[self.vocab_size, self.hidden_size])?;
-        self.bound = Bound { path: Some(path.to_string()), params: vec![w] };
+        self.bound = Bound::bind(path, src, ParamRole::EmbeddingWeight, &[self.vocab_size, self.hidden_size], None)?;
         Ok(())
     }
 
