@@ -5,7 +5,7 @@
 
 mod common;
 
-use backend_cpu::kernels::{self, Isa, KernelError, PackedMatrix, PANEL};
+use backend_cpu::kernels::{self, Bf16Tile, Isa, KernelError, PackedMatrix, PANEL};
 use common::Lcg;
 
 /// bf16 bit patterns (truncated f32s: any bf16 value will do) and their exact f32 values.
@@ -75,14 +75,28 @@ fn products_match_naive_for_bf16_and_f32_on_every_isa() {
 }
 
 /// bf16 products: `x` rounded to bf16 by `half` (round to nearest even), then exact products
-/// summed in f32, on every instruction set (the `vdpbf16ps` tile where the CPU has it, the
-/// rounded rows on the f32 tiles elsewhere), for odd K (the last row pairs with zero), row counts
-/// around the tile height and partial panels. The rounding must show: against the unrounded
+/// summed in f32, on every tile this CPU runs (AMX's `tdpbf16ps` and `vdpbf16ps` where the CPU
+/// has them, the rounded rows on the f32 tiles), for odd K (the last row pairs with zero), row
+/// counts around the tile heights (12 for `vdpbf16ps`; 8, 16 and 32 for AMX, whose tile also
+/// needs K a multiple of 32; 130 rows cross the 120-row blocks) and partial panels. The rounding must show: against the unrounded
 /// product the results differ by far more than the summation tolerance.
 #[test]
 fn bf16_products_round_the_input_to_bf16_and_sum_in_f32() {
     let mut rng = Lcg(17);
-    let shapes = [(1, 1, 1), (1, 7, 5), (3, 64, 32), (12, 33, 31), (13, 129, 33), (25, 17, 67), (1, 1024, 96)];
+    let shapes = [
+        (1, 1, 1),
+        (1, 7, 5),
+        (3, 64, 32),
+        (12, 33, 31),
+        (13, 129, 33),
+        (25, 17, 67),
+        (1, 1024, 96),
+        (7, 64, 33),
+        (8, 32, 32),
+        (16, 96, 31),
+        (33, 128, 65),
+        (130, 64, 40),
+    ];
     for &(m, k, n) in &shapes {
         let x = rng.vec(m * k, 1.0);
         let rounded: Vec<f32> = x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
@@ -95,9 +109,9 @@ fn bf16_products_round_the_input_to_bf16_and_sum_in_f32() {
             let unrounded = naive(&x, m, k, &rows, n, b);
             for threads in [1, 2] {
                 kernels::set_num_threads(threads).unwrap();
-                for isa in isas() {
-                    let got = kernels::linear_packed_bf16_with(isa, &x, m, &w, b).unwrap();
-                    let what = format!("bf16 products {isa:?} m{m} k{k} n{n} bias {} threads {threads}", b.is_some());
+                for tile in Bf16Tile::all_available() {
+                    let got = kernels::linear_packed_bf16_with(tile, &x, m, &w, b).unwrap();
+                    let what = format!("bf16 products {tile:?} m{m} k{k} n{n} bias {} threads {threads}", b.is_some());
                     assert_close(&got, &want, k, &what);
                     if k >= 7 {
                         let apart = got.iter().zip(&unrounded).map(|(&g, &u)| (g as f64 - u).abs()).fold(0.0, f64::max);

@@ -17,14 +17,14 @@ const PREFETCH_ROWS: usize = 64;
 
 /// The columns in the 32-bit lanes of `vpunpcklwd` of two bf16 panel rows: 128-bit lane `l`
 /// takes words 0-3 of each row's lane `l`, the slots of columns `4l, 16 + 4l, 4l + 1, 17 + 4l`.
-const UNPACKED_LO: [usize; 16] = [0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29];
+pub(super) const UNPACKED_LO: [usize; 16] = [0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29];
 /// The same of `vpunpckhwd` (words 4-7): columns `4l + 2, 18 + 4l, 4l + 3, 19 + 4l`.
-const UNPACKED_HI: [usize; 16] = [2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31];
+pub(super) const UNPACKED_HI: [usize; 16] = [2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31];
 
 /// `vpermt2ps` indices taking columns `0..16` (then `16..32`) from sums in the lane orders of
 /// [`UNPACKED_LO`] (indices `0..16`) and [`UNPACKED_HI`] (`16..32`).
-const TO_COLUMNS_LO: [u32; 16] = to_columns(0);
-const TO_COLUMNS_HI: [u32; 16] = to_columns(16);
+pub(super) const TO_COLUMNS_LO: [u32; 16] = to_columns(0);
+pub(super) const TO_COLUMNS_HI: [u32; 16] = to_columns(16);
 
 const fn to_columns(first: usize) -> [u32; 16] {
     let mut out = [0u32; 16];
@@ -70,13 +70,13 @@ pub(crate) fn available() -> bool {
 
 /// The `m` rows of `x` (`k` values each) rounded to bf16 in pairs: pair `j` of a row holds
 /// `x[2j]` in its low half and `x[2j + 1]` (zero past `k`) in its high half, `k.div_ceil(2)`
-/// pairs a row.
+/// pairs a row, then `pad_rows` rows of zeros (tiles that read whole 16-row blocks).
 ///
 /// # Safety
 /// [`available`]; `x` holds `m * k` values.
-pub(crate) unsafe fn pairs(x: &[f32], m: usize, k: usize) -> Vec<u32> {
+pub(crate) unsafe fn pairs(x: &[f32], m: usize, k: usize, pad_rows: usize) -> Vec<u32> {
     let kp = k.div_ceil(2);
-    let mut out = vec![0u32; m * kp];
+    let mut out = vec![0u32; (m + pad_rows) * kp];
     if k > 0 {
         for (row, dst) in x.chunks_exact(k).zip(out.chunks_exact_mut(kp)).take(m) {
             row_pairs(row, dst);

@@ -12,6 +12,8 @@
 //! Dims are `isize` so that negative dims (`-1` = last) work wherever torch accepts them.
 
 #[cfg(target_arch = "x86_64")]
+mod amx_bf16;
+#[cfg(target_arch = "x86_64")]
 mod bf16_dot;
 mod elementwise;
 mod error;
@@ -44,7 +46,7 @@ pub use matmul_parts::{decode_u8, matmul_parts, BatchRepeat, JoinAxis, PartData,
 pub use movement::{concat, repeat_interleave, slice};
 pub use packed::{
     available_isas, linear_packed, linear_packed_bf16, linear_packed_bf16_with, linear_packed_on_grid,
-    linear_packed_with, runs_on_grid, PackedElems, PackedMatrix, INT4_TILE_ENV, PANEL,
+    linear_packed_with, runs_on_grid, Bf16Tile, PackedElems, PackedMatrix, BF16_TILE_ENV, INT4_TILE_ENV, PANEL,
 };
 pub use packed_int4::{Int4Packer, Int4Panels};
 pub use packed_tile::Isa;

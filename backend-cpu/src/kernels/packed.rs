@@ -287,39 +287,97 @@ pub fn linear_packed_with(
 }
 
 /// [`linear_packed`] with bf16 products when `w` is bf16: each row of `x` rounded to bf16 (to
-/// nearest even) and multiplied exactly, the sums in f32 — twice the multiply rate of f32
-/// products on a CPU with AVX-512 BF16, whose `vdpbf16ps` runs the tile
-/// ([`super::bf16_dot`]); elsewhere the rounded rows take the f32 tiles. Other matrices take
-/// [`linear_packed`]. The activations keep 8 significant bits instead of 24, so the result is
-/// not the float references' (see `CpuBackend`'s `Bf16Products`).
+/// nearest even) and multiplied exactly, the sums in f32 — on a CPU with AMX-BF16 the
+/// `tdpbf16ps` tile runs prefill chunks ([`super::amx_bf16`]); with AVX-512 BF16 `vdpbf16ps`
+/// ([`super::bf16_dot`]), twice the multiply rate of f32 products; elsewhere the rounded rows
+/// take the f32 tiles ([`Bf16Tile::detect`]). Other matrices take [`linear_packed`]. The
+/// activations keep 8 significant bits instead of 24, so the result is not the float references'
+/// (see `CpuBackend`'s `Bf16Products`).
 pub fn linear_packed_bf16(
     x: &[f32],
     m: usize,
     w: &PackedMatrix,
     bias: Option<&[f32]>,
 ) -> Result<Vec<f32>, KernelError> {
-    linear_packed_bf16_with(packed_tile::detect(), x, m, w, bias)
+    linear_packed_bf16_with(Bf16Tile::detect(), x, m, w, bias)
 }
 
-/// [`linear_packed_bf16`] on an explicit instruction set: the `vdpbf16ps` tile with
-/// [`Isa::Avx512`] on a CPU that has it, else the rounded rows on `isa`'s f32 tiles (tests
-/// compare them; `isa` must be available, see [`available_isas`]).
+/// The environment variable that keeps bf16 products off the AMX tile (`dot`: the `vdpbf16ps`
+/// tile), to compare them.
+pub const BF16_TILE_ENV: &str = "MLLM_CPU_BF16_TILE";
+
+/// The tile that runs bf16 products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Tile {
+    /// AMX-BF16 `tdpbf16ps` for products of 8 rows or more with K a multiple of 32, `vdpbf16ps`
+    /// for the others.
+    Amx,
+    /// AVX-512 BF16 `vdpbf16ps`.
+    Dot,
+    /// The rows rounded to bf16, multiplied on this instruction set's f32 tiles.
+    Rounded(Isa),
+}
+
+impl Bf16Tile {
+    /// Whether this CPU runs the tile.
+    pub fn available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Bf16Tile::Amx => super::amx_bf16::available(),
+            #[cfg(target_arch = "x86_64")]
+            Bf16Tile::Dot => Isa::Avx512.available() && super::bf16_dot::available(),
+            Bf16Tile::Rounded(isa) => isa.available(),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// The tiles this CPU runs, fastest first.
+    pub fn all_available() -> Vec<Bf16Tile> {
+        let rounded = Isa::ALL.into_iter().map(Bf16Tile::Rounded);
+        [Bf16Tile::Amx, Bf16Tile::Dot].into_iter().chain(rounded).filter(|t| t.available()).collect()
+    }
+
+    /// The fastest tile here, leaving out AMX when [`BF16_TILE_ENV`]`=dot` (read once).
+    pub fn detect() -> Bf16Tile {
+        static DETECTED: std::sync::OnceLock<Bf16Tile> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            let amx_allowed = std::env::var(BF16_TILE_ENV).map_or(true, |v| v != "dot");
+            let best = Bf16Tile::all_available().into_iter().find(|&t| amx_allowed || t != Bf16Tile::Amx);
+            best.unwrap_or(Bf16Tile::Rounded(Isa::Portable))
+        })
+    }
+}
+
+/// [`linear_packed_bf16`] on an explicit tile (tests compare them; `tile` must be available, see
+/// [`Bf16Tile::all_available`]).
 pub fn linear_packed_bf16_with(
-    isa: Isa,
+    tile: Bf16Tile,
     x: &[f32],
     m: usize,
     w: &PackedMatrix,
     bias: Option<&[f32]>,
 ) -> Result<Vec<f32>, KernelError> {
+    let isa = match tile {
+        Bf16Tile::Rounded(isa) => isa,
+        _ => Isa::Avx512,
+    };
     if !matches!(w.elems, PackedElems::Bf16(_)) {
         return product(isa, x, m, w, bias, Coded::None);
     }
     super::shape::check_len("linear_packed", "x", x, &[m, w.k])?;
+    if !tile.available() {
+        let reason = format!("{tile:?} is not supported by this CPU");
+        return Err(KernelError::InvalidArgument { op: "linear_packed", reason });
+    }
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && super::bf16_dot::available() {
-        // SAFETY: the CPU has the instructions and x holds m rows of K (checked above).
-        let pairs = unsafe { super::bf16_dot::pairs(x, m, w.k) };
-        return product(isa, x, m, w, bias, Coded::Bf16Pairs(&pairs));
+    if tile != Bf16Tile::Rounded(isa) {
+        let amx = tile == Bf16Tile::Amx && super::amx_bf16::applies(m.min(ROW_BLOCK), w.k);
+        // AMX tiles read whole blocks of 16 rows.
+        let pad = if amx { super::amx_bf16::TILE_ROWS } else { 0 };
+        // SAFETY: the CPU has the instructions (checked above) and x holds m rows of K.
+        let pairs = unsafe { super::bf16_dot::pairs(x, m, w.k, pad) };
+        return product(isa, x, m, w, bias, Coded::Bf16Pairs { pairs: &pairs, amx });
     }
     let rounded: Vec<f32> = x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
     product(isa, &rounded, m, w, bias, Coded::None)
@@ -332,9 +390,10 @@ enum Coded<'a> {
     None,
     /// Coded on their grid for the integer tile ([`grid_rows`]).
     Grid(&'a GridRows),
-    /// Rounded to bf16 in pairs for the `vdpbf16ps` tile of bf16 panels ([`super::bf16_dot::pairs`]).
+    /// Rounded to bf16 in pairs for the `vdpbf16ps` tile of bf16 panels ([`super::bf16_dot::pairs`]),
+    /// padded with 16 zero rows when `amx`: row blocks of 8 rows or more then take the AMX tile.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Bf16Pairs(&'a [u32]),
+    Bf16Pairs { pairs: &'a [u32], amx: bool },
 }
 
 /// The product, reading `coded` where a tile for it applies.
@@ -387,10 +446,12 @@ fn product(
                 };
                 let panel = PanelRef::new(w, p);
                 #[cfg(target_arch = "x86_64")]
-                if let (Coded::Bf16Pairs(pairs), PanelRef::Bf16(b)) = (coded, panel) {
+                if let (Coded::Bf16Pairs { pairs, amx }, PanelRef::Bf16(b)) = (coded, panel) {
                     // SAFETY: `pairs` holds the m rows of x as pairs, made on a CPU with the
-                    // tile's features; the tile writes rows r0..r0+rows, columns
-                    // p*PANEL..p*PANEL+cols, and concurrent calls cover disjoint panels.
+                    // tile's features, and 16 zero rows past them when `amx` (the AMX tile reads
+                    // rows r0..r0+rows rounded up to 16, fewer than m+16); the tile writes rows
+                    // r0..r0+rows, columns p*PANEL..p*PANEL+cols, and concurrent calls cover
+                    // disjoint panels.
                     unsafe {
                         let c = dst.get().add(r0 * n + p * PANEL);
                         let x = pairs.as_ptr().add(r0 * k.div_ceil(2));
@@ -398,7 +459,11 @@ fn product(
                             Some(PanelRef::Bf16(next)) => Some(next.as_ptr()),
                             _ => None,
                         };
-                        super::bf16_dot::panel_product(x, rows, k, b.as_ptr(), next, c, n, cols, init);
+                        if amx && super::amx_bf16::applies(rows, k) {
+                            super::amx_bf16::panel_product(x, rows, k, b.as_ptr(), c, n, cols, init);
+                        } else {
+                            super::bf16_dot::panel_product(x, rows, k, b.as_ptr(), next, c, n, cols, init);
+                        }
                     }
                     continue;
                 }
