@@ -22,7 +22,7 @@
 //! - `bf16`: the float checkpoint, bf16 weights packed as bf16 and widened to f32 in registers
 //!   (f32 products, the float references' arithmetic);
 //! - `bf16-products`: the same weights with each linear's input rounded to bf16 and the products
-//!   run by `vdpbf16ps` where the CPU has AVX-512 BF16 (`Bf16Products::Bf16`; not in the default
+//!   run on AMX tiles or by `vdpbf16ps` where the CPU has them (`Bf16Products::Bf16`; not in the default
 //!   `--variants`);
 //! - `int4`: the quantized checkpoint in fake-quant mode, LPBQ weights kept 4-bit (W4A16 kernels),
 //!   the uint16 embedding kept as its codes;

@@ -87,6 +87,11 @@ const CONFIG: TileConfig = {
     TileConfig(b)
 };
 
+/// How far ahead of its loads [`lay_out`] asks for the panel (4 blocks of 32 rows): the panel
+/// comes from DRAM in a model's prefill. Alternating runs, Qwen3-0.6B's 128-token prefill in
+/// chunks of 32, `Conv2D (rows)`: 289–340 ms with it against 292–430 ms without.
+const AHEAD_BYTES: usize = 8192;
+
 /// Two B tiles (16 pair rows × 16 lanes each): one block of [`TILE_K`] panel rows laid out.
 #[repr(C, align(64))]
 struct BlockLayout([u32; 512]);
@@ -175,6 +180,10 @@ unsafe fn lay_out(panel: *const u16, block: usize, dst: &mut BlockLayout) {
     let dst = dst.0.as_mut_ptr();
     for i in 0..16 {
         let j = block * 16 + i;
+        // (A prefetch past the panel's end is harmless.)
+        let ahead = panel.add(2 * j * PANEL).cast::<i8>().wrapping_add(AHEAD_BYTES);
+        _mm_prefetch::<_MM_HINT_T0>(ahead);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
         let a = _mm512_loadu_si512(panel.add(2 * j * PANEL).cast());
         let b = _mm512_loadu_si512(panel.add((2 * j + 1) * PANEL).cast());
         _mm512_store_si512(dst.add(i * 16).cast(), _mm512_unpacklo_epi16(a, b));
