@@ -18,7 +18,7 @@
 //! `ARCH_REQ_XCOMP_PERM`); [`available`] asks once, and a CPU or kernel without it leaves the
 //! `vdpbf16ps` tile in charge.
 
-use super::bf16_dot::{TO_COLUMNS_HI, TO_COLUMNS_LO};
+use super::bf16_dot::store_row;
 use super::packed::PANEL;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -194,17 +194,11 @@ unsafe fn lay_out(panel: *const u16, block: usize, dst: &mut BlockLayout) {
 /// Rows `0..n` of the stored C tiles, back in column order, plus `init`, into `c`.
 #[target_feature(enable = "avx512f")]
 unsafe fn store(sums: &[[[f32; 256]; 2]; 2], n: usize, c: *mut f32, ldc: usize, cols: usize, init: &[f32; PANEL]) {
-    let mask = |h: usize| -> __mmask16 { ((1u32 << cols.saturating_sub(h).min(16)) - 1) as __mmask16 };
-    let (to_lo, to_hi) =
-        (_mm512_loadu_si512(TO_COLUMNS_LO.as_ptr().cast()), _mm512_loadu_si512(TO_COLUMNS_HI.as_ptr().cast()));
-    let (init_lo, init_hi) = (_mm512_loadu_ps(init.as_ptr()), _mm512_loadu_ps(init.as_ptr().add(16)));
     for i in 0..n {
         let (t, row) = (i / TILE_ROWS, i % TILE_ROWS);
         let lo = _mm512_loadu_ps(sums[t][0].as_ptr().add(row * 16));
         let hi = _mm512_loadu_ps(sums[t][1].as_ptr().add(row * 16));
-        let dst = c.add(i * ldc);
-        _mm512_mask_storeu_ps(dst, mask(0), _mm512_add_ps(init_lo, _mm512_permutex2var_ps(lo, to_lo, hi)));
-        _mm512_mask_storeu_ps(dst.add(16), mask(16), _mm512_add_ps(init_hi, _mm512_permutex2var_ps(lo, to_hi, hi)));
+        store_row(lo, hi, c.add(i * ldc), cols, init);
     }
 }
 

@@ -23,8 +23,8 @@ pub(super) const UNPACKED_HI: [usize; 16] = [2, 18, 3, 19, 6, 22, 7, 23, 10, 26,
 
 /// `vpermt2ps` indices taking columns `0..16` (then `16..32`) from sums in the lane orders of
 /// [`UNPACKED_LO`] (indices `0..16`) and [`UNPACKED_HI`] (`16..32`).
-pub(super) const TO_COLUMNS_LO: [u32; 16] = to_columns(0);
-pub(super) const TO_COLUMNS_HI: [u32; 16] = to_columns(16);
+const TO_COLUMNS_LO: [u32; 16] = to_columns(0);
+const TO_COLUMNS_HI: [u32; 16] = to_columns(16);
 
 const fn to_columns(first: usize) -> [u32; 16] {
     let mut out = [0u32; 16];
@@ -210,15 +210,23 @@ unsafe fn tile<const MR: usize>(
         // The last row pairs with zeros (its pairs' high halves are zero too).
         step!(k / 2, _mm512_loadu_si512(panel.add((k - 1) * PANEL).cast::<__m512i>()), _mm512_setzero_si512());
     }
+    for r in 0..MR {
+        store_row(lo[r], hi[r], c.add(r * ldc), cols, init);
+    }
+}
+
+/// One output row from its sums in the lane orders of [`UNPACKED_LO`] (`lo`) and
+/// [`UNPACKED_HI`] (`hi`): back in column order, plus `init`, columns `0..cols` into `dst`.
+///
+/// # Safety
+/// AVX-512F; `dst` has `cols <= PANEL` writable f32.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn store_row(lo: __m512, hi: __m512, dst: *mut f32, cols: usize, init: &[f32; PANEL]) {
     let mask = |h: usize| -> __mmask16 { ((1u32 << cols.saturating_sub(h).min(16)) - 1) as __mmask16 };
     let (to_lo, to_hi) =
         (_mm512_loadu_si512(TO_COLUMNS_LO.as_ptr().cast()), _mm512_loadu_si512(TO_COLUMNS_HI.as_ptr().cast()));
     let (init_lo, init_hi) = (_mm512_loadu_ps(init.as_ptr()), _mm512_loadu_ps(init.as_ptr().add(16)));
-    for r in 0..MR {
-        let dst = c.add(r * ldc);
-        let first = _mm512_add_ps(init_lo, _mm512_permutex2var_ps(lo[r], to_lo, hi[r]));
-        let second = _mm512_add_ps(init_hi, _mm512_permutex2var_ps(lo[r], to_hi, hi[r]));
-        _mm512_mask_storeu_ps(dst, mask(0), first);
-        _mm512_mask_storeu_ps(dst.add(16), mask(16), second);
-    }
+    _mm512_mask_storeu_ps(dst, mask(0), _mm512_add_ps(init_lo, _mm512_permutex2var_ps(lo, to_lo, hi)));
+    _mm512_mask_storeu_ps(dst.add(16), mask(16), _mm512_add_ps(init_hi, _mm512_permutex2var_ps(lo, to_hi, hi)));
 }
