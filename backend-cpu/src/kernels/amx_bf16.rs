@@ -27,8 +27,9 @@ use std::arch::x86_64::*;
 pub(crate) const TILE_ROWS: usize = 16;
 /// Values of `x` (32 bf16, 16 pairs) per A tile row: K must be a multiple of it.
 pub(crate) const TILE_K: usize = 32;
-/// Fewer rows than this stay on the `vdpbf16ps` tile: a panel's layout costs about what 32 rows'
-/// tile products do, so a few rows would mostly pay for the layout.
+/// Fewer rows than this stay on the `vdpbf16ps` tile: every A tile is 16 rows and every panel
+/// is laid out again, whatever the row count, so a decode row (1 to 4 rows) would pay both for
+/// the few products it needs.
 pub(crate) const MIN_ROWS: usize = 8;
 
 /// Whether this CPU and kernel run [`panel_product`] (asked once per process).
