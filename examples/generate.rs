@@ -106,7 +106,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub float: bool,
     /// Multiply a float checkpoint's bf16 weights in bf16: each linear's input rounded to bf16,
-    /// about twice the prefill speed on CPUs with AVX-512 BF16, logits no longer the float
+    /// about twice the prefill speed on CPUs with AMX or AVX-512 BF16, logits no longer the float
     /// references' (docs/cpu.md has the measured cost).
     #[arg(long)]
     pub bf16_products: bool,

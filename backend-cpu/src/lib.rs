@@ -14,7 +14,7 @@
 //! let dir = std::path::Path::new("../fixtures/qwen3-dev-bf16");
 //! let config = models::hf::HfConfig::from_dir(dir)?;
 //! // Float mode; `Bf16Products::Bf16` would round each linear's input to bf16 and multiply
-//! // with AVX-512 BF16 (docs/cpu.md).
+//! // on AMX tiles or with AVX-512 BF16 (docs/cpu.md).
 //! let backend = CpuBackend::float_with(Bf16Products::F32);
 //! let store = CheckpointStore::for_config(dir, backend.clone(), &config)?;
 //! let mut model = models::build(&config, 64)?;
