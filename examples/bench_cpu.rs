@@ -22,8 +22,8 @@
 //! - `bf16`: the float checkpoint, bf16 weights packed as bf16 and widened to f32 in registers
 //!   (f32 products, the float references' arithmetic);
 //! - `bf16-products`: the same weights with each linear's input rounded to bf16 and the products
-//!   run on AMX tiles or by `vdpbf16ps` where the CPU has them (`Bf16Products::Bf16`; not in the default
-//!   `--variants`);
+//!   run on AMX tiles or by `vdpbf16ps` where the CPU has them (`Bf16Products::Bf16`; not in the
+//!   default `--variants`);
 //! - `int4`: the quantized checkpoint in fake-quant mode, LPBQ weights kept 4-bit (W4A16 kernels),
 //!   the uint16 embedding kept as its codes;
 //! - `f32`: the same checkpoint with those weights decoded to f32 at load.

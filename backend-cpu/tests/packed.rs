@@ -78,8 +78,9 @@ fn products_match_naive_for_bf16_and_f32_on_every_isa() {
 /// summed in f32, on every tile this CPU runs (AMX's `tdpbf16ps` and `vdpbf16ps` where the CPU
 /// has them, the rounded rows on the f32 tiles), for odd K (the last row pairs with zero), row
 /// counts around the tile heights (12 for `vdpbf16ps`; 8, 16 and 32 for AMX, whose tile also
-/// needs K a multiple of 32; 130 rows cross the 120-row blocks) and partial panels. The rounding must show: against the unrounded
-/// product the results differ by far more than the summation tolerance.
+/// needs K a multiple of 32; 130 rows cross the 120-row blocks) and partial panels. The rounding
+/// must show: against the unrounded product the results differ by far more than the summation
+/// tolerance.
 #[test]
 fn bf16_products_round_the_input_to_bf16_and_sum_in_f32() {
     let mut rng = Lcg(17);

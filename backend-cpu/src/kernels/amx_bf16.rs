@@ -216,19 +216,15 @@ mod tests {
             eprintln!("AMX-BF16 is not on this CPU or not granted by its kernel: the AMX tile is not run here");
             return;
         }
-        let mut seed = 7u64;
-        let mut next = move || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
+        let mut rng = crate::rng::SplitMix64::new(7);
+        let mut next = move || rng.uniform_pm1();
         for k in [32, 96] {
-            // Panel rows in the bf16 slot order: column c < 16 at slot 2c, column 16 + c at 2c + 1.
             let w: Vec<half::bf16> = (0..k * PANEL).map(|_| half::bf16::from_f32(next())).collect();
-            let slot = |c: usize| if c < 16 { 2 * c } else { 2 * (c - 16) + 1 };
+            // Panel rows in the bf16 slot order.
             let mut panel = vec![0u16; k * PANEL];
             for r in 0..k {
                 for c in 0..PANEL {
-                    panel[r * PANEL + slot(c)] = w[r * PANEL + c].to_bits();
+                    panel[r * PANEL + super::super::packed::bf16_slot(c)] = w[r * PANEL + c].to_bits();
                 }
             }
             let init: [f32; PANEL] = std::array::from_fn(|_| next());

@@ -76,7 +76,7 @@ impl std::fmt::Debug for PackedMatrix {
 
 /// Slot of column `c` (`0..PANEL`) inside a bf16 panel row.
 #[inline]
-fn bf16_slot(c: usize) -> usize {
+pub(super) fn bf16_slot(c: usize) -> usize {
     if c < PANEL / 2 {
         2 * c
     } else {
@@ -325,7 +325,7 @@ impl Bf16Tile {
             #[cfg(target_arch = "x86_64")]
             Bf16Tile::Amx => super::amx_bf16::available(),
             #[cfg(target_arch = "x86_64")]
-            Bf16Tile::Dot => Isa::Avx512.available() && super::bf16_dot::available(),
+            Bf16Tile::Dot => super::bf16_dot::available(),
             Bf16Tile::Rounded(isa) => isa.available(),
             #[allow(unreachable_patterns)]
             _ => false,
@@ -371,7 +371,7 @@ pub fn linear_packed_bf16_with(
         return Err(KernelError::InvalidArgument { op: "linear_packed", reason });
     }
     #[cfg(target_arch = "x86_64")]
-    if tile != Bf16Tile::Rounded(isa) {
+    if matches!(tile, Bf16Tile::Amx | Bf16Tile::Dot) {
         let amx = tile == Bf16Tile::Amx && super::amx_bf16::applies(m.min(ROW_BLOCK), w.k);
         // AMX tiles read whole blocks of 16 rows.
         let pad = if amx { super::amx_bf16::TILE_ROWS } else { 0 };
