@@ -9,6 +9,8 @@ use crate::lazy::{LazyJoin, Strided};
 use crate::on_grid::{grid_of, OnGrid};
 use crate::packed_weight::{packed_of, WeightView};
 use crate::u16_table::u16_table_of;
+use compiler::quant::FakeQuantizer;
+use mllm_dsl::fused::Fused;
 use mllm_dsl::op::{OpKind, ReduceKind};
 use mllm_dsl::{Backend, BackendError, BackendRef, QdqAttr, Storage, Tensor, TensorType};
 use std::borrow::Cow;
@@ -23,6 +25,19 @@ pub trait QdqHook: Send + Sync {
     /// The grid [`QdqHook::apply`]'s output at `point` lies on, if it is a 16-bit grid: the
     /// backend keeps it with the values ([`OnGrid`]) for the integer int4 products.
     fn grid(&self, _point: &QdqAttr) -> Option<kernels::Grid> {
+        None
+    }
+
+    /// Whether [`QdqHook::quantizer`] hands out quantizers (the fused steps then run fused).
+    fn has_quantizers(&self) -> bool {
+        false
+    }
+
+    /// The element-wise quantizer of `point` and the 16-bit grid its outputs lie on, for a fused
+    /// step that applies the point inside its own loop ([`Backend::fused`]). `None` (the default)
+    /// when the hook does more than map each value on its own (an observer must see every
+    /// point's whole tensor): the step then runs op by op.
+    fn quantizer(&self, _point: &QdqAttr) -> Option<Result<(&FakeQuantizer, Option<kernels::Grid>), QdqHookError>> {
         None
     }
 
@@ -268,6 +283,42 @@ fn i64_of<'a>(t: &'a Tensor, what: &'static str) -> Result<&'a [i64], CpuOpError
     t.as_i64().ok_or(CpuOpError::NotIds { what, dtype: t.dtype() })
 }
 
+/// Whether every input of a fused step is an f32 tensor.
+fn all_f32(inputs: &[&Tensor]) -> bool {
+    inputs.iter().all(|t| t.dtype() == mllm_dsl::DType::F32)
+}
+
+/// Whether `table` is `[.., S, D]` with leading dims of 1 and `x` is `[.., S, D]`: each of `x`'s
+/// rows of `D` reads the table's row `r % S`.
+fn rows_match(x: &[usize], table: &[usize]) -> bool {
+    x.len() >= 2
+        && table.len() >= 2
+        && x[x.len() - 2..] == table[table.len() - 2..]
+        && table[..table.len() - 2].iter().all(|&n| n == 1)
+}
+
+/// The f32 values of a fused step's input.
+fn fused_input<'t>(t: &'t Tensor, what: &str) -> Result<Cow<'t, [f32]>, BackendError> {
+    real_values(t).ok_or_else(|| BackendError::Op(format!("a fused step's {what} must hold real-valued data")))
+}
+
+/// A fused step's output of `like`'s type: on the last point's 16-bit grid if it has one, as that
+/// point's own output would be.
+fn fused_output(like: &Tensor, values: Vec<f32>, grid: Option<kernels::Grid>) -> Result<Tensor, BackendError> {
+    let backend =
+        like.backend().cloned().ok_or_else(|| BackendError::Op("a fused step's input has no backend".into()))?;
+    Tensor::from_storage(like.ty().clone(), quantized_storage(values, grid), backend)
+        .map_err(|e| BackendError::Op(e.to_string()))
+}
+
+/// A QDQ point's output values, kept with the 16-bit grid they lie on if the point has one.
+fn quantized_storage(values: Vec<f32>, grid: Option<kernels::Grid>) -> Storage {
+    match grid {
+        Some(grid) => Storage::Native(Arc::new(OnGrid { values: values.into(), grid })),
+        None => out_f32(values),
+    }
+}
+
 fn out_f32(data: Vec<f32>) -> Storage {
     Storage::F32(data.into())
 }
@@ -299,6 +350,22 @@ impl Backend for CpuBackend {
         profile::lap(t0, "QDQ point");
         result.map_err(|e| BackendError::Qdq { key: point.key.clone(), message: e.to_string() })
     }
+
+    fn fuses(&self, kind: Fused) -> bool {
+        matches!(kind, Fused::RotateHalfRope | Fused::MaskedSoftmax)
+            && self.qdq.as_ref().is_none_or(|h| h.has_quantizers())
+    }
+
+    fn fused(&self, kind: Fused, inputs: &[&Tensor], points: &[QdqAttr]) -> Option<Result<Tensor, BackendError>> {
+        let t0 = profile::start();
+        let (result, label) = match kind {
+            Fused::RotateHalfRope => (self.rotate_half_rope(inputs, points), "RoPE (fused)"),
+            Fused::MaskedSoftmax => (self.masked_softmax(inputs, points), "masked softmax (fused)"),
+            _ => (None, ""),
+        };
+        profile::lap(t0, label);
+        result
+    }
 }
 
 impl CpuBackend {
@@ -309,13 +376,89 @@ impl CpuBackend {
             None => Ok(x.clone()),
             Some(Quantized { values: new, grid }) => {
                 let backend = x.backend().cloned().ok_or(CpuOpError::Missing("QDQ input has no backend"))?;
-                let storage = match grid {
-                    Some(grid) => Storage::Native(Arc::new(OnGrid { values: new.into(), grid })),
-                    None => out_f32(new),
-                };
-                Ok(Tensor::from_storage(x.ty().clone(), storage, backend)?)
+                Ok(Tensor::from_storage(x.ty().clone(), quantized_storage(new, grid), backend)?)
             }
         }
+    }
+
+    /// [`Fused::RotateHalfRope`] on f32 `[x, cos, sin]`, `x [.., S, D]` and the tables `[S, D]`
+    /// (leading dims of 1), with its four points; `None` for other inputs (the step then runs op
+    /// by op).
+    fn rotate_half_rope(&self, inputs: &[&Tensor], points: &[QdqAttr]) -> Option<Result<Tensor, BackendError>> {
+        let &[x, cos, sin] = inputs else { return None };
+        if !all_f32(inputs) || !rows_match(x.shape(), cos.shape()) || sin.shape() != cos.shape() {
+            return None;
+        }
+        let (quantizers, grid) = match self.quantizers::<4>(points)? {
+            Ok(found) => found,
+            Err(e) => return Some(Err(e)),
+        };
+        let run = || {
+            let (xs, cs, ss) =
+                (fused_input(x, "input")?, fused_input(cos, "cos table")?, fused_input(sin, "sin table")?);
+            let mut out: Vec<f32> = Vec::with_capacity(xs.len());
+            let d = x.shape()[x.shape().len() - 1];
+            kernels::rotate_half(&xs, &cs, &ss, d, &quantizers, &mut out.spare_capacity_mut()[..xs.len()])
+                .map_err(|e| BackendError::Op(e.to_string()))?;
+            // SAFETY: `rotate_half` wrote all `xs.len()` elements (it returned Ok).
+            unsafe { out.set_len(xs.len()) };
+            fused_output(x, out, grid)
+        };
+        Some(run())
+    }
+
+    /// [`Fused::MaskedSoftmax`] on f32 `[scores, mask, scale, below_min, attend]`, `scores
+    /// [.., S, T]`, the mask `[S, T]` (leading dims of 1) and three one-value constants, with its
+    /// five points; `None` for other inputs.
+    fn masked_softmax(&self, inputs: &[&Tensor], points: &[QdqAttr]) -> Option<Result<Tensor, BackendError>> {
+        let &[scores, mask, scale, below_min, attend] = inputs else { return None };
+        if !all_f32(inputs)
+            || !rows_match(scores.shape(), mask.shape())
+            || [scale, below_min, attend].iter().any(|c| c.numel() != 1)
+        {
+            return None;
+        }
+        let (quantizers, grid) = match self.quantizers::<5>(points)? {
+            Ok(found) => found,
+            Err(e) => return Some(Err(e)),
+        };
+        let run = || {
+            let constant = |t: &Tensor, what| fused_input(t, what).map(|v| v[0]);
+            let constants = kernels::MaskedSoftmaxConstants {
+                scale: constant(scale, "scale")?,
+                below_min: constant(below_min, "offset below the row minimum")?,
+                attend: constant(attend, "attending mask value")?,
+            };
+            let (s, m) = (fused_input(scores, "scores")?, fused_input(mask, "mask")?);
+            let t = scores.shape()[scores.shape().len() - 1];
+            let out = kernels::masked_softmax(&s, t, &m, constants, &quantizers)
+                .map_err(|e| BackendError::Op(e.to_string()))?;
+            fused_output(scores, out, grid)
+        };
+        Some(run())
+    }
+
+    /// The fake quantizers of a fused step's `points`, looked up in the model's order (the hook's
+    /// lookups learn that order), and the grid of the last one's output; all `None` in float
+    /// mode. `None` when there are not `N` points or the hook hands out no quantizers.
+    #[allow(clippy::type_complexity)]
+    fn quantizers<const N: usize>(
+        &self,
+        points: &[QdqAttr],
+    ) -> Option<Result<([Option<&FakeQuantizer>; N], Option<kernels::Grid>), BackendError>> {
+        if points.len() != N {
+            return None;
+        }
+        let mut found = ([None; N], None);
+        if let Some(hook) = &self.qdq {
+            for (slot, p) in found.0.iter_mut().zip(points) {
+                match hook.quantizer(p)? {
+                    Ok((q, grid)) => (*slot, found.1) = (Some(q), grid),
+                    Err(e) => return Some(Err(BackendError::Qdq { key: p.key.clone(), message: e.to_string() })),
+                }
+            }
+        }
+        Some(Ok(found))
     }
 
     fn run(&self, op: &OpKind, inputs: &[&Tensor], out: &TensorType) -> Result<Storage, CpuOpError> {

@@ -2,6 +2,7 @@
 //! calibration observers, ...). The core infers shapes and dtypes; the backend only computes.
 
 use crate::dtype::TensorType;
+use crate::fused::Fused;
 use crate::op::OpKind;
 use crate::qdq::QdqAttr;
 use crate::tensor::Tensor;
@@ -153,6 +154,21 @@ pub trait Backend: Send + Sync {
     /// Applies a QDQ point: the identity in float mode, quantize-dequantize in fake-quant mode,
     /// observation during calibration.
     fn qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, BackendError>;
+
+    /// Whether [`Backend::fused`] may compute `kind` (the core then prepares its inputs); `false`
+    /// (the default) runs the step op by op without asking.
+    fn fuses(&self, kind: Fused) -> bool {
+        let _ = kind;
+        false
+    }
+
+    /// Computes the fused step `kind` ([`crate::fused`]) on `inputs` with its QDQ `points`, or
+    /// `None` to have the step run op by op (the default). A backend offers only what it computes
+    /// exactly as the ops and points would.
+    fn fused(&self, kind: Fused, inputs: &[&Tensor], points: &[QdqAttr]) -> Option<Result<Tensor, BackendError>> {
+        let _ = (kind, inputs, points);
+        None
+    }
 }
 
 /// A shareable backend handle.

@@ -41,6 +41,7 @@
 //! - [`module`] and [`nn`]: module trees, parameter binding, layers; `#[module]` generates the glue.
 //! - [`qdq!`] and [`qdq`]: QDQ points and their checkpoint keys.
 //! - [`trace`](mod@trace): recording a [`Program`]; [`ir`]: the program, its printer and parser.
+//! - [`fused`]: steps of a model file an eager backend may run in one pass (RoPE).
 //! - [`backend`]: what an eager backend implements; [`causal_lm`]: what every decoder model file
 //!   offers (its graph I/O contract).
 //! - [`files`]: bounded reads, atomic writes and staged output directories, for every crate.
@@ -52,6 +53,7 @@ pub mod causal_lm;
 pub mod dtype;
 pub mod error;
 pub mod files;
+pub mod fused;
 pub mod fuzz;
 pub mod ir;
 pub mod macros;

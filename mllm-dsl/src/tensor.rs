@@ -390,7 +390,7 @@ pub fn apply(kind: OpKind, inputs: &[&Tensor], name: Option<&str>, site: CallSit
 }
 
 /// Turns constants and parameters into eager tensors of `backend` (constants get their QDQ applied).
-fn materialize(t: &Tensor, backend: &BackendRef, site: CallSite, op: &str) -> Result<Tensor> {
+pub(crate) fn materialize(t: &Tensor, backend: &BackendRef, site: CallSite, op: &str) -> Result<Tensor> {
     match t.repr() {
         Repr::Eager { .. } => Ok(t.clone()),
         Repr::Constant { value, qdq, .. } => {

@@ -16,6 +16,7 @@
 use crate::config::TransformerConfig;
 use crate::decoder::AttentionInputs;
 use crate::hf::HiddenAct;
+use mllm_dsl::fused::{fused, Fused};
 use mllm_dsl::prelude::*;
 // The mask's compile-time parameters, also those of the `0.0` it is compared with (mllm's
 // `addCausalMaskParams`): uint16 with zero point 65535, so 65535 (attend) dequantizes to 0.0.
@@ -142,14 +143,17 @@ pub fn rope_qk(q: &Tensor, k: &Tensor, inputs: &AttentionInputs<'_>) -> Result<(
 }
 
 /// `x*cos + rotate_half(x)*sin` with `rotate_half(x) = cat(-x2, x1)`.
-/// `names` are the four QDQ points: neg_half, mul_0, mul_1, add_0.
+/// `names` are the four QDQ points: neg_half, mul_0, mul_1, add_0. An eager backend may run the
+/// step in one pass ([`fused`]); a trace records the ops below.
 fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor, names: [&str; 4]) -> Result<Tensor> {
-    let d = x.dim(-1)?;
-    let (x1, x2) = (x.slice(-1, 0, d / 2)?, x.slice(-1, d / 2, d)?);
-    let rotated = Tensor::cat(&[&qdq!(x2.neg()?, names[0])?, &x1], -1)?;
-    let a = qdq!(x.mul(cos)?, names[1])?;
-    let b = qdq!(rotated.mul(sin)?, names[2])?;
-    qdq!(a.add(&b)?, names[3])
+    fused(Fused::RotateHalfRope, &[x, cos, sin], &names, || {
+        let d = x.dim(-1)?;
+        let (x1, x2) = (x.slice(-1, 0, d / 2)?, x.slice(-1, d / 2, d)?);
+        let rotated = Tensor::cat(&[&qdq!(x2.neg()?, names[0])?, &x1], -1)?;
+        let a = qdq!(x.mul(cos)?, names[1])?;
+        let b = qdq!(rotated.mul(sin)?, names[2])?;
+        qdq!(a.add(&b)?, names[3])
+    })
 }
 
 /// The new K `[1, Hkv, S, D]` and V into the uint8 cache layout: K `[1, Hkv, D, S]`, V `[1, Hkv, S, D]`.
@@ -183,13 +187,18 @@ pub fn attend_scaled(q: &Tensor, k: &Tensor, v: &Tensor, inputs: &AttentionInput
                                                                               // 2. scores [1, H, S, T], scaled by 1/sqrt(D)
     let attn = qdq!(q.matmul(&kh)?, "qk_matmul_output_qdq")?;
     let scale = qdq!(const scale, "scaling_qdq")?;
-    let attn = qdq!(attn.mul(&scale)?, "mul_0_output_qdq")?;
-    // 3. masked softmax: masked scores become rowmin - 20
-    let attn_min = qdq!(attn.reduce_min(-1, true)?, "reduce_min_output_qdq")?;
-    let attn_vv = qdq!(attn_min.add(&qdq!(const -20.0, "neg_20_qdq")?)?, "minus_0_output_qdq")?;
+    let neg_20 = qdq!(const -20.0, "neg_20_qdq")?;
     let zero = qdq!(global const 0.0, "constant_zero", scale = MASK_SCALE, zp = MASK_ZERO_POINT)?;
-    let attn = qdq!(mask.eq(&zero)?.where_cond(&attn, &attn_vv)?, "where_attn_qdq")?;
-    let attn = qdq!(attn.softmax(-1)?, "softmax_output_qdq")?;
+    // 3. scaled, masked softmax: masked scores become rowmin - 20 (one pass on backends that fuse it)
+    let names =
+        ["mul_0_output_qdq", "reduce_min_output_qdq", "minus_0_output_qdq", "where_attn_qdq", "softmax_output_qdq"];
+    let attn = fused(Fused::MaskedSoftmax, &[&attn, mask, &scale, &neg_20, &zero], &names, || {
+        let attn = qdq!(attn.mul(&scale)?, names[0])?;
+        let attn_min = qdq!(attn.reduce_min(-1, true)?, names[1])?;
+        let attn_vv = qdq!(attn_min.add(&neg_20)?, names[2])?;
+        let attn = qdq!(mask.eq(&zero)?.where_cond(&attn, &attn_vv)?, names[3])?;
+        qdq!(attn.softmax(-1)?, names[4])
+    })?;
     // 4. [1, H, S, D] -> [1, S, H, D] -> NHWC [1, 1, S, H*D]
     let y = qdq!(attn.matmul(&vh)?, "attn_value_matmul_output_qdq")?;
     y.transpose(1, 2)?.view(&[1, 1, -1, (heads * head_dim) as i64])

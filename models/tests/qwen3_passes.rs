@@ -179,6 +179,26 @@ fn output_steps(ckpt: &SafetensorsCheckpoint) -> Vec<f32> {
     steps
 }
 
+/// The CPU backend runs RoPE and the masked softmax as fused steps when its hook hands out its
+/// quantizers (`FakeQuantHook`), and op by op otherwise (`CheckpointQdq`): the same values either
+/// way, bit for bit, on every output. (In float mode, the interpreter's op-by-op run of the
+/// traced program is the other side: see `every_pass_preserves_the_models_outputs`.)
+#[test]
+fn fused_steps_equal_the_ops_in_fake_quant() {
+    let ckpt = checkpoint();
+    let points = compiler::quant::points::qdq_points(&traced(CHUNK)).unwrap();
+    let params = backend_cpu::quant::QdqParams::from_checkpoint(&ckpt, &points).unwrap();
+    let fused = eager(CpuBackend::with_qdq(Arc::new(backend_cpu::quant::FakeQuantHook::new(&params))), &ckpt);
+    let ops = eager(CpuBackend::with_qdq(Arc::new(CheckpointQdq(checkpoint()))), &ckpt);
+    assert_eq!(fused.len(), ops.len());
+    for (i, (a, b)) in fused.iter().zip(&ops).enumerate() {
+        let (a, b) = (a.as_f32().unwrap(), b.as_f32().unwrap());
+        assert!(a.iter().all(|v| v.is_finite()), "output {i} has a non-finite value");
+        let differ = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        assert!(differ == 0 && a.len() == b.len(), "output {i}: {differ} of {} values differ", a.len());
+    }
+}
+
 #[test]
 fn every_pass_preserves_the_models_outputs() {
     let ckpt = checkpoint();

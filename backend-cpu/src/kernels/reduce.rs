@@ -49,7 +49,7 @@ pub(crate) fn lane_max(x: &[f32]) -> f32 {
 
 /// Minimum of `x`, NaN-propagating like [`lane_max`]; +inf for an empty slice.
 #[inline]
-fn lane_min(x: &[f32]) -> f32 {
+pub(crate) fn lane_min(x: &[f32]) -> f32 {
     lane_fold(x, f32::INFINITY, min_nan)
 }
 

@@ -6,10 +6,11 @@
 //! ulp.
 
 use super::math::{exp_f32, map_inplace, map_into};
-use super::reduce::{lane_max, lane_sum, max_nan};
+use super::reduce::{lane_max, lane_min, lane_sum, max_nan};
 use super::shape::{check_len, normalize_dim, split_at_dim};
 use super::threads::par_fill_rows;
 use super::KernelError;
+use compiler::quant::FakeQuantizer;
 
 /// Below this many elements the calling thread does the work.
 const MIN_PARALLEL_LEN: usize = 1 << 14;
@@ -30,6 +31,81 @@ pub fn softmax(x: &[f32], shape: &[usize], dim: isize) -> Result<Vec<f32>, Kerne
             } else {
                 softmax_strided(src, n, inner, dst);
             }
+        }
+    });
+    Ok(out)
+}
+
+/// The fake quantizers of mllm's masked attention softmax, in the model's order: the scaled
+/// scores (mul_0), their row minimum (reduce_min), the minimum less 20 (minus_0), the masked
+/// scores (where_attn) and the probabilities (softmax_output). `None` is the identity (float mode).
+pub type MaskedSoftmaxPoints<'a> = [Option<&'a FakeQuantizer>; 5];
+
+/// The constants of [`masked_softmax`]: the scores' scale, the `-20` below the row minimum that
+/// masked scores get, and the mask value that lets a position attend (each as its QDQ left it).
+#[derive(Clone, Copy, Debug)]
+pub struct MaskedSoftmaxConstants {
+    pub scale: f32,
+    pub below_min: f32,
+    pub attend: f32,
+}
+
+/// mllm's masked softmax over rows of `t` scores, with its QDQ points `q0..q4`, in one pass per
+/// row: `a = q0(scores * scale)`, `w = q3(mask == attend ? a : q2(q1(min(a)) + below_min))`,
+/// `q4(softmax(w))`. Row `r` reads mask row `r % (mask.len() / t)` (scores `[.., S, T]`, mask
+/// `[S, T]`). Each step is the op's own arithmetic (the same minimum, softmax and quantizers), so
+/// the values equal the ops' bit for bit.
+pub fn masked_softmax(
+    scores: &[f32],
+    t: usize,
+    mask: &[f32],
+    c: MaskedSoftmaxConstants,
+    points: &MaskedSoftmaxPoints<'_>,
+) -> Result<Vec<f32>, KernelError> {
+    let mask_rows = mask.len() / t.max(1);
+    if t == 0
+        || !scores.len().is_multiple_of(t)
+        || mask_rows == 0
+        || mask.len() != mask_rows * t
+        || !(scores.len() / t).is_multiple_of(mask_rows)
+    {
+        return Err(KernelError::InvalidArgument {
+            op: "masked softmax",
+            reason: format!(
+                "{} scores in rows of {t} against a mask of {} values (whole rows, a row count dividing the scores')",
+                scores.len(),
+                mask.len()
+            ),
+        });
+    }
+    let fake = |p: Option<&FakeQuantizer>, v: f32| p.map_or(v, |q| q.fake(v));
+    let apply = |p: Option<&FakeQuantizer>, v: &mut [f32]| {
+        if let Some(q) = p {
+            q.apply_in_place(v)
+        }
+    };
+    let mut out = vec![0.0f32; scores.len()];
+    par_fill_rows(&mut out, t, MIN_PARALLEL_LEN, |first, chunk| {
+        let mut w = vec![0.0f32; t];
+        for (r, dst) in chunk.chunks_exact_mut(t).enumerate() {
+            let r = first + r;
+            let (src, mask) = (&scores[r * t..(r + 1) * t], &mask[(r % mask_rows) * t..(r % mask_rows + 1) * t]);
+            // The QDQ points' loops widened as the fake quantizer widens them; the softmax as the op runs it.
+            mllm_dsl::simd::widest(
+                #[inline(always)]
+                || {
+                    w.iter_mut().zip(src).for_each(|(w, s)| *w = s * c.scale);
+                    apply(points[0], &mut w);
+                    let masked = fake(points[2], fake(points[1], lane_min(&w)) + c.below_min);
+                    w.iter_mut().zip(mask).for_each(|(w, &m)| *w = if m == c.attend { *w } else { masked });
+                    apply(points[3], &mut w);
+                },
+            );
+            softmax_row(&w, dst);
+            mllm_dsl::simd::widest(
+                #[inline(always)]
+                || apply(points[4], dst),
+            );
         }
     });
     Ok(out)
@@ -73,5 +149,73 @@ fn softmax_strided(src: &[f32], n: usize, inner: usize, dst: &mut [f32]) {
         for (o, &s) in drow.iter_mut().zip(&sum) {
             *o *= s;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{binary, equal, reduce, where_, BinaryOp, ReduceKind};
+    use compiler::quant::QuantParams;
+
+    /// The model file's ops, one kernel each, every point applied to a whole intermediate.
+    fn ops(
+        scores: &[f32],
+        shape: &[usize],
+        mask: &[f32],
+        mask_shape: &[usize],
+        c: MaskedSoftmaxConstants,
+        q: &MaskedSoftmaxPoints<'_>,
+    ) -> Vec<f32> {
+        let apply = |p: Option<&FakeQuantizer>, v: Vec<f32>| match p {
+            Some(p) => v.into_iter().map(|v| p.fake(v)).collect(),
+            None => v,
+        };
+        let a = apply(q[0], binary(BinaryOp::Mul, scores, shape, &[c.scale], &[1]).unwrap().0);
+        let (min, min_shape) = reduce(&a, shape, -1, true, ReduceKind::Min).unwrap();
+        let vv = apply(q[2], binary(BinaryOp::Add, &apply(q[1], min), &min_shape, &[c.below_min], &[1]).unwrap().0);
+        let cond = equal(mask, mask_shape, &[c.attend], &[1]).unwrap().0;
+        let w = apply(q[3], where_(&cond, mask_shape, &a, shape, &vv, &min_shape).unwrap().0);
+        apply(q[4], softmax(&w, shape, -1).unwrap())
+    }
+
+    #[test]
+    fn masked_softmax_equals_the_ops_bit_for_bit() {
+        let mut rng = crate::rng::SplitMix64::new(11);
+        let quantizer =
+            |scale: f32, zp: i32| FakeQuantizer::new(&QuantParams { scale, zero_point: zp, qmin: 0, qmax: 65535 });
+        let qs = [
+            quantizer(6e-4, 30000),
+            quantizer(6e-4, 30000),
+            quantizer(7e-4, 50000),
+            quantizer(8e-4, 40000),
+            quantizer(1.0 / 65536.0, 0),
+        ];
+        let c = MaskedSoftmaxConstants { scale: 0.088388, below_min: -20.0, attend: 0.0 };
+        // [1, H, S, T] scores against a [1, 1, S, T] causal mask: a decode step (S = 1), a chunk,
+        // and rows enough for the team.
+        for (heads, s, t) in [(16, 1, 37), (4, 8, 40), (16, 32, 160)] {
+            let scores: Vec<f32> = (0..heads * s * t).map(|_| rng.uniform_pm1() * 12.0).collect();
+            let mask: Vec<f32> = (0..s * t).map(|i| if i % t <= t - s + i / t { 0.0 } else { -0.001 }).collect();
+            let (shape, mask_shape) = ([1, heads, s, t], [1, 1, s, t]);
+            // The last set leaves the probabilities unquantized, so the masked ones (about e^-20,
+            // zero on the 1/65536 grid) show the points before them.
+            let all = [Some(&qs[0]), Some(&qs[1]), Some(&qs[2]), Some(&qs[3]), Some(&qs[4])];
+            for points in [[None; 5], all, [all[0], all[1], all[2], all[3], None]] {
+                let got = masked_softmax(&scores, t, &mask, c, &points).unwrap();
+                let want = ops(&scores, &shape, &mask, &mask_shape, c, &points);
+                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{heads} heads, {s} rows, {t} positions");
+            }
+        }
+    }
+
+    #[test]
+    fn masked_softmax_shapes_that_do_not_fit_are_errors() {
+        let c = MaskedSoftmaxConstants { scale: 1.0, below_min: -20.0, attend: 0.0 };
+        assert!(masked_softmax(&[0.0; 12], 4, &[0.0; 6], c, &[None; 5]).is_err(), "a mask of 1.5 rows");
+        assert!(masked_softmax(&[0.0; 12], 4, &[0.0; 8], c, &[None; 5]).is_err(), "3 rows against 2 mask rows");
+        assert!(masked_softmax(&[0.0; 12], 0, &[], c, &[None; 5]).is_err(), "rows of nothing");
+        assert!(masked_softmax(&[0.0; 12], 4, &[0.0; 4], c, &[None; 5]).is_ok());
     }
 }

@@ -124,6 +124,17 @@ impl QdqHook for FakeQuantHook {
         self.index.get(&point.key).and_then(|&i| self.points[i].grid)
     }
 
+    fn has_quantizers(&self) -> bool {
+        true
+    }
+
+    fn quantizer(&self, point: &QdqAttr) -> Option<Result<(&FakeQuantizer, Option<Grid>), QdqHookError>> {
+        Some(self.lookup(point).and_then(|found| {
+            check_kind(point, &found.attr)?;
+            Ok((&found.fq, found.grid))
+        }))
+    }
+
     fn apply_to(&self, point: &QdqAttr, x: &Tensor) -> Result<Option<Quantized>, QdqHookError> {
         let found = self.lookup(point)?;
         if found.grid.is_some() && found.grid == grid_of(x) {
@@ -135,7 +146,8 @@ impl QdqHook for FakeQuantHook {
 }
 
 /// `x` through `fq`, the quantizer of `point` (traced as `known`).
-fn fake_quantize(point: &QdqAttr, known: &QdqAttr, fq: &FakeQuantizer, x: &[f32]) -> Result<Vec<f32>, QdqHookError> {
+/// `point` as applied here must be of the kind traced (`known`).
+fn check_kind(point: &QdqAttr, known: &QdqAttr) -> Result<(), QdqHookError> {
     if known.kind != point.kind {
         return Err(QdqHookError::KindMismatch {
             key: point.key.clone(),
@@ -143,6 +155,11 @@ fn fake_quantize(point: &QdqAttr, known: &QdqAttr, fq: &FakeQuantizer, x: &[f32]
             traced: known.to_string(),
         });
     }
+    Ok(())
+}
+
+fn fake_quantize(point: &QdqAttr, known: &QdqAttr, fq: &FakeQuantizer, x: &[f32]) -> Result<Vec<f32>, QdqHookError> {
+    check_kind(point, known)?;
     let n = x.len();
     // Fresh memory, not zeroed first: every element is written below.
     let mut out: Vec<f32> = Vec::with_capacity(n);
