@@ -127,6 +127,22 @@ pub(crate) fn available() -> bool {
     false
 }
 
+/// The environment variable that picks how a decode row's tile prefetches the panels ahead:
+/// `nta` (non-temporal) or `t0` (into every cache level); unset, `nta` on AMD and `t0` on others.
+pub const DECODE_PREFETCH_ENV: &str = "MLLM_CPU_DECODE_PREFETCH";
+
+/// Whether a decode row prefetches its panels non-temporally ([`DECODE_PREFETCH_ENV`]). Not on
+/// Intel: there a decode step's 1-row linears (Qwen3-0.6B, 2 threads, Xeon VM) took 16.9-18.9 ms
+/// with it against 14.8-16.1 ms with `t0`, in the same rounds (docs/cpu.md).
+fn decode_rows_non_temporal() -> bool {
+    static NTA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *NTA.get_or_init(|| match std::env::var(DECODE_PREFETCH_ENV).as_deref() {
+        Ok("nta") => true,
+        Ok("t0") => false,
+        _ => super::vendor::is_amd(),
+    })
+}
+
 /// `c[r, 0..cols] = init + rows[r0 + r] @ panel` for `r` in `0..m`, tile by tile.
 ///
 /// # Safety
@@ -285,15 +301,17 @@ mod avx512 {
         let v = rows.v.as_ptr().add(r0 * k);
         // The block scales are a second stream, fetched as far ahead as the codes.
         let s1_ahead = PREFETCH_ROWS / bs * PANEL;
+        let non_temporal = MR == 1 && super::decode_rows_non_temporal();
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
         for b in 0..k / bs {
             let mut s = [[_mm512_setzero_si512(); 2]; MR];
             for kk in (b * bs..(b + 1) * bs).step_by(4) {
                 let ahead = codes.wrapping_add((kk + PREFETCH_ROWS) * INT4_ROW_BYTES) as *const i8;
-                // A decode row reads each panel once a step: fetched non-temporally, the panels
-                // (323 MB a step on Qwen3-0.6B) do not push the KV cache and activations, which
-                // the step reads again, out of the caches.
-                if MR == 1 {
+                // A decode row reads each panel once a step: on AMD it is fetched
+                // non-temporally, so the panels (323 MB a step on Qwen3-0.6B) do not push the KV
+                // cache and activations, which the step reads again, out of the caches (see
+                // `decode_rows_non_temporal` for Intel's).
+                if non_temporal {
                     _mm_prefetch::<_MM_HINT_NTA>(ahead);
                 } else {
                     _mm_prefetch::<_MM_HINT_T0>(ahead);

@@ -26,7 +26,7 @@ use rayon::prelude::*;
 use super::grid_int4::{self, Grid, GridRows};
 use super::packed_int4::Int4Panels;
 use super::packed_tile::{self, Isa, MAX_ROWS};
-use super::read_ahead::{Spans, Successor};
+use super::read_ahead::{Policy, Spans, Successor};
 use super::threads::{current, SendPtr};
 use super::weight_memory::WeightBuf;
 use super::KernelError;
@@ -503,7 +503,7 @@ fn product(
         // caller waits less for the last chunk (alternating runs: prefill 268.7 vs 263.2 tok/s
         // median against four).
         let chunk = panels.div_ceil(threads * 8).max(1);
-        let read_ahead = w.successor.runs(w.spans());
+        let read_ahead = Policy::current().plan(w.successor.runs(w.spans()));
         ctx.for_each_index_then(panels.div_ceil(chunk), |c| run(c * chunk, panels.min((c + 1) * chunk)), read_ahead);
     }
     // SAFETY: the capacity is m * n, and the panels 0..panels (columns 0..n) times the row

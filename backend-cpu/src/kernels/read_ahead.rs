@@ -6,6 +6,15 @@
 //! the matrices that come next into the caches: the next linears then find part of their weights
 //! there instead of in DRAM.
 //!
+//! Where the helper puts what it reads depends on the caches ([`Policy`]). On AMD's Zen, whose
+//! L3 holds what a core's L2 evicts and serves every core, the helper reads the next matrices
+//! from their start and the caller finds them in L3. On the Intel Xeon VM measured here, a line
+//! another core fetched comes no faster than from DRAM (`scripts/cross-core-read.c`: one reader
+//! of 2-32 MiB the other core had touched, 8-21 GB/s against 10-17 cold, run to run), so the
+//! helper reads the *end* of the next matrix, its own share, into its own L2 and then multiplies
+//! that share itself, taking the product's items from the back while the caller takes them from
+//! the front.
+//!
 //! Which matrices come next is learnt, not declared: a decode step runs the same linears in the
 //! same order every time, so each matrix remembers ([`Successor`]) the one that ran after it on
 //! the calling thread, and a product hands the memory ([`Spans`]) of the few that followed it
@@ -28,6 +37,60 @@ const MAX_MATRICES: usize = 4;
 /// only −4 %, 4 MiB −6 %, 8 MiB (4 matrices) −11 %, 8 matrices up to 16 or 32 MiB no better.
 const BUDGET: usize = 8 << 20;
 
+/// How much of the next matrix's end a helper reads into its own L2 ([`Policy::OwnShare`]): a
+/// quarter of the 2 MiB L2 of the Xeon measured. Per Qwen3-0.6B decode step, 1-row linear time
+/// against the shared read-ahead, 8 alternating rounds: 16.6-19.6 ms against 18.1-20.2 ms with
+/// 512 KiB; 1 MiB and 2 MiB gained less, 256 KiB no more.
+const OWN_SHARE_BUDGET: usize = 512 << 10;
+
+/// Where a helper's read-ahead goes (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Policy {
+    /// The next matrices from their start, up to [`BUDGET`], for a cache every core reads.
+    Shared,
+    /// The end of the next matrix, up to [`OWN_SHARE_BUDGET`], which the helper multiplies itself.
+    OwnShare,
+    /// No read-ahead.
+    Off,
+}
+
+/// The environment variable that picks the [`Policy`]: `shared`, `own` or `off`; unset, AMD CPUs
+/// read ahead `shared` and others `own`.
+pub const READ_AHEAD_ENV: &str = "MLLM_CPU_READ_AHEAD";
+
+impl Policy {
+    /// The policy of this process (read once).
+    pub(crate) fn current() -> Policy {
+        static POLICY: std::sync::OnceLock<Policy> = std::sync::OnceLock::new();
+        *POLICY.get_or_init(|| match std::env::var(READ_AHEAD_ENV).as_deref() {
+            Ok("shared") => Policy::Shared,
+            Ok("own") => Policy::OwnShare,
+            Ok("off") => Policy::Off,
+            _ if super::vendor::is_amd() => Policy::Shared,
+            _ => Policy::OwnShare,
+        })
+    }
+
+    /// What a product whose learnt successors are `ahead` hands the team.
+    pub(crate) fn plan(self, ahead: Spans) -> ReadAhead {
+        match self {
+            Policy::Shared => ReadAhead { spans: ahead, from_back: false },
+            Policy::OwnShare => ReadAhead { spans: ahead.end_of_first(OWN_SHARE_BUDGET), from_back: true },
+            Policy::Off => ReadAhead::default(),
+        }
+    }
+}
+
+/// What a product hands the team: the memory its helpers read ahead once its items run out, and
+/// which end of its items they take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ReadAhead {
+    pub(crate) spans: Spans,
+    /// The helpers take the items from the back: under [`Policy::OwnShare`] that is the share of
+    /// the matrix they read ahead before the product.
+    pub(crate) from_back: bool,
+}
+
 /// Byte ranges to prefetch, in order: the panels and scales of one or more matrices.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Spans {
@@ -43,6 +106,18 @@ impl Spans {
             *slot = (part.as_ptr() as usize, part.len());
         }
         spans
+    }
+
+    /// The end of the first matrix, `budget` bytes in all: each of its spans (panels, scales)
+    /// cut to the same fraction at its end, which is where its last panels lie.
+    pub(crate) fn end_of_first(&self, budget: usize) -> Spans {
+        let mut out = Spans::default();
+        let total = self.spans[0].1 + self.spans[1].1;
+        for (slot, &(addr, len)) in out.spans[..2].iter_mut().zip(&self.spans[..2]) {
+            let keep = if total <= budget { len } else { (len as u128 * budget as u128 / total as u128) as usize };
+            *slot = (addr + len - keep, keep);
+        }
+        out
     }
 
     /// Total bytes.
@@ -270,6 +345,26 @@ mod tests {
         // Small matrices: four ahead, not five.
         let (ahead, spans) = read_ahead_of_the_first(&[1000; 6]);
         assert_eq!(ahead, chain(&spans[1..5]));
+    }
+
+    #[test]
+    fn the_own_share_is_the_end_of_the_next_matrix() {
+        let (ahead, spans) = read_ahead_of_the_first(&[1000, 3 << 20, 1000]);
+        // The second matrix's panels (3 MiB) and scales (64 bytes), each cut to the same fraction
+        // at its end: 512 KiB in all.
+        let plan = Policy::OwnShare.plan(ahead);
+        assert!(plan.from_back);
+        let (panels, scales) = (plan.spans.spans[0], plan.spans.spans[1]);
+        let (addr, len) = spans[1].spans[0];
+        assert_eq!(panels.0 + panels.1, addr + len, "the panels' end");
+        assert_eq!(scales.0 + scales.1, spans[1].spans[1].0 + 64, "the scales' end");
+        assert!(plan.spans.bytes() <= OWN_SHARE_BUDGET && plan.spans.bytes() > OWN_SHARE_BUDGET - 2);
+        assert_eq!(plan.spans.spans[2..], [(0, 0); 2 * MAX_MATRICES - 2]);
+        // A matrix under the budget is read whole; the shared policy keeps the learnt order.
+        let (ahead, spans) = read_ahead_of_the_first(&[1000, 2000, 3000]);
+        assert_eq!(Policy::OwnShare.plan(ahead).spans, spans[1]);
+        assert_eq!(Policy::Shared.plan(ahead), ReadAhead { spans: ahead, from_back: false });
+        assert_eq!(Policy::Off.plan(ahead), ReadAhead::default());
     }
 
     #[test]

@@ -14,9 +14,9 @@
 //! returns once every helper that joined the job has left it (late helpers see the job closed and
 //! back out without touching it), which is what lets a job borrow the caller's stack.
 
-use super::read_ahead::Spans;
+use super::read_ahead::{ReadAhead, Spans};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -31,8 +31,9 @@ struct Job {
     call: unsafe fn(*const (), usize),
     data: *const (),
     items: usize,
-    /// Memory a helper prefetches once it runs out of items (see [`super::read_ahead`]).
-    read_ahead: Spans,
+    /// Memory a helper prefetches once it runs out of items, and the end of the items helpers
+    /// take (see [`super::read_ahead`]).
+    read_ahead: ReadAhead,
 }
 
 // SAFETY: `data` points at a `Sync` closure (enforced by `Team::run`'s bound).
@@ -42,7 +43,8 @@ struct Shared {
     /// Bumped once per job; helpers wait for it to change.
     generation: AtomicUsize,
     job: Mutex<Option<Job>>,
-    next: AtomicUsize,
+    /// Items taken: from the front in the low 32 bits, from the back in the high ones ([`claim`]).
+    next: AtomicU64,
     /// Set when the caller has finished the items it could take: helpers that join later back out.
     closed: AtomicBool,
     /// Helpers inside the current job.
@@ -75,7 +77,7 @@ impl Team {
         let shared = Arc::new(Shared {
             generation: AtomicUsize::new(0),
             job: Mutex::new(None),
-            next: AtomicUsize::new(0),
+            next: AtomicU64::new(0),
             closed: AtomicBool::new(true),
             active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
@@ -96,14 +98,14 @@ impl Team {
     /// Runs `f(i)` for every `i` in `0..items`, on the helpers and the calling thread, and returns
     /// when all are done. Panics if an item panicked.
     pub(crate) fn run<F: Fn(usize) + Sync>(&self, items: usize, f: F) {
-        self.run_then(items, f, Spans::default())
+        self.run_then(items, f, ReadAhead::default())
     }
 
-    /// [`Team::run`], the helpers then prefetching `read_ahead` until the next job comes (the
-    /// caller does not wait for that).
-    pub(crate) fn run_then<F: Fn(usize) + Sync>(&self, items: usize, f: F, read_ahead: Spans) {
+    /// [`Team::run`], the helpers taking the items from the end `read_ahead` says and then
+    /// prefetching its memory until the next job comes (the caller does not wait for that).
+    pub(crate) fn run_then<F: Fn(usize) + Sync>(&self, items: usize, f: F, read_ahead: ReadAhead) {
         let inline = || (0..items).for_each(&f);
-        if items <= 1 || self.helpers.is_empty() || IN_JOB.with(|j| j.get()) {
+        if items <= 1 || items > u32::MAX as usize || self.helpers.is_empty() || IN_JOB.with(|j| j.get()) {
             return inline();
         }
         let Ok(_busy) = self.busy.try_lock() else { return inline() };
@@ -122,12 +124,10 @@ impl Team {
             s.wake.1.notify_all();
         }
         IN_JOB.with(|j| j.set(true));
-        let mine = catch_unwind(AssertUnwindSafe(|| loop {
-            let i = s.next.fetch_add(1, SeqCst);
-            if i >= items {
-                break;
+        let mine = catch_unwind(AssertUnwindSafe(|| {
+            while let Some(i) = claim(&s.next, items, false) {
+                f(i);
             }
-            f(i);
         }));
         IN_JOB.with(|j| j.set(false));
         // Close the job, then wait for the helpers inside it: a helper that joins after the close
@@ -158,6 +158,15 @@ impl Drop for Team {
             let _ = h.join();
         }
     }
+}
+
+/// Takes the next item of `0..items` from the front (`from_back == false`) or the back: one
+/// atomic add on the counter of its end, which also reads the other end's, so each item is taken
+/// once and a taker that finds the two ends met stops.
+fn claim(next: &AtomicU64, items: usize, from_back: bool) -> Option<usize> {
+    let taken = next.fetch_add(if from_back { 1 << 32 } else { 1 }, SeqCst);
+    let (front, back) = ((taken & 0xffff_ffff) as usize, (taken >> 32) as usize);
+    (front + back < items).then(|| if from_back { items - 1 - back } else { front })
 }
 
 /// Cache lines a waiting helper prefetches between two looks for a new job (4 KiB).
@@ -208,17 +217,16 @@ fn helper(s: &Shared) {
         }
         let job = *s.job.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(job) = job {
-            if job.read_ahead.bytes() > 0 {
-                (read_ahead, cursor) = (job.read_ahead, read_ahead.carry(cursor, &job.read_ahead));
+            let next = job.read_ahead.spans;
+            if next.bytes() > 0 {
+                (read_ahead, cursor) = (next, read_ahead.carry(cursor, &next));
             }
             IN_JOB.with(|j| j.set(true));
-            let result = catch_unwind(AssertUnwindSafe(|| loop {
-                let i = s.next.fetch_add(1, SeqCst);
-                if i >= job.items {
-                    break;
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                while let Some(i) = claim(&s.next, job.items, job.read_ahead.from_back) {
+                    // SAFETY: the caller keeps the closure alive while `active` counts this helper.
+                    unsafe { (job.call)(job.data, i) };
                 }
-                // SAFETY: the caller keeps the closure alive while `active` counts this helper.
-                unsafe { (job.call)(job.data, i) };
             }));
             IN_JOB.with(|j| j.set(false));
             if result.is_err() {
@@ -250,15 +258,34 @@ mod tests {
     #[test]
     fn every_item_runs_once_across_many_jobs() {
         let team = Team::new(2).unwrap();
-        for items in [0, 1, 2, 3, 17, 1000] {
-            for _ in 0..50 {
-                let hits: Vec<AtomicU64> = (0..items).map(|_| AtomicU64::new(0)).collect();
-                team.run(items, |i| {
-                    hits[i].fetch_add(1, SeqCst);
-                });
-                assert!(hits.iter().all(|h| h.load(SeqCst) == 1), "{items} items");
+        for from_back in [false, true] {
+            for items in [0, 1, 2, 3, 17, 1000] {
+                for _ in 0..50 {
+                    let hits: Vec<AtomicU64> = (0..items).map(|_| AtomicU64::new(0)).collect();
+                    let read_ahead = ReadAhead { spans: Spans::default(), from_back };
+                    team.run_then(
+                        items,
+                        |i| {
+                            hits[i].fetch_add(1, SeqCst);
+                        },
+                        read_ahead,
+                    );
+                    assert!(
+                        hits.iter().all(|h| h.load(SeqCst) == 1),
+                        "{items} items, helpers from the back {from_back}"
+                    );
+                }
             }
         }
+    }
+
+    #[test]
+    fn claims_meet_in_the_middle() {
+        let next = AtomicU64::new(0);
+        // front, back, back, front, ... over 5 items: 0, 4, 3, 1, 2, then nothing from either end.
+        let order = [false, true, true, false, false, true, false];
+        let taken: Vec<Option<usize>> = order.iter().map(|&back| claim(&next, 5, back)).collect();
+        assert_eq!(taken, [Some(0), Some(4), Some(3), Some(1), Some(2), None, None]);
     }
 
     #[test]
@@ -323,7 +350,7 @@ mod tests {
                 std::thread::yield_now();
             }
         };
-        team.run_then(100, helper_joined, spans);
+        team.run_then(100, helper_joined, ReadAhead { spans, from_back: false });
         team.run(100, |_| std::thread::sleep(Duration::from_micros(200)));
         while team.shared.read_ahead_bytes.load(SeqCst) < memory.len() {
             assert!(

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use rayon::ThreadPool;
 
-use super::read_ahead::Spans;
+use super::read_ahead::ReadAhead;
 use super::team::Team;
 use super::KernelError;
 use std::mem::MaybeUninit;
@@ -116,7 +116,7 @@ impl ThreadCtx {
 
     /// [`ThreadCtx::for_each_index`], the helpers then reading `read_ahead` into the caches while
     /// the calling thread goes on (see [`super::read_ahead`]).
-    pub(crate) fn for_each_index_then(&self, items: usize, f: impl Fn(usize) + Sync, read_ahead: Spans) {
+    pub(crate) fn for_each_index_then(&self, items: usize, f: impl Fn(usize) + Sync, read_ahead: ReadAhead) {
         match &self.team {
             Some(team) => team.run_then(items, f, read_ahead),
             None => (0..items).for_each(f),
