@@ -134,6 +134,7 @@ pub const DECODE_PREFETCH_ENV: &str = "MLLM_CPU_DECODE_PREFETCH";
 /// Whether a decode row prefetches its panels non-temporally ([`DECODE_PREFETCH_ENV`]). Not on
 /// Intel: there a decode step's 1-row linears (Qwen3-0.6B, 2 threads, Xeon VM) took 16.9-18.9 ms
 /// with it against 14.8-16.1 ms with `t0`, in the same rounds (docs/cpu.md).
+#[cfg(target_arch = "x86_64")]
 fn decode_rows_non_temporal() -> bool {
     static NTA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *NTA.get_or_init(|| match std::env::var(DECODE_PREFETCH_ENV).as_deref() {

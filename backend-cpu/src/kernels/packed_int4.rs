@@ -27,6 +27,7 @@ use super::KernelError;
 pub const INT4_ROW_BYTES: usize = PANEL / 2;
 
 /// Tiles up to this height keep per-block sums (see the module docs).
+#[cfg(target_arch = "x86_64")]
 const BLOCK_SUM_ROWS: usize = 4;
 
 /// Panel rows the AVX-512 tile prefetches ahead (4 KiB of codes): a decode row streams its
