@@ -445,7 +445,7 @@ impl CpuBackend {
     fn quantizers<const N: usize>(
         &self,
         points: &[QdqAttr],
-    ) -> Option<Result<([Option<&FakeQuantizer>; N], Option<kernels::Grid>), BackendError>> {
+    ) -> Option<Result<(kernels::QdqPoints<'_, N>, Option<kernels::Grid>), BackendError>> {
         if points.len() != N {
             return None;
         }

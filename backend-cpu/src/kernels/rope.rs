@@ -6,13 +6,13 @@
 //! with the same f32 operations in the same order and the same fake quantizer at each point, so
 //! the values are the ops' values bit for bit.
 
+use super::qdq_points::{fake_in_place, QdqPoints};
 use super::KernelError;
-use compiler::quant::FakeQuantizer;
 use std::mem::MaybeUninit;
 
-/// The fake quantizers of the four points, in the model's order: neg_half (`-x2`), mul_0
-/// (`x * cos`), mul_1 (`rotate_half(x) * sin`), add_0 (the sum). `None` is the identity (float mode).
-pub type RopePoints<'a> = [Option<&'a FakeQuantizer>; 4];
+/// The four points, in the model's order: neg_half (`-x2`), mul_0 (`x * cos`), mul_1
+/// (`rotate_half(x) * sin`), add_0 (the sum).
+pub type RopePoints<'a> = QdqPoints<'a, 4>;
 
 /// Values in a block of rows (8 KiB of f32: the block's three intermediates stay in L1).
 const BLOCK_VALUES: usize = 2048;
@@ -94,17 +94,12 @@ fn rotate_block(
     out: &mut [MaybeUninit<f32>],
 ) {
     let (h, s, rows) = (d / 2, cos.len() / d, x.len() / d);
-    let apply = |p: Option<&FakeQuantizer>, v: &mut [f32]| {
-        if let Some(q) = p {
-            q.apply_in_place(v)
-        }
-    };
     let (mut neg, mut b) = (vec![0f32; rows * h], vec![0f32; rows * d]);
     // 1. q0(-x2)
     for (n, x) in neg.chunks_exact_mut(h).zip(x.chunks_exact(d)) {
         n.iter_mut().zip(&x[h..]).for_each(|(n, x)| *n = -x);
     }
-    apply(points[0], &mut neg);
+    fake_in_place(points[0], &mut neg);
     // 2. x * cos into the output, cat(q0(-x2), x1) * sin beside it
     for (i, ((x, out), (b, n))) in
         x.chunks_exact(d).zip(out.chunks_exact_mut(d)).zip(b.chunks_exact_mut(d).zip(neg.chunks_exact(h))).enumerate()
@@ -119,23 +114,21 @@ fn rotate_block(
     // SAFETY: every element of `out` was written just above (rows * d of them).
     let out = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
     // 3. q1 and q2 of the products, then q3(a + b)
-    apply(points[1], out);
-    apply(points[2], &mut b);
+    fake_in_place(points[1], out);
+    fake_in_place(points[2], &mut b);
     out.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-    apply(points[3], out);
+    fake_in_place(points[3], out);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use compiler::quant::QuantParams;
+    use crate::kernels::qdq_points::fake;
+    use compiler::quant::{FakeQuantizer, QuantParams};
 
     /// The ops written out, each point applied to a whole intermediate as the model file does.
     fn reference(x: &[f32], cos: &[f32], sin: &[f32], d: usize, q: &RopePoints<'_>) -> Vec<f32> {
-        let apply = |p: Option<&FakeQuantizer>, v: Vec<f32>| match p {
-            Some(p) => v.into_iter().map(|v| p.fake(v)).collect(),
-            None => v,
-        };
+        let apply = |p, v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|v| fake(p, v)).collect() };
         let (s, h) = (cos.len() / d, d / 2);
         let rows = x.len() / d;
         let tab = |t: &[f32], r: usize, j: usize| t[(r % s) * d + j];

@@ -6,11 +6,11 @@
 //! ulp.
 
 use super::math::{exp_f32, map_inplace, map_into};
+use super::qdq_points::{fake, fake_in_place, QdqPoints};
 use super::reduce::{lane_max, lane_min, lane_sum, max_nan};
 use super::shape::{check_len, normalize_dim, split_at_dim};
 use super::threads::par_fill_rows;
 use super::KernelError;
-use compiler::quant::FakeQuantizer;
 
 /// Below this many elements the calling thread does the work.
 const MIN_PARALLEL_LEN: usize = 1 << 14;
@@ -36,10 +36,10 @@ pub fn softmax(x: &[f32], shape: &[usize], dim: isize) -> Result<Vec<f32>, Kerne
     Ok(out)
 }
 
-/// The fake quantizers of mllm's masked attention softmax, in the model's order: the scaled
-/// scores (mul_0), their row minimum (reduce_min), the minimum less 20 (minus_0), the masked
-/// scores (where_attn) and the probabilities (softmax_output). `None` is the identity (float mode).
-pub type MaskedSoftmaxPoints<'a> = [Option<&'a FakeQuantizer>; 5];
+/// The points of mllm's masked attention softmax, in the model's order: the scaled scores
+/// (mul_0), their row minimum (reduce_min), the minimum less 20 (minus_0), the masked scores
+/// (where_attn) and the probabilities (softmax_output).
+pub type MaskedSoftmaxPoints<'a> = QdqPoints<'a, 5>;
 
 /// The constants of [`masked_softmax`]: the scores' scale, the `-20` below the row minimum that
 /// masked scores get, and the mask value that lets a position attend (each as its QDQ left it).
@@ -78,12 +78,6 @@ pub fn masked_softmax(
             ),
         });
     }
-    let fake = |p: Option<&FakeQuantizer>, v: f32| p.map_or(v, |q| q.fake(v));
-    let apply = |p: Option<&FakeQuantizer>, v: &mut [f32]| {
-        if let Some(q) = p {
-            q.apply_in_place(v)
-        }
-    };
     let mut out = vec![0.0f32; scores.len()];
     par_fill_rows(&mut out, t, MIN_PARALLEL_LEN, |first, chunk| {
         let mut w = vec![0.0f32; t];
@@ -95,16 +89,16 @@ pub fn masked_softmax(
                 #[inline(always)]
                 || {
                     w.iter_mut().zip(src).for_each(|(w, s)| *w = s * c.scale);
-                    apply(points[0], &mut w);
+                    fake_in_place(points[0], &mut w);
                     let masked = fake(points[2], fake(points[1], lane_min(&w)) + c.below_min);
                     w.iter_mut().zip(mask).for_each(|(w, &m)| *w = if m == c.attend { *w } else { masked });
-                    apply(points[3], &mut w);
+                    fake_in_place(points[3], &mut w);
                 },
             );
             softmax_row(&w, dst);
             mllm_dsl::simd::widest(
                 #[inline(always)]
-                || apply(points[4], dst),
+                || fake_in_place(points[4], dst),
             );
         }
     });
@@ -156,7 +150,7 @@ fn softmax_strided(src: &[f32], n: usize, inner: usize, dst: &mut [f32]) {
 mod tests {
     use super::*;
     use crate::kernels::{binary, equal, reduce, where_, BinaryOp, ReduceKind};
-    use compiler::quant::QuantParams;
+    use compiler::quant::{FakeQuantizer, QuantParams};
 
     /// The model file's ops, one kernel each, every point applied to a whole intermediate.
     fn ops(
@@ -167,10 +161,7 @@ mod tests {
         c: MaskedSoftmaxConstants,
         q: &MaskedSoftmaxPoints<'_>,
     ) -> Vec<f32> {
-        let apply = |p: Option<&FakeQuantizer>, v: Vec<f32>| match p {
-            Some(p) => v.into_iter().map(|v| p.fake(v)).collect(),
-            None => v,
-        };
+        let apply = |p, v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|v| fake(p, v)).collect() };
         let a = apply(q[0], binary(BinaryOp::Mul, scores, shape, &[c.scale], &[1]).unwrap().0);
         let (min, min_shape) = reduce(&a, shape, -1, true, ReduceKind::Min).unwrap();
         let vv = apply(q[2], binary(BinaryOp::Add, &apply(q[1], min), &min_shape, &[c.below_min], &[1]).unwrap().0);
