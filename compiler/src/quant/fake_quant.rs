@@ -60,17 +60,25 @@ impl FakeQuantizer {
         // `z_point + nearbyint(x * inv_scale)` is an f32 sum in torch; `max`/`min` send NaN to
         // qmin exactly as `fmin(fmax(q, qmin), qmax)` does.
         let v = x * self.inv_scale;
-        let q = if self.cut {
+        if self.cut {
             // Products beyond +-2^22 clamp to the range's end either way, so they are cut there
-            // first and the rounding needs no branch (the loops vectorize); NaN becomes -2^22,
-            // which clamps to qmin as before.
-            #[allow(clippy::manual_clamp)] // `clamp` would keep NaN, which the rounding cannot take
-            let cut = v.max(-ROUNDING_LIMIT).min(ROUNDING_LIMIT);
-            self.zero_point + round_half_even_within_limit(cut)
+            // first and the rounding needs no branch (the loops vectorize); NaN becomes -2^22
+            // (`NaN > -2^22` is false), which clamps to qmin as before. The comparisons are
+            // written as selects: that is exactly what x86's max/min instructions compute, so
+            // each is one instruction, where `f32::max`/`min` (the non-NaN operand) take three.
+            // The code is never NaN or -0 here, so the last two are `max`/`min` as well.
+            let cut = if v > -ROUNDING_LIMIT { v } else { -ROUNDING_LIMIT };
+            let cut = if cut < ROUNDING_LIMIT { cut } else { ROUNDING_LIMIT };
+            let q = self.zero_point + round_half_even_within_limit(cut);
+            let q = if q > self.qmin { q } else { self.qmin };
+            if q < self.qmax {
+                q
+            } else {
+                self.qmax
+            }
         } else {
-            self.zero_point + round_half_even(v)
-        };
-        q.max(self.qmin).min(self.qmax)
+            (self.zero_point + round_half_even(v)).max(self.qmin).min(self.qmax)
+        }
     }
 
     /// `x` quantized and dequantized again.
