@@ -271,48 +271,83 @@ fn strided_past_is_read_in_place() {
 
 /// A past part of 8-bit codes gives the product over its decoded values bit for bit: 1 to 4 rows
 /// (the register tile decoding in place) and 6 (the part decoded first), joined along K and N, the
-/// codes strided as in the KV cache, on 1 and 2 threads.
+/// codes strided as in the KV cache, on 1 and 2 threads; `other` (a head's dim) of 16 to 100
+/// columns leaves the register tiles' rest 1, 2, 3, 4 and 7 vectors wide.
 #[test]
 fn u8_parts_equal_their_decoded_values_bit_for_bit() {
     use kernels::{decode_u8, Grid, PartData};
     let mut rng = Lcg(31);
     let grid = Grid { scale: 0.0173, zero_point: 128 };
-    let (heads, times, other, past, new, stride) = (3, 2, 40, 37, 2, 53);
-    for threads in [1, 2] {
+    let (heads, times, past, new) = (3, 2, 37, 2);
+    for (threads, other, axis, m) in
+        iproduct([1, 2], [16, 24, 40, 64, 100], [JoinAxis::K, JoinAxis::N], [1, 2, 3, 4, 6])
+    {
         kernels::set_num_threads(threads).unwrap();
-        for axis in [JoinAxis::K, JoinAxis::N] {
-            for m in [1, 2, 4, 6] {
-                let rows = m / if m > 2 { 2 } else { 1 };
-                let times = if m > 2 { times } else { 1 };
-                let (k, n) = match axis {
-                    JoinAxis::K => (past + new, other),
-                    JoinAxis::N => (other, past + new),
-                };
-                // Past part `[heads, r, c]` with rows `stride` apart (K: r = past positions, c =
-                // other; N: r = other, c = past positions).
-                let (r, c) = match axis {
-                    JoinAxis::K => (past, other),
-                    JoinAxis::N => (other, past),
-                };
-                let codes: Vec<u8> = (0..heads * r * stride).map(|_| (rng.next_f32(1.0).abs() * 255.0) as u8).collect();
-                let decoded: Vec<f32> = codes.iter().map(|&u| decode_u8(u, grid)).collect();
-                let new_part = rng.vec(heads * new * other, 1.0);
-                let a = rng.vec(heads * times * rows * k, 1.0);
-                let batches = BatchRepeat { outer: 1, size: heads, times, inner: 1 };
-                let part = |data| RhsPart { data, extent: past, batch_stride: r * stride, row_stride: stride };
-                let new_part = RhsPart {
-                    data: PartData::F32(&new_part),
-                    extent: new,
-                    batch_stride: new * other,
-                    row_stride: if axis == JoinAxis::K { other } else { new },
-                };
-                let rhs = |past| RhsParts { parts: vec![past, new_part], axis, k, n, batches };
-                let got = kernels::matmul_parts(&a, rows, &rhs(part(PartData::U8 { codes: &codes, grid }))).unwrap();
-                let want = kernels::matmul_parts(&a, rows, &rhs(part(PartData::F32(&decoded)))).unwrap();
-                assert!(c <= stride);
-                let differ = got.iter().zip(&want).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-                assert_eq!(differ, 0, "{axis:?}, {m} rows per KV head, {threads} threads: {differ} outputs differ");
+        let stride = other.max(past) + 13;
+        let rows = m / if m > 3 { 2 } else { 1 };
+        let times = if m > 3 { times } else { 1 };
+        let (k, n) = match axis {
+            JoinAxis::K => (past + new, other),
+            JoinAxis::N => (other, past + new),
+        };
+        // Past part `[heads, r, c]` with rows `stride` apart (K: r = past positions, c =
+        // other; N: r = other, c = past positions).
+        let (r, c) = match axis {
+            JoinAxis::K => (past, other),
+            JoinAxis::N => (other, past),
+        };
+        let codes: Vec<u8> = (0..heads * r * stride).map(|_| (rng.next_f32(1.0).abs() * 255.0) as u8).collect();
+        let decoded: Vec<f32> = codes.iter().map(|&u| decode_u8(u, grid)).collect();
+        let new_part_values = rng.vec(heads * new * other, 1.0);
+        let a = rng.vec(heads * times * rows * k, 1.0);
+        let batches = BatchRepeat { outer: 1, size: heads, times, inner: 1 };
+        let part = |data| RhsPart { data, extent: past, batch_stride: r * stride, row_stride: stride };
+        let new_part = RhsPart {
+            data: PartData::F32(&new_part_values),
+            extent: new,
+            batch_stride: new * other,
+            row_stride: if axis == JoinAxis::K { other } else { new },
+        };
+        let rhs = |past| RhsParts { parts: vec![past, new_part], axis, k, n, batches };
+        let got = kernels::matmul_parts(&a, rows, &rhs(part(PartData::U8 { codes: &codes, grid }))).unwrap();
+        let want = kernels::matmul_parts(&a, rows, &rhs(part(PartData::F32(&decoded)))).unwrap();
+        assert!(c <= stride);
+        // The joined operand of every output batch, dense, for the naive product.
+        let mut joined = Vec::with_capacity(heads * times * k * n);
+        for h in (0..heads).flat_map(|h| std::iter::repeat_n(h, times)) {
+            for (p, j) in (0..k).flat_map(|p| (0..n).map(move |j| (p, j))) {
+                // The position (joined axis) and the head dim of element (p, j).
+                let (pos, dim) = if axis == JoinAxis::K { (p, j) } else { (j, p) };
+                joined.push(match (pos < past, axis) {
+                    (true, JoinAxis::K) => decoded[h * r * stride + pos * stride + dim],
+                    (true, JoinAxis::N) => decoded[h * r * stride + dim * stride + pos],
+                    (false, JoinAxis::K) => new_part_values[h * new * other + (pos - past) * other + dim],
+                    (false, JoinAxis::N) => new_part_values[h * new * other + dim * new + (pos - past)],
+                });
             }
         }
+        let what = format!("{axis:?}, {m} rows per KV head, {other} columns");
+        assert_close(&want, &naive_bmm(&a, &joined, heads * times, rows, k, n), &what);
+        let differ = got.iter().zip(&want).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        assert_eq!(
+            differ, 0,
+            "{axis:?}, {m} rows per KV head, {other} columns, {threads} threads: {differ} outputs differ"
+        );
     }
+}
+
+/// Every combination of the four lists, the first varying slowest.
+fn iproduct<A: Copy, B: Copy, C: Copy, D: Copy>(
+    a: impl IntoIterator<Item = A>,
+    b: impl IntoIterator<Item = B> + Clone,
+    c: impl IntoIterator<Item = C> + Clone,
+    d: impl IntoIterator<Item = D> + Clone,
+) -> impl Iterator<Item = (A, B, C, D)> {
+    a.into_iter().flat_map(move |a| {
+        let (c, d) = (c.clone(), d.clone());
+        b.clone().into_iter().flat_map(move |b| {
+            let d = d.clone();
+            c.clone().into_iter().flat_map(move |c| d.clone().into_iter().map(move |d| (a, b, c, d)))
+        })
+    })
 }
