@@ -38,6 +38,9 @@ pub const PANEL: usize = 32;
 /// Below this many multiply-adds a product stays on the calling thread.
 const MIN_PARALLEL_MACS: usize = 1 << 17;
 
+/// The most weight bytes one of a product's parallel items reads (see `product`).
+const MAX_ITEM_BYTES: usize = 512 << 10;
+
 /// Input rows per outer block: the block's rows of `x` stay in L2 while the panels stream past.
 /// A multiple of every tile height, so blocks start on tile boundaries of the packed rows.
 const ROW_BLOCK: usize = 10 * MAX_ROWS;
@@ -501,9 +504,14 @@ fn product(
     } else {
         // Eight chunks per thread, so a thread slowed by other load is balanced out and the
         // caller waits less for the last chunk (alternating runs: prefill 268.7 vs 263.2 tok/s
-        // median against four).
-        let chunk = panels.div_ceil(threads * 8).max(1);
-        let read_ahead = Policy::current().plan(w.successor.runs(w.spans()));
+        // median against four), and at most `MAX_ITEM_BYTES` of weights each: a thread that
+        // ran out of chunks waits for the other's last one, and a sixteenth of a 78 MB `lm_head`
+        // (a decode row reads it once) is 400 µs of streaming.
+        let spans = w.spans();
+        let chunks = (threads * 8).max(spans.bytes().div_ceil(MAX_ITEM_BYTES));
+        let chunk = panels.div_ceil(chunks).max(1);
+        let policy = Policy::current();
+        let read_ahead = policy.plan(w.successor.runs(spans, policy.matrices_ahead()));
         ctx.for_each_index_then(panels.div_ceil(chunk), |c| run(c * chunk, panels.min((c + 1) * chunk)), read_ahead);
     }
     // SAFETY: the capacity is m * n, and the panels 0..panels (columns 0..n) times the row

@@ -14,7 +14,7 @@
 //! returns once every helper that joined the job has left it (late helpers see the job closed and
 //! back out without touching it), which is what lets a job borrow the caller's stack.
 
-use super::read_ahead::{ReadAhead, Spans};
+use super::read_ahead::ReadAhead;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -176,7 +176,7 @@ fn helper(s: &Shared) {
     let mut seen = s.generation.load(SeqCst);
     // The last read-ahead handed out and how far it got: a job without one (attention, a QDQ
     // point) between two linears leaves it to be resumed.
-    let (mut read_ahead, mut cursor) = (Spans::default(), 0);
+    let (mut read_ahead, mut cursor) = (ReadAhead::default(), 0);
     loop {
         // Wait for the next job: read ahead, then spin, yielding the CPU to anything runnable,
         // then park.
@@ -217,8 +217,8 @@ fn helper(s: &Shared) {
         }
         let job = *s.job.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(job) = job {
-            let next = job.read_ahead.spans;
-            if next.bytes() > 0 {
+            let next = job.read_ahead;
+            if next.spans.bytes() > 0 {
                 (read_ahead, cursor) = (next, read_ahead.carry(cursor, &next));
             }
             IN_JOB.with(|j| j.set(true));
@@ -253,6 +253,7 @@ fn park(s: &Shared, seen: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::read_ahead::Spans;
     use std::sync::atomic::AtomicU64;
 
     #[test]
