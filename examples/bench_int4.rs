@@ -24,7 +24,6 @@ use clap::Parser;
 use std::time::Instant;
 
 const K: usize = 1024;
-const N: usize = 3072;
 const BLOCK: usize = 16;
 
 #[derive(Parser, Debug)]
@@ -42,26 +41,33 @@ struct Args {
     /// Rows of the prefill chunk.
     #[arg(long, default_value_t = 32)]
     rows: usize,
+    /// Output columns of each matrix (3072: `gate_proj`; 151936: Qwen3's `lm_head`).
+    #[arg(long, default_value_t = 3072)]
+    cols: usize,
 }
 
-/// Bytes one matrix's product reads: the codes, the block scales and the column scales.
-const MATRIX_BYTES: usize = K * N / 2 + (K / BLOCK) * N + 4 * N;
+/// Bytes one matrix of `n` columns makes a product read: the codes, the block scales and the
+/// column scales.
+fn matrix_bytes(n: usize) -> usize {
+    K * n / 2 + (K / BLOCK) * n + 4 * n
+}
 
 fn main() -> Result<()> {
     let args = Args::parse();
     ensure!(
-        args.matrices > 0 && args.repeats > 0 && args.rows > 0,
-        "--matrices, --repeats and --rows must be positive"
+        args.matrices > 0 && args.repeats > 0 && args.rows > 0 && args.cols > 0 && args.cols % 32 == 0,
+        "--matrices, --repeats and --rows must be positive, --cols a positive multiple of 32"
     );
+    let n = args.cols;
     let mut rng = SplitMix64::new(0x2545_F491);
     let mut next = move || rng.next();
     let matrices = (0..args.matrices)
         .map(|_| {
-            let mut packer = Int4Packer::new(K, N, BLOCK)?;
-            let codes: Vec<u8> = (0..K * N).map(|_| (next() & 15) as u8).collect();
+            let mut packer = Int4Packer::new(K, n, BLOCK)?;
+            let codes: Vec<u8> = (0..K * n).map(|_| (next() & 15) as u8).collect();
             packer.push(&codes)?;
-            let scale1: Vec<u8> = (0..N * K / BLOCK).map(|_| 1 + (next() % 15) as u8).collect();
-            let scale2: Vec<f32> = (0..N).map(|_| 1e-3 * (1 + next() % 7) as f32).collect();
+            let scale1: Vec<u8> = (0..n * K / BLOCK).map(|_| 1 + (next() % 15) as u8).collect();
+            let scale2: Vec<f32> = (0..n).map(|_| 1e-3 * (1 + next() % 7) as f32).collect();
             packer.finish(&scale1, &scale2)
         })
         .collect::<Result<Vec<PackedMatrix>, _>>()?;
@@ -72,9 +78,9 @@ fn main() -> Result<()> {
     };
     let (row, chunk) = (on_grid(1, &mut next), on_grid(args.rows, &mut next));
     println!(
-        "{} int4 weights [{K} -> {N}], block {BLOCK} ({:.0} MB in all), best of {} rounds",
+        "{} int4 weights [{K} -> {n}], block {BLOCK} ({:.0} MB in all), best of {} rounds",
         args.matrices,
-        (args.matrices * MATRIX_BYTES) as f64 / 1e6,
+        (args.matrices * matrix_bytes(n)) as f64 / 1e6,
         args.repeats
     );
     for &threads in &args.threads {
@@ -90,8 +96,8 @@ fn main() -> Result<()> {
                 }
                 Ok(start.elapsed().as_secs_f64())
             };
-            let row_rate = (args.matrices * MATRIX_BYTES) as f64 / time(&row, 1)?;
-            let chunk_rate = (args.matrices * args.rows * K * N) as f64 / time(&chunk, args.rows)?;
+            let row_rate = (args.matrices * matrix_bytes(n)) as f64 / time(&row, 1)?;
+            let chunk_rate = (args.matrices * args.rows * K * n) as f64 / time(&chunk, args.rows)?;
             fractions.push(row_rate / read);
             println!(
                 "  threads={threads} read_gb_s={:.1} decode_row_gb_s={:.1} ({:.0}%)",

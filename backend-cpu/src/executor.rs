@@ -667,7 +667,8 @@ fn cast(x: &Tensor, to: mllm_dsl::DType) -> Result<Storage, CpuOpError> {
     })
 }
 
-/// Opt-in time per op kind (`MLLM_CPU_PROFILE=1`), to see where a model's time goes without an
+/// Opt-in time per op kind (`MLLM_CPU_PROFILE=1`; `=shapes` also splits products by operand
+/// shapes), to see where a model's time goes without an
 /// external profiler. Off by default: then an op costs one relaxed atomic load more.
 pub mod profile {
     use mllm_dsl::op::OpKind;
@@ -680,7 +681,8 @@ pub mod profile {
     /// The environment variable that switches profiling on (any value but `0` or empty).
     pub const ENV: &str = "MLLM_CPU_PROFILE";
 
-    /// 0 = not read yet, 1 = off, 2 = on.
+    /// 0 = not read yet, 1 = off, 2 = on, 3 = on with products keyed by their shapes
+    /// (`MLLM_CPU_PROFILE=shapes`).
     static STATE: AtomicU8 = AtomicU8::new(0);
     static TABLE: Mutex<BTreeMap<String, (u64, Duration)>> = Mutex::new(BTreeMap::new());
 
@@ -688,11 +690,16 @@ pub mod profile {
     pub fn enabled() -> bool {
         match STATE.load(Ordering::Relaxed) {
             0 => {
-                let on = std::env::var(ENV).is_ok_and(|v| !v.is_empty() && v != "0");
-                STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-                on
+                let value = std::env::var(ENV).unwrap_or_default();
+                let state = match value.as_str() {
+                    "" | "0" => 1,
+                    "shapes" => 3,
+                    _ => 2,
+                };
+                STATE.store(state, Ordering::Relaxed);
+                state > 1
             }
-            s => s == 2,
+            s => s > 1,
         }
     }
 
@@ -716,6 +723,10 @@ pub mod profile {
             let shape = inputs[0].shape();
             let rows = shape.len().checked_sub(2).map_or(1, |d| shape[d]);
             key.push_str(if rows == 1 { " (1 row)" } else { " (rows)" });
+            if STATE.load(Ordering::Relaxed) == 3 {
+                let shapes: Vec<String> = inputs.iter().take(2).map(|t| format!("{:?}", t.shape())).collect();
+                key.push_str(&format!(" {}", shapes.join(" x ")));
+            }
         }
         add(key, t0.elapsed());
     }
