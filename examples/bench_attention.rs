@@ -51,12 +51,19 @@ struct Args {
     values: bool,
 }
 
-/// One layer's cache: K `[Hkv, D, stride]` and V `[Hkv, stride, D]`, as codes and their values.
-struct Layer {
-    keys: Vec<u8>,
-    values: Vec<u8>,
-    key_values: Vec<f32>,
-    value_values: Vec<f32>,
+/// One layer's past K `[Hkv, D, stride]` or V `[Hkv, stride, D]`: codes, or their values.
+enum Past {
+    Codes(Vec<u8>),
+    Values(Vec<f32>),
+}
+
+impl Past {
+    fn data(&self) -> PartData<'_> {
+        match self {
+            Past::Codes(codes) => PartData::U8 { codes, grid: GRID },
+            Past::Values(values) => PartData::F32(values),
+        }
+    }
 }
 
 const GRID: Grid = Grid { scale: 0.02, zero_point: 128 };
@@ -70,14 +77,16 @@ fn main() -> Result<()> {
     ensure!(a.layers.iter().all(|&l| l > 0), "--layers must be positive");
     let mut rng = SplitMix64::new(0x5EED);
     let mut codes = |n: usize| -> Vec<u8> { (0..n).map(|_| (rng.next() >> 56) as u8).collect() };
-    let decode = |c: &[u8]| -> Vec<f32> { c.iter().map(|&u| kernels::decode_u8(u, GRID)).collect() };
+    let mut past = |n: usize| -> Past {
+        let codes = codes(n);
+        match a.values {
+            false => Past::Codes(codes),
+            true => Past::Values(codes.iter().map(|&u| kernels::decode_u8(u, GRID)).collect()),
+        }
+    };
     let most = a.layers.iter().copied().max().unwrap_or(1);
-    let layers: Vec<Layer> = (0..most)
-        .map(|_| {
-            let (keys, values) = (codes(h * d * stride), codes(h * stride * d));
-            Layer { key_values: decode(&keys), value_values: decode(&values), keys, values }
-        })
-        .collect();
+    // Each layer's (K, V).
+    let layers: Vec<(Past, Past)> = (0..most).map(|_| (past(h * d * stride), past(h * stride * d))).collect();
     let mut rng = SplitMix64::new(0xA77E);
     let mut floats =
         |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect() };
@@ -96,20 +105,15 @@ fn main() -> Result<()> {
                 for axis in [JoinAxis::N, JoinAxis::K] {
                     let start = Instant::now();
                     for call in 0..a.calls {
-                        let l = &layers[call % cycled];
+                        let (keys, values) = &layers[call % cycled];
                         // Scores: K^T `[D, past + 1]` joined along N; outputs: V `[past + 1, D]`
                         // joined along K.
                         let (lhs, k, n, row_stride, batch_stride, new_row_stride) = match axis {
                             JoinAxis::N => (&query, d, past + 1, stride, d * stride, 1),
                             JoinAxis::K => (&probs, past + 1, d, d, stride * d, d),
                         };
-                        let data = match (axis, a.values) {
-                            (JoinAxis::N, false) => PartData::U8 { codes: &l.keys, grid: GRID },
-                            (JoinAxis::K, false) => PartData::U8 { codes: &l.values, grid: GRID },
-                            (JoinAxis::N, true) => PartData::F32(&l.key_values),
-                            (JoinAxis::K, true) => PartData::F32(&l.value_values),
-                        };
-                        let new = if axis == JoinAxis::N { &new_k } else { &new_v };
+                        let (data, new) =
+                            if axis == JoinAxis::N { (keys.data(), &new_k) } else { (values.data(), &new_v) };
                         let parts = vec![
                             RhsPart { data, extent: past, batch_stride, row_stride },
                             RhsPart {

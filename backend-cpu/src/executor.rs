@@ -681,25 +681,30 @@ pub mod profile {
     /// The environment variable that switches profiling on (any value but `0` or empty).
     pub const ENV: &str = "MLLM_CPU_PROFILE";
 
-    /// 0 = not read yet, 1 = off, 2 = on, 3 = on with products keyed by their shapes
-    /// (`MLLM_CPU_PROFILE=shapes`).
-    static STATE: AtomicU8 = AtomicU8::new(0);
+    /// [`UNREAD`], [`OFF`], [`ON`] or [`SHAPES`].
+    static STATE: AtomicU8 = AtomicU8::new(UNREAD);
+    /// The environment variable is not read yet.
+    const UNREAD: u8 = 0;
+    const OFF: u8 = 1;
+    const ON: u8 = 2;
+    /// On, with products keyed by their operand shapes (`MLLM_CPU_PROFILE=shapes`).
+    const SHAPES: u8 = 3;
     static TABLE: Mutex<BTreeMap<String, (u64, Duration)>> = Mutex::new(BTreeMap::new());
 
     /// Whether ops are being timed.
     pub fn enabled() -> bool {
         match STATE.load(Ordering::Relaxed) {
-            0 => {
+            UNREAD => {
                 let value = std::env::var(ENV).unwrap_or_default();
                 let state = match value.as_str() {
-                    "" | "0" => 1,
-                    "shapes" => 3,
-                    _ => 2,
+                    "" | "0" => OFF,
+                    "shapes" => SHAPES,
+                    _ => ON,
                 };
                 STATE.store(state, Ordering::Relaxed);
-                state > 1
+                state != OFF
             }
-            s => s > 1,
+            s => s != OFF,
         }
     }
 
@@ -723,7 +728,7 @@ pub mod profile {
             let shape = inputs[0].shape();
             let rows = shape.len().checked_sub(2).map_or(1, |d| shape[d]);
             key.push_str(if rows == 1 { " (1 row)" } else { " (rows)" });
-            if STATE.load(Ordering::Relaxed) == 3 {
+            if STATE.load(Ordering::Relaxed) == SHAPES {
                 let shapes: Vec<String> = inputs.iter().take(2).map(|t| format!("{:?}", t.shape())).collect();
                 key.push_str(&format!(" {}", shapes.join(" x ")));
             }

@@ -63,19 +63,11 @@ impl FakeQuantizer {
         if self.cut {
             // Products beyond +-2^22 clamp to the range's end either way, so they are cut there
             // first and the rounding needs no branch (the loops vectorize); NaN becomes -2^22
-            // (`NaN > -2^22` is false), which clamps to qmin as before. The comparisons are
-            // written as selects: that is exactly what x86's max/min instructions compute, so
-            // each is one instruction, where `f32::max`/`min` (the non-NaN operand) take three.
-            // The code is never NaN or -0 here, so the last two are `max`/`min` as well.
-            let cut = if v > -ROUNDING_LIMIT { v } else { -ROUNDING_LIMIT };
-            let cut = if cut < ROUNDING_LIMIT { cut } else { ROUNDING_LIMIT };
+            // (`NaN > -2^22` is false), which clamps to qmin as before. The code is never NaN
+            // or -0 after the cut, so the last two selects are `max`/`min` as well.
+            let cut = select_min(select_max(v, -ROUNDING_LIMIT), ROUNDING_LIMIT);
             let q = self.zero_point + round_half_even_within_limit(cut);
-            let q = if q > self.qmin { q } else { self.qmin };
-            if q < self.qmax {
-                q
-            } else {
-                self.qmax
-            }
+            select_min(select_max(q, self.qmin), self.qmax)
         } else {
             (self.zero_point + round_half_even(v)).max(self.qmin).min(self.qmax)
         }
@@ -142,6 +134,27 @@ impl FakeQuantizer {
             pairs.for_each(|(o, &x)| set(o, self.fake(x)));
         }
         Ok(())
+    }
+}
+
+/// `a` if it is above `b`, else `b` (also when either is NaN): exactly what x86's max
+/// instruction computes, so one instruction where `f32::max` (the non-NaN operand) takes three.
+#[inline(always)]
+fn select_max(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// `a` if it is below `b`, else `b` (also when either is NaN): x86's min instruction.
+#[inline(always)]
+fn select_min(a: f32, b: f32) -> f32 {
+    if a < b {
+        a
+    } else {
+        b
     }
 }
 
