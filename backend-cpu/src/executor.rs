@@ -352,7 +352,7 @@ impl Backend for CpuBackend {
     }
 
     fn fuses(&self, kind: Fused) -> bool {
-        matches!(kind, Fused::RotateHalfRope | Fused::MaskedSoftmax)
+        matches!(kind, Fused::RotateHalfRope | Fused::MaskedSoftmax | Fused::SiluGate)
             && self.qdq.as_ref().is_none_or(|h| h.has_quantizers())
     }
 
@@ -361,6 +361,7 @@ impl Backend for CpuBackend {
         let (result, label) = match kind {
             Fused::RotateHalfRope => (self.rotate_half_rope(inputs, points), "RoPE (fused)"),
             Fused::MaskedSoftmax => (self.masked_softmax(inputs, points), "masked softmax (fused)"),
+            Fused::SiluGate => (self.silu_gate(inputs, points), "SiLU gate (fused)"),
             _ => (None, ""),
         };
         profile::lap(t0, label);
@@ -403,6 +404,29 @@ impl CpuBackend {
             // SAFETY: `rotate_half` wrote all `xs.len()` elements (it returned Ok).
             unsafe { out.set_len(xs.len()) };
             fused_output(x, out, grid)
+        };
+        Some(run())
+    }
+
+    /// [`Fused::SiluGate`] on f32 `[gate, up]` of one shape, with its three points; `None` for
+    /// other inputs.
+    fn silu_gate(&self, inputs: &[&Tensor], points: &[QdqAttr]) -> Option<Result<Tensor, BackendError>> {
+        let &[gate, up] = inputs else { return None };
+        if !all_f32(inputs) || gate.shape() != up.shape() {
+            return None;
+        }
+        let (quantizers, grid) = match self.quantizers::<3>(points)? {
+            Ok(found) => found,
+            Err(e) => return Some(Err(e)),
+        };
+        let run = || {
+            let (g, u) = (fused_input(gate, "gate")?, fused_input(up, "up")?);
+            let mut out: Vec<f32> = Vec::with_capacity(g.len());
+            kernels::silu_gate(&g, &u, &quantizers, &mut out.spare_capacity_mut()[..g.len()])
+                .map_err(|e| BackendError::Op(e.to_string()))?;
+            // SAFETY: `silu_gate` wrote all `g.len()` elements (it returned Ok).
+            unsafe { out.set_len(g.len()) };
+            fused_output(gate, out, grid)
         };
         Some(run())
     }

@@ -47,16 +47,35 @@ pub enum Fused {
     /// `q4(softmax(w))`, with `q0..q4` the five QDQ points (mul_0, reduce_min, minus_0, where,
     /// softmax).
     MaskedSoftmax,
+    /// The SiLU-gated product of a gated MLP, `gate` and `up` of one shape:
+    /// `q2(q1(gate * q0(sigmoid(gate))) * up)`, with `q0` the sigmoid's fixed point and `q1`, `q2`
+    /// the activation's and the product's points.
+    SiluGate,
 }
 
-/// Runs the step `kind` on `inputs` with its activation QDQ points `qdq_names` (resolved in the
-/// calling module, as `qdq!` resolves them): fused by the inputs' backend if it offers to, else
-/// `decomposed()`, the same step written out, which is also what a trace records.
+/// A fused step's QDQ point: its name in the calling module, as `qdq!` takes it, and its kind. A
+/// plain name is an activation point.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Point<'a> {
+    pub name: &'a str,
+    pub kind: QdqKind,
+}
+
+impl<'a> From<&'a str> for Point<'a> {
+    fn from(name: &'a str) -> Self {
+        Point { name, kind: QdqKind::Activation }
+    }
+}
+
+/// Runs the step `kind` on `inputs` with its QDQ points (names resolved in the calling module, as
+/// `qdq!` resolves them; plain names are activation points, see [`Point`]): fused by the inputs'
+/// backend if it offers to, else `decomposed()`, the same step written out, which is also what a
+/// trace records.
 #[track_caller]
-pub fn fused(
+pub fn fused<'a, P: Clone + Into<Point<'a>>>(
     kind: Fused,
     inputs: &[&Tensor],
-    qdq_names: &[&str],
+    points: &[P],
     decomposed: impl FnOnce() -> Result<Tensor>,
 ) -> Result<Tensor> {
     let site = CallSite::here();
@@ -71,10 +90,9 @@ pub fn fused(
         .collect::<Result<Vec<Tensor>>>()?;
     let inputs: Vec<&Tensor> = inputs.iter().collect();
     let path = scope::current_path();
-    let points: Vec<QdqAttr> = qdq_names
-        .iter()
-        .map(|name| QdqAttr { kind: QdqKind::Activation, key: crate::qdq::qdq_key(&path, name) })
-        .collect();
+    let named: Vec<Point<'a>> = points.iter().map(|p| p.clone().into()).collect();
+    let points: Vec<QdqAttr> =
+        named.iter().map(|p| QdqAttr { kind: p.kind.clone(), key: crate::qdq::qdq_key(&path, p.name) }).collect();
     let Some(result) = Backend::fused(&*backend, kind, &inputs, &points) else { return decomposed() };
     let output = result.map_err(|e| Error::Backend {
         op: format!("{kind:?}"),
@@ -82,7 +100,7 @@ pub fn fused(
         message: e.to_string(),
     })?;
     // The points count as used in this module call, as the written-out step would claim them.
-    for name in qdq_names {
+    for Point { name, .. } in named {
         if scope::claim_qdq(name, false).is_none() {
             let message = "this QDQ name is already used in this module call; each QDQ point needs its own name";
             return Err(Error::Qdq { name: name.to_string(), module_path: path, site, message: message.into() });

@@ -16,8 +16,9 @@
 use crate::config::TransformerConfig;
 use crate::decoder::AttentionInputs;
 use crate::hf::HiddenAct;
-use mllm_dsl::fused::{fused, Fused};
+use mllm_dsl::fused::{fused, Fused, Point};
 use mllm_dsl::prelude::*;
+use mllm_dsl::QdqKind;
 // The mask's compile-time parameters, also those of the `0.0` it is compared with (mllm's
 // `addCausalMaskParams`): uint16 with zero point 65535, so 65535 (attend) dequantizes to 0.0.
 use mllm_dsl::causal_lm::{MASK_SCALE, MASK_ZERO_POINT};
@@ -59,11 +60,10 @@ impl Mlp {
         // 2. up / gate: [1, 1, S, H] -> [1, S, I]
         let up = qdq!(self.up_proj.forward(&x)?, "up_proj_output_qdq")?.view(&[1, -1, i])?;
         let gate = qdq!(self.gate_proj.forward(&x)?, "gate_proj_output_qdq")?.view(&[1, -1, i])?;
-        // 3. the activation: SiLU or GELU-tanh, each as gate * sigmoid(..)
-        let act = gate_activation(&gate, self.act)?;
+        // 3. act(gate) * up: SiLU or GELU-tanh, each as gate * sigmoid(..)
+        let o = gated_product(&gate, &up, self.act)?;
         // 4. down: [1, S, I] -> [1, 1, S, I] -> [1, S, H]
-        let o = qdq!(act.mul(&up)?, "down_proj_input_qdq")?.view(&[1, 1, -1, i])?;
-        self.down_proj.forward(&o)?.view(&[1, -1, h])
+        self.down_proj.forward(&o.view(&[1, 1, -1, i])?)?.view(&[1, -1, h])
     }
 }
 
@@ -102,10 +102,9 @@ impl FusedMlp {
         // 2. the two halves: gate = [.., :I], up = [.., I:], each [1, S, I]
         let gate = gate_up.slice(-1, 0, i)?.view(&[1, -1, i as i64])?;
         let up = gate_up.slice(-1, i, 2 * i)?.view(&[1, -1, i as i64])?;
-        // 3. the activation, then down: [1, S, I] -> [1, 1, S, I] -> [1, S, H]
-        let act = gate_activation(&gate, self.act)?;
-        let o = qdq!(act.mul(&up)?, "down_proj_input_qdq")?.view(&[1, 1, -1, i as i64])?;
-        self.down_proj.forward(&o)?.view(&[1, -1, h])
+        // 3. act(gate) * up, then down: [1, S, I] -> [1, 1, S, I] -> [1, S, H]
+        let o = gated_product(&gate, &up, self.act)?;
+        self.down_proj.forward(&o.view(&[1, 1, -1, i as i64])?)?.view(&[1, -1, h])
     }
 }
 
@@ -123,8 +122,28 @@ pub fn gate_activation(gate: &Tensor, act: HiddenAct) -> Result<Tensor> {
             qdq!(qdq!(inner, "gelu_inner_output_qdq")?.mul(&qdq!(const two_c, "gelu_scale_qdq")?)?, "gelu_z_qdq")?
         }
     };
-    let sig = qdq!(fixed z.sigmoid()?, "sigmoid_output_qdq", scale = 1.0 / 65536.0, zp = 0)?;
+    let sig = qdq!(fixed z.sigmoid()?, "sigmoid_output_qdq", scale = SIGMOID_SCALE, zp = 0)?;
     qdq!(gate.mul(&sig)?, "act_output_qdq")
+}
+
+/// The sigmoid output's fixed QDQ scale (zero point 0): mllm's `FixedActivationQDQ` for values in
+/// `[0, 1]` on the uint16 grid.
+const SIGMOID_SCALE: f32 = 1.0 / 65536.0;
+
+/// `act(gate) * up` with its QDQ point, the gated MLP's input to `down_proj` (`gate`, `up` `[1, S,
+/// I]`). SiLU's chain (sigmoid, two products, three points) is one fused step for a backend that
+/// fuses it.
+pub fn gated_product(gate: &Tensor, up: &Tensor, act: HiddenAct) -> Result<Tensor> {
+    let written_out = || qdq!(gate_activation(gate, act)?.mul(up)?, "down_proj_input_qdq");
+    match act {
+        HiddenAct::Silu => {
+            let sigmoid =
+                Point { name: "sigmoid_output_qdq", kind: QdqKind::Fixed { scale: SIGMOID_SCALE, zero_point: 0 } };
+            let points = [sigmoid, "act_output_qdq".into(), "down_proj_input_qdq".into()];
+            fused(Fused::SiluGate, &[gate, up], &points, written_out)
+        }
+        HiddenAct::GeluTanh => written_out(),
+    }
 }
 
 /// A projection's output `[1, 1, S, n * D]` → heads `[1, n, S, D]`.

@@ -31,10 +31,16 @@ pub fn unary(op: UnaryOp, x: &[f32]) -> Vec<f32> {
 pub fn unary_inplace(op: UnaryOp, x: &mut [f32]) {
     match op {
         UnaryOp::Neg => par_map(x, |v| -v),
-        UnaryOp::Sigmoid => par_map(x, |v| 1.0 / (1.0 + exp_f32(-v))),
+        UnaryOp::Sigmoid => par_map(x, sigmoid_f32),
         UnaryOp::Silu => par_map(x, |v| v / (1.0 + exp_f32(-v))),
         UnaryOp::Exp => par_map(x, exp_f32),
     }
+}
+
+/// `1 / (1 + exp(-v))`, the sigmoid op's arithmetic (also [`super::silu_gate`]'s).
+#[inline(always)]
+pub(crate) fn sigmoid_f32(v: f32) -> f32 {
+    1.0 / (1.0 + exp_f32(-v))
 }
 
 /// `-x`.

@@ -1,0 +1,143 @@
+//! The SiLU-gated product of a gated MLP with its QDQ points in one pass
+//! ([`mllm_dsl::fused::Fused::SiluGate`]).
+//!
+//! The model file writes `q2(q1(gate * q0(sigmoid(gate))) * up)` as three ops and three points
+//! over the MLP's intermediate width, in every layer of a decode step. Here the values go through
+//! in blocks that stay in L1, each step with the op's own arithmetic (the sigmoid op's formula, f32
+//! products) and each point's fake quantizer, so the values are the ops' bit for bit.
+
+use super::math::map_into;
+use super::qdq_points::{fake_in_place, QdqPoints};
+use super::unary::sigmoid_f32;
+use super::KernelError;
+use std::mem::MaybeUninit;
+
+/// The three points, in the model's order: the sigmoid's output (its fixed grid), the activation
+/// `gate * sigmoid(gate)`, the product with `up`.
+pub type SiluGatePoints<'a> = QdqPoints<'a, 3>;
+
+/// Values per block (8 KiB of f32: the block's sigmoid stays in L1).
+const BLOCK_VALUES: usize = 2048;
+
+/// Inputs from this many values run on the team (a prefill chunk; a decode step's few thousand
+/// values run inline).
+const PARALLEL_VALUES: usize = 1 << 14;
+
+/// `out = q2(q1(gate * q0(sigmoid(gate))) * up)` elementwise (`gate`, `up` and `out` of one length).
+pub fn silu_gate(
+    gate: &[f32],
+    up: &[f32],
+    points: &SiluGatePoints<'_>,
+    out: &mut [MaybeUninit<f32>],
+) -> Result<(), KernelError> {
+    if up.len() != gate.len() || out.len() != gate.len() {
+        return Err(KernelError::InvalidArgument {
+            op: "silu gate",
+            reason: format!(
+                "gate of {} values, up of {} and an output of {} (all equal expected)",
+                gate.len(),
+                up.len(),
+                out.len()
+            ),
+        });
+    }
+    let block = |i: usize, out: &mut [MaybeUninit<f32>]| {
+        let at = i * BLOCK_VALUES;
+        let range = at..at + out.len();
+        mllm_dsl::simd::widest(
+            #[inline(always)]
+            || gate_block(&gate[range.clone()], &up[range.clone()], points, out),
+        )
+    };
+    let ctx = super::threads::current();
+    if ctx.for_work(gate.len(), PARALLEL_VALUES) <= 1 {
+        out.chunks_mut(BLOCK_VALUES).enumerate().for_each(|(i, out)| block(i, out));
+    } else {
+        ctx.for_each_chunk_mut(out, BLOCK_VALUES, block);
+    }
+    Ok(())
+}
+
+/// [`silu_gate`] of one block.
+#[inline(always)]
+fn gate_block(gate: &[f32], up: &[f32], points: &SiluGatePoints<'_>, out: &mut [MaybeUninit<f32>]) {
+    let mut sig = [0f32; BLOCK_VALUES];
+    let sig = &mut sig[..gate.len()];
+    // 1. q0(sigmoid(gate))
+    map_into(sig, gate, sigmoid_f32);
+    fake_in_place(points[0], sig);
+    // 2. q1(gate * sig), written to the output
+    out.iter_mut().zip(gate.iter().zip(sig.iter())).for_each(|(o, (g, s))| _ = o.write(g * s));
+    // SAFETY: every element of `out` was written just above.
+    let out = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
+    fake_in_place(points[1], out);
+    // 3. q2(act * up)
+    out.iter_mut().zip(up).for_each(|(a, u)| *a *= u);
+    fake_in_place(points[2], out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{binary, unary, BinaryOp, UnaryOp};
+    use compiler::quant::{FakeQuantizer, QuantParams};
+
+    /// The ops written out, one kernel each, each point applied to a whole intermediate through the
+    /// quantizer's slice loop, as the QDQ hook applies it.
+    fn reference(gate: &[f32], up: &[f32], q: &SiluGatePoints<'_>) -> Vec<f32> {
+        let point = |p: Option<&FakeQuantizer>, mut v: Vec<f32>| {
+            if let Some(p) = p {
+                p.apply_in_place(&mut v);
+            }
+            v
+        };
+        let shape = [gate.len()];
+        let sig = point(q[0], unary(UnaryOp::Sigmoid, gate));
+        let act = point(q[1], binary(BinaryOp::Mul, gate, &shape, &sig, &shape).unwrap().0);
+        point(q[2], binary(BinaryOp::Mul, &act, &shape, up, &shape).unwrap().0)
+    }
+
+    fn run(gate: &[f32], up: &[f32], q: &SiluGatePoints<'_>) -> Result<Vec<f32>, KernelError> {
+        let mut out = Vec::with_capacity(gate.len());
+        silu_gate(gate, up, q, &mut out.spare_capacity_mut()[..gate.len()])?;
+        // SAFETY: `silu_gate` wrote every element on success.
+        unsafe { out.set_len(gate.len()) };
+        Ok(out)
+    }
+
+    #[test]
+    fn equals_the_ops_bit_for_bit() {
+        let mut rng = crate::rng::SplitMix64::new(11);
+        let quantizer =
+            |scale: f32, zp: i32| FakeQuantizer::new(&QuantParams { scale, zero_point: zp, qmin: 0, qmax: 65535 });
+        // The sigmoid's fixed grid, and two activation grids that clip part of the values.
+        let qs = [quantizer(1.0 / 65536.0, 0), quantizer(1.2e-4, 30000), quantizer(3e-5, 33000)];
+        // A short tail; a decode step's intermediate width (several blocks and a short last one);
+        // a prefill chunk's values on the team.
+        for n in [7, 3072 + 5, 32 * 1536] {
+            let gate: Vec<f32> = (0..n).map(|_| rng.uniform_pm1() * 8.0).collect();
+            let up: Vec<f32> = (0..n).map(|_| rng.uniform_pm1() * 4.0).collect();
+            for points in [[None; 3], [Some(&qs[0]), Some(&qs[1]), Some(&qs[2])]] {
+                let got = run(&gate, &up, &points).unwrap();
+                let want = reference(&gate, &up, &points);
+                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{n} values, points {}", points[0].is_some());
+            }
+            // The float step itself, against f64: silu(gate) * up.
+            let got = run(&gate, &up, &[None; 3]).unwrap();
+            for (i, g) in got.iter().enumerate() {
+                let x = f64::from(gate[i]);
+                let want = x / (1.0 + (-x).exp()) * f64::from(up[i]);
+                assert!((f64::from(*g) - want).abs() <= 1e-5 * want.abs().max(1.0), "element {i}: {g} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn lengths_that_differ_are_errors() {
+        let q = [None; 3];
+        assert!(run(&[0.0; 4], &[0.0; 3], &q).is_err());
+        let mut out = [MaybeUninit::uninit(); 2];
+        assert!(silu_gate(&[0.0; 3], &[0.0; 3], &q, &mut out).is_err());
+    }
+}
