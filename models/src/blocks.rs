@@ -128,7 +128,7 @@ pub fn gate_activation(gate: &Tensor, act: HiddenAct) -> Result<Tensor> {
 
 /// The sigmoid output's fixed QDQ scale (zero point 0): mllm's `FixedActivationQDQ` for values in
 /// `[0, 1]` on the uint16 grid.
-const SIGMOID_SCALE: f32 = 1.0 / 65536.0;
+pub(crate) const SIGMOID_SCALE: f32 = 1.0 / 65536.0;
 
 /// `act(gate) * up` with its QDQ point, the gated MLP's input to `down_proj` (`gate`, `up` `[1, S,
 /// I]`). SiLU's chain (sigmoid, two products, three points) is one fused step for a backend that

@@ -12,7 +12,7 @@
 //! `[1, 2, S, ctx]` and, when the config gives them their own RoPE base, their own RoPE tables
 //! (`model.mllm_max_local_{sin,cos}_embedding`).
 
-use crate::blocks::{FusedMlp, Mlp};
+use crate::blocks::{FusedMlp, Mlp, SIGMOID_SCALE};
 use crate::config::TransformerConfig;
 use crate::rope::sin_cos_tables;
 use mllm_dsl::prelude::*;
@@ -287,7 +287,7 @@ impl<L: DecoderBlock> CausalLm for CausalLmOf<L> {
         // 3. Gemma's softcapping, cap * tanh(logits / cap) = 2 cap * sigmoid(2 logits / cap) - cap
         let Some(cap) = self.cfg.final_logit_softcapping else { return Ok((logits, keys, values)) };
         let z = qdq!(logits.mul(&qdq!(const 2.0 / cap, "softcap_scale_qdq")?)?, "softcap_z_qdq")?;
-        let sig = qdq!(fixed z.sigmoid()?, "softcap_sigmoid_output_qdq", scale = 1.0 / 65536.0, zp = 0)?;
+        let sig = qdq!(fixed z.sigmoid()?, "softcap_sigmoid_output_qdq", scale = SIGMOID_SCALE, zp = 0)?;
         let y = qdq!(sig.mul(&qdq!(const 2.0 * cap, "softcap_range_qdq")?)?, "softcap_mul_output_qdq")?;
         Ok((qdq!(y.add(&qdq!(const -cap, "softcap_shift_qdq")?)?, "softcap_output_qdq")?, keys, values))
     }
