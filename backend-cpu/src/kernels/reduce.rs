@@ -23,7 +23,7 @@ pub enum ReduceKind {
 }
 
 /// Sum of `f(v)` over `x` in f32 with eight interleaved partial sums (see the module docs).
-#[inline]
+#[inline(always)]
 pub(crate) fn lane_sum(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     let mut acc = [0.0f32; 8];
     let chunks = x.chunks_exact(8);
@@ -42,13 +42,13 @@ pub(crate) fn lane_sum(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
 
 /// Maximum of `x` (NaN if any element is NaN; -inf for an empty slice), with sixteen interleaved
 /// running maxima so the loop vectorises instead of waiting on one compare chain.
-#[inline]
+#[inline(always)]
 pub(crate) fn lane_max(x: &[f32]) -> f32 {
     lane_fold(x, f32::NEG_INFINITY, max_nan)
 }
 
 /// Minimum of `x`, NaN-propagating like [`lane_max`]; +inf for an empty slice.
-#[inline]
+#[inline(always)]
 pub(crate) fn lane_min(x: &[f32]) -> f32 {
     lane_fold(x, f32::INFINITY, min_nan)
 }

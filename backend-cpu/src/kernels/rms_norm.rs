@@ -23,14 +23,21 @@ pub fn rms_norm(x: &[f32], shape: &[usize], weight: &[f32], eps: f32) -> Result<
     check_len(OP, "weight", weight, &[hidden])?;
     let mut out = vec![0.0f32; x.len()];
     par_fill_rows(&mut out, hidden, MIN_PARALLEL_LEN, |first, chunk| {
-        for (r, dst) in chunk.chunks_exact_mut(hidden).enumerate() {
-            let src = &x[(first + r) * hidden..(first + r + 1) * hidden];
-            let variance = lane_sum(src, |v| v * v) / hidden as f32;
-            let inv_rms = 1.0 / (variance + eps).sqrt();
-            for ((o, &v), &w) in dst.iter_mut().zip(src).zip(weight) {
-                *o = w * (v * inv_rms);
-            }
-        }
+        // Compiled again for the widest vectors (the default target has only SSE2); the same
+        // operations in the same order, so the same values.
+        mllm_dsl::simd::widest(
+            #[inline(always)]
+            || {
+                for (r, dst) in chunk.chunks_exact_mut(hidden).enumerate() {
+                    let src = &x[(first + r) * hidden..(first + r + 1) * hidden];
+                    let variance = lane_sum(src, |v| v * v) / hidden as f32;
+                    let inv_rms = 1.0 / (variance + eps).sqrt();
+                    for ((o, &v), &w) in dst.iter_mut().zip(src).zip(weight) {
+                        *o = w * (v * inv_rms);
+                    }
+                }
+            },
+        )
     });
     Ok(out)
 }

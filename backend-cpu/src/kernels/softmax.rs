@@ -24,14 +24,21 @@ pub fn softmax(x: &[f32], shape: &[usize], dim: isize) -> Result<Vec<f32>, Kerne
     let mut out = vec![0.0f32; x.len()];
     let block = n * inner;
     par_fill_rows(&mut out, block, MIN_PARALLEL_LEN, |first, chunk| {
-        for (r, dst) in chunk.chunks_exact_mut(block).enumerate() {
-            let src = &x[(first + r) * block..(first + r + 1) * block];
-            if inner == 1 {
-                softmax_row(src, dst);
-            } else {
-                softmax_strided(src, n, inner, dst);
-            }
-        }
+        // The rows' loops compiled again for the widest vectors (the default target has only
+        // SSE2); the same operations in the same order, so the same values.
+        mllm_dsl::simd::widest(
+            #[inline(always)]
+            || {
+                for (r, dst) in chunk.chunks_exact_mut(block).enumerate() {
+                    let src = &x[(first + r) * block..(first + r + 1) * block];
+                    if inner == 1 {
+                        softmax_row(src, dst);
+                    } else {
+                        softmax_strided(src, n, inner, dst);
+                    }
+                }
+            },
+        )
     });
     Ok(out)
 }
@@ -95,17 +102,20 @@ pub fn masked_softmax(
                     fake_in_place(points[3], &mut w);
                 },
             );
-            softmax_row(&w, dst);
             mllm_dsl::simd::widest(
                 #[inline(always)]
-                || fake_in_place(points[4], dst),
+                || {
+                    softmax_row(&w, dst);
+                    fake_in_place(points[4], dst)
+                },
             );
         }
     });
     Ok(out)
 }
 
-/// Softmax of one contiguous row.
+/// Softmax of one contiguous row (inlined, so a caller's `simd::widest` widens its loops).
+#[inline(always)]
 fn softmax_row(src: &[f32], dst: &mut [f32]) {
     let max = lane_max(src);
     map_into(dst, src, |v| exp_f32(v - max));
@@ -116,6 +126,7 @@ fn softmax_row(src: &[f32], dst: &mut [f32]) {
 }
 
 /// Softmax over the first axis of a `[n, inner]` block, vectorised along `inner`.
+#[inline(always)]
 fn softmax_strided(src: &[f32], n: usize, inner: usize, dst: &mut [f32]) {
     let mut max = src[..inner].to_vec();
     for row in src.chunks_exact(inner).skip(1) {
