@@ -33,7 +33,7 @@ use crate::error::{CallSite, Error, Result};
 use crate::qdq::{QdqAttr, QdqKind};
 use crate::{scope, trace, Tensor};
 
-/// The steps a backend may fuse. Each names its inputs and its activation QDQ points in order.
+/// The steps a backend may fuse. Each names its inputs and its QDQ points in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Fused {
