@@ -73,12 +73,7 @@ pub fn rotate_half(
             || rotate_block(&x[first * d..first * d + out.len()], first, cos, sin, d, points, out),
         )
     };
-    let ctx = super::threads::current();
-    if ctx.for_work(x.len(), PARALLEL_VALUES) <= 1 {
-        out.chunks_mut(block_rows * d).enumerate().for_each(|(i, out)| block(i, out));
-    } else {
-        ctx.for_each_chunk_mut(out, block_rows * d, block);
-    }
+    super::threads::for_blocks(out, block_rows * d, PARALLEL_VALUES, block);
     Ok(())
 }
 

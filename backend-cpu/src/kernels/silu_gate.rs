@@ -2,11 +2,11 @@
 //! ([`mllm_dsl::fused::Fused::SiluGate`]).
 //!
 //! The model file writes `q2(q1(gate * q0(sigmoid(gate))) * up)` as three ops and three points
-//! over the MLP's intermediate width, in every layer of a decode step. Here the values go through
-//! in blocks that stay in L1, each step with the op's own arithmetic (the sigmoid op's formula, f32
-//! products) and each point's fake quantizer, so the values are the ops' bit for bit.
+//! over the MLP's intermediate width, in every layer of a decode step. Here each block of the
+//! output goes through the three steps in place while it stays in L1, each step with the op's own
+//! arithmetic (the sigmoid op's formula, f32 products) and each point's fake quantizer, so the
+//! values are the ops' bit for bit.
 
-use super::math::map_into;
 use super::qdq_points::{fake_in_place, QdqPoints};
 use super::unary::sigmoid_f32;
 use super::KernelError;
@@ -16,7 +16,7 @@ use std::mem::MaybeUninit;
 /// `gate * sigmoid(gate)`, the product with `up`.
 pub type SiluGatePoints<'a> = QdqPoints<'a, 3>;
 
-/// Values per block (8 KiB of f32: the block's sigmoid stays in L1).
+/// Values per block (8 KiB of f32, in L1 through the three steps).
 const BLOCK_VALUES: usize = 2048;
 
 /// Inputs from this many values run on the team (a prefill chunk; a decode step's few thousand
@@ -49,27 +49,20 @@ pub fn silu_gate(
             || gate_block(&gate[range.clone()], &up[range.clone()], points, out),
         )
     };
-    let ctx = super::threads::current();
-    if ctx.for_work(gate.len(), PARALLEL_VALUES) <= 1 {
-        out.chunks_mut(BLOCK_VALUES).enumerate().for_each(|(i, out)| block(i, out));
-    } else {
-        ctx.for_each_chunk_mut(out, BLOCK_VALUES, block);
-    }
+    super::threads::for_blocks(out, BLOCK_VALUES, PARALLEL_VALUES, block);
     Ok(())
 }
 
-/// [`silu_gate`] of one block.
+/// [`silu_gate`] of one block, each step in place in `out`.
 #[inline(always)]
 fn gate_block(gate: &[f32], up: &[f32], points: &SiluGatePoints<'_>, out: &mut [MaybeUninit<f32>]) {
-    let mut sig = [0f32; BLOCK_VALUES];
-    let sig = &mut sig[..gate.len()];
     // 1. q0(sigmoid(gate))
-    map_into(sig, gate, sigmoid_f32);
-    fake_in_place(points[0], sig);
-    // 2. q1(gate * sig), written to the output
-    out.iter_mut().zip(gate.iter().zip(sig.iter())).for_each(|(o, (g, s))| _ = o.write(g * s));
+    out.iter_mut().zip(gate).for_each(|(o, &g)| _ = o.write(sigmoid_f32(g)));
     // SAFETY: every element of `out` was written just above.
     let out = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
+    fake_in_place(points[0], out);
+    // 2. q1(gate * sig)
+    out.iter_mut().zip(gate).for_each(|(s, g)| *s *= g);
     fake_in_place(points[1], out);
     // 3. q2(act * up)
     out.iter_mut().zip(up).for_each(|(a, u)| *a *= u);

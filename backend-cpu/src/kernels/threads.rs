@@ -216,6 +216,19 @@ pub(crate) unsafe fn par_fill_new(
     out
 }
 
+/// `f(i, block)` for the `i`-th block of `block_len` elements of `out` (the last may be shorter):
+/// on the team ([`ThreadCtx::for_each_chunk_mut`]) when `out` has at least `min_len` elements,
+/// else one block after another on the calling thread. The same blocks either way, so a kernel
+/// whose blocks hold intermediates sized for L1 keeps them so.
+pub(crate) fn for_blocks<T: Send>(out: &mut [T], block_len: usize, min_len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    let ctx = current();
+    if ctx.for_work(out.len(), min_len) <= 1 {
+        out.chunks_mut(block_len.max(1)).enumerate().for_each(|(i, block)| f(i, block));
+    } else {
+        ctx.for_each_chunk_mut(out, block_len, f);
+    }
+}
+
 /// Like [`par_fill`] but chunks hold whole rows of `row_len` elements: `fill(first_row, chunk)`.
 /// For kernels whose rows are independent (softmax, norms, reductions).
 pub(crate) fn par_fill_rows(
