@@ -3,6 +3,7 @@
 //! QDQ points are the identity in float mode; a [`QdqHook`] turns them into fake-quant (or
 //! calibration observers) without touching the model file.
 
+use crate::kernels::threads::try_fill_new;
 use crate::kernels::{self, BinaryOp, ReduceKind as KReduce, UnaryOp};
 use crate::kernels::{BatchRepeat, JoinAxis, RhsPart, RhsParts};
 use crate::lazy::{LazyJoin, Strided};
@@ -397,12 +398,10 @@ impl CpuBackend {
         let run = || {
             let (xs, cs, ss) =
                 (fused_input(x, "input")?, fused_input(cos, "cos table")?, fused_input(sin, "sin table")?);
-            let mut out: Vec<f32> = Vec::with_capacity(xs.len());
             let d = x.shape()[x.shape().len() - 1];
-            kernels::rotate_half(&xs, &cs, &ss, d, &quantizers, &mut out.spare_capacity_mut()[..xs.len()])
+            // SAFETY: `rotate_half` writes all of its output when it returns Ok.
+            let out = unsafe { try_fill_new(xs.len(), |out| kernels::rotate_half(&xs, &cs, &ss, d, &quantizers, out)) }
                 .map_err(|e| BackendError::Op(e.to_string()))?;
-            // SAFETY: `rotate_half` wrote all `xs.len()` elements (it returned Ok).
-            unsafe { out.set_len(xs.len()) };
             fused_output(x, out, grid)
         };
         Some(run())
@@ -421,11 +420,9 @@ impl CpuBackend {
         };
         let run = || {
             let (g, u) = (fused_input(gate, "gate")?, fused_input(up, "up")?);
-            let mut out: Vec<f32> = Vec::with_capacity(g.len());
-            kernels::silu_gate(&g, &u, &quantizers, &mut out.spare_capacity_mut()[..g.len()])
+            // SAFETY: `silu_gate` writes all of its output when it returns Ok.
+            let out = unsafe { try_fill_new(g.len(), |out| kernels::silu_gate(&g, &u, &quantizers, out)) }
                 .map_err(|e| BackendError::Op(e.to_string()))?;
-            // SAFETY: `silu_gate` wrote all `g.len()` elements (it returned Ok).
-            unsafe { out.set_len(g.len()) };
             fused_output(gate, out, grid)
         };
         Some(run())

@@ -137,11 +137,8 @@ mod tests {
     }
 
     fn run(x: &[f32], cos: &[f32], sin: &[f32], d: usize, q: &RopePoints<'_>) -> Result<Vec<f32>, KernelError> {
-        let mut out = Vec::with_capacity(x.len());
-        rotate_half(x, cos, sin, d, q, &mut out.spare_capacity_mut()[..x.len()])?;
-        // SAFETY: `rotate_half` wrote every element on success.
-        unsafe { out.set_len(x.len()) };
-        Ok(out)
+        // SAFETY: `rotate_half` writes every element on success.
+        unsafe { crate::kernels::threads::try_fill_new(x.len(), |out| rotate_half(x, cos, sin, d, q, out)) }
     }
 
     #[test]

@@ -91,11 +91,8 @@ mod tests {
     }
 
     fn run(gate: &[f32], up: &[f32], q: &SiluGatePoints<'_>) -> Result<Vec<f32>, KernelError> {
-        let mut out = Vec::with_capacity(gate.len());
-        silu_gate(gate, up, q, &mut out.spare_capacity_mut()[..gate.len()])?;
-        // SAFETY: `silu_gate` wrote every element on success.
-        unsafe { out.set_len(gate.len()) };
-        Ok(out)
+        // SAFETY: `silu_gate` writes every element on success.
+        unsafe { crate::kernels::threads::try_fill_new(gate.len(), |out| silu_gate(gate, up, q, out)) }
     }
 
     #[test]

@@ -190,6 +190,21 @@ fn fill_chunk(len: usize, threads: usize) -> usize {
     len.div_ceil(threads * 4).next_multiple_of(64)
 }
 
+/// `len` elements of fresh memory (not zeroed first) filled by `fill`, or `fill`'s error.
+///
+/// # Safety
+/// When `fill` returns `Ok`, it has written every element of the slice it was given.
+pub(crate) unsafe fn try_fill_new<E>(
+    len: usize,
+    fill: impl FnOnce(&mut [MaybeUninit<f32>]) -> Result<(), E>,
+) -> Result<Vec<f32>, E> {
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    fill(&mut out.spare_capacity_mut()[..len])?;
+    // SAFETY: the capacity is `len` and `fill` wrote all of it (the caller's contract).
+    unsafe { out.set_len(len) };
+    Ok(out)
+}
+
 /// [`par_fill`] into fresh memory (not zeroed first): `len` elements, `fill(start, chunk)`
 /// filling the chunk of elements `start..start + chunk.len()`.
 ///
@@ -200,20 +215,22 @@ pub(crate) unsafe fn par_fill_new(
     min_len: usize,
     fill: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync + Send,
 ) -> Vec<f32> {
-    let mut out: Vec<f32> = Vec::with_capacity(len);
-    let spare = &mut out.spare_capacity_mut()[..len];
     let ctx = current();
     let threads = ctx.for_work(len, min_len);
-    if threads <= 1 {
-        fill(0, spare);
-    } else {
-        let chunk = fill_chunk(len, threads);
-        ctx.for_each_chunk_mut(spare, chunk, |i, c| fill(i * chunk, c));
+    let all = |spare: &mut [MaybeUninit<f32>]| {
+        if threads <= 1 {
+            fill(0, spare);
+        } else {
+            let chunk = fill_chunk(len, threads);
+            ctx.for_each_chunk_mut(spare, chunk, |i, c| fill(i * chunk, c));
+        }
+        Ok::<(), std::convert::Infallible>(())
+    };
+    // SAFETY: the chunks above cover 0..len and `fill` writes each whole (the caller's contract).
+    match unsafe { try_fill_new(len, all) } {
+        Ok(out) => out,
+        Err(never) => match never {},
     }
-    // SAFETY: the capacity is `len`, the chunks above cover 0..len, and `fill` wrote each whole
-    // (the caller's contract).
-    unsafe { out.set_len(len) };
-    out
 }
 
 /// `f(i, block)` for the `i`-th block of `block_len` elements of `out` (the last may be shorter):

@@ -24,6 +24,7 @@
 //!   quantized by mllm's compiler with C rounding: see `quant::fake_quant::quantize_constant`).
 
 use std::collections::HashMap;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use compiler::quant::{FakeQuantizer, QuantParams};
@@ -161,22 +162,20 @@ fn check_kind(point: &QdqAttr, known: &QdqAttr) -> Result<(), QdqHookError> {
 fn fake_quantize(point: &QdqAttr, known: &QdqAttr, fq: &FakeQuantizer, x: &[f32]) -> Result<Vec<f32>, QdqHookError> {
     check_kind(point, known)?;
     let n = x.len();
-    // Fresh memory, not zeroed first: every element is written below.
-    let mut out: Vec<f32> = Vec::with_capacity(n);
     let shape_error =
         |e: compiler::quant::QuantError| QdqHookError::Shape { key: point.key.clone(), problem: e.to_string() };
     let ctx = crate::kernels::threads::current();
-    if ctx.for_work(n, PAR_CHUNK) <= 1 {
-        // One task (most decode QDQs are a few hundred values).
-        mllm_dsl::simd::widest(
-            #[inline(always)]
-            || fq.apply_uninit(x, &mut out.spare_capacity_mut()[..n]),
-        )
-        .map_err(shape_error)?;
-    } else {
+    let fill = |out: &mut [MaybeUninit<f32>]| {
+        if ctx.for_work(n, PAR_CHUNK) <= 1 {
+            // One task (most decode QDQs are a few hundred values).
+            return mllm_dsl::simd::widest(
+                #[inline(always)]
+                || fq.apply_uninit(x, out),
+            );
+        }
         // On the kernels' team, whose helpers are awake between ops: a prefill chunk has a
         // thousand QDQ points of 20-100 µs each, and waking a sleeping pool costs as much.
-        ctx.for_each_chunk_mut(&mut out.spare_capacity_mut()[..n], PAR_CHUNK, |i, o| {
+        ctx.for_each_chunk_mut(out, PAR_CHUNK, |i, o| {
             let input = &x[i * PAR_CHUNK..i * PAR_CHUNK + o.len()];
             // Equal lengths by construction, so this cannot fail.
             let _ = mllm_dsl::simd::widest(
@@ -184,11 +183,11 @@ fn fake_quantize(point: &QdqAttr, known: &QdqAttr, fq: &FakeQuantizer, x: &[f32]
                 || fq.apply_uninit(input, o),
             );
         });
-    }
-    // SAFETY: the capacity is n and `apply_uninit` wrote all n elements (the chunks above
-    // cover 0..n, each with its input's length).
-    unsafe { out.set_len(n) };
-    Ok(out)
+        Ok(())
+    };
+    // SAFETY: on Ok, `apply_uninit` wrote all n elements (the chunks cover 0..n, each with its
+    // input's length).
+    unsafe { crate::kernels::threads::try_fill_new(n, fill) }.map_err(shape_error)
 }
 
 #[cfg(test)]
