@@ -379,19 +379,8 @@ fn quantize(model: &Path, out: &Path, context: usize) -> Result<()> {
     let mut rng = SplitMix64::new(11);
     let ids: Vec<i64> = (0..64).map(|_| (rng.next() % hf.vocab_size as u64) as i64).collect();
     aot::quantize(&aot::QuantizeOptions {
-        model: model.to_path_buf(),
-        aot_config: None,
-        calibration: vec![ids],
-        evaluation: None,
-        mode: backend_cpu::quant::CalibrationMode::Deployed,
-        out: out.to_path_buf(),
         max_positions: context.max(1024),
-        progress: aot::progress::silent(),
-        weight_method: backend_cpu::quant::WeightMethod::Rtn,
-        act_ranges: Default::default(),
-        rotation: backend_cpu::quant::Rotation::None,
-        sink_prefix: None,
-        weight_budget: None,
+        ..aot::QuantizeOptions::new(model, vec![ids], out)
     })?;
     Ok(())
 }

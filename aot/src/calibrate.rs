@@ -72,6 +72,31 @@ pub struct QuantizeOptions {
     pub weight_budget: Option<WeightBudget>,
 }
 
+impl QuantizeOptions {
+    /// Plain W4A16KV8 in the deployed mode: the built-in AOT config, round-to-nearest weights,
+    /// the default activation ranges, no rotation, sink prefix or 8-bit weight budget, RoPE
+    /// tables of mllm's 1024 rows, the report scored on the calibration sequences, no progress
+    /// bars. Change what differs with struct update syntax:
+    /// `QuantizeOptions { weight_method, ..QuantizeOptions::new(model, calibration, out) }`.
+    pub fn new(model: impl Into<PathBuf>, calibration: Vec<Vec<i64>>, out: impl Into<PathBuf>) -> Self {
+        QuantizeOptions {
+            model: model.into(),
+            aot_config: None,
+            calibration,
+            evaluation: None,
+            mode: CalibrationMode::Deployed,
+            out: out.into(),
+            max_positions: 1024,
+            progress: crate::progress::silent(),
+            weight_method: WeightMethod::Rtn,
+            act_ranges: ActRanges::default(),
+            rotation: Rotation::None,
+            sink_prefix: None,
+            weight_budget: None,
+        }
+    }
+}
+
 /// What `quantize` did.
 pub struct QuantizeOutcome {
     pub calibration: Calibration,

@@ -25,7 +25,6 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::error::{ensure, Context, Result};
-use backend_cpu::quant::{CalibrationMode, Rotation, WeightMethod};
 use backend_qnn::sdk;
 use backend_qnn::target::HtpTarget;
 use backend_qnn::{validate, LowerOptions, QnnGraph, QnnLowering};
@@ -308,22 +307,8 @@ pub fn prepare_checkpoint(opts: &BenchOptions) -> Result<PathBuf> {
         let hf = HfConfig::from_dir(&float)?;
         // Any ids will do for random weights; 16 tokens keep the calibration short.
         let ids: Vec<i64> = (0..16).map(|i| (i * 7919 + 13) % hf.vocab_size as i64).collect();
-        quantize(&QuantizeOptions {
-            model: float.clone(),
-            aot_config: None,
-            calibration: vec![ids],
-            evaluation: None,
-            mode: CalibrationMode::Deployed,
-            out: base.clone(),
-            max_positions: opts.context,
-            progress: crate::progress::silent(),
-            weight_method: WeightMethod::Rtn,
-            act_ranges: Default::default(),
-            rotation: Rotation::None,
-            sink_prefix: None,
-            weight_budget: None,
-        })
-        .with_context(|| format!("quantizing the synthetic checkpoint {}", float.display()))?;
+        quantize(&QuantizeOptions { max_positions: opts.context, ..QuantizeOptions::new(&float, vec![ids], &base) })
+            .with_context(|| format!("quantizing the synthetic checkpoint {}", float.display()))?;
     }
     if base_layers < opts.layers {
         expand_layers(&base, &quantized, opts.layers)?;

@@ -28,6 +28,19 @@
 //! # Ok::<(), aot::AotError>(())
 //! ```
 //!
+//! Only the quantized checkpoint ([`quantize`]): an HF float checkpoint and calibration token
+//! ids in, pymllm's quantized format out, with its fake-quant-vs-float report:
+//!
+//! ```no_run
+//! let calibration = vec![vec![9707_i64, 11, 1879, 0]];
+//! let opts = aot::QuantizeOptions {
+//!     weight_method: backend_cpu::quant::WeightMethod::Gptq,
+//!     ..aot::QuantizeOptions::new("SmolLM2-135M-Instruct", calibration, "smollm2-w4a16kv8")
+//! };
+//! print!("{}", aot::quantize(&opts)?.report.table());
+//! # Ok::<(), aot::AotError>(())
+//! ```
+//!
 //! It is the one crate that sees the model files and both backends: calibration runs on
 //! backend-cpu, lowering and artifacts come from backend-qnn, and the ledger compares the two.
 

@@ -87,19 +87,8 @@ fn own_export_gives_the_same_logits_with_int4_weights() {
     let out = dir.join("checkpoint");
     let ids = aot::load_id_sequences(&fixture("pymllm-qwen3-dev-f32/calib_ids.safetensors"), "calib_ids", 128).unwrap();
     aot::quantize(&aot::QuantizeOptions {
-        model: fixture("qwen3-dev-f32"),
-        aot_config: None,
-        calibration: ids,
-        evaluation: None,
-        mode: backend_cpu::quant::CalibrationMode::Deployed,
-        out: out.clone(),
         max_positions: 64,
-        progress: aot::progress::silent(),
-        weight_method: backend_cpu::quant::WeightMethod::Rtn,
-        act_ranges: Default::default(),
-        rotation: backend_cpu::quant::Rotation::None,
-        sink_prefix: None,
-        weight_budget: None,
+        ..aot::QuantizeOptions::new(fixture("qwen3-dev-f32"), ids, &out)
     })
     .unwrap();
     check_same_logits(&out);

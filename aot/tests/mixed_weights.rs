@@ -177,19 +177,10 @@ fn a_budget_needs_the_deployed_calibration() {
     let out = tempfile::tempdir().unwrap();
     let ids = aot::load_id_sequences(&fixture("pymllm-qwen3-dev-f32/calib_ids.safetensors"), "calib_ids", 128).unwrap();
     let err = aot::quantize(&aot::QuantizeOptions {
-        model: fixture("qwen3-dev-f32"),
-        aot_config: None,
-        calibration: ids,
-        evaluation: None,
         mode: backend_cpu::quant::CalibrationMode::MllmCompatible,
-        out: out.path().join("q"),
         max_positions: 64,
-        progress: aot::progress::silent(),
-        weight_method: backend_cpu::quant::WeightMethod::Rtn,
-        act_ranges: Default::default(),
-        rotation: backend_cpu::quant::Rotation::None,
-        sink_prefix: None,
         weight_budget: Some(WeightBudget::new(0.1).unwrap()),
+        ..aot::QuantizeOptions::new(fixture("qwen3-dev-f32"), ids, out.path().join("q"))
     })
     .err()
     .expect("pymllm's recipe has no weight budget");

@@ -56,21 +56,8 @@ fn quantize_tiny(
     sink_prefix: Option<Vec<i64>>,
 ) -> aot::Result<aot::QuantizeOutcome> {
     let ids = fixture("pymllm-qwen3-dev-f32/calib_ids.safetensors");
-    quantize(&QuantizeOptions {
-        model: fixture("qwen3-dev-f32"),
-        aot_config: None,
-        calibration: aot::load_id_sequences(&ids, "calib_ids", 128).unwrap(),
-        evaluation: None,
-        mode,
-        out: out.to_path_buf(),
-        max_positions: 1024,
-        progress: aot::progress::silent(),
-        weight_method: backend_cpu::quant::WeightMethod::Rtn,
-        act_ranges: Default::default(),
-        rotation: backend_cpu::quant::Rotation::None,
-        sink_prefix,
-        weight_budget: None,
-    })
+    let calibration = aot::load_id_sequences(&ids, "calib_ids", 128).unwrap();
+    quantize(&QuantizeOptions { mode, sink_prefix, ..QuantizeOptions::new(fixture("qwen3-dev-f32"), calibration, out) })
 }
 
 #[test]

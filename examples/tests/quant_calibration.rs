@@ -24,22 +24,7 @@ fn calib_ids() -> Vec<Vec<i64>> {
 }
 
 fn run(mode: CalibrationMode, out: &Path) -> QuantizeOutcome {
-    let opts = QuantizeOptions {
-        model: fixture("qwen3-dev-f32"),
-        aot_config: None,
-        calibration: calib_ids(),
-        evaluation: None,
-        mode,
-        out: out.to_path_buf(),
-        max_positions: 1024,
-        progress: aot::progress::silent(),
-        weight_method: backend_cpu::quant::WeightMethod::Rtn,
-        act_ranges: Default::default(),
-        rotation: backend_cpu::quant::Rotation::None,
-        sink_prefix: None,
-        weight_budget: None,
-    };
-    quantize(&opts).unwrap()
+    quantize(&QuantizeOptions { mode, ..QuantizeOptions::new(fixture("qwen3-dev-f32"), calib_ids(), out) }).unwrap()
 }
 
 /// pymllm's bookkeeping: observer state nothing reads.
@@ -183,21 +168,7 @@ fn model_with_config(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> P
 }
 
 fn quantize_error(model: PathBuf, aot_config: Option<PathBuf>) -> String {
-    let opts = QuantizeOptions {
-        model,
-        aot_config,
-        calibration: calib_ids(),
-        evaluation: None,
-        mode: CalibrationMode::Deployed,
-        out: scratch("never-written"),
-        max_positions: 1024,
-        progress: aot::progress::silent(),
-        weight_method: backend_cpu::quant::WeightMethod::Rtn,
-        act_ranges: Default::default(),
-        rotation: backend_cpu::quant::Rotation::None,
-        sink_prefix: None,
-        weight_budget: None,
-    };
+    let opts = QuantizeOptions { aot_config, ..QuantizeOptions::new(model, calib_ids(), scratch("never-written")) };
     let err = quantize(&opts).err().expect("quantize must refuse this configuration");
     eprintln!("{err:#}");
     assert!(!opts.out.join("model.safetensors").exists());

@@ -29,19 +29,11 @@ fn quantize_fixture(
     let calibration =
         load_id_sequences(&fixture("pymllm-qwen3-dev-f32").join("calib_ids.safetensors"), "calib_ids", 128)?;
     quantize(&QuantizeOptions {
-        model: fixture("qwen3-dev-f32"),
-        aot_config: None,
-        calibration,
-        evaluation: None,
         mode,
-        out: out.to_path_buf(),
-        max_positions: 1024,
-        progress: aot::progress::silent(),
         weight_method: method,
         act_ranges: ranges,
         rotation,
-        sink_prefix: None,
-        weight_budget: None,
+        ..QuantizeOptions::new(fixture("qwen3-dev-f32"), calibration, out)
     })
 }
 

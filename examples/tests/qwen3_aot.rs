@@ -561,22 +561,8 @@ fn run_into(which: &str, out: &Path) {
         }
         "quantize" => {
             let ids = fixtures().join("pymllm-qwen3-dev-f32/calib_ids.safetensors");
-            aot::quantize(&aot::QuantizeOptions {
-                model: fixtures().join("qwen3-dev-f32"),
-                aot_config: None,
-                calibration: aot::load_id_sequences(&ids, "calib_ids", 128).unwrap(),
-                evaluation: None,
-                mode: backend_cpu::quant::CalibrationMode::Deployed,
-                out: out.into(),
-                max_positions: 1024,
-                progress: aot::progress::silent(),
-                weight_method: backend_cpu::quant::WeightMethod::Rtn,
-                act_ranges: Default::default(),
-                rotation: backend_cpu::quant::Rotation::None,
-                sink_prefix: None,
-                weight_budget: None,
-            })
-            .unwrap();
+            let calibration = aot::load_id_sequences(&ids, "calib_ids", 128).unwrap();
+            aot::quantize(&aot::QuantizeOptions::new(fixtures().join("qwen3-dev-f32"), calibration, out)).unwrap();
         }
         other => panic!("{CHILD_RUN}={other}: expected aot or quantize"),
     }

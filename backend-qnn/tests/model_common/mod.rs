@@ -63,19 +63,9 @@ impl AotModel {
         let out = owned.0.join("checkpoint");
         let hf = HfConfig::from_dir(fixture(name)).unwrap_or_else(|e| panic!("{e}"));
         aot::quantize(&QuantizeOptions {
-            model: fixture(name),
-            aot_config: None,
-            calibration: calibration_ids(hf.vocab_size),
-            evaluation: None,
             mode: CalibrationMode::MllmCompatible,
-            out: out.clone(),
             max_positions: MAX_POSITIONS,
-            progress: aot::progress::silent(),
-            weight_method: backend_cpu::quant::WeightMethod::Rtn,
-            act_ranges: Default::default(),
-            rotation: backend_cpu::quant::Rotation::None,
-            sink_prefix: None,
-            weight_budget: None,
+            ..QuantizeOptions::new(fixture(name), calibration_ids(hf.vocab_size), &out)
         })
         .unwrap_or_else(|e| panic!("calibrating {name}: {e:#}"));
         let mut model = AotModel::open(out);
