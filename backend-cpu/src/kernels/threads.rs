@@ -95,6 +95,18 @@ pub(crate) fn current() -> ThreadCtx {
     guard.get_or_insert_with(|| build_ctx(0).unwrap_or(ThreadCtx { threads: 1, pool: None, team: None })).clone()
 }
 
+/// The configuration when `work` units are worth splitting over more than one thread (at least
+/// `min_work` of them), else `None` without reading it: most kernels of a decode step are that
+/// small, and reading the configuration locks a mutex and counts two references (perf put
+/// [`current`] at 2 % of a SmolLM2 decode step's leader, called by every QDQ point).
+pub(crate) fn parallel_ctx(work: usize, min_work: usize) -> Option<ThreadCtx> {
+    if work < min_work {
+        return None;
+    }
+    let ctx = current();
+    (ctx.threads > 1).then_some(ctx)
+}
+
 impl ThreadCtx {
     /// Threads worth using for `work` units when parallelism only pays from `min_work` units.
     pub fn for_work(&self, work: usize, min_work: usize) -> usize {
@@ -174,13 +186,11 @@ impl<T> SendPtr<T> {
 /// Fills `out` by calling `fill(start, chunk)` on contiguous chunks, in parallel over the pool when
 /// `out` has at least `min_len` elements and more than one thread is configured.
 pub(crate) fn par_fill(out: &mut [f32], min_len: usize, fill: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    let ctx = current();
-    let threads = ctx.for_work(out.len(), min_len);
-    if threads <= 1 {
+    let Some(ctx) = parallel_ctx(out.len(), min_len) else {
         fill(0, out);
         return;
-    }
-    let chunk = fill_chunk(out.len(), threads);
+    };
+    let chunk = fill_chunk(out.len(), ctx.threads);
     ctx.for_each_chunk_mut(out, chunk, |i, c| fill(i * chunk, c));
 }
 
@@ -215,14 +225,13 @@ pub(crate) unsafe fn par_fill_new(
     min_len: usize,
     fill: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync + Send,
 ) -> Vec<f32> {
-    let ctx = current();
-    let threads = ctx.for_work(len, min_len);
     let all = |spare: &mut [MaybeUninit<f32>]| {
-        if threads <= 1 {
-            fill(0, spare);
-        } else {
-            let chunk = fill_chunk(len, threads);
-            ctx.for_each_chunk_mut(spare, chunk, |i, c| fill(i * chunk, c));
+        match parallel_ctx(len, min_len) {
+            None => fill(0, spare),
+            Some(ctx) => {
+                let chunk = fill_chunk(len, ctx.threads);
+                ctx.for_each_chunk_mut(spare, chunk, |i, c| fill(i * chunk, c));
+            }
         }
         Ok::<(), std::convert::Infallible>(())
     };
@@ -238,11 +247,9 @@ pub(crate) unsafe fn par_fill_new(
 /// else one block after another on the calling thread. The same blocks either way, so a kernel
 /// whose blocks hold intermediates sized for L1 keeps them so.
 pub(crate) fn for_blocks<T: Send>(out: &mut [T], block_len: usize, min_len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
-    let ctx = current();
-    if ctx.for_work(out.len(), min_len) <= 1 {
-        out.chunks_mut(block_len.max(1)).enumerate().for_each(|(i, block)| f(i, block));
-    } else {
-        ctx.for_each_chunk_mut(out, block_len, f);
+    match parallel_ctx(out.len(), min_len) {
+        None => out.chunks_mut(block_len.max(1)).enumerate().for_each(|(i, block)| f(i, block)),
+        Some(ctx) => ctx.for_each_chunk_mut(out, block_len, f),
     }
 }
 
@@ -258,12 +265,13 @@ pub(crate) fn par_fill_rows(
         return;
     }
     let rows = out.len() / row_len;
-    let ctx = current();
-    let threads = ctx.for_work(out.len(), min_len);
-    if threads <= 1 || rows < 2 {
-        fill(0, out);
-        return;
-    }
-    let rows_per_chunk = rows.div_ceil(threads * 4);
+    let ctx = match parallel_ctx(out.len(), min_len) {
+        Some(ctx) if rows >= 2 => ctx,
+        _ => {
+            fill(0, out);
+            return;
+        }
+    };
+    let rows_per_chunk = rows.div_ceil(ctx.threads * 4);
     ctx.for_each_chunk_mut(out, rows_per_chunk * row_len, |i, c| fill(i * rows_per_chunk, c));
 }

@@ -164,15 +164,14 @@ fn fake_quantize(point: &QdqAttr, known: &QdqAttr, fq: &FakeQuantizer, x: &[f32]
     let n = x.len();
     let shape_error =
         |e: compiler::quant::QuantError| QdqHookError::Shape { key: point.key.clone(), problem: e.to_string() };
-    let ctx = crate::kernels::threads::current();
     let fill = |out: &mut [MaybeUninit<f32>]| {
-        if ctx.for_work(n, PAR_CHUNK) <= 1 {
+        let Some(ctx) = crate::kernels::threads::parallel_ctx(n, PAR_CHUNK) else {
             // One task (most decode QDQs are a few hundred values).
             return mllm_dsl::simd::widest(
                 #[inline(always)]
                 || fq.apply_uninit(x, out),
             );
-        }
+        };
         // On the kernels' team, whose helpers are awake between ops: a prefill chunk has a
         // thousand QDQ points of 20-100 µs each, and waking a sleeping pool costs as much.
         ctx.for_each_chunk_mut(out, PAR_CHUNK, |i, o| {
