@@ -46,13 +46,17 @@
 //! `scripts/candle-peer` executable: candle-transformers' Qwen3, f32 compute, `RAYON_NUM_THREADS`
 //! = the thread count) every round also runs candle on the float checkpoint, and the summary
 //! prints the bf16 / candle ratios the same two ways. With `MLLM_CPU_PROFILE=1` each child also
-//! prints its time per op kind.
+//! prints its time per op kind; with `--step-profile` it also times one more generation op by op
+//! and prints where a decode step's time went (one-row linears and the
+//! rate they stream the weights at, attention, QDQ points, other ops, the framework around the
+//! ops), and the summary prints the medians. Timing every op costs a little of the step.
 
 mod membw;
 
 use anyhow::{bail, ensure, Context, Result};
 use aot::synthetic::{write_qwen3, QWEN3_0_6B};
 use aot::{load_float_with, load_model_with, RunMode};
+use backend_cpu::executor::profile;
 use backend_cpu::rng::SplitMix64;
 use backend_cpu::{Bf16Products, QuantizedWeights};
 use clap::Parser;
@@ -122,6 +126,12 @@ struct Args {
     /// compute), run on the float checkpoint between our runs.
     #[arg(long)]
     candle: Option<PathBuf>,
+    /// After its timed runs, each model child times its ops over one more generation and prints
+    /// where a decode step's time went: the one-row linears (and the
+    /// rate they read the weights at), attention, QDQ points, the other ops, the framework
+    /// around them; the summary prints the medians.
+    #[arg(long)]
+    step_profile: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,6 +216,8 @@ fn main() -> Result<()> {
     // threads -> the read bandwidths measured (GB/s); (name, threads) -> weights_mb.
     let mut bandwidths: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
     let mut weights_mb: BTreeMap<(String, usize), f64> = BTreeMap::new();
+    // (name, threads) -> the STEP_FIELDS of each run's step profile.
+    let mut step_profiles: BTreeMap<(String, usize), Vec<Vec<f64>>> = BTreeMap::new();
     for round in 1..=args.rounds {
         for &threads in &args.threads {
             // In its own process, so its buffer does not count in a model's peak RSS.
@@ -237,6 +249,11 @@ fn main() -> Result<()> {
                     );
                 }
                 for line in text.lines() {
+                    if line.starts_with("step_profile ") {
+                        let values = STEP_FIELDS.iter().map(|&key| field(line, key).unwrap_or(f64::NAN)).collect();
+                        step_profiles.entry((variant.name().into(), threads)).or_default().push(values);
+                        continue;
+                    }
                     if let (Some(p), Some(d)) = (field(line, "prefill_tok_s"), field(line, "decode_tok_s")) {
                         results.entry((variant.name().into(), threads)).or_default().push((round, p, d));
                     }
@@ -259,6 +276,37 @@ fn main() -> Result<()> {
     }
     summarize(&results, &args.threads);
     roofline_summary(&results, &bandwidths, &weights_mb);
+    step_profile_summary(&step_profiles)
+}
+
+/// The fields of a `step_profile` line the summary reads.
+const STEP_FIELDS: [&str; 8] = [
+    "step_ms",
+    "linears_ms",
+    "linears_gb_s",
+    "attention_ms",
+    "qdq_points_ms",
+    "other_ops_ms",
+    "framework_ms",
+    "chunk_io_ms",
+];
+
+/// The median of each field of the step profiles, per variant and thread count.
+fn step_profile_summary(profiles: &BTreeMap<(String, usize), Vec<Vec<f64>>>) -> Result<()> {
+    for ((name, t), runs) in profiles {
+        let medians: Vec<f64> = (0..STEP_FIELDS.len()).map(|i| median(runs.iter().map(|r| r[i]).collect())).collect();
+        if let Some(bad) = medians.iter().position(|v| !v.is_finite()) {
+            bail!("the {name} {t}-thread step profile has no finite {}", STEP_FIELDS[bad]);
+        }
+        let [step, linears, gb_s, attention, qdq, other, framework, io] = medians[..] else { unreachable!() };
+        println!(
+            "  threads={t} {name:>9}: decode step {step:.2} ms (profiled, median of {}): linears {linears:.2} ms \
+             ({gb_s:.1} GB/s), attention {attention:.2}, QDQ points {qdq:.2}, other ops {other:.2}, framework \
+             {framework:.2}, chunk I/O {io:.2}; the rest ({:.2}) is the runtime's",
+            runs.len(),
+            step - linears - attention - qdq - other - framework - io,
+        );
+    }
     Ok(())
 }
 
@@ -505,9 +553,45 @@ impl Run<'_> {
                 mb(peak_rss_bytes()? as f64),
             );
         }
-        if backend_cpu::executor::profile::enabled() {
-            print!("{}", backend_cpu::executor::profile::report());
+        if profile::enabled() {
+            print!("{}", profile::report());
+        }
+        if args.step_profile {
+            let (step, p) = step_profile(&mut generator, &prompt, &config)?;
+            println!(
+                "step_profile variant={} threads={threads} step_ms={step:.3} forward_ms={:.3} linears_ms={:.3} \
+                 linears_gb_s={:.1} attention_ms={:.3} qdq_points_ms={:.3} other_ops_ms={:.3} framework_ms={:.3} \
+                 chunk_io_ms={:.3}",
+                variant.name(),
+                p.forward_ms,
+                p.linears_ms,
+                matrix_bytes as f64 / (p.linears_ms * 1e6),
+                p.attention_ms,
+                p.qdq_points_ms,
+                p.other_ops_ms,
+                p.framework_ms(),
+                p.chunk_io_ms,
+            );
         }
         Ok(())
     }
+}
+
+/// A decode step's time (ms, from the generation's decode rate) and where it went, over one more
+/// generation of `config`, its ops timed.
+fn step_profile<M: ChunkModel>(
+    generator: &mut Generator<M>,
+    prompt: &[u32],
+    config: &GenerationConfig,
+) -> Result<(f64, profile::StepProfile)> {
+    ensure!(config.max_new_tokens >= 2, "--step-profile needs --new 2 or more (a decode step to time)");
+    let was = profile::enabled();
+    profile::reset();
+    profile::set_enabled(true);
+    let out = generator.generate(prompt, config);
+    profile::set_enabled(was);
+    let decode = out?.timings.decode_tokens_per_sec();
+    let steps =
+        profile::StepProfile::of(&profile::decode_table()).context("the profiled generation ran no decode step")?;
+    Ok((1e3 / decode, steps))
 }

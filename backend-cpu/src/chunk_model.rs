@@ -185,6 +185,9 @@ impl<K: CpuKv> ChunkModel for CpuChunkModel<K> {
 
     fn run_chunk(&mut self, inputs: &ChunkInputs<'_, K>, outputs: &mut ChunkOutputs<K>) -> Result<(), ModelError> {
         let t0 = profile::start();
+        if t0.is_some() {
+            profile::set_decode_step(inputs.ar() == 1);
+        }
         let shape = self.model.shape();
         // The graph's context is the mask's width (a smaller member of a family, or the model's own).
         let (ar, n_past, ctx) = (inputs.ar(), inputs.n_past(), inputs.mask().context_len());
@@ -217,12 +220,12 @@ impl<K: CpuKv> ChunkModel for CpuChunkModel<K> {
             keys.push(self.past_tensor(k)?);
             values.push(self.past_tensor(v)?);
         }
-        let t1 = profile::lap(t0, "chunk: inputs");
+        let t1 = profile::lap(t0, profile::CHUNK_INPUTS);
         let rows = inputs.logit_rows();
         let model = &self.model;
         let (logits, new_k, new_v) =
             run_in_pool(|| model.forward_rows(&ids, &pos, &mask, &keys, &values, rows.clone()))?;
-        let t2 = profile::lap(t1, "(chunk: model forward, ops included)");
+        let t2 = profile::lap(t1, profile::FORWARD);
         fn read<'a>(t: &'a Tensor, what: &'static str) -> Result<Cow<'a, [f32]>, ModelOutputError> {
             real_values(t).ok_or(ModelOutputError::NotReal { what })
         }
@@ -244,7 +247,7 @@ impl<K: CpuKv> ChunkModel for CpuChunkModel<K> {
             K::present(v, &read(&new_v[l], "present value")?, self.grid(l, 1))
                 .map_err(|e| present("present value", e))?;
         }
-        profile::lap(t2, "chunk: outputs");
+        profile::lap(t2, profile::CHUNK_OUTPUTS);
         Ok(())
     }
 }

@@ -348,7 +348,7 @@ impl Backend for CpuBackend {
     fn qdq(&self, x: &Tensor, point: &QdqAttr) -> Result<Tensor, BackendError> {
         let t0 = profile::start();
         let result = self.apply_qdq(x, point);
-        profile::lap(t0, "QDQ point");
+        profile::lap(t0, profile::QDQ_POINT);
         result.map_err(|e| BackendError::Qdq { key: point.key.clone(), message: e.to_string() })
     }
 
@@ -695,12 +695,21 @@ pub mod profile {
     use mllm_dsl::op::OpKind;
     use mllm_dsl::Tensor;
     use std::collections::BTreeMap;
-    use std::sync::atomic::{AtomicU8, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
     use std::sync::{Mutex, PoisonError};
     use std::time::{Duration, Instant};
 
     /// The environment variable that switches profiling on (any value but `0` or empty).
     pub const ENV: &str = "MLLM_CPU_PROFILE";
+
+    /// Key of a chunk's whole model forward (it overlaps the ops' keys).
+    pub const FORWARD: &str = "(chunk: model forward, ops included)";
+    /// Key of feeding a chunk's inputs (ids, positions, mask, past K/V views) to the model.
+    pub const CHUNK_INPUTS: &str = "chunk: inputs";
+    /// Key of reading a chunk's outputs (logits, present K/V codes) back.
+    pub const CHUNK_OUTPUTS: &str = "chunk: outputs";
+    /// Key of QDQ points applied on their own (a fused step's points count in the step).
+    pub const QDQ_POINT: &str = "QDQ point";
 
     /// [`UNREAD`], [`OFF`], [`ON`] or [`SHAPES`].
     static STATE: AtomicU8 = AtomicU8::new(UNREAD);
@@ -711,6 +720,9 @@ pub mod profile {
     /// On, with products keyed by their operand shapes (`MLLM_CPU_PROFILE=shapes`).
     const SHAPES: u8 = 3;
     static TABLE: Mutex<BTreeMap<String, (u64, Duration)>> = Mutex::new(BTreeMap::new());
+    /// The times booked during decode steps ([`set_decode_step`]).
+    static DECODE_TABLE: Mutex<BTreeMap<String, (u64, Duration)>> = Mutex::new(BTreeMap::new());
+    static IN_DECODE_STEP: AtomicBool = AtomicBool::new(false);
 
     /// Whether ops are being timed.
     pub fn enabled() -> bool {
@@ -729,6 +741,11 @@ pub mod profile {
         }
     }
 
+    /// Switches timing on or off from here on, whatever the environment says.
+    pub fn set_enabled(on: bool) {
+        STATE.store(if on { ON } else { OFF }, Ordering::Relaxed);
+    }
+
     pub(crate) fn start() -> Option<Instant> {
         enabled().then(Instant::now)
     }
@@ -737,37 +754,128 @@ pub mod profile {
     pub(crate) fn lap(t0: Option<Instant>, key: &str) -> Option<Instant> {
         let t0 = t0?;
         let now = Instant::now();
-        add(key.to_string(), now - t0);
+        add(key, now - t0);
         Some(now)
     }
 
     /// Books the time since `t0` under the op's type and, for matrix products, whether the
     /// left operand is a single row (decode) or several (prefill).
     pub(super) fn record(op: &OpKind, inputs: &[&Tensor], t0: Instant) {
-        let mut key = op.type_name().to_string();
-        if matches!(op, OpKind::Conv2d | OpKind::Linear | OpKind::MatMul) {
-            let shape = inputs[0].shape();
-            let rows = shape.len().checked_sub(2).map_or(1, |d| shape[d]);
-            key.push_str(if rows == 1 { " (1 row)" } else { " (rows)" });
-            if STATE.load(Ordering::Relaxed) == SHAPES {
-                let shapes: Vec<String> = inputs.iter().take(2).map(|t| format!("{:?}", t.shape())).collect();
-                key.push_str(&format!(" {}", shapes.join(" x ")));
-            }
+        let elapsed = t0.elapsed();
+        let name = op.type_name();
+        if !matches!(op, OpKind::Conv2d | OpKind::Linear | OpKind::MatMul) {
+            return add(name, elapsed);
         }
-        add(key, t0.elapsed());
+        let shape = inputs[0].shape();
+        let one_row = shape.len().checked_sub(2).map_or(1, |d| shape[d]) == 1;
+        let rows = if one_row { " (1 row)" } else { " (rows)" };
+        if STATE.load(Ordering::Relaxed) == SHAPES {
+            let shapes: Vec<String> = inputs.iter().take(2).map(|t| format!("{:?}", t.shape())).collect();
+            return add(&format!("{name}{rows} {}", shapes.join(" x ")), elapsed);
+        }
+        // Spelled out, so booking a product allocates nothing (the profile's own cost counts in
+        // the time between ops).
+        let key = match (op, one_row) {
+            (OpKind::Conv2d, true) => "Conv2D (1 row)",
+            (OpKind::Conv2d, false) => "Conv2D (rows)",
+            (OpKind::Linear, true) => "Linear (1 row)",
+            (OpKind::Linear, false) => "Linear (rows)",
+            (_, true) => "MatMul (1 row)",
+            (_, false) => "MatMul (rows)",
+        };
+        debug_assert!(key.starts_with(name) && key.ends_with(rows));
+        add(key, elapsed);
     }
 
     /// Books `elapsed` under `key` (also used for work outside ops, e.g. feeding the KV cache).
-    pub fn add(key: String, elapsed: Duration) {
-        let mut table = TABLE.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = table.entry(key).or_default();
-        entry.0 += 1;
-        entry.1 += elapsed;
+    pub fn add(key: &str, elapsed: Duration) {
+        let book = |table: &Mutex<BTreeMap<String, (u64, Duration)>>| {
+            let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
+            // A key's String is made once, when it is first booked.
+            let entry = match table.get_mut(key) {
+                Some(entry) => entry,
+                None => table.entry(key.to_string()).or_default(),
+            };
+            entry.0 += 1;
+            entry.1 += elapsed;
+        };
+        if IN_DECODE_STEP.load(Ordering::Relaxed) {
+            book(&DECODE_TABLE);
+        }
+        book(&TABLE);
+    }
+
+    /// Whether the chunk being run is a decode step (one row): its times are also booked in
+    /// [`decode_table`]. Set by the chunk model for each chunk.
+    pub(crate) fn set_decode_step(on: bool) {
+        IN_DECODE_STEP.store(on, Ordering::Relaxed);
+    }
+
+    /// The accumulated (calls, time) per key (see [`report`] for the keys).
+    pub fn table() -> BTreeMap<String, (u64, Duration)> {
+        TABLE.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// [`table`] of the decode steps alone (chunks of one row).
+    pub fn decode_table() -> BTreeMap<String, (u64, Duration)> {
+        DECODE_TABLE.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Clears the accumulated times.
     pub fn reset() {
         TABLE.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        DECODE_TABLE.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        IN_DECODE_STEP.store(false, Ordering::Relaxed);
+    }
+
+    /// Where a decode step's time went, in milliseconds per step ([`StepProfile::of`] a
+    /// [`decode_table`]).
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    pub struct StepProfile {
+        /// Decode steps profiled.
+        pub steps: u64,
+        /// The model forward, ops included.
+        pub forward_ms: f64,
+        /// Linears of one input row (`Conv2D` / `Linear`): the weight stream.
+        pub linears_ms: f64,
+        /// Matrix products of one row (`MatMul`): attention's scores and outputs.
+        pub attention_ms: f64,
+        /// QDQ points applied on their own.
+        pub qdq_points_ms: f64,
+        /// Every other op and fused step (norms, softmax, RoPE, SiLU gate, views, ...).
+        pub other_ops_ms: f64,
+        /// Feeding the chunk's inputs and reading its outputs, outside the forward.
+        pub chunk_io_ms: f64,
+    }
+
+    impl StepProfile {
+        /// Per step of a table of decode steps (its [`FORWARD`] calls), `None` without any.
+        pub fn of(decode: &BTreeMap<String, (u64, Duration)>) -> Option<StepProfile> {
+            let steps = decode.get(FORWARD).map_or(0, |v| v.0);
+            if steps == 0 {
+                return None;
+            }
+            let mut p = StepProfile { steps, ..StepProfile::default() };
+            for (key, (_, time)) in decode {
+                let slot = match key.as_str() {
+                    FORWARD => &mut p.forward_ms,
+                    CHUNK_INPUTS | CHUNK_OUTPUTS => &mut p.chunk_io_ms,
+                    QDQ_POINT => &mut p.qdq_points_ms,
+                    k if k.starts_with("Conv2D (1 row)") || k.starts_with("Linear (1 row)") => &mut p.linears_ms,
+                    k if k.starts_with("MatMul (1 row)") => &mut p.attention_ms,
+                    k if k.starts_with('(') => continue,
+                    _ => &mut p.other_ops_ms,
+                };
+                *slot += time.as_secs_f64() * 1e3 / steps as f64;
+            }
+            Some(p)
+        }
+
+        /// The forward's time outside every op: the model code, op dispatch and shape
+        /// inference, tensors made and freed.
+        pub fn framework_ms(&self) -> f64 {
+            self.forward_ms - self.linears_ms - self.attention_ms - self.qdq_points_ms - self.other_ops_ms
+        }
     }
 
     /// One line per op kind, slowest first: calls, total ms, share. Keys in parentheses overlap
@@ -798,6 +906,31 @@ mod tests {
         fn apply(&self, point: &QdqAttr, _x: &[f32], _shape: &[usize]) -> Result<Option<Vec<f32>>, QdqHookError> {
             Err(QdqHookError::Params(format!("{}.fake_quant.scale is not in the checkpoint", point.key).into()))
         }
+    }
+
+    #[test]
+    fn a_step_profile_splits_the_decode_steps_time_per_step() {
+        use profile::{StepProfile, CHUNK_OUTPUTS, FORWARD, QDQ_POINT};
+        let table = |rows: &[(&str, u64, u64)]| -> std::collections::BTreeMap<String, (u64, std::time::Duration)> {
+            rows.iter().map(|&(k, calls, us)| (k.to_string(), (calls, std::time::Duration::from_micros(us)))).collect()
+        };
+        // Four decode steps.
+        let decode = table(&[
+            (FORWARD, 4, 20_000),
+            ("Conv2D (1 row)", 400, 12_000),
+            ("MatMul (1 row)", 40, 2_000),
+            (QDQ_POINT, 300, 2_000),
+            ("RMSNorm", 40, 800),
+            ("(something overlapping)", 4, 50_000),
+            (CHUNK_OUTPUTS, 4, 400),
+        ]);
+        let p = StepProfile::of(&decode).unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert_eq!(p.steps, 4);
+        assert!(close(p.forward_ms, 5.0) && close(p.linears_ms, 3.0) && close(p.attention_ms, 0.5), "{p:?}");
+        assert!(close(p.qdq_points_ms, 0.5) && close(p.other_ops_ms, 0.2) && close(p.chunk_io_ms, 0.1), "{p:?}");
+        assert!(close(p.framework_ms(), 0.8), "{p:?}");
+        assert_eq!(StepProfile::of(&table(&[("RMSNorm", 1, 5)])), None);
     }
 
     #[test]
