@@ -89,21 +89,22 @@ pub fn fused<'a, P: Clone + Into<Point<'a>>>(
         .map(|t| crate::tensor::materialize(t, &backend, site, "fused step"))
         .collect::<Result<Vec<Tensor>>>()?;
     let inputs: Vec<&Tensor> = inputs.iter().collect();
-    let path = scope::current_path();
     let named: Vec<Point<'a>> = points.iter().map(|p| p.clone().into()).collect();
-    let points: Vec<QdqAttr> =
-        named.iter().map(|p| QdqAttr { kind: p.kind.clone(), key: crate::qdq::qdq_key(&path, p.name) }).collect();
+    let points: Vec<QdqAttr> = scope::with_current_path(|path| {
+        named.iter().map(|p| QdqAttr { kind: p.kind.clone(), key: crate::qdq::qdq_key(path, p.name) }).collect()
+    });
     let Some(result) = Backend::fused(&*backend, kind, &inputs, &points) else { return decomposed() };
     let output = result.map_err(|e| Error::Backend {
         op: format!("{kind:?}"),
-        module_path: path.clone(),
+        module_path: scope::current_path(),
         message: e.to_string(),
     })?;
     // The points count as used in this module call, as the written-out step would claim them.
     for Point { name, .. } in named {
-        if scope::claim_qdq(name, false).is_none() {
+        if !scope::claim_qdq_name(name) {
             let message = "this QDQ name is already used in this module call; each QDQ point needs its own name";
-            return Err(Error::Qdq { name: name.to_string(), module_path: path, site, message: message.into() });
+            let module_path = scope::current_path();
+            return Err(Error::Qdq { name: name.to_string(), module_path, site, message: message.into() });
         }
     }
     Ok(output)

@@ -38,6 +38,17 @@ pub fn current_path() -> String {
     FRAMES.with(|f| f.borrow().last().map(|fr| fr.path.clone()).unwrap_or_default())
 }
 
+/// `f` on the innermost module path (empty at the top level), borrowed: no copy of the path.
+pub(crate) fn with_current_path<R>(f: impl FnOnce(&str) -> R) -> R {
+    FRAMES.with(|frames| f(frames.borrow().last().map_or("", |fr| fr.path.as_str())))
+}
+
+/// Records a QDQ name in the innermost frame, as [`claim_qdq`] does, without making its key;
+/// `false` if the name was already used in this call.
+pub(crate) fn claim_qdq_name(name: &str) -> bool {
+    FRAMES.with(|f| f.borrow_mut().last_mut().is_none_or(|fr| fr.qdq_names.insert(name)))
+}
+
 /// Records a QDQ name in the innermost frame and gives its checkpoint key: `<path>.<name>`
 /// ([`crate::qdq::qdq_key`]), or `name` itself for a global point. `None` if the name was already
 /// used in this call. (The path is borrowed, not copied: a decode step runs about a thousand
