@@ -387,10 +387,14 @@ pub fn scoped<T: ModuleOutput>(path: Option<String>, f: impl FnOnce() -> Result<
     let path =
         path.ok_or_else(|| trace_err("module is not bound: call bind_weights()/declare() on the top module first"))?;
     let subgraph = is_tracing() && !path.is_empty();
-    let _frame = scope::enter(path.clone());
-    if subgraph {
+    // The frame takes the path; a trace's subgraph needs a copy (eager runs make none).
+    let _frame = if subgraph {
+        let frame = scope::enter(path.clone());
         open_subgraph(&path)?;
-    }
+        frame
+    } else {
+        scope::enter(path)
+    };
     match f() {
         Ok(out) => {
             if subgraph {
