@@ -872,7 +872,7 @@ pub mod profile {
         }
 
         /// The forward's time outside every op: the model code, op dispatch and shape
-        /// inference, tensors made and freed.
+        /// inference, tensors made and freed, handing the forward to the kernel threads.
         pub fn framework_ms(&self) -> f64 {
             self.forward_ms - self.linears_ms - self.attention_ms - self.qdq_points_ms - self.other_ops_ms
         }
