@@ -47,9 +47,9 @@
 //! = the thread count) every round also runs candle on the float checkpoint, and the summary
 //! prints the bf16 / candle ratios the same two ways. With `MLLM_CPU_PROFILE=1` each child also
 //! prints its time per op kind; with `--step-profile` it also times one more generation op by op
-//! and prints where a decode step's time went (one-row linears and the
-//! rate they stream the weights at, attention, QDQ points, other ops, the framework around the
-//! ops), and the summary prints the medians. Timing every op costs a little of the step.
+//! and prints where a decode step's time went (one-row linears and the rate they stream the
+//! weights at, attention, QDQ points, other ops, the framework around the ops), and the summary
+//! prints the medians. Timing every op costs a little of the step.
 
 mod membw;
 
@@ -127,9 +127,9 @@ struct Args {
     #[arg(long)]
     candle: Option<PathBuf>,
     /// After its timed runs, each model child times its ops over one more generation and prints
-    /// where a decode step's time went: the one-row linears (and the
-    /// rate they read the weights at), attention, QDQ points, the other ops, the framework
-    /// around them; the summary prints the medians.
+    /// where a decode step's time went: the one-row linears (and the rate they read the weights
+    /// at), attention, QDQ points, the other ops, the framework around them; the summary prints
+    /// the medians.
     #[arg(long)]
     step_profile: bool,
 }

@@ -185,9 +185,7 @@ impl<K: CpuKv> ChunkModel for CpuChunkModel<K> {
 
     fn run_chunk(&mut self, inputs: &ChunkInputs<'_, K>, outputs: &mut ChunkOutputs<K>) -> Result<(), ModelError> {
         let t0 = profile::start();
-        if t0.is_some() {
-            profile::set_decode_step(inputs.ar() == 1);
-        }
+        profile::set_decode_step(inputs.ar() == 1);
         let shape = self.model.shape();
         // The graph's context is the mask's width (a smaller member of a family, or the model's own).
         let (ar, n_past, ctx) = (inputs.ar(), inputs.n_past(), inputs.mask().context_len());

@@ -710,6 +710,11 @@ pub mod profile {
     pub const CHUNK_OUTPUTS: &str = "chunk: outputs";
     /// Key of QDQ points applied on their own (a fused step's points count in the step).
     pub const QDQ_POINT: &str = "QDQ point";
+    /// Keys of one-row products (decode steps): linears as `Conv2D` or `Linear`, and `MatMul`
+    /// (attention). With `MLLM_CPU_PROFILE=shapes` the operand shapes follow them.
+    pub const CONV2D_ONE_ROW: &str = "Conv2D (1 row)";
+    pub const LINEAR_ONE_ROW: &str = "Linear (1 row)";
+    pub const MATMUL_ONE_ROW: &str = "MatMul (1 row)";
 
     /// [`UNREAD`], [`OFF`], [`ON`] or [`SHAPES`].
     static STATE: AtomicU8 = AtomicU8::new(UNREAD);
@@ -776,11 +781,11 @@ pub mod profile {
         // Spelled out, so booking a product allocates nothing (the profile's own cost counts in
         // the time between ops).
         let key = match (op, one_row) {
-            (OpKind::Conv2d, true) => "Conv2D (1 row)",
+            (OpKind::Conv2d, true) => CONV2D_ONE_ROW,
             (OpKind::Conv2d, false) => "Conv2D (rows)",
-            (OpKind::Linear, true) => "Linear (1 row)",
+            (OpKind::Linear, true) => LINEAR_ONE_ROW,
             (OpKind::Linear, false) => "Linear (rows)",
-            (_, true) => "MatMul (1 row)",
+            (_, true) => MATMUL_ONE_ROW,
             (_, false) => "MatMul (rows)",
         };
         debug_assert!(key.starts_with(name) && key.ends_with(rows));
@@ -861,8 +866,8 @@ pub mod profile {
                     FORWARD => &mut p.forward_ms,
                     CHUNK_INPUTS | CHUNK_OUTPUTS => &mut p.chunk_io_ms,
                     QDQ_POINT => &mut p.qdq_points_ms,
-                    k if k.starts_with("Conv2D (1 row)") || k.starts_with("Linear (1 row)") => &mut p.linears_ms,
-                    k if k.starts_with("MatMul (1 row)") => &mut p.attention_ms,
+                    k if k.starts_with(CONV2D_ONE_ROW) || k.starts_with(LINEAR_ONE_ROW) => &mut p.linears_ms,
+                    k if k.starts_with(MATMUL_ONE_ROW) => &mut p.attention_ms,
                     k if k.starts_with('(') => continue,
                     _ => &mut p.other_ops_ms,
                 };

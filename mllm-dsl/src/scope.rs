@@ -35,7 +35,7 @@ pub(crate) fn enter(path: String) -> FrameGuard {
 
 /// The innermost module path (empty at the top level or outside any module).
 pub fn current_path() -> String {
-    FRAMES.with(|f| f.borrow().last().map(|fr| fr.path.clone()).unwrap_or_default())
+    with_current_path(str::to_string)
 }
 
 /// `f` on the innermost module path (empty at the top level), borrowed: no copy of the path.
@@ -54,19 +54,12 @@ pub(crate) fn claim_qdq_name(name: &str) -> bool {
 /// used in this call. (The path is borrowed, not copied: a decode step runs about a thousand
 /// QDQ points.)
 pub(crate) fn claim_qdq(name: &str, global: bool) -> Option<String> {
-    FRAMES.with(|f| match f.borrow_mut().last_mut() {
-        Some(fr) => {
-            fr.qdq_names.insert(name).then(
-                || {
-                    if global {
-                        name.to_string()
-                    } else {
-                        crate::qdq::qdq_key(&fr.path, name)
-                    }
-                },
-            )
+    claim_qdq_name(name).then(|| {
+        if global {
+            name.to_string()
+        } else {
+            with_current_path(|path| crate::qdq::qdq_key(path, name))
         }
-        None => Some(name.to_string()),
     })
 }
 
