@@ -8,7 +8,7 @@
 //! outermost output dim.
 
 use super::shape::{check_len, contiguous_strides, normalize_dim};
-use super::threads::current;
+use super::threads::parallel_ctx;
 use super::KernelError;
 
 /// Below this many elements the calling thread does the work.
@@ -86,20 +86,19 @@ fn permute_for(
     let sizes: Vec<usize> = dims.iter().map(|d| d.0).collect();
     let strides: Vec<usize> = dims.iter().map(|d| d.1).collect();
 
-    let ctx = current();
-    let threads = ctx.for_work(out.len(), MIN_PARALLEL_LEN);
     let outer_block = out.len() / sizes[0];
-    if threads > 1 && sizes[0] >= 2 {
-        // Split output dim 0: each task permutes a sub-block with dim 0 shortened.
-        let per_task = sizes[0].div_ceil(threads * 2);
-        ctx.for_each_chunk_mut(&mut out, per_task * outer_block, |t, chunk| {
-            let mut sub = sizes.clone();
-            sub[0] = chunk.len() / outer_block;
-            let offset = t * per_task * strides[0];
-            copy_permuted(x, offset, &sub, &strides, chunk);
-        });
-    } else {
-        copy_permuted(x, 0, &sizes, &strides, &mut out);
+    match parallel_ctx(out.len(), MIN_PARALLEL_LEN) {
+        Some(ctx) if sizes[0] >= 2 => {
+            // Split output dim 0: each task permutes a sub-block with dim 0 shortened.
+            let per_task = sizes[0].div_ceil(ctx.threads * 2);
+            ctx.for_each_chunk_mut(&mut out, per_task * outer_block, |t, chunk| {
+                let mut sub = sizes.clone();
+                sub[0] = chunk.len() / outer_block;
+                let offset = t * per_task * strides[0];
+                copy_permuted(x, offset, &sub, &strides, chunk);
+            });
+        }
+        _ => copy_permuted(x, 0, &sizes, &strides, &mut out),
     }
     Ok((out, out_shape))
 }
