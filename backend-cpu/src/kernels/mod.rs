@@ -67,3 +67,4 @@ pub use silu_gate::{silu_gate, SiluGatePoints};
 pub use softmax::{masked_softmax, softmax, MaskedSoftmaxConstants, MaskedSoftmaxPoints};
 pub use threads::{num_threads, run_in_pool, set_num_threads};
 pub use unary::{exp, neg, sigmoid, silu, unary, unary_inplace, UnaryOp};
+pub use weight_memory::WeightBuf;
