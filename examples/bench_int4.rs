@@ -2,9 +2,11 @@
 //! weights (4-bit codes, a u8 scale per block of 16 rows and an f32 scale per column) times
 //! activations on a 16-bit grid (a QDQ point's output), the product a quantized model's linears
 //! run (`kernels::linear_packed_on_grid`), on Qwen3-0.6B's `gate_proj` shape (`[1024 -> 3072]`).
+//! `--weights bf16` measures the float model's kernel instead: bf16 weights times f32 activations
+//! with f32 products (`kernels::linear_packed`, the `bf16` variant of `bench_cpu`).
 //!
 //! ```text
-//! cargo run --release --example bench_int4 [-- --matrices 200 --repeats 5 --threads 1,2]
+//! cargo run --release --example bench_int4 [-- --matrices 200 --repeats 5 --threads 1,2 --weights bf16]
 //! ```
 //!
 //! A round multiplies one decode row by each of `--matrices` weights in turn (200: 356 MB, far
@@ -27,9 +29,9 @@ const K: usize = 1024;
 const BLOCK: usize = 16;
 
 #[derive(Parser, Debug)]
-#[command(about = "Int4 (W4A16 LPBQ) linear kernel throughput against the read bandwidth")]
+#[command(about = "Int4 (W4A16 LPBQ) or bf16 linear kernel throughput against the read bandwidth")]
 struct Args {
-    /// Weight matrices multiplied in turn per round (each 1.78 MB).
+    /// Weight matrices multiplied in turn per round (each 1.78 MB of int4, 6.29 MB of bf16).
     #[arg(long, default_value_t = 200)]
     matrices: usize,
     /// Rounds; the best is printed.
@@ -44,12 +46,24 @@ struct Args {
     /// Output columns of each matrix (3072: `gate_proj`; 151936: Qwen3's `lm_head`).
     #[arg(long, default_value_t = 3072)]
     cols: usize,
+    /// The weights' format: int4 (LPBQ, activations on a grid) or bf16 (f32 products).
+    #[arg(long, value_enum, default_value_t = Weights::Int4)]
+    weights: Weights,
 }
 
-/// Bytes one matrix of `n` columns makes a product read: the codes, the block scales and the
-/// column scales.
-fn matrix_bytes(n: usize) -> usize {
-    K * n / 2 + (K / BLOCK) * n + 4 * n
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
+enum Weights {
+    Int4,
+    Bf16,
+}
+
+/// Bytes one matrix of `n` columns makes a product read: for int4 the codes, the block scales
+/// and the column scales.
+fn matrix_bytes(weights: Weights, n: usize) -> usize {
+    match weights {
+        Weights::Int4 => K * n / 2 + (K / BLOCK) * n + 4 * n,
+        Weights::Bf16 => K * n * 2,
+    }
 }
 
 fn main() -> Result<()> {
@@ -63,6 +77,11 @@ fn main() -> Result<()> {
     let mut next = move || rng.next();
     let matrices = (0..args.matrices)
         .map(|_| {
+            if args.weights == Weights::Bf16 {
+                // bf16 values in [1, 2): random mantissas, the exponent of 1.0.
+                let rows: Vec<u16> = (0..K * n).map(|_| 0x3F80 | (next() & 0x7F) as u16).collect();
+                return PackedMatrix::from_rows_bf16(n, K, &rows);
+            }
             let mut packer = Int4Packer::new(K, n, BLOCK)?;
             let codes: Vec<u8> = (0..K * n).map(|_| (next() & 15) as u8).collect();
             packer.push(&codes)?;
@@ -78,9 +97,11 @@ fn main() -> Result<()> {
     };
     let (row, chunk) = (on_grid(1, &mut next), on_grid(args.rows, &mut next));
     println!(
-        "{} int4 weights [{K} -> {n}], block {BLOCK} ({:.0} MB in all), best of {} rounds",
+        "{} {} weights [{K} -> {n}]{} ({:.0} MB in all), best of {} rounds",
         args.matrices,
-        (args.matrices * matrix_bytes(n)) as f64 / 1e6,
+        if args.weights == Weights::Bf16 { "bf16" } else { "int4" },
+        if args.weights == Weights::Bf16 { String::new() } else { format!(", block {BLOCK}") },
+        (args.matrices * matrix_bytes(args.weights, n)) as f64 / 1e6,
         args.repeats
     );
     for &threads in &args.threads {
@@ -92,11 +113,14 @@ fn main() -> Result<()> {
             let time = |x: &[f32], m: usize| -> Result<f64> {
                 let start = Instant::now();
                 for w in &matrices {
-                    std::hint::black_box(kernels::linear_packed_on_grid(x, m, w, None, Some(grid))?);
+                    std::hint::black_box(match args.weights {
+                        Weights::Int4 => kernels::linear_packed_on_grid(x, m, w, None, Some(grid))?,
+                        Weights::Bf16 => kernels::linear_packed(x, m, w, None)?,
+                    });
                 }
                 Ok(start.elapsed().as_secs_f64())
             };
-            let row_rate = (args.matrices * matrix_bytes(n)) as f64 / time(&row, 1)?;
+            let row_rate = (args.matrices * matrix_bytes(args.weights, n)) as f64 / time(&row, 1)?;
             let chunk_rate = (args.matrices * args.rows * K * n) as f64 / time(&chunk, args.rows)?;
             fractions.push(row_rate / read);
             println!(
