@@ -299,12 +299,15 @@ fn step_profile_summary(profiles: &BTreeMap<(String, usize), Vec<Vec<f64>>>) -> 
             bail!("the {name} {t}-thread step profile has no finite {}", STEP_FIELDS[bad]);
         }
         let [step, linears, gb_s, attention, qdq, other, framework, io] = medians[..] else { unreachable!() };
+        // The runtime's share per run (the step less every part of it), then its median: the
+        // medians of the parts come from different runs and need not sum to the median step.
+        let runtime = median(runs.iter().map(|r| r[0] - r[1] - r[3..].iter().sum::<f64>()).collect());
         println!(
             "  threads={t} {name:>9}: decode step {step:.2} ms (profiled, median of {}): linears {linears:.2} ms \
              ({gb_s:.1} GB/s), attention {attention:.2}, QDQ points {qdq:.2}, other ops {other:.2}, framework \
              {framework:.2}, chunk I/O {io:.2}; the rest ({:.2}) is the runtime's",
             runs.len(),
-            step - linears - attention - qdq - other - framework - io,
+            runtime,
         );
     }
     Ok(())
