@@ -11,9 +11,9 @@
 //!
 //! [`Team::run`] hands out item indices `0..n` through one atomic counter, in shares that shrink
 //! as the items run out ([`claim`]); the calling thread works on them too, so a helper that is
-//! still waking up just finds the job done. The caller
-//! returns once every helper that joined the job has left it (late helpers see the job closed and
-//! back out without touching it), which is what lets a job borrow the caller's stack.
+//! still waking up just finds the job done. The caller returns once every helper that joined the
+//! job has left it (late helpers see the job closed and back out without touching it), which is
+//! what lets a job borrow the caller's stack.
 
 use super::read_ahead::ReadAhead;
 use std::panic::{catch_unwind, AssertUnwindSafe};
