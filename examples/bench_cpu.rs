@@ -301,7 +301,15 @@ fn step_profile_summary(profiles: &BTreeMap<(String, usize), Vec<Vec<f64>>>) -> 
         let [step, linears, gb_s, attention, qdq, other, framework, io] = medians[..] else { unreachable!() };
         // The runtime's share per run (the step less every part of it), then its median: the
         // medians of the parts come from different runs and need not sum to the median step.
-        let runtime = median(runs.iter().map(|r| r[0] - r[1] - r[3..].iter().sum::<f64>()).collect());
+        let rest = |r: &Vec<f64>| match r[..] {
+            // STEP_FIELDS: the step, the linears, their GB/s (not a time), then the other parts.
+            [step, linears, _gb_s, ref parts @ ..] => step - linears - parts.iter().sum::<f64>(),
+            _ => f64::NAN,
+        };
+        let runtime = median(runs.iter().map(rest).collect());
+        if !runtime.is_finite() {
+            bail!("the {name} {t}-thread step profile has no finite runtime share");
+        }
         println!(
             "  threads={t} {name:>9}: decode step {step:.2} ms (profiled, median of {}): linears {linears:.2} ms \
              ({gb_s:.1} GB/s), attention {attention:.2}, QDQ points {qdq:.2}, other ops {other:.2}, framework \

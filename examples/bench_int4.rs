@@ -57,6 +57,16 @@ enum Weights {
     Bf16,
 }
 
+impl Weights {
+    /// The format as the header line names it.
+    fn label(self) -> String {
+        match self {
+            Weights::Int4 => format!("int4 (block {BLOCK})"),
+            Weights::Bf16 => "bf16".to_string(),
+        }
+    }
+}
+
 /// Bytes one matrix of `n` columns makes a product read: for int4 the codes, the block scales
 /// and the column scales.
 fn matrix_bytes(weights: Weights, n: usize) -> usize {
@@ -97,10 +107,9 @@ fn main() -> Result<()> {
     };
     let (row, chunk) = (on_grid(1, &mut next), on_grid(args.rows, &mut next));
     println!(
-        "{} {} weights [{K} -> {n}]{} ({:.0} MB in all), best of {} rounds",
+        "{} {} weights [{K} -> {n}] ({:.0} MB in all), best of {} rounds",
         args.matrices,
-        if args.weights == Weights::Bf16 { "bf16" } else { "int4" },
-        if args.weights == Weights::Bf16 { String::new() } else { format!(", block {BLOCK}") },
+        args.weights.label(),
         (args.matrices * matrix_bytes(args.weights, n)) as f64 / 1e6,
         args.repeats
     );
