@@ -9,7 +9,7 @@
 //! cargo run --release --example bench_int4 [-- --matrices 200 --repeats 5 --threads 1,2 --weights bf16]
 //! ```
 //!
-//! A round multiplies one decode row by each of `--matrices` weights in turn (200: 356 MB, far
+//! A round multiplies one decode row by each of `--matrices` weights in turn (200: 359 MB, far
 //! beyond the caches, so every call streams its weights from DRAM, as a decode step does), then a
 //! prefill chunk of 32 rows by each. Before each round a read-bandwidth pass of the same threads
 //! runs ([`membw`]), so each kernel figure has its roofline from the same moment; the best of
@@ -31,7 +31,7 @@ const BLOCK: usize = 16;
 #[derive(Parser, Debug)]
 #[command(about = "Int4 (W4A16 LPBQ) or bf16 linear kernel throughput against the read bandwidth")]
 struct Args {
-    /// Weight matrices multiplied in turn per round (each 1.78 MB of int4, 6.29 MB of bf16).
+    /// Weight matrices multiplied in turn per round (each 1.79 MB of int4, 6.29 MB of bf16).
     #[arg(long, default_value_t = 200)]
     matrices: usize,
     /// Rounds; the best is printed.
@@ -67,15 +67,6 @@ impl Weights {
     }
 }
 
-/// Bytes one matrix of `n` columns makes a product read: for int4 the codes, the block scales
-/// and the column scales.
-fn matrix_bytes(weights: Weights, n: usize) -> usize {
-    match weights {
-        Weights::Int4 => K * n / 2 + (K / BLOCK) * n + 4 * n,
-        Weights::Bf16 => K * n * 2,
-    }
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     ensure!(
@@ -100,6 +91,9 @@ fn main() -> Result<()> {
             packer.finish(&scale1, &scale2)
         })
         .collect::<Result<Vec<PackedMatrix>, _>>()?;
+    // What a decode row reads: every matrix's panels (int4: codes, block scales, column scales and
+    // code sums), counted as `bench_cpu`'s roofline counts a model's matrices.
+    let weight_bytes: usize = matrices.iter().map(PackedMatrix::bytes).sum();
     // Activations on a u16 grid whose values round-trip exactly (a power-of-two scale).
     let grid = Grid { scale: 1.0 / 1024.0, zero_point: 32768 };
     let on_grid = |m: usize, next: &mut dyn FnMut() -> u64| -> Vec<f32> {
@@ -110,7 +104,7 @@ fn main() -> Result<()> {
         "{} {} weights [{K} -> {n}] ({:.0} MB in all), best of {} rounds",
         args.matrices,
         args.weights.label(),
-        (args.matrices * matrix_bytes(args.weights, n)) as f64 / 1e6,
+        weight_bytes as f64 / 1e6,
         args.repeats
     );
     for &threads in &args.threads {
@@ -129,7 +123,7 @@ fn main() -> Result<()> {
                 }
                 Ok(start.elapsed().as_secs_f64())
             };
-            let row_rate = (args.matrices * matrix_bytes(args.weights, n)) as f64 / time(&row, 1)?;
+            let row_rate = weight_bytes as f64 / time(&row, 1)?;
             let chunk_rate = (args.matrices * args.rows * K * n) as f64 / time(&chunk, args.rows)?;
             fractions.push(row_rate / read);
             println!(

@@ -175,7 +175,7 @@ const MAX_ITEMS: usize = (u32::MAX / 2) as usize;
 /// other end has got to, so each item is taken once, and a taker that finds the ends met stops.
 /// Each claim moves the counter's cache line between cores, and a 1-row linear of SmolLM2's sizes
 /// streams for about 15 µs in 16 items: against one item per claim, the decode row of
-/// `bench_int4 --cols 576 --matrices 1000 --repeats 3` (330 KB matrices) streamed faster in 8 of
+/// `bench_int4 --cols 576 --matrices 1000 --repeats 3` (336 KB matrices) streamed faster in 8 of
 /// 10 alternating runs on the Intel VM (medians 21.8 against 20.4 GB/s).
 fn claim(next: &AtomicU64, items: usize, parties: usize, from_back: bool) -> Option<std::ops::Range<usize>> {
     let ends = |counter: u64| ((counter & 0xffff_ffff) as usize, (counter >> 32) as usize);
