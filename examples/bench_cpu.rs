@@ -18,7 +18,8 @@
 //! `quantize` export).
 //!
 //! Each variant and thread count runs in a fresh child process (this executable re-run with
-//! `MLLM_BENCH_CPU_CHILD` set), so load time and peak RSS (`VmHWM`) belong to one configuration:
+//! `MLLM_BENCH_CPU_CHILD` set), so load time, peak RSS (`VmHWM`) and the memory on huge pages (`AnonHugePages`) belong to one
+//! configuration:
 //! - `bf16`: the float checkpoint, bf16 weights packed as bf16 and widened to f32 in registers
 //!   (f32 products, the float references' arithmetic);
 //! - `bf16-products`: the same weights with each linear's input rounded to bf16 and the products
@@ -60,7 +61,7 @@ use backend_cpu::executor::profile;
 use backend_cpu::rng::SplitMix64;
 use backend_cpu::{Bf16Products, QuantizedWeights};
 use clap::Parser;
-use mllm_dsl::memory::{peak_rss_bytes, rss_bytes};
+use mllm_dsl::memory::{anon_huge_page_bytes, peak_rss_bytes, rss_bytes};
 use runtime::{ChunkModel, GenerationConfig, Generator, Sampling};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -554,7 +555,7 @@ impl Run<'_> {
             println!(
                 "variant={} threads={threads} run={run} prefill_tok_s={:.2} decode_tok_s={decode:.2} read_gb_s={:.1} \
                  weights_mb={:.1} roofline_tok_s={roofline:.2} of_roofline={:.0}% load_s={load_s:.2} \
-                 rss_after_load_mb={:.0} peak_rss_mb={:.0}",
+                 rss_after_load_mb={:.0} peak_rss_mb={:.0} huge_pages_mb={:.0}",
                 variant.name(),
                 t.prefill_tokens_per_sec(),
                 bandwidth / 1e9,
@@ -562,6 +563,7 @@ impl Run<'_> {
                 100.0 * decode / roofline,
                 mb(rss_loaded as f64),
                 mb(peak_rss_bytes()? as f64),
+                mb(anon_huge_page_bytes()? as f64),
             );
         }
         if profile::enabled() {

@@ -1,6 +1,7 @@
 //! Resident memory of this process, for benches: the current and peak resident set from
-//! `/proc/self/status` (`VmRSS`, `VmHWM`), and resetting the peak so one step can be measured on
-//! its own (`/proc/self/clear_refs`, value 5); beside it the CPU time the process used
+//! `/proc/self/status` (`VmRSS`, `VmHWM`), how much of it is anonymous memory on transparent huge
+//! pages (`AnonHugePages` of `/proc/self/smaps_rollup`), and resetting the peak so one step can be
+//! measured on its own (`/proc/self/clear_refs`, value 5); beside it the CPU time the process used
 //! (`/proc/self/stat`), which a loaded machine inflates far less than wall time. Linux only;
 //! elsewhere every call returns an error.
 //!
@@ -16,6 +17,7 @@
 use thiserror::Error;
 
 const STATUS: &str = "/proc/self/status";
+const SMAPS_ROLLUP: &str = "/proc/self/smaps_rollup";
 const CLEAR_REFS: &str = "/proc/self/clear_refs";
 const STAT: &str = "/proc/self/stat";
 /// Clock ticks per second of `/proc/<pid>/stat` times (`USER_HZ`, 100 on every Linux ABI).
@@ -26,8 +28,8 @@ const USER_HZ: f64 = 100.0;
 pub enum MemoryError {
     #[error("reading {path}: {source}")]
     Io { path: &'static str, source: std::io::Error },
-    #[error("{STATUS} has no `{field}:` line in kB")]
-    MissingField { field: &'static str },
+    #[error("{path} has no `{field}:` line in kB")]
+    MissingField { path: &'static str, field: &'static str },
     #[error("{STAT} has no user and system times after the command name")]
     MalformedStat,
 }
@@ -41,6 +43,12 @@ pub fn peak_rss_bytes() -> Result<u64, MemoryError> {
 /// The current resident set (`VmRSS`) in bytes.
 pub fn rss_bytes() -> Result<u64, MemoryError> {
     status_bytes("VmRSS")
+}
+
+/// Anonymous memory of this process on transparent huge pages (`AnonHugePages`), in bytes: a
+/// bench can tell whether the weights it streams got the huge pages they were advised onto.
+pub fn anon_huge_page_bytes() -> Result<u64, MemoryError> {
+    kb_field(SMAPS_ROLLUP, "AnonHugePages")
 }
 
 /// Sets the peak resident set to the current one, so the next [`peak_rss_bytes`] covers only
@@ -65,8 +73,13 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
 }
 
 fn status_bytes(field: &'static str) -> Result<u64, MemoryError> {
-    let status = std::fs::read_to_string(STATUS).map_err(|source| MemoryError::Io { path: STATUS, source })?;
-    parse_kb(&status, field).map(|kb| kb * 1024).ok_or(MemoryError::MissingField { field })
+    kb_field(STATUS, field)
+}
+
+/// `field` of the `field: N kB` lines of `path`, in bytes.
+fn kb_field(path: &'static str, field: &'static str) -> Result<u64, MemoryError> {
+    let text = std::fs::read_to_string(path).map_err(|source| MemoryError::Io { path, source })?;
+    parse_kb(&text, field).map(|kb| kb * 1024).ok_or(MemoryError::MissingField { path, field })
 }
 
 /// `field:   1234 kB` of a status text, in kB.
@@ -108,5 +121,13 @@ mod tests {
         assert!(after >= before + (60 << 20), "peak {before} -> {after} after touching 64 MiB");
         assert!(rss_bytes().unwrap() >= 60 << 20);
         drop(touched);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn huge_pages_are_counted_within_the_resident_set() {
+        let huge = anon_huge_page_bytes().unwrap();
+        assert!(huge <= rss_bytes().unwrap(), "AnonHugePages {huge} above VmRSS");
+        assert_eq!(huge % (4 << 10), 0, "AnonHugePages {huge} is not in whole pages");
     }
 }
