@@ -18,8 +18,8 @@
 //! `quantize` export).
 //!
 //! Each variant and thread count runs in a fresh child process (this executable re-run with
-//! `MLLM_BENCH_CPU_CHILD` set), so load time, peak RSS (`VmHWM`) and the memory on huge pages (`AnonHugePages`) belong to one
-//! configuration:
+//! `MLLM_BENCH_CPU_CHILD` set), so load time, peak RSS (`VmHWM`) and the memory on huge pages
+//! (`AnonHugePages`) belong to one configuration:
 //! - `bf16`: the float checkpoint, bf16 weights packed as bf16 and widened to f32 in registers
 //!   (f32 products, the float references' arithmetic);
 //! - `bf16-products`: the same weights with each linear's input rounded to bf16 and the products
