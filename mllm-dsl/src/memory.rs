@@ -37,12 +37,12 @@ pub enum MemoryError {
 /// The peak resident set (`VmHWM`) in bytes, since the process started or the last
 /// [`reset_peak_rss`].
 pub fn peak_rss_bytes() -> Result<u64, MemoryError> {
-    status_bytes("VmHWM")
+    kb_field(STATUS, "VmHWM")
 }
 
 /// The current resident set (`VmRSS`) in bytes.
 pub fn rss_bytes() -> Result<u64, MemoryError> {
-    status_bytes("VmRSS")
+    kb_field(STATUS, "VmRSS")
 }
 
 /// Anonymous memory of this process on transparent huge pages (`AnonHugePages`), in bytes: a
@@ -72,17 +72,13 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     Some(user + system)
 }
 
-fn status_bytes(field: &'static str) -> Result<u64, MemoryError> {
-    kb_field(STATUS, field)
-}
-
 /// `field` of the `field: N kB` lines of `path`, in bytes.
 fn kb_field(path: &'static str, field: &'static str) -> Result<u64, MemoryError> {
     let text = std::fs::read_to_string(path).map_err(|source| MemoryError::Io { path, source })?;
     parse_kb(&text, field).map(|kb| kb * 1024).ok_or(MemoryError::MissingField { path, field })
 }
 
-/// `field:   1234 kB` of a status text, in kB.
+/// `field:   1234 kB` of a `status` or `smaps_rollup` text, in kB.
 fn parse_kb(status: &str, field: &str) -> Option<u64> {
     let line = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
     line.trim().strip_suffix("kB")?.trim().parse().ok()
