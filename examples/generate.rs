@@ -106,8 +106,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub float: bool,
     /// Multiply a float checkpoint's bf16 weights in bf16: each linear's input rounded to bf16,
-    /// about twice the prefill speed on CPUs with AMX or AVX-512 BF16, logits no longer the float
-    /// references' (docs/cpu.md has the measured cost).
+    /// about twice the prefill speed on CPUs with AMX or on AMD's with AVX-512 BF16, logits no
+    /// longer the float references' (docs/cpu.md has the measured cost).
     #[arg(long)]
     pub bf16_products: bool,
     /// Generate from this QNN context binary (built from --model's quantized checkpoint with

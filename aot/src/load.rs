@@ -110,7 +110,7 @@ pub fn load_float(dir: &Path, context_len: usize) -> Result<CpuModel> {
 }
 
 /// [`load_float`] with bf16 weights multiplied as `bf16` says ([`Bf16Products::Bf16`]: inputs
-/// rounded to bf16, about twice the prefill speed on CPUs with AMX or AVX-512 BF16).
+/// rounded to bf16, about twice the prefill speed on CPUs with AMX or on AMD's with AVX-512 BF16).
 pub fn load_float_with(dir: &Path, context_len: usize, bf16: Bf16Products) -> Result<CpuModel> {
     let config = HfConfig::from_dir(dir)?;
     let backend = CpuBackend::float_with(bf16);

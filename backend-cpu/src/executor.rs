@@ -142,9 +142,10 @@ pub enum Bf16Products {
     F32,
     /// The input rounded to bf16 (to nearest even) and the products summed in f32
     /// ([`kernels::linear_packed_bf16`]): prefill chunks on AMX tiles where the CPU has AMX-BF16
-    /// (Intel since Sapphire Rapids), else twice the multiply rate of f32 on CPUs with AVX-512
-    /// BF16 (`vdpbf16ps`; AMD Zen 4), for a prefill about twice as fast or more, at the cost of
-    /// the input's precision (8 significant bits instead of 24), as llama.cpp's bf16 and torch's
+    /// (Intel since Sapphire Rapids), else twice the multiply rate of f32 on AMD CPUs with
+    /// AVX-512 BF16 (`vdpbf16ps`; Zen 4), for a prefill about twice as fast or more (elsewhere
+    /// the rounded input takes the f32 tiles, no faster than f32 products), at the cost of the
+    /// input's precision (8 significant bits instead of 24), as llama.cpp's bf16 and torch's
     /// bfloat16 linears do.
     Bf16,
 }

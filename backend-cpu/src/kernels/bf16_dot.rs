@@ -3,8 +3,8 @@
 //! instruction against the 16 of an f32 FMA. Each product of two bf16 is exact in f32; the sums
 //! are f32. The instruction treats bf16 denormals (below 1.2e-38) as zero.
 //!
-//! [`super::linear_packed_bf16`] chooses this tile; on a CPU without the instructions it rounds
-//! `x` the same way and runs the f32 tiles.
+//! [`super::linear_packed_bf16`] chooses this tile on AMD CPUs (and for AMX's decode rows); on
+//! others it rounds `x` the same way and runs the f32 tiles ([`super::Bf16Tile::detect`]).
 
 use super::packed::PANEL;
 use std::arch::x86_64::*;
