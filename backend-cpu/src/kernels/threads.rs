@@ -83,7 +83,9 @@ fn build_ctx(threads: usize) -> Result<ThreadCtx, KernelError> {
 /// its share at once and a sleeping helper joins when it wakes. Called from outside, every
 /// parallel kernel is instead injected into the pool while the caller sleeps until it is done, a
 /// round trip that wakes two sleeping threads (tens of microseconds on a VM), longer than most
-/// element-wise ops of a decoder layer take. Run a whole model forward through this.
+/// element-wise ops of a decoder layer take. Run a prefill chunk's forward through this (its gemm
+/// calls are rayon tasks); a decode step, whose kernels all run on the team, runs on the calling
+/// thread instead (`CpuChunkModel::run_chunk`).
 pub fn run_in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     current().install(f)
 }
