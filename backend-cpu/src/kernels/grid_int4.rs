@@ -127,20 +127,45 @@ pub(crate) fn available() -> bool {
     false
 }
 
-/// The environment variable that picks how a decode row's tile prefetches the panels ahead:
-/// `nta` (non-temporal) or `t0` (into every cache level); unset, `nta` on AMD and `t0` on others.
+/// The environment variable that picks how a decode row's tile prefetches the panels ahead
+/// ([`DecodePrefetch`]): `nta`, `t0` or `t0+t1`; unset, `nta` on AMD and `t0+t1` on others.
 pub const DECODE_PREFETCH_ENV: &str = "MLLM_CPU_DECODE_PREFETCH";
 
-/// Whether a decode row prefetches its panels non-temporally ([`DECODE_PREFETCH_ENV`]). Not on
-/// Intel: there a decode step's 1-row linears (Qwen3-0.6B, 2 threads, Xeon VM) took 16.9-18.9 ms
-/// with it against 14.8-16.1 ms with `t0`, in the same rounds (docs/cpu.md).
+/// How a decode row's tile asks for the panels ahead of the one it multiplies.
 #[cfg(target_arch = "x86_64")]
-fn decode_rows_non_temporal() -> bool {
-    static NTA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *NTA.get_or_init(|| match std::env::var(DECODE_PREFETCH_ENV).as_deref() {
-        Ok("nta") => true,
-        Ok("t0") => false,
-        _ => super::vendor::is_amd(),
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DecodePrefetch {
+    /// 4 KiB ahead, non-temporally (AMD: the panels then do not push the KV cache and
+    /// activations, which the step reads again, out of the caches).
+    NonTemporal,
+    /// 4 KiB ahead into every cache level. On Intel a decode step's 1-row linears (Qwen3-0.6B,
+    /// 2 threads, Xeon VM) took 14.8-16.1 ms with it against 16.9-18.9 ms non-temporally, in the
+    /// same rounds (docs/cpu.md).
+    T0,
+    /// As [`DecodePrefetch::T0`], and [`FAR_PREFETCH_ROWS`] ahead into L2, within the panels
+    /// the call multiplies: with two threads a decode row streams at 80-85 % of their read pass
+    /// where one thread alone reaches 92-97 % of its own (`bench_int4`), and asking the L2 for
+    /// lines further ahead keeps more of the stream in flight. Int4 decode on a 2-core Xeon VM
+    /// (Granite Rapids), alternating runs: Qwen3-0.6B 1.7-3.2 % faster (higher in 11 of 12
+    /// pairs); SmolLM2-135M, whose 576-wide matrices come in chunks of a panel or two, unchanged.
+    T0FarT1,
+}
+
+/// Panel rows ahead of the tile that [`DecodePrefetch::T0FarT1`] asks the L2 for: 12 KiB of
+/// codes, running on into the call's next panels where a panel is shorter.
+#[cfg(target_arch = "x86_64")]
+const FAR_PREFETCH_ROWS: usize = 768;
+
+/// This process's [`DecodePrefetch`] ([`DECODE_PREFETCH_ENV`], read once).
+#[cfg(target_arch = "x86_64")]
+fn decode_prefetch() -> DecodePrefetch {
+    static PREFETCH: std::sync::OnceLock<DecodePrefetch> = std::sync::OnceLock::new();
+    *PREFETCH.get_or_init(|| match std::env::var(DECODE_PREFETCH_ENV).as_deref() {
+        Ok("nta") => DecodePrefetch::NonTemporal,
+        Ok("t0") => DecodePrefetch::T0,
+        Ok("t0+t1") => DecodePrefetch::T0FarT1,
+        _ if super::vendor::is_amd() => DecodePrefetch::NonTemporal,
+        _ => DecodePrefetch::T0FarT1,
     })
 }
 
@@ -149,7 +174,9 @@ fn decode_rows_non_temporal() -> bool {
 /// # Safety
 /// [`available`]; `p` is a panel of the matrix `rows` was coded for (its `k` and block size);
 /// `r0 + m <= rows.rows()`; `c` points at `m` rows (stride `ldc`) with `cols <= PANEL` writable
-/// f32 each, not aliased during the call.
+/// f32 each, not aliased during the call. `reads_rows` is how many panel rows from this panel's
+/// start the caller multiplies in this run (this panel and the ones after it): a decode row's
+/// far prefetch stays inside them (a prefetch never faults, so it only bounds waste).
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn panel_product(
     rows: &GridRows,
@@ -160,6 +187,7 @@ pub(crate) unsafe fn panel_product(
     ldc: usize,
     cols: usize,
     init: &[f32; PANEL],
+    reads_rows: usize,
 ) {
     debug_assert!(r0 + m <= rows.rows());
     let mut r = 0;
@@ -168,17 +196,18 @@ pub(crate) unsafe fn panel_product(
         let c = c.add(r * ldc);
         #[cfg(target_arch = "x86_64")]
         match mr {
-            1 => avx512::tile::<1>(rows, r0 + r, p, c, ldc, cols, init),
-            2 => avx512::tile::<2>(rows, r0 + r, p, c, ldc, cols, init),
-            3 => avx512::tile::<3>(rows, r0 + r, p, c, ldc, cols, init),
-            4 => avx512::tile::<4>(rows, r0 + r, p, c, ldc, cols, init),
-            5 => avx512::tile::<5>(rows, r0 + r, p, c, ldc, cols, init),
-            6 => avx512::tile::<6>(rows, r0 + r, p, c, ldc, cols, init),
-            7 => avx512::tile::<7>(rows, r0 + r, p, c, ldc, cols, init),
-            _ => avx512::tile::<TILE_ROWS>(rows, r0 + r, p, c, ldc, cols, init),
+            1 => avx512::tile::<1>(rows, r0 + r, p, c, ldc, cols, init, reads_rows),
+            2 => avx512::tile::<2>(rows, r0 + r, p, c, ldc, cols, init, reads_rows),
+            3 => avx512::tile::<3>(rows, r0 + r, p, c, ldc, cols, init, reads_rows),
+            4 => avx512::tile::<4>(rows, r0 + r, p, c, ldc, cols, init, reads_rows),
+            5 => avx512::tile::<5>(rows, r0 + r, p, c, ldc, cols, init, reads_rows),
+            6 => avx512::tile::<6>(rows, r0 + r, p, c, ldc, cols, init, reads_rows),
+            7 => avx512::tile::<7>(rows, r0 + r, p, c, ldc, cols, init, reads_rows),
+            _ => avx512::tile::<TILE_ROWS>(rows, r0 + r, p, c, ldc, cols, init, reads_rows),
         }
         #[cfg(not(target_arch = "x86_64"))]
         for i in 0..mr {
+            let _ = reads_rows;
             portable(rows, r0 + r + i, p, c.add(i * ldc), cols, init);
         }
         r += mr;
@@ -216,7 +245,7 @@ pub(crate) fn portable(rows: &GridRows, r: usize, p: Int4Panel<'_>, c: *mut f32,
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{GridRows, Int4Panel, INT4_ROW_BYTES, PANEL};
+    use super::{DecodePrefetch, GridRows, Int4Panel, FAR_PREFETCH_ROWS, INT4_ROW_BYTES, PANEL};
     use crate::kernels::packed_int4::PREFETCH_ROWS;
     use std::arch::x86_64::*;
 
@@ -293,6 +322,7 @@ mod avx512 {
     /// # Safety
     /// See [`super::panel_product`] (with `r0 + MR <= rows.rows()`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn tile<const MR: usize>(
         rows: &GridRows,
         r0: usize,
@@ -301,6 +331,7 @@ mod avx512 {
         ldc: usize,
         cols: usize,
         init: &[f32; PANEL],
+        reads_rows: usize,
     ) {
         let (idx0, idx1) = (_mm512_loadu_si512(PAIR0.as_ptr().cast()), _mm512_loadu_si512(PAIR1.as_ptr().cast()));
         let high_bytes = 0xAAAA_AAAA_AAAA_AAAAu64;
@@ -308,20 +339,27 @@ mod avx512 {
         let v = rows.v.as_ptr().add(r0 * k);
         // The block scales are a second stream, fetched as far ahead as the codes.
         let s1_ahead = PREFETCH_ROWS / bs * PANEL;
-        let non_temporal = MR == 1 && super::decode_rows_non_temporal();
+        // Taller tiles (prefill chunks) reuse each panel row and run at arithmetic's pace.
+        let prefetch = if MR == 1 { super::decode_prefetch() } else { DecodePrefetch::T0 };
+        // The far prefetch stays inside the panels this call multiplies: past them lie panels
+        // the other thread takes, or that this one, taking a product's items from the back
+        // (`read_ahead`), has already read.
+        let far_end = reads_rows.saturating_sub(FAR_PREFETCH_ROWS);
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
         for b in 0..k / bs {
             let mut s = [[_mm512_setzero_si512(); 2]; MR];
             for kk in (b * bs..(b + 1) * bs).step_by(4) {
                 let ahead = codes.wrapping_add((kk + PREFETCH_ROWS) * INT4_ROW_BYTES) as *const i8;
-                // A decode row reads each panel once a step: on AMD it is fetched
-                // non-temporally, so the panels (323 MB a step on Qwen3-0.6B) do not push the KV
-                // cache and activations, which the step reads again, out of the caches (see
-                // `decode_rows_non_temporal` for Intel's).
-                if non_temporal {
-                    _mm_prefetch::<_MM_HINT_NTA>(ahead);
-                } else {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead);
+                match prefetch {
+                    DecodePrefetch::NonTemporal => _mm_prefetch::<_MM_HINT_NTA>(ahead),
+                    DecodePrefetch::T0 => _mm_prefetch::<_MM_HINT_T0>(ahead),
+                    DecodePrefetch::T0FarT1 => {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead);
+                        if kk < far_end {
+                            let far = codes.wrapping_add((kk + FAR_PREFETCH_ROWS) * INT4_ROW_BYTES);
+                            _mm_prefetch::<_MM_HINT_T1>(far as *const i8);
+                        }
+                    }
                 }
                 let raw = _mm512_loadu_si512(codes.add(kk * INT4_ROW_BYTES).cast());
                 for (pair, idx) in [(0, idx0), (2, idx1)] {

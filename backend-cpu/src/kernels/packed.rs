@@ -487,7 +487,7 @@ fn product(
                     // columns p*PANEL..p*PANEL+cols, and concurrent calls cover disjoint panels.
                     unsafe {
                         let c = dst.get().add(r0 * n + p * PANEL);
-                        grid_int4::panel_product(coded, r0, rows, panel, c, n, cols, init);
+                        grid_int4::panel_product(coded, r0, rows, panel, c, n, cols, init, (p1 - p) * k);
                     }
                     continue;
                 }
