@@ -159,14 +159,10 @@ const FAR_PREFETCH_ROWS: usize = 768;
 /// This process's [`DecodePrefetch`] ([`DECODE_PREFETCH_ENV`], read once).
 #[cfg(target_arch = "x86_64")]
 fn decode_prefetch() -> DecodePrefetch {
+    use DecodePrefetch::*;
     static PREFETCH: std::sync::OnceLock<DecodePrefetch> = std::sync::OnceLock::new();
-    *PREFETCH.get_or_init(|| match std::env::var(DECODE_PREFETCH_ENV).as_deref() {
-        Ok("nta") => DecodePrefetch::NonTemporal,
-        Ok("t0") => DecodePrefetch::T0,
-        Ok("t0+t1") => DecodePrefetch::T0FarT1,
-        _ if super::vendor::is_amd() => DecodePrefetch::NonTemporal,
-        _ => DecodePrefetch::T0FarT1,
-    })
+    let choices = [("nta", NonTemporal), ("t0", T0), ("t0+t1", T0FarT1)];
+    *PREFETCH.get_or_init(|| super::vendor::hint_from_env(DECODE_PREFETCH_ENV, &choices, NonTemporal, T0FarT1))
 }
 
 /// `c[r, 0..cols] = init + rows[r0 + r] @ panel` for `r` in `0..m`, tile by tile.

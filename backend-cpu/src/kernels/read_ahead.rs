@@ -62,13 +62,8 @@ impl Policy {
     /// The policy of this process (read once).
     pub(crate) fn current() -> Policy {
         static POLICY: std::sync::OnceLock<Policy> = std::sync::OnceLock::new();
-        *POLICY.get_or_init(|| match std::env::var(READ_AHEAD_ENV).as_deref() {
-            Ok("shared") => Policy::Shared,
-            Ok("own") => Policy::OwnShare,
-            Ok("off") => Policy::Off,
-            _ if super::vendor::is_amd() => Policy::Shared,
-            _ => Policy::OwnShare,
-        })
+        let choices = [("shared", Policy::Shared), ("own", Policy::OwnShare), ("off", Policy::Off)];
+        *POLICY.get_or_init(|| super::vendor::hint_from_env(READ_AHEAD_ENV, &choices, Policy::Shared, Policy::OwnShare))
     }
 
     /// How many of the matrices that follow a product its read-ahead reaches.

@@ -15,3 +15,39 @@ pub(crate) fn is_amd() -> bool {
         false
     })
 }
+
+/// The memory hint the environment variable `env` names among `choices`; unset, `amd` on AMD CPUs
+/// and `other` elsewhere. A value not among the choices is reported on stderr (naming the variable
+/// and what it accepts) and the vendor's default is used: a hint only moves speed, never results.
+pub(crate) fn hint_from_env<T: Copy>(env: &str, choices: &[(&str, T)], amd: T, other: T) -> T {
+    let default = if is_amd() { amd } else { other };
+    let Ok(value) = std::env::var(env) else { return default };
+    match choices.iter().find(|(name, _)| *name == value) {
+        Some(&(_, hint)) => hint,
+        None => {
+            let accepted: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+            eprintln!("warning: {env}={value:?} is not one of {}; using the default", accepted.join(", "));
+            default
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hint_is_the_named_choice_else_the_vendors_default() {
+        // A variable of this test's own, so no other test reads it.
+        const ENV: &str = "MLLM_CPU_TEST_HINT_FROM_ENV";
+        let choices = [("a", 1), ("b", 2)];
+        let default = if is_amd() { 10 } else { 20 };
+        std::env::remove_var(ENV);
+        assert_eq!(hint_from_env(ENV, &choices, 10, 20), default);
+        std::env::set_var(ENV, "b");
+        assert_eq!(hint_from_env(ENV, &choices, 10, 20), 2);
+        std::env::set_var(ENV, "B");
+        assert_eq!(hint_from_env(ENV, &choices, 10, 20), default, "names are exact");
+        std::env::remove_var(ENV);
+    }
+}
