@@ -146,7 +146,7 @@ enum DecodePrefetch {
     /// the call multiplies, to keep more of the stream in flight. On a 2-core Xeon VM (Granite
     /// Rapids) a decode row at two threads streams at 80-85 % of their read pass where one
     /// thread alone reaches 92-97 % of its own (`bench_int4`); int4 decode there, alternating
-    /// runs: Qwen3-0.6B 1.7-3.2 % faster (higher in 11 of 12 pairs); SmolLM2-135M, whose
+    /// runs: Qwen3-0.6B 1.6-3.2 % faster (higher in 11 of 12 pairs); SmolLM2-135M, whose
     /// 576-wide matrices come in chunks of one to three panels, unchanged.
     T0FarT1,
 }
