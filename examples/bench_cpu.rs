@@ -51,6 +51,12 @@
 //! and prints where a decode step's time went (one-row linears and the rate they stream the
 //! weights at, attention, QDQ points, other ops, the framework around the ops), and the summary
 //! prints the medians. Timing every op costs a little of the step.
+//!
+//! With `--with-env NAME=VALUE` (repeatable) every variant also runs with that environment
+//! variable set, each setting in a child of its own beside the variant as it is, the first of a
+//! round's runs turning with the round, and the summary prints each setting against the variant
+//! alone: the ratios of the medians, per round, and in how many rounds it decoded faster. That
+//! is how a machine's best CPU hints are found (`MLLM_CPU_READ_AHEAD`, `MLLM_CPU_DECODE_PREFETCH`).
 
 mod membw;
 
@@ -133,6 +139,40 @@ struct Args {
     /// the medians.
     #[arg(long)]
     step_profile: bool,
+    /// Also runs every variant with an environment variable set, `NAME=VALUE` (repeat the flag
+    /// for more settings, each run on its own), alternating with the variant as it is; the
+    /// summary prints each against it, per round too. For the CPU backend's hints on this
+    /// machine: `MLLM_CPU_READ_AHEAD`, `MLLM_CPU_DECODE_PREFETCH` (docs/cpu.md).
+    #[arg(long = "with-env", value_name = "NAME=VALUE", value_parser = Setting::parse)]
+    with_env: Vec<Setting>,
+}
+
+/// An environment variable set for some runs of a variant (`--with-env`).
+#[derive(Clone, Debug)]
+struct Setting {
+    name: String,
+    value: String,
+}
+
+impl Setting {
+    fn parse(s: &str) -> Result<Setting, String> {
+        let (name, value) = s.split_once('=').ok_or_else(|| format!("`{s}` is not NAME=VALUE"))?;
+        if name.is_empty() || name.contains(char::is_whitespace) {
+            return Err(format!("`{s}`: the variable's name must be non-empty and without spaces"));
+        }
+        if [CHILD_ENV, BANDWIDTH_ENV].contains(&name) {
+            return Err(format!("`{name}` is the bench's own variable"));
+        }
+        Ok(Setting { name: name.into(), value: value.into() })
+    }
+
+    /// The results' name of `variant` run with this setting (`None`: as it is).
+    fn run_name(setting: Option<&Setting>, variant: Variant) -> String {
+        match setting {
+            None => variant.name().into(),
+            Some(s) => format!("{}[{}={}]", variant.name(), s.name, s.value),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,33 +273,40 @@ fn main() -> Result<()> {
             })?;
             println!("round={round} threads={threads} read_gb_s={bandwidth:.2} (best of 7 passes over 1 GiB)");
             bandwidths.entry(threads).or_default().push(bandwidth);
+            // Each variant as it is and with each --with-env setting, the first of them turning
+            // with the round: on a shared host the first run of a round tends to differ.
+            let settings: Vec<Option<&Setting>> = std::iter::once(None).chain(args.with_env.iter().map(Some)).collect();
             for &variant in &variants {
-                let out = Command::new(&exe)
-                    .args(std::env::args_os().skip(1))
-                    .env(CHILD_ENV, format!("{}:{threads}", variant.name()))
-                    .env(BANDWIDTH_ENV, bandwidth.to_string())
-                    .output()
-                    .with_context(|| format!("running {}", exe.display()))?;
-                let text = String::from_utf8_lossy(&out.stdout);
-                print!("round={round} {text}");
-                if !out.status.success() {
-                    bail!(
-                        "the {} {threads}-thread run failed: {}",
-                        variant.name(),
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                }
-                for line in text.lines() {
-                    if line.starts_with("step_profile ") {
-                        let values = STEP_FIELDS.iter().map(|&key| field(line, key).unwrap_or(f64::NAN)).collect();
-                        step_profiles.entry((variant.name().into(), threads)).or_default().push(values);
-                        continue;
+                for i in 0..settings.len() {
+                    let setting = settings[(i + round) % settings.len()];
+                    let name = Setting::run_name(setting, variant);
+                    let out = Command::new(&exe)
+                        .args(std::env::args_os().skip(1))
+                        .env(CHILD_ENV, format!("{}:{threads}", variant.name()))
+                        .env(BANDWIDTH_ENV, bandwidth.to_string())
+                        .envs(setting.map(|s| (&s.name, &s.value)))
+                        .output()
+                        .with_context(|| format!("running {}", exe.display()))?;
+                    let text = String::from_utf8_lossy(&out.stdout);
+                    match setting {
+                        None => print!("round={round} {text}"),
+                        Some(s) => print!("round={round} with {}={} {text}", s.name, s.value),
                     }
-                    if let (Some(p), Some(d)) = (field(line, "prefill_tok_s"), field(line, "decode_tok_s")) {
-                        results.entry((variant.name().into(), threads)).or_default().push((round, p, d));
+                    if !out.status.success() {
+                        bail!("the {name} {threads}-thread run failed: {}", String::from_utf8_lossy(&out.stderr));
                     }
-                    if let Some(mb) = field(line, "weights_mb") {
-                        weights_mb.insert((variant.name().into(), threads), mb);
+                    for line in text.lines() {
+                        if line.starts_with("step_profile ") {
+                            let values = STEP_FIELDS.iter().map(|&key| field(line, key).unwrap_or(f64::NAN)).collect();
+                            step_profiles.entry((name.clone(), threads)).or_default().push(values);
+                            continue;
+                        }
+                        if let (Some(p), Some(d)) = (field(line, "prefill_tok_s"), field(line, "decode_tok_s")) {
+                            results.entry((name.clone(), threads)).or_default().push((round, p, d));
+                        }
+                        if let Some(mb) = field(line, "weights_mb") {
+                            weights_mb.insert((name.clone(), threads), mb);
+                        }
                     }
                 }
             }
@@ -276,6 +323,7 @@ fn main() -> Result<()> {
         }
     }
     summarize(&results, &args.threads);
+    compare_settings(&results, &args.threads, &variants, &args.with_env);
     roofline_summary(&results, &bandwidths, &weights_mb);
     step_profile_summary(&step_profiles)
 }
@@ -382,24 +430,49 @@ fn summarize(results: &Results, threads: &[usize]) {
             ("bf16-products", "candle", "candle"),
         ];
         for (ours, peer, label) in pairs {
-            let (Some(o), Some(p)) = (runs(ours), runs(peer)) else { continue };
-            let ((op, od), (pp, pd)) = (medians(o.iter()), medians(p.iter()));
-            let per_round = round_ratios(o, p);
-            if per_round.is_empty() {
-                println!("  threads={t} {ours} / {label}: prefill {:.2}x, decode {:.2}x", op / pp, od / pd);
-                continue;
+            if let (Some(o), Some(p)) = (runs(ours), runs(peer)) {
+                print_ratios(t, ours, label, o, p);
             }
-            let list = |f: fn(&(f64, f64)) -> f64| per_round.iter().map(|r| format!("{:.2}", f(r))).collect::<Vec<_>>();
-            println!(
-                "  threads={t} {ours} / {label}: prefill {:.2}x, decode {:.2}x; per round: prefill {:.2}x ({}), \
-                 decode {:.2}x ({})",
-                op / pp,
-                od / pd,
-                median(per_round.iter().map(|r| r.0).collect()),
-                list(|r| r.0).join(", "),
-                median(per_round.iter().map(|r| r.1).collect()),
-                list(|r| r.1).join(", "),
-            );
+        }
+    }
+}
+
+/// `ours` over `peer`: the ratios of the medians, and per round (the two ran back to back) with
+/// their median.
+fn print_ratios(t: usize, ours: &str, label: &str, o: &[(usize, f64, f64)], p: &[(usize, f64, f64)]) {
+    let ((op, od), (pp, pd)) = (medians(o.iter()), medians(p.iter()));
+    let per_round = round_ratios(o, p);
+    if per_round.is_empty() {
+        println!("  threads={t} {ours} / {label}: prefill {:.2}x, decode {:.2}x", op / pp, od / pd);
+        return;
+    }
+    let list = |f: fn(&(f64, f64)) -> f64| per_round.iter().map(|r| format!("{:.2}", f(r))).collect::<Vec<_>>();
+    println!(
+        "  threads={t} {ours} / {label}: prefill {:.2}x, decode {:.2}x; per round: prefill {:.2}x ({}), decode \
+         {:.2}x ({}); decode higher in {} of {} rounds",
+        op / pp,
+        od / pd,
+        median(per_round.iter().map(|r| r.0).collect()),
+        list(|r| r.0).join(", "),
+        median(per_round.iter().map(|r| r.1).collect()),
+        list(|r| r.1).join(", "),
+        per_round.iter().filter(|r| r.1 > 1.0).count(),
+        per_round.len(),
+    );
+}
+
+/// Each variant run with a --with-env setting against the variant as it is.
+fn compare_settings(results: &Results, threads: &[usize], variants: &[Variant], settings: &[Setting]) {
+    for &t in threads {
+        for &variant in variants {
+            let Some(base) = results.get(&(variant.name().to_string(), t)) else { continue };
+            for setting in settings {
+                let name = Setting::run_name(Some(setting), variant);
+                let Some(runs) = results.get(&(name.clone(), t)) else { continue };
+                let (p, d) = medians(runs.iter());
+                println!("  threads={t} {name}: prefill {p:8.2} tok/s, decode {d:7.2} tok/s");
+                print_ratios(t, &name, variant.name(), runs, base);
+            }
         }
     }
 }
