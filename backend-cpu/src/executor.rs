@@ -285,6 +285,12 @@ fn i64_of<'a>(t: &'a Tensor, what: &'static str) -> Result<&'a [i64], CpuOpError
     t.as_i64().ok_or(CpuOpError::NotIds { what, dtype: t.dtype() })
 }
 
+/// The last `N` dims of `shape` when all dims before them are 1.
+fn trailing<const N: usize>(shape: &[usize]) -> Option<[usize; N]> {
+    let lead = shape.len().checked_sub(N)?;
+    shape[..lead].iter().all(|&n| n == 1).then(|| shape[lead..].try_into().ok())?
+}
+
 /// Whether every input of a fused step is an f32 tensor.
 fn all_f32(inputs: &[&Tensor]) -> bool {
     inputs.iter().all(|t| t.dtype() == mllm_dsl::DType::F32)
@@ -354,7 +360,7 @@ impl Backend for CpuBackend {
     }
 
     fn fuses(&self, kind: Fused) -> bool {
-        matches!(kind, Fused::RotateHalfRope | Fused::MaskedSoftmax | Fused::SiluGate)
+        matches!(kind, Fused::RotateHalfRope | Fused::MaskedSoftmax | Fused::SiluGate | Fused::Attention)
             && self.qdq.as_ref().is_none_or(|h| h.has_quantizers())
     }
 
@@ -364,6 +370,7 @@ impl Backend for CpuBackend {
             Fused::RotateHalfRope => (self.rotate_half_rope(inputs, points), "RoPE (fused)"),
             Fused::MaskedSoftmax => (self.masked_softmax(inputs, points), "masked softmax (fused)"),
             Fused::SiluGate => (self.silu_gate(inputs, points), "SiLU gate (fused)"),
+            Fused::Attention => (self.attention(inputs, points), profile::ATTENTION_FUSED),
             _ => (None, ""),
         };
         profile::lap(t0, label);
@@ -456,6 +463,55 @@ impl CpuBackend {
             let out = kernels::masked_softmax(&s, t, &m, constants, &quantizers)
                 .map_err(|e| BackendError::Op(e.to_string()))?;
             fused_output(scores, out, grid)
+        };
+        Some(run())
+    }
+
+    /// [`Fused::Attention`] on `[q, k, v, past_k, past_v, mask, scale, below_min, attend]`: `q [..,
+    /// H, S, D]` f32, the new `k [.., Hkv, D, S]` and `v [.., Hkv, S, D]` and the past `[.., Hkv,
+    /// D, P]` and `[.., Hkv, P, D]` in place (dense, or views of the KV cache), the mask `[.., S,
+    /// P + S]` and three one-value constants, leading dims of 1; with its seven points. `None` for
+    /// other inputs (the step then runs op by op).
+    fn attention(&self, inputs: &[&Tensor], points: &[QdqAttr]) -> Option<Result<Tensor, BackendError>> {
+        let &[q, k, v, past_k, past_v, mask, scale, below_min, attend] = inputs else { return None };
+        let [h, s, d] = trailing::<3>(q.shape())?;
+        let [hkv, d_k, s_k] = trailing::<3>(k.shape())?;
+        let [p, d_p] = trailing::<3>(past_k.shape()).filter(|&[n, ..]| n == hkv).map(|[_, dd, p]| [p, dd])?;
+        let t = p + s;
+        let fits = hkv > 0
+            && h % hkv == 0
+            && [d_k, s_k, d_p] == [d, s, d]
+            && trailing::<3>(v.shape()) == Some([hkv, s, d])
+            && trailing::<3>(past_v.shape()) == Some([hkv, p, d])
+            && trailing::<2>(mask.shape()) == Some([s, t])
+            && [q, mask, scale, below_min, attend].iter().all(|x| x.dtype() == mllm_dsl::DType::F32)
+            && [scale, below_min, attend].iter().all(|c| c.numel() == 1);
+        if !fits {
+            return None;
+        }
+        let parts = [past_k, k, past_v, v].map(part_of);
+        let [Some(past_k), Some(k), Some(past_v), Some(v)] = &parts else { return None };
+        let (quantizers, grid) = match self.quantizers::<7>(points)? {
+            Ok(found) => found,
+            Err(e) => return Some(Err(e)),
+        };
+        let run = || {
+            fn part(x: &Strided, extent: usize) -> RhsPart<'_> {
+                RhsPart { data: x.data.part_data(), extent, batch_stride: x.batch_stride, row_stride: x.row_stride }
+            }
+            let batches = BatchRepeat { outer: 1, size: hkv, times: h / hkv, inner: 1 };
+            let keys = RhsParts { parts: vec![part(past_k, p), part(k, s)], axis: JoinAxis::N, k: d, n: t, batches };
+            let values = RhsParts { parts: vec![part(past_v, p), part(v, s)], axis: JoinAxis::K, k: t, n: d, batches };
+            let constant = |t: &Tensor, what| fused_input(t, what).map(|v| v[0]);
+            let constants = kernels::MaskedSoftmaxConstants {
+                scale: constant(scale, "scale")?,
+                below_min: constant(below_min, "offset below the row minimum")?,
+                attend: constant(attend, "attending mask value")?,
+            };
+            let (qv, m) = (fused_input(q, "query")?, fused_input(mask, "mask")?);
+            let out = kernels::attention(&qv, s, &keys, &values, &m, constants, &quantizers)
+                .map_err(|e| BackendError::Op(e.to_string()))?;
+            fused_output(q, out, grid)
         };
         Some(run())
     }
@@ -716,6 +772,8 @@ pub mod profile {
     pub const CONV2D_ONE_ROW: &str = "Conv2D (1 row)";
     pub const LINEAR_ONE_ROW: &str = "Linear (1 row)";
     pub const MATMUL_ONE_ROW: &str = "MatMul (1 row)";
+    /// Key of attention run as one fused step (its products, softmax and points).
+    pub const ATTENTION_FUSED: &str = "attention (fused)";
 
     /// [`UNREAD`], [`OFF`], [`ON`] or [`SHAPES`].
     static STATE: AtomicU8 = AtomicU8::new(UNREAD);
@@ -844,7 +902,8 @@ pub mod profile {
         pub forward_ms: f64,
         /// Linears of one input row (`Conv2D` / `Linear`): the weight stream.
         pub linears_ms: f64,
-        /// Matrix products of one row (`MatMul`): attention's scores and outputs.
+        /// Attention: its matrix products of one row (`MatMul`), or the whole of it where it runs
+        /// fused.
         pub attention_ms: f64,
         /// QDQ points applied on their own.
         pub qdq_points_ms: f64,
@@ -868,7 +927,7 @@ pub mod profile {
                     CHUNK_INPUTS | CHUNK_OUTPUTS => &mut p.chunk_io_ms,
                     QDQ_POINT => &mut p.qdq_points_ms,
                     k if k.starts_with(CONV2D_ONE_ROW) || k.starts_with(LINEAR_ONE_ROW) => &mut p.linears_ms,
-                    k if k.starts_with(MATMUL_ONE_ROW) => &mut p.attention_ms,
+                    k if k.starts_with(MATMUL_ONE_ROW) || k == ATTENTION_FUSED => &mut p.attention_ms,
                     k if k.starts_with('(') => continue,
                     _ => &mut p.other_ops_ms,
                 };

@@ -351,3 +351,97 @@ fn iproduct<A: Copy, B: Copy, C: Copy, D: Copy>(
         })
     })
 }
+
+/// The fused attention kernel against the written-out step (scores product, its point, the masked
+/// softmax, the values product, its point), bit for bit: pasts of 8-bit codes strided as in the KV
+/// cache and of f32 values, 1 to 4 query heads per KV head, 1 and 3 query rows, on 1 and 2
+/// threads (heads split over them, and one KV head of 600 positions whose products both threads
+/// share), with quantizers and in float mode.
+#[test]
+fn fused_attention_equals_the_ops_bit_for_bit() {
+    use compiler::quant::{FakeQuantizer, QuantParams};
+    use kernels::{decode_u8, Grid, MaskedSoftmaxConstants, PartData};
+    let mut rng = Lcg(47);
+    let grid = Grid { scale: 0.0173, zero_point: 128 };
+    let q16 = |scale: f32, zp: i32| FakeQuantizer::new(&QuantParams { scale, zero_point: zp, qmin: 0, qmax: 65535 });
+    let qs = [
+        q16(9e-4, 32768),
+        q16(6e-4, 30000),
+        q16(6e-4, 30000),
+        q16(7e-4, 50000),
+        q16(8e-4, 40000),
+        q16(1.0 / 65536.0, 0),
+        q16(1e-4, 32768),
+    ];
+    let with_points =
+        [Some(&qs[0]), Some(&qs[1]), Some(&qs[2]), Some(&qs[3]), Some(&qs[4]), Some(&qs[5]), Some(&qs[6])];
+    let c = MaskedSoftmaxConstants { scale: 0.125, below_min: -20.0, attend: 0.0 };
+    let d = 64;
+    for (threads, group, s, (codes_past, kv_heads, past)) in
+        iproduct([1, 2], [1, 2, 3, 4], [1, 3], [(true, 2, 37), (false, 2, 37), (true, 1, 600)])
+    {
+        kernels::set_num_threads(threads).unwrap();
+        let (heads, t, stride) = (kv_heads * group, past + s, past + 11);
+        // Past K `[Hkv, D, past]` and V `[Hkv, past, D]` in rows `stride` apart (V: heads `stride`
+        // rows apart), as codes or their values; the new K `[Hkv, D, S]` and V `[Hkv, S, D]`.
+        let k_codes: Vec<u8> = (0..kv_heads * d * stride).map(|_| (rng.next_f32(1.0).abs() * 255.0) as u8).collect();
+        let v_codes: Vec<u8> = (0..kv_heads * stride * d).map(|_| (rng.next_f32(1.0).abs() * 255.0) as u8).collect();
+        let decode = |codes: &[u8]| codes.iter().map(|&u| decode_u8(u, grid)).collect::<Vec<f32>>();
+        let (k_values, v_values) = (decode(&k_codes), decode(&v_codes));
+        let (new_k, new_v) = (rng.vec(kv_heads * d * s, 2.0), rng.vec(kv_heads * s * d, 2.0));
+        let data = |codes: &'static str| match (codes_past, codes) {
+            (true, "k") => PartData::U8 { codes: &k_codes, grid },
+            (true, _) => PartData::U8 { codes: &v_codes, grid },
+            (false, "k") => PartData::F32(&k_values),
+            (false, _) => PartData::F32(&v_values),
+        };
+        let batches = BatchRepeat { outer: 1, size: kv_heads, times: group, inner: 1 };
+        let keys = RhsParts {
+            parts: vec![
+                RhsPart { data: data("k"), extent: past, batch_stride: d * stride, row_stride: stride },
+                RhsPart { data: PartData::F32(&new_k), extent: s, batch_stride: d * s, row_stride: s },
+            ],
+            axis: JoinAxis::N,
+            k: d,
+            n: t,
+            batches,
+        };
+        let values = RhsParts {
+            parts: vec![
+                RhsPart { data: data("v"), extent: past, batch_stride: stride * d, row_stride: d },
+                RhsPart { data: PartData::F32(&new_v), extent: s, batch_stride: s * d, row_stride: d },
+            ],
+            axis: JoinAxis::K,
+            k: t,
+            n: d,
+            batches,
+        };
+        let q = rng.vec(heads * s * d, 1.0);
+        // Causal over the chunk's own columns, and one past column masked.
+        let mask: Vec<f32> = (0..s * t)
+            .map(|i| (i / t, i % t))
+            .map(|(row, col)| if col == 3 || col > past + row { -0.001 } else { 0.0 })
+            .collect();
+        for points in [with_points, [None; 7]] {
+            let fake = |p: Option<&FakeQuantizer>, v: Vec<f32>| -> Vec<f32> {
+                v.into_iter().map(|v| p.map_or(v, |q| q.fake(v))).collect()
+            };
+            let scores = fake(points[0], kernels::matmul_parts(&q, s, &keys).unwrap());
+            let softmax_points = [points[1], points[2], points[3], points[4], points[5]];
+            let probabilities = kernels::masked_softmax(&scores, t, &mask, c, &softmax_points).unwrap();
+            let want = fake(points[6], kernels::matmul_parts(&probabilities, s, &values).unwrap());
+            let got = kernels::attention(&q, s, &keys, &values, &mask, c, &points).unwrap();
+            assert!(want.iter().all(|v| v.is_finite()));
+            let differ = got.iter().zip(&want).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+            let what = format!(
+                "{group} query heads per KV head, {s} rows, past as {}, {threads} threads, points {}",
+                if codes_past { "codes" } else { "values" },
+                points[0].is_some()
+            );
+            assert!(got.len() == want.len() && differ == 0, "{what}: {differ} of {} values differ", want.len());
+        }
+        // A mask of the wrong width is refused, naming the kernel.
+        let err = kernels::attention(&q, s, &keys, &values, &mask[..s * (t - 1)], c, &[None; 7]).unwrap_err();
+        assert!(err.to_string().contains("attention") && err.to_string().contains("mask"), "{err}");
+    }
+}

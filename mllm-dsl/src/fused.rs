@@ -51,6 +51,13 @@ pub enum Fused {
     /// `q2(q1(gate * q0(sigmoid(gate))) * up)`, with `q0` the sigmoid's fixed point and `q1`, `q2`
     /// the activation's and the product's points.
     SiluGate,
+    /// Attention of `q [.., H, S, D]` over the past ++ new keys and values, GQA's repeat
+    /// included: inputs `q`, the new `k [.., Hkv, D, S]` and `v [.., Hkv, S, D]`, the past
+    /// `past_k [.., Hkv, D, P]` and `past_v [.., Hkv, P, D]`, then [`Fused::MaskedSoftmax`]'s
+    /// `mask` and three constants; `q6(masked_softmax(q0(q @ repeat(cat(past_k, k)))) @
+    /// repeat(cat(past_v, v)))` `[.., H, S, D]`, with `q0` the scores' point, `q1..q5` the masked
+    /// softmax's five and `q6` the output's.
+    Attention,
 }
 
 /// A fused step's QDQ point: its name in the calling module, as `qdq!` takes it, and its kind. A

@@ -199,26 +199,32 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, inputs: &AttentionInputs<'_>) 
 pub fn attend_scaled(q: &Tensor, k: &Tensor, v: &Tensor, inputs: &AttentionInputs<'_>, scale: f32) -> Result<Tensor> {
     let AttentionInputs { mask, past_key, past_value, .. } = *inputs;
     let (heads, head_dim) = (q.dim(1)?, q.dim(-1)?);
-    // 1. past ++ new, repeated for GQA (repeat-interleave: query head j reads KV head j / groups)
-    let groups = heads / k.dim(1)?;
-    let kh = Tensor::cat(&[past_key, k], -1)?.repeat_interleave(groups, 1)?; // [1, H, D, T]
-    let vh = Tensor::cat(&[past_value, v], 2)?.repeat_interleave(groups, 1)?; // [1, H, T, D]
-                                                                              // 2. scores [1, H, S, T], scaled by 1/sqrt(D)
-    let attn = qdq!(q.matmul(&kh)?, "qk_matmul_output_qdq")?;
     let scale = qdq!(const scale, "scaling_qdq")?;
     let neg_20 = qdq!(const -20.0, "neg_20_qdq")?;
     let zero = qdq!(global const 0.0, "constant_zero", scale = MASK_SCALE, zp = MASK_ZERO_POINT)?;
-    // 3. scaled, masked softmax: masked scores become rowmin - 20 (one pass on backends that fuse it)
-    let names =
+    // Steps 1-3 are one pass per KV head on backends that fuse them.
+    let softmax_names =
         ["mul_0_output_qdq", "reduce_min_output_qdq", "minus_0_output_qdq", "where_attn_qdq", "softmax_output_qdq"];
-    let attn = fused(Fused::MaskedSoftmax, &[&attn, mask, &scale, &neg_20, &zero], &names, || {
-        let attn = qdq!(attn.mul(&scale)?, names[0])?;
-        let attn_min = qdq!(attn.reduce_min(-1, true)?, names[1])?;
-        let attn_vv = qdq!(attn_min.add(&neg_20)?, names[2])?;
-        let attn = qdq!(mask.eq(&zero)?.where_cond(&attn, &attn_vv)?, names[3])?;
-        qdq!(attn.softmax(-1)?, names[4])
+    let [m0, m1, m2, m3, m4] = softmax_names;
+    let names = ["qk_matmul_output_qdq", m0, m1, m2, m3, m4, "attn_value_matmul_output_qdq"];
+    let inputs = [q, k, v, past_key, past_value, mask, &scale, &neg_20, &zero];
+    let y = fused(Fused::Attention, &inputs, &names, || {
+        // 1. past ++ new, repeated for GQA (repeat-interleave: query head j reads KV head j / groups)
+        let groups = heads / k.dim(1)?;
+        let kh = Tensor::cat(&[past_key, k], -1)?.repeat_interleave(groups, 1)?; // [1, H, D, T]
+        let vh = Tensor::cat(&[past_value, v], 2)?.repeat_interleave(groups, 1)?; // [1, H, T, D]
+                                                                                  // 2. scores [1, H, S, T], then the scaled, masked softmax: masked scores become rowmin - 20
+        let attn = qdq!(q.matmul(&kh)?, names[0])?;
+        let attn = fused(Fused::MaskedSoftmax, &[&attn, mask, &scale, &neg_20, &zero], &softmax_names, || {
+            let attn = qdq!(attn.mul(&scale)?, m0)?;
+            let attn_min = qdq!(attn.reduce_min(-1, true)?, m1)?;
+            let attn_vv = qdq!(attn_min.add(&neg_20)?, m2)?;
+            let attn = qdq!(mask.eq(&zero)?.where_cond(&attn, &attn_vv)?, m3)?;
+            qdq!(attn.softmax(-1)?, m4)
+        })?;
+        // 3. the weighted values [1, H, S, D]
+        qdq!(attn.matmul(&vh)?, names[6])
     })?;
     // 4. [1, H, S, D] -> [1, S, H, D] -> NHWC [1, 1, S, H*D]
-    let y = qdq!(attn.matmul(&vh)?, "attn_value_matmul_output_qdq")?;
     y.transpose(1, 2)?.view(&[1, 1, -1, (heads * head_dim) as i64])
 }

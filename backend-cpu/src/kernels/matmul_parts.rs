@@ -11,7 +11,8 @@ use super::grid_int4::Grid;
 use super::matmul::{
     few_rows_product_u8, product_into, Dims, FewRows, LinearStrategy, MatView, MIN_PARALLEL_MACS, SMALL_M,
 };
-use super::threads::current;
+use super::read_ahead::prefetch_bytes;
+use super::threads::{current, ThreadCtx};
 use super::KernelError;
 
 /// The dim of each right matrix along which its parts are joined.
@@ -43,11 +44,11 @@ impl BatchRepeat {
         self.outer * self.size * self.inner
     }
 
-    fn output_batches(&self) -> usize {
+    pub(super) fn output_batches(&self) -> usize {
         self.source_batches() * self.times
     }
 
-    fn source(&self, b: usize) -> usize {
+    pub(super) fn source(&self, b: usize) -> usize {
         let t = b % self.inner;
         let rest = b / self.inner;
         let s = (rest % (self.size * self.times)) / self.times;
@@ -137,6 +138,19 @@ fn with_decoded<R>(
     })
 }
 
+impl RhsPart<'_> {
+    /// Asks for the `rows x cols` elements of source batch `src` in the L2 cache (a hint).
+    pub(super) fn prefetch(&self, src: usize, rows: usize, cols: usize) {
+        let (base, size) = match self.data {
+            PartData::F32(v) => (v.as_ptr() as usize, std::mem::size_of::<f32>()),
+            PartData::U8 { codes, .. } => (codes.as_ptr() as usize, 1),
+        };
+        for r in 0..rows {
+            prefetch_bytes(base + (src * self.batch_stride + r * self.row_stride) * size, cols * size);
+        }
+    }
+}
+
 /// The right operand of [`matmul_parts`].
 #[derive(Debug, Clone)]
 pub struct RhsParts<'a> {
@@ -171,10 +185,33 @@ fn part_dims(axis: JoinAxis, extent: usize, k: usize, n: usize) -> (usize, usize
 
 /// `a[B, M, K] @ rhs[B, K, N] -> [B, M, N]` with `B = rhs.batches`' output batches.
 pub fn matmul_parts(a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<Vec<f32>, KernelError> {
-    const OP: &str = "matmul_parts";
+    check_parts("matmul_parts", a, m, rhs)?;
     let (k, n) = (rhs.k, rhs.n);
     let batches = rhs.batches.output_batches();
-    super::shape::check_len(OP, "a", a, &[batches, m, k])?;
+    let mut out = vec![0.0f32; batches * m * n];
+    if out.is_empty() {
+        return Ok(out);
+    }
+    let ctx = current();
+    let threads = ctx.for_work(batches * m * n * k, MIN_PARALLEL_MACS);
+    let (group, groups) = (rhs.group(), rhs.groups());
+    let lhs = |g: usize| &a[g * group * m * k..(g + 1) * group * m * k];
+    if threads > 1 && groups >= threads {
+        ctx.for_each_chunk_mut(&mut out, group * m * n, |g, dst| group_product(&ctx, 1, lhs(g), m, rhs, g, dst));
+    } else {
+        for (g, dst) in out.chunks_exact_mut(group * m * n).enumerate() {
+            group_product(&ctx, threads, lhs(g), m, rhs, g, dst);
+        }
+    }
+    Ok(out)
+}
+
+/// Checks that `a` is `[B, m, k]` for `rhs`' output batches and that every part lies inside its
+/// data; `op` names the kernel in the error.
+pub(super) fn check_parts(op: &'static str, a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<(), KernelError> {
+    let (k, n) = (rhs.k, rhs.n);
+    let batches = rhs.batches.output_batches();
+    super::shape::check_len(op, "a", a, &[batches, m, k])?;
     let joined: usize = rhs.parts.iter().map(|p| p.extent).sum();
     let full = match rhs.axis {
         JoinAxis::K => k,
@@ -182,7 +219,7 @@ pub fn matmul_parts(a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<Vec<f32>,
     };
     if joined != full || rhs.batches.times == 0 {
         return Err(KernelError::InvalidArgument {
-            op: OP,
+            op,
             reason: format!(
                 "parts span {joined} along {:?} but the operand has {full} (repeat {:?})",
                 rhs.axis, rhs.batches
@@ -193,12 +230,12 @@ pub fn matmul_parts(a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<Vec<f32>,
     for part in &rhs.parts {
         let (rows, cols) = part_dims(rhs.axis, part.extent, k, n);
         if part.row_stride == cols && part.batch_stride == rows * cols {
-            super::shape::check_len_of(OP, "part", part.data.len(), &[sources, rows, cols])?;
+            super::shape::check_len_of(op, "part", part.data.len(), &[sources, rows, cols])?;
         } else if sources * rows * cols > 0 {
             let last = (sources - 1) * part.batch_stride + (rows - 1) * part.row_stride + cols;
             if part.row_stride < cols || part.batch_stride < rows * part.row_stride || last > part.data.len() {
                 return Err(KernelError::InvalidArgument {
-                    op: OP,
+                    op,
                     reason: format!(
                         "a part of {sources} x {rows} x {cols} at strides ({}, {}) does not fit its {} values",
                         part.batch_stride,
@@ -209,82 +246,93 @@ pub fn matmul_parts(a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<Vec<f32>,
             }
         }
     }
-    let mut out = vec![0.0f32; batches * m * n];
-    if out.is_empty() {
-        return Ok(out);
+    Ok(())
+}
+
+impl RhsParts<'_> {
+    /// Output batches that read the same source matrix and lie next to each other (GQA's query
+    /// heads of one KV head: a repeat with nothing inside it): one product of their stacked rows,
+    /// which reads the source once instead of once per batch.
+    pub(super) fn group(&self) -> usize {
+        if self.batches.inner == 1 {
+            self.batches.times
+        } else {
+            1
+        }
     }
-    let ctx = current();
-    let threads = ctx.for_work(batches * m * n * k, MIN_PARALLEL_MACS);
-    // Output batches that read the same source matrix and lie next to each other (GQA's query
-    // heads of one KV head: a repeat with nothing inside it) are one product of their stacked
-    // rows, which reads the source once instead of once per batch.
-    let group = if rhs.batches.inner == 1 { rhs.batches.times } else { 1 };
-    let rows = m * group;
-    // One group of output matrices; `threads` is how many threads its products may use.
-    let one = |g: usize, dst: &mut [f32], threads: usize| {
-        let b = g * group;
-        let src = rhs.batches.source(b);
-        let mut offset = 0;
-        for (i, p) in rhs.parts.iter().enumerate() {
-            let extent = p.extent;
-            // The left operand's first element: `rows` rows of stride `k`.
-            let lhs_at = match rhs.axis {
-                JoinAxis::K => b * m * k + offset,
-                JoinAxis::N => b * m * k,
-            };
-            let (dims, dst, accumulate, lhs) = match rhs.axis {
-                JoinAxis::K => (Dims { m: rows, n, k: extent }, &mut dst[..], i > 0, MatView::rows(a, lhs_at, k)),
-                JoinAxis::N => {
-                    (Dims { m: rows, n: extent, k }, &mut dst[offset..], false, MatView::row_major(a, lhs_at, k))
-                }
-            };
-            match p.data {
-                PartData::F32(data) => {
-                    let part = MatView::rows(data, src * p.batch_stride, p.row_stride);
-                    product_into(&ctx, threads, LinearStrategy::Auto, dims, dst, n, accumulate, lhs, part);
-                }
-                PartData::U8 { codes, grid } => {
-                    // SAFETY: `dims.m` rows of `dims.k` from `lhs_at` (stride k) lie in `a` and
-                    // `dims.m` rows of `dims.n` (stride n) in `dst` by the shapes checked above;
-                    // the part's source batch `src`, `dims.k` rows of `dims.n` codes at its row
-                    // stride, was checked to lie in `codes`.
-                    let done = dims.m <= SMALL_M
-                        && unsafe {
-                            few_rows_product_u8(
-                                FewRows {
-                                    m: dims.m,
-                                    n: dims.n,
-                                    k: dims.k,
-                                    dst: dst.as_mut_ptr(),
-                                    ldc: n,
-                                    accumulate,
-                                    lhs: a[lhs_at..].as_ptr(),
-                                    lda: k,
-                                    rhs: codes[src * p.batch_stride..].as_ptr(),
-                                    ldb: p.row_stride,
-                                },
-                                grid,
-                            )
-                        };
-                    if !done {
-                        let (part_rows, part_cols) = part_dims(rhs.axis, extent, k, n);
-                        with_decoded(codes, grid, p, src, (part_rows, part_cols), |decoded| {
-                            let part = MatView::rows(decoded, 0, part_cols);
-                            product_into(&ctx, threads, LinearStrategy::Auto, dims, dst, n, accumulate, lhs, part);
-                        });
-                    }
+
+    /// How many such groups the output batches make.
+    pub(super) fn groups(&self) -> usize {
+        self.batches.output_batches() / self.group()
+    }
+}
+
+/// Group `g`'s product ([`RhsParts::group`]): its `group * m` rows of `lhs` (`[group * m, k]`)
+/// against its source matrix, into `dst` (`[group * m, n]`), on up to `threads` threads. The
+/// shapes must have passed [`check_parts`].
+pub(super) fn group_product(
+    ctx: &ThreadCtx,
+    threads: usize,
+    lhs: &[f32],
+    m: usize,
+    rhs: &RhsParts<'_>,
+    g: usize,
+    dst: &mut [f32],
+) {
+    let (k, n) = (rhs.k, rhs.n);
+    let rows = m * rhs.group();
+    let src = rhs.batches.source(g * rhs.group());
+    let mut offset = 0;
+    for (i, p) in rhs.parts.iter().enumerate() {
+        let extent = p.extent;
+        // The left operand's first element: `rows` rows of stride `k`.
+        let lhs_at = match rhs.axis {
+            JoinAxis::K => offset,
+            JoinAxis::N => 0,
+        };
+        let (dims, dst, accumulate, a) = match rhs.axis {
+            JoinAxis::K => (Dims { m: rows, n, k: extent }, &mut dst[..], i > 0, MatView::rows(lhs, lhs_at, k)),
+            JoinAxis::N => {
+                (Dims { m: rows, n: extent, k }, &mut dst[offset..], false, MatView::row_major(lhs, lhs_at, k))
+            }
+        };
+        match p.data {
+            PartData::F32(data) => {
+                let part = MatView::rows(data, src * p.batch_stride, p.row_stride);
+                product_into(ctx, threads, LinearStrategy::Auto, dims, dst, n, accumulate, a, part);
+            }
+            PartData::U8 { codes, grid } => {
+                // SAFETY: `dims.m` rows of `dims.k` from `lhs_at` (stride k) lie in `lhs` and
+                // `dims.m` rows of `dims.n` (stride n) in `dst` by the shapes checked in
+                // `check_parts`; the part's source batch `src`, `dims.k` rows of `dims.n` codes at
+                // its row stride, was checked to lie in `codes`.
+                let done = dims.m <= SMALL_M
+                    && unsafe {
+                        few_rows_product_u8(
+                            FewRows {
+                                m: dims.m,
+                                n: dims.n,
+                                k: dims.k,
+                                dst: dst.as_mut_ptr(),
+                                ldc: n,
+                                accumulate,
+                                lhs: lhs[lhs_at..].as_ptr(),
+                                lda: k,
+                                rhs: codes[src * p.batch_stride..].as_ptr(),
+                                ldb: p.row_stride,
+                            },
+                            grid,
+                        )
+                    };
+                if !done {
+                    let (part_rows, part_cols) = part_dims(rhs.axis, extent, k, n);
+                    with_decoded(codes, grid, p, src, (part_rows, part_cols), |decoded| {
+                        let part = MatView::rows(decoded, 0, part_cols);
+                        product_into(ctx, threads, LinearStrategy::Auto, dims, dst, n, accumulate, a, part);
+                    });
                 }
             }
-            offset += extent;
         }
-    };
-    let groups = batches / group;
-    if threads > 1 && groups >= threads {
-        ctx.for_each_chunk_mut(&mut out, rows * n, |g, dst| one(g, dst, 1));
-    } else {
-        for (g, dst) in out.chunks_exact_mut(rows * n).enumerate() {
-            one(g, dst, threads);
-        }
+        offset += extent;
     }
-    Ok(out)
 }

@@ -13,6 +13,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod amx_bf16;
+mod attention;
 #[cfg(target_arch = "x86_64")]
 mod bf16_dot;
 mod elementwise;
@@ -41,6 +42,7 @@ mod unary;
 mod vendor;
 mod weight_memory;
 
+pub use attention::{attention, AttentionPoints};
 pub use elementwise::{add, binary, div, equal, mul, sub, where_, BinaryOp, BinaryResult};
 pub use error::KernelError;
 pub use grid_int4::{Grid, DECODE_PREFETCH_ENV};

@@ -91,27 +91,40 @@ pub fn masked_softmax(
         for (r, dst) in chunk.chunks_exact_mut(t).enumerate() {
             let r = first + r;
             let (src, mask) = (&scores[r * t..(r + 1) * t], &mask[(r % mask_rows) * t..(r % mask_rows + 1) * t]);
-            // The QDQ points' loops widened as the fake quantizer widens them; the softmax as the op runs it.
-            mllm_dsl::simd::widest(
-                #[inline(always)]
-                || {
-                    w.iter_mut().zip(src).for_each(|(w, s)| *w = s * c.scale);
-                    fake_in_place(points[0], &mut w);
-                    let masked = fake(points[2], fake(points[1], lane_min(&w)) + c.below_min);
-                    w.iter_mut().zip(mask).for_each(|(w, &m)| *w = if m == c.attend { *w } else { masked });
-                    fake_in_place(points[3], &mut w);
-                },
-            );
-            mllm_dsl::simd::widest(
-                #[inline(always)]
-                || {
-                    softmax_row(&w, dst);
-                    fake_in_place(points[4], dst)
-                },
-            );
+            masked_row(src, mask, c, points, &mut w, dst);
         }
     });
     Ok(out)
+}
+
+/// One row of [`masked_softmax`]: the scores `src` with their `mask` row into `dst`, `w` a
+/// scratch row of the same length.
+pub(super) fn masked_row(
+    src: &[f32],
+    mask: &[f32],
+    c: MaskedSoftmaxConstants,
+    points: &MaskedSoftmaxPoints<'_>,
+    w: &mut [f32],
+    dst: &mut [f32],
+) {
+    // The QDQ points' loops widened as the fake quantizer widens them; the softmax as the op runs it.
+    mllm_dsl::simd::widest(
+        #[inline(always)]
+        || {
+            w.iter_mut().zip(src).for_each(|(w, s)| *w = s * c.scale);
+            fake_in_place(points[0], w);
+            let masked = fake(points[2], fake(points[1], lane_min(w)) + c.below_min);
+            w.iter_mut().zip(mask).for_each(|(w, &m)| *w = if m == c.attend { *w } else { masked });
+            fake_in_place(points[3], w);
+        },
+    );
+    mllm_dsl::simd::widest(
+        #[inline(always)]
+        || {
+            softmax_row(w, dst);
+            fake_in_place(points[4], dst)
+        },
+    );
 }
 
 /// Softmax of one contiguous row (inlined, so a caller's `simd::widest` widens its loops).
