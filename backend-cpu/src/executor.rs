@@ -310,6 +310,20 @@ fn fused_input<'t>(t: &'t Tensor, what: &str) -> Result<Cow<'t, [f32]>, BackendE
     real_values(t).ok_or_else(|| BackendError::Op(format!("a fused step's {what} must hold real-valued data")))
 }
 
+/// The masked softmax's three one-value constants, as its fused steps take them.
+fn softmax_constants(
+    scale: &Tensor,
+    below_min: &Tensor,
+    attend: &Tensor,
+) -> Result<kernels::MaskedSoftmaxConstants, BackendError> {
+    let constant = |t: &Tensor, what| fused_input(t, what).map(|v| v[0]);
+    Ok(kernels::MaskedSoftmaxConstants {
+        scale: constant(scale, "scale")?,
+        below_min: constant(below_min, "offset below the row minimum")?,
+        attend: constant(attend, "attending mask value")?,
+    })
+}
+
 /// A fused step's output of `like`'s type: on the last point's 16-bit grid if it has one, as that
 /// point's own output would be.
 fn fused_output(like: &Tensor, values: Vec<f32>, grid: Option<kernels::Grid>) -> Result<Tensor, BackendError> {
@@ -452,12 +466,7 @@ impl CpuBackend {
             Err(e) => return Some(Err(e)),
         };
         let run = || {
-            let constant = |t: &Tensor, what| fused_input(t, what).map(|v| v[0]);
-            let constants = kernels::MaskedSoftmaxConstants {
-                scale: constant(scale, "scale")?,
-                below_min: constant(below_min, "offset below the row minimum")?,
-                attend: constant(attend, "attending mask value")?,
-            };
+            let constants = softmax_constants(scale, below_min, attend)?;
             let (s, m) = (fused_input(scores, "scores")?, fused_input(mask, "mask")?);
             let t = scores.shape()[scores.shape().len() - 1];
             let out = kernels::masked_softmax(&s, t, &m, constants, &quantizers)
@@ -502,12 +511,7 @@ impl CpuBackend {
             let batches = BatchRepeat { outer: 1, size: hkv, times: h / hkv, inner: 1 };
             let keys = RhsParts { parts: vec![part(past_k, p), part(k, s)], axis: JoinAxis::N, k: d, n: t, batches };
             let values = RhsParts { parts: vec![part(past_v, p), part(v, s)], axis: JoinAxis::K, k: t, n: d, batches };
-            let constant = |t: &Tensor, what| fused_input(t, what).map(|v| v[0]);
-            let constants = kernels::MaskedSoftmaxConstants {
-                scale: constant(scale, "scale")?,
-                below_min: constant(below_min, "offset below the row minimum")?,
-                attend: constant(attend, "attending mask value")?,
-            };
+            let constants = softmax_constants(scale, below_min, attend)?;
             let (qv, m) = (fused_input(q, "query")?, fused_input(mask, "mask")?);
             let out = kernels::attention(&qv, s, &keys, &values, &m, constants, &quantizers)
                 .map_err(|e| BackendError::Op(e.to_string()))?;

@@ -396,26 +396,12 @@ fn fused_attention_equals_the_ops_bit_for_bit() {
             (false, _) => PartData::F32(&v_values),
         };
         let batches = BatchRepeat { outer: 1, size: kv_heads, times: group, inner: 1 };
-        let keys = RhsParts {
-            parts: vec![
-                RhsPart { data: data("k"), extent: past, batch_stride: d * stride, row_stride: stride },
-                RhsPart { data: PartData::F32(&new_k), extent: s, batch_stride: d * s, row_stride: s },
-            ],
-            axis: JoinAxis::N,
-            k: d,
-            n: t,
-            batches,
-        };
-        let values = RhsParts {
-            parts: vec![
-                RhsPart { data: data("v"), extent: past, batch_stride: stride * d, row_stride: d },
-                RhsPart { data: PartData::F32(&new_v), extent: s, batch_stride: s * d, row_stride: d },
-            ],
-            axis: JoinAxis::K,
-            k: t,
-            n: d,
-            batches,
-        };
+        let new_part =
+            |data, row_stride| RhsPart { data: PartData::F32(data), extent: s, batch_stride: s * d, row_stride };
+        let past_part = |data, batch_stride, row_stride| RhsPart { data, extent: past, batch_stride, row_stride };
+        let joined = |parts, axis, k, n| RhsParts { parts, axis, k, n, batches };
+        let keys = joined(vec![past_part(data("k"), d * stride, stride), new_part(&new_k, s)], JoinAxis::N, d, t);
+        let values = joined(vec![past_part(data("v"), stride * d, d), new_part(&new_v, d)], JoinAxis::K, t, d);
         let q = rng.vec(heads * s * d, 1.0);
         // Causal over the chunk's own columns, and one past column masked.
         let mask: Vec<f32> = (0..s * t)
