@@ -485,11 +485,11 @@ impl CpuBackend {
         let &[q, k, v, past_k, past_v, mask, scale, below_min, attend] = inputs else { return None };
         let [h, s, d] = trailing::<3>(q.shape())?;
         let [hkv, d_k, s_k] = trailing::<3>(k.shape())?;
-        let [p, d_p] = trailing::<3>(past_k.shape()).filter(|&[n, ..]| n == hkv).map(|[_, dd, p]| [p, dd])?;
+        let [hkv_p, d_p, p] = trailing::<3>(past_k.shape())?;
         let t = p + s;
         let fits = hkv > 0
             && h % hkv == 0
-            && [d_k, s_k, d_p] == [d, s, d]
+            && [hkv_p, d_k, s_k, d_p] == [hkv, d, s, d]
             && trailing::<3>(v.shape()) == Some([hkv, s, d])
             && trailing::<3>(past_v.shape()) == Some([hkv, p, d])
             && trailing::<2>(mask.shape()) == Some([s, t])

@@ -10,7 +10,7 @@
 //! head, the same quantizers, the same softmax row), so the values equal the ops' bit for bit.
 
 use super::matmul::MIN_PARALLEL_MACS;
-use super::matmul_parts::{check_parts, group_product, RhsParts};
+use super::matmul_parts::{check_parts, check_rhs, for_each_group, group_product, RhsParts};
 use super::qdq_points::{fake_in_place, QdqPoints};
 use super::softmax::{masked_row, MaskedSoftmaxConstants};
 use super::threads::current;
@@ -52,53 +52,44 @@ pub fn attention(
             ),
         });
     }
-    check_parts(OP, &[], 0, values)?;
+    check_rhs(OP, values)?;
     let mut out = vec![0.0f32; batches * s * d];
     if out.is_empty() {
         return Ok(out);
     }
-    let (group, groups) = (keys.group(), keys.groups());
+    let group = keys.group();
     let rows = group * s;
     let softmax_points = [points[1], points[2], points[3], points[4], points[5]];
     let ctx = current();
-    // The products are `matmul_parts`' (`B S T D` multiply-adds each) and split as it splits
-    // them where that changes how a product runs: every thread on each head's product in turn
-    // when there are fewer heads than threads. A head on a thread of its own computes what it
-    // computes alone, so heads go to the threads from a quarter of the work `matmul_parts`
-    // splits at: a head here also runs its softmax, and SmolLM2-135M's 3 KV heads at 160
-    // positions (98 K multiply-adds a product) took 17 us a layer on one thread.
-    let work = batches * s * t * d;
-    let product_threads = ctx.for_work(work, MIN_PARALLEL_MACS);
-    let per_head = groups > 1 && ctx.for_work(work, MIN_PARALLEL_MACS / 4) > 1;
     let head = |g: usize, dst: &mut [f32], threads: usize| {
         // The head's values are read last: asked for now, they come in while the scores are made.
         let src = values.batches.source(g * group);
         for part in &values.parts {
             part.prefetch(src, part.extent, d);
         }
-        let mut scores = vec![0.0f32; rows * t];
-        group_product(&ctx, threads, &q[g * rows * d..(g + 1) * rows * d], s, keys, g, &mut scores);
+        // The scores, the probabilities and a softmax row, in one buffer.
+        let mut scratch = vec![0.0f32; 2 * rows * t + t];
+        let (scores, rest) = scratch.split_at_mut(rows * t);
+        let (probabilities, w) = rest.split_at_mut(rows * t);
+        group_product(&ctx, threads, &q[g * rows * d..(g + 1) * rows * d], s, keys, g, scores);
         mllm_dsl::simd::widest(
             #[inline(always)]
-            || fake_in_place(points[0], &mut scores),
+            || fake_in_place(points[0], scores),
         );
         // Row r of the group is row r % S of its head; S divides the rows before the group.
-        let (mut probabilities, mut w) = (vec![0.0f32; rows * t], vec![0.0f32; t]);
         for (r, (src, dst)) in scores.chunks_exact(t).zip(probabilities.chunks_exact_mut(t)).enumerate() {
-            masked_row(src, &mask[(r % s) * t..(r % s + 1) * t], c, &softmax_points, &mut w, dst);
+            masked_row(src, &mask[(r % s) * t..(r % s + 1) * t], c, &softmax_points, w, dst);
         }
-        group_product(&ctx, threads, &probabilities, s, values, g, dst);
+        group_product(&ctx, threads, probabilities, s, values, g, dst);
         mllm_dsl::simd::widest(
             #[inline(always)]
             || fake_in_place(points[6], dst),
         );
     };
-    if per_head && (product_threads == 1 || groups >= product_threads) {
-        ctx.for_each_chunk_mut(&mut out, rows * d, |g, dst| head(g, dst, 1));
-    } else {
-        for (g, dst) in out.chunks_exact_mut(rows * d).enumerate() {
-            head(g, dst, product_threads);
-        }
-    }
+    // The products are `matmul_parts`' (`B S T D` multiply-adds each), split as it splits them
+    // where that changes how a product runs. A head here also runs its softmax, so heads go to
+    // the threads from a quarter of the work `matmul_parts` splits at: SmolLM2-135M's 3 KV heads
+    // at 160 positions (98 K multiply-adds a product) took 17 us a layer on one thread.
+    for_each_group(&ctx, keys, &mut out, batches * s * t * d, MIN_PARALLEL_MACS / 4, head);
     Ok(out)
 }

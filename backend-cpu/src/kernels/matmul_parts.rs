@@ -193,25 +193,50 @@ pub fn matmul_parts(a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<Vec<f32>,
         return Ok(out);
     }
     let ctx = current();
-    let threads = ctx.for_work(batches * m * n * k, MIN_PARALLEL_MACS);
-    let (group, groups) = (rhs.group(), rhs.groups());
+    let group = rhs.group();
     let lhs = |g: usize| &a[g * group * m * k..(g + 1) * group * m * k];
-    if threads > 1 && groups >= threads {
-        ctx.for_each_chunk_mut(&mut out, group * m * n, |g, dst| group_product(&ctx, 1, lhs(g), m, rhs, g, dst));
-    } else {
-        for (g, dst) in out.chunks_exact_mut(group * m * n).enumerate() {
-            group_product(&ctx, threads, lhs(g), m, rhs, g, dst);
-        }
-    }
+    for_each_group(&ctx, rhs, &mut out, batches * m * n * k, MIN_PARALLEL_MACS, |g, dst, threads| {
+        group_product(&ctx, threads, lhs(g), m, rhs, g, dst)
+    });
     Ok(out)
 }
 
+/// Runs `f(g, dst, threads)` for each group `g` of `rhs` ([`RhsParts::group`]) on its equal
+/// chunk `dst` of `out`, `threads` being how many threads its products may use, for products of
+/// `work` multiply-adds in all: a group per thread from `per_group_from` multiply-adds on (a
+/// group's products on one thread compute what they compute alone, whatever runs beside them),
+/// except that with fewer groups than threads, from [`MIN_PARALLEL_MACS`] on, the groups run in
+/// turn with every thread on each product.
+pub(super) fn for_each_group(
+    ctx: &ThreadCtx,
+    rhs: &RhsParts<'_>,
+    out: &mut [f32],
+    work: usize,
+    per_group_from: usize,
+    f: impl Fn(usize, &mut [f32], usize) + Sync,
+) {
+    let chunk = out.len() / rhs.groups();
+    let product_threads = ctx.for_work(work, MIN_PARALLEL_MACS);
+    let per_group = rhs.groups() > 1 && ctx.for_work(work, per_group_from) > 1;
+    if per_group && (product_threads == 1 || rhs.groups() >= product_threads) {
+        ctx.for_each_chunk_mut(out, chunk, |g, dst| f(g, dst, 1));
+    } else {
+        for (g, dst) in out.chunks_exact_mut(chunk).enumerate() {
+            f(g, dst, product_threads);
+        }
+    }
+}
+
 /// Checks that `a` is `[B, m, k]` for `rhs`' output batches and that every part lies inside its
-/// data; `op` names the kernel in the error.
+/// data ([`check_rhs`]); `op` names the kernel in the error.
 pub(super) fn check_parts(op: &'static str, a: &[f32], m: usize, rhs: &RhsParts<'_>) -> Result<(), KernelError> {
+    super::shape::check_len(op, "a", a, &[rhs.batches.output_batches(), m, rhs.k])?;
+    check_rhs(op, rhs)
+}
+
+/// Checks that the parts of `rhs` span its joined dim and each lies inside its data.
+pub(super) fn check_rhs(op: &'static str, rhs: &RhsParts<'_>) -> Result<(), KernelError> {
     let (k, n) = (rhs.k, rhs.n);
-    let batches = rhs.batches.output_batches();
-    super::shape::check_len(op, "a", a, &[batches, m, k])?;
     let joined: usize = rhs.parts.iter().map(|p| p.extent).sum();
     let full = match rhs.axis {
         JoinAxis::K => k,

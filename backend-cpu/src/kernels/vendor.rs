@@ -1,5 +1,6 @@
 //! The CPU's vendor, for the memory hints whose best choice differs between AMD's and Intel's
-//! caches (measured; see [`super::read_ahead::Policy`] and the int4 decode tile's prefetch).
+//! caches (measured; the int4 decode tile's prefetch), and the environment variables that pick a
+//! hint ([`super::read_ahead::Policy`] too, whose default is now the same on both).
 
 /// Whether the CPU's vendor is AMD (CPUID leaf 0's `AuthenticAMD`); read once.
 pub(crate) fn is_amd() -> bool {
