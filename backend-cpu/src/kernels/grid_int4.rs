@@ -128,7 +128,7 @@ pub(crate) fn available() -> bool {
 }
 
 /// The environment variable that picks how a decode row's tile prefetches the panels ahead
-/// ([`DecodePrefetch`]): `nta`, `t0` or `t0+t1`; unset, `nta` on AMD and `t0+t1` on others.
+/// ([`DecodePrefetch`]): `nta`, `t0`, `t0+t1` or `t1+t0`; unset, `nta` on AMD and `t1+t0` on others.
 pub const DECODE_PREFETCH_ENV: &str = "MLLM_CPU_DECODE_PREFETCH";
 
 /// How a decode row's tile asks for the panels ahead of the one it multiplies.
@@ -149,6 +149,13 @@ enum DecodePrefetch {
     /// runs: Qwen3-0.6B 1.6-3.2 % faster (higher in 11 of 12 pairs); SmolLM2-135M, whose
     /// 576-wide matrices come in chunks of one to three panels, unchanged.
     T0FarT1,
+    /// 4 KiB ahead into L2 only, and [`NEAR_PREFETCH_ROWS`] ahead into every level (likely: the
+    /// L2's queue keeps more of the stream in flight than the L1's few fill buffers, and the near
+    /// prefetch moves lines that are in L2 by then on into L1). On a 2-core Xeon VM (AMX, AVX512-FP16; 480 MiB of L3 listed),
+    /// alternating bench children: Qwen3-0.6B int4 decode 1.06x [`DecodePrefetch::T0FarT1`]
+    /// (higher in 5 of 5 rounds), SmolLM2-135M 1.02x (4 of 5); the decode row of `bench_int4`
+    /// streamed 25.7-26.2 GB/s with the L2 prefetch alone against 23.7-24.4 (docs/cpu.md).
+    T1NearT0,
 }
 
 /// Panel rows ahead of the tile that [`DecodePrefetch::T0FarT1`] asks the L2 for: 12 KiB of
@@ -156,13 +163,17 @@ enum DecodePrefetch {
 #[cfg(target_arch = "x86_64")]
 const FAR_PREFETCH_ROWS: usize = 768;
 
+/// Panel rows ahead of the tile that [`DecodePrefetch::T1NearT0`] asks the L1 for: 1 KiB.
+#[cfg(target_arch = "x86_64")]
+const NEAR_PREFETCH_ROWS: usize = 64;
+
 /// This process's [`DecodePrefetch`] ([`DECODE_PREFETCH_ENV`], read once).
 #[cfg(target_arch = "x86_64")]
 fn decode_prefetch() -> DecodePrefetch {
     use DecodePrefetch::*;
     static PREFETCH: std::sync::OnceLock<DecodePrefetch> = std::sync::OnceLock::new();
-    let choices = [("nta", NonTemporal), ("t0", T0), ("t0+t1", T0FarT1)];
-    *PREFETCH.get_or_init(|| super::vendor::hint_from_env(DECODE_PREFETCH_ENV, &choices, NonTemporal, T0FarT1))
+    let choices = [("nta", NonTemporal), ("t0", T0), ("t0+t1", T0FarT1), ("t1+t0", T1NearT0)];
+    *PREFETCH.get_or_init(|| super::vendor::hint_from_env(DECODE_PREFETCH_ENV, &choices, NonTemporal, T1NearT0))
 }
 
 /// `c[r, 0..cols] = init + rows[r0 + r] @ panel` for `r` in `0..m`, tile by tile.
@@ -241,7 +252,7 @@ pub(crate) fn portable(rows: &GridRows, r: usize, p: Int4Panel<'_>, c: *mut f32,
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{DecodePrefetch, GridRows, Int4Panel, FAR_PREFETCH_ROWS, INT4_ROW_BYTES, PANEL};
+    use super::{DecodePrefetch, GridRows, Int4Panel, FAR_PREFETCH_ROWS, INT4_ROW_BYTES, NEAR_PREFETCH_ROWS, PANEL};
     use crate::kernels::packed_int4::PREFETCH_ROWS;
     use std::arch::x86_64::*;
 
@@ -349,6 +360,11 @@ mod avx512 {
                 match prefetch {
                     DecodePrefetch::NonTemporal => _mm_prefetch::<_MM_HINT_NTA>(ahead),
                     DecodePrefetch::T0 => _mm_prefetch::<_MM_HINT_T0>(ahead),
+                    DecodePrefetch::T1NearT0 => {
+                        _mm_prefetch::<_MM_HINT_T1>(ahead);
+                        let near = codes.wrapping_add((kk + NEAR_PREFETCH_ROWS) * INT4_ROW_BYTES);
+                        _mm_prefetch::<_MM_HINT_T0>(near as *const i8);
+                    }
                     DecodePrefetch::T0FarT1 => {
                         _mm_prefetch::<_MM_HINT_T0>(ahead);
                         if kk < far_end {
