@@ -374,8 +374,10 @@ impl Backend for CpuBackend {
     }
 
     fn fuses(&self, kind: Fused) -> bool {
-        matches!(kind, Fused::RotateHalfRope | Fused::MaskedSoftmax | Fused::SiluGate | Fused::Attention)
-            && self.qdq.as_ref().is_none_or(|h| h.has_quantizers())
+        matches!(
+            kind,
+            Fused::RotateHalfRope | Fused::MaskedSoftmax | Fused::SiluGate | Fused::Attention | Fused::ResidualAdd
+        ) && self.qdq.as_ref().is_none_or(|h| h.has_quantizers())
     }
 
     fn fused(&self, kind: Fused, inputs: &[&Tensor], points: &[QdqAttr]) -> Option<Result<Tensor, BackendError>> {
@@ -385,6 +387,7 @@ impl Backend for CpuBackend {
             Fused::MaskedSoftmax => (self.masked_softmax(inputs, points), "masked softmax (fused)"),
             Fused::SiluGate => (self.silu_gate(inputs, points), "SiLU gate (fused)"),
             Fused::Attention => (self.attention(inputs, points), profile::ATTENTION_FUSED),
+            Fused::ResidualAdd => (self.residual_add(inputs, points), "residual add (fused)"),
             _ => (None, ""),
         };
         profile::lap(t0, label);
@@ -446,6 +449,32 @@ impl CpuBackend {
             let out = unsafe { try_fill_new(g.len(), |out| kernels::silu_gate(&g, &u, &quantizers, out)) }
                 .map_err(|e| BackendError::Op(e.to_string()))?;
             fused_output(gate, out, grid)
+        };
+        Some(run())
+    }
+
+    /// [`Fused::ResidualAdd`] on f32 `[x, y]` of one shape with its one or two points; `None` for
+    /// other inputs.
+    fn residual_add(&self, inputs: &[&Tensor], points: &[QdqAttr]) -> Option<Result<Tensor, BackendError>> {
+        let &[x, y] = inputs else { return None };
+        if !all_f32(inputs) || x.shape() != y.shape() {
+            return None;
+        }
+        // Without the sum's point the output lies on no grid.
+        let found = match points.len() {
+            1 => self.quantizers::<1>(points)?.map(|([branch], _)| ([branch, None], None)),
+            _ => self.quantizers::<2>(points)?,
+        };
+        let (quantizers, grid) = match found {
+            Ok(found) => found,
+            Err(e) => return Some(Err(e)),
+        };
+        let run = || {
+            let (xs, ys) = (fused_input(x, "residual")?, fused_input(y, "branch")?);
+            // SAFETY: `residual_add` writes all of its output when it returns Ok.
+            let out = unsafe { try_fill_new(xs.len(), |out| kernels::residual_add(&xs, &ys, &quantizers, out)) }
+                .map_err(|e| BackendError::Op(e.to_string()))?;
+            fused_output(x, out, grid)
         };
         Some(run())
     }

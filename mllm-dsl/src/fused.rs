@@ -58,6 +58,9 @@ pub enum Fused {
     /// repeat(cat(past_v, v)))` `[.., H, S, D]`, with `q0` the scores' point, `q1..q5` the masked
     /// softmax's five and `q6` the output's.
     Attention,
+    /// A residual connection `x + q0(y)` (`x`, `y` of one shape), then `q1(..)` when a second
+    /// point is given: the add with its input's point and, optionally, its output's.
+    ResidualAdd,
 }
 
 /// A fused step's QDQ point: its name in the calling module, as `qdq!` takes it, and its kind. A

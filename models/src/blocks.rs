@@ -146,6 +146,18 @@ pub fn gated_product(gate: &Tensor, up: &Tensor, act: HiddenAct) -> Result<Tenso
     }
 }
 
+/// The residual connection `x + q(y)` with `y`'s point `names[0]`, then the sum's point `names[1]`
+/// if given (`x`, `y` `[1, S, H]`): one fused step for a backend that fuses it.
+pub fn residual(x: &Tensor, y: &Tensor, names: &[&str]) -> Result<Tensor> {
+    fused(Fused::ResidualAdd, &[x, y], names, || {
+        let sum = x.add(&qdq!(y, names[0])?)?;
+        match names.get(1) {
+            Some(&out) => qdq!(sum, out),
+            None => Ok(sum),
+        }
+    })
+}
+
 /// A projection's output `[1, 1, S, n * D]` → heads `[1, n, S, D]`.
 pub fn split_heads(x: &Tensor, heads: usize, head_dim: usize) -> Result<Tensor> {
     x.view(&[1, -1, heads as i64, head_dim as i64])?.transpose(1, 2)

@@ -12,7 +12,7 @@
 //! `[1, 2, S, ctx]` and, when the config gives them their own RoPE base, their own RoPE tables
 //! (`model.mllm_max_local_{sin,cos}_embedding`).
 
-use crate::blocks::{FusedMlp, Mlp, SIGMOID_SCALE};
+use crate::blocks::{residual, FusedMlp, Mlp, SIGMOID_SCALE};
 use crate::config::TransformerConfig;
 use crate::rope::sin_cos_tables;
 use mllm_dsl::prelude::*;
@@ -121,10 +121,10 @@ impl<A: DecoderAttention, M: DecoderMlp> DecoderBlock for LayerOf<A, M> {
         let x = if self.layer_idx == 0 { x.clone() } else { qdq!(x, "input_layernorm_input_qdq")? };
         let h = self.input_layernorm.forward(&x)?;
         let (a, k, v) = self.self_attn.forward(&h, inputs)?;
-        let x = qdq!(x.add(&qdq!(a, "add_0_lhs_input_qdq")?)?, "add_0_output_qdq")?;
+        let x = residual(&x, &a, &["add_0_lhs_input_qdq", "add_0_output_qdq"])?;
         // 2. MLP with residual
         let m = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?;
-        let x = x.add(&qdq!(m, "add_1_lhs_input_qdq")?)?;
+        let x = residual(&x, &m, &["add_1_lhs_input_qdq"])?;
         Ok((x, k, v))
     }
 }
