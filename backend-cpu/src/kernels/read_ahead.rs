@@ -162,26 +162,24 @@ impl Spans {
         spans
     }
 
-    /// The end of the first matrix, `budget` bytes in all: each of its spans (panels, scales)
-    /// cut to the same fraction at its end, which is where its last panels lie.
+    /// The end of the first matrix, `budget` bytes in all (see [`Spans::first_cut`]).
     pub(crate) fn end_of_first(&self, budget: usize) -> Spans {
-        let mut out = Spans::default();
-        let total = self.spans[0].1 + self.spans[1].1;
-        for (slot, &(addr, len)) in out.spans[..2].iter_mut().zip(&self.spans[..2]) {
-            let keep = if total <= budget { len } else { (len as u128 * budget as u128 / total as u128) as usize };
-            *slot = (addr + len - keep, keep);
-        }
-        out
+        self.first_cut(budget, true)
     }
 
-    /// The start of the first matrix, `budget` bytes in all: each of its spans (panels, scales)
-    /// cut to the same fraction at its start, which is where its first panels lie.
+    /// The start of the first matrix, `budget` bytes in all (see [`Spans::first_cut`]).
     pub(crate) fn start_of_first(&self, budget: usize) -> Spans {
+        self.first_cut(budget, false)
+    }
+
+    /// The first matrix cut to `budget` bytes in all, each of its spans (panels, scales) to the
+    /// same fraction: at its end, where its last panels lie, or at its start.
+    fn first_cut(&self, budget: usize, at_end: bool) -> Spans {
         let mut out = Spans::default();
         let total = self.spans[0].1 + self.spans[1].1;
         for (slot, &(addr, len)) in out.spans[..2].iter_mut().zip(&self.spans[..2]) {
             let keep = if total <= budget { len } else { (len as u128 * budget as u128 / total as u128) as usize };
-            *slot = (addr, keep);
+            *slot = if at_end { (addr + len - keep, keep) } else { (addr, keep) };
         }
         out
     }

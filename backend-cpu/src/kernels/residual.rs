@@ -5,20 +5,13 @@
 //! goes through the three steps in place while it stays in L1, with the add's own f32 arithmetic
 //! and each point's fake quantizer, so the values are the ops' bit for bit.
 
-use super::qdq_points::{fake_in_place, QdqPoints};
+use super::qdq_points::{fake_in_place, zip_blocks, QdqPoints};
 use super::KernelError;
 use std::mem::MaybeUninit;
 
 /// The points in the model's order: the branch's (`y`), the sum's (`None` where the model has
 /// none, as in float mode).
 pub type ResidualPoints<'a> = QdqPoints<'a, 2>;
-
-/// Values per block (8 KiB of f32, in L1 through the three steps).
-const BLOCK_VALUES: usize = 2048;
-
-/// Inputs from this many values run on the team (a prefill chunk; a decode step's hidden width
-/// runs inline).
-const PARALLEL_VALUES: usize = 1 << 14;
 
 /// `out = q1(x + q0(y))` elementwise (`x`, `y` and `out` of one length).
 pub fn residual_add(
@@ -27,26 +20,14 @@ pub fn residual_add(
     points: &ResidualPoints<'_>,
     out: &mut [MaybeUninit<f32>],
 ) -> Result<(), KernelError> {
-    if y.len() != x.len() || out.len() != x.len() {
-        return Err(KernelError::InvalidArgument {
-            op: "residual add",
-            reason: format!(
-                "x of {} values, y of {} and an output of {} (all equal expected)",
-                x.len(),
-                y.len(),
-                out.len()
-            ),
-        });
-    }
-    let block = |i: usize, out: &mut [MaybeUninit<f32>]| {
-        let range = i * BLOCK_VALUES..i * BLOCK_VALUES + out.len();
-        mllm_dsl::simd::widest(
-            #[inline(always)]
-            || add_block(&x[range.clone()], &y[range.clone()], points, out),
-        )
-    };
-    super::threads::for_blocks(out, BLOCK_VALUES, PARALLEL_VALUES, block);
-    Ok(())
+    zip_blocks(
+        "residual add",
+        ["x", "y"],
+        (x, y),
+        out,
+        #[inline(always)]
+        |x, y, out| add_block(x, y, points, out),
+    )
 }
 
 /// [`residual_add`] of one block, each step in place in `out`.

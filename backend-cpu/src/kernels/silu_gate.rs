@@ -7,7 +7,7 @@
 //! arithmetic (the sigmoid op's formula, f32 products) and each point's fake quantizer, so the
 //! values are the ops' bit for bit.
 
-use super::qdq_points::{fake_in_place, QdqPoints};
+use super::qdq_points::{fake_in_place, zip_blocks, QdqPoints};
 use super::unary::sigmoid_f32;
 use super::KernelError;
 use std::mem::MaybeUninit;
@@ -16,13 +16,6 @@ use std::mem::MaybeUninit;
 /// `gate * sigmoid(gate)`, the product with `up`.
 pub type SiluGatePoints<'a> = QdqPoints<'a, 3>;
 
-/// Values per block (8 KiB of f32, in L1 through the three steps).
-const BLOCK_VALUES: usize = 2048;
-
-/// Inputs from this many values run on the team (a prefill chunk; a decode step's few thousand
-/// values run inline).
-const PARALLEL_VALUES: usize = 1 << 14;
-
 /// `out = q2(q1(gate * q0(sigmoid(gate))) * up)` elementwise (`gate`, `up` and `out` of one length).
 pub fn silu_gate(
     gate: &[f32],
@@ -30,27 +23,14 @@ pub fn silu_gate(
     points: &SiluGatePoints<'_>,
     out: &mut [MaybeUninit<f32>],
 ) -> Result<(), KernelError> {
-    if up.len() != gate.len() || out.len() != gate.len() {
-        return Err(KernelError::InvalidArgument {
-            op: "silu gate",
-            reason: format!(
-                "gate of {} values, up of {} and an output of {} (all equal expected)",
-                gate.len(),
-                up.len(),
-                out.len()
-            ),
-        });
-    }
-    let block = |i: usize, out: &mut [MaybeUninit<f32>]| {
-        let at = i * BLOCK_VALUES;
-        let range = at..at + out.len();
-        mllm_dsl::simd::widest(
-            #[inline(always)]
-            || gate_block(&gate[range.clone()], &up[range.clone()], points, out),
-        )
-    };
-    super::threads::for_blocks(out, BLOCK_VALUES, PARALLEL_VALUES, block);
-    Ok(())
+    zip_blocks(
+        "silu gate",
+        ["gate", "up"],
+        (gate, up),
+        out,
+        #[inline(always)]
+        |gate, up, out| gate_block(gate, up, points, out),
+    )
 }
 
 /// [`silu_gate`] of one block, each step in place in `out`.
