@@ -151,10 +151,11 @@ enum DecodePrefetch {
     T0FarT1,
     /// 4 KiB ahead into L2 only, and [`NEAR_PREFETCH_ROWS`] ahead into every level (likely: the
     /// L2's queue keeps more of the stream in flight than the L1's few fill buffers, and the near
-    /// prefetch moves lines that are in L2 by then on into L1). On a 2-core Xeon VM (AMX, AVX512-FP16; 480 MiB of L3 listed),
-    /// alternating bench children: Qwen3-0.6B int4 decode 1.06x [`DecodePrefetch::T0FarT1`]
-    /// (higher in 5 of 5 rounds), SmolLM2-135M 1.02x (4 of 5); the decode row of `bench_int4`
-    /// streamed 25.7-26.2 GB/s with the L2 prefetch alone against 23.7-24.4 (docs/cpu.md).
+    /// prefetch moves lines that are in L2 by then on into L1). On a 2-core Xeon VM (AMX,
+    /// AVX512-FP16; 480 MiB of L3 listed), alternating bench children: Qwen3-0.6B int4 decode
+    /// 1.06x [`DecodePrefetch::T0FarT1`] (higher in 5 of 5 rounds), SmolLM2-135M 1.02x (4 of 5);
+    /// the decode row of `bench_int4` streamed 25.7-26.2 GB/s with the L2 prefetch alone
+    /// against 23.7-24.4 (docs/cpu.md).
     T1NearT0,
 }
 
