@@ -435,46 +435,49 @@ impl CpuBackend {
     /// [`Fused::SiluGate`] on f32 `[gate, up]` of one shape, with its three points; `None` for
     /// other inputs.
     fn silu_gate(&self, inputs: &[&Tensor], points: &[QdqAttr]) -> Option<Result<Tensor, BackendError>> {
-        let &[gate, up] = inputs else { return None };
-        if !all_f32(inputs) || gate.shape() != up.shape() {
-            return None;
-        }
-        let (quantizers, grid) = match self.quantizers::<3>(points)? {
-            Ok(found) => found,
-            Err(e) => return Some(Err(e)),
-        };
-        let run = || {
-            let (g, u) = (fused_input(gate, "gate")?, fused_input(up, "up")?);
-            // SAFETY: `silu_gate` writes all of its output when it returns Ok.
-            let out = unsafe { try_fill_new(g.len(), |out| kernels::silu_gate(&g, &u, &quantizers, out)) }
-                .map_err(|e| BackendError::Op(e.to_string()))?;
-            fused_output(gate, out, grid)
-        };
-        Some(run())
+        self.zip_step(inputs, ["gate", "up"], || self.quantizers::<3>(points), kernels::silu_gate)
     }
 
     /// [`Fused::ResidualAdd`] on f32 `[x, y]` of one shape with its one or two points; `None` for
     /// other inputs.
     fn residual_add(&self, inputs: &[&Tensor], points: &[QdqAttr]) -> Option<Result<Tensor, BackendError>> {
-        let &[x, y] = inputs else { return None };
-        if !all_f32(inputs) || x.shape() != y.shape() {
+        // Without the sum's point the output lies on no grid.
+        let found = || match points.len() {
+            1 => self.quantizers::<1>(points).map(|f| f.map(|([branch], _)| ([branch, None], None))),
+            _ => self.quantizers::<2>(points),
+        };
+        self.zip_step(inputs, ["residual", "branch"], found, kernels::residual_add)
+    }
+
+    /// An elementwise fused step on f32 `[a, b]` of one shape (`what` names them in errors):
+    /// its points' quantizers and output grid as `found` gives them ([`CpuBackend::quantizers`]),
+    /// then `kernel` over the two inputs' values; `None` for other inputs.
+    fn zip_step<'h, const N: usize>(
+        &'h self,
+        inputs: &[&Tensor],
+        what: [&str; 2],
+        found: impl FnOnce() -> Option<Result<(kernels::QdqPoints<'h, N>, Option<kernels::Grid>), BackendError>>,
+        kernel: impl Fn(
+            &[f32],
+            &[f32],
+            &kernels::QdqPoints<'h, N>,
+            &mut [std::mem::MaybeUninit<f32>],
+        ) -> Result<(), kernels::KernelError>,
+    ) -> Option<Result<Tensor, BackendError>> {
+        let &[a, b] = inputs else { return None };
+        if !all_f32(inputs) || a.shape() != b.shape() {
             return None;
         }
-        // Without the sum's point the output lies on no grid.
-        let found = match points.len() {
-            1 => self.quantizers::<1>(points)?.map(|([branch], _)| ([branch, None], None)),
-            _ => self.quantizers::<2>(points)?,
-        };
-        let (quantizers, grid) = match found {
+        let (quantizers, grid) = match found()? {
             Ok(found) => found,
             Err(e) => return Some(Err(e)),
         };
         let run = || {
-            let (xs, ys) = (fused_input(x, "residual")?, fused_input(y, "branch")?);
-            // SAFETY: `residual_add` writes all of its output when it returns Ok.
-            let out = unsafe { try_fill_new(xs.len(), |out| kernels::residual_add(&xs, &ys, &quantizers, out)) }
+            let (av, bv) = (fused_input(a, what[0])?, fused_input(b, what[1])?);
+            // SAFETY: the fused kernels write all of their output when they return Ok.
+            let out = unsafe { try_fill_new(av.len(), |out| kernel(&av, &bv, &quantizers, out)) }
                 .map_err(|e| BackendError::Op(e.to_string()))?;
-            fused_output(x, out, grid)
+            fused_output(a, out, grid)
         };
         Some(run())
     }

@@ -146,14 +146,22 @@ pub fn gated_product(gate: &Tensor, up: &Tensor, act: HiddenAct) -> Result<Tenso
     }
 }
 
-/// The residual connection `x + q(y)` with `y`'s point `names[0]`, then the sum's point `names[1]`
-/// if given (`x`, `y` `[1, S, H]`): one fused step for a backend that fuses it.
-pub fn residual(x: &Tensor, y: &Tensor, names: &[&str]) -> Result<Tensor> {
+/// The residual connection `x + q(y)` with `y`'s point `branch`, then the sum's point `sum` if
+/// the model has one (`x`, `y` `[1, S, H]`): one fused step for a backend that fuses it.
+pub fn residual(x: &Tensor, y: &Tensor, branch: &str, sum: Option<&str>) -> Result<Tensor> {
+    let both;
+    let names: &[&str] = match sum {
+        Some(sum) => {
+            both = [branch, sum];
+            &both
+        }
+        None => std::slice::from_ref(&branch),
+    };
     fused(Fused::ResidualAdd, &[x, y], names, || {
-        let sum = x.add(&qdq!(y, names[0])?)?;
-        match names.get(1) {
-            Some(&out) => qdq!(sum, out),
-            None => Ok(sum),
+        let added = x.add(&qdq!(y, branch)?)?;
+        match sum {
+            Some(sum) => qdq!(added, sum),
+            None => Ok(added),
         }
     })
 }

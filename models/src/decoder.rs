@@ -121,10 +121,10 @@ impl<A: DecoderAttention, M: DecoderMlp> DecoderBlock for LayerOf<A, M> {
         let x = if self.layer_idx == 0 { x.clone() } else { qdq!(x, "input_layernorm_input_qdq")? };
         let h = self.input_layernorm.forward(&x)?;
         let (a, k, v) = self.self_attn.forward(&h, inputs)?;
-        let x = residual(&x, &a, &["add_0_lhs_input_qdq", "add_0_output_qdq"])?;
+        let x = residual(&x, &a, "add_0_lhs_input_qdq", Some("add_0_output_qdq"))?;
         // 2. MLP with residual
         let m = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?;
-        let x = residual(&x, &m, &["add_1_lhs_input_qdq"])?;
+        let x = residual(&x, &m, "add_1_lhs_input_qdq", None)?;
         Ok((x, k, v))
     }
 }

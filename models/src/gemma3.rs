@@ -110,10 +110,10 @@ impl DecoderBlock for Gemma3DecoderLayer {
         let x = if self.layer_idx == 0 { x.clone() } else { qdq!(x, "input_layernorm_input_qdq")? };
         let (a, k, v) = self.self_attn.forward(&self.input_layernorm.forward(&x)?, inputs)?;
         let a = self.post_attention_layernorm.forward(&qdq!(a, "post_attention_layernorm_input_qdq")?)?;
-        let x = residual(&x, &a, &["add_0_lhs_input_qdq", "add_0_output_qdq"])?;
+        let x = residual(&x, &a, "add_0_lhs_input_qdq", Some("add_0_output_qdq"))?;
         // 2. x + post_norm(mlp(pre_norm(x)))
         let m = self.mlp.forward(&self.pre_feedforward_layernorm.forward(&x)?)?;
         let m = self.post_feedforward_layernorm.forward(&qdq!(m, "post_feedforward_layernorm_input_qdq")?)?;
-        Ok((residual(&x, &m, &["add_1_lhs_input_qdq"])?, k, v))
+        Ok((residual(&x, &m, "add_1_lhs_input_qdq", None)?, k, v))
     }
 }
