@@ -17,6 +17,7 @@ use anyhow::{ensure, Result};
 use backend_cpu::kernels::{self, BatchRepeat, Grid, JoinAxis, PartData, RhsPart, RhsParts};
 use backend_cpu::rng::SplitMix64;
 use clap::Parser;
+use mllm_examples as _; // the allocator every main runs with (lib.rs)
 use std::time::Instant;
 
 #[derive(Parser, Debug)]

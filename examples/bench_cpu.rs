@@ -68,6 +68,7 @@ use backend_cpu::rng::SplitMix64;
 use backend_cpu::{Bf16Products, QuantizedWeights};
 use clap::Parser;
 use mllm_dsl::memory::{anon_huge_page_bytes, peak_rss_bytes, rss_bytes};
+use mllm_examples as _; // the allocator every main runs with (lib.rs)
 use runtime::{ChunkModel, GenerationConfig, Generator, Sampling};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -14,6 +14,7 @@
 use anyhow::{ensure, Context, Result};
 use backend_qnn::cost::{Calibration, DecoderShapes, HtpPerf};
 use clap::Parser;
+use mllm_examples as _; // the allocator every main runs with (lib.rs)
 use runtime::{GenerationConfig, Generator, GraphChoice, GraphMenu, Sampling};
 use std::path::PathBuf;
 use std::time::Instant;

@@ -23,6 +23,7 @@ use anyhow::{ensure, Result};
 use backend_cpu::kernels::{self, Grid, Int4Packer, PackedMatrix};
 use backend_cpu::rng::SplitMix64;
 use clap::Parser;
+use mllm_examples as _; // the allocator every main runs with (lib.rs)
 use std::time::Instant;
 
 const K: usize = 1024;

@@ -14,6 +14,7 @@ use compiler::passes::{Pipeline, SyntheticParams};
 use mllm_dsl::memory::peak_rss_bytes;
 use mllm_dsl::prelude::*;
 use mllm_dsl::{CausalLm, Program};
+use mllm_examples as _; // the allocator every main runs with (lib.rs)
 use models::io::trace_inputs;
 use models::qwen3::Qwen3ForCausalLM;
 use models::TransformerConfig;

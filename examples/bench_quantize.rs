@@ -11,6 +11,7 @@
 //! (`VmHWM` of `/proc/self/status`, reset after generation) against the checkpoint size. Targets:
 //! >= 200 MB/s, peak RSS <= 1.5x the checkpoint.
 
+use mllm_examples as _; // the allocator every main runs with (lib.rs)
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -6,6 +6,7 @@
 
 use mllm_dsl::prelude::*;
 use mllm_dsl::{CausalLm, Program};
+use mllm_examples as _; // the allocator every main runs with (lib.rs)
 use models::io::trace_inputs;
 use models::qwen3::Qwen3ForCausalLM;
 use models::TransformerConfig;
