@@ -32,7 +32,9 @@
 //! Before the models of a thread count, a child of its own measures the memory read bandwidth on
 //! that many threads (best of 7 passes over a 1 GiB buffer, far larger than the caches). A model
 //! child loads the model, then generates `--new` tokens after a
-//! `--prompt`-token random prompt (greedy, no EOS), `--runs` times. Prefill tok/s is prompt tokens
+//! `--prompt`-token random prompt (greedy, no EOS), `--warmup` times untimed (1: the first
+//! generation of a process decoded 3-5 % slower than the next ones on a Xeon VM, and llama-bench
+//! warms up too), then `--runs` times timed. Prefill tok/s is prompt tokens
 //! / prefill time (chunks of `--chunk`); decode tok/s is decode steps / decode time (the first new
 //! token comes from the prefill logits, so `new - 1` steps). The roofline is bandwidth / the bytes
 //! of weight matrices a decode step reads (KV cache and activations are not counted), and each
@@ -115,6 +117,11 @@ struct Args {
     /// Generations per process (after loading once); every run is printed.
     #[arg(long, default_value_t = 1)]
     runs: usize,
+    /// Untimed generations each model child runs after loading, before the timed ones (the same
+    /// prompt and length): llama-bench warms up alike (a prompt run and one generated token), and
+    /// candle-peer runs its sequence once untimed.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
     /// Rounds: every variant (and llama.cpp) once per round, alternating.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
@@ -622,6 +629,9 @@ impl Run<'_> {
         let roofline = bandwidth / matrix_bytes.max(1) as f64;
         // Decimal megabytes, as the bandwidth's GB/s: the parent divides one by the other.
         let mb = |b: f64| b / 1e6;
+        for _ in 0..args.warmup {
+            generator.generate(&prompt, &config)?;
+        }
         for run in 1..=args.runs {
             let out = generator.generate(&prompt, &config)?;
             let t = &out.timings;
