@@ -1,8 +1,8 @@
 //! `candle-peer DIR PROMPT NEW`: prefill and decode speed of candle-transformers' Qwen3
 //! (`ModelForCausalLM`, f32 compute on the CPU) on the safetensors checkpoint in `DIR`, a random
 //! `PROMPT`-token prompt run in one forward, then `NEW - 1` greedy decode steps, all of it once
-//! untimed first (a warm-up, as `bench_cpu` gives its own children and llama-bench runs). Prints one line,
-//! `prefill_tok_s=.. decode_tok_s=..`, which `bench_cpu --candle` reads. Threads: candle's CPU
+//! untimed first (a warm-up, as `bench_cpu` gives its own children and llama-bench runs). Prints
+//! one line, `prefill_tok_s=.. decode_tok_s=..`, which `bench_cpu --candle` reads. Threads: candle's CPU
 //! kernels run on rayon's global pool, sized by `RAYON_NUM_THREADS`.
 
 use anyhow::{bail, ensure, Context, Result};
@@ -34,24 +34,23 @@ fn main() -> Result<()> {
 
     // A fixed pseudo-random prompt: speed does not depend on the ids.
     let ids: Vec<u32> = (0..prompt as u32).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
-    generate(&mut model, &ids, new)?;
+    generate(&mut model, &dev, &ids, new)?;
     model.clear_kv_cache();
-    let (prefill, decode) = generate(&mut model, &ids, new)?;
+    let (prefill, decode) = generate(&mut model, &dev, &ids, new)?;
     println!("prefill_tok_s={:.2} decode_tok_s={:.2}", prompt as f64 / prefill, (new - 1) as f64 / decode);
     Ok(())
 }
 
 /// The prompt `ids` in one forward, then `new - 1` greedy decode steps: their times in seconds.
-fn generate(model: &mut ModelForCausalLM, ids: &[u32], new: usize) -> Result<(f64, f64)> {
-    let dev = Device::Cpu;
+fn generate(model: &mut ModelForCausalLM, dev: &Device, ids: &[u32], new: usize) -> Result<(f64, f64)> {
     let argmax = |logits: &Tensor| -> Result<u32> { Ok(logits.flatten_all()?.argmax(D::Minus1)?.to_scalar::<u32>()?) };
     let t = Instant::now();
-    let logits = model.forward(&Tensor::new(ids, &dev)?.unsqueeze(0)?, 0)?;
+    let logits = model.forward(&Tensor::new(ids, dev)?.unsqueeze(0)?, 0)?;
     let mut next = argmax(&logits)?;
     let prefill = t.elapsed().as_secs_f64();
     let t = Instant::now();
     for i in 0..new - 1 {
-        let logits = model.forward(&Tensor::new(&[next], &dev)?.unsqueeze(0)?, ids.len() + i)?;
+        let logits = model.forward(&Tensor::new(&[next], dev)?.unsqueeze(0)?, ids.len() + i)?;
         next = argmax(&logits)?;
     }
     Ok((prefill, t.elapsed().as_secs_f64()))
