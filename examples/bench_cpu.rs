@@ -58,7 +58,8 @@
 //! variable set, each setting in a child of its own beside the variant as it is, the first of a
 //! round's runs turning with the round, and the summary prints each setting against the variant
 //! alone: the ratios of the medians, per round, and in how many rounds it decoded faster. That
-//! is how a machine's best CPU hints are found (`MLLM_CPU_READ_AHEAD`, `MLLM_CPU_DECODE_PREFETCH`).
+//! is how a machine's best CPU hints are found (`MLLM_CPU_READ_AHEAD`, `MLLM_CPU_DECODE_PREFETCH`,
+//! `MLLM_CPU_SIBLINGS`).
 
 mod membw;
 
@@ -150,7 +151,7 @@ struct Args {
     /// Also runs every variant with an environment variable set, `NAME=VALUE` (repeat the flag
     /// for more settings, each run on its own), alternating with the variant as it is; the
     /// summary prints each against it, per round too. For the CPU backend's hints on this
-    /// machine: `MLLM_CPU_READ_AHEAD`, `MLLM_CPU_DECODE_PREFETCH` (docs/cpu.md).
+    /// machine: `MLLM_CPU_READ_AHEAD`, `MLLM_CPU_DECODE_PREFETCH`, `MLLM_CPU_SIBLINGS` (docs/cpu.md).
     #[arg(long = "with-env", value_name = "NAME=VALUE", value_parser = Setting::parse)]
     with_env: Vec<Setting>,
 }

@@ -16,6 +16,11 @@
 //! `--repeats` rounds is printed: the decode row as GB/s of weight bytes and as a fraction of the
 //! bandwidth, the chunk in G multiply-adds/s. Each round's pair is printed too: the host's
 //! bandwidth can move between rounds, and a round's kernel figure goes with its own pass.
+//!
+//! `--layers N` times a decode step's linears of SmolLM2-135M's shapes over N layers instead,
+//! each linear a job of its own against the linears that share an input run as one job
+//! (`kernels::linears_packed_on_grid`, what the executor does for q/k/v and gate/up), the two
+//! forms alternating each round; it prints the median step of each and their ratio per round.
 
 mod membw;
 
@@ -50,6 +55,11 @@ struct Args {
     /// The weights' format: int4 (LPBQ, activations on a grid) or bf16 (f32 products).
     #[arg(long, value_enum, default_value_t = Weights::Int4)]
     weights: Weights,
+    /// Instead: this many decoder layers of SmolLM2-135M's int4 linears, a decode row through
+    /// each, as separate products and with the linears that share an input as one job
+    /// (`linears_packed_on_grid`: q/k/v, gate/up), alternating `--repeats` times.
+    #[arg(long)]
+    layers: Option<usize>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
@@ -74,9 +84,12 @@ fn main() -> Result<()> {
         args.matrices > 0 && args.repeats > 0 && args.rows > 0 && args.cols > 0 && args.cols % 32 == 0,
         "--matrices, --repeats and --rows must be positive, --cols a positive multiple of 32"
     );
-    let n = args.cols;
     let mut rng = SplitMix64::new(0x2545_F491);
     let mut next = move || rng.next();
+    if let Some(layers) = args.layers {
+        return sibling_jobs(layers, &args, &mut next);
+    }
+    let n = args.cols;
     let matrices = (0..args.matrices)
         .map(|_| {
             if args.weights == Weights::Bf16 {
@@ -84,23 +97,13 @@ fn main() -> Result<()> {
                 let rows: Vec<u16> = (0..K * n).map(|_| 0x3F80 | (next() & 0x7F) as u16).collect();
                 return PackedMatrix::from_rows_bf16(n, K, &rows);
             }
-            let mut packer = Int4Packer::new(K, n, BLOCK)?;
-            let codes: Vec<u8> = (0..K * n).map(|_| (next() & 15) as u8).collect();
-            packer.push(&codes)?;
-            let scale1: Vec<u8> = (0..n * K / BLOCK).map(|_| 1 + (next() % 15) as u8).collect();
-            let scale2: Vec<f32> = (0..n).map(|_| 1e-3 * (1 + next() % 7) as f32).collect();
-            packer.finish(&scale1, &scale2)
+            int4(K, n, &mut next)
         })
         .collect::<Result<Vec<PackedMatrix>, _>>()?;
     // What a decode row reads: every matrix's panels (int4: codes, block scales, column scales and
     // code sums), counted as `bench_cpu`'s roofline counts a model's matrices.
     let weight_bytes: usize = matrices.iter().map(PackedMatrix::bytes).sum();
-    // Activations on a u16 grid whose values round-trip exactly (a power-of-two scale).
-    let grid = Grid { scale: 1.0 / 1024.0, zero_point: 32768 };
-    let on_grid = |m: usize, next: &mut dyn FnMut() -> u64| -> Vec<f32> {
-        (0..m * K).map(|_| ((next() >> 48) as i32 - grid.zero_point) as f32 * grid.scale).collect()
-    };
-    let (row, chunk) = (on_grid(1, &mut next), on_grid(args.rows, &mut next));
+    let (row, chunk) = (on_grid(K, &mut next), on_grid(args.rows * K, &mut next));
     println!(
         "{} {} weights [{K} -> {n}] ({:.0} MB in all), best of {} rounds",
         args.matrices,
@@ -118,7 +121,7 @@ fn main() -> Result<()> {
                 let start = Instant::now();
                 for w in &matrices {
                     std::hint::black_box(match args.weights {
-                        Weights::Int4 => kernels::linear_packed_on_grid(x, m, w, None, Some(grid))?,
+                        Weights::Int4 => kernels::linear_packed_on_grid(x, m, w, None, Some(GRID))?,
                         Weights::Bf16 => kernels::linear_packed(x, m, w, None)?,
                     });
                 }
@@ -145,6 +148,91 @@ fn main() -> Result<()> {
             100.0 * fractions[fractions.len() / 2],
             args.rows,
             prefill / 1e9
+        );
+    }
+    Ok(())
+}
+
+/// Activations on a u16 grid whose values round-trip exactly (a power-of-two scale).
+const GRID: Grid = Grid { scale: 1.0 / 1024.0, zero_point: 32768 };
+
+/// `len` random activations on [`GRID`].
+fn on_grid(len: usize, next: &mut dyn FnMut() -> u64) -> Vec<f32> {
+    (0..len).map(|_| ((next() >> 48) as i32 - GRID.zero_point) as f32 * GRID.scale).collect()
+}
+
+/// A random LPBQ int4 `[k -> n]` matrix, blocks of [`BLOCK`] rows.
+fn int4(k: usize, n: usize, next: &mut dyn FnMut() -> u64) -> Result<PackedMatrix, kernels::KernelError> {
+    let mut packer = Int4Packer::new(k, n, BLOCK)?;
+    let codes: Vec<u8> = (0..k * n).map(|_| (next() & 15) as u8).collect();
+    packer.push(&codes)?;
+    let scale1: Vec<u8> = (0..n * k / BLOCK).map(|_| 1 + (next() % 15) as u8).collect();
+    let scale2: Vec<f32> = (0..n).map(|_| 1e-3 * (1 + next() % 7) as f32).collect();
+    packer.finish(&scale1, &scale2)
+}
+
+/// `--layers`: a decode step's linears of SmolLM2-135M (hidden 576, 3 KV heads of 64, MLP 1536)
+/// over `layers` layers, each step once as seven separate products a layer and once with q/k/v
+/// and gate/up as one job each, alternating; prints each form's median step and their ratio.
+fn sibling_jobs(layers: usize, args: &Args, next: &mut dyn FnMut() -> u64) -> Result<()> {
+    const STEPS: usize = 20;
+    let (h, kv, mlp) = (576, 192, 1536);
+    let shapes = [(h, h), (h, kv), (h, kv), (h, h), (h, mlp), (h, mlp), (mlp, h)];
+    let model = (0..layers)
+        .map(|_| shapes.iter().map(|&(k, n)| int4(k, n, next)).collect::<Result<Vec<_>, _>>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let bytes: usize = model.iter().flatten().map(PackedMatrix::bytes).sum();
+    let (x, hidden) = (on_grid(h, next), on_grid(mlp, next));
+    let input = |w: &PackedMatrix| if w.k() == h { &x } else { &hidden };
+    println!(
+        "{layers} layers of SmolLM2-135M's int4 linears ({:.1} MB), {STEPS} decode steps a form, {} rounds",
+        bytes as f64 / 1e6,
+        args.repeats
+    );
+    for &threads in &args.threads {
+        kernels::set_num_threads(threads)?;
+        let alone = || -> Result<()> {
+            for w in model.iter().flatten() {
+                std::hint::black_box(kernels::linear_packed_on_grid(input(w), 1, w, None, Some(GRID))?);
+            }
+            Ok(())
+        };
+        let grouped = || -> Result<()> {
+            for l in &model {
+                for group in [&l[0..3], &l[3..4], &l[4..6], &l[6..7]] {
+                    let products: Vec<_> = group.iter().map(|w| (w, None)).collect();
+                    std::hint::black_box(kernels::linears_packed_on_grid(input(&group[0]), 1, &products, Some(GRID))?);
+                }
+            }
+            Ok(())
+        };
+        let (mut t_alone, mut t_grouped, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..args.repeats {
+            let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
+                f()?; // warm: the read-ahead learns the order
+                let start = Instant::now();
+                for _ in 0..STEPS {
+                    f()?;
+                }
+                Ok(start.elapsed().as_secs_f64() * 1e3 / STEPS as f64)
+            };
+            let (a, g) = (time(&alone)?, time(&grouped)?);
+            t_alone.push(a);
+            t_grouped.push(g);
+            ratios.push(a / g);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (a, g, r) = (median(&mut t_alone), median(&mut t_grouped), median(&mut ratios));
+        println!(
+            "threads={threads} step_ms separate={a:.3} ({:.1} GB/s) sibling_jobs={g:.3} ({:.1} GB/s); \
+             separate / sibling jobs {r:.3}x per round (median), faster in {} of {} rounds",
+            bytes as f64 / a / 1e6,
+            bytes as f64 / g / 1e6,
+            ratios.iter().filter(|&&q| q > 1.0).count(),
+            ratios.len()
         );
     }
     Ok(())

@@ -46,6 +46,7 @@ pub mod on_grid;
 pub mod packed_weight;
 pub mod quant;
 pub mod rng;
+mod siblings;
 pub mod store;
 pub mod u16_table;
 
@@ -53,4 +54,5 @@ pub use chunk_model::CpuChunkModel;
 pub use executor::{Bf16Products, CpuBackend, CpuOpError, GridProducts, QdqHook, QdqHookError, Quantized};
 pub use interp::{Interpreter, Mode as InterpMode};
 pub use packed_weight::{PackedWeight, WeightView};
+pub use siblings::SIBLINGS_ENV;
 pub use store::{CheckpointStore, QuantizedWeights};

@@ -253,3 +253,42 @@ fn rows_on_a_u16_grid_multiply_in_integers_and_match_the_decoded_weights() {
         eprintln!("note: this CPU lacks AVX-512 VNNI/VBMI: only the f32 fallback was checked");
     }
 }
+
+#[test]
+fn sibling_products_in_one_job_equal_each_product_alone() {
+    // Matrices of one K as a layer's q, k, v (int4 of two block sizes, a float one, a bias):
+    // `linears_packed_on_grid` runs them as one job, above the parallel threshold, and each
+    // output is that matrix's product alone bit for bit, on the grid's integer tile and off it.
+    let mut rng = Lcg(11);
+    let k = 512;
+    let grid = kernels::Grid { scale: 2.7e-4, zero_point: 32768 };
+    let shapes = [(9 * PANEL + 5, 16), (2 * PANEL, 16), (2 * PANEL + 3, 32)];
+    let int4: Vec<PackedMatrix> =
+        shapes.iter().map(|&(n, block)| pack(&lpbq(&mut rng, n, k, block), k, n, block, 4096)).collect();
+    let float = PackedMatrix::from_rows_f32(40, k, &rng.vec(40 * k, 0.1)).unwrap();
+    let bias = rng.vec(2 * PANEL, 0.5);
+    let products: Vec<(&PackedMatrix, Option<&[f32]>)> =
+        vec![(&int4[0], None), (&int4[1], Some(&bias)), (&float, None), (&int4[2], None)];
+    for m in [1, 3] {
+        let on_grid = grid_row(&mut rng, m * k, grid, 20000, 45000);
+        let off_grid = rng.vec(m * k, 1.0);
+        for (x, g) in [(&on_grid, Some(grid)), (&off_grid, None)] {
+            for threads in [1, 2] {
+                kernels::set_num_threads(threads).unwrap();
+                let outs = kernels::linears_packed_on_grid(x, m, &products, g).unwrap();
+                assert_eq!(outs.len(), products.len());
+                for (j, (&(w, b), out)) in products.iter().zip(&outs).enumerate() {
+                    let alone = kernels::linear_packed_on_grid(x, m, w, b, g).unwrap();
+                    assert_eq!(out, &alone, "matrix {j}, {m} rows, grid {}, threads {threads}", g.is_some());
+                }
+            }
+        }
+    }
+    // A matrix of another K is refused, naming the operand.
+    let other = PackedMatrix::from_rows_f32(8, k + 4, &rng.vec(8 * (k + 4), 0.1)).unwrap();
+    let x = rng.vec(k, 1.0);
+    assert!(matches!(
+        kernels::linears_packed_on_grid(&x, 1, &[(&int4[0], None), (&other, None)], None),
+        Err(KernelError::DataLength { operand: "x", .. })
+    ));
+}

@@ -53,7 +53,8 @@ pub use matmul_parts::{decode_u8, matmul_parts, BatchRepeat, JoinAxis, PartData,
 pub use movement::{concat, repeat_interleave, slice};
 pub use packed::{
     available_isas, linear_packed, linear_packed_bf16, linear_packed_bf16_with, linear_packed_on_grid,
-    linear_packed_with, runs_on_grid, Bf16Tile, PackedElems, PackedMatrix, BF16_TILE_ENV, INT4_TILE_ENV, PANEL,
+    linear_packed_with, linears_packed_on_grid, runs_on_grid, Bf16Tile, PackedElems, PackedMatrix, BF16_TILE_ENV,
+    INT4_TILE_ENV, PANEL,
 };
 pub use packed_int4::{Int4Packer, Int4Panels};
 pub use packed_tile::Isa;

@@ -419,15 +419,8 @@ fn product(
     bias: Option<&[f32]>,
     coded: Coded<'_>,
 ) -> Result<Vec<f32>, KernelError> {
-    const OP: &str = "linear_packed";
+    check(isa, x, m, w, bias)?;
     let (k, n) = (w.k, w.n);
-    super::shape::check_len(OP, "x", x, &[m, k])?;
-    if let Some(b) = bias {
-        super::shape::check_len(OP, "bias", b, &[n])?;
-    }
-    if !isa.available() {
-        return Err(KernelError::InvalidArgument { op: OP, reason: format!("{isa:?} is not supported by this CPU") });
-    }
     if m * n == 0 {
         return Ok(Vec::new());
     }
@@ -437,10 +430,154 @@ fn product(
     let panels = w.panels();
     let ctx = current();
     let threads = ctx.for_work(m * n * k, MIN_PARALLEL_MACS);
-    // Each panel task writes its own columns.
-    let dst = SendPtr(out.as_mut_ptr());
-    // Columns [p0 * PANEL, p1 * PANEL) of every output row.
-    let run = |p0: usize, p1: usize| {
+    let job = Panels { isa, x, m, w, bias, coded, dst: SendPtr(out.as_mut_ptr()) };
+    if threads <= 1 || panels < 2 {
+        job.run(0, panels);
+    } else {
+        // Eight chunks per thread, so a thread slowed by other load is balanced out and the
+        // caller waits less for the last chunk (alternating runs: prefill 268.7 vs 263.2 tok/s
+        // median against four), and at most `MAX_ITEM_BYTES` of weights each: a thread that
+        // ran out of chunks waits for the other's last one, and a sixteenth of a 78 MB `lm_head`
+        // (a decode row reads it once) is 400 µs of streaming.
+        let spans = w.spans();
+        let chunks = (threads * 8).max(spans.bytes().div_ceil(MAX_ITEM_BYTES));
+        let chunk = panels.div_ceil(chunks).max(1);
+        let policy = Policy::current();
+        let read_ahead = policy.plan(w.successor.runs(spans, policy.matrices_ahead()));
+        ctx.for_each_index_then(
+            panels.div_ceil(chunk),
+            |c| job.run(c * chunk, panels.min((c + 1) * chunk)),
+            read_ahead,
+        );
+    }
+    // SAFETY: the capacity is m * n, and the panels 0..panels (columns 0..n) times the row
+    // blocks (rows 0..m) above wrote every element once.
+    unsafe { out.set_len(m * n) };
+    Ok(out)
+}
+
+/// Several products of the same rows `x` (`[M, K]`) as one parallel job: `x @ W_j (+ bias_j)` for
+/// each `(W_j, bias_j)` of `products`, every matrix of `K` rows. A decode step's linears that read
+/// one input (a layer's q, k and v projections; gate and up) are each too short to be worth a job
+/// of their own: the threads' start and finish, a couple of µs a job on a 2-core VM, was as long
+/// as streaming a 576 × 192 int4 matrix, which ran on one thread. As one job they share both, and
+/// the small matrices stream on every thread. Each result equals [`linear_packed_on_grid`]'s for
+/// its matrix bit for bit (the same tiles over the same panels).
+pub fn linears_packed_on_grid(
+    x: &[f32],
+    m: usize,
+    products: &[(&PackedMatrix, Option<&[f32]>)],
+    grid: Option<Grid>,
+) -> Result<Vec<Vec<f32>>, KernelError> {
+    let isa = packed_tile::detect();
+    for &(w, bias) in products {
+        check(isa, x, m, w, bias)?;
+    }
+    // The rows coded once per block size (the integer tile's coding depends on it).
+    let mut coded: Vec<(usize, Option<GridRows>)> = Vec::new();
+    for &(w, _) in products {
+        if !coded.iter().any(|(block, _)| *block == block_size(w)) {
+            coded.push((block_size(w), grid_rows(x, m, w, grid)));
+        }
+    }
+    let coded_for = |w: &PackedMatrix| {
+        let rows = coded.iter().find(|(block, _)| *block == block_size(w)).and_then(|(_, rows)| rows.as_ref());
+        rows.map_or(Coded::None, Coded::Grid)
+    };
+    let mut outs: Vec<Vec<f32>> = products.iter().map(|(w, _)| Vec::with_capacity(m * w.n)).collect();
+    let jobs: Vec<Panels<'_>> = products
+        .iter()
+        .zip(&mut outs)
+        .map(|(&(w, bias), out)| Panels { isa, x, m, w, bias, coded: coded_for(w), dst: SendPtr(out.as_mut_ptr()) })
+        .collect();
+    let macs: usize = products.iter().map(|(w, _)| m * w.n * w.k).sum();
+    let ctx = current();
+    let threads = ctx.for_work(macs, MIN_PARALLEL_MACS);
+    if threads <= 1 || m == 0 {
+        jobs.iter().for_each(|job| job.run(0, job.w.panels()));
+    } else {
+        // Chunks of one size across the matrices, eight per thread as in `product`. The first
+        // matrix's chunks are split around the others': the caller takes items from the front and
+        // the helpers from the back, so each starts on the part of the first matrix it read ahead
+        // while the job before ran (`Policy::OwnShare`: the caller its start, a helper its end).
+        let bytes: usize = products.iter().map(|(w, _)| w.spans().bytes()).sum();
+        let panels: usize = products.iter().map(|(w, _)| w.panels()).sum();
+        let chunks = (threads * 8).max(bytes.div_ceil(MAX_ITEM_BYTES));
+        let chunk = panels.div_ceil(chunks).max(1);
+        let mut items: Vec<(usize, usize, usize)> = Vec::with_capacity(chunks + products.len());
+        for (j, (w, _)) in products.iter().enumerate() {
+            items.extend((0..w.panels()).step_by(chunk).map(|p| (j, p, w.panels().min(p + chunk))));
+        }
+        let first = products.first().map_or(0, |(w, _)| w.panels().div_ceil(chunk));
+        items[first.div_ceil(2)..].rotate_left(first - first.div_ceil(2));
+        // Every matrix joins the learnt order as it would alone; the job reads ahead what
+        // followed the last one.
+        let policy = Policy::current();
+        let mut ahead = Spans::default();
+        for (w, _) in products {
+            ahead = w.successor.runs(w.spans(), policy.matrices_ahead());
+        }
+        let read_ahead = policy.plan(ahead);
+        ctx.for_each_index_then(
+            items.len(),
+            |i| {
+                let (j, p0, p1) = items[i];
+                jobs[j].run(p0, p1)
+            },
+            read_ahead,
+        );
+    }
+    drop(jobs);
+    for (out, (w, _)) in outs.iter_mut().zip(products) {
+        // SAFETY: the capacity is m * n, and the items above covered the panels 0..panels of
+        // this matrix once, each writing its columns of every row.
+        unsafe { out.set_len(m * w.n) };
+    }
+    Ok(outs)
+}
+
+/// The block size of an int4 matrix (0 for float ones, which the integer tile does not read).
+fn block_size(w: &PackedMatrix) -> usize {
+    match &w.elems {
+        PackedElems::Int4(p) => p.block_size(),
+        _ => 0,
+    }
+}
+
+/// The operands' shapes, and the instruction set on this CPU.
+fn check(isa: Isa, x: &[f32], m: usize, w: &PackedMatrix, bias: Option<&[f32]>) -> Result<(), KernelError> {
+    const OP: &str = "linear_packed";
+    super::shape::check_len(OP, "x", x, &[m, w.k])?;
+    if let Some(b) = bias {
+        super::shape::check_len(OP, "bias", b, &[w.n])?;
+    }
+    if !isa.available() {
+        return Err(KernelError::InvalidArgument { op: OP, reason: format!("{isa:?} is not supported by this CPU") });
+    }
+    Ok(())
+}
+
+/// One product's panels, run a range at a time by the threads of a job: each range writes its
+/// own columns of every output row.
+struct Panels<'a> {
+    isa: Isa,
+    x: &'a [f32],
+    m: usize,
+    w: &'a PackedMatrix,
+    bias: Option<&'a [f32]>,
+    coded: Coded<'a>,
+    /// The `m * n` output, allocated and not initialized.
+    dst: SendPtr<f32>,
+}
+
+// SAFETY: concurrent `run` calls write disjoint panels of `dst` and only read the rest.
+unsafe impl Sync for Panels<'_> {}
+
+impl Panels<'_> {
+    /// Columns `[p0 * PANEL, p1 * PANEL)` of every output row.
+    fn run(&self, p0: usize, p1: usize) {
+        let Panels { isa, x, m, w, bias, coded, dst } = *self;
+        let (k, n) = (w.k, w.n);
         for r0 in (0..m).step_by(ROW_BLOCK) {
             let rows = ROW_BLOCK.min(m - r0);
             for p in p0..p1 {
@@ -509,26 +646,7 @@ fn product(
                 }
             }
         }
-    };
-    if threads <= 1 || panels < 2 {
-        run(0, panels);
-    } else {
-        // Eight chunks per thread, so a thread slowed by other load is balanced out and the
-        // caller waits less for the last chunk (alternating runs: prefill 268.7 vs 263.2 tok/s
-        // median against four), and at most `MAX_ITEM_BYTES` of weights each: a thread that
-        // ran out of chunks waits for the other's last one, and a sixteenth of a 78 MB `lm_head`
-        // (a decode row reads it once) is 400 µs of streaming.
-        let spans = w.spans();
-        let chunks = (threads * 8).max(spans.bytes().div_ceil(MAX_ITEM_BYTES));
-        let chunk = panels.div_ceil(chunks).max(1);
-        let policy = Policy::current();
-        let read_ahead = policy.plan(w.successor.runs(spans, policy.matrices_ahead()));
-        ctx.for_each_index_then(panels.div_ceil(chunk), |c| run(c * chunk, panels.min((c + 1) * chunk)), read_ahead);
     }
-    // SAFETY: the capacity is m * n, and the panels 0..panels (columns 0..n) times the row
-    // blocks (rows 0..m) above wrote every element once.
-    unsafe { out.set_len(m * n) };
-    Ok(out)
 }
 
 /// The instruction sets this CPU can run the packed kernels with, best first.
