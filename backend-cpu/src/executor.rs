@@ -691,14 +691,19 @@ impl CpuBackend {
                     kernels::linear_packed_bf16(&f32_of(x, "input")?, m, &w.matrix, bias.as_deref()).map_err(e)?
                 } else {
                     let grid = grid_of(x).filter(|_| self.products == GridProducts::Integer);
-                    match x.storage() {
+                    let bias_buffer = match inputs.get(2).map(|b| b.storage()) {
+                        None => Some(None),
+                        Some(Some(Storage::F32(b))) => Some(Some(b)),
+                        Some(_) => None,
+                    };
+                    match (x.storage(), bias_buffer) {
                         // A decode step's linear: with the others that read its input (`siblings`).
-                        Some(storage) if m == 1 && bias.is_none() && crate::siblings::enabled() => {
+                        (Some(storage), Some(bias)) if m == 1 && crate::siblings::enabled() => {
                             let values = f32_of(x, "input")?;
                             let fits = |s: &kernels::PackedMatrix| s.k() == k;
-                            crate::siblings::one_row_linear(storage, &w.matrix, self.products as u8, fits, |ms| {
-                                let products: Vec<_> = ms.iter().map(|w| (*w, None)).collect();
-                                kernels::linears_packed_on_grid(&values, 1, &products, grid)
+                            let setting = self.products as u8;
+                            crate::siblings::one_row_linear(storage, &w.matrix, bias, setting, fits, |products| {
+                                kernels::linears_packed_on_grid(&values, 1, products, grid)
                             })
                             .map_err(e)?
                         }

@@ -12,13 +12,13 @@
 //!
 //! A wrong guess costs work, never a result: an output computed ahead is handed only to the call
 //! it was computed for (the same input storage, which is immutable while shared and kept alive
-//! here so its address is not reused; the same matrix; the same product setting), and it is the
-//! product alone bit for bit. The state is the calling thread's, bounded: at most
-//! [`MAX_SIBLINGS`] per linear and [`MAX_LEARNT`] linears remembered, weights held weakly so a
-//! dropped model's matrices are freed.
+//! here so its address is not reused; the same matrix and bias buffers; the same product
+//! setting), and it is the product alone bit for bit. The state is the calling thread's, bounded: at most
+//! [`MAX_SIBLINGS`] per linear and [`MAX_LEARNT`] linears remembered, weights and biases held
+//! weakly so a dropped model's are freed.
 
 use crate::kernels::PackedMatrix;
-use mllm_dsl::Storage;
+use mllm_dsl::{F32Buffer, Storage};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Weak};
@@ -46,13 +46,49 @@ struct Run {
     /// The product setting the run's outputs were made with (see [`one_row_linear`]).
     setting: u8,
     head: Weak<PackedMatrix>,
-    seen: Vec<Weak<PackedMatrix>>,
+    seen: Vec<Linear>,
 }
+
+/// A linear's matrix and bias, held weakly: while a weak reference lives, the address it points
+/// at is not reused, so an equal address is the same buffer.
+#[derive(Clone)]
+struct Linear {
+    weight: Weak<PackedMatrix>,
+    bias: Option<Weak<Vec<f32>>>,
+}
+
+impl Linear {
+    fn new(weight: &Arc<PackedMatrix>, bias: Option<&F32Buffer>) -> Linear {
+        Linear { weight: Arc::downgrade(weight), bias: bias.map(F32Buffer::downgrade) }
+    }
+
+    /// Whether this is `weight` with `bias`.
+    fn is(&self, weight: &Arc<PackedMatrix>, bias: Option<&F32Buffer>) -> bool {
+        self.weight.as_ptr() == Arc::as_ptr(weight)
+            && match (&self.bias, bias) {
+                (None, None) => true,
+                (Some(mine), Some(b)) => Weak::ptr_eq(mine, &b.downgrade()),
+                _ => false,
+            }
+    }
+
+    /// The matrix and bias, if both still live.
+    fn upgrade(&self) -> Option<Live> {
+        let bias = match &self.bias {
+            Some(b) => Some(b.upgrade()?),
+            None => None,
+        };
+        Some((self.weight.upgrade()?, bias))
+    }
+}
+
+/// A linear's matrix and bias, alive.
+type Live = (Arc<PackedMatrix>, Option<Arc<Vec<f32>>>);
 
 /// What followed a linear on its input last time.
 struct Learnt {
     head: Weak<PackedMatrix>,
-    siblings: Vec<Weak<PackedMatrix>>,
+    siblings: Vec<Linear>,
 }
 
 #[derive(Default)]
@@ -60,7 +96,7 @@ struct State {
     run: Option<Run>,
     learnt: HashMap<usize, Learnt>,
     /// Outputs of the current run's input computed ahead, in the order they are expected.
-    ahead: VecDeque<(Weak<PackedMatrix>, Vec<f32>)>,
+    ahead: VecDeque<(Linear, Vec<f32>)>,
 }
 
 thread_local! {
@@ -85,50 +121,53 @@ enum Found {
     /// Its output, computed ahead.
     Ahead(Vec<f32>),
     /// Nothing: it runs with these siblings (alive, in order; maybe none).
-    Run(Vec<Arc<PackedMatrix>>),
+    Run(Vec<Live>),
 }
 
-/// The output of the 1-row linear `input @ weight` (no bias) made with product `setting`:
-/// computed ahead with an earlier call's job, or now by `compute`, which gets the matrices to
-/// multiply, `weight` first and then its learnt siblings that `fits` accepts, and returns their
-/// outputs in that order.
+/// A matrix to multiply and its bias.
+pub(crate) type Product<'a> = (&'a PackedMatrix, Option<&'a [f32]>);
+
+/// The output of the 1-row linear `input @ weight + bias` made with product `setting`: computed
+/// ahead with an earlier call's job, or now by `compute`, which gets the products to run, this
+/// one first and then its learnt siblings whose matrix `fits` accepts, and returns their outputs
+/// in that order.
 pub(crate) fn one_row_linear<E>(
     input: &Storage,
     weight: &Arc<PackedMatrix>,
+    bias: Option<&F32Buffer>,
     setting: u8,
     fits: impl Fn(&PackedMatrix) -> bool,
-    compute: impl FnOnce(&[&PackedMatrix]) -> Result<Vec<Vec<f32>>, E>,
+    compute: impl FnOnce(&[Product<'_>]) -> Result<Vec<Vec<f32>>, E>,
 ) -> Result<Vec<f32>, E> {
-    let found = STATE.with(|s| s.borrow_mut().find(input, weight, setting));
+    let found = STATE.with(|s| s.borrow_mut().find(input, weight, bias, setting));
     let siblings = match found {
         Found::Ahead(out) => return Ok(out),
         Found::Run(siblings) => siblings,
     };
-    let mut matrices: Vec<&PackedMatrix> = Vec::with_capacity(1 + siblings.len());
-    matrices.push(weight);
-    let mut kept: Vec<&Arc<PackedMatrix>> = Vec::with_capacity(siblings.len());
-    for s in siblings.iter().filter(|s| fits(s)) {
-        matrices.push(s);
-        kept.push(s);
-    }
-    let mut outs = compute(&matrices)?.into_iter();
+    let siblings: Vec<_> = siblings.into_iter().filter(|(w, _)| fits(w)).collect();
+    let mut products: Vec<Product<'_>> = Vec::with_capacity(1 + siblings.len());
+    products.push((weight, bias.map(|b| &**b)));
+    products.extend(siblings.iter().map(|(w, b)| (&**w, b.as_deref().map(Vec::as_slice))));
+    let mut outs = compute(&products)?.into_iter();
     let mine = outs.next().unwrap_or_default();
-    if !kept.is_empty() {
-        STATE.with(|s| s.borrow_mut().ahead.extend(kept.into_iter().map(Arc::downgrade).zip(outs)));
+    if !siblings.is_empty() {
+        let linears =
+            siblings.iter().map(|(w, b)| Linear { weight: Arc::downgrade(w), bias: b.as_ref().map(Arc::downgrade) });
+        STATE.with(|s| s.borrow_mut().ahead.extend(linears.zip(outs)));
     }
     Ok(mine)
 }
 
 impl State {
-    fn find(&mut self, input: &Storage, weight: &Arc<PackedMatrix>, setting: u8) -> Found {
+    fn find(&mut self, input: &Storage, weight: &Arc<PackedMatrix>, bias: Option<&F32Buffer>, setting: u8) -> Found {
         let input_id = storage_id(input);
         if let Some(run) = self.run.as_mut().filter(|r| storage_id(&r.input) == input_id && r.setting == setting) {
             // The run goes on: its next output may be here already.
             if run.seen.len() < MAX_SIBLINGS {
-                run.seen.push(Arc::downgrade(weight));
+                run.seen.push(Linear::new(weight, bias));
             }
             match self.ahead.pop_front() {
-                Some((w, out)) if w.as_ptr() == Arc::as_ptr(weight) => return Found::Ahead(out),
+                Some((linear, out)) if linear.is(weight, bias) => return Found::Ahead(out),
                 Some(_) => self.ahead.clear(),
                 None => {}
             }
@@ -152,7 +191,9 @@ impl State {
         self.run = Some(Run { input: input.clone(), setting, head: Arc::downgrade(weight), seen: Vec::new() });
         let siblings = match self.learnt.get(&id(weight)) {
             // The weak head keeps its address from being reused, so an equal address is this matrix.
-            Some(l) if l.head.as_ptr() == Arc::as_ptr(weight) => l.siblings.iter().filter_map(Weak::upgrade).collect(),
+            Some(l) if l.head.as_ptr() == Arc::as_ptr(weight) => {
+                l.siblings.iter().filter_map(Linear::upgrade).collect()
+            }
             _ => Vec::new(),
         };
         Found::Run(siblings)
@@ -175,18 +216,22 @@ mod tests {
 
     /// Runs `w` on `x` through [`one_row_linear`], counting the matrices each job multiplied.
     fn call(x: &Storage, w: &Arc<PackedMatrix>, jobs: &Cell<Vec<usize>>) -> Vec<f32> {
+        call_with(x, w, None, jobs)
+    }
+
+    fn call_with(x: &Storage, w: &Arc<PackedMatrix>, bias: Option<&F32Buffer>, jobs: &Cell<Vec<usize>>) -> Vec<f32> {
         let Storage::F32(values) = x else { unreachable!() };
         let out = one_row_linear(
             x,
             w,
+            bias,
             0,
             |m| m.k() == w.k(),
-            |ms: &[&PackedMatrix]| {
+            |products: &[Product<'_>]| {
                 let mut seen = jobs.take();
-                seen.push(ms.len());
+                seen.push(products.len());
                 jobs.set(seen);
-                let products: Vec<_> = ms.iter().map(|m| (*m, None)).collect();
-                crate::kernels::linears_packed_on_grid(values, 1, &products, None)
+                crate::kernels::linears_packed_on_grid(values, 1, products, None)
             },
         );
         out.unwrap()
@@ -246,5 +291,29 @@ mod tests {
         drop(k);
         call(&input(64, 1.0), &q, &jobs);
         assert_eq!(jobs.take(), [1, 1, 1]);
+    }
+
+    #[test]
+    fn biases_go_with_their_linears_and_a_new_bias_buffer_is_not_served_an_old_output() {
+        let (q, k) = (matrix(64, 32, 0.1), matrix(64, 32, 0.2));
+        let (bq, bk) = (F32Buffer::from(vec![0.5f32; 32]), F32Buffer::from(vec![-0.25f32; 32]));
+        let jobs = Cell::new(Vec::new());
+        let alone = |x: &Storage, w: &PackedMatrix, b: &F32Buffer| {
+            let Storage::F32(xs) = x else { unreachable!() };
+            crate::kernels::linear_packed(xs, 1, w, Some(b)).unwrap()
+        };
+        for step in 0..3 {
+            let x = input(64, step as f32);
+            assert_eq!(call_with(&x, &q, Some(&bq), &jobs), alone(&x, &q, &bq), "step {step}");
+            assert_eq!(call_with(&x, &k, Some(&bk), &jobs), alone(&x, &k, &bk), "step {step}");
+        }
+        // k now comes with another bias buffer (other values): the output made with the old one
+        // is dropped, and k runs with its new bias.
+        let x = input(64, 7.0);
+        let other = F32Buffer::from(vec![3.0f32; 32]);
+        assert_eq!(call_with(&x, &q, Some(&bq), &jobs), alone(&x, &q, &bq));
+        assert_eq!(call_with(&x, &k, Some(&other), &jobs), alone(&x, &k, &other));
+        // Step 0 learns; steps 1, 2 and the last run q's job with k; the last k runs alone.
+        assert_eq!(jobs.take(), [1, 1, 2, 2, 2, 1]);
     }
 }

@@ -37,6 +37,12 @@ impl F32Buffer {
     pub fn vec_mut(&mut self) -> Option<&mut Vec<f32>> {
         Arc::get_mut(&mut self.0)
     }
+
+    /// A weak reference to the values: while it lives their address is not reused, and they are
+    /// not kept alive (a backend's record of which buffer it has seen).
+    pub fn downgrade(&self) -> std::sync::Weak<Vec<f32>> {
+        Arc::downgrade(&self.0)
+    }
 }
 
 impl std::ops::Deref for F32Buffer {
