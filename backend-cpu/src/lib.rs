@@ -32,7 +32,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Map: [`executor`] runs each op ([`CpuBackend`], its QDQ hook and product settings),
+//! Map: [`executor`] runs each op ([`CpuBackend`], its QDQ hook and product settings) and,
+//! through `siblings`, a decode step's linears that share an input as one job ([`SIBLINGS_ENV`]),
 //! [`kernels`] the f32, bf16 and int4 compute, [`store`] loads weights in the form the kernels
 //! read, [`chunk_model`] adapts a model to the runtime's chunked prefill and decode, [`interp`]
 //! runs an IR program, [`quant`] calibrates and exports.
