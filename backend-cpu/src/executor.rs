@@ -699,13 +699,12 @@ impl CpuBackend {
                     match (x.storage(), bias_buffer) {
                         // A decode step's linear: with the others that read its input (`siblings`).
                         (Some(storage), Some(bias)) if m == 1 && crate::siblings::enabled() => {
-                            let values = f32_of(x, "input")?;
                             let fits = |s: &kernels::PackedMatrix| s.k() == k;
                             let setting = self.products as u8;
+                            // The input's values are read only if the output was not made ahead.
                             crate::siblings::one_row_linear(storage, &w.matrix, bias, setting, fits, |products| {
-                                kernels::linears_packed_on_grid(&values, 1, products, grid)
-                            })
-                            .map_err(e)?
+                                kernels::linears_packed_on_grid(&f32_of(x, "input")?, 1, products, grid).map_err(e)
+                            })?
                         }
                         _ => kernels::linear_packed_on_grid(&f32_of(x, "input")?, m, &w.matrix, bias.as_deref(), grid)
                             .map_err(e)?,

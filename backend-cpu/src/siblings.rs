@@ -87,7 +87,8 @@ type Live = (Arc<PackedMatrix>, Option<Arc<Vec<f32>>>);
 
 /// What followed a linear on its input last time.
 struct Learnt {
-    head: Weak<PackedMatrix>,
+    /// Held so that no other matrix takes the address this record is kept under.
+    _head: Weak<PackedMatrix>,
     siblings: Vec<Linear>,
 }
 
@@ -110,10 +111,6 @@ fn storage_id(s: &Storage) -> usize {
         Storage::I64(v) => v.as_ptr() as usize,
         Storage::Native(n) => Arc::as_ptr(n) as *const () as usize,
     }
-}
-
-fn id(w: &Arc<PackedMatrix>) -> usize {
-    Arc::as_ptr(w) as usize
 }
 
 /// What a call finds.
@@ -184,17 +181,16 @@ impl State {
                     if self.learnt.len() >= MAX_LEARNT && !self.learnt.contains_key(&head) {
                         self.learnt.clear();
                     }
-                    self.learnt.insert(head, Learnt { head: run.head, siblings: run.seen });
+                    self.learnt.insert(head, Learnt { _head: run.head, siblings: run.seen });
                 }
             }
         }
         self.run = Some(Run { input: input.clone(), setting, head: Arc::downgrade(weight), seen: Vec::new() });
-        let siblings = match self.learnt.get(&id(weight)) {
-            // The weak head keeps its address from being reused, so an equal address is this matrix.
-            Some(l) if l.head.as_ptr() == Arc::as_ptr(weight) => {
-                l.siblings.iter().filter_map(Linear::upgrade).collect()
-            }
-            _ => Vec::new(),
+        // The record's weak head keeps its address from being reused: the entry at this matrix's
+        // address is this matrix's.
+        let siblings = match self.learnt.get(&(Arc::as_ptr(weight) as usize)) {
+            Some(l) => l.siblings.iter().filter_map(Linear::upgrade).collect(),
+            None => Vec::new(),
         };
         Found::Run(siblings)
     }

@@ -27,7 +27,7 @@ use super::grid_int4::{self, Grid, GridRows};
 use super::packed_int4::Int4Panels;
 use super::packed_tile::{self, Isa, MAX_ROWS};
 use super::read_ahead::{Policy, Spans, Successor};
-use super::threads::{current, SendPtr};
+use super::threads::{current, SendPtr, ThreadCtx};
 use super::weight_memory::WeightBuf;
 use super::KernelError;
 use bytemuck::Zeroable;
@@ -427,29 +427,10 @@ fn product(
     // Not zeroed first: the tiles write every element (a prefill chunk's outputs are hundreds of
     // KB, and zeroing them was a tenth of the product's time).
     let mut out: Vec<f32> = Vec::with_capacity(m * n);
-    let panels = w.panels();
     let ctx = current();
     let threads = ctx.for_work(m * n * k, MIN_PARALLEL_MACS);
     let job = Panels { isa, x, m, w, bias, coded, dst: SendPtr(out.as_mut_ptr()) };
-    if threads <= 1 || panels < 2 {
-        job.run(0, panels);
-    } else {
-        // Eight chunks per thread, so a thread slowed by other load is balanced out and the
-        // caller waits less for the last chunk (alternating runs: prefill 268.7 vs 263.2 tok/s
-        // median against four), and at most `MAX_ITEM_BYTES` of weights each: a thread that
-        // ran out of chunks waits for the other's last one, and a sixteenth of a 78 MB `lm_head`
-        // (a decode row reads it once) is 400 µs of streaming.
-        let spans = w.spans();
-        let chunks = (threads * 8).max(spans.bytes().div_ceil(MAX_ITEM_BYTES));
-        let chunk = panels.div_ceil(chunks).max(1);
-        let policy = Policy::current();
-        let read_ahead = policy.plan(w.successor.runs(spans, policy.matrices_ahead()));
-        ctx.for_each_index_then(
-            panels.div_ceil(chunk),
-            |c| job.run(c * chunk, panels.min((c + 1) * chunk)),
-            read_ahead,
-        );
-    }
+    run_jobs(&ctx, threads, std::slice::from_ref(&job));
     // SAFETY: the capacity is m * n, and the panels 0..panels (columns 0..n) times the row
     // blocks (rows 0..m) above wrote every element once.
     unsafe { out.set_len(m * n) };
@@ -493,40 +474,7 @@ pub fn linears_packed_on_grid(
     let macs: usize = products.iter().map(|(w, _)| m * w.n * w.k).sum();
     let ctx = current();
     let threads = ctx.for_work(macs, MIN_PARALLEL_MACS);
-    if threads <= 1 || m == 0 {
-        jobs.iter().for_each(|job| job.run(0, job.w.panels()));
-    } else {
-        // Chunks of one size across the matrices, eight per thread as in `product`. The first
-        // matrix's chunks are split around the others': the caller takes items from the front and
-        // the helpers from the back, so each starts on the part of the first matrix it read ahead
-        // while the job before ran (`Policy::OwnShare`: the caller its start, a helper its end).
-        let bytes: usize = products.iter().map(|(w, _)| w.spans().bytes()).sum();
-        let panels: usize = products.iter().map(|(w, _)| w.panels()).sum();
-        let chunks = (threads * 8).max(bytes.div_ceil(MAX_ITEM_BYTES));
-        let chunk = panels.div_ceil(chunks).max(1);
-        let mut items: Vec<(usize, usize, usize)> = Vec::with_capacity(chunks + products.len());
-        for (j, (w, _)) in products.iter().enumerate() {
-            items.extend((0..w.panels()).step_by(chunk).map(|p| (j, p, w.panels().min(p + chunk))));
-        }
-        let first = products.first().map_or(0, |(w, _)| w.panels().div_ceil(chunk));
-        items[first.div_ceil(2)..].rotate_left(first - first.div_ceil(2));
-        // Every matrix joins the learnt order as it would alone; the job reads ahead what
-        // followed the last one.
-        let policy = Policy::current();
-        let mut ahead = Spans::default();
-        for (w, _) in products {
-            ahead = w.successor.runs(w.spans(), policy.matrices_ahead());
-        }
-        let read_ahead = policy.plan(ahead);
-        ctx.for_each_index_then(
-            items.len(),
-            |i| {
-                let (j, p0, p1) = items[i];
-                jobs[j].run(p0, p1)
-            },
-            read_ahead,
-        );
-    }
+    run_jobs(&ctx, threads, &jobs);
     drop(jobs);
     for (out, (w, _)) in outs.iter_mut().zip(products) {
         // SAFETY: the capacity is m * n, and the items above covered the panels 0..panels of
@@ -534,6 +482,54 @@ pub fn linears_packed_on_grid(
         unsafe { out.set_len(m * w.n) };
     }
     Ok(outs)
+}
+
+/// Runs `jobs`, products of the same rows, as one parallel job on `threads` threads (serially on
+/// one).
+fn run_jobs(ctx: &ThreadCtx, threads: usize, jobs: &[Panels<'_>]) {
+    let panels: usize = jobs.iter().map(|job| job.w.panels()).sum();
+    if threads <= 1 || panels < 2 {
+        jobs.iter().for_each(|job| job.run(0, job.w.panels()));
+        return;
+    }
+    // Eight chunks per thread, so a thread slowed by other load is balanced out and the caller
+    // waits less for the last chunk (alternating runs: prefill 268.7 vs 263.2 tok/s median
+    // against four), and at most `MAX_ITEM_BYTES` of weights each: a thread that ran out of
+    // chunks waits for the other's last one, and a sixteenth of a 78 MB `lm_head` (a decode row
+    // reads it once) is 400 µs of streaming. Chunks are of one size across the matrices.
+    let bytes: usize = jobs.iter().map(|job| job.w.spans().bytes()).sum();
+    let chunks = (threads * 8).max(bytes.div_ceil(MAX_ITEM_BYTES));
+    let chunk = panels.div_ceil(chunks).max(1);
+    let chunks_of = |job: &Panels<'_>| job.w.panels().div_ceil(chunk);
+    let items: usize = jobs.iter().map(chunks_of).sum();
+    // Item `i` as (job, chunk): the first matrix's chunks split around the others'. The caller
+    // takes items from the front and the helpers from the back, so each starts on the part of
+    // the first matrix it read ahead while the job before ran (`Policy::OwnShare`: the caller
+    // its start, a helper its end).
+    let front = chunks_of(&jobs[0]).div_ceil(2);
+    let item = |i: usize| -> (usize, usize) {
+        let Some(mut i) = i.checked_sub(front) else { return (0, i) };
+        for (j, job) in jobs.iter().enumerate().skip(1) {
+            match i.checked_sub(chunks_of(job)) {
+                Some(rest) => i = rest,
+                None => return (j, i),
+            }
+        }
+        (0, front + i)
+    };
+    // Every matrix joins the learnt order as it would alone; the job reads ahead what followed
+    // the last one.
+    let policy = Policy::current();
+    let mut ahead = Spans::default();
+    for job in jobs {
+        ahead = job.w.successor.runs(job.w.spans(), policy.matrices_ahead());
+    }
+    let read_ahead = policy.plan(ahead);
+    let run = |i: usize| {
+        let (j, c) = item(i);
+        jobs[j].run(c * chunk, jobs[j].w.panels().min((c + 1) * chunk));
+    };
+    ctx.for_each_index_then(items, run, read_ahead);
 }
 
 /// The block size of an int4 matrix (0 for float ones, which the integer tile does not read).
