@@ -59,7 +59,10 @@
 //! round's runs turning with the round, and the summary prints each setting against the variant
 //! alone: the ratios of the medians, per round, and in how many rounds it decoded faster. That
 //! is how a machine's best CPU hints are found (`MLLM_CPU_READ_AHEAD`, `MLLM_CPU_DECODE_PREFETCH`,
-//! `MLLM_CPU_SIBLINGS`).
+//! `MLLM_CPU_SIBLINGS`). Separate processes drift apart on a shared host, so for a setting the
+//! backend changes at run time (`backend_cpu::knobs`) `--paired NAME=VALUE` makes each timed run
+//! of a model child a pair of generations, as it is and with the setting, back to back in that
+//! one process, and the summary prints the setting's decode over the other's per pair.
 
 mod membw;
 
@@ -154,6 +157,14 @@ struct Args {
     /// machine: `MLLM_CPU_READ_AHEAD`, `MLLM_CPU_DECODE_PREFETCH`, `MLLM_CPU_SIBLINGS` (docs/cpu.md).
     #[arg(long = "with-env", value_name = "NAME=VALUE", value_parser = Setting::parse)]
     with_env: Vec<Setting>,
+    /// Every timed run of a model child is a pair: one generation as it is and one with this CPU
+    /// backend setting (`backend_cpu::knobs`: `MLLM_CPU_INT4_TILE`, `MLLM_CPU_READ_AHEAD`,
+    /// `MLLM_CPU_DECODE_PREFETCH`, `MLLM_CPU_SIBLINGS`), back to back in one process, the first of
+    /// the two turning with the run; the summary prints the ratio per pair, its median and in how
+    /// many pairs the setting decoded faster. Unlike --with-env, the host's drift between
+    /// processes does not enter the ratios.
+    #[arg(long, value_name = "NAME=VALUE", value_parser = Setting::parse_runtime)]
+    paired: Option<Setting>,
 }
 
 /// An environment variable set for some runs of a variant (`--with-env`).
@@ -173,6 +184,15 @@ impl Setting {
             return Err(format!("`{name}` is the bench's own variable"));
         }
         Ok(Setting { name: name.into(), value: value.into() })
+    }
+
+    /// [`Setting::parse`] of a setting the CPU backend changes at run time (`--paired`).
+    fn parse_runtime(s: &str) -> Result<Setting, String> {
+        let setting = Setting::parse(s)?;
+        if !backend_cpu::knobs::RUNTIME_SETTINGS.contains(&setting.name.as_str()) {
+            return Err(backend_cpu::knobs::UnknownSetting { name: setting.name }.to_string());
+        }
+        Ok(setting)
     }
 
     /// The results' name of `variant` run with this setting (`None`: as it is).
@@ -268,6 +288,8 @@ fn main() -> Result<()> {
     let mut weights_mb: BTreeMap<(String, usize), f64> = BTreeMap::new();
     // (name, threads) -> the STEP_FIELDS of each run's step profile.
     let mut step_profiles: BTreeMap<(String, usize), Vec<Vec<f64>>> = BTreeMap::new();
+    // (name, threads) -> (decode as it is, decode with --paired's setting) of every pair.
+    let mut pairs: BTreeMap<(String, usize), Vec<(f64, f64)>> = BTreeMap::new();
     for round in 1..=args.rounds {
         for &threads in &args.threads {
             // In its own process, so its buffer does not count in a model's peak RSS.
@@ -305,6 +327,14 @@ fn main() -> Result<()> {
                         bail!("the {name} {threads}-thread run failed: {}", String::from_utf8_lossy(&out.stderr));
                     }
                     for line in text.lines() {
+                        if line.starts_with("paired ") {
+                            if let (Some(base), Some(with)) =
+                                (field(line, "base_decode_tok_s"), field(line, "decode_tok_s"))
+                            {
+                                pairs.entry((name.clone(), threads)).or_default().push((base, with));
+                            }
+                            continue;
+                        }
                         if line.starts_with("step_profile ") {
                             let values = STEP_FIELDS.iter().map(|&key| field(line, key).unwrap_or(f64::NAN)).collect();
                             step_profiles.entry((name.clone(), threads)).or_default().push(values);
@@ -333,6 +363,9 @@ fn main() -> Result<()> {
     }
     summarize(&results, &args.threads);
     compare_settings(&results, &args.threads, &variants, &args.with_env);
+    if let Some(setting) = &args.paired {
+        paired_summary(&pairs, setting)?;
+    }
     roofline_summary(&results, &bandwidths, &weights_mb);
     step_profile_summary(&step_profiles)
 }
@@ -486,6 +519,31 @@ fn compare_settings(results: &Results, threads: &[usize], variants: &[Variant], 
     }
 }
 
+/// `--paired`: per variant and thread count, the setting's decode over the decode as it is, pair
+/// by pair (the two generations ran back to back in one process).
+fn paired_summary(pairs: &BTreeMap<(String, usize), Vec<(f64, f64)>>, setting: &Setting) -> Result<()> {
+    ensure!(!pairs.is_empty(), "--paired {}={}: no model child printed a pair", setting.name, setting.value);
+    for ((name, t), runs) in pairs {
+        let ratios: Vec<f64> = runs.iter().map(|&(base, with)| with / base).collect();
+        if let Some(bad) = runs.iter().find(|(base, with)| !(base.is_finite() && with.is_finite() && *base > 0.0)) {
+            bail!("--paired {}: a {name} {t}-thread pair decoded at {bad:?} tok/s", setting.name);
+        }
+        println!(
+            "  threads={t} {name}[{}={}] / {name}, paired in one process: decode {:.3}x per pair (median of {}), \
+             faster in {} of {} pairs; medians {:.2} against {:.2} tok/s",
+            setting.name,
+            setting.value,
+            median(ratios.clone()),
+            ratios.len(),
+            ratios.iter().filter(|&&r| r > 1.0).count(),
+            ratios.len(),
+            median(runs.iter().map(|r| r.1).collect()),
+            median(runs.iter().map(|r| r.0).collect()),
+        );
+    }
+    Ok(())
+}
+
 /// Median decode as a fraction of the roofline at the best bandwidth any round measured. On a
 /// shared host a round's own measurement can catch a moment of contention and put a decode above
 /// its roofline; the best one is what the machine can do, so this fraction is not inflated by it.
@@ -634,7 +692,22 @@ impl Run<'_> {
             generator.generate(&prompt, &config)?;
         }
         for run in 1..=args.runs {
+            // With --paired, the setting's generation goes first in even runs, second in odd ones.
+            let paired = args.paired.as_ref();
+            let with_setting = |generator: &mut Generator<M>| -> Result<(f64, f64)> {
+                let Some(s) = paired else { return Ok((0.0, 0.0)) };
+                backend_cpu::knobs::set(&s.name, Some(&s.value))?;
+                let out = generator.generate(&prompt, &config);
+                backend_cpu::knobs::set(&s.name, None)?;
+                let t = out?.timings;
+                Ok((t.prefill_tokens_per_sec(), t.decode_tokens_per_sec()))
+            };
+            let first = if run % 2 == 0 { Some(with_setting(&mut generator)?) } else { None };
             let out = generator.generate(&prompt, &config)?;
+            let (paired_prefill, paired_decode) = match first {
+                Some(figures) => figures,
+                None => with_setting(&mut generator)?,
+            };
             let t = &out.timings;
             let decode = t.decode_tokens_per_sec();
             println!(
@@ -650,6 +723,16 @@ impl Run<'_> {
                 mb(peak_rss_bytes()? as f64),
                 mb(anon_huge_page_bytes()? as f64),
             );
+            if let Some(s) = paired {
+                println!(
+                    "paired {}={} variant={} threads={threads} run={run} prefill_tok_s={paired_prefill:.2} \
+                     decode_tok_s={paired_decode:.2} base_prefill_tok_s={:.2} base_decode_tok_s={decode:.2}",
+                    s.name,
+                    s.value,
+                    variant.name(),
+                    t.prefill_tokens_per_sec(),
+                );
+            }
         }
         if profile::enabled() {
             print!("{}", profile::report());

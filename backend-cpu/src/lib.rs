@@ -36,12 +36,14 @@
 //! through `siblings`, a decode step's linears that share an input as one job ([`SIBLINGS_ENV`]),
 //! [`kernels`] the f32, bf16 and int4 compute, [`store`] loads weights in the form the kernels
 //! read, [`chunk_model`] adapts a model to the runtime's chunked prefill and decode, [`interp`]
-//! runs an IR program, [`quant`] calibrates and exports.
+//! runs an IR program, [`quant`] calibrates and exports; [`knobs`] holds the speed settings
+//! (`MLLM_CPU_*`) and lets a benchmark change them between generations.
 
 pub mod chunk_model;
 pub mod executor;
 pub mod interp;
 pub mod kernels;
+pub mod knobs;
 pub mod lazy;
 pub mod on_grid;
 pub mod packed_weight;

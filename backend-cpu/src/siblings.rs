@@ -33,10 +33,10 @@ pub(crate) const MAX_SIBLINGS: usize = 8;
 /// another model's or a dropped one's, the record starts over).
 pub(crate) const MAX_LEARNT: usize = 4096;
 
-/// Whether [`SIBLINGS_ENV`] allows sibling jobs (read once).
+/// Whether [`SIBLINGS_ENV`] allows sibling jobs ([`crate::knobs`]).
 pub(crate) fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var(SIBLINGS_ENV).map_or(true, |v| v != "off"))
+    static ON: crate::knobs::Cached = crate::knobs::Cached::new();
+    ON.get(&[true, false], || crate::knobs::var(SIBLINGS_ENV).is_none_or(|v| v != "off"))
 }
 
 /// The linears that ran on one input, in order, after the first.

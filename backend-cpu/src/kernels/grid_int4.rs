@@ -168,13 +168,15 @@ const FAR_PREFETCH_ROWS: usize = 768;
 #[cfg(target_arch = "x86_64")]
 const NEAR_PREFETCH_ROWS: usize = 64;
 
-/// This process's [`DecodePrefetch`] ([`DECODE_PREFETCH_ENV`], read once).
+/// This process's [`DecodePrefetch`] ([`DECODE_PREFETCH_ENV`], [`crate::knobs`]).
 #[cfg(target_arch = "x86_64")]
 fn decode_prefetch() -> DecodePrefetch {
     use DecodePrefetch::*;
-    static PREFETCH: std::sync::OnceLock<DecodePrefetch> = std::sync::OnceLock::new();
+    static PREFETCH: crate::knobs::Cached = crate::knobs::Cached::new();
     let choices = [("nta", NonTemporal), ("t0", T0), ("t0+t1", T0FarT1), ("t1+t0", T1NearT0)];
-    *PREFETCH.get_or_init(|| super::vendor::hint_from_env(DECODE_PREFETCH_ENV, &choices, NonTemporal, T1NearT0))
+    PREFETCH.get(&choices.map(|c| c.1), || {
+        super::vendor::hint_from_env(DECODE_PREFETCH_ENV, &choices, NonTemporal, T1NearT0)
+    })
 }
 
 /// `c[r, 0..cols] = init + rows[r0 + r] @ panel` for `r` in `0..m`, tile by tile.

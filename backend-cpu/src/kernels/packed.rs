@@ -252,10 +252,10 @@ pub fn linear_packed_on_grid(
 /// The environment variable that keeps int4 products on the f32 tiles (`f32`), to compare them.
 pub const INT4_TILE_ENV: &str = "MLLM_CPU_INT4_TILE";
 
-/// Whether [`INT4_TILE_ENV`] allows the integer tile (read once).
+/// Whether [`INT4_TILE_ENV`] allows the integer tile ([`crate::knobs`]).
 fn integer_tile_allowed() -> bool {
-    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ALLOWED.get_or_init(|| std::env::var(INT4_TILE_ENV).map_or(true, |v| v != "f32"))
+    static ALLOWED: crate::knobs::Cached = crate::knobs::Cached::new();
+    ALLOWED.get(&[true, false], || crate::knobs::var(INT4_TILE_ENV).is_none_or(|v| v != "f32"))
 }
 
 /// Whether [`linear_packed_on_grid`] runs this product in integers.

@@ -69,16 +69,17 @@ pub(crate) enum Policy {
 pub const READ_AHEAD_ENV: &str = "MLLM_CPU_READ_AHEAD";
 
 impl Policy {
-    /// The policy of this process (read once). `own` on AMD too: SmolLM2-135M int4 decode on a
-    /// 2-core Zen 4 VM, `bench_cpu --with-env MLLM_CPU_READ_AHEAD=own` against `shared`, 12
+    /// The policy of this process ([`crate::knobs`]). `own` on AMD too: SmolLM2-135M int4
+    /// decode on a 2-core Zen 4 VM, `bench_cpu --with-env MLLM_CPU_READ_AHEAD=own` against `shared`, 12
     /// rounds twice: faster in 12 and 10 of 12 rounds (1.10x and 1.16x at the median of the
     /// rounds), 39 of 58 over five runs in all; Qwen3-0.6B shapes unchanged (faster in 15 of
     /// 30 rounds over three runs, prefill 0.93-1.12x per run).
     pub(crate) fn current() -> Policy {
-        static POLICY: std::sync::OnceLock<Policy> = std::sync::OnceLock::new();
+        static POLICY: crate::knobs::Cached = crate::knobs::Cached::new();
         let choices = [("shared", Policy::Shared), ("own", Policy::OwnShare), ("off", Policy::Off)];
-        *POLICY
-            .get_or_init(|| super::vendor::hint_from_env(READ_AHEAD_ENV, &choices, Policy::OwnShare, Policy::OwnShare))
+        POLICY.get(&choices.map(|c| c.1), || {
+            super::vendor::hint_from_env(READ_AHEAD_ENV, &choices, Policy::OwnShare, Policy::OwnShare)
+        })
     }
 
     /// How many of the matrices that follow a product its read-ahead reaches.

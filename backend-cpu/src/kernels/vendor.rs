@@ -17,12 +17,13 @@ pub(crate) fn is_amd() -> bool {
     })
 }
 
-/// The memory hint the environment variable `env` names among `choices`; unset, `amd` on AMD CPUs
-/// and `other` elsewhere. A value not among the choices is reported on stderr (naming the variable
-/// and what it accepts) and the vendor's default is used: a hint only moves speed, never results.
+/// The memory hint the environment variable `env` names among `choices` (or the value
+/// [`crate::knobs::set`] gave it); unset, `amd` on AMD CPUs and `other` elsewhere. A value not
+/// among the choices is reported on stderr (naming the variable and what it accepts) and the
+/// vendor's default is used: a hint only moves speed, never results.
 pub(crate) fn hint_from_env<T: Copy>(env: &str, choices: &[(&str, T)], amd: T, other: T) -> T {
     let default = if is_amd() { amd } else { other };
-    let Ok(value) = std::env::var(env) else { return default };
+    let Some(value) = crate::knobs::var(env) else { return default };
     match choices.iter().find(|(name, _)| *name == value) {
         Some(&(_, hint)) => hint,
         None => {
