@@ -75,7 +75,7 @@ use backend_cpu::{Bf16Products, QuantizedWeights};
 use clap::Parser;
 use mllm_dsl::memory::{anon_huge_page_bytes, peak_rss_bytes, rss_bytes};
 use mllm_examples as _; // the allocator every main runs with (lib.rs)
-use runtime::{ChunkModel, GenerationConfig, Generator, Sampling};
+use runtime::{ChunkModel, GenerationConfig, GenerationTimings, Generator, Sampling};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -691,21 +691,20 @@ impl Run<'_> {
         for _ in 0..args.warmup {
             generator.generate(&prompt, &config)?;
         }
+        // With --paired, a generation with the setting (`None` without the flag).
+        let with_setting = |generator: &mut Generator<M>| -> Result<Option<GenerationTimings>> {
+            let Some(s) = &args.paired else { return Ok(None) };
+            backend_cpu::knobs::set(&s.name, Some(&s.value))?;
+            let out = generator.generate(&prompt, &config);
+            backend_cpu::knobs::set(&s.name, None)?;
+            Ok(Some(out?.timings))
+        };
         for run in 1..=args.runs {
-            // With --paired, the setting's generation goes first in even runs, second in odd ones.
-            let paired = args.paired.as_ref();
-            let with_setting = |generator: &mut Generator<M>| -> Result<(f64, f64)> {
-                let Some(s) = paired else { return Ok((0.0, 0.0)) };
-                backend_cpu::knobs::set(&s.name, Some(&s.value))?;
-                let out = generator.generate(&prompt, &config);
-                backend_cpu::knobs::set(&s.name, None)?;
-                let t = out?.timings;
-                Ok((t.prefill_tokens_per_sec(), t.decode_tokens_per_sec()))
-            };
-            let first = if run % 2 == 0 { Some(with_setting(&mut generator)?) } else { None };
+            // The setting's generation goes first in even runs, second in odd ones.
+            let first = if run % 2 == 0 { with_setting(&mut generator)? } else { None };
             let out = generator.generate(&prompt, &config)?;
-            let (paired_prefill, paired_decode) = match first {
-                Some(figures) => figures,
+            let paired = match first {
+                Some(timings) => Some(timings),
                 None => with_setting(&mut generator)?,
             };
             let t = &out.timings;
@@ -723,13 +722,15 @@ impl Run<'_> {
                 mb(peak_rss_bytes()? as f64),
                 mb(anon_huge_page_bytes()? as f64),
             );
-            if let Some(s) = paired {
+            if let (Some(s), Some(p)) = (&args.paired, paired) {
                 println!(
-                    "paired {}={} variant={} threads={threads} run={run} prefill_tok_s={paired_prefill:.2} \
-                     decode_tok_s={paired_decode:.2} base_prefill_tok_s={:.2} base_decode_tok_s={decode:.2}",
+                    "paired {}={} variant={} threads={threads} run={run} prefill_tok_s={:.2} decode_tok_s={:.2} \
+                     base_prefill_tok_s={:.2} base_decode_tok_s={decode:.2}",
                     s.name,
                     s.value,
                     variant.name(),
+                    p.prefill_tokens_per_sec(),
+                    p.decode_tokens_per_sec(),
                     t.prefill_tokens_per_sec(),
                 );
             }

@@ -70,10 +70,10 @@ pub const READ_AHEAD_ENV: &str = "MLLM_CPU_READ_AHEAD";
 
 impl Policy {
     /// The policy of this process ([`crate::knobs`]). `own` on AMD too: SmolLM2-135M int4
-    /// decode on a 2-core Zen 4 VM, `bench_cpu --with-env MLLM_CPU_READ_AHEAD=own` against `shared`, 12
-    /// rounds twice: faster in 12 and 10 of 12 rounds (1.10x and 1.16x at the median of the
-    /// rounds), 39 of 58 over five runs in all; Qwen3-0.6B shapes unchanged (faster in 15 of
-    /// 30 rounds over three runs, prefill 0.93-1.12x per run).
+    /// decode on a 2-core Zen 4 VM, `bench_cpu --with-env MLLM_CPU_READ_AHEAD=own` against
+    /// `shared`, 12 rounds twice: faster in 12 and 10 of 12 rounds (1.10x and 1.16x at the
+    /// median of the rounds), 39 of 58 over five runs in all; Qwen3-0.6B shapes unchanged
+    /// (faster in 15 of 30 rounds over three runs, prefill 0.93-1.12x per run).
     pub(crate) fn current() -> Policy {
         static POLICY: crate::knobs::Cached = crate::knobs::Cached::new();
         let choices = [("shared", Policy::Shared), ("own", Policy::OwnShare), ("off", Policy::Off)];
