@@ -189,9 +189,7 @@ impl Setting {
     /// [`Setting::parse`] of a setting the CPU backend changes at run time (`--paired`).
     fn parse_runtime(s: &str) -> Result<Setting, String> {
         let setting = Setting::parse(s)?;
-        if !backend_cpu::knobs::RUNTIME_SETTINGS.contains(&setting.name.as_str()) {
-            return Err(backend_cpu::knobs::UnknownSetting { name: setting.name }.to_string());
-        }
+        backend_cpu::knobs::runtime_setting(&setting.name).map_err(|e| e.to_string())?;
         Ok(setting)
     }
 

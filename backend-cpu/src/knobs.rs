@@ -40,12 +40,15 @@ static OVERRIDES: Mutex<Vec<(&str, String)>> = Mutex::new(Vec::new());
 /// Bumped by every [`set`]: a [`Cached`] value of an older epoch is read again.
 static EPOCH: AtomicU64 = AtomicU64::new(1);
 
+/// `name` as one of [`RUNTIME_SETTINGS`], or the error [`set`] would give for it.
+pub fn runtime_setting(name: &str) -> Result<&'static str, UnknownSetting> {
+    RUNTIME_SETTINGS.iter().find(|&&n| n == name).copied().ok_or_else(|| UnknownSetting { name: name.to_string() })
+}
+
 /// Sets `name` (one of [`RUNTIME_SETTINGS`]) to `value` for this process, or with `None` back to
 /// the environment's value. Takes effect from the next product or linear on.
 pub fn set(name: &str, value: Option<&str>) -> Result<(), UnknownSetting> {
-    let Some(&name) = RUNTIME_SETTINGS.iter().find(|&&n| n == name) else {
-        return Err(UnknownSetting { name: name.to_string() });
-    };
+    let name = runtime_setting(name)?;
     let mut overrides = OVERRIDES.lock().unwrap_or_else(PoisonError::into_inner);
     overrides.retain(|(n, _)| *n != name);
     if let Some(value) = value {
